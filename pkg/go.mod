@@ -1,0 +1,3 @@
+module github.com/crescent-kv/crescent/pkg
+
+go 1.26

@@ -1,0 +1,3 @@
+module github.com/crescent-kv/crescent/services/agent
+
+go 1.26

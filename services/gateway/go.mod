@@ -1,0 +1,3 @@
+module github.com/crescent-kv/crescent/services/gateway
+
+go 1.26
