@@ -1,0 +1,42 @@
+// Package obs sets up the observability every Crescent process shares: a
+// log/slog JSON logger and a Prometheus registry with the Go and process
+// collectors.
+package obs
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// NewLogger returns a JSON slog logger writing to w at level ("debug",
+// "info", "warn", "error"), tagged with the component name.
+func NewLogger(w io.Writer, level, component string) (*slog.Logger, error) {
+	var lv slog.Level
+	switch strings.ToLower(level) {
+	case "debug":
+		lv = slog.LevelDebug
+	case "", "info":
+		lv = slog.LevelInfo
+	case "warn", "warning":
+		lv = slog.LevelWarn
+	case "error":
+		lv = slog.LevelError
+	default:
+		return nil, fmt.Errorf("unknown log level %q (want debug, info, warn or error)", level)
+	}
+	h := slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lv})
+	return slog.New(h).With("component", component), nil
+}
+
+// NewRegistry returns a Prometheus registry with the Go runtime and process
+// collectors registered. Each process owns one; nothing uses the global one.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
