@@ -139,3 +139,28 @@ func FromItem(it *masterv1.ItemStatus) error {
 	r := masterv1.ErrorReason(masterv1.ErrorReason_value["ERROR_REASON_"+it.GetReason()])
 	return &Error{Code: codes.Code(it.GetCode()), Reason: r, Msg: it.GetMessage()}
 }
+
+// FromStatus converts an error received from the network into an *Error
+// (so errors.Is against reason sentinels works) when it is a gRPC status;
+// other errors are returned unchanged.
+func FromStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return err
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	out := &Error{Code: st.Code(), Msg: st.Message()}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			out.Reason = masterv1.ErrorReason(masterv1.ErrorReason_value["ERROR_REASON_"+info.GetReason()])
+			out.Metadata = info.GetMetadata()
+		}
+	}
+	return out
+}
