@@ -42,7 +42,7 @@ func (e *Error) Error() string { return ReasonName(e.Reason) + ": " + e.Msg }
 func (e *Error) Is(target error) bool {
 	var t *Error
 	if errors.As(target, &t) {
-		return t.Reason == e.Reason
+		return t.Reason != masterv1.ErrorReason_ERROR_REASON_UNSPECIFIED && t.Reason == e.Reason
 	}
 	return false
 }
