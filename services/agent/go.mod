@@ -1,11 +1,8 @@
 module github.com/crescent-kv/crescent/services/agent
 
-go 1.26
+go 1.26.0
 
-require (
-	github.com/crescent-kv/crescent/gen v0.0.0-00010101000000-000000000000
-	github.com/crescent-kv/crescent/pkg v0.0.0-00010101000000-000000000000
-)
+require pgregory.net/rapid v1.3.0
 
 replace (
 	github.com/crescent-kv/crescent/gen => ../../gen

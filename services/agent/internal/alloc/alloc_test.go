@@ -1,0 +1,351 @@
+package alloc
+
+import (
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+func mustNew(t testing.TB, capacity, align uint64) *Allocator {
+	t.Helper()
+	a, err := New(capacity, align)
+	if err != nil {
+		t.Fatalf("New(%d, %d): %v", capacity, align, err)
+	}
+	return a
+}
+
+func TestNewRejectsBadParams(t *testing.T) {
+	tests := []struct {
+		name            string
+		capacity, align uint64
+	}{
+		{"zero alignment", 1 << 20, 0},
+		{"alignment not power of two", 1 << 20, 48},
+		{"capacity below alignment", 32, 64},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := New(tc.capacity, tc.align); err == nil {
+				t.Fatalf("New(%d, %d) = nil error, want error", tc.capacity, tc.align)
+			}
+		})
+	}
+}
+
+func TestAllocateAlignsAndAccounts(t *testing.T) {
+	tests := []struct {
+		name     string
+		align    uint64
+		size     uint64
+		wantSize uint64
+	}{
+		{"exact", 64, 128, 128},
+		{"rounds up", 64, 65, 128},
+		{"one byte", 64, 1, 64},
+		{"disk page", 4096, 5000, 8192},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a := mustNew(t, 1<<20, tc.align)
+			e, err := a.Allocate(tc.size)
+			if err != nil {
+				t.Fatalf("Allocate(%d): %v", tc.size, err)
+			}
+			if e.Size != tc.wantSize || e.Offset%tc.align != 0 {
+				t.Fatalf("Allocate(%d) = %+v, want size %d aligned to %d", tc.size, e, tc.wantSize, tc.align)
+			}
+			if got := a.ExtentSize(tc.size); got != tc.wantSize {
+				t.Fatalf("ExtentSize(%d) = %d, want %d", tc.size, got, tc.wantSize)
+			}
+			st := a.Stats()
+			if st.Used != tc.wantSize || st.Free != 1<<20-tc.wantSize || st.Allocations != 1 {
+				t.Fatalf("Stats = %+v, want used %d", st, tc.wantSize)
+			}
+			if err := a.check(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestAllocateErrors(t *testing.T) {
+	a := mustNew(t, 4096, 64)
+	if _, err := a.Allocate(0); !errors.Is(err, ErrInvalidSize) {
+		t.Fatalf("Allocate(0) err = %v, want ErrInvalidSize", err)
+	}
+	if _, err := a.Allocate(4097); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("Allocate(4097) err = %v, want ErrNoSpace", err)
+	}
+	if _, err := a.Allocate(^uint64(0)); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("Allocate(max) err = %v, want ErrNoSpace", err)
+	}
+	e, err := a.Allocate(4096)
+	if err != nil {
+		t.Fatalf("Allocate(whole): %v", err)
+	}
+	if _, err := a.Allocate(64); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("Allocate on full err = %v, want ErrNoSpace", err)
+	}
+	if err := a.Free(e.Offset + 64); !errors.Is(err, ErrNotAllocated) {
+		t.Fatalf("Free(inside) err = %v, want ErrNotAllocated", err)
+	}
+	if err := a.Free(3); !errors.Is(err, ErrNotAllocated) {
+		t.Fatalf("Free(unaligned) err = %v, want ErrNotAllocated", err)
+	}
+	if err := a.Free(e.Offset); err != nil {
+		t.Fatalf("Free: %v", err)
+	}
+	if err := a.Free(e.Offset); !errors.Is(err, ErrNotAllocated) {
+		t.Fatalf("double Free err = %v, want ErrNotAllocated", err)
+	}
+}
+
+func TestFreeCoalesces(t *testing.T) {
+	a := mustNew(t, 64*10, 64)
+	var exts []Extent
+	for range 10 {
+		e, err := a.Allocate(64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		exts = append(exts, e)
+	}
+	// Free every other extent: largest free stays one unit.
+	for i := 0; i < 10; i += 2 {
+		if err := a.Free(exts[i].Offset); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := a.Stats().LargestFree; got != 64 {
+		t.Fatalf("LargestFree = %d, want 64", got)
+	}
+	// Freeing the rest coalesces into one extent of the whole capacity.
+	for i := 1; i < 10; i += 2 {
+		if err := a.Free(exts[i].Offset); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.check(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := a.Stats(); st.LargestFree != 640 || st.Used != 0 || st.Allocations != 0 {
+		t.Fatalf("Stats = %+v, want one free extent of 640", st)
+	}
+	if len(a.blocks)-len(a.spare) != 1 {
+		t.Fatalf("live blocks = %d, want 1", len(a.blocks)-len(a.spare))
+	}
+}
+
+func TestGoodFitNeverFails(t *testing.T) {
+	// A request fits whenever a free extent at least as large as its class
+	// bound exists; with one free extent of exactly the size it must succeed.
+	for _, size := range []uint64{64, 31 * 64, 32 * 64, 33 * 64, 1000 * 64, 4095 * 64} {
+		a := mustNew(t, size, 64)
+		if _, err := a.Allocate(size); err != nil {
+			t.Fatalf("Allocate(%d) of a %d segment: %v", size, size, err)
+		}
+	}
+}
+
+func TestRestore(t *testing.T) {
+	a := mustNew(t, 1<<16, 64)
+	in := []Extent{{Offset: 4096, Size: 100}, {Offset: 0, Size: 64}, {Offset: 59968, Size: 5568}}
+	if err := a.Restore(in); err != nil {
+		t.Fatalf("Restore: %v", err)
+	}
+	if err := a.check(); err != nil {
+		t.Fatal(err)
+	}
+	if st := a.Stats(); st.Used != 64+128+5568 || st.Allocations != 3 {
+		t.Fatalf("Stats after Restore = %+v", st)
+	}
+	for _, e := range in {
+		if err := a.Free(e.Offset); err != nil {
+			t.Fatalf("Free(%d) after Restore: %v", e.Offset, err)
+		}
+	}
+	if st := a.Stats(); st.Used != 0 || st.LargestFree != 1<<16 {
+		t.Fatalf("Stats after freeing = %+v", st)
+	}
+
+	bad := [][]Extent{
+		{{Offset: 0, Size: 128}, {Offset: 64, Size: 64}},
+		{{Offset: 3, Size: 64}},
+		{{Offset: 1<<16 - 64, Size: 128}},
+		{{Offset: 1 << 20, Size: 64}},
+		{{Offset: 0, Size: 0}},
+	}
+	for _, exts := range bad {
+		if err := a.Restore(exts); !errors.Is(err, ErrOverlap) {
+			t.Fatalf("Restore(%v) err = %v, want ErrOverlap", exts, err)
+		}
+	}
+}
+
+// model is the reference the property test compares against: the set of
+// allocated extents.
+type model map[uint64]uint64
+
+func (m model) overlaps(e Extent) bool {
+	for off, sz := range m {
+		if e.Offset < off+sz && off < e.Offset+e.Size {
+			return true
+		}
+	}
+	return false
+}
+
+func TestPropertyNeverOverlapNeverLeak(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		align := uint64(1) << rapid.IntRange(0, 12).Draw(t, "alignShift")
+		capacity := rapid.Uint64Range(align, align*4096).Draw(t, "capacity")
+		a, err := New(capacity, align)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := model{}
+		var used uint64
+		ops := rapid.IntRange(1, 300).Draw(t, "ops")
+		for range ops {
+			if len(m) == 0 || rapid.Bool().Draw(t, "alloc") {
+				size := rapid.Uint64Range(1, capacity/4+1).Draw(t, "size")
+				e, err := a.Allocate(size)
+				if err != nil {
+					if !errors.Is(err, ErrNoSpace) {
+						t.Fatalf("Allocate(%d): %v", size, err)
+					}
+					// Allocate fails only when no free extent is large enough.
+					if lf := a.Stats().LargestFree; lf >= a.ExtentSize(size) {
+						t.Fatalf("Allocate(%d) = ErrNoSpace with largest free %d", size, lf)
+					}
+					continue
+				}
+				if e.Size != a.ExtentSize(size) || e.Offset%align != 0 || e.Offset+e.Size > a.Capacity() {
+					t.Fatalf("Allocate(%d) = %+v: bad extent", size, e)
+				}
+				if m.overlaps(e) {
+					t.Fatalf("Allocate(%d) = %+v overlaps a live extent", size, e)
+				}
+				m[e.Offset] = e.Size
+				used += e.Size
+			} else {
+				offs := make([]uint64, 0, len(m))
+				for o := range m {
+					offs = append(offs, o)
+				}
+				slices.Sort(offs)
+				off := rapid.SampledFrom(offs).Draw(t, "free")
+				if err := a.Free(off); err != nil {
+					t.Fatalf("Free(%d): %v", off, err)
+				}
+				used -= m[off]
+				delete(m, off)
+			}
+			if err := a.check(); err != nil {
+				t.Fatal(err)
+			}
+			st := a.Stats()
+			if st.Used != used || st.Allocations != len(m) || st.Free != st.Capacity-used {
+				t.Fatalf("Stats = %+v, want used %d allocations %d", st, used, len(m))
+			}
+		}
+		for off := range m {
+			if err := a.Free(off); err != nil {
+				t.Fatalf("final Free(%d): %v", off, err)
+			}
+		}
+		if st := a.Stats(); st.Used != 0 || st.LargestFree != st.Capacity {
+			t.Fatalf("leak after freeing everything: %+v", st)
+		}
+	})
+}
+
+// FuzzAllocator drives the allocator with an arbitrary operation sequence
+// (two bytes per op: kind+size) and checks every invariant after each op.
+func FuzzAllocator(f *testing.F) {
+	f.Add([]byte{0, 1, 0, 2, 1, 0, 0, 200, 1, 1})
+	f.Add([]byte{0, 255, 0, 255, 0, 255, 0, 255, 1, 2, 1, 0})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		a := mustNew(t, 64*1024, 64)
+		var live []uint64
+		for i := 0; i+1 < len(ops); i += 2 {
+			kind, arg := ops[i], uint64(ops[i+1])
+			switch {
+			case kind%3 != 2:
+				e, err := a.Allocate(arg*97 + 1)
+				if err == nil {
+					live = append(live, e.Offset)
+				} else if !errors.Is(err, ErrNoSpace) {
+					t.Fatalf("Allocate: %v", err)
+				}
+			case len(live) > 0:
+				j := int(arg) % len(live)
+				if err := a.Free(live[j]); err != nil {
+					t.Fatalf("Free(%d): %v", live[j], err)
+				}
+				live = slices.Delete(live, j, j+1)
+			default:
+				if err := a.Free(arg * 64); !errors.Is(err, ErrNotAllocated) {
+					t.Fatalf("Free of nothing err = %v", err)
+				}
+			}
+			if err := a.check(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkAllocFree measures allocate/free pairs against a segment that is
+// about half full of mixed-size live allocations, the steady state of a cache.
+func BenchmarkAllocFree(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		size uint64
+	}{{"4KiB", 4 << 10}, {"64KiB", 64 << 10}, {"mixed", 0}} {
+		b.Run(bc.name, func(b *testing.B) {
+			a := mustNew(b, 4<<30, MemoryAlignment)
+			r := rand.New(rand.NewPCG(1, 2))
+			sizeOf := func() uint64 {
+				if bc.size != 0 {
+					return bc.size
+				}
+				return 1 + r.Uint64N(256<<10)
+			}
+			var live []uint64
+			for a.Stats().Used < 2<<30 {
+				e, err := a.Allocate(sizeOf())
+				if err != nil {
+					b.Fatal(err)
+				}
+				live = append(live, e.Offset)
+			}
+			// Free a random third to fragment.
+			for i := 0; i < len(live); i += 3 {
+				if err := a.Free(live[i]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			sizes := make([]uint64, 1024)
+			for i := range sizes {
+				sizes[i] = sizeOf()
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				e, err := a.Allocate(sizes[i&1023])
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := a.Free(e.Offset); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "pairs/s")
+		})
+	}
+}
