@@ -1,0 +1,405 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"google.golang.org/grpc/codes"
+)
+
+// Item is one object of a BatchPut.
+type Item struct {
+	Key  string
+	Data []byte
+}
+
+// Limits of one data-plane batch call.
+const (
+	maxBatchItems = 256
+	maxBatchBytes = 32 << 20
+	// masterBatch bounds the items of one metadata batch RPC.
+	masterBatch = 4096
+)
+
+// BatchPut stores many objects: one BatchPutStart, data writes grouped per
+// agent (small objects in shared BatchWrite calls, large ones streamed) with
+// bounded concurrency, then one BatchPutEnd; items whose writes failed are
+// revoked. It returns one error per item (nil = stored).
+func (c *Client) BatchPut(ctx context.Context, items []Item, opts ...PutOption) []error {
+	errs := make([]error, len(items))
+	for lo := 0; lo < len(items); lo += masterBatch {
+		hi := min(lo+masterBatch, len(items))
+		c.batchPut(ctx, items[lo:hi], errs[lo:hi], newPutOptions(c, opts))
+	}
+	return errs
+}
+
+// write is one replica write of a batch.
+type write struct {
+	item int
+	desc *masterv1.ReplicaDescriptor
+	data []byte
+}
+
+func (c *Client) batchPut(ctx context.Context, items []Item, errs []error, o *putOptions) {
+	req := &masterv1.BatchPutStartRequest{Items: make([]*masterv1.PutStartRequest, len(items))}
+	for i, it := range items {
+		req.Items[i] = &masterv1.PutStartRequest{
+			Tenant: c.tenant, Key: it.Key, Size: uint64(len(it.Data)), Config: o.cfg, ClientId: c.s.cfg.ClientID, Upsert: o.upsert,
+		}
+	}
+	resp, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.BatchPutStartResponse, error) {
+		return s.BatchPutStart(ctx, req)
+	})
+	if err == nil && len(resp.GetResults()) != len(items) {
+		err = fmt.Errorf("master answered %d results for %d items", len(resp.GetResults()), len(items))
+	}
+	if err != nil {
+		for i := range errs {
+			errs[i] = fmt.Errorf("put %q: %w", items[i].Key, err)
+		}
+		return
+	}
+	var writes []write
+	for i, r := range resp.GetResults() {
+		if e := rpcerr.FromItem(r.GetStatus()); e != nil {
+			errs[i] = fmt.Errorf("put %q: %w", items[i].Key, e)
+			continue
+		}
+		for _, d := range r.GetReplicas() {
+			writes = append(writes, write{item: i, desc: d, data: items[i].Data})
+		}
+	}
+	werrs := c.runWrites(ctx, writes)
+	var end, revoke []int
+	for i := range items {
+		if errs[i] != nil {
+			continue
+		}
+		if werrs[i] != nil {
+			errs[i] = fmt.Errorf("put %q: write replica: %w", items[i].Key, werrs[i])
+			revoke = append(revoke, i)
+			continue
+		}
+		end = append(end, i)
+	}
+	if len(revoke) > 0 {
+		c.batchRevoke(ctx, items, revoke)
+	}
+	if len(end) == 0 {
+		return
+	}
+	ereq := &masterv1.BatchPutEndRequest{Items: make([]*masterv1.PutEndRequest, len(end))}
+	for j, i := range end {
+		ereq.Items[j] = &masterv1.PutEndRequest{Tenant: c.tenant, Key: items[i].Key, ClientId: c.s.cfg.ClientID, Checksum: xxhash.Sum64(items[i].Data)}
+	}
+	eresp, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.BatchPutEndResponse, error) {
+		return s.BatchPutEnd(ctx, ereq)
+	})
+	if err == nil && len(eresp.GetResults()) != len(end) {
+		err = fmt.Errorf("master answered %d results for %d items", len(eresp.GetResults()), len(end))
+	}
+	if err != nil {
+		for _, i := range end {
+			errs[i] = fmt.Errorf("put %q: %w", items[i].Key, err)
+		}
+		c.batchRevoke(ctx, items, end)
+		return
+	}
+	var failed []int
+	for j, i := range end {
+		if e := rpcerr.FromItem(eresp.GetResults()[j]); e != nil {
+			errs[i] = fmt.Errorf("put %q: %w", items[i].Key, e)
+			failed = append(failed, i)
+		}
+	}
+	if len(failed) > 0 {
+		c.batchRevoke(ctx, items, failed)
+	}
+}
+
+func (c *Client) batchRevoke(ctx context.Context, items []Item, idx []int) {
+	req := &masterv1.BatchPutRevokeRequest{Items: make([]*masterv1.PutRevokeRequest, len(idx))}
+	for j, i := range idx {
+		req.Items[j] = &masterv1.PutRevokeRequest{Tenant: c.tenant, Key: items[i].Key, ClientId: c.s.cfg.ClientID}
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_, _ = c.Objects().BatchPutRevoke(rctx, req)
+}
+
+// runWrites performs replica writes: small ones grouped per agent endpoint
+// into BatchWrite calls, large ones streamed, at most MaxConcurrency calls
+// at once. It returns the first error per item index.
+func (c *Client) runWrites(ctx context.Context, writes []write) map[int]error {
+	var mu sync.Mutex
+	errs := map[int]error{}
+	fail := func(item int, err error) {
+		mu.Lock()
+		if errs[item] == nil {
+			errs[item] = err
+		}
+		mu.Unlock()
+	}
+	var tasks []func()
+	groups := map[string][]write{}
+	var order []string
+	for _, w := range writes {
+		if len(w.data) > c.s.cfg.SmallObject {
+			tasks = append(tasks, func() {
+				if err := c.writeOne(ctx, w.desc, int64(len(w.data)), sliceSource(w.data), func(int) {}); err != nil {
+					fail(w.item, err)
+				}
+			})
+			continue
+		}
+		ep := w.desc.GetDataEndpoint()
+		if _, ok := groups[ep]; !ok {
+			order = append(order, ep)
+		}
+		groups[ep] = append(groups[ep], w)
+	}
+	for _, ep := range order {
+		for _, chunk := range chunkWrites(groups[ep]) {
+			tasks = append(tasks, func() {
+				dc, err := c.agent(ep)
+				if err == nil {
+					req := &agentv1.BatchWriteRequest{Items: make([]*agentv1.BatchWriteItem, len(chunk))}
+					for k, w := range chunk {
+						req.Items[k] = &agentv1.BatchWriteItem{SegmentId: w.desc.GetSegmentId(), AllocationId: w.desc.GetAllocationId(), Token: w.desc.GetToken(), Data: w.data}
+					}
+					var resp *agentv1.BatchWriteResponse
+					resp, err = dc.BatchWrite(ctx, req)
+					if err == nil && len(resp.GetResults()) != len(chunk) {
+						err = fmt.Errorf("agent %s answered %d results for %d items", ep, len(resp.GetResults()), len(chunk))
+					}
+					if err == nil {
+						for k, r := range resp.GetResults() {
+							if e := itemErr(r); e != nil {
+								fail(chunk[k].item, e)
+							}
+						}
+						return
+					}
+				}
+				err = rpcerr.FromStatus(err)
+				for _, w := range chunk {
+					fail(w.item, err)
+				}
+			})
+		}
+	}
+	c.runBounded(tasks)
+	return errs
+}
+
+func chunkWrites(ws []write) [][]write {
+	var out [][]write
+	start, bytes := 0, 0
+	for i, w := range ws {
+		if i > start && (i-start >= maxBatchItems || bytes+len(w.data) > maxBatchBytes) {
+			out = append(out, ws[start:i])
+			start, bytes = i, 0
+		}
+		bytes += len(w.data)
+	}
+	if start < len(ws) {
+		out = append(out, ws[start:])
+	}
+	return out
+}
+
+// runBounded runs tasks with at most MaxConcurrency at once.
+func (c *Client) runBounded(tasks []func()) {
+	if len(tasks) == 1 {
+		tasks[0]()
+		return
+	}
+	sem := make(chan struct{}, c.s.cfg.MaxConcurrency)
+	var wg sync.WaitGroup
+	for _, t := range tasks {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			t()
+		})
+	}
+	wg.Wait()
+}
+
+// BatchGet reads many objects: one BatchGetReplicaList, reads grouped per
+// agent (nearest replica first), falling back per item to the other replicas
+// on failure. It returns the data and one error per key.
+func (c *Client) BatchGet(ctx context.Context, keys []string) ([][]byte, []error) {
+	out := make([][]byte, len(keys))
+	errs := make([]error, len(keys))
+	for lo := 0; lo < len(keys); lo += masterBatch {
+		hi := min(lo+masterBatch, len(keys))
+		c.batchGet(ctx, keys[lo:hi], out[lo:hi], errs[lo:hi])
+	}
+	return out, errs
+}
+
+type read struct {
+	item int
+	rl   *masterv1.GetReplicaListResponse
+}
+
+func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs []error) {
+	req := &masterv1.BatchGetReplicaListRequest{Items: make([]*masterv1.GetReplicaListRequest, len(keys))}
+	for i, k := range keys {
+		req.Items[i] = &masterv1.GetReplicaListRequest{Tenant: c.tenant, Key: k, ClientHost: c.s.cfg.HostID}
+	}
+	resp, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.BatchGetReplicaListResponse, error) {
+		return s.BatchGetReplicaList(ctx, req)
+	})
+	if err == nil && len(resp.GetResults()) != len(keys) {
+		err = fmt.Errorf("master answered %d results for %d items", len(resp.GetResults()), len(keys))
+	}
+	if err != nil {
+		for i := range errs {
+			errs[i] = fmt.Errorf("get %q: %w", keys[i], err)
+		}
+		return
+	}
+	groups := map[string][]read{}
+	var order []string
+	var tasks []func()
+	var mu sync.Mutex
+	var retry []read
+	for i, r := range resp.GetResults() {
+		if e := rpcerr.FromItem(r.GetStatus()); e != nil {
+			errs[i] = fmt.Errorf("get %q: %w", keys[i], e)
+			continue
+		}
+		rl := r.GetReplicaList()
+		c.orderReplicas(rl.GetReplicas())
+		if len(rl.GetReplicas()) == 0 {
+			errs[i] = fmt.Errorf("get %q: %w", keys[i], rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY, "no readable replica"))
+			continue
+		}
+		if rl.GetSize() > uint64(c.s.cfg.SmallObject) {
+			tasks = append(tasks, func() {
+				buf := make([]byte, rl.GetSize())
+				if err := c.readAny(ctx, rl, rl.GetReplicas(), buf); err != nil {
+					errs[i] = fmt.Errorf("get %q: %w", keys[i], err)
+					return
+				}
+				out[i] = buf
+			})
+			continue
+		}
+		ep := rl.GetReplicas()[0].GetDataEndpoint()
+		if _, ok := groups[ep]; !ok {
+			order = append(order, ep)
+		}
+		groups[ep] = append(groups[ep], read{item: i, rl: rl})
+	}
+	for _, ep := range order {
+		g := groups[ep]
+		for lo := 0; lo < len(g); lo += maxBatchItems {
+			chunk := g[lo:min(lo+maxBatchItems, len(g))]
+			tasks = append(tasks, func() {
+				failed := c.batchReadChunk(ctx, ep, chunk, out)
+				if len(failed) > 0 {
+					mu.Lock()
+					retry = append(retry, failed...)
+					mu.Unlock()
+				}
+			})
+		}
+	}
+	c.runBounded(tasks)
+	// Fall back, per item, to the remaining replicas.
+	var fallbacks []func()
+	for _, r := range retry {
+		fallbacks = append(fallbacks, func() {
+			buf := make([]byte, r.rl.GetSize())
+			if err := c.readAny(ctx, r.rl, r.rl.GetReplicas()[1:], buf); err != nil {
+				errs[r.item] = fmt.Errorf("get %q: %w", keys[r.item], err)
+				return
+			}
+			out[r.item] = buf
+		})
+	}
+	c.runBounded(fallbacks)
+}
+
+// batchReadChunk reads the first replica of each item from one agent in one
+// BatchRead and returns the items that failed.
+func (c *Client) batchReadChunk(ctx context.Context, ep string, chunk []read, out [][]byte) []read {
+	dc, err := c.agent(ep)
+	if err != nil {
+		return chunk
+	}
+	req := &agentv1.BatchReadRequest{Items: make([]*agentv1.BatchReadItem, len(chunk))}
+	for k, r := range chunk {
+		d := r.rl.GetReplicas()[0]
+		req.Items[k] = &agentv1.BatchReadItem{SegmentId: d.GetSegmentId(), AllocationId: d.GetAllocationId(), Token: d.GetToken()}
+	}
+	resp, err := dc.BatchRead(ctx, req)
+	if err != nil || len(resp.GetResults()) != len(chunk) {
+		return chunk
+	}
+	var failed []read
+	for k, res := range resp.GetResults() {
+		r := chunk[k]
+		data := res.GetData()
+		if itemErr(res.GetStatus()) != nil || uint64(len(data)) != r.rl.GetSize() || xxhash.Sum64(data) != r.rl.GetChecksum() {
+			failed = append(failed, r)
+			continue
+		}
+		out[r.item] = data
+	}
+	return failed
+}
+
+// BatchRemove removes many objects in one RPC; one error per key.
+func (c *Client) BatchRemove(ctx context.Context, keys []string, force bool) []error {
+	errs := make([]error, len(keys))
+	for lo := 0; lo < len(keys); lo += masterBatch {
+		hi := min(lo+masterBatch, len(keys))
+		req := &masterv1.BatchRemoveRequest{Items: make([]*masterv1.RemoveRequest, hi-lo)}
+		for i, k := range keys[lo:hi] {
+			req.Items[i] = &masterv1.RemoveRequest{Tenant: c.tenant, Key: k, Force: force}
+		}
+		resp, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.BatchRemoveResponse, error) {
+			return s.BatchRemove(ctx, req)
+		})
+		if err == nil && len(resp.GetResults()) != hi-lo {
+			err = fmt.Errorf("master answered %d results for %d items", len(resp.GetResults()), hi-lo)
+		}
+		for i := lo; i < hi; i++ {
+			if err != nil {
+				errs[i] = fmt.Errorf("remove %q: %w", keys[i], err)
+			} else if e := rpcerr.FromItem(resp.GetResults()[i-lo]); e != nil {
+				errs[i] = fmt.Errorf("remove %q: %w", keys[i], e)
+			}
+		}
+	}
+	return errs
+}
+
+// BatchExist answers Exist for many keys in one RPC.
+func (c *Client) BatchExist(ctx context.Context, keys []string) ([]bool, error) {
+	req := &masterv1.BatchExistRequest{Items: make([]*masterv1.ExistRequest, len(keys))}
+	for i, k := range keys {
+		req.Items[i] = &masterv1.ExistRequest{Tenant: c.tenant, Key: k}
+	}
+	resp, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.BatchExistResponse, error) {
+		return s.BatchExist(ctx, req)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("batch exist: %w", err)
+	}
+	if len(resp.GetExists()) != len(keys) {
+		return nil, fmt.Errorf("batch exist: master answered %d results for %d keys", len(resp.GetExists()), len(keys))
+	}
+	return resp.GetExists(), nil
+}

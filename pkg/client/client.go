@@ -1,0 +1,299 @@
+// Package client is Crescent's Go SDK: what an inference-engine connector or
+// a cache layer embeds to store and fetch KV-cache objects.
+//
+// Metadata goes to the master (ObjectService); bytes go straight to the
+// agents (DataService) named by the descriptors the master returns. A Put is
+// PutStart → write every replica in parallel → PutEnd (or PutRevoke on any
+// failure, so nothing is ever half-visible). A Get asks for the replica list
+// (granting a read lease), reads the nearest replica, falls back to the next
+// on error and verifies the xxhash64 checksum.
+//
+//	c, err := client.New(ctx, client.Config{Master: "localhost:50051"})
+//	err = c.Put(ctx, "prefix/block-0", data, client.WithReplicas(2))
+//	got, err := c.Get(ctx, "prefix/block-0")
+package client
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// Errors usable with errors.Is. They match on the reason the master or agent
+// returned, whatever the message.
+var (
+	ErrNotFound      error = &rpcerr.Error{Reason: masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND}
+	ErrExists        error = &rpcerr.Error{Reason: masterv1.ErrorReason_ERROR_REASON_OBJECT_ALREADY_EXISTS}
+	ErrLeased        error = &rpcerr.Error{Reason: masterv1.ErrorReason_ERROR_REASON_OBJECT_HAS_LEASE}
+	ErrBusy          error = &rpcerr.Error{Reason: masterv1.ErrorReason_ERROR_REASON_OBJECT_BUSY}
+	ErrNotReady      error = &rpcerr.Error{Reason: masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY}
+	ErrNoSpace       error = &rpcerr.Error{Reason: masterv1.ErrorReason_ERROR_REASON_NO_AVAILABLE_HANDLE}
+	ErrQuotaExceeded error = &rpcerr.Error{Reason: masterv1.ErrorReason_ERROR_REASON_TENANT_QUOTA_EXCEEDED}
+	ErrInvalid       error = &rpcerr.Error{Reason: masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS}
+	ErrChecksum      error = &rpcerr.Error{Reason: masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH}
+)
+
+// Config configures a Client.
+type Config struct {
+	// Master is the master's host:port.
+	Master string
+	// Tenant scopes every key; "" means "default". Use Client.Tenant to
+	// address another tenant over the same connections.
+	Tenant string
+	// ClientID identifies this writer to the master (PutEnd/PutRevoke must
+	// come from the same id). Random when empty.
+	ClientID string
+	// HostID is this machine's host id: replicas on it are read first.
+	// Defaults to os.Hostname().
+	HostID string
+	// MaxConcurrency bounds parallel data transfers per call. Default 16.
+	MaxConcurrency int
+	// ChunkSize is the data-plane stream chunk. Default 1 MiB.
+	ChunkSize int
+	// SmallObject is the size up to which objects travel in unary
+	// BatchWrite/BatchRead calls instead of streams. Default 256 KiB.
+	SmallObject int
+	// Attempts is how many times a retryable failure is tried. Default 3.
+	Attempts int
+	// Backoff is the first retry delay, doubled per attempt with jitter.
+	// Default 50 ms.
+	Backoff time.Duration
+	// DialOptions are added to every connection (TLS, interceptors...).
+	// Without transport credentials the connections are insecure.
+	DialOptions []grpc.DialOption
+}
+
+func (c *Config) defaults() {
+	if c.Tenant == "" {
+		c.Tenant = "default"
+	}
+	if c.ClientID == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		c.ClientID = "client-" + hex.EncodeToString(b[:])
+	}
+	if c.HostID == "" {
+		c.HostID, _ = os.Hostname()
+	}
+	if c.MaxConcurrency <= 0 {
+		c.MaxConcurrency = 16
+	}
+	if c.ChunkSize <= 0 {
+		c.ChunkSize = 1 << 20
+	}
+	if c.SmallObject <= 0 {
+		c.SmallObject = 256 << 10
+	}
+	if c.Attempts <= 0 {
+		c.Attempts = 3
+	}
+	if c.Backoff <= 0 {
+		c.Backoff = 50 * time.Millisecond
+	}
+}
+
+// shared is what every tenant view of a client shares.
+type shared struct {
+	cfg Config
+
+	mu     sync.Mutex // guards master, agents, closed
+	master *grpc.ClientConn
+	agents map[string]*grpc.ClientConn
+	closed bool
+}
+
+// Client talks to one Crescent cluster. It is safe for concurrent use.
+type Client struct {
+	s      *shared
+	tenant string
+}
+
+// maxMsg is the largest gRPC message either side sends (pkg/server's limit).
+const maxMsg = 256 << 20
+
+func (s *shared) dialOpts() []grpc.DialOption {
+	opts := []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsg), grpc.MaxCallSendMsgSize(maxMsg)),
+		// Large windows and buffers: bulk streams are bound by flow control
+		// otherwise.
+		grpc.WithInitialWindowSize(16 << 20),
+		grpc.WithInitialConnWindowSize(64 << 20),
+		grpc.WithReadBufferSize(1 << 20),
+		grpc.WithWriteBufferSize(1 << 20),
+	}
+	return append(opts, s.cfg.DialOptions...)
+}
+
+// New returns a client for the master at cfg.Master. It does not wait for
+// the connection; the first call does (honouring its context).
+func New(_ context.Context, cfg Config) (*Client, error) {
+	if cfg.Master == "" {
+		return nil, errors.New("client: Config.Master is required")
+	}
+	cfg.defaults()
+	s := &shared{cfg: cfg, agents: map[string]*grpc.ClientConn{}}
+	cc, err := grpc.NewClient(cfg.Master, s.dialOpts()...)
+	if err != nil {
+		return nil, fmt.Errorf("client: dial master %s: %w", cfg.Master, err)
+	}
+	s.master = cc
+	return &Client{s: s, tenant: cfg.Tenant}, nil
+}
+
+// Tenant returns a view of c addressing another tenant; it shares c's
+// connections (Close either one closes both).
+func (c *Client) Tenant(tenant string) *Client {
+	if tenant == "" {
+		tenant = "default"
+	}
+	return &Client{s: c.s, tenant: tenant}
+}
+
+// TenantName is the tenant this client addresses.
+func (c *Client) TenantName() string { return c.tenant }
+
+// Close closes every connection. Idempotent.
+func (c *Client) Close() error {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	if c.s.closed {
+		return nil
+	}
+	c.s.closed = true
+	errs := []error{c.s.master.Close()}
+	for _, cc := range c.s.agents {
+		errs = append(errs, cc.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Client) masterConn() *grpc.ClientConn {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	return c.s.master
+}
+
+// Objects is the raw ObjectService client, for what the SDK does not wrap.
+func (c *Client) Objects() masterv1.ObjectServiceClient {
+	return masterv1.NewObjectServiceClient(c.masterConn())
+}
+
+// Admin is the raw AdminService client.
+func (c *Client) Admin() masterv1.AdminServiceClient {
+	return masterv1.NewAdminServiceClient(c.masterConn())
+}
+
+// Changes is the raw ChangeService client.
+func (c *Client) Changes() masterv1.ChangeServiceClient {
+	return masterv1.NewChangeServiceClient(c.masterConn())
+}
+
+// agent returns the pooled DataService client for an agent endpoint.
+func (c *Client) agent(endpoint string) (agentv1.DataServiceClient, error) {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	if c.s.closed {
+		return nil, errors.New("client: closed")
+	}
+	cc, ok := c.s.agents[endpoint]
+	if !ok {
+		var err error
+		cc, err = grpc.NewClient(endpoint, c.s.dialOpts()...)
+		if err != nil {
+			return nil, fmt.Errorf("client: dial agent %s: %w", endpoint, err)
+		}
+		c.s.agents[endpoint] = cc
+	}
+	return agentv1.NewDataServiceClient(cc), nil
+}
+
+// redirect switches the master connection to leader (from a NOT_LEADER
+// answer). It reports whether it switched.
+func (c *Client) redirect(leader string) bool {
+	if leader == "" {
+		return false
+	}
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	if c.s.closed || c.s.master.Target() == leader {
+		return false
+	}
+	cc, err := grpc.NewClient(leader, c.s.dialOpts()...)
+	if err != nil {
+		return false
+	}
+	old := c.s.master
+	c.s.master = cc
+	go old.Close()
+	return true
+}
+
+// retryable reports whether a master call that failed with err may be tried
+// again unchanged.
+func retryable(err error) bool {
+	e := new(rpcerr.Error)
+	if !errors.As(err, &e) {
+		return false
+	}
+	switch e.Reason {
+	case masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, masterv1.ErrorReason_ERROR_REASON_NOT_LEADER:
+		return true
+	case masterv1.ErrorReason_ERROR_REASON_UNSPECIFIED:
+		return e.Code == codes.Unavailable
+	}
+	return false
+}
+
+// call runs a master RPC with retries for retryable failures and NOT_LEADER
+// redirects. Errors come back as *rpcerr.Error when they carry a status.
+func call[T any](ctx context.Context, c *Client, f func(masterv1.ObjectServiceClient) (T, error)) (T, error) {
+	var zero T
+	delay := c.s.cfg.Backoff
+	for attempt := 1; ; attempt++ {
+		res, err := f(c.Objects())
+		if err == nil {
+			return res, nil
+		}
+		err = rpcerr.FromStatus(err)
+		if rpcerr.Reason(err) == "NOT_LEADER" {
+			c.redirect(rpcerr.Metadata(err)["leader"])
+		}
+		if attempt >= c.s.cfg.Attempts || !retryable(err) {
+			return zero, err
+		}
+		if err := sleep(ctx, jitter(delay)); err != nil {
+			return zero, err
+		}
+		delay *= 2
+	}
+}
+
+func jitter(d time.Duration) time.Duration {
+	var b [1]byte
+	_, _ = rand.Read(b[:])
+	return d/2 + time.Duration(int64(d)*int64(b[0])/512)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

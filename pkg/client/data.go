@@ -1,0 +1,389 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"google.golang.org/grpc/codes"
+)
+
+// source yields the object's bytes [off, off+n): for an in-memory object a
+// sub-slice (no copy), for a file a read into buf.
+type source func(off int64, n int, buf []byte) ([]byte, error)
+
+func sliceSource(b []byte) source {
+	return func(off int64, n int, _ []byte) ([]byte, error) { return b[off : off+int64(n)], nil }
+}
+
+func readerSource(r io.ReaderAt) source {
+	return func(off int64, n int, buf []byte) ([]byte, error) {
+		if cap(buf) < n {
+			buf = make([]byte, n)
+		}
+		buf = buf[:n]
+		if _, err := r.ReadAt(buf, off); err != nil && !(errors.Is(err, io.EOF)) {
+			return nil, err
+		}
+		return buf, nil
+	}
+}
+
+// Put stores data under key. It returns after PutEnd: the object is then
+// readable on every replica. On any failure the put is revoked.
+func (c *Client) Put(ctx context.Context, key string, data []byte, opts ...PutOption) error {
+	return c.put(ctx, key, int64(len(data)), sliceSource(data), xxhash.Sum64(data), newPutOptions(c, opts))
+}
+
+// PutFrom stores size bytes read from r under key without holding the whole
+// object in memory (r is read twice: once for the checksum, then per replica).
+func (c *Client) PutFrom(ctx context.Context, key string, r io.ReaderAt, size int64, opts ...PutOption) error {
+	h := xxhash.New()
+	if _, err := io.Copy(h, io.NewSectionReader(r, 0, size)); err != nil {
+		return fmt.Errorf("put %q: read source: %w", key, err)
+	}
+	return c.put(ctx, key, size, readerSource(r), h.Sum64(), newPutOptions(c, opts))
+}
+
+func (c *Client) put(ctx context.Context, key string, size int64, src source, sum uint64, o *putOptions) error {
+	start, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.PutStartResponse, error) {
+		return s.PutStart(ctx, &masterv1.PutStartRequest{
+			Tenant: c.tenant, Key: key, Size: uint64(size), Config: o.cfg, ClientId: c.s.cfg.ClientID, Upsert: o.upsert,
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("put %q: %w", key, err)
+	}
+	var done atomic.Int64
+	total := size * int64(len(start.GetReplicas()))
+	progress := func(n int) {
+		if o.progress != nil {
+			o.progress(done.Add(int64(n)), total)
+		}
+	}
+	if err := c.writeReplicas(ctx, start.GetReplicas(), size, src, progress); err != nil {
+		c.revoke(ctx, key)
+		return fmt.Errorf("put %q: write replica: %w", key, err)
+	}
+	if _, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.PutEndResponse, error) {
+		return s.PutEnd(ctx, &masterv1.PutEndRequest{Tenant: c.tenant, Key: key, ClientId: c.s.cfg.ClientID, Checksum: sum})
+	}); err != nil {
+		if !errors.Is(err, ErrChecksum) {
+			c.revoke(ctx, key)
+		}
+		return fmt.Errorf("put %q: %w", key, err)
+	}
+	return nil
+}
+
+// revoke abandons a started put even when ctx is already cancelled.
+func (c *Client) revoke(ctx context.Context, key string) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_, _ = c.Objects().PutRevoke(rctx, &masterv1.PutRevokeRequest{Tenant: c.tenant, Key: key, ClientId: c.s.cfg.ClientID})
+}
+
+// writeReplicas writes every replica in parallel and returns the first error.
+func (c *Client) writeReplicas(ctx context.Context, reps []*masterv1.ReplicaDescriptor, size int64, src source, progress func(int)) error {
+	if len(reps) == 1 {
+		return c.writeOne(ctx, reps[0], size, src, progress)
+	}
+	errs := make([]error, len(reps))
+	var wg sync.WaitGroup
+	for i, d := range reps {
+		wg.Go(func() { errs[i] = c.writeOne(ctx, d, size, src, progress) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (c *Client) writeOne(ctx context.Context, d *masterv1.ReplicaDescriptor, size int64, src source, progress func(int)) error {
+	dc, err := c.agent(d.GetDataEndpoint())
+	if err != nil {
+		return err
+	}
+	if size <= int64(c.s.cfg.SmallObject) {
+		data, err := src(0, int(size), nil)
+		if err != nil {
+			return err
+		}
+		resp, err := dc.BatchWrite(ctx, &agentv1.BatchWriteRequest{Items: []*agentv1.BatchWriteItem{{
+			SegmentId: d.GetSegmentId(), AllocationId: d.GetAllocationId(), Token: d.GetToken(), Data: data,
+		}}})
+		if err != nil {
+			return rpcerr.FromStatus(err)
+		}
+		if len(resp.GetResults()) != 1 {
+			return fmt.Errorf("agent %s: %d results for 1 item", d.GetDataEndpoint(), len(resp.GetResults()))
+		}
+		if err := itemErr(resp.GetResults()[0]); err != nil {
+			return err
+		}
+		progress(int(size))
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := dc.Write(ctx)
+	if err != nil {
+		return rpcerr.FromStatus(err)
+	}
+	chunk := int64(c.s.cfg.ChunkSize)
+	buf := make([]byte, 0, min(chunk, size))
+	for off := int64(0); off < size; off += chunk {
+		n := min(chunk, size-off)
+		data, err := src(off, int(n), buf)
+		if err != nil {
+			return err
+		}
+		req := &agentv1.WriteRequest{Data: data}
+		if off == 0 {
+			req.Header = &agentv1.WriteHeader{SegmentId: d.GetSegmentId(), AllocationId: d.GetAllocationId(), Token: d.GetToken()}
+		}
+		if err := stream.Send(req); err != nil {
+			// The real error is in the status returned by CloseAndRecv.
+			_, rerr := stream.CloseAndRecv()
+			if rerr == nil {
+				rerr = err
+			}
+			return rpcerr.FromStatus(rerr)
+		}
+		progress(int(n))
+	}
+	resp, err := stream.CloseAndRecv()
+	if err != nil {
+		return rpcerr.FromStatus(err)
+	}
+	if resp.GetBytesWritten() != uint64(size) {
+		return fmt.Errorf("agent %s wrote %d of %d bytes", d.GetDataEndpoint(), resp.GetBytesWritten(), size)
+	}
+	return nil
+}
+
+func itemErr(r *agentv1.ItemResult) error {
+	if codes.Code(r.GetCode()) == codes.OK {
+		return nil
+	}
+	return rpcerr.FromItem(&masterv1.ItemStatus{Code: r.GetCode(), Reason: r.GetReason(), Message: r.GetMessage()})
+}
+
+// Get returns the object's bytes.
+func (c *Client) Get(ctx context.Context, key string) ([]byte, error) {
+	var out []byte
+	err := c.get(ctx, key, func(size uint64) ([]byte, error) {
+		out = make([]byte, size)
+		return out, nil
+	})
+	return out, err
+}
+
+// GetInto reads the object into buf (which must be large enough) with no
+// extra copy of the whole object, and returns its size.
+func (c *Client) GetInto(ctx context.Context, key string, buf []byte) (int, error) {
+	var n int
+	err := c.get(ctx, key, func(size uint64) ([]byte, error) {
+		if uint64(len(buf)) < size {
+			return nil, rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "buffer of %d bytes is smaller than object %q of %d bytes", len(buf), key, size)
+		}
+		n = int(size)
+		return buf[:size], nil
+	})
+	return n, err
+}
+
+// get fetches the replica list and reads the nearest good replica into the
+// buffer alloc returns. If every replica fails and the lease may have run
+// out, it fetches a fresh list once.
+func (c *Client) get(ctx context.Context, key string, alloc func(size uint64) ([]byte, error)) error {
+	var lastErr error
+	for round := 0; round < 2; round++ {
+		rl, err := c.replicaList(ctx, key)
+		if err != nil {
+			return fmt.Errorf("get %q: %w", key, err)
+		}
+		buf, err := alloc(rl.GetSize())
+		if err != nil {
+			return err
+		}
+		if err := c.readAny(ctx, rl, rl.GetReplicas(), buf); err == nil {
+			return nil
+		} else {
+			lastErr = err
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return fmt.Errorf("get %q: %w", key, lastErr)
+}
+
+func (c *Client) replicaList(ctx context.Context, key string) (*masterv1.GetReplicaListResponse, error) {
+	rl, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.GetReplicaListResponse, error) {
+		return s.GetReplicaList(ctx, &masterv1.GetReplicaListRequest{Tenant: c.tenant, Key: key, ClientHost: c.s.cfg.HostID})
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.orderReplicas(rl.GetReplicas())
+	return rl, nil
+}
+
+// orderReplicas puts replicas on this host first, keeping the master's order
+// otherwise.
+func (c *Client) orderReplicas(reps []*masterv1.ReplicaDescriptor) {
+	host := c.s.cfg.HostID
+	slices.SortStableFunc(reps, func(a, b *masterv1.ReplicaDescriptor) int {
+		la, lb := a.GetHostId() == host, b.GetHostId() == host
+		switch {
+		case la && !lb:
+			return -1
+		case lb && !la:
+			return 1
+		}
+		return 0
+	})
+}
+
+// readAny tries each replica in order until one returns bytes matching the
+// checksum.
+func (c *Client) readAny(ctx context.Context, rl *masterv1.GetReplicaListResponse, reps []*masterv1.ReplicaDescriptor, buf []byte) error {
+	if len(reps) == 0 {
+		return rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY, "no readable replica")
+	}
+	var errs []error
+	for _, d := range reps {
+		err := c.readOne(ctx, d, buf)
+		if err == nil && xxhash.Sum64(buf) != rl.GetChecksum() {
+			err = rpcerr.New(codes.DataLoss, masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "replica %d on %s: checksum mismatch", d.GetReplicaId(), d.GetDataEndpoint())
+		}
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, fmt.Errorf("replica %d on %s: %w", d.GetReplicaId(), d.GetDataEndpoint(), err))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if len(errs) == 1 {
+		return errs[0]
+	}
+	return errors.Join(errs...)
+}
+
+// readOne reads one replica into buf (len(buf) == object size).
+func (c *Client) readOne(ctx context.Context, d *masterv1.ReplicaDescriptor, buf []byte) error {
+	dc, err := c.agent(d.GetDataEndpoint())
+	if err != nil {
+		return err
+	}
+	if len(buf) <= c.s.cfg.SmallObject {
+		resp, err := dc.BatchRead(ctx, &agentv1.BatchReadRequest{Items: []*agentv1.BatchReadItem{{
+			SegmentId: d.GetSegmentId(), AllocationId: d.GetAllocationId(), Token: d.GetToken(),
+		}}})
+		if err != nil {
+			return rpcerr.FromStatus(err)
+		}
+		if len(resp.GetResults()) != 1 {
+			return fmt.Errorf("%d results for 1 item", len(resp.GetResults()))
+		}
+		r := resp.GetResults()[0]
+		if err := itemErr(r.GetStatus()); err != nil {
+			return err
+		}
+		if len(r.GetData()) != len(buf) {
+			return fmt.Errorf("got %d bytes, want %d", len(r.GetData()), len(buf))
+		}
+		copy(buf, r.GetData())
+		return nil
+	}
+	return c.readStream(ctx, dc, d, func(off int64, p []byte) error {
+		if off+int64(len(p)) > int64(len(buf)) {
+			return fmt.Errorf("agent sent more than %d bytes", len(buf))
+		}
+		copy(buf[off:], p)
+		return nil
+	}, int64(len(buf)))
+}
+
+// readStream streams a replica and hands each chunk to sink in order.
+func (c *Client) readStream(ctx context.Context, dc agentv1.DataServiceClient, d *masterv1.ReplicaDescriptor, sink func(off int64, p []byte) error, size int64) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := dc.Read(ctx, &agentv1.ReadRequest{
+		SegmentId: d.GetSegmentId(), AllocationId: d.GetAllocationId(), Token: d.GetToken(), ChunkSize: uint32(c.s.cfg.ChunkSize),
+	})
+	if err != nil {
+		return rpcerr.FromStatus(err)
+	}
+	var off int64
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return rpcerr.FromStatus(err)
+		}
+		if err := sink(off, msg.GetData()); err != nil {
+			return err
+		}
+		off += int64(len(msg.GetData()))
+	}
+	if off != size {
+		return fmt.Errorf("got %d bytes, want %d", off, size)
+	}
+	return nil
+}
+
+// GetTo streams the object into w without buffering it whole, verifying the
+// checksum at the end, and returns the bytes written. Replicas are tried in
+// order only until the first byte reaches w.
+func (c *Client) GetTo(ctx context.Context, key string, w io.Writer, progress func(done, total int64)) (int64, error) {
+	rl, err := c.replicaList(ctx, key)
+	if err != nil {
+		return 0, fmt.Errorf("get %q: %w", key, err)
+	}
+	size := int64(rl.GetSize())
+	var errs []error
+	for _, d := range rl.GetReplicas() {
+		dc, err := c.agent(d.GetDataEndpoint())
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		h := xxhash.New()
+		var written int64
+		err = c.readStream(ctx, dc, d, func(_ int64, p []byte) error {
+			_, _ = h.Write(p)
+			n, err := w.Write(p)
+			written += int64(n)
+			if progress != nil {
+				progress(written, size)
+			}
+			return err
+		}, size)
+		if err == nil && h.Sum64() != rl.GetChecksum() {
+			return written, fmt.Errorf("get %q: %w", key, rpcerr.New(codes.DataLoss, masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "replica %d: checksum mismatch", d.GetReplicaId()))
+		}
+		if err == nil {
+			return written, nil
+		}
+		if written > 0 {
+			return written, fmt.Errorf("get %q: replica %d failed after %d bytes: %w", key, d.GetReplicaId(), written, err)
+		}
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		errs = append(errs, rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY, "no readable replica"))
+	}
+	return 0, fmt.Errorf("get %q: %w", key, errors.Join(errs...))
+}
