@@ -151,3 +151,6 @@ func (b *ByteSize) Set(s string) error {
 	*b = v
 	return nil
 }
+
+// Type names the value kind for pflag (cobra) help output.
+func (b *ByteSize) Type() string { return "size" }

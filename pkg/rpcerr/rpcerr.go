@@ -35,7 +35,12 @@ type Error struct {
 	Metadata map[string]string
 }
 
-func (e *Error) Error() string { return ReasonName(e.Reason) + ": " + e.Msg }
+func (e *Error) Error() string {
+	if r := ReasonName(e.Reason); r != "" {
+		return r + ": " + e.Msg
+	}
+	return e.Msg
+}
 
 // Is makes errors.Is(err, sentinel) match on the reason, so sentinels like
 // ErrNotFound match any error carrying that reason.

@@ -1,0 +1,200 @@
+package ctl
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/spf13/cobra"
+)
+
+func ago(ms int64) string {
+	if ms == 0 {
+		return "never"
+	}
+	return time.Since(time.UnixMilli(ms)).Round(100 * time.Millisecond).String()
+}
+
+func segmentsCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "segments",
+		Short: "List segments with lifecycle, health and usage",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			c, err := e.client(ctx)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			r, err := c.Admin().ListSegments(ctx, &masterv1.ListSegmentsRequest{})
+			if err != nil {
+				return err
+			}
+			if !e.json() {
+				fmt.Fprintf(e.stdout, "%-36s %-10s %-8s %-6s %-22s %-10s %12s %12s %8s\n", "SEGMENT", "AGENT", "HOST", "MEDIUM", "LIFECYCLE", "HEALTH", "USED", "CAPACITY", "REPLICAS")
+			}
+			for _, s := range r.GetSegments() {
+				lc := strings.TrimPrefix(s.GetLifecycle().String(), "SEGMENT_LIFECYCLE_")
+				h := strings.TrimPrefix(s.GetHealth().String(), "SEGMENT_HEALTH_")
+				if e.json() {
+					if err := e.printJSON(map[string]any{
+						"segment_id": s.GetInfo().GetSegmentId(), "agent_id": s.GetAgentId(), "host_id": s.GetHostId(),
+						"medium": mediumName(s.GetInfo().GetMedium()), "lifecycle": lc, "health": h,
+						"used": s.GetInfo().GetUsed(), "capacity": s.GetInfo().GetCapacity(), "replicas": s.GetReplicas(),
+						"can_allocate": s.GetCanAllocate(), "can_serve_read": s.GetCanServeRead(), "last_heartbeat_unix_ms": s.GetLastHeartbeatUnixMs(),
+					}); err != nil {
+						return err
+					}
+					continue
+				}
+				fmt.Fprintf(e.stdout, "%-36s %-10s %-8s %-6s %-22s %-10s %12d %12d %8d\n", s.GetInfo().GetSegmentId(), s.GetAgentId(), s.GetHostId(),
+					mediumName(s.GetInfo().GetMedium()), lc, h, s.GetInfo().GetUsed(), s.GetInfo().GetCapacity(), s.GetReplicas())
+			}
+			return nil
+		},
+	}
+}
+
+func agentsCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "agents",
+		Short: "List agents and their sessions",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			c, err := e.client(ctx)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			r, err := c.Admin().ListAgents(ctx, &masterv1.ListAgentsRequest{})
+			if err != nil {
+				return err
+			}
+			if !e.json() {
+				fmt.Fprintf(e.stdout, "%-24s %-10s %-22s %-9s %-12s %s\n", "AGENT", "HOST", "ENDPOINT", "CONNECTED", "HEARTBEAT", "SEGMENTS")
+			}
+			for _, a := range r.GetAgents() {
+				if e.json() {
+					if err := e.printJSON(map[string]any{"agent_id": a.GetAgentId(), "host_id": a.GetHostId(), "endpoint": a.GetDataEndpoint(),
+						"connected": a.GetConnected(), "last_heartbeat_unix_ms": a.GetLastHeartbeatUnixMs(), "segments": a.GetSegmentIds(), "version": a.GetVersion()}); err != nil {
+						return err
+					}
+					continue
+				}
+				fmt.Fprintf(e.stdout, "%-24s %-10s %-22s %-9v %-12s %d\n", a.GetAgentId(), a.GetHostId(), a.GetDataEndpoint(), a.GetConnected(), ago(a.GetLastHeartbeatUnixMs()), len(a.GetSegmentIds()))
+			}
+			return nil
+		},
+	}
+}
+
+func drainCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "drain SEGMENT",
+		Short: "Move a segment's replicas elsewhere and stop allocating on it",
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			c, err := e.client(ctx)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			r, err := c.Admin().DrainSegment(ctx, &masterv1.DrainSegmentRequest{SegmentId: args[0]})
+			if err != nil {
+				return err
+			}
+			lc := strings.TrimPrefix(r.GetSegment().GetLifecycle().String(), "SEGMENT_LIFECYCLE_")
+			if e.json() {
+				return e.printJSON(map[string]any{"segment_id": args[0], "lifecycle": lc})
+			}
+			fmt.Fprintf(e.stdout, "segment %s: %s\n", args[0], lc)
+			return nil
+		},
+	}
+}
+
+func quotaCmd(e *env) *cobra.Command {
+	cmd := &cobra.Command{Use: "quota", Short: "Get or set the tenant's quota"}
+	var maxBytes, maxObjects uint64
+	set := &cobra.Command{
+		Use:   "set",
+		Short: "Set the tenant's max bytes and objects (0 = unlimited)",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			c, err := e.client(ctx)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			r, err := c.Admin().SetTenantQuota(ctx, &masterv1.SetTenantQuotaRequest{Tenant: e.tenant, MaxBytes: maxBytes, MaxObjects: maxObjects})
+			if err != nil {
+				return err
+			}
+			return printQuota(e, r.GetQuota())
+		},
+	}
+	set.Flags().Uint64Var(&maxBytes, "max-bytes", 0, "maximum bytes (0 = unlimited)")
+	set.Flags().Uint64Var(&maxObjects, "max-objects", 0, "maximum objects (0 = unlimited)")
+	get := &cobra.Command{
+		Use:   "get",
+		Short: "Show the tenant's quota and usage",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			c, err := e.client(ctx)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			r, err := c.Admin().GetTenantQuota(ctx, &masterv1.GetTenantQuotaRequest{Tenant: e.tenant})
+			if err != nil {
+				return err
+			}
+			return printQuota(e, r.GetQuota())
+		},
+	}
+	cmd.AddCommand(set, get)
+	return cmd
+}
+
+func printQuota(e *env, q *masterv1.TenantQuota) error {
+	if e.json() {
+		return e.printJSON(map[string]any{"tenant": q.GetTenant(), "max_bytes": q.GetMaxBytes(), "max_objects": q.GetMaxObjects(),
+			"used_bytes": q.GetUsedBytes(), "used_objects": q.GetUsedObjects()})
+	}
+	fmt.Fprintf(e.stdout, "tenant %s: bytes %d/%d objects %d/%d (0 = unlimited)\n", q.GetTenant(), q.GetUsedBytes(), q.GetMaxBytes(), q.GetUsedObjects(), q.GetMaxObjects())
+	return nil
+}
+
+func statusCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "Show the master's cluster summary",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			c, err := e.client(ctx)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			r, err := c.Admin().GetClusterStatus(ctx, &masterv1.GetClusterStatusRequest{})
+			if err != nil {
+				return err
+			}
+			if e.json() {
+				return e.printJSON(map[string]any{"master_id": r.GetMasterId(), "epoch": r.GetEpoch(), "leader": r.GetLeader(), "objects": r.GetObjects(),
+					"bytes": r.GetBytes(), "revision": r.GetRevision(), "agents_connected": r.GetAgentsConnected(), "segments": r.GetSegments(),
+					"capacity_bytes": r.GetCapacityBytes(), "used_bytes": r.GetUsedBytes()})
+			}
+			fmt.Fprintf(e.stdout, "master %s epoch %d leader=%v\nobjects %d (%d bytes), revision %d\nagents %d, segments %d, used %d of %d bytes\n",
+				r.GetMasterId(), r.GetEpoch(), r.GetLeader(), r.GetObjects(), r.GetBytes(), r.GetRevision(), r.GetAgentsConnected(), r.GetSegments(), r.GetUsedBytes(), r.GetCapacityBytes())
+			return nil
+		},
+	}
+}

@@ -1,0 +1,203 @@
+package ctl
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/crescent-kv/crescent/pkg/client"
+	"github.com/crescent-kv/crescent/pkg/config"
+	"github.com/spf13/cobra"
+)
+
+// benchResult is what one bench phase measured.
+type benchResult struct {
+	Mode        string  `json:"mode"`
+	ObjectSize  uint64  `json:"object_size"`
+	Batch       int     `json:"batch"`
+	Concurrency int     `json:"concurrency"`
+	Seconds     float64 `json:"seconds"`
+	Objects     int64   `json:"objects"`
+	Errors      int64   `json:"errors"`
+	ObjectsPerS float64 `json:"objects_per_s"`
+	GBPerS      float64 `json:"gb_per_s"`
+	P50Ms       float64 `json:"p50_ms"`
+	P90Ms       float64 `json:"p90_ms"`
+	P99Ms       float64 `json:"p99_ms"`
+	MaxMs       float64 `json:"max_ms"`
+}
+
+func benchCmd(e *env) *cobra.Command {
+	var (
+		mode        string
+		size        = config.ByteSize(4 << 10)
+		batch       int
+		concurrency int
+		duration    time.Duration
+		keys        int
+		replicas    int
+		prefix      string
+		keep        bool
+	)
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Generate put/get load and report throughput and latency",
+		Long: "bench writes (and reads back) objects of --size in calls of --batch objects from --concurrency\n" +
+			"workers for --duration. get mode first stores --keys objects, then reads them at random.\n" +
+			"Latency percentiles are per call (one batch).",
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			if batch < 1 || concurrency < 1 || size < 1 || keys < 1 {
+				return usagef("--batch, --concurrency, --size and --keys must be >= 1")
+			}
+			if mode != "put" && mode != "get" && mode != "mixed" {
+				return usagef("--mode must be put, get or mixed")
+			}
+			c, err := e.client(ctx)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			c = c.Tenant(e.tenant)
+			payload := make([]byte, size)
+			_, _ = rand.Read(payload)
+			key := func(i int) string { return fmt.Sprintf("%s%08d", prefix, i) }
+			opts := []client.PutOption{client.WithReplicas(replicas), client.WithUpsert()}
+
+			var results []benchResult
+			if mode == "get" || mode == "mixed" {
+				// Populate the key space once, in batches.
+				for lo := 0; lo < keys; lo += 256 {
+					items := make([]client.Item, 0, 256)
+					for i := lo; i < min(lo+256, keys); i++ {
+						items = append(items, client.Item{Key: key(i), Data: payload})
+					}
+					for _, err := range c.BatchPut(ctx, items, opts...) {
+						if err != nil {
+							return fmt.Errorf("populate: %w", err)
+						}
+					}
+				}
+			}
+			bar := newProgress(e.stderr, "bench "+mode, tty(e.stderr))
+			var next atomic.Int64
+			op := func(ctx context.Context, put bool) (int, error) {
+				n := int(next.Add(int64(batch))) - batch
+				if batch == 1 {
+					k := key(n % keys)
+					if put {
+						return 1, c.Put(ctx, k, payload, opts...)
+					}
+					_, err := c.Get(ctx, k)
+					return 1, err
+				}
+				if put {
+					items := make([]client.Item, batch)
+					for i := range items {
+						items[i] = client.Item{Key: key((n + i) % keys), Data: payload}
+					}
+					return batch, errors.Join(c.BatchPut(ctx, items, opts...)...)
+				}
+				ks := make([]string, batch)
+				for i := range ks {
+					ks[i] = key((n + i) % keys)
+				}
+				_, errs := c.BatchGet(ctx, ks)
+				return batch, errors.Join(errs...)
+			}
+			res := runBench(ctx, mode, concurrency, duration, func(ctx context.Context, i int) (int, error) {
+				return op(ctx, mode == "put" || (mode == "mixed" && i%2 == 0))
+			}, bar)
+			bar.done()
+			res.ObjectSize, res.Batch = uint64(size), batch
+			res.GBPerS = res.ObjectsPerS * float64(size) / 1e9
+			results = append(results, res)
+			if !keep {
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+				_, _, _ = c.RemoveByPrefix(cctx, prefix, true)
+				cancel()
+			}
+			for _, r := range results {
+				if e.json() {
+					if err := e.printJSON(r); err != nil {
+						return err
+					}
+					continue
+				}
+				fmt.Fprintf(e.stdout, "mode=%s size=%s batch=%d concurrency=%d duration=%.1fs\n", r.Mode, &size, r.Batch, r.Concurrency, r.Seconds)
+				fmt.Fprintf(e.stdout, "  objects: %d (%d errors)  %.0f objects/s  %.3f GB/s\n", r.Objects, r.Errors, r.ObjectsPerS, r.GBPerS)
+				fmt.Fprintf(e.stdout, "  latency per call: p50 %.3fms  p90 %.3fms  p99 %.3fms  max %.3fms\n", r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs)
+			}
+			if results[0].Objects == 0 && results[0].Errors > 0 {
+				return errors.New("every call failed")
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&mode, "mode", "put", "put, get or mixed")
+	f.Var(&size, "size", "object size (e.g. 4KiB, 1MiB)")
+	f.IntVar(&batch, "batch", 1, "objects per call (1 = single Put/Get)")
+	f.IntVar(&concurrency, "concurrency", 4, "concurrent workers")
+	f.DurationVar(&duration, "duration", 10*time.Second, "how long to run")
+	f.IntVar(&keys, "keys", 4096, "size of the key space")
+	f.IntVar(&replicas, "replicas", 1, "replicas per object")
+	f.StringVar(&prefix, "prefix", "bench/", "key prefix")
+	f.BoolVar(&keep, "keep", false, "keep the objects afterwards")
+	return cmd
+}
+
+// runBench runs op from conc workers until d passes and aggregates latency.
+func runBench(ctx context.Context, mode string, conc int, d time.Duration, op func(context.Context, int) (int, error), bar *progress) benchResult {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var (
+		mu      sync.Mutex
+		lats    []time.Duration
+		objects atomic.Int64
+		errs    atomic.Int64
+	)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := 0; w < conc; w++ {
+		wg.Go(func() {
+			var local []time.Duration
+			for i := w; ctx.Err() == nil; i += conc {
+				t0 := time.Now()
+				n, err := op(ctx, i)
+				if ctx.Err() != nil {
+					break
+				}
+				local = append(local, time.Since(t0))
+				if err != nil {
+					errs.Add(1)
+					continue
+				}
+				objects.Add(int64(n))
+				bar.update(int64(time.Since(start)), int64(d))
+			}
+			mu.Lock()
+			lats = append(lats, local...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start).Seconds()
+	slices.Sort(lats)
+	pct := func(p float64) float64 {
+		if len(lats) == 0 {
+			return 0
+		}
+		return float64(lats[min(len(lats)-1, int(p*float64(len(lats))))]) / 1e6
+	}
+	return benchResult{
+		Mode: mode, Concurrency: conc, Seconds: elapsed, Objects: objects.Load(), Errors: errs.Load(),
+		ObjectsPerS: float64(objects.Load()) / elapsed, P50Ms: pct(0.50), P90Ms: pct(0.90), P99Ms: pct(0.99), MaxMs: pct(1),
+	}
+}
