@@ -1,0 +1,339 @@
+// Package e2e drives the real binaries (bin/ built by `make build`, or
+// $CRESCENT_BIN) as processes on free loopback ports: one master, agents,
+// and a gateway, exactly as `make run` starts them.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/client"
+)
+
+// binDir finds the binaries: $CRESCENT_BIN, else ../bin.
+func binDir(t testing.TB) string {
+	t.Helper()
+	dir := os.Getenv("CRESCENT_BIN")
+	if dir == "" {
+		dir, _ = filepath.Abs("../bin")
+	}
+	for _, b := range []string{"crescent-master", "crescent-agent", "crescent-gateway", "crescentctl"} {
+		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
+			t.Fatalf("binary %s missing in %s: run 'make build' (or 'make test', which builds first)", b, dir)
+		}
+	}
+	return dir
+}
+
+// freeAddr returns a loopback address with a free port.
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// Proc is one running binary.
+type Proc struct {
+	t     testing.TB
+	Name  string
+	bin   string
+	args  []string
+	log   string
+	admin string
+
+	mu  sync.Mutex // guards cmd, done
+	cmd *exec.Cmd
+	done chan struct{}
+}
+
+// start launches the process (again, after a Kill or Stop).
+func (p *Proc) start() {
+	p.t.Helper()
+	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	fmt.Fprintf(f, "==== start %s %s\n", p.bin, strings.Join(p.args, " "))
+	cmd := exec.Command(p.bin, p.args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		p.t.Fatalf("start %s: %v", p.Name, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		f.Close()
+		close(done)
+	}()
+	p.mu.Lock()
+	p.cmd, p.done = cmd, done
+	p.mu.Unlock()
+}
+
+func (p *Proc) signal(sig syscall.Signal, wait time.Duration) {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(sig)
+	select {
+	case <-done:
+	case <-time.After(wait):
+		_ = cmd.Process.Kill()
+		<-done
+	}
+}
+
+// Kill stops the process with SIGKILL (a crash).
+func (p *Proc) Kill() { p.signal(syscall.SIGKILL, 5*time.Second) }
+
+// Stop stops the process with SIGTERM (a clean shutdown) and waits.
+func (p *Proc) Stop() { p.signal(syscall.SIGTERM, 20*time.Second) }
+
+// Restart starts the process again with the same arguments and waits for
+// its /readyz.
+func (p *Proc) Restart() {
+	p.t.Helper()
+	p.start()
+	waitReady(p.t, p)
+}
+
+// Logs returns the process's output so far.
+func (p *Proc) Logs() string {
+	b, _ := os.ReadFile(p.log)
+	return string(b)
+}
+
+func waitReady(t testing.TB, p *Proc) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get("http://" + p.admin + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s not ready after 20s; logs:\n%s", p.Name, tail(p.Logs(), 40))
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Cluster is a running master, agents and (optionally) gateway.
+type Cluster struct {
+	t       testing.TB
+	bin     string
+	dir     string
+	Master  *Proc
+	Agents  []*Proc
+	Gateway *Proc
+
+	MasterAddr  string
+	AgentAddrs  []string
+	GatewayPub  string
+	GatewayRepl string
+	GatewayHTTP string
+}
+
+// Options shape a test cluster.
+type Options struct {
+	Agents        int
+	AgentMemory   string
+	Disk          bool
+	Gateway       bool
+	MasterFlags   []string
+	AgentFlags    []string
+	GatewayFlags  []string
+	SuspectAfter  time.Duration
+	UnmountAfter  time.Duration
+}
+
+// StartCluster starts a cluster and waits until every agent's segments are
+// registered and healthy. Everything is stopped at test cleanup, and the
+// processes' logs are printed when the test failed.
+func StartCluster(t testing.TB, o Options) *Cluster {
+	t.Helper()
+	if o.Agents == 0 {
+		o.Agents = 2
+	}
+	if o.AgentMemory == "" {
+		o.AgentMemory = "64MiB"
+	}
+	if o.SuspectAfter == 0 {
+		o.SuspectAfter = 600 * time.Millisecond
+	}
+	if o.UnmountAfter == 0 {
+		o.UnmountAfter = 3 * time.Second
+	}
+	c := &Cluster{t: t, bin: binDir(t), dir: t.TempDir()}
+	c.MasterAddr = freeAddr(t)
+	c.Master = c.proc("master", "crescent-master", append([]string{
+		"--grpc-addr", c.MasterAddr, "--log-level", "debug",
+		"--heartbeat-interval", "100ms", "--suspect-after", o.SuspectAfter.String(), "--unmount-after", o.UnmountAfter.String(),
+	}, o.MasterFlags...))
+	c.Master.start()
+	waitReady(t, c.Master)
+	for i := 0; i < o.Agents; i++ {
+		addr := freeAddr(t)
+		name := fmt.Sprintf("agent-%c", 'a'+i)
+		args := []string{"--master", c.MasterAddr, "--grpc-addr", addr, "--host-id", "host-" + string(rune('a'+i)),
+			"--agent-id", name, "--memory", o.AgentMemory, "--log-level", "debug", "--shutdown-grace", "200ms"}
+		if o.Disk {
+			dd := filepath.Join(c.dir, name+"-disk")
+			if err := os.MkdirAll(dd, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			args = append(args, "--disk-dir", dd, "--disk-size", "64MiB")
+		}
+		p := c.proc(name, "crescent-agent", append(args, o.AgentFlags...))
+		p.start()
+		c.Agents = append(c.Agents, p)
+		c.AgentAddrs = append(c.AgentAddrs, addr)
+	}
+	for _, p := range c.Agents {
+		waitReady(t, p)
+	}
+	want := o.Agents
+	if o.Disk {
+		want *= 2
+	}
+	c.WaitSegments(want)
+	if o.Gateway {
+		c.GatewayPub = "tcp://" + freeAddr(t)
+		c.GatewayRepl = "tcp://" + freeAddr(t)
+		c.Gateway = c.proc("gateway", "crescent-gateway", append([]string{
+			"--master", c.MasterAddr, "--pub", c.GatewayPub, "--replay", c.GatewayRepl, "--grpc-addr", freeAddr(t),
+			"--backend-id", "e2e", "--log-level", "debug",
+		}, o.GatewayFlags...))
+		c.GatewayHTTP = c.Gateway.admin
+		c.Gateway.start()
+		waitReady(t, c.Gateway)
+	}
+	t.Cleanup(func() {
+		procs := append([]*Proc{c.Gateway}, c.Agents...)
+		procs = append(procs, c.Master)
+		for _, p := range procs {
+			if p != nil {
+				p.Stop()
+			}
+		}
+		if t.Failed() {
+			for _, p := range procs {
+				if p != nil {
+					t.Logf("==== %s log (tail)\n%s", p.Name, tail(p.Logs(), 60))
+				}
+			}
+		}
+	})
+	return c
+}
+
+func (c *Cluster) proc(name, bin string, args []string) *Proc {
+	admin := freeAddr(c.t)
+	return &Proc{t: c.t, Name: name, bin: filepath.Join(c.bin, bin), args: append(args, "--admin-addr", admin),
+		log: filepath.Join(c.dir, name+".log"), admin: admin}
+}
+
+// Client returns an SDK client for tenant, closed at cleanup.
+func (c *Cluster) Client(tenant string) *client.Client {
+	c.t.Helper()
+	cl, err := client.New(context.Background(), client.Config{Master: c.MasterAddr, Tenant: tenant, HostID: "host-test"})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+// Segments lists the master's segments.
+func (c *Cluster) Segments() []*masterv1.Segment {
+	c.t.Helper()
+	cl := c.Client("default")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r, err := cl.Admin().ListSegments(ctx, &masterv1.ListSegmentsRequest{})
+	if err != nil {
+		c.t.Fatalf("ListSegments: %v", err)
+	}
+	return r.GetSegments()
+}
+
+// WaitSegments waits until n segments can allocate.
+func (c *Cluster) WaitSegments(n int) {
+	c.t.Helper()
+	Eventually(c.t, 20*time.Second, func() error {
+		ok := 0
+		for _, s := range c.Segments() {
+			if s.GetCanAllocate() {
+				ok++
+			}
+		}
+		if ok < n {
+			return fmt.Errorf("%d of %d segments can allocate", ok, n)
+		}
+		return nil
+	})
+}
+
+// Ctl runs crescentctl against the cluster and returns stdout, stderr and
+// the exit code.
+func (c *Cluster) Ctl(stdin []byte, args ...string) (string, string, int) {
+	c.t.Helper()
+	cmd := exec.Command(filepath.Join(c.bin, "crescentctl"), append([]string{"--master", c.MasterAddr}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		c.t.Fatalf("crescentctl: %v", err)
+	}
+	return out.String(), errb.String(), code
+}
+
+// Eventually polls f until it returns nil or d passes.
+func Eventually(t testing.TB, d time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = f(); err == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("condition not met after %v: %v", d, err)
+}
