@@ -1,0 +1,661 @@
+package kvevent
+
+import (
+	"encoding/binary"
+	"math"
+	"strings"
+)
+
+// Decoder is the strict decoder of the contract. The zero value is ready and
+// strict. A Decoder keeps a small cache of recently seen strings to avoid
+// re-allocating repeated envelope values, so it is not safe for concurrent
+// use; use one per goroutine.
+type Decoder struct {
+	// AllowUnknownKeys accepts (and skips) event map keys the contract does
+	// not define, for forward compatibility. Off by default: strict.
+	AllowUnknownKeys bool
+
+	// last values seen, reused when the next event repeats them.
+	backend, model, salt, lora, tenant, group string
+}
+
+// DecodeMessage decodes one PUB message with the package's strict Decoder.
+func DecodeMessage(frames [][]byte) (Batch, error) {
+	var d Decoder
+	return d.DecodeMessage(frames)
+}
+
+// DecodeMessage decodes the three frames of one PUB message: an empty topic,
+// an 8-byte big-endian sequence (neither 0 nor the replay end marker) and a
+// payload (see DecodePayload).
+func (d *Decoder) DecodeMessage(frames [][]byte) (Batch, error) {
+	if len(frames) != 3 {
+		return Batch{}, malformed("got %d frames, want 3 (topic, seq, payload)", len(frames))
+	}
+	if len(frames[0]) != 0 {
+		return Batch{}, malformed("topic frame has %d bytes, want 0", len(frames[0]))
+	}
+	seq, err := DecodeSeq(frames[1])
+	if err != nil {
+		return Batch{}, err
+	}
+	if seq == 0 || seq == EndSeq {
+		return Batch{}, malformed("sequence %#x is not a publishable sequence", seq)
+	}
+	return d.DecodePayload(seq, frames[2])
+}
+
+// DecodeSeq decodes a sequence frame: exactly 8 bytes, big-endian.
+func DecodeSeq(b []byte) (uint64, error) {
+	if len(b) != 8 {
+		return 0, malformed("sequence frame has %d bytes, want 8", len(b))
+	}
+	return binary.BigEndian.Uint64(b), nil
+}
+
+// DecodePayload decodes [timestamp_ms, [event_map, ...], dp_rank]: exactly one
+// msgpack value, no trailing bytes, integer timestamp, 1..64 events, each
+// with exactly the field set its type and the switches call for.
+func (d *Decoder) DecodePayload(seq uint64, payload []byte) (Batch, error) {
+	r := reader{b: payload}
+	n, err := r.arrayLen()
+	if err != nil {
+		return Batch{}, wrapAt("payload", err)
+	}
+	if n != 3 {
+		return Batch{}, malformed("payload array has %d elements, want 3", n)
+	}
+	ts, err := r.uint(math.MaxInt64)
+	if err != nil {
+		return Batch{}, wrapAt("timestamp_ms", err)
+	}
+	nev, err := r.arrayLen()
+	if err != nil {
+		return Batch{}, wrapAt("events", err)
+	}
+	if nev == 0 || nev > MaxEventsPerBatch {
+		return Batch{}, malformed("events array has %d events, want 1..%d", nev, MaxEventsPerBatch)
+	}
+	b := Batch{Seq: seq, Timestamp: int64(ts), Events: make([]Event, nev)}
+	for i := range b.Events {
+		if err := d.decodeEvent(&r, &b.Events[i]); err != nil {
+			return Batch{}, wrapEvent(i, err)
+		}
+		if b.Events[i].Timestamp != b.Timestamp {
+			return Batch{}, malformed("event %d: timestamp %d differs from the batch's %d", i, b.Events[i].Timestamp, b.Timestamp)
+		}
+		if i > 0 && b.Events[i].ID <= b.Events[i-1].ID {
+			return Batch{}, malformed("event %d: event_id %d not above the previous %d", i, b.Events[i].ID, b.Events[i-1].ID)
+		}
+	}
+	dp, err := r.uint(math.MaxUint32)
+	if err != nil {
+		return Batch{}, wrapAt("dp_rank", err)
+	}
+	b.DPRank = uint32(dp)
+	if r.off != len(r.b) {
+		return Batch{}, malformed("%d trailing bytes after the payload", len(r.b)-r.off)
+	}
+	return b, nil
+}
+
+func wrapAt(field string, err error) error { return malformed("%s: %s", field, trimErr(err)) }
+
+func wrapEvent(i int, err error) error { return malformed("event %d: %s", i, trimErr(err)) }
+
+func trimErr(err error) string {
+	return strings.TrimPrefix(err.Error(), ErrMalformed.Error()+": ")
+}
+
+// field identifies an event map key.
+type field uint8
+
+const (
+	fEventID field = iota
+	fTimestamp
+	fEventType
+	fModelName
+	fBlockSize
+	fAdditionalSalt
+	fLoraName
+	fTenantID
+	fBackendID
+	fMedium
+	fDPRank
+	fType
+	fGroupID
+	fObjectKey
+	fSeqHashes
+	fBaseBlockIdx
+	fParentHash
+	fTokenIDs
+	fBlockHashes
+	fParentBlockHash
+	numFields
+)
+
+var fieldNames = [numFields]string{
+	"event_id", "timestamp", "event_type", "model_name", "block_size",
+	"additional_salt", "lora_name", "tenant_id", "backend_id", "medium",
+	"dp_rank", "type", "group_id", "object_key", "seq_hashes",
+	"base_block_idx", "parent_hash", "token_ids", "block_hashes",
+	"parent_block_hash",
+}
+
+func lookupField(k []byte) (field, bool) {
+	switch string(k) {
+	case "event_id":
+		return fEventID, true
+	case "timestamp":
+		return fTimestamp, true
+	case "event_type":
+		return fEventType, true
+	case "model_name":
+		return fModelName, true
+	case "block_size":
+		return fBlockSize, true
+	case "additional_salt":
+		return fAdditionalSalt, true
+	case "lora_name":
+		return fLoraName, true
+	case "tenant_id":
+		return fTenantID, true
+	case "backend_id":
+		return fBackendID, true
+	case "medium":
+		return fMedium, true
+	case "dp_rank":
+		return fDPRank, true
+	case "type":
+		return fType, true
+	case "group_id":
+		return fGroupID, true
+	case "object_key":
+		return fObjectKey, true
+	case "seq_hashes":
+		return fSeqHashes, true
+	case "base_block_idx":
+		return fBaseBlockIdx, true
+	case "parent_hash":
+		return fParentHash, true
+	case "token_ids":
+		return fTokenIDs, true
+	case "block_hashes":
+		return fBlockHashes, true
+	case "parent_block_hash":
+		return fParentBlockHash, true
+	}
+	return 0, false
+}
+
+type fieldSet uint32
+
+func setOf(fs ...field) fieldSet {
+	var s fieldSet
+	for _, f := range fs {
+		s |= 1 << f
+	}
+	return s
+}
+
+func (s fieldSet) names() string {
+	var out []string
+	for f := field(0); f < numFields; f++ {
+		if s&(1<<f) != 0 {
+			out = append(out, fieldNames[f])
+		}
+	}
+	return strings.Join(out, ",")
+}
+
+var (
+	envelopeSet = setOf(fEventID, fTimestamp, fEventType, fModelName, fBlockSize,
+		fAdditionalSalt, fLoraName, fTenantID, fBackendID, fMedium, fDPRank)
+	removedSet = envelopeSet | setOf(fGroupID, fObjectKey, fSeqHashes, fBaseBlockIdx)
+	storedSet  = removedSet | setOf(fParentHash, fTokenIDs)
+)
+
+// expectedSet is the exact field set of an event of type t.
+func expectedSet(t EventType, legacy bool) fieldSet {
+	var s fieldSet
+	switch t {
+	case Stored:
+		s = storedSet
+		if legacy {
+			s |= setOf(fType, fBlockHashes, fParentBlockHash)
+		}
+	case Removed:
+		s = removedSet
+		if legacy {
+			s |= setOf(fType, fBlockHashes)
+		}
+	case Cleared:
+		s = envelopeSet
+		if legacy {
+			s |= setOf(fType)
+		}
+	}
+	return s
+}
+
+func (d *Decoder) decodeEvent(r *reader, ev *Event) error {
+	n, err := r.mapLen()
+	if err != nil {
+		return err
+	}
+	var (
+		seen       fieldSet
+		legacyType []byte
+		mediumNil  bool
+	)
+	for range n {
+		k, err := r.str()
+		if err != nil {
+			return malformed("map key: %s", trimErr(err))
+		}
+		f, ok := lookupField(k)
+		if !ok {
+			if !d.AllowUnknownKeys {
+				return malformed("unknown key %q", k)
+			}
+			if err := r.skip(0); err != nil {
+				return malformed("%q: %s", k, trimErr(err))
+			}
+			continue
+		}
+		if seen&(1<<f) != 0 {
+			return malformed("duplicate key %q", k)
+		}
+		seen |= 1 << f
+		if err := d.decodeField(r, f, ev, &legacyType, &mediumNil); err != nil {
+			return malformed("%s: %s", fieldNames[f], trimErr(err))
+		}
+	}
+	if seen&(1<<fEventType) == 0 {
+		return malformed("missing key event_type")
+	}
+	legacy := seen&(1<<fType) != 0
+	want := expectedSet(ev.Type, legacy)
+	if seen != want {
+		if missing := want &^ seen; missing != 0 {
+			return malformed("%s event: missing keys %s", ev.Type, missing.names())
+		}
+		return malformed("%s event: unexpected keys %s", ev.Type, (seen &^ want).names())
+	}
+	if legacy && string(legacyType) != ev.Type.LegacyName() {
+		return malformed("type %q does not match event_type %q", legacyType, ev.Type)
+	}
+	switch {
+	case ev.Type == Cleared && !mediumNil:
+		return malformed("cleared event with medium %s, want nil", ev.Medium)
+	case ev.Type != Cleared && mediumNil:
+		return malformed("%s event with nil medium", ev.Type)
+	}
+	ev.Legacy = legacy
+	return nil
+}
+
+func (d *Decoder) decodeField(r *reader, f field, ev *Event, legacyType *[]byte, mediumNil *bool) error {
+	var err error
+	switch f {
+	case fEventID:
+		ev.ID, err = r.uint(math.MaxUint64)
+	case fTimestamp:
+		var v uint64
+		v, err = r.uint(math.MaxInt64)
+		ev.Timestamp = int64(v)
+	case fEventType:
+		var s []byte
+		if s, err = r.str(); err != nil {
+			return err
+		}
+		switch string(s) {
+		case "stored":
+			ev.Type = Stored
+		case "removed":
+			ev.Type = Removed
+		case "cleared":
+			ev.Type = Cleared
+		default:
+			return malformed("unknown event_type %q", s)
+		}
+	case fModelName:
+		err = r.nullableStr(&d.model, &ev.Envelope.ModelName)
+	case fBlockSize:
+		if r.nilNext() {
+			return nil
+		}
+		var v uint64
+		if v, err = r.uint(math.MaxUint32); err != nil {
+			return err
+		}
+		if v == 0 {
+			return malformed("0, want nil for an unset block size")
+		}
+		ev.Envelope.BlockSize = uint32(v)
+	case fAdditionalSalt:
+		err = r.nullableStr(&d.salt, &ev.Envelope.AdditionalSalt)
+	case fLoraName:
+		err = r.nullableStr(&d.lora, &ev.Envelope.LoraName)
+	case fTenantID:
+		err = r.internStr(&d.tenant, &ev.Tenant)
+	case fBackendID:
+		err = r.internStr(&d.backend, &ev.Envelope.BackendID)
+	case fMedium:
+		if r.nilNext() {
+			*mediumNil = true
+			return nil
+		}
+		var s []byte
+		if s, err = r.str(); err != nil {
+			return err
+		}
+		switch string(s) {
+		case "cpu":
+			ev.Medium = MediumCPU
+		case "disk":
+			ev.Medium = MediumDisk
+		default:
+			return malformed("%q, want cpu, disk or nil", s)
+		}
+	case fDPRank:
+		var v uint64
+		v, err = r.uint(math.MaxUint32)
+		ev.Envelope.DPRank = uint32(v)
+	case fType:
+		*legacyType, err = r.str()
+	case fGroupID:
+		err = r.nullableStr(&d.group, &ev.GroupID)
+	case fObjectKey:
+		var s []byte
+		if s, err = r.str(); err != nil {
+			return err
+		}
+		ev.Key = string(s)
+	case fSeqHashes, fBlockHashes:
+		var n int
+		if n, err = r.arrayLen(); err != nil {
+			return err
+		}
+		if n != 0 {
+			return malformed("array of %d, want [] (keys are never interpreted)", n)
+		}
+	case fBaseBlockIdx, fParentHash, fTokenIDs, fParentBlockHash:
+		if !r.nilNext() {
+			return malformed("want nil")
+		}
+	}
+	return err
+}
+
+// reader is a bounds-checked msgpack cursor.
+type reader struct {
+	b   []byte
+	off int
+}
+
+func (r *reader) need(n int) error {
+	if n < 0 || len(r.b)-r.off < n {
+		return malformed("truncated at byte %d (need %d more)", r.off, n)
+	}
+	return nil
+}
+
+func (r *reader) byte() (byte, error) {
+	if err := r.need(1); err != nil {
+		return 0, err
+	}
+	c := r.b[r.off]
+	r.off++
+	return c, nil
+}
+
+func (r *reader) be(n int) (uint64, error) {
+	if err := r.need(n); err != nil {
+		return 0, err
+	}
+	var v uint64
+	for _, c := range r.b[r.off : r.off+n] {
+		v = v<<8 | uint64(c)
+	}
+	r.off += n
+	return v, nil
+}
+
+// nilNext consumes a nil if one is next.
+func (r *reader) nilNext() bool {
+	if r.off < len(r.b) && r.b[r.off] == 0xc0 {
+		r.off++
+		return true
+	}
+	return false
+}
+
+func typeName(c byte) string {
+	switch {
+	case c <= 0x7f || c >= 0xe0 || (c >= 0xcc && c <= 0xd3):
+		return "integer"
+	case c <= 0x8f || c == 0xde || c == 0xdf:
+		return "map"
+	case c <= 0x9f || c == 0xdc || c == 0xdd:
+		return "array"
+	case c <= 0xbf || (c >= 0xd9 && c <= 0xdb):
+		return "string"
+	case c == 0xc0:
+		return "nil"
+	case c == 0xc2 || c == 0xc3:
+		return "bool"
+	case c >= 0xc4 && c <= 0xc6:
+		return "binary"
+	case c == 0xca || c == 0xcb:
+		return "float"
+	case c == 0xc1:
+		return "never-used byte 0xc1"
+	default:
+		return "extension"
+	}
+}
+
+// uint reads a non-negative integer no larger than max, in any msgpack
+// integer encoding; floats, negatives and other types are errors.
+func (r *reader) uint(max uint64) (uint64, error) {
+	c, err := r.byte()
+	if err != nil {
+		return 0, err
+	}
+	var v uint64
+	switch {
+	case c <= 0x7f:
+		v = uint64(c)
+	case c >= 0xe0:
+		return 0, malformed("negative integer %d", int8(c))
+	case c >= 0xcc && c <= 0xcf:
+		if v, err = r.be(1 << (c - 0xcc)); err != nil {
+			return 0, err
+		}
+	case c >= 0xd0 && c <= 0xd3:
+		size := 1 << (c - 0xd0)
+		u, err := r.be(size)
+		if err != nil {
+			return 0, err
+		}
+		if u>>(uint(size)*8-1)&1 == 1 {
+			return 0, malformed("negative integer")
+		}
+		v = u
+	default:
+		return 0, malformed("got %s, want a non-negative integer", typeName(c))
+	}
+	if v > max {
+		return 0, malformed("integer %d out of range (max %d)", v, max)
+	}
+	return v, nil
+}
+
+func (r *reader) str() ([]byte, error) {
+	// Fast path: a fixstr that fits (every key and most values).
+	if r.off < len(r.b) {
+		if c := r.b[r.off]; c >= 0xa0 && c <= 0xbf {
+			n := int(c & 0x1f)
+			if end := r.off + 1 + n; end <= len(r.b) {
+				s := r.b[r.off+1 : end]
+				r.off = end
+				return s, nil
+			}
+		}
+	}
+	c, err := r.byte()
+	if err != nil {
+		return nil, err
+	}
+	var n uint64
+	switch {
+	case c >= 0xa0 && c <= 0xbf:
+		n = uint64(c & 0x1f)
+	case c == 0xd9:
+		n, err = r.be(1)
+	case c == 0xda:
+		n, err = r.be(2)
+	case c == 0xdb:
+		n, err = r.be(4)
+	default:
+		r.off--
+		return nil, malformed("got %s, want a string", typeName(c))
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := r.need(int(n)); err != nil {
+		return nil, err
+	}
+	s := r.b[r.off : r.off+int(n)]
+	r.off += int(n)
+	return s, nil
+}
+
+// internStr reads a string into *dst, reusing *cache when equal.
+func (r *reader) internStr(cache, dst *string) error {
+	s, err := r.str()
+	if err != nil {
+		return err
+	}
+	if *cache != string(s) {
+		*cache = string(s)
+	}
+	*dst = *cache
+	return nil
+}
+
+// nullableStr reads a string or nil ("" for nil).
+func (r *reader) nullableStr(cache, dst *string) error {
+	if r.nilNext() {
+		*dst = ""
+		return nil
+	}
+	return r.internStr(cache, dst)
+}
+
+func (r *reader) collLen(fix, fixMask, c16, c32 byte, what string) (int, error) {
+	c, err := r.byte()
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	switch {
+	case c&^fixMask == fix:
+		n = uint64(c & fixMask)
+	case c == c16:
+		n, err = r.be(2)
+	case c == c32:
+		n, err = r.be(4)
+	default:
+		return 0, malformed("got %s, want %s", typeName(c), what)
+	}
+	if err != nil {
+		return 0, err
+	}
+	// Every element takes at least one byte: a length beyond the remaining
+	// bytes is a lie, rejected before anyone allocates for it.
+	if n > uint64(len(r.b)-r.off) {
+		return 0, malformed("%s of %d elements in %d remaining bytes", what, n, len(r.b)-r.off)
+	}
+	return int(n), nil
+}
+
+func (r *reader) arrayLen() (int, error) { return r.collLen(0x90, 0x0f, 0xdc, 0xdd, "an array") }
+
+func (r *reader) mapLen() (int, error) { return r.collLen(0x80, 0x0f, 0xde, 0xdf, "a map") }
+
+// maxDepth bounds nesting when skipping unknown values.
+const maxDepth = 32
+
+// skip consumes one value of any type.
+func (r *reader) skip(depth int) error {
+	if depth > maxDepth {
+		return malformed("nesting deeper than %d", maxDepth)
+	}
+	c, err := r.byte()
+	if err != nil {
+		return err
+	}
+	var n uint64
+	switch {
+	case c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3:
+		return nil
+	case c <= 0x8f:
+		return r.skipN(2*int(c&0x0f), depth)
+	case c <= 0x9f:
+		return r.skipN(int(c&0x0f), depth)
+	case c <= 0xbf:
+		n = uint64(c & 0x1f)
+	case c == 0xc4 || c == 0xd9:
+		n, err = r.be(1)
+	case c == 0xc5 || c == 0xda:
+		n, err = r.be(2)
+	case c == 0xc6 || c == 0xdb:
+		n, err = r.be(4)
+	case c == 0xc7 || c == 0xc8 || c == 0xc9:
+		if n, err = r.be(1 << (c - 0xc7)); err == nil {
+			n++ // type byte
+		}
+	case c == 0xca:
+		n = 4
+	case c == 0xcb:
+		n = 8
+	case c >= 0xcc && c <= 0xd3:
+		n = 1 << ((c - 0xcc) & 3)
+	case c >= 0xd4 && c <= 0xd8:
+		n = 1 + 1<<(c-0xd4)
+	case c == 0xdc || c == 0xdd || c == 0xde || c == 0xdf:
+		m, err := r.be(2 << ((c - 0xdc) & 1))
+		if err != nil {
+			return err
+		}
+		if c >= 0xde {
+			m *= 2
+		}
+		if m > uint64(len(r.b)-r.off) {
+			return malformed("collection of %d elements in %d remaining bytes", m, len(r.b)-r.off)
+		}
+		return r.skipN(int(m), depth)
+	default:
+		return malformed("got %s", typeName(c))
+	}
+	if err != nil {
+		return err
+	}
+	if n > uint64(len(r.b)-r.off) {
+		return malformed("truncated value")
+	}
+	r.off += int(n)
+	return nil
+}
+
+func (r *reader) skipN(n, depth int) error {
+	for range n {
+		if err := r.skip(depth + 1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
