@@ -1,0 +1,302 @@
+// Package zmtp carries ZeroMQ messages over a net.Conn: the ZMTP 3.0
+// greeting and NULL-security handshake come from github.com/go-zeromq/zmq4
+// (zmq4.Open, which also checks socket-type compatibility), and the data
+// phase is framed here, with bounded frame sizes and whole-message writes.
+//
+// Why not zmq4's sockets directly: its PUB socket queues every message
+// without limit (or silently drops past an HWM with no count) and one
+// blocking writer goroutine serves every subscriber, so a SUB that connects
+// and never reads stalls all others and grows the queue; its reader
+// allocates whatever frame size a peer announces; its accept loop runs each
+// handshake inline with no deadline; and replying to a PING writes from the
+// reading goroutine. Owning the framing lets the gateway keep one writer per
+// connection, bounded per-subscriber queues, handshake deadlines and frame
+// limits, while interoperating with libzmq (pyzmq) peers.
+package zmtp
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/security/null"
+)
+
+// Frame flag bits (ZMTP 3.0, RFC 23).
+const (
+	flagMore    = 0x01
+	flagLong    = 0x02
+	flagCommand = 0x04
+)
+
+// Errors.
+var (
+	ErrProtocol      = errors.New("zmtp: protocol violation")
+	ErrFrameTooLarge = errors.New("zmtp: frame too large")
+)
+
+// Limits bound what a Reader accepts from a peer.
+type Limits struct {
+	// MaxFrame is the largest frame body accepted (bytes).
+	MaxFrame int
+	// MaxFrames is the most frames in one message.
+	MaxFrames int
+}
+
+// Message is one ZMTP message: data frames, or a command (Command set,
+// Frames holds its one body).
+type Message struct {
+	Frames  [][]byte
+	Command string
+}
+
+// Reader reads ZMTP data-phase traffic with limits. It is not safe for
+// concurrent use; one goroutine reads a connection.
+type Reader struct {
+	r   *bufio.Reader
+	lim Limits
+}
+
+// NewReader wraps r.
+func NewReader(r io.Reader, lim Limits) *Reader {
+	if lim.MaxFrame <= 0 {
+		lim.MaxFrame = 1 << 20
+	}
+	if lim.MaxFrames <= 0 {
+		lim.MaxFrames = 16
+	}
+	return &Reader{r: bufio.NewReaderSize(r, 64<<10), lim: lim}
+}
+
+// ReadMessage reads the next complete message or command.
+func (r *Reader) ReadMessage() (Message, error) {
+	var m Message
+	for {
+		flags, err := r.r.ReadByte()
+		if err != nil {
+			return Message{}, err
+		}
+		if flags&^(flagMore|flagLong|flagCommand) != 0 {
+			return Message{}, fmt.Errorf("%w: reserved flag bits %#x", ErrProtocol, flags)
+		}
+		var size uint64
+		if flags&flagLong != 0 {
+			var b [8]byte
+			if _, err := io.ReadFull(r.r, b[:]); err != nil {
+				return Message{}, unexpected(err)
+			}
+			size = binary.BigEndian.Uint64(b[:])
+		} else {
+			c, err := r.r.ReadByte()
+			if err != nil {
+				return Message{}, unexpected(err)
+			}
+			size = uint64(c)
+		}
+		if size > uint64(r.lim.MaxFrame) {
+			return Message{}, fmt.Errorf("%w: %d bytes (max %d)", ErrFrameTooLarge, size, r.lim.MaxFrame)
+		}
+		body := make([]byte, size)
+		if _, err := io.ReadFull(r.r, body); err != nil {
+			return Message{}, unexpected(err)
+		}
+		if flags&flagCommand != 0 {
+			if len(m.Frames) > 0 || flags&flagMore != 0 {
+				return Message{}, fmt.Errorf("%w: command inside a multi-frame message", ErrProtocol)
+			}
+			if len(body) == 0 || int(body[0]) > len(body)-1 {
+				return Message{}, fmt.Errorf("%w: malformed command", ErrProtocol)
+			}
+			n := int(body[0])
+			return Message{Command: string(body[1 : 1+n]), Frames: [][]byte{body[1+n:]}}, nil
+		}
+		if len(m.Frames) == r.lim.MaxFrames {
+			return Message{}, fmt.Errorf("%w: more than %d frames", ErrProtocol, r.lim.MaxFrames)
+		}
+		m.Frames = append(m.Frames, body)
+		if flags&flagMore == 0 {
+			return m, nil
+		}
+	}
+}
+
+func unexpected(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// AppendMessage appends the wire form of a message with the given frames.
+func AppendMessage(dst []byte, frames ...[]byte) []byte {
+	for i, f := range frames {
+		var flags byte
+		if i < len(frames)-1 {
+			flags |= flagMore
+		}
+		dst = appendFrameHeader(dst, flags, len(f))
+		dst = append(dst, f...)
+	}
+	return dst
+}
+
+// AppendCommand appends the wire form of a command frame.
+func AppendCommand(dst []byte, name string, body []byte) []byte {
+	dst = appendFrameHeader(dst, flagCommand, 1+len(name)+len(body))
+	dst = append(dst, byte(len(name)))
+	dst = append(dst, name...)
+	return append(dst, body...)
+}
+
+func appendFrameHeader(dst []byte, flags byte, n int) []byte {
+	if n > 255 {
+		dst = append(dst, flags|flagLong)
+		return binary.BigEndian.AppendUint64(dst, uint64(n))
+	}
+	return append(dst, flags, byte(n))
+}
+
+// Conn is a handshaken ZMTP connection. Reads go through ReadMessage (one
+// reading goroutine); writes through Write (one writing goroutine).
+type Conn struct {
+	nc  net.Conn
+	zc  *zmq4.Conn
+	rd  *Reader
+	typ zmq4.SocketType
+}
+
+// Handshake runs the ZMTP greeting and NULL handshake on nc as a socket of
+// type typ, within timeout, and checks the peer's type is compatible.
+func Handshake(nc net.Conn, typ zmq4.SocketType, server bool, timeout time.Duration, lim Limits) (*Conn, error) {
+	if timeout > 0 {
+		if err := nc.SetDeadline(time.Now().Add(timeout)); err != nil {
+			return nil, err
+		}
+	}
+	zc, err := zmq4.Open(nc, null.Security(), typ, zmq4.SocketIdentity(""), server, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := nc.SetDeadline(time.Time{}); err != nil {
+		return nil, err
+	}
+	return &Conn{nc: nc, zc: zc, rd: NewReader(nc, lim), typ: typ}, nil
+}
+
+// PeerType is the peer's socket type from its READY metadata.
+func (c *Conn) PeerType() zmq4.SocketType {
+	return zmq4.SocketType(c.zc.Peer.Meta["Socket-Type"])
+}
+
+// ReadMessage reads the next message or command.
+func (c *Conn) ReadMessage() (Message, error) { return c.rd.ReadMessage() }
+
+// Write writes pre-framed bytes (AppendMessage output) with an optional
+// deadline (0: none).
+func (c *Conn) Write(b []byte, timeout time.Duration) error {
+	bufs := net.Buffers{b}
+	return c.WriteBuffers(&bufs, timeout)
+}
+
+// WriteBuffers writes several pre-framed messages in one vectored write.
+func (c *Conn) WriteBuffers(bufs *net.Buffers, timeout time.Duration) error {
+	if timeout > 0 {
+		if err := c.nc.SetWriteDeadline(time.Now().Add(timeout)); err != nil {
+			return err
+		}
+	}
+	_, err := bufs.WriteTo(c.nc)
+	return err
+}
+
+// SetReadDeadline sets the read deadline of the underlying connection.
+func (c *Conn) SetReadDeadline(t time.Time) error { return c.nc.SetReadDeadline(t) }
+
+// RemoteAddr is the peer's address.
+func (c *Conn) RemoteAddr() net.Addr { return c.nc.RemoteAddr() }
+
+// Close closes the connection; it unblocks a pending read or write.
+func (c *Conn) Close() error { return c.nc.Close() }
+
+// SplitEndpoint turns a ZMQ endpoint into a Go network and address:
+// tcp://*:5557 → ("tcp", ":5557"), tcp://host:5557, ipc:///path → ("unix", "/path").
+func SplitEndpoint(ep string) (network, addr string, err error) {
+	switch {
+	case strings.HasPrefix(ep, "tcp://"):
+		addr = strings.TrimPrefix(ep, "tcp://")
+		if strings.HasPrefix(addr, "*:") {
+			addr = addr[1:]
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return "", "", fmt.Errorf("zmtp: endpoint %q: %w", ep, err)
+		}
+		return "tcp", addr, nil
+	case strings.HasPrefix(ep, "ipc://"):
+		addr = strings.TrimPrefix(ep, "ipc://")
+		if addr == "" {
+			return "", "", fmt.Errorf("zmtp: endpoint %q: empty path", ep)
+		}
+		return "unix", addr, nil
+	default:
+		return "", "", fmt.Errorf("zmtp: endpoint %q: want tcp://host:port or ipc://path", ep)
+	}
+}
+
+// Listen binds a ZMQ endpoint.
+func Listen(ep string) (net.Listener, error) {
+	network, addr, err := SplitEndpoint(ep)
+	if err != nil {
+		return nil, err
+	}
+	return net.Listen(network, addr)
+}
+
+// Endpoint renders a bound listener as a dialable endpoint (tcp://127.0.0.1:port
+// for a wildcard bind).
+func Endpoint(l net.Listener) string {
+	switch a := l.Addr().(type) {
+	case *net.TCPAddr:
+		host := a.IP.String()
+		if a.IP.IsUnspecified() {
+			host = "127.0.0.1"
+		}
+		return "tcp://" + net.JoinHostPort(host, fmt.Sprint(a.Port))
+	default:
+		return "ipc://" + l.Addr().String()
+	}
+}
+
+// Dial connects to a ZMQ endpoint and handshakes as typ, honouring ctx for
+// both the connect and the handshake.
+func Dial(ctx context.Context, ep string, typ zmq4.SocketType, timeout time.Duration, lim Limits) (*Conn, error) {
+	network, addr, err := SplitEndpoint(ep)
+	if err != nil {
+		return nil, err
+	}
+	if network == "tcp" && strings.HasPrefix(addr, ":") {
+		addr = "127.0.0.1" + addr
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	// Handshake reads block on the socket: close it if ctx ends first.
+	stop := context.AfterFunc(ctx, func() { nc.Close() })
+	c, err := Handshake(nc, typ, false, timeout, lim)
+	if !stop() || err != nil {
+		nc.Close()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, err
+	}
+	return c, nil
+}
