@@ -1,0 +1,223 @@
+// Package changelog is the master's in-memory change log: one record per
+// visibility transition (stored, removed, cleared) with a dense revision
+// starting at 1 in every epoch, retained in a bounded ring. Readers resume
+// from a revision; a revision that fell out of the ring is a distinct error
+// (REVISION_COMPACTED) that tells the caller to resync from a snapshot.
+//
+// The log only stores and serves records; the metadata's mutation path is
+// the only writer and appends while it holds the shard lock of the objects
+// the records describe, so revision order agrees with state order.
+package changelog
+
+import (
+	"context"
+	"strconv"
+	"sync"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"google.golang.org/grpc/codes"
+)
+
+// DefaultRetention is the number of records kept when Config.Retention is 0.
+const DefaultRetention = 1 << 20
+
+// Type is the kind of a record; values equal masterv1.ChangeType.
+type Type uint8
+
+// Record kinds.
+const (
+	Stored  = Type(masterv1.ChangeType_CHANGE_TYPE_STORED)
+	Removed = Type(masterv1.ChangeType_CHANGE_TYPE_REMOVED)
+	Cleared = Type(masterv1.ChangeType_CHANGE_TYPE_CLEARED)
+)
+
+// Record is one change. Revision is assigned by Append.
+type Record struct {
+	Revision uint64
+	Type     Type
+	Tenant   string
+	Key      string
+	Medium   masterv1.Medium
+	Group    string
+	TimeMs   int64
+}
+
+// Proto converts r to its wire form.
+func (r Record) Proto() *masterv1.Change {
+	return &masterv1.Change{
+		Revision:        r.Revision,
+		Type:            masterv1.ChangeType(r.Type),
+		Tenant:          r.Tenant,
+		Key:             r.Key,
+		Medium:          r.Medium,
+		GroupId:         r.Group,
+		TimestampUnixMs: r.TimeMs,
+	}
+}
+
+// entry is a record as the ring stores it: tenants are interned so a slot
+// is 48 bytes (the key and group strings share the objects' bytes).
+type entry struct {
+	key    string
+	group  string
+	timeMs int64
+	tenant uint32
+	typ    Type
+	medium uint8
+}
+
+// Log is the change log. Safe for concurrent use.
+type Log struct {
+	epoch     uint64
+	retention uint64
+
+	// mu guards every field below. It is a leaf lock: callers may hold a
+	// metadata shard lock (or all of them) while appending.
+	mu      sync.Mutex
+	ring    []entry // grows to retention, then wraps; rev r lives at (r-1)%retention
+	head    uint64  // last assigned revision (0 = none)
+	tenants []string
+	tenIdx  map[string]uint32
+	// notify is closed and replaced on an append when waiting is set.
+	notify  chan struct{}
+	waiting bool
+}
+
+// New returns an empty log for epoch, retaining retention records (0 means
+// DefaultRetention). It does no I/O.
+func New(retention int, epoch uint64) *Log {
+	if retention <= 0 {
+		retention = DefaultRetention
+	}
+	return &Log{
+		epoch:     epoch,
+		retention: uint64(retention),
+		tenIdx:    make(map[string]uint32),
+		notify:    make(chan struct{}),
+	}
+}
+
+// Epoch is the epoch the revisions belong to.
+func (l *Log) Epoch() uint64 { return l.epoch }
+
+// Append assigns the next revisions to recs (in order, writing them back
+// into recs) and stores them. It returns the last revision assigned.
+func (l *Log) Append(recs []Record) uint64 {
+	if len(recs) == 0 {
+		return l.Head()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := range recs {
+		l.head++
+		recs[i].Revision = l.head
+		e := entry{
+			key:    recs[i].Key,
+			group:  recs[i].Group,
+			timeMs: recs[i].TimeMs,
+			tenant: l.internLocked(recs[i].Tenant),
+			typ:    recs[i].Type,
+			medium: uint8(recs[i].Medium),
+		}
+		if uint64(len(l.ring)) < l.retention {
+			l.ring = append(l.ring, e)
+		} else {
+			l.ring[(l.head-1)%l.retention] = e
+		}
+	}
+	if l.waiting {
+		close(l.notify)
+		l.notify = make(chan struct{})
+		l.waiting = false
+	}
+	return l.head
+}
+
+func (l *Log) internLocked(t string) uint32 {
+	if i, ok := l.tenIdx[t]; ok {
+		return i
+	}
+	i := uint32(len(l.tenants))
+	l.tenants = append(l.tenants, t)
+	l.tenIdx[t] = i
+	return i
+}
+
+// Head is the last revision recorded (0 when none).
+func (l *Log) Head() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.head
+}
+
+// Compact is the oldest revision still retained (head+1 when the log is
+// empty).
+func (l *Log) Compact() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.compactLocked()
+}
+
+func (l *Log) compactLocked() uint64 {
+	if l.head < l.retention {
+		return 1
+	}
+	return l.head - l.retention + 1
+}
+
+// CompactedError is the error for a read from before the retained window.
+func CompactedError(from, compact uint64) error {
+	e := rpcerr.New(codes.OutOfRange, masterv1.ErrorReason_ERROR_REASON_REVISION_COMPACTED,
+		"revision %d is compacted; oldest retained is %d: resync with Snapshot", from, compact)
+	e.Metadata = map[string]string{"compact_revision": strconv.FormatUint(compact, 10)}
+	return e
+}
+
+// Read appends to dst up to max records with revision > from, in order, and
+// returns them with the head and compact revisions at the time of the read.
+// It fails with REVISION_COMPACTED when record from+1 is no longer retained,
+// and with INVALID_PARAMS when from is beyond the head.
+func (l *Log) Read(from uint64, max int, dst []Record) (recs []Record, head, compact uint64, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	compact = l.compactLocked()
+	if from+1 < compact {
+		return dst, l.head, compact, CompactedError(from, compact)
+	}
+	if from > l.head {
+		return dst, l.head, compact, rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
+			"revision %d is beyond the head %d of epoch %d", from, l.head, l.epoch)
+	}
+	for r := from + 1; r <= l.head && (max <= 0 || len(dst) < max); r++ {
+		e := &l.ring[(r-1)%l.retention]
+		dst = append(dst, Record{
+			Revision: r,
+			Type:     e.typ,
+			Tenant:   l.tenants[e.tenant],
+			Key:      e.key,
+			Medium:   masterv1.Medium(e.medium),
+			Group:    e.group,
+			TimeMs:   e.timeMs,
+		})
+	}
+	return dst, l.head, compact, nil
+}
+
+// Wait blocks until the head passes after or ctx ends (returning its error).
+func (l *Log) Wait(ctx context.Context, after uint64) error {
+	l.mu.Lock()
+	if l.head > after {
+		l.mu.Unlock()
+		return nil
+	}
+	l.waiting = true
+	ch := l.notify
+	l.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

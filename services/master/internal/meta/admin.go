@@ -1,0 +1,122 @@
+package meta
+
+import (
+	"context"
+	"slices"
+	"strings"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+)
+
+// Stats summarises the metadata for AdminService.GetClusterStatus.
+type Stats struct {
+	// Objects and Bytes count objects held, including puts in progress;
+	// bytes once per object (logical size).
+	Objects, Bytes uint64
+	// Revision is the change log head.
+	Revision uint64
+	Epoch    uint64
+}
+
+// Stats returns the current totals.
+func (s *Store) Stats() Stats {
+	st := Stats{Revision: s.log.Head(), Epoch: s.id.Epoch}
+	for _, t := range s.tenants.all() {
+		t.mu.Lock()
+		st.Objects += t.usedObjects
+		st.Bytes += t.usedBytes
+		t.mu.Unlock()
+	}
+	return st
+}
+
+// SetTenantQuota sets a tenant's limits (0 = unlimited). A limit below the
+// current usage rejects only growth.
+func (s *Store) SetTenantQuota(ctx context.Context, tenant string, maxBytes, maxObjects uint64) (*masterv1.TenantQuota, error) {
+	tenant = NormalizeTenant(tenant)
+	if len(tenant) > MaxTenantLen {
+		return nil, errInvalid("tenant must be at most %d bytes", MaxTenantLen)
+	}
+	i, err := s.tenants.intern(tenant)
+	if err != nil {
+		return nil, err
+	}
+	t := s.tenants.get(i)
+	t.mu.Lock()
+	t.maxBytes, t.maxObjects = maxBytes, maxObjects
+	t.mu.Unlock()
+	return t.quota(), nil
+}
+
+// TenantQuota returns a tenant's limits and usage (zeros for a tenant never
+// seen).
+func (s *Store) TenantQuota(ctx context.Context, tenant string) (*masterv1.TenantQuota, error) {
+	tenant = NormalizeTenant(tenant)
+	if len(tenant) > MaxTenantLen {
+		return nil, errInvalid("tenant must be at most %d bytes", MaxTenantLen)
+	}
+	i, ok := s.tenants.lookup(tenant)
+	if !ok {
+		return &masterv1.TenantQuota{Tenant: tenant}, nil
+	}
+	return s.tenants.get(i).quota(), nil
+}
+
+// ListTenants returns every known tenant's limits and usage, by name.
+func (s *Store) ListTenants(ctx context.Context) []*masterv1.TenantQuota {
+	var out []*masterv1.TenantQuota
+	for _, t := range s.tenants.all() {
+		out = append(out, t.quota())
+	}
+	slices.SortFunc(out, func(a, b *masterv1.TenantQuota) int { return strings.Compare(a.Tenant, b.Tenant) })
+	return out
+}
+
+// SnapshotEntry is one readable (tenant, key, medium).
+type SnapshotEntry struct {
+	Tenant, Key, Group string
+	Medium             masterv1.Medium
+}
+
+// Snapshot returns the readable set (for one tenant, or all when tenant is
+// "") and the revision it reflects: Watch from that revision continues it
+// exactly. Every shard is locked before the revision is read and each is
+// unlocked as soon as it has been copied, so no change with a later
+// revision is in the copy and none with an earlier one is missing.
+func (s *Store) Snapshot(ctx context.Context, tenant string) (uint64, []SnapshotEntry, error) {
+	var only uint32
+	filter := tenant != ""
+	if filter {
+		if len(tenant) > MaxTenantLen {
+			return 0, nil, errInvalid("tenant must be at most %d bytes", MaxTenantLen)
+		}
+		i, ok := s.tenants.lookup(tenant)
+		if !ok {
+			return s.log.Head(), nil, nil
+		}
+		only = i
+	}
+	s.lockAll()
+	rev := s.log.Head()
+	var out []SnapshotEntry
+	for sh := range s.shards {
+		shd := &s.shards[sh]
+		for t, objs := range shd.tenants {
+			if filter && t != only {
+				continue
+			}
+			name := s.tenants.get(t).name
+			for key, o := range objs {
+				var media uint8
+				for _, r := range o.replicas {
+					if r.status == stComplete && media&(1<<r.medium) == 0 {
+						media |= 1 << r.medium
+						out = append(out, SnapshotEntry{Tenant: name, Key: key, Group: o.group, Medium: masterv1.Medium(r.medium)})
+					}
+				}
+			}
+		}
+		shd.mu.Unlock()
+	}
+	return rev, out, nil
+}

@@ -1,0 +1,405 @@
+package meta
+
+import (
+	"context"
+	"encoding/base64"
+	"slices"
+	"strings"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/pkg/token"
+	"github.com/crescent-kv/crescent/services/master/internal/cluster"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// GetSpec is one GetReplicaList.
+type GetSpec struct {
+	Tenant, Key string
+	// ClientHost lists replicas on that host first.
+	ClientHost string
+}
+
+// GetResult is one BatchGetReplicaList outcome.
+type GetResult struct {
+	Resp *masterv1.GetReplicaListResponse
+	Err  error
+}
+
+func errNotReady(tenant, key, why string) error {
+	return rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY,
+		"object %q/%q is not readable yet: %s", tenant, key, why)
+}
+
+// segCache memoises registry reads for one request.
+type segCache struct {
+	s   *Store
+	idx []uint32
+	sv  []cluster.Segment
+	ok  []bool
+}
+
+// slot returns the cache slot of seg and whether the registry knows it.
+func (c *segCache) slot(seg uint32) (int, bool) {
+	for i, x := range c.idx {
+		if x == seg {
+			return i, c.ok[i]
+		}
+	}
+	sv, ok := c.s.reg.Segment(c.s.segs.get(seg).id)
+	c.idx, c.sv, c.ok = append(c.idx, seg), append(c.sv, sv), append(c.ok, ok)
+	return len(c.idx) - 1, ok
+}
+
+func (c *segCache) get(seg uint32) (cluster.Segment, bool) {
+	i, ok := c.slot(seg)
+	return c.sv[i], ok
+}
+
+// readRep is a readable replica and its segment's cache slot.
+type readRep struct {
+	r    replica
+	slot int
+}
+
+// readView is what a get copies out of the shard.
+type readView struct {
+	size, checksum uint64
+	group          string
+	reps           []readRep
+}
+
+// readLocked resolves the readable replicas of o (COMPLETE, on a segment
+// that can serve reads) into v, or returns why there are none.
+func (s *Store) readLocked(o *object, c *segCache, tenant, key string, v *readView) error {
+	v.reps = v.reps[:0]
+	processing := false
+	for i := range o.replicas {
+		r := &o.replicas[i]
+		if r.status != stComplete {
+			processing = processing || r.status == stProcessing
+			continue
+		}
+		slot, ok := c.slot(r.seg)
+		if !ok || !c.sv[slot].CanServeRead() {
+			continue
+		}
+		v.reps = append(v.reps, readRep{r: *r, slot: slot})
+	}
+	if len(v.reps) == 0 {
+		if o.hasComplete() {
+			return errNotReady(tenant, key, "no replica is on a segment that can serve reads")
+		}
+		if processing {
+			return errNotReady(tenant, key, "only PROCESSING replicas exist")
+		}
+		return errNotFound(tenant, key)
+	}
+	v.size, v.checksum, v.group = o.size, o.checksum, o.group
+	return nil
+}
+
+// Get is GetReplicaList for one object; see BatchGet.
+func (s *Store) Get(ctx context.Context, sp GetSpec) (*masterv1.GetReplicaListResponse, error) {
+	sp.Tenant = NormalizeTenant(sp.Tenant)
+	if err := ValidateKey(sp.Tenant, sp.Key); err != nil {
+		return nil, err
+	}
+	t, ok := s.tenants.lookup(sp.Tenant)
+	if !ok {
+		return nil, errNotFound(sp.Tenant, sp.Key)
+	}
+	c := segCache{s: s}
+	var v readView
+	shd := &s.shards[s.shardIndex(t, sp.Key)]
+	shd.mu.Lock()
+	o := shd.getLocked(t, sp.Key)
+	var err error
+	if o == nil {
+		err = errNotFound(sp.Tenant, sp.Key)
+	} else if err = s.readLocked(o, &c, sp.Tenant, sp.Key, &v); err == nil {
+		s.grantLeaseLocked(o)
+	}
+	shd.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return s.readResponse(&v, &c, sp.ClientHost), nil
+}
+
+func (s *Store) grantLeaseLocked(o *object) {
+	o.accessMs = s.nowMs()
+	o.flags |= flagLeased
+}
+
+// BatchGet is GetReplicaList for many objects: one lock per shard, one
+// registry read per segment, tokens signed outside the locks.
+func (s *Store) BatchGet(ctx context.Context, specs []GetSpec) []GetResult {
+	res := make([]GetResult, len(specs))
+	views := make([]readView, len(specs))
+	type item struct {
+		i, shard int
+		tenant   uint32
+	}
+	items := make([]item, 0, len(specs))
+	for i := range specs {
+		sp := &specs[i]
+		sp.Tenant = NormalizeTenant(sp.Tenant)
+		if err := ValidateKey(sp.Tenant, sp.Key); err != nil {
+			res[i].Err = err
+			continue
+		}
+		t, ok := s.tenants.lookup(sp.Tenant)
+		if !ok {
+			res[i].Err = errNotFound(sp.Tenant, sp.Key)
+			continue
+		}
+		items = append(items, item{i: i, tenant: t, shard: s.shardIndex(t, sp.Key)})
+	}
+	c := segCache{s: s}
+	forShards(items, func(it item) int { return it.shard }, func(sh int, group []item) {
+		shd := &s.shards[sh]
+		shd.mu.Lock()
+		now := s.nowMs()
+		for _, it := range group {
+			sp := &specs[it.i]
+			o := shd.getLocked(it.tenant, sp.Key)
+			if o == nil {
+				res[it.i].Err = errNotFound(sp.Tenant, sp.Key)
+				continue
+			}
+			if err := s.readLocked(o, &c, sp.Tenant, sp.Key, &views[it.i]); err != nil {
+				res[it.i].Err = err
+				continue
+			}
+			o.accessMs = now
+			o.flags |= flagLeased
+		}
+		shd.mu.Unlock()
+	})
+	for _, it := range items {
+		if res[it.i].Err == nil {
+			res[it.i].Resp = s.readResponse(&views[it.i], &c, specs[it.i].ClientHost)
+		}
+	}
+	return res
+}
+
+// readResponse builds a GetReplicaList answer with read tokens valid for
+// the lease, replicas on clientHost first.
+func (s *Store) readResponse(v *readView, c *segCache, clientHost string) *masterv1.GetReplicaListResponse {
+	exp := s.now().Add(s.cfg.LeaseTTL)
+	expMs := exp.UnixMilli()
+	reps := make([]*masterv1.ReplicaDescriptor, 0, len(v.reps))
+	descs := make([]masterv1.ReplicaDescriptor, len(v.reps))
+	for pass := 0; pass < 2; pass++ {
+		for i := range v.reps {
+			sv := &c.sv[v.reps[i].slot]
+			local := clientHost != "" && sv.HostID == clientHost
+			if (pass == 0) != local {
+				continue
+			}
+			r := &v.reps[i].r
+			d := &descs[len(reps)]
+			d.ReplicaId = r.id
+			d.SegmentId = sv.ID
+			d.AgentId = sv.AgentID
+			d.HostId = sv.HostID
+			d.DataEndpoint = sv.DataEndpoint
+			d.AllocationId = r.allocID
+			d.Size = v.size
+			d.Medium = masterv1.Medium(r.medium)
+			d.Status = masterv1.ReplicaStatus_REPLICA_STATUS_COMPLETE
+			d.Token = token.Sign(s.id.TokenKey, token.Claims{Mode: token.Read, SegmentID: sv.ID, AllocationID: r.allocID, Expiry: exp})
+			d.TokenExpiryUnixMs = expMs
+			reps = append(reps, d)
+		}
+	}
+	return &masterv1.GetReplicaListResponse{
+		Size:     v.size,
+		Checksum: v.checksum,
+		Replicas: reps,
+		LeaseTtl: durationpb.New(s.cfg.LeaseTTL),
+		GroupId:  v.group,
+	}
+}
+
+// Exist reports whether an object is readable, granting the read lease when
+// it is.
+func (s *Store) Exist(ctx context.Context, tenant, key string) (bool, error) {
+	r, err := s.BatchExist(ctx, []ObjectRef{{Tenant: tenant, Key: key}})
+	if err != nil {
+		return false, err
+	}
+	return r[0], nil
+}
+
+// ObjectRef names an object.
+type ObjectRef struct{ Tenant, Key string }
+
+// BatchExist answers Exist for many objects. Invalid keys fail the call.
+func (s *Store) BatchExist(ctx context.Context, refs []ObjectRef) ([]bool, error) {
+	out := make([]bool, len(refs))
+	type item struct {
+		i, shard int
+		tenant   uint32
+	}
+	items := make([]item, 0, len(refs))
+	for i := range refs {
+		refs[i].Tenant = NormalizeTenant(refs[i].Tenant)
+		if err := ValidateKey(refs[i].Tenant, refs[i].Key); err != nil {
+			return nil, err
+		}
+		t, ok := s.tenants.lookup(refs[i].Tenant)
+		if !ok {
+			continue
+		}
+		items = append(items, item{i: i, tenant: t, shard: s.shardIndex(t, refs[i].Key)})
+	}
+	c := segCache{s: s}
+	var v readView
+	forShards(items, func(it item) int { return it.shard }, func(sh int, group []item) {
+		shd := &s.shards[sh]
+		shd.mu.Lock()
+		for _, it := range group {
+			o := shd.getLocked(it.tenant, refs[it.i].Key)
+			if o != nil && s.readLocked(o, &c, "", "", &v) == nil {
+				s.grantLeaseLocked(o)
+				out[it.i] = true
+			}
+		}
+		shd.mu.Unlock()
+	})
+	return out, nil
+}
+
+// GetSize returns the size of a readable object, without a lease.
+func (s *Store) GetSize(ctx context.Context, tenant, key string) (uint64, error) {
+	tenant = NormalizeTenant(tenant)
+	var size uint64
+	err := s.withObject(tenant, key, func(o *object) error {
+		c := segCache{s: s}
+		var v readView
+		if err := s.readLocked(o, &c, tenant, key, &v); err != nil {
+			return err
+		}
+		size = o.size
+		return nil
+	})
+	return size, err
+}
+
+// QueryRoute returns every replica of an object, any status, without
+// tokens or lease.
+func (s *Store) QueryRoute(ctx context.Context, tenant, key string) (*masterv1.QueryRouteResponse, error) {
+	tenant = NormalizeTenant(tenant)
+	var resp *masterv1.QueryRouteResponse
+	err := s.withObject(tenant, key, func(o *object) error {
+		c := segCache{s: s}
+		resp = &masterv1.QueryRouteResponse{Size: o.size, Checksum: o.checksum, GroupId: o.group}
+		for _, r := range o.replicas {
+			e := s.segs.get(r.seg)
+			sv, _ := c.get(r.seg)
+			resp.Replicas = append(resp.Replicas, &masterv1.ReplicaDescriptor{
+				ReplicaId: r.id, SegmentId: e.id, AgentId: sv.AgentID, HostId: sv.HostID,
+				DataEndpoint: sv.DataEndpoint, AllocationId: r.allocID, Size: o.size,
+				Medium: masterv1.Medium(r.medium), Status: masterv1.ReplicaStatus(r.status),
+			})
+		}
+		return nil
+	})
+	return resp, err
+}
+
+// withObject runs f on one object under its shard lock.
+func (s *Store) withObject(tenant, key string, f func(*object) error) error {
+	if err := ValidateKey(tenant, key); err != nil {
+		return err
+	}
+	t, ok := s.tenants.lookup(tenant)
+	if !ok {
+		return errNotFound(tenant, key)
+	}
+	shd := &s.shards[s.shardIndex(t, key)]
+	shd.mu.Lock()
+	defer shd.mu.Unlock()
+	o := shd.getLocked(t, key)
+	if o == nil {
+		return errNotFound(tenant, key)
+	}
+	return f(o)
+}
+
+// ListObjects pages through a tenant's objects in key order. The page token
+// is the last key of the previous page, base64url-encoded.
+func (s *Store) ListObjects(ctx context.Context, tenant, prefix string, pageSize int, pageToken string) ([]*masterv1.ObjectInfo, string, error) {
+	tenant = NormalizeTenant(tenant)
+	if pageSize <= 0 {
+		pageSize = 1000
+	}
+	pageSize = min(pageSize, 10000)
+	after, err := DecodePageToken(pageToken)
+	if err != nil {
+		return nil, "", err
+	}
+	t, ok := s.tenants.lookup(tenant)
+	if !ok {
+		return nil, "", nil
+	}
+	now := s.nowMs()
+	var infos []*masterv1.ObjectInfo
+	for i := range s.shards {
+		shd := &s.shards[i]
+		shd.mu.Lock()
+		for key, o := range shd.tenants[t] {
+			if !strings.HasPrefix(key, prefix) || (pageToken != "" && key <= after) {
+				continue
+			}
+			info := &masterv1.ObjectInfo{
+				Key: key, Size: o.size, Replicas: uint32(len(o.replicas)), GroupId: o.group,
+				SoftPinned: o.softPinned(now), HardPinned: o.flags&flagHardPin != 0,
+				Processing: o.put != nil, Checksum: o.checksum,
+			}
+			if o.leased(now, s.cfg.LeaseTTL) {
+				info.LeaseExpiryUnixMs = o.accessMs + s.cfg.LeaseTTL.Milliseconds()
+			}
+			var media uint8
+			for _, r := range o.replicas {
+				if r.status == stComplete && media&(1<<r.medium) == 0 {
+					media |= 1 << r.medium
+					info.Media = append(info.Media, masterv1.Medium(r.medium))
+				}
+			}
+			infos = append(infos, info)
+		}
+		shd.mu.Unlock()
+	}
+	slices.SortFunc(infos, func(a, b *masterv1.ObjectInfo) int { return strings.Compare(a.Key, b.Key) })
+	next := ""
+	if len(infos) > pageSize {
+		infos = infos[:pageSize]
+		next = EncodePageToken(infos[pageSize-1].Key)
+	}
+	return infos, next, nil
+}
+
+// EncodePageToken makes a ListObjects page token from the last key listed.
+func EncodePageToken(lastKey string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(lastKey))
+}
+
+// DecodePageToken parses a ListObjects page token ("" is the first page).
+func DecodePageToken(tok string) (string, error) {
+	if tok == "" {
+		return "", nil
+	}
+	if len(tok) > base64.RawURLEncoding.EncodedLen(MaxKeyLen) {
+		return "", errInvalid("page_token too long")
+	}
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil || len(b) == 0 {
+		return "", errInvalid("malformed page_token")
+	}
+	return string(b), nil
+}

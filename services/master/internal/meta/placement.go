@@ -1,0 +1,131 @@
+package meta
+
+import (
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/services/master/internal/cluster"
+	"google.golang.org/grpc/codes"
+)
+
+// segView is one registry segment with its metadata index.
+type segView struct {
+	idx uint32
+	e   *segEntry
+	seg cluster.Segment
+}
+
+// free is the room left on the segment: capacity minus the larger of what
+// the agent last reported and what the metadata has placed since.
+func (v *segView) free() int64 {
+	used := max(int64(v.seg.Used), v.e.placed.Load())
+	return int64(v.seg.Capacity) - used
+}
+
+// placer picks segments for new replicas from one registry snapshot.
+type placer struct {
+	// alloc lists the segments that can allocate, per medium.
+	alloc map[masterv1.Medium][]segView
+}
+
+// newPlacer snapshots the registry. exclude lists segment indexes to skip
+// (their agent failed during this request).
+func (s *Store) newPlacer(exclude map[uint32]bool) *placer {
+	p := &placer{alloc: make(map[masterv1.Medium][]segView)}
+	for _, sg := range s.reg.Segments() {
+		if !sg.CanAllocate() {
+			continue
+		}
+		idx := s.segs.intern(sg.ID)
+		if exclude[idx] {
+			continue
+		}
+		p.alloc[sg.Medium] = append(p.alloc[sg.Medium], segView{idx: idx, e: s.segs.get(idx), seg: sg})
+	}
+	return p
+}
+
+// errNoSpace is NO_AVAILABLE_HANDLE; space reports whether eviction could
+// help (enough segments exist, they are just full).
+func errNoSpace(space bool, format string, args ...any) *placeErr {
+	return &placeErr{err: rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_NO_AVAILABLE_HANDLE, format, args...), space: space}
+}
+
+type placeErr struct {
+	err   error
+	space bool
+}
+
+// pick chooses n distinct segments of medium with room for size: preferred
+// segments first (in order), then segments on new hosts before reused
+// hosts, the local host before others, most free space first. avoid lists
+// segments that must not be chosen (already holding a replica).
+func (p *placer) pick(n int, medium masterv1.Medium, size uint64, preferred []string, localHost string, avoid []uint32) ([]*segView, *placeErr) {
+	all := p.alloc[medium]
+	if len(all)-len(avoid) < n {
+		return nil, errNoSpace(false, "%d replicas requested but only %d %s segments can allocate", n, len(all)-len(avoid), medium)
+	}
+	chosen := make([]*segView, 0, n)
+	taken := func(v *segView) bool {
+		for _, c := range chosen {
+			if c.idx == v.idx {
+				return true
+			}
+		}
+		for _, a := range avoid {
+			if a == v.idx {
+				return true
+			}
+		}
+		return false
+	}
+	hostUsed := func(h string) bool {
+		for _, c := range chosen {
+			if c.seg.HostID == h {
+				return true
+			}
+		}
+		return false
+	}
+	need := int64(size)
+	for _, id := range preferred {
+		if len(chosen) == n {
+			break
+		}
+		for i := range all {
+			v := &all[i]
+			if v.seg.ID == id && !taken(v) && v.free() >= need {
+				chosen = append(chosen, v)
+				break
+			}
+		}
+	}
+	for len(chosen) < n {
+		var best *segView
+		var bestNewHost, bestLocal bool
+		var bestFree int64
+		for i := range all {
+			v := &all[i]
+			if taken(v) {
+				continue
+			}
+			f := v.free()
+			if f < need {
+				continue
+			}
+			newHost := !hostUsed(v.seg.HostID)
+			local := localHost != "" && v.seg.HostID == localHost
+			better := best == nil ||
+				(newHost && !bestNewHost) ||
+				(newHost == bestNewHost && local && !bestLocal) ||
+				(newHost == bestNewHost && local == bestLocal && f > bestFree)
+			if better {
+				best, bestNewHost, bestLocal, bestFree = v, newHost, local, f
+			}
+		}
+		if best == nil {
+			return nil, errNoSpace(true, "no %s segment has %d free bytes for replica %d of %d", medium, size, len(chosen)+1, n)
+		}
+		chosen = append(chosen, best)
+	}
+	return chosen, nil
+}

@@ -1,0 +1,153 @@
+package meta
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/services/master/internal/cluster"
+	"pgregory.net/rapid"
+)
+
+// TestPropertyInvariants drives random sequences of put / get / remove /
+// upsert / remove-all / evict / revoke / segment loss over a few tenants
+// and keys, and checks after every step that (a) the change log applied to
+// an empty set gives exactly the readable set, (b) quota usage equals the
+// sum of live object sizes, (c) no allocation is leaked or double-released
+// at the fake agents.
+func TestPropertyInvariants(t *testing.T) {
+	tenants := []string{"", "t1", "t2"}
+	keys := []string{"a", "b", "c", "d", "e", "f"}
+	rapid.Check(t, func(rt *rapid.T) {
+		e := newEnv(t, 3, 2, 4096, Config{Shards: 4})
+		f := &follower{set: map[rkey]bool{}}
+		ctx := t.Context()
+		nextSeg := 0
+		// open puts: (tenant,key) → client id
+		open := map[ObjectRef]string{}
+		pickRef := func(rt *rapid.T) ObjectRef {
+			return ObjectRef{Tenant: rapid.SampledFrom(tenants).Draw(rt, "tenant"), Key: rapid.SampledFrom(keys).Draw(rt, "key")}
+		}
+		spec := func(rt *rapid.T, r ObjectRef, upsert bool) PutSpec {
+			medium := masterv1.Medium_MEDIUM_MEMORY
+			return PutSpec{
+				Tenant: r.Tenant, Key: r.Key,
+				Size:       rapid.Uint64Range(1, 1500).Draw(rt, "size"),
+				ReplicaNum: rapid.IntRange(1, 3).Draw(rt, "replicas"),
+				Medium:     medium,
+				SoftPin:    rapid.Bool().Draw(rt, "softpin"),
+				HardPin:    rapid.IntRange(0, 9).Draw(rt, "hardpin") == 0,
+				ClientID:   "c",
+				Upsert:     upsert,
+			}
+		}
+		norm := func(r ObjectRef) ObjectRef { r.Tenant = NormalizeTenant(r.Tenant); return r }
+		rt.Repeat(map[string]func(*rapid.T){
+			"put": func(rt *rapid.T) {
+				r := pickRef(rt)
+				sp := spec(rt, r, rapid.Bool().Draw(rt, "upsert"))
+				if _, err := e.s.PutStart(ctx, sp); err != nil {
+					return
+				}
+				delete(open, norm(r))
+				if err := e.s.PutEnd(ctx, PutEndSpec{Tenant: r.Tenant, Key: r.Key, ClientID: "c", Checksum: sp.Size}); err != nil {
+					rt.Fatalf("PutEnd after PutStart: %v", err)
+				}
+			},
+			"putStartOnly": func(rt *rapid.T) {
+				r := pickRef(rt)
+				client := rapid.SampledFrom([]string{"c", "d"}).Draw(rt, "client")
+				sp := spec(rt, r, rapid.Bool().Draw(rt, "upsert"))
+				sp.ClientID = client
+				if _, err := e.s.PutStart(ctx, sp); err == nil {
+					open[norm(r)] = client
+				}
+			},
+			"putEndOpen": func(rt *rapid.T) {
+				r := norm(pickRef(rt))
+				client, ok := open[r]
+				if !ok {
+					return
+				}
+				err := e.s.PutEnd(ctx, PutEndSpec{Tenant: r.Tenant, Key: r.Key, ClientID: client, Checksum: 7})
+				if err == nil || rpcerr.Reason(err) == "PUT_EXPIRED" || rpcerr.Reason(err) == "OBJECT_NOT_FOUND" {
+					delete(open, r)
+				}
+			},
+			"revoke": func(rt *rapid.T) {
+				r := norm(pickRef(rt))
+				client, ok := open[r]
+				if !ok {
+					client = "c"
+				}
+				_ = e.s.PutRevoke(ctx, PutRevokeSpec{Tenant: r.Tenant, Key: r.Key, ClientID: client})
+				delete(open, r)
+			},
+			"batchPut": func(rt *rapid.T) {
+				n := rapid.IntRange(1, 6).Draw(rt, "n")
+				specs := make([]PutSpec, n)
+				for i := range specs {
+					specs[i] = spec(rt, pickRef(rt), rapid.Bool().Draw(rt, "upsert"))
+				}
+				res := e.s.BatchPutStart(ctx, specs)
+				var ends []PutEndSpec
+				for i, r := range res {
+					if r.Err == nil {
+						delete(open, norm(ObjectRef{specs[i].Tenant, specs[i].Key}))
+						ends = append(ends, PutEndSpec{Tenant: specs[i].Tenant, Key: specs[i].Key, ClientID: "c", Checksum: 1})
+					}
+				}
+				e.s.BatchPutEnd(ctx, ends)
+			},
+			"get": func(rt *rapid.T) {
+				r := pickRef(rt)
+				_, _ = e.s.Get(ctx, GetSpec{Tenant: r.Tenant, Key: r.Key})
+			},
+			"batchGet": func(rt *rapid.T) {
+				specs := []GetSpec{{Tenant: "t1", Key: "a"}, {Tenant: "", Key: "b"}, {Tenant: "t2", Key: "c"}}
+				e.s.BatchGet(ctx, specs)
+			},
+			"advance": func(rt *rapid.T) {
+				e.clk.Advance(time.Duration(rapid.IntRange(1, 40).Draw(rt, "secs")) * time.Second)
+			},
+			"remove": func(rt *rapid.T) {
+				r := pickRef(rt)
+				_ = e.s.Remove(ctx, RemoveSpec{Tenant: r.Tenant, Key: r.Key, Force: rapid.Bool().Draw(rt, "force")})
+			},
+			"batchRemove": func(rt *rapid.T) {
+				specs := []RemoveSpec{{Tenant: "t1", Key: "a"}, {Tenant: "t1", Key: "b", Force: true}, {Tenant: "", Key: "a"}}
+				e.s.BatchRemove(ctx, specs)
+			},
+			"removeAll": func(rt *rapid.T) {
+				_, _, _ = e.s.RemoveAll(ctx, rapid.SampledFrom(tenants).Draw(rt, "tenant"), rapid.Bool().Draw(rt, "force"))
+			},
+			"removeByPrefix": func(rt *rapid.T) {
+				_, _, _ = e.s.RemoveByPrefix(ctx, rapid.SampledFrom(tenants).Draw(rt, "tenant"), rapid.SampledFrom(keys).Draw(rt, "prefix"), true)
+			},
+			"evict": func(rt *rapid.T) {
+				e.s.evictFor(ctx, masterv1.Medium_MEDIUM_MEMORY, rapid.Uint64Range(1, 4096).Draw(rt, "need"))
+			},
+			"evictOverHigh": func(rt *rapid.T) {
+				e.s.evictOverHigh(ctx)
+			},
+			"loseSegment": func(rt *rapid.T) {
+				segs := e.c.Reg.Segments()
+				if len(segs) <= 3 {
+					return
+				}
+				sg := rapid.SampledFrom(segs).Draw(rt, "segment")
+				_ = e.c.Reg.SetLifecycle(sg.ID, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_UNMOUNTING)
+				e.s.DropSegments(ctx, []string{sg.ID})
+				e.c.Agents.Unmount(sg.ID)
+				_ = e.c.Reg.SetLifecycle(sg.ID, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_UNMOUNTED)
+				nextSeg++
+				e.c.Reg.Add(cluster.Segment{ID: fmt.Sprintf("new-%d", nextSeg), AgentID: sg.AgentID, HostID: sg.HostID, Capacity: 4096})
+			},
+			"": func(rt *rapid.T) {
+				checkInvariants(rt, e, f)
+			},
+		})
+	})
+}

@@ -1,0 +1,688 @@
+package meta
+
+import (
+	"context"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/pkg/token"
+	"google.golang.org/grpc/codes"
+)
+
+// PutSpec is one PutStart, already validated for shape by the adapter (New
+// re-checks what the state depends on).
+type PutSpec struct {
+	Tenant          string
+	Key             string
+	Size            uint64
+	ReplicaNum      int
+	Medium          masterv1.Medium
+	Preferred       []string
+	PreferLocalHost string
+	SoftPin         bool
+	// SoftPinTTL is the soft pin lifetime from the first COMPLETE; 0 means
+	// the configured default.
+	SoftPinTTL time.Duration
+	HardPin    bool
+	Group      string
+	ClientID   string
+	Upsert     bool
+}
+
+// PutStartResult is one BatchPutStart outcome.
+type PutStartResult struct {
+	Replicas []*masterv1.ReplicaDescriptor
+	Err      error
+}
+
+// PutEndSpec is one PutEnd.
+type PutEndSpec struct {
+	Tenant, Key, ClientID string
+	Checksum              uint64
+}
+
+// PutRevokeSpec is one PutRevoke.
+type PutRevokeSpec struct {
+	Tenant, Key, ClientID string
+}
+
+// cleanupTimeout bounds agent traffic that must happen even when the caller
+// has gone (releases of allocations the metadata no longer owns).
+const cleanupTimeout = 10 * time.Second
+
+func cleanupCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+}
+
+func errPutExpired(tenant, key string) error {
+	return rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_PUT_EXPIRED,
+		"no put in progress for %q/%q (ended, revoked or preempted)", tenant, key)
+}
+
+func errIllegalClient(tenant, key string) error {
+	return rpcerr.New(codes.PermissionDenied, masterv1.ErrorReason_ERROR_REASON_ILLEGAL_CLIENT,
+		"put of %q/%q was started by another client", tenant, key)
+}
+
+func (s *Store) checkSpec(sp *PutSpec) error {
+	if err := ValidateKey(sp.Tenant, sp.Key); err != nil {
+		return err
+	}
+	if sp.Size == 0 {
+		return errInvalid("size must be > 0")
+	}
+	if sp.ReplicaNum < 1 || sp.ReplicaNum > MaxReplicaNum {
+		return errInvalid("replica_num must be 1..%d, got %d", MaxReplicaNum, sp.ReplicaNum)
+	}
+	switch sp.Medium {
+	case masterv1.Medium_MEDIUM_MEMORY, masterv1.Medium_MEDIUM_DISK:
+	default:
+		return errInvalid("unknown medium %d", sp.Medium)
+	}
+	if sp.SoftPinTTL < 0 || sp.SoftPinTTL > s.cfg.MaxSoftPinTTL {
+		return errInvalid("soft_pin_ttl must be 0..%v, got %v", s.cfg.MaxSoftPinTTL, sp.SoftPinTTL)
+	}
+	if len(sp.Group) > MaxGroupLen {
+		return errInvalid("group_id must be at most %d bytes", MaxGroupLen)
+	}
+	return nil
+}
+
+// PutStart starts one put; see BatchPutStart.
+func (s *Store) PutStart(ctx context.Context, sp PutSpec) ([]*masterv1.ReplicaDescriptor, error) {
+	r := s.BatchPutStart(ctx, []PutSpec{sp})
+	return r[0].Replicas, r[0].Err
+}
+
+// plannedRep is one replica a put placed, followed through reservation.
+type plannedRep struct {
+	id      uint32
+	v       *segView
+	allocID uint64
+	offset  uint64
+	err     error
+}
+
+// putItem is one PutStart followed through its phases.
+type putItem struct {
+	i      int
+	tenant uint32
+	shard  int
+	seq    uint64
+	reps   []plannedRep
+	err    error
+	retry  bool // failed for lack of space or agent; worth one more round
+}
+
+// BatchPutStart starts many puts: per shard it validates, charges quota,
+// places and records PROCESSING replicas (one lock per shard); then it
+// reserves at the agents (one Reserve per agent, agents in parallel); then
+// per shard it re-looks-up each put and fills in the allocations (or reverts
+// it). Puts that failed for lack of space trigger eviction and are retried
+// once; puts whose agent failed are retried once on other segments.
+func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartResult {
+	res := make([]PutStartResult, len(specs))
+	items := make([]*putItem, 0, len(specs))
+	for i := range specs {
+		sp := &specs[i]
+		sp.Tenant = NormalizeTenant(sp.Tenant)
+		if sp.ReplicaNum == 0 {
+			sp.ReplicaNum = 1
+		}
+		if sp.Medium == masterv1.Medium_MEDIUM_UNSPECIFIED {
+			sp.Medium = masterv1.Medium_MEDIUM_MEMORY
+		}
+		if err := s.checkSpec(sp); err != nil {
+			res[i].Err = err
+			continue
+		}
+		t, err := s.tenants.intern(sp.Tenant)
+		if err != nil {
+			res[i].Err = err
+			continue
+		}
+		items = append(items, &putItem{i: i, tenant: t, shard: s.shardIndex(t, sp.Key)})
+	}
+	exclude := map[uint32]bool{}
+	for round := 0; round < 2 && len(items) > 0; round++ {
+		s.putStartRound(ctx, specs, items, exclude)
+		var retry []*putItem
+		evict := map[masterv1.Medium]uint64{}
+		for _, it := range items {
+			if it.err == nil {
+				res[it.i].Replicas = s.writeDescriptors(&specs[it.i], it)
+				continue
+			}
+			if !it.retry || round == 1 {
+				res[it.i].Err = it.err
+				continue
+			}
+			{
+				if rpcerr.Reason(it.err) == "NO_AVAILABLE_HANDLE" {
+					evict[specs[it.i].Medium] += specs[it.i].Size
+				}
+				*it = putItem{i: it.i, tenant: it.tenant, shard: it.shard}
+				retry = append(retry, it)
+			}
+		}
+		for medium, need := range evict {
+			s.evictFor(ctx, medium, need)
+		}
+		items = retry
+	}
+	return res
+}
+
+// putStartRound runs the three phases for items.
+func (s *Store) putStartRound(ctx context.Context, specs []PutSpec, items []*putItem, exclude map[uint32]bool) {
+	p := s.newPlacer(exclude)
+	rel := &releases{}
+	// Phase 1: per shard, under its lock, decide and record.
+	forShards(items, func(it *putItem) int { return it.shard }, func(sh int, group []*putItem) {
+		shd := &s.shards[sh]
+		shd.mu.Lock()
+		m := s.begin(shd, rel)
+		for _, it := range group {
+			s.placeLocked(m, p, &specs[it.i], it)
+		}
+		m.commit()
+		shd.mu.Unlock()
+	})
+	// Phase 2: reserve at the agents, batched per agent.
+	type batch struct {
+		items []*masterv1.ReserveItem
+		reps  []*plannedRep
+	}
+	per := map[string]*batch{}
+	for _, it := range items {
+		if it.err != nil {
+			continue
+		}
+		sp := &specs[it.i]
+		for r := range it.reps {
+			rp := &it.reps[r]
+			b := per[rp.v.seg.AgentID]
+			if b == nil {
+				b = &batch{}
+				per[rp.v.seg.AgentID] = b
+			}
+			b.items = append(b.items, &masterv1.ReserveItem{
+				SegmentId: rp.v.seg.ID, Size: sp.Size, Tenant: sp.Tenant, Key: sp.Key,
+				ReplicaId: rp.id, GroupId: sp.Group, HardPin: sp.HardPin,
+			})
+			b.reps = append(b.reps, rp)
+		}
+	}
+	fanOut(per, func(agent string, b *batch) {
+		out, err := s.agents.Reserve(ctx, agent, b.items)
+		if err == nil && len(out) != len(b.items) {
+			err = errInternal("agent %s answered %d reservations for %d items", agent, len(out), len(b.items))
+		}
+		for i, rp := range b.reps {
+			switch {
+			case err != nil:
+				rp.err = err
+			case out[i].GetStatus().GetCode() != 0:
+				rp.err = rpcerr.FromItem(out[i].GetStatus())
+			default:
+				rp.allocID, rp.offset = out[i].GetAllocationId(), out[i].GetOffset()
+			}
+		}
+	})
+	// Phase 3: per shard, re-look-up each put and fill in or revert.
+	forShards(items, func(it *putItem) int { return it.shard }, func(sh int, group []*putItem) {
+		shd := &s.shards[sh]
+		shd.mu.Lock()
+		m := s.begin(shd, rel)
+		for _, it := range group {
+			if it.err == nil {
+				s.settleReservationsLocked(m, &specs[it.i], it, exclude)
+			}
+		}
+		m.commit()
+		shd.mu.Unlock()
+	})
+	cctx, cancel := cleanupCtx(ctx)
+	defer cancel()
+	s.sendReleases(cctx, rel)
+}
+
+// placeLocked is phase 1 of one put.
+func (s *Store) placeLocked(m *mut, p *placer, sp *PutSpec, it *putItem) {
+	o := m.sh.getLocked(it.tenant, sp.Key)
+	if o != nil {
+		switch {
+		case o.put != nil && m.nowMs-o.put.startMs < s.cfg.PutPreemptAfter.Milliseconds():
+			it.err = rpcerr.New(codes.AlreadyExists, masterv1.ErrorReason_ERROR_REASON_OBJECT_ALREADY_EXISTS,
+				"object %q/%q has a write in progress", sp.Tenant, sp.Key)
+			return
+		case o.put == nil && len(o.replicas) > 0 && !sp.Upsert:
+			it.err = rpcerr.New(codes.AlreadyExists, masterv1.ErrorReason_ERROR_REASON_OBJECT_ALREADY_EXISTS,
+				"object %q/%q exists", sp.Tenant, sp.Key)
+			return
+		case o.put == nil && o.leased(m.nowMs, s.cfg.LeaseTTL):
+			it.err = rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_OBJECT_HAS_LEASE,
+				"object %q/%q is being read; upsert after its lease", sp.Tenant, sp.Key)
+			return
+		}
+	}
+	// Place before destroying anything, so a failed upsert keeps the old
+	// object. The old replicas' segments stay eligible (their space is
+	// freed below).
+	vs, perr := p.pick(sp.ReplicaNum, sp.Medium, sp.Size, sp.Preferred, sp.PreferLocalHost, nil)
+	if perr != nil {
+		it.err, it.retry = perr.err, perr.space
+		return
+	}
+	if o != nil {
+		// Preempt an abandoned put, or replace (upsert) the object: charge
+		// the size difference first (nothing changes if the quota refuses),
+		// then remove every old replica, then resize.
+		if err := s.tenants.get(o.tenant).charge(int64(sp.Size)-int64(o.size), 0, false); err != nil {
+			it.err = err
+			return
+		}
+		for i := len(o.replicas) - 1; i >= 0; i-- {
+			m.remove(o, i, true)
+		}
+		o.put = nil
+		o.size, o.checksum, o.group = sp.Size, 0, sp.Group
+		o.flags, o.softPinMs, o.sealedMs = 0, 0, 0
+	} else {
+		var err error
+		if o, err = m.newObject(it.tenant, sp.Key, sp.Size, false); err != nil {
+			it.err = err
+			return
+		}
+		o.group = sp.Group
+	}
+	if sp.HardPin {
+		o.flags |= flagHardPin
+	}
+	it.seq = s.putSeq.Add(1)
+	ps := &putState{client: sp.ClientID, seq: it.seq, startMs: m.nowMs, phase: phasePlacing}
+	if sp.SoftPin {
+		ps.softPinTTL = sp.SoftPinTTL
+		if ps.softPinTTL == 0 {
+			ps.softPinTTL = s.cfg.SoftPinTTL
+		}
+	}
+	o.put = ps
+	it.reps = make([]plannedRep, len(vs))
+	for i, v := range vs {
+		it.reps[i] = plannedRep{id: m.create(o, v.idx, uint8(sp.Medium), true, 0), v: v}
+		if s.overHigh(v) {
+			s.kickEviction()
+		}
+	}
+}
+
+// settleReservationsLocked is phase 3 of one put.
+func (s *Store) settleReservationsLocked(m *mut, sp *PutSpec, it *putItem, exclude map[uint32]bool) {
+	o := m.sh.getLocked(it.tenant, sp.Key)
+	if o == nil || o.put == nil || o.put.seq != it.seq {
+		// Preempted or its segments dropped meanwhile: whatever we reserved
+		// is nobody's.
+		for _, rp := range it.reps {
+			if rp.err == nil {
+				m.rel.add(rp.v.idx, rp.allocID)
+			}
+		}
+		it.err = errPutExpired(sp.Tenant, sp.Key)
+		return
+	}
+	var firstErr error
+	for _, rp := range it.reps {
+		idx := o.replicaIndex(rp.id)
+		switch {
+		case idx < 0:
+			if rp.err == nil {
+				m.rel.add(rp.v.idx, rp.allocID)
+			}
+			if firstErr == nil {
+				firstErr = rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE,
+					"segment %s went away during placement", rp.v.seg.ID)
+				it.retry = true
+			}
+		case rp.err != nil:
+			m.fail(o, idx)
+			if firstErr == nil {
+				firstErr = rp.err
+				switch rpcerr.Reason(rp.err) {
+				case "NO_AVAILABLE_HANDLE":
+					it.retry = true
+				case "AGENT_UNAVAILABLE", "SEGMENT_UNAVAILABLE", "SEGMENT_NOT_FOUND":
+					it.retry = true
+					exclude[rp.v.idx] = true
+				}
+			}
+		default:
+			o.replicas[idx].allocID = rp.allocID
+			o.replicas[idx].pending = false
+		}
+	}
+	if firstErr == nil {
+		o.put.phase = phaseOpen
+		return
+	}
+	// Revert the whole put: release what was reserved, refund the quota.
+	for i := len(o.replicas) - 1; i >= 0; i-- {
+		m.remove(o, i, true)
+	}
+	o.put = nil
+	m.dropIfEmpty(o)
+	it.err = firstErr
+}
+
+// writeDescriptors builds the PutStart answer with write tokens.
+func (s *Store) writeDescriptors(sp *PutSpec, it *putItem) []*masterv1.ReplicaDescriptor {
+	exp := s.now().Add(s.cfg.WriteTokenTTL)
+	out := make([]*masterv1.ReplicaDescriptor, len(it.reps))
+	for i, rp := range it.reps {
+		out[i] = &masterv1.ReplicaDescriptor{
+			ReplicaId:         rp.id,
+			SegmentId:         rp.v.seg.ID,
+			AgentId:           rp.v.seg.AgentID,
+			HostId:            rp.v.seg.HostID,
+			DataEndpoint:      rp.v.seg.DataEndpoint,
+			AllocationId:      rp.allocID,
+			Offset:            rp.offset,
+			Size:              sp.Size,
+			Medium:            sp.Medium,
+			Status:            masterv1.ReplicaStatus_REPLICA_STATUS_PROCESSING,
+			Token:             token.Sign(s.id.TokenKey, token.Claims{Mode: token.Write, SegmentID: rp.v.seg.ID, AllocationID: rp.allocID, Expiry: exp}),
+			TokenExpiryUnixMs: exp.UnixMilli(),
+		}
+	}
+	return out
+}
+
+// ---- PutEnd ----
+
+// PutEnd ends one put; see BatchPutEnd.
+func (s *Store) PutEnd(ctx context.Context, sp PutEndSpec) error {
+	return s.BatchPutEnd(ctx, []PutEndSpec{sp})[0]
+}
+
+type sealRep struct {
+	id    uint32
+	seg   uint32
+	alloc uint64
+	err   error
+}
+
+type endItem struct {
+	i       int
+	tenant  uint32
+	shard   int
+	seq     uint64
+	pinMs   int64
+	reps    []sealRep
+	err     error
+	settled bool // answered in phase 1 (idempotent repeat or error)
+}
+
+// BatchPutEnd seals many puts: per shard it checks the writer and collects
+// the allocations; it seals them at the agents (one Seal per agent, agents
+// in parallel); then per shard it marks the sealed replicas COMPLETE
+// (recording `stored`) and removes the ones that failed.
+func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
+	res := make([]error, len(specs))
+	items := make([]*endItem, 0, len(specs))
+	for i := range specs {
+		sp := &specs[i]
+		sp.Tenant = NormalizeTenant(sp.Tenant)
+		if err := ValidateKey(sp.Tenant, sp.Key); err != nil {
+			res[i] = err
+			continue
+		}
+		t, ok := s.tenants.lookup(sp.Tenant)
+		if !ok {
+			res[i] = errNotFound(sp.Tenant, sp.Key)
+			continue
+		}
+		items = append(items, &endItem{i: i, tenant: t, shard: s.shardIndex(t, sp.Key)})
+	}
+	type batch struct {
+		items []*masterv1.SealItem
+		reps  []*sealRep
+	}
+	per := map[string]*batch{}
+	forShards(items, func(it *endItem) int { return it.shard }, func(sh int, group []*endItem) {
+		shd := &s.shards[sh]
+		shd.mu.Lock()
+		now := s.nowMs()
+		for _, it := range group {
+			sp := &specs[it.i]
+			o := shd.getLocked(it.tenant, sp.Key)
+			switch {
+			case o == nil:
+				it.err, it.settled = errNotFound(sp.Tenant, sp.Key), true
+				continue
+			case o.put == nil:
+				if !o.hasComplete() {
+					it.err = errPutExpired(sp.Tenant, sp.Key)
+				}
+				it.settled = true
+				continue
+			case o.put.client != sp.ClientID:
+				it.err, it.settled = errIllegalClient(sp.Tenant, sp.Key), true
+				continue
+			case o.put.phase == phasePlacing:
+				it.err, it.settled = rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY,
+					"put of %q/%q is still being placed", sp.Tenant, sp.Key), true
+				continue
+			}
+			o.put.phase = phaseSealing
+			it.seq = o.put.seq
+			if o.put.softPinTTL > 0 {
+				it.pinMs = now + o.put.softPinTTL.Milliseconds()
+			}
+			for _, r := range o.replicas {
+				if r.status == stProcessing && !r.pending {
+					it.reps = append(it.reps, sealRep{id: r.id, seg: r.seg, alloc: r.allocID})
+				}
+			}
+		}
+		shd.mu.Unlock()
+	})
+	for _, it := range items {
+		if it.settled {
+			continue
+		}
+		for r := range it.reps {
+			rp := &it.reps[r]
+			e := s.segs.get(rp.seg)
+			sv, ok := s.reg.Segment(e.id)
+			if !ok || !sv.CanContinueCleanup() {
+				rp.err = rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE,
+					"segment %s cannot seal now", e.id)
+				continue
+			}
+			b := per[sv.AgentID]
+			if b == nil {
+				b = &batch{}
+				per[sv.AgentID] = b
+			}
+			b.items = append(b.items, &masterv1.SealItem{
+				SegmentId: e.id, AllocationId: rp.alloc,
+				Checksum: specs[it.i].Checksum, SoftPinUntilUnixMs: it.pinMs,
+			})
+			b.reps = append(b.reps, rp)
+		}
+	}
+	fanOut(per, func(agent string, b *batch) {
+		out, err := s.agents.Seal(ctx, agent, b.items)
+		if err == nil && len(out) != len(b.items) {
+			err = errInternal("agent %s answered %d seals for %d items", agent, len(out), len(b.items))
+		}
+		for i, rp := range b.reps {
+			if err != nil {
+				rp.err = err
+			} else {
+				rp.err = rpcerr.FromItem(out[i])
+			}
+		}
+	})
+	rel := &releases{}
+	forShards(items, func(it *endItem) int { return it.shard }, func(sh int, group []*endItem) {
+		shd := &s.shards[sh]
+		shd.mu.Lock()
+		m := s.begin(shd, rel)
+		for _, it := range group {
+			if !it.settled {
+				s.settleSealsLocked(m, &specs[it.i], it)
+			}
+		}
+		m.commit()
+		shd.mu.Unlock()
+	})
+	cctx, cancel := cleanupCtx(ctx)
+	defer cancel()
+	s.sendReleases(cctx, rel)
+	for _, it := range items {
+		res[it.i] = it.err
+	}
+	return res
+}
+
+func (s *Store) settleSealsLocked(m *mut, sp *PutEndSpec, it *endItem) {
+	o := m.sh.getLocked(it.tenant, sp.Key)
+	if o == nil || o.put == nil || o.put.seq != it.seq {
+		if o != nil && o.put == nil && o.hasComplete() && o.checksum == sp.Checksum {
+			return // a concurrent PutEnd finished it
+		}
+		it.err = errPutExpired(sp.Tenant, sp.Key)
+		return
+	}
+	var firstErr error
+	completed := 0
+	for _, rp := range it.reps {
+		idx := o.replicaIndex(rp.id)
+		if idx < 0 {
+			continue
+		}
+		if rp.err != nil {
+			if firstErr == nil {
+				firstErr = rp.err
+			}
+			m.fail(o, idx)
+			m.remove(o, idx, true)
+			continue
+		}
+		o.checksum = sp.Checksum
+		m.complete(o, idx)
+		completed++
+	}
+	if completed == 0 {
+		for i := len(o.replicas) - 1; i >= 0; i-- {
+			m.remove(o, i, true)
+		}
+		o.put = nil
+		m.dropIfEmpty(o)
+		if firstErr == nil {
+			firstErr = errPutExpired(sp.Tenant, sp.Key)
+		}
+		it.err = firstErr
+		return
+	}
+	if firstErr != nil {
+		s.lg.Warn("put ended with fewer replicas", "tenant", sp.Tenant, "key", sp.Key, "completed", completed, "err", firstErr)
+	}
+	// Any replica of the put left PROCESSING (not sealed) is dropped.
+	for i := len(o.replicas) - 1; i >= 0; i-- {
+		if o.replicas[i].status == stProcessing {
+			m.remove(o, i, true)
+		}
+	}
+	o.put = nil
+	o.sealedMs, o.accessMs = m.nowMs, m.nowMs
+	if it.pinMs > 0 {
+		o.flags |= flagSoftPin
+		o.softPinMs = it.pinMs
+	}
+}
+
+// ---- PutRevoke ----
+
+// PutRevoke abandons one put; see BatchPutRevoke.
+func (s *Store) PutRevoke(ctx context.Context, sp PutRevokeSpec) error {
+	return s.BatchPutRevoke(ctx, []PutRevokeSpec{sp})[0]
+}
+
+// BatchPutRevoke abandons many puts: their replicas are removed (released
+// at the agents) and their quota refunded. A revoked upsert leaves no
+// object (its old replicas were removed at PutStart).
+func (s *Store) BatchPutRevoke(ctx context.Context, specs []PutRevokeSpec) []error {
+	res := make([]error, len(specs))
+	type item struct {
+		i, shard int
+		tenant   uint32
+	}
+	items := make([]*item, 0, len(specs))
+	for i := range specs {
+		sp := &specs[i]
+		sp.Tenant = NormalizeTenant(sp.Tenant)
+		if err := ValidateKey(sp.Tenant, sp.Key); err != nil {
+			res[i] = err
+			continue
+		}
+		t, ok := s.tenants.lookup(sp.Tenant)
+		if !ok {
+			res[i] = errNotFound(sp.Tenant, sp.Key)
+			continue
+		}
+		items = append(items, &item{i: i, tenant: t, shard: s.shardIndex(t, sp.Key)})
+	}
+	rel := &releases{}
+	forShards(items, func(it *item) int { return it.shard }, func(sh int, group []*item) {
+		shd := &s.shards[sh]
+		shd.mu.Lock()
+		m := s.begin(shd, rel)
+		for _, it := range group {
+			sp := &specs[it.i]
+			o := shd.getLocked(it.tenant, sp.Key)
+			switch {
+			case o == nil:
+				res[it.i] = errNotFound(sp.Tenant, sp.Key)
+			case o.put == nil:
+				res[it.i] = errPutExpired(sp.Tenant, sp.Key)
+			case o.put.client != sp.ClientID:
+				res[it.i] = errIllegalClient(sp.Tenant, sp.Key)
+			default:
+				m.removeAll(o, true)
+			}
+		}
+		m.commit()
+		shd.mu.Unlock()
+	})
+	cctx, cancel := cleanupCtx(ctx)
+	defer cancel()
+	s.sendReleases(cctx, rel)
+	return res
+}
+
+// forShards groups items by shard and calls f once per shard (in order of
+// first appearance) with the items in their original order.
+func forShards[T any](items []T, shardOf func(T) int, f func(sh int, group []T)) {
+	switch len(items) {
+	case 0:
+		return
+	case 1:
+		f(shardOf(items[0]), items)
+		return
+	}
+	byShard := map[int][]T{}
+	order := make([]int, 0, len(items))
+	for _, it := range items {
+		sh := shardOf(it)
+		if _, ok := byShard[sh]; !ok {
+			order = append(order, sh)
+		}
+		byShard[sh] = append(byShard[sh], it)
+	}
+	for _, sh := range order {
+		f(sh, byShard[sh])
+	}
+}

@@ -1,0 +1,621 @@
+// Package meta is the master's object metadata: objects, their replicas,
+// placement, tenant quotas, leases and pins, eviction, and the change log
+// derived from them (ARCHITECTURE.md §3, §5, §6).
+//
+// Ownership is a tree: a shard owns its objects, an object owns its replicas,
+// a replica names one allocation at one segment by (segment index,
+// allocation id). Every state change goes through the mutation path in
+// mutation.go, which applies primitive replica events (REPLICA_CREATE,
+// REPLICA_COMPLETE, REPLICA_FAILED, REPLICA_REMOVE) plus tenant accounting,
+// and derives the change records, segment accounting and releases from
+// them. Put, Upsert, Remove, Evict, DropSegments, Reconcile and Drain only
+// decide which events to apply.
+//
+// Lock order: metadata shard → segment registry (cluster.Registry, in-memory
+// reads only) → tenant → change log. A task locks one shard at a time, once
+// per batch. No agent I/O happens under a shard lock: work that must talk to
+// agents records its intent, unlocks, does the I/O, then re-locks and
+// re-looks-up by (tenant, key, put sequence / replica id).
+package meta
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/services/master/internal/changelog"
+	"github.com/crescent-kv/crescent/services/master/internal/cluster"
+	"github.com/cespare/xxhash/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+)
+
+// DefaultTenant is the tenant of requests that name none.
+const DefaultTenant = "default"
+
+// Limits enforced on input (the adapters validate against them too).
+const (
+	MaxKeyLen     = 4096
+	MaxTenantLen  = 256
+	MaxGroupLen   = 1024
+	MaxReplicaNum = 16
+)
+
+// Config tunes the metadata. Zero values take the defaults listed.
+type Config struct {
+	// Shards is the number of metadata shards, a power of two (default 256).
+	Shards int
+	// LeaseTTL is the read lease granted by Get and Exist (default 10 s).
+	LeaseTTL time.Duration
+	// SoftPinTTL is the default soft pin lifetime (default 30 min);
+	// MaxSoftPinTTL caps a requested one (default 24 h).
+	SoftPinTTL    time.Duration
+	MaxSoftPinTTL time.Duration
+	// PutPreemptAfter is the age after which an unfinished PutStart may be
+	// preempted by a new PutStart on the same key (default 30 s).
+	PutPreemptAfter time.Duration
+	// WriteTokenTTL is how long PutStart's write tokens last (default 5 min).
+	WriteTokenTTL time.Duration
+	// HighWatermark and LowWatermark are segment fill ratios: eviction starts
+	// at high (default 0.90) and stops at low (default 0.80).
+	HighWatermark float64
+	LowWatermark  float64
+	// EvictInterval is the period of the background eviction check
+	// (default 1 s).
+	EvictInterval time.Duration
+	// ChangeRetention is the number of change records retained (default
+	// changelog.DefaultRetention).
+	ChangeRetention int
+	// MaxTenants bounds the number of distinct tenants (default 65536).
+	MaxTenants int
+}
+
+func (c Config) withDefaults() Config {
+	if c.Shards <= 0 {
+		c.Shards = 256
+	}
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = 10 * time.Second
+	}
+	if c.SoftPinTTL <= 0 {
+		c.SoftPinTTL = 30 * time.Minute
+	}
+	if c.MaxSoftPinTTL <= 0 {
+		c.MaxSoftPinTTL = 24 * time.Hour
+	}
+	if c.PutPreemptAfter <= 0 {
+		c.PutPreemptAfter = 30 * time.Second
+	}
+	if c.WriteTokenTTL <= 0 {
+		c.WriteTokenTTL = 5 * time.Minute
+	}
+	if c.HighWatermark <= 0 {
+		c.HighWatermark = 0.90
+	}
+	if c.LowWatermark <= 0 {
+		c.LowWatermark = 0.80
+	}
+	if c.EvictInterval <= 0 {
+		c.EvictInterval = time.Second
+	}
+	if c.ChangeRetention <= 0 {
+		c.ChangeRetention = changelog.DefaultRetention
+	}
+	if c.MaxTenants <= 0 {
+		c.MaxTenants = 1 << 16
+	}
+	return c
+}
+
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	if c.Shards&(c.Shards-1) != 0 {
+		return fmt.Errorf("meta: shards %d is not a power of two", c.Shards)
+	}
+	if c.LowWatermark >= c.HighWatermark || c.HighWatermark > 1 {
+		return fmt.Errorf("meta: watermarks low %.2f high %.2f: want 0 < low < high <= 1", c.LowWatermark, c.HighWatermark)
+	}
+	if c.SoftPinTTL > c.MaxSoftPinTTL {
+		return fmt.Errorf("meta: soft pin ttl %v exceeds max %v", c.SoftPinTTL, c.MaxSoftPinTTL)
+	}
+	return nil
+}
+
+// Deps are the metadata's collaborators.
+type Deps struct {
+	Registry cluster.Registry
+	Agents   cluster.Agents
+	Identity cluster.Identity
+	// Now is the clock (default time.Now); tests move it.
+	Now func() time.Time
+	// Metrics receives the metadata's collectors; nil registers nothing.
+	Metrics prometheus.Registerer
+}
+
+// Store is the object metadata. Create it with New; it implements
+// cluster.Metadata.
+type Store struct {
+	cfg    Config
+	reg    cluster.Registry
+	agents cluster.Agents
+	id     cluster.Identity
+	now    func() time.Time
+	lg     *slog.Logger
+
+	shards    []shard
+	shardMask uint64
+	segs      segTable
+	tenants   tenantTable
+	log       *changelog.Log
+	putSeq    atomic.Uint64
+
+	// evictKick wakes Run's eviction check (capacity 1, never blocks).
+	evictKick chan struct{}
+	// evictMu serialises eviction runs.
+	evictMu sync.Mutex
+
+	closeOnce sync.Once
+	closed    chan struct{}
+
+	evicted  prometheus.Counter
+	changes  prometheus.Counter
+	reserved prometheus.Counter
+}
+
+var _ cluster.Metadata = (*Store)(nil)
+
+// New builds a Store. It does no I/O and starts nothing.
+func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if deps.Registry == nil || deps.Agents == nil {
+		return nil, errors.New("meta: Registry and Agents are required")
+	}
+	if len(deps.Identity.TokenKey) == 0 {
+		return nil, errors.New("meta: Identity.TokenKey is required")
+	}
+	if deps.Now == nil {
+		deps.Now = time.Now
+	}
+	if lg == nil {
+		lg = slog.New(slog.DiscardHandler)
+	}
+	s := &Store{
+		cfg:       cfg,
+		reg:       deps.Registry,
+		agents:    deps.Agents,
+		id:        deps.Identity,
+		now:       deps.Now,
+		lg:        lg,
+		shards:    make([]shard, cfg.Shards),
+		shardMask: uint64(cfg.Shards - 1),
+		log:       changelog.New(cfg.ChangeRetention, deps.Identity.Epoch),
+		evictKick: make(chan struct{}, 1),
+		closed:    make(chan struct{}),
+		evicted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "crescent_master_evicted_objects_total", Help: "Objects evicted under segment pressure.",
+		}),
+		changes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "crescent_master_change_records_total", Help: "Change records appended to the change log.",
+		}),
+		reserved: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "crescent_master_replicas_created_total", Help: "Replicas created (REPLICA_CREATE events).",
+		}),
+	}
+	for i := range s.shards {
+		s.shards[i].tenants = make(map[uint32]map[string]*object)
+	}
+	s.segs.init()
+	s.tenants.init(cfg.MaxTenants)
+	if deps.Metrics != nil {
+		objects := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "crescent_master_objects", Help: "Objects held, including puts in progress.",
+		}, func() float64 { return float64(s.Stats().Objects) })
+		bytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "crescent_master_object_bytes", Help: "Logical bytes of objects held (once per object).",
+		}, func() float64 { return float64(s.Stats().Bytes) })
+		rev := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "crescent_master_change_revision", Help: "Head revision of the change log.",
+		}, func() float64 { return float64(s.log.Head()) })
+		for _, c := range []prometheus.Collector{s.evicted, s.changes, s.reserved, objects, bytes, rev} {
+			if err := deps.Metrics.Register(c); err != nil {
+				return nil, fmt.Errorf("meta: register metrics: %w", err)
+			}
+		}
+	}
+	return s, nil
+}
+
+// Log is the change log, for ChangeService.
+func (s *Store) Log() *changelog.Log { return s.log }
+
+// Epoch is the epoch of this master term.
+func (s *Store) Epoch() uint64 { return s.id.Epoch }
+
+// LeaseTTL is the read lease granted by Get and Exist.
+func (s *Store) LeaseTTL() time.Duration { return s.cfg.LeaseTTL }
+
+// Run runs the background work (the periodic and triggered eviction check)
+// until ctx ends. Leases and pins expire lazily and need no loop.
+func (s *Store) Run(ctx context.Context) error {
+	t := time.NewTicker(s.cfg.EvictInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.closed:
+			return nil
+		case <-t.C:
+		case <-s.evictKick:
+		}
+		s.evictOverHigh(ctx)
+	}
+}
+
+// Close stops Run. Idempotent.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() { close(s.closed) })
+	return nil
+}
+
+func (s *Store) kickEviction() {
+	select {
+	case s.evictKick <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Store) nowMs() int64 { return s.now().UnixMilli() }
+
+// ---- objects and shards ----
+
+// Replica status values stored in replica.status (masterv1.ReplicaStatus).
+const (
+	stProcessing = uint8(masterv1.ReplicaStatus_REPLICA_STATUS_PROCESSING)
+	stComplete   = uint8(masterv1.ReplicaStatus_REPLICA_STATUS_COMPLETE)
+	stFailed     = uint8(masterv1.ReplicaStatus_REPLICA_STATUS_FAILED)
+)
+
+// replica is one copy of an object: 24 bytes.
+type replica struct {
+	allocID uint64 // allocation id at the agent; valid unless pending
+	seg     uint32 // segment table index
+	id      uint32 // per-object, monotonic, never reused while the object exists
+	status  uint8
+	medium  uint8
+	// pending: the reservation at the agent is in flight; allocID unknown.
+	pending bool
+}
+
+// Object flags.
+const (
+	flagHardPin uint8 = 1 << iota
+	flagSoftPin
+	flagLeased
+)
+
+// object is one (tenant, key). 112 bytes plus its replica array; the key
+// string is shared with the shard map and the change records.
+type object struct {
+	key      string
+	group    string
+	size     uint64
+	checksum uint64
+	// accessMs is the last read (or the completion) time, Unix ms: the
+	// eviction clock. With flagLeased, the read lease lasts until
+	// accessMs+LeaseTTL.
+	accessMs int64
+	// sealedMs is when the current version became COMPLETE (Reconcile's
+	// "newer sealed wins").
+	sealedMs  int64
+	softPinMs int64     // soft pin expiry with flagSoftPin
+	put       *putState // the write in progress, nil when none
+	replicas  []replica
+	nextRID   uint32
+	tenant    uint32
+	flags     uint8
+}
+
+// putState is a write in progress (PutStart → PutEnd/PutRevoke).
+type putState struct {
+	client     string
+	seq        uint64 // store-wide identity of this put (async re-lookup)
+	startMs    int64
+	softPinTTL time.Duration
+	phase      uint8
+}
+
+// Put phases.
+const (
+	phasePlacing uint8 = iota // reservations in flight; descriptors not yet returned
+	phaseOpen                 // descriptors returned; the client writes
+	phaseSealing              // PutEnd is sealing at the agents
+)
+
+func (o *object) leased(nowMs int64, ttl time.Duration) bool {
+	return o.flags&flagLeased != 0 && nowMs < o.accessMs+ttl.Milliseconds()
+}
+
+func (o *object) softPinned(nowMs int64) bool {
+	return o.flags&flagSoftPin != 0 && nowMs < o.softPinMs
+}
+
+func (o *object) hasComplete() bool {
+	for i := range o.replicas {
+		if o.replicas[i].status == stComplete {
+			return true
+		}
+	}
+	return false
+}
+
+func (o *object) hasCompleteOn(medium uint8, except int) bool {
+	for i := range o.replicas {
+		if i != except && o.replicas[i].status == stComplete && o.replicas[i].medium == medium {
+			return true
+		}
+	}
+	return false
+}
+
+func (o *object) replicaIndex(id uint32) int {
+	for i := range o.replicas {
+		if o.replicas[i].id == id {
+			return i
+		}
+	}
+	return -1
+}
+
+// shard owns a slice of the keyspace.
+type shard struct {
+	// mu guards tenants and every object reachable from it, including the
+	// objects' replicas and put states. Lock order: shard → registry →
+	// tenant → change log. Never held across agent I/O.
+	mu      sync.Mutex
+	tenants map[uint32]map[string]*object
+	_       [48]byte // keep neighbouring shard locks off one cache line
+}
+
+func (sh *shard) getLocked(tenant uint32, key string) *object {
+	return sh.tenants[tenant][key]
+}
+
+func (sh *shard) insertLocked(o *object) {
+	m := sh.tenants[o.tenant]
+	if m == nil {
+		m = make(map[string]*object)
+		sh.tenants[o.tenant] = m
+	}
+	m[o.key] = o
+}
+
+func (sh *shard) deleteLocked(o *object) {
+	m := sh.tenants[o.tenant]
+	delete(m, o.key)
+	if len(m) == 0 {
+		delete(sh.tenants, o.tenant)
+	}
+}
+
+func (s *Store) shardIndex(tenant uint32, key string) int {
+	var d xxhash.Digest
+	d.Reset()
+	var tb [4]byte
+	tb[0], tb[1], tb[2], tb[3] = byte(tenant), byte(tenant>>8), byte(tenant>>16), byte(tenant>>24)
+	_, _ = d.Write(tb[:])
+	_, _ = d.WriteString(key)
+	return int(d.Sum64() & s.shardMask)
+}
+
+// lockAll locks every shard in index order (snapshot, RemoveAll's final
+// check). Nobody else holds two shard locks, so this cannot deadlock.
+func (s *Store) lockAll() {
+	for i := range s.shards {
+		s.shards[i].mu.Lock()
+	}
+}
+
+// ---- segment interning ----
+
+// segEntry is the metadata's per-segment state: its id and what the
+// metadata has placed on it (derived from replica events).
+type segEntry struct {
+	id       string
+	placed   atomic.Int64 // bytes of replicas of any status
+	replicas atomic.Int64
+}
+
+// segTable interns segment ids to small indexes (ids are never reused, so
+// entries are never removed). Reads are lock-free: both the index and the
+// list are copy-on-write.
+type segTable struct {
+	mu   sync.Mutex // serialises interning; leaf lock
+	byID atomic.Pointer[map[string]uint32]
+	list atomic.Pointer[[]*segEntry]
+}
+
+func (t *segTable) init() {
+	m := map[string]uint32{}
+	t.byID.Store(&m)
+	l := []*segEntry{}
+	t.list.Store(&l)
+}
+
+func (t *segTable) intern(id string) uint32 {
+	if i, ok := (*t.byID.Load())[id]; ok {
+		return i
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := *t.byID.Load()
+	if i, ok := old[id]; ok {
+		return i
+	}
+	ol := *t.list.Load()
+	nl := make([]*segEntry, len(ol), len(ol)+1)
+	copy(nl, ol)
+	nl = append(nl, &segEntry{id: id})
+	i := uint32(len(ol))
+	nm := make(map[string]uint32, len(old)+1)
+	for k, v := range old {
+		nm[k] = v
+	}
+	nm[id] = i
+	t.list.Store(&nl)
+	t.byID.Store(&nm)
+	return i
+}
+
+func (t *segTable) lookup(id string) (uint32, bool) {
+	i, ok := (*t.byID.Load())[id]
+	return i, ok
+}
+
+func (t *segTable) get(i uint32) *segEntry { return (*t.list.Load())[i] }
+
+func (t *segTable) all() []*segEntry { return *t.list.Load() }
+
+// ---- tenants ----
+
+// tenant is a tenant's quota and usage. Usage is derived by the mutation
+// path: an object is charged its size (once, whatever its replica count)
+// from its creation at PutStart until it leaves the map.
+type tenant struct {
+	name string
+	// mu guards the fields below; leaf lock (taken under a shard lock).
+	mu          sync.Mutex
+	maxBytes    uint64
+	maxObjects  uint64
+	usedBytes   uint64
+	usedObjects uint64
+}
+
+// charge adds dBytes and dObjects to the usage. Growth beyond a limit fails
+// unless force; shrinking always succeeds (a quota shrunk below usage
+// rejects only growth).
+func (t *tenant) charge(dBytes, dObjects int64, force bool) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	nb := uint64(int64(t.usedBytes) + dBytes)
+	no := uint64(int64(t.usedObjects) + dObjects)
+	if !force {
+		if dBytes > 0 && t.maxBytes > 0 && nb > t.maxBytes {
+			return rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_TENANT_QUOTA_EXCEEDED,
+				"tenant %q: %d bytes used + %d > max_bytes %d", t.name, t.usedBytes, dBytes, t.maxBytes)
+		}
+		if dObjects > 0 && t.maxObjects > 0 && no > t.maxObjects {
+			return rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_TENANT_QUOTA_EXCEEDED,
+				"tenant %q: %d objects used + %d > max_objects %d", t.name, t.usedObjects, dObjects, t.maxObjects)
+		}
+	}
+	t.usedBytes, t.usedObjects = nb, no
+	return nil
+}
+
+func (t *tenant) quota() *masterv1.TenantQuota {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return &masterv1.TenantQuota{
+		Tenant: t.name, MaxBytes: t.maxBytes, MaxObjects: t.maxObjects,
+		UsedBytes: t.usedBytes, UsedObjects: t.usedObjects,
+	}
+}
+
+type tenantTable struct {
+	max    int
+	mu     sync.Mutex // serialises interning; leaf lock
+	byName atomic.Pointer[map[string]uint32]
+	list   atomic.Pointer[[]*tenant]
+}
+
+func (t *tenantTable) init(max int) {
+	t.max = max
+	m := map[string]uint32{}
+	t.byName.Store(&m)
+	l := []*tenant{}
+	t.list.Store(&l)
+}
+
+// lookup returns the index of a known tenant (lock-free).
+func (t *tenantTable) lookup(name string) (uint32, bool) {
+	i, ok := (*t.byName.Load())[name]
+	return i, ok
+}
+
+// intern returns the index of name, registering it when new.
+func (t *tenantTable) intern(name string) (uint32, error) {
+	if i, ok := t.lookup(name); ok {
+		return i, nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := *t.byName.Load()
+	if i, ok := old[name]; ok {
+		return i, nil
+	}
+	ol := *t.list.Load()
+	if len(ol) >= t.max {
+		return 0, rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
+			"too many tenants (max %d)", t.max)
+	}
+	nl := make([]*tenant, len(ol), len(ol)+1)
+	copy(nl, ol)
+	nl = append(nl, &tenant{name: name})
+	i := uint32(len(ol))
+	nm := make(map[string]uint32, len(old)+1)
+	for k, v := range old {
+		nm[k] = v
+	}
+	nm[name] = i
+	t.list.Store(&nl)
+	t.byName.Store(&nm)
+	return i, nil
+}
+
+func (t *tenantTable) get(i uint32) *tenant { return (*t.list.Load())[i] }
+
+func (t *tenantTable) all() []*tenant { return *t.list.Load() }
+
+// ---- common errors ----
+
+func errNotFound(tenant, key string) error {
+	return rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND, "object %q/%q not found", tenant, key)
+}
+
+func errInvalid(format string, args ...any) error {
+	return rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, format, args...)
+}
+
+func errInternal(format string, args ...any) error {
+	return rpcerr.New(codes.Internal, masterv1.ErrorReason_ERROR_REASON_INTERNAL, format, args...)
+}
+
+// NormalizeTenant maps "" to DefaultTenant.
+func NormalizeTenant(t string) string {
+	if t == "" {
+		return DefaultTenant
+	}
+	return t
+}
+
+// ValidateKey checks a tenant and key pair.
+func ValidateKey(tenant, key string) error {
+	if len(key) == 0 || len(key) > MaxKeyLen {
+		return errInvalid("key must be 1..%d bytes, got %d", MaxKeyLen, len(key))
+	}
+	if len(tenant) > MaxTenantLen {
+		return errInvalid("tenant must be at most %d bytes, got %d", MaxTenantLen, len(tenant))
+	}
+	return nil
+}
