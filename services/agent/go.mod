@@ -2,7 +2,29 @@ module github.com/crescent-kv/crescent/services/agent
 
 go 1.26.0
 
-require pgregory.net/rapid v1.3.0
+require (
+	github.com/cespare/xxhash/v2 v2.3.0
+	github.com/crescent-kv/crescent/gen v0.0.0-00010101000000-000000000000
+	github.com/crescent-kv/crescent/pkg v0.0.0-00010101000000-000000000000
+	github.com/google/uuid v1.6.0
+	github.com/prometheus/client_golang v1.25.0
+	go.uber.org/goleak v1.3.0
+	golang.org/x/sys v0.50.0
+	google.golang.org/grpc v1.85.0
+	pgregory.net/rapid v1.3.0
+)
+
+require (
+	github.com/beorn7/perks v1.0.1 // indirect
+	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/prometheus/client_model v0.6.3 // indirect
+	github.com/prometheus/common v0.72.0 // indirect
+	github.com/prometheus/procfs v0.22.0 // indirect
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+)
 
 replace (
 	github.com/crescent-kv/crescent/gen => ../../gen

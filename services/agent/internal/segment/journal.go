@@ -1,0 +1,373 @@
+package segment
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"sync"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/google/uuid"
+	"golang.org/x/sys/unix"
+)
+
+// The journal is an append-only file next to a disk segment's data. It holds
+// a header naming the segment, then records, each framed as
+//
+//	payload_len u32 | crc32c(payload) u32 | payload
+//
+// and payload[0] is the record type:
+//
+//	recSeal    id u64 | offset u64 | size u64 | replica u32 | checksum u64 |
+//	           flags u8 (bit 0: hard pin) | soft_pin_ms i64 | created_ms i64 |
+//	           sealed_ms i64 | tenant, key, group (each uvarint length + bytes)
+//	recRelease id u64
+//	recIDLimit limit u64: ids below limit may have been handed out
+//
+// All integers are big-endian. Replay stops at the first record that is
+// short or fails its CRC (a write torn by a crash); the file is truncated
+// there. When dead records outnumber live ones the journal is rewritten to a
+// temporary file, synced, and renamed over the old one.
+const (
+	journalMagic   = "CRSJRNL1"
+	headerLen      = 8 + 16 + 8 + 8 + 4 + 4
+	frameLen       = 8
+	maxPayload     = 1 << 20
+	idBlock        = 1 << 16
+	compactSlack   = 4096
+	recSeal        = 1
+	recRelease     = 2
+	recIDLimit     = 3
+	journalName    = "segment.journal"
+	dataName       = "segment.data"
+	sealFixedBytes = 1 + 8 + 8 + 8 + 4 + 8 + 1 + 8 + 8 + 8
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// errCorrupt marks a journal that cannot be used at all (bad header).
+var errCorrupt = errors.New("segment journal: corrupt")
+
+type journalHeader struct {
+	id        uuid.UUID
+	capacity  uint64
+	alignment uint64
+}
+
+func (h journalHeader) encode() []byte {
+	b := make([]byte, 0, headerLen)
+	b = append(b, journalMagic...)
+	b = append(b, h.id[:]...)
+	b = binary.BigEndian.AppendUint64(b, h.capacity)
+	b = binary.BigEndian.AppendUint64(b, h.alignment)
+	b = binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+	return append(b, 0, 0, 0, 0)
+}
+
+func decodeHeader(b []byte) (journalHeader, error) {
+	if len(b) < headerLen || string(b[:8]) != journalMagic {
+		return journalHeader{}, fmt.Errorf("%w: bad header", errCorrupt)
+	}
+	if crc32.Checksum(b[:40], castagnoli) != binary.BigEndian.Uint32(b[40:44]) {
+		return journalHeader{}, fmt.Errorf("%w: header checksum", errCorrupt)
+	}
+	var h journalHeader
+	copy(h.id[:], b[8:24])
+	h.capacity = binary.BigEndian.Uint64(b[24:32])
+	h.alignment = binary.BigEndian.Uint64(b[32:40])
+	if h.alignment == 0 || h.alignment&(h.alignment-1) != 0 || h.capacity < h.alignment {
+		return journalHeader{}, fmt.Errorf("%w: capacity %d alignment %d", errCorrupt, h.capacity, h.alignment)
+	}
+	return h, nil
+}
+
+// record is one decoded journal record.
+type record struct {
+	typ   byte
+	id    uint64 // seal, release; the limit for recIDLimit
+	entry *entry // seal only
+}
+
+func frame(payload []byte) []byte {
+	b := make([]byte, 0, frameLen+len(payload))
+	b = binary.BigEndian.AppendUint32(b, uint32(len(payload)))
+	b = binary.BigEndian.AppendUint32(b, crc32.Checksum(payload, castagnoli))
+	return append(b, payload...)
+}
+
+func encodeSeal(e *entry) []byte {
+	p := make([]byte, 0, sealFixedBytes+len(e.tenant)+len(e.key)+len(e.group)+15)
+	p = append(p, recSeal)
+	p = binary.BigEndian.AppendUint64(p, e.id)
+	p = binary.BigEndian.AppendUint64(p, e.offset)
+	p = binary.BigEndian.AppendUint64(p, e.size)
+	p = binary.BigEndian.AppendUint32(p, e.replica)
+	p = binary.BigEndian.AppendUint64(p, e.checksum)
+	var flags byte
+	if e.hardPin {
+		flags |= 1
+	}
+	p = append(p, flags)
+	p = binary.BigEndian.AppendUint64(p, uint64(e.softPin))
+	p = binary.BigEndian.AppendUint64(p, uint64(e.created))
+	p = binary.BigEndian.AppendUint64(p, uint64(e.sealed))
+	for _, s := range []string{e.tenant, e.key, e.group} {
+		p = binary.AppendUvarint(p, uint64(len(s)))
+		p = append(p, s...)
+	}
+	return frame(p)
+}
+
+func encodeU64(typ byte, v uint64) []byte {
+	p := binary.BigEndian.AppendUint64([]byte{typ}, v)
+	return frame(p)
+}
+
+// decodeRecords decodes the records in b (the journal after its header). It
+// returns the records of the longest valid prefix and that prefix's length;
+// bytes after it are a torn or corrupt tail.
+func decodeRecords(b []byte) ([]record, int) {
+	var out []record
+	pos := 0
+	for {
+		rest := b[pos:]
+		if len(rest) < frameLen {
+			return out, pos
+		}
+		n := binary.BigEndian.Uint32(rest[:4])
+		if n == 0 || n > maxPayload || uint64(len(rest)-frameLen) < uint64(n) {
+			return out, pos
+		}
+		payload := rest[frameLen : frameLen+int(n)]
+		if crc32.Checksum(payload, castagnoli) != binary.BigEndian.Uint32(rest[4:8]) {
+			return out, pos
+		}
+		r, ok := decodePayload(payload)
+		if !ok {
+			return out, pos
+		}
+		out = append(out, r)
+		pos += frameLen + int(n)
+	}
+}
+
+func decodePayload(p []byte) (record, bool) {
+	switch p[0] {
+	case recRelease, recIDLimit:
+		if len(p) != 9 {
+			return record{}, false
+		}
+		return record{typ: p[0], id: binary.BigEndian.Uint64(p[1:])}, true
+	case recSeal:
+		if len(p) < sealFixedBytes || p[37]&^1 != 0 {
+			return record{}, false
+		}
+		be := binary.BigEndian
+		e := &entry{
+			id:       be.Uint64(p[1:]),
+			offset:   be.Uint64(p[9:]),
+			size:     be.Uint64(p[17:]),
+			replica:  be.Uint32(p[25:]),
+			checksum: be.Uint64(p[29:]),
+			hardPin:  p[37]&1 != 0,
+			softPin:  int64(be.Uint64(p[38:])),
+			created:  int64(be.Uint64(p[46:])),
+			sealed:   int64(be.Uint64(p[54:])),
+			state:    masterv1.AllocationState_ALLOCATION_STATE_SEALED,
+		}
+		rest := p[sealFixedBytes:]
+		var strs [3]string
+		for i := range strs {
+			l, n := binary.Uvarint(rest)
+			// Lengths are canonical uvarints, so a record has one encoding.
+			if n <= 0 || n != uvarintLen(l) || l > uint64(len(rest)-n) {
+				return record{}, false
+			}
+			strs[i] = string(rest[n : n+int(l)])
+			rest = rest[n+int(l):]
+		}
+		if len(rest) != 0 {
+			return record{}, false
+		}
+		e.tenant, e.key, e.group = strs[0], strs[1], strs[2]
+		return record{typ: recSeal, id: e.id, entry: e}, true
+	}
+	return record{}, false
+}
+
+func uvarintLen(v uint64) int {
+	n := 1
+	for v >= 0x80 {
+		v >>= 7
+		n++
+	}
+	return n
+}
+
+// replay folds records into the live sealed table and the id high-water mark.
+func replay(recs []record) (map[uint64]*entry, uint64) {
+	live := map[uint64]*entry{}
+	var limit uint64
+	for _, r := range recs {
+		switch r.typ {
+		case recSeal:
+			live[r.id] = r.entry
+			limit = max(limit, r.id+1)
+		case recRelease:
+			delete(live, r.id)
+		case recIDLimit:
+			limit = max(limit, r.id)
+		}
+	}
+	return live, limit
+}
+
+type journal struct {
+	dir  string
+	hdr  journalHeader
+	path string
+
+	// mu guards f, records and idLimit. Taken under Segment.mu.
+	mu      sync.Mutex
+	f       *os.File
+	records int
+	idLimit uint64
+	// slack is how many dead records are tolerated beyond the live ones.
+	slack int
+}
+
+func (j *journal) append(b []byte) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.f == nil {
+		return os.ErrClosed
+	}
+	if _, err := j.f.Write(b); err != nil {
+		return err
+	}
+	j.records++
+	return nil
+}
+
+func (j *journal) appendSeal(e *entry) error   { return j.append(encodeSeal(e)) }
+func (j *journal) appendRelease(id uint64) error { return j.append(encodeU64(recRelease, id)) }
+
+// ensureID durably raises the id high-water mark past id when needed.
+func (j *journal) ensureID(id uint64) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if id < j.idLimit {
+		return nil
+	}
+	if j.f == nil {
+		return os.ErrClosed
+	}
+	limit := id + idBlock
+	if _, err := j.f.Write(encodeU64(recIDLimit, limit)); err != nil {
+		return err
+	}
+	if err := fdatasync(j.f); err != nil {
+		return err
+	}
+	j.records++
+	j.idLimit = limit
+	return nil
+}
+
+func (j *journal) sync() error {
+	j.mu.Lock()
+	f := j.f
+	j.mu.Unlock()
+	if f == nil {
+		return os.ErrClosed
+	}
+	return fdatasync(f)
+}
+
+func (j *journal) needsCompaction(live int) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.records > 2*live+j.slack
+}
+
+// compact rewrites the journal with only the live sealed entries.
+func (j *journal) compact(sealed []*entry, nextID uint64) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.f == nil {
+		return os.ErrClosed
+	}
+	limit := max(j.idLimit, nextID)
+	f, err := writeJournal(j.dir, j.hdr, limit, sealed)
+	if err != nil {
+		return err
+	}
+	_ = j.f.Close()
+	j.f, j.records, j.idLimit = f, 1+len(sealed), limit
+	return nil
+}
+
+func (j *journal) close() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.f == nil {
+		return nil
+	}
+	err := j.f.Close()
+	j.f = nil
+	return err
+}
+
+// writeJournal writes a fresh journal (header, id limit, seals) to a
+// temporary file, syncs it, renames it into place, syncs the directory, and
+// returns it open for appending.
+func writeJournal(dir string, hdr journalHeader, limit uint64, sealed []*entry) (*os.File, error) {
+	tmp := filepath.Join(dir, journalName+".tmp")
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	buf := hdr.encode()
+	buf = append(buf, encodeU64(recIDLimit, limit)...)
+	for _, e := range sealed {
+		buf = append(buf, encodeSeal(e)...)
+	}
+	if _, err := f.Write(buf); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, journalName)); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	if err := syncDir(dir); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+func fdatasync(f *os.File) error {
+	for {
+		err := unix.Fdatasync(int(f.Fd()))
+		if err != unix.EINTR {
+			return err
+		}
+	}
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
