@@ -1,0 +1,363 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"google.golang.org/protobuf/proto"
+)
+
+// kind is a command type.
+type kind uint8
+
+const (
+	kindReserve kind = iota
+	kindSeal
+	kindRelease
+	kindCopy
+	numKinds
+)
+
+var kindNames = [numKinds]string{"reserve", "seal", "release", "copy"}
+
+func (k kind) String() string { return kindNames[k] }
+
+// call is one caller's request: its items travel in one message, possibly
+// with other calls' items.
+type call struct {
+	kind    kind
+	reserve []*masterv1.ReserveItem
+	seal    []*masterv1.SealItem
+	release []*masterv1.AllocationRef
+	copyReq *masterv1.CopyRequest
+
+	// state is callWaiting until either the result is delivered or the
+	// caller abandons the call; whichever wins the CAS decides who owns the
+	// result (an abandoned reservation is released by the session).
+	state atomic.Int32
+	done  chan outcome // capacity 1
+}
+
+const (
+	callWaiting int32 = iota
+	callDelivered
+	callAbandoned
+)
+
+type outcome struct {
+	reserve []*masterv1.ReserveItemResult
+	status  []*masterv1.ItemStatus
+	err     error
+}
+
+func (c *call) items() int {
+	switch c.kind {
+	case kindReserve:
+		return len(c.reserve)
+	case kindSeal:
+		return len(c.seal)
+	case kindRelease:
+		return len(c.release)
+	}
+	return 1
+}
+
+func (c *call) deliver(o outcome) bool {
+	if !c.state.CompareAndSwap(callWaiting, callDelivered) {
+		return false
+	}
+	c.done <- o
+	return true
+}
+
+func (c *call) abandon() bool { return c.state.CompareAndSwap(callWaiting, callAbandoned) }
+
+// flight is one command message awaiting its result.
+type flight struct {
+	kind    kind
+	calls   []*call
+	items   int
+	sentAt  time.Time
+	timeout time.Duration
+	// counted: the flight holds one of MaxInFlight slots (copies do not).
+	counted bool
+	// expired: older than timeout; its slot was given back.
+	expired bool
+}
+
+// batchLoop coalesces the session's calls into command messages: per kind,
+// the calls that arrive within BatchWindow of the first (or until
+// MaxBatchItems items) share one message, with at most MaxInFlight messages
+// unanswered; past that, calls accumulate into larger batches.
+func (s *session) batchLoop() {
+	defer s.m.wg.Done()
+	select {
+	case <-s.ready:
+	case <-s.ctx.Done():
+		return
+	}
+	cfg := s.m.cfg
+	var queues [numKinds][]*call
+	var queued [numKinds]int
+	window := time.NewTimer(time.Hour)
+	window.Stop()
+	armed := false
+	janitor := time.NewTicker(max(cfg.RequestTimeout/4, time.Millisecond))
+	defer janitor.Stop()
+	defer window.Stop()
+
+	flushAll := func() bool {
+		for k := range numKinds {
+			if !s.flush(k, &queues[k], &queued[k]) {
+				return false
+			}
+		}
+		return true
+	}
+	for {
+		select {
+		case c := <-s.submit:
+			k := c.kind
+			queues[k] = append(queues[k], c)
+			queued[k] += c.items()
+			switch {
+			case k == kindCopy || queued[k] >= cfg.MaxBatchItems:
+				if !s.flush(k, &queues[k], &queued[k]) {
+					return
+				}
+			case !armed:
+				window.Reset(cfg.BatchWindow)
+				armed = true
+			}
+		case <-window.C:
+			armed = false
+			if !flushAll() {
+				return
+			}
+		case <-s.slot:
+			if !armed && !flushAll() {
+				return
+			}
+		case now := <-janitor.C:
+			if s.expire(now) && !armed && !flushAll() {
+				return
+			}
+		case <-s.ctx.Done():
+			return
+		}
+	}
+}
+
+// flush sends the queued calls of one kind, as many messages as in-flight
+// slots allow. It returns false when the session ended.
+func (s *session) flush(k kind, q *[]*call, queued *int) bool {
+	cfg := s.m.cfg
+	for len(*q) > 0 {
+		counted := k != kindCopy
+		if counted && !s.acquire() {
+			return true
+		}
+		var batch []*call
+		n := 0
+		i := 0
+		for ; i < len(*q); i++ {
+			c := (*q)[i]
+			cn := c.items()
+			if len(batch) > 0 && (n+cn > cfg.MaxBatchItems || k == kindCopy) {
+				break
+			}
+			*queued -= cn
+			if c.state.Load() != callWaiting {
+				continue // the caller gave up before it was sent
+			}
+			batch = append(batch, c)
+			n += cn
+		}
+		clear((*q)[:i])
+		*q = (*q)[i:]
+		if len(batch) == 0 {
+			if counted {
+				s.releaseSlot()
+			}
+			continue
+		}
+		id := s.nextID.Add(1)
+		timeout := cfg.RequestTimeout
+		if k == kindCopy {
+			timeout = cfg.CopyTimeout
+		}
+		s.mu.Lock()
+		s.pending[id] = &flight{kind: k, calls: batch, items: n, sentAt: time.Now(), timeout: timeout, counted: counted}
+		s.mu.Unlock()
+		msg := s.build(k, id, batch, n)
+		select {
+		case s.sendq <- msg:
+		case <-s.ctx.Done():
+			return false
+		}
+		s.m.met.batches.WithLabelValues(k.String()).Inc()
+		s.m.met.batchItems.WithLabelValues(k.String()).Observe(float64(n))
+	}
+	if len(*q) == 0 {
+		*q = nil
+	}
+	return true
+}
+
+func (s *session) acquire() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inflight >= s.m.cfg.MaxInFlight {
+		return false
+	}
+	s.inflight++
+	return true
+}
+
+func (s *session) releaseSlot() {
+	s.mu.Lock()
+	s.inflight--
+	s.mu.Unlock()
+}
+
+// build assembles one command message, stamped with the master's epoch.
+func (s *session) build(k kind, id uint64, batch []*call, n int) *masterv1.ConnectResponse {
+	epoch := s.m.id.Epoch
+	switch k {
+	case kindReserve:
+		items := make([]*masterv1.ReserveItem, 0, n)
+		for _, c := range batch {
+			items = append(items, c.reserve...)
+		}
+		return &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Reserve{Reserve: &masterv1.ReserveRequest{RequestId: id, Epoch: epoch, Items: items}}}
+	case kindSeal:
+		items := make([]*masterv1.SealItem, 0, n)
+		for _, c := range batch {
+			items = append(items, c.seal...)
+		}
+		return &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Seal{Seal: &masterv1.SealRequest{RequestId: id, Epoch: epoch, Items: items}}}
+	case kindRelease:
+		items := make([]*masterv1.AllocationRef, 0, n)
+		for _, c := range batch {
+			items = append(items, c.release...)
+		}
+		return &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Release{Release: &masterv1.ReleaseRequest{RequestId: id, Epoch: epoch, Items: items}}}
+	default:
+		req := proto.CloneOf(batch[0].copyReq)
+		req.RequestId, req.Epoch = id, epoch
+		return &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Copy{Copy: req}}
+	}
+}
+
+// do submits a call to the agent's session and waits for its outcome, the
+// call's timeout, the caller's context or the end of the session, whichever
+// comes first.
+func (m *Manager) do(ctx context.Context, agentID string, c *call, timeout time.Duration) (outcome, error) {
+	s := m.session(agentID)
+	if s == nil {
+		return outcome{}, unavailable("agent %q is not connected", agentID)
+	}
+	c.done = make(chan outcome, 1)
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case s.submit <- c:
+	case <-ctx.Done():
+		return outcome{}, m.ctxErr(ctx, c.kind, agentID)
+	case <-t.C:
+		m.met.timeouts.WithLabelValues(c.kind.String()).Inc()
+		return outcome{}, unavailable("agent %q: %s not accepted within %v", agentID, c.kind, timeout)
+	case <-s.ctx.Done():
+		return outcome{}, unavailable("session to agent %q ended", agentID)
+	}
+	var err error
+	timedOut := false
+	select {
+	case o := <-c.done:
+		return o, o.err
+	case <-ctx.Done():
+		err = m.ctxErr(ctx, c.kind, agentID)
+	case <-t.C:
+		err = unavailable("agent %q did not answer %s within %v", agentID, c.kind, timeout)
+		timedOut = true
+	case <-s.ctx.Done():
+		err = unavailable("session to agent %q ended", agentID)
+	}
+	if !c.abandon() {
+		// The result was delivered while we were giving up: it is ours.
+		o := <-c.done
+		return o, o.err
+	}
+	if timedOut {
+		m.met.timeouts.WithLabelValues(c.kind.String()).Inc()
+	}
+	return outcome{}, err
+}
+
+func (m *Manager) ctxErr(ctx context.Context, k kind, agentID string) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return unavailable("agent %q: %s: caller deadline exceeded", agentID, k)
+	}
+	return ctx.Err()
+}
+
+// Reserve asks the agent to reserve allocations; results are in item order.
+func (m *Manager) Reserve(ctx context.Context, agentID string, items []*masterv1.ReserveItem) ([]*masterv1.ReserveItemResult, error) {
+	if len(items) == 0 {
+		return nil, nil
+	}
+	for i, it := range items {
+		if it == nil || it.GetSegmentId() == "" {
+			return nil, invalid("reserve item %d: segment_id is required", i)
+		}
+	}
+	o, err := m.do(ctx, agentID, &call{kind: kindReserve, reserve: items}, m.cfg.RequestTimeout)
+	if err != nil {
+		return nil, err
+	}
+	return o.reserve, nil
+}
+
+// Seal asks the agent to seal written allocations; statuses are in item order.
+func (m *Manager) Seal(ctx context.Context, agentID string, items []*masterv1.SealItem) ([]*masterv1.ItemStatus, error) {
+	if len(items) == 0 {
+		return nil, nil
+	}
+	for i, it := range items {
+		if it == nil || it.GetSegmentId() == "" {
+			return nil, invalid("seal item %d: segment_id is required", i)
+		}
+	}
+	o, err := m.do(ctx, agentID, &call{kind: kindSeal, seal: items}, m.cfg.RequestTimeout)
+	if err != nil {
+		return nil, err
+	}
+	return o.status, nil
+}
+
+// Release frees allocations (unknown ids are no-ops at the agent).
+func (m *Manager) Release(ctx context.Context, agentID string, items []*masterv1.AllocationRef) error {
+	if len(items) == 0 {
+		return nil
+	}
+	for i, it := range items {
+		if it == nil || it.GetSegmentId() == "" {
+			return invalid("release item %d: segment_id is required", i)
+		}
+	}
+	_, err := m.do(ctx, agentID, &call{kind: kindRelease, release: items}, m.cfg.RequestTimeout)
+	return err
+}
+
+// Copy asks the agent owning req.Source to copy it into req.Target. The
+// request id and epoch are set here.
+func (m *Manager) Copy(ctx context.Context, agentID string, req *masterv1.CopyRequest) error {
+	if req == nil || req.GetSource().GetSegmentId() == "" || req.GetTarget().GetSegmentId() == "" || req.GetTargetEndpoint() == "" {
+		return invalid("copy: source, target and target_endpoint are required")
+	}
+	_, err := m.do(ctx, agentID, &call{kind: kindCopy, copyReq: req}, m.cfg.CopyTimeout)
+	return err
+}

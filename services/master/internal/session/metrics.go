@@ -1,0 +1,47 @@
+package session
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	sessions      prometheus.Gauge
+	registrations *prometheus.CounterVec
+	batches       *prometheus.CounterVec
+	batchItems    *prometheus.HistogramVec
+	timeouts      *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		sessions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "crescent_master_agent_sessions",
+			Help: "Agent sessions currently connected.",
+		}),
+		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "crescent_master_agent_registrations_total",
+			Help: "Agent Register messages, by result (accepted, rejected).",
+		}, []string{"result"}),
+		batches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "crescent_master_agent_command_batches_total",
+			Help: "Command messages sent to agents, by kind (reserve, seal, release, copy).",
+		}, []string{"kind"}),
+		batchItems: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "crescent_master_agent_command_batch_items",
+			Help:    "Items per command message sent to agents, by kind.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
+		}, []string{"kind"}),
+		timeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "crescent_master_agent_command_timeouts_total",
+			Help: "Agent command calls that timed out, by kind.",
+		}, []string{"kind"}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.sessions, m.registrations, m.batches, m.batchItems, m.timeouts} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,582 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+func TestRegisterSettingsFirst(t *testing.T) {
+	h := newHarness(t, fastConfig(), harnessOpts{})
+	h.meta.release = func(_ string, allocs []*masterv1.Allocation) []*masterv1.AllocationRef {
+		return []*masterv1.AllocationRef{{SegmentId: allocs[0].GetSegmentId(), AllocationId: allocs[0].GetAllocationId()}}
+	}
+	alloc := &masterv1.Allocation{SegmentId: "a1-mem-0", AllocationId: 42, Size: 100, State: masterv1.AllocationState_ALLOCATION_STATE_SEALED, Tenant: "t", Key: "k", Checksum: 9}
+	a := h.connectAgent("a1", withAllocations(alloc))
+
+	s := a.settings
+	if s.GetEpoch() != testEpoch || s.GetMasterId() != "master-test" || string(s.GetTokenKey()) != "0123456789abcdef0123456789abcdef" {
+		t.Fatalf("settings identity: got epoch %d master %q key %q", s.GetEpoch(), s.GetMasterId(), s.GetTokenKey())
+	}
+	for name, pair := range map[string][2]time.Duration{
+		"heartbeat_interval": {s.GetHeartbeatInterval().AsDuration(), 20 * time.Millisecond},
+		"suspect_after":      {s.GetSuspectAfter().AsDuration(), 100 * time.Millisecond},
+		"unmount_after":      {s.GetUnmountAfter().AsDuration(), 500 * time.Millisecond},
+		"reserved_grace":     {s.GetReservedGrace().AsDuration(), time.Second},
+	} {
+		if pair[0] != pair[1] {
+			t.Errorf("%s: got %v, want %v", name, pair[0], pair[1])
+		}
+	}
+	if got := s.GetReleaseAllocations(); len(got) != 1 || got[0].GetAllocationId() != 42 {
+		t.Fatalf("release_allocations: got %v, want [a1-mem-0/42]", got)
+	}
+	calls := h.meta.reconcileCalls()
+	if len(calls) != 1 || calls[0].agentID != "a1" || len(calls[0].segments) != 1 || calls[0].segments[0].ID != "a1-mem-0" || len(calls[0].allocs) != 1 {
+		t.Fatalf("reconcile calls: got %+v", calls)
+	}
+	waitState(t, h, "a1-mem-0", "ok/healthy", time.Second)
+	sg, _ := h.reg.Segment("a1-mem-0")
+	if !sg.CanAllocate() || sg.DataEndpoint != "a1:50052" || sg.HostID != "host-a1" {
+		t.Fatalf("registered segment: got %+v", sg)
+	}
+	if !h.m.Connected("a1") {
+		t.Fatal("Connected(a1): got false, want true")
+	}
+	if got := testutil.ToFloat64(h.m.met.sessions); got != 1 {
+		t.Fatalf("sessions gauge: got %v, want 1", got)
+	}
+}
+
+func TestFirstMessageRejected(t *testing.T) {
+	tests := []struct {
+		name   string
+		first  *masterv1.ConnectRequest
+		code   codes.Code
+		reason string
+		msg    string
+	}{
+		{"heartbeat first", &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Heartbeat{Heartbeat: &masterv1.Heartbeat{Seq: 3}}},
+			codes.InvalidArgument, "INVALID_PARAMS", "first message must be Register, got heartbeat"},
+		{"stale result first", &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_ReserveResult{ReserveResult: &masterv1.ReserveResult{RequestId: 9}}},
+			codes.InvalidArgument, "INVALID_PARAMS", "got reserve_result"},
+		{"empty envelope", &masterv1.ConnectRequest{}, codes.InvalidArgument, "INVALID_PARAMS", "an empty message"},
+		{"no agent id", &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: &masterv1.Register{DataEndpoint: "x:1"}}},
+			codes.InvalidArgument, "INVALID_PARAMS", "agent_id is required"},
+		{"no data endpoint", &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: &masterv1.Register{AgentId: "a"}}},
+			codes.InvalidArgument, "INVALID_PARAMS", "data_endpoint is required"},
+		{"newer epoch seen", &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: &masterv1.Register{AgentId: "a", DataEndpoint: "x:1", KnownEpoch: testEpoch + 1}}},
+			codes.FailedPrecondition, "STALE_EPOCH", "epoch 8"},
+		{"allocation on unlisted segment", &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: registerMsg("a",
+			withAllocations(&masterv1.Allocation{SegmentId: "ghost", AllocationId: 1, State: masterv1.AllocationState_ALLOCATION_STATE_SEALED, Key: "k"}))}},
+			codes.InvalidArgument, "INVALID_PARAMS", "did not list"},
+		{"segment without medium", &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: &masterv1.Register{AgentId: "a", DataEndpoint: "x:1",
+			Segments: []*masterv1.SegmentInfo{{SegmentId: "s", Capacity: 1}}}}},
+			codes.InvalidArgument, "INVALID_PARAMS", "not memory or disk"},
+	}
+	h := newHarness(t, fastConfig(), harnessOpts{})
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conn, stream, cancel := h.open(tt.first)
+			defer conn.Close()
+			defer cancel()
+			_, err := stream.Recv()
+			if got := status.Code(err); got != tt.code {
+				t.Fatalf("code: got %v, want %v (%v)", got, tt.code, err)
+			}
+			if got := rpcerr.Reason(err); got != tt.reason {
+				t.Fatalf("reason: got %q, want %q", got, tt.reason)
+			}
+			if !strings.Contains(status.Convert(err).Message(), tt.msg) {
+				t.Fatalf("message: got %q, want it to contain %q", status.Convert(err).Message(), tt.msg)
+			}
+		})
+	}
+	t.Run("register timeout", func(t *testing.T) {
+		cfg := fastConfig()
+		cfg.RegisterTimeout = 50 * time.Millisecond
+		h := newHarness(t, cfg, harnessOpts{})
+		conn, stream, cancel := h.open(nil)
+		defer conn.Close()
+		defer cancel()
+		_, err := stream.Recv()
+		if got := rpcerr.Reason(err); got != "INVALID_PARAMS" {
+			t.Fatalf("reason: got %q, want INVALID_PARAMS (%v)", got, err)
+		}
+	})
+	t.Run("second register on a stream", func(t *testing.T) {
+		a := h.connectAgent("twice")
+		a.send(&masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: registerMsg("twice")}})
+		err := a.waitEnded(time.Second)
+		if got := rpcerr.Reason(err); got != "INVALID_PARAMS" {
+			t.Fatalf("reason: got %q, want INVALID_PARAMS (%v)", got, err)
+		}
+	})
+}
+
+func TestHeartbeatsKeepHealthy(t *testing.T) {
+	h := newHarness(t, fastConfig(), harnessOpts{})
+	h.connectAgent("a1")
+	waitState(t, h, "a1-mem-0", "ok/healthy", time.Second)
+	// Twelve steps of 60 ms cover 720 ms of liveness time, past both
+	// suspect_after (100 ms) and unmount_after (500 ms); a heartbeat lands
+	// in every step, so the segment never leaves HEALTHY.
+	for i := range 12 {
+		h.advance(60 * time.Millisecond)
+		if got := segState(h, "a1-mem-0"); got != "ok/healthy" {
+			t.Fatalf("step %d: got %s, want ok/healthy", i, got)
+		}
+		h.beatAfter("a1")
+	}
+	if d := h.meta.dropped(); len(d) != 0 {
+		t.Fatalf("dropped: got %v, want none", d)
+	}
+}
+
+func TestMissedHeartbeatsSuspectThenUnmount(t *testing.T) {
+	h := newHarness(t, fastConfig(), harnessOpts{})
+	a := h.connectAgent("a1", withSegments("s1", "s2"))
+	waitState(t, h, "s1", "ok/healthy", time.Second)
+	h.quiesce(a)
+
+	h.advance(99 * time.Millisecond)
+	if got := segState(h, "s1"); got != "ok/healthy" {
+		t.Fatalf("before suspect_after: got %s, want ok/healthy", got)
+	}
+	h.advance(time.Millisecond)
+	waitState(t, h, "s1", "ok/suspected", time.Second)
+	sg, _ := h.reg.Segment("s1")
+	if sg.CanAllocate() || sg.CanServeRead() || sg.CanContinueCleanup() {
+		t.Fatalf("SUSPECTED segment predicates: got %v %v %v, want all false", sg.CanAllocate(), sg.CanServeRead(), sg.CanContinueCleanup())
+	}
+	if d := h.meta.dropped(); len(d) != 0 {
+		t.Fatalf("dropped while SUSPECTED: %v", d)
+	}
+	h.advance(400 * time.Millisecond)
+	waitState(t, h, "s1", "unmounted/suspected", time.Second)
+	waitState(t, h, "s2", "unmounted/suspected", time.Second)
+	if got := h.meta.dropped(); !slices.Equal(got, []string{"s1", "s2"}) {
+		t.Fatalf("dropped: got %v, want [s1 s2]", got)
+	}
+	// The master ends the session of a lost agent.
+	err := a.waitEnded(time.Second)
+	if got := status.Code(err); got != codes.Unavailable {
+		t.Fatalf("lost agent's stream: got %v, want Unavailable", err)
+	}
+	eventually(t, time.Second, "agent disconnected", func() bool { return !h.m.Connected("a1") })
+	if _, err := h.m.Reserve(t.Context(), "a1", []*masterv1.ReserveItem{{SegmentId: "s1", Size: 1}}); rpcerr.Reason(err) != "AGENT_UNAVAILABLE" {
+		t.Fatalf("reserve at a lost agent: got %v, want AGENT_UNAVAILABLE", err)
+	}
+}
+
+func TestSuspectedRecoversOnHeartbeat(t *testing.T) {
+	h := newHarness(t, fastConfig(), harnessOpts{})
+	a := h.connectAgent("a1")
+	h.quiesce(a)
+	h.advance(200 * time.Millisecond)
+	waitState(t, h, "a1-mem-0", "ok/suspected", time.Second)
+	a.setHeartbeat(true)
+	h.beatAfter("a1")
+	waitState(t, h, "a1-mem-0", "ok/healthy", time.Second)
+	h.advance(400 * time.Millisecond) // 600 ms since the last beat before the pause
+	if got := segState(h, "a1-mem-0"); got == "unmounting/suspected" || strings.HasPrefix(got, "unmounted") {
+		t.Fatalf("recovered segment unmounted: %s", got)
+	}
+}
+
+func TestReconnectWithinWindow(t *testing.T) {
+	h := newHarness(t, fastConfig(), harnessOpts{})
+	alloc := &masterv1.Allocation{SegmentId: "a1-mem-0", AllocationId: 1, State: masterv1.AllocationState_ALLOCATION_STATE_SEALED, Key: "k"}
+	a := h.connectAgent("a1", withAllocations(alloc))
+	waitState(t, h, "a1-mem-0", "ok/healthy", time.Second)
+	a.stop()
+	// A lost stream makes the segment SUSPECTED at once.
+	waitState(t, h, "a1-mem-0", "ok/suspected", time.Second)
+	h.advance(400 * time.Millisecond) // inside unmount_after (500 ms)
+
+	h.connectAgent("a1", withAllocations(alloc))
+	waitState(t, h, "a1-mem-0", "ok/healthy", time.Second)
+	calls := h.meta.reconcileCalls()
+	if len(calls) != 2 || len(calls[1].allocs) != 1 || calls[1].allocs[0].GetAllocationId() != 1 {
+		t.Fatalf("reconcile on reconnect: got %+v", calls)
+	}
+	// Past the first connection's unmount window nothing is dropped: the
+	// reconnect restarted liveness.
+	h.advance(200 * time.Millisecond)
+	if d := h.meta.dropped(); len(d) != 0 {
+		t.Fatalf("dropped: got %v, want none", d)
+	}
+	if got := segState(h, "a1-mem-0"); got == "absent" || strings.HasPrefix(got, "unmount") {
+		t.Fatalf("segment after reconnect: got %s", got)
+	}
+}
+
+func TestSecondConnectReplacesFirst(t *testing.T) {
+	h := newHarness(t, fastConfig(), harnessOpts{})
+	first := h.connectAgent("a1")
+	second := h.connectAgent("a1")
+	err := first.waitEnded(time.Second)
+	if got := status.Code(err); got != codes.Aborted {
+		t.Fatalf("replaced stream: got %v, want Aborted", err)
+	}
+	res, err := h.m.Reserve(t.Context(), "a1", []*masterv1.ReserveItem{{SegmentId: "a1-mem-0", Size: 8, Key: "k", ReplicaId: 3}})
+	if err != nil || len(res) != 1 || res[0].GetOffset() != 30 {
+		t.Fatalf("reserve after replace: got %v, %v", res, err)
+	}
+	if m, _ := second.counts("reserve"); m != 1 {
+		t.Fatalf("second session reserve messages: got %d, want 1", m)
+	}
+	if m, _ := first.counts("reserve"); m != 0 {
+		t.Fatalf("first session reserve messages: got %d, want 0", m)
+	}
+	waitState(t, h, "a1-mem-0", "ok/healthy", time.Second)
+	if got := len(h.meta.reconcileCalls()); got != 2 {
+		t.Fatalf("reconciles: got %d, want 2", got)
+	}
+}
+
+func TestBatchingRoutesResults(t *testing.T) {
+	cfg := fastConfig()
+	cfg.BatchWindow = 2 * time.Millisecond
+	cfg.MaxInFlight = 2
+	h := newHarness(t, cfg, harnessOpts{})
+	a := h.connectAgent("a1")
+	const callers = 200
+	var wg sync.WaitGroup
+	errs := make(chan error, callers*3)
+	for i := range callers {
+		wg.Go(func() {
+			items := []*masterv1.ReserveItem{{SegmentId: "a1-mem-0", Size: 64, Key: fmt.Sprint("k", i), ReplicaId: uint32(i)}}
+			if i%2 == 0 { // some calls carry two items
+				items = append(items, &masterv1.ReserveItem{SegmentId: "a1-mem-0", Size: 64, Key: fmt.Sprint("k", i), ReplicaId: uint32(i + 1000)})
+			}
+			res, err := h.m.Reserve(t.Context(), "a1", items)
+			if err != nil {
+				errs <- err
+				return
+			}
+			if len(res) != len(items) {
+				errs <- fmt.Errorf("caller %d: got %d results, want %d", i, len(res), len(items))
+				return
+			}
+			for j, r := range res {
+				if want := uint64(items[j].GetReplicaId()) * 10; r.GetOffset() != want {
+					errs <- fmt.Errorf("caller %d item %d: got offset %d, want %d (misrouted)", i, j, r.GetOffset(), want)
+				}
+			}
+			sealItems := []*masterv1.SealItem{{SegmentId: "a1-mem-0", AllocationId: res[0].GetAllocationId(), Checksum: uint64(i % 3)}}
+			st, err := h.m.Seal(t.Context(), "a1", sealItems)
+			if err != nil || len(st) != 1 {
+				errs <- fmt.Errorf("caller %d seal: %v %v", i, st, err)
+				return
+			}
+			if gotBad, wantBad := st[0].GetCode() != 0, i%3 == 0; gotBad != wantBad {
+				errs <- fmt.Errorf("caller %d seal status: got %v, want failure %v", i, st[0], wantBad)
+			}
+			if err := h.m.Release(t.Context(), "a1", []*masterv1.AllocationRef{{SegmentId: "a1-mem-0", AllocationId: res[0].GetAllocationId()}}); err != nil {
+				errs <- fmt.Errorf("caller %d release: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	for _, kind := range []string{"reserve", "seal", "release"} {
+		msgs, items := a.counts(kind)
+		wantItems := callers
+		if kind == "reserve" {
+			wantItems = callers + callers/2
+		}
+		if items != wantItems {
+			t.Errorf("%s items: got %d, want %d", kind, items, wantItems)
+		}
+		if msgs >= callers {
+			t.Errorf("%s messages: got %d for %d calls, want fewer (coalesced)", kind, msgs, callers)
+		}
+		t.Logf("%s: %d calls in %d messages", kind, callers, msgs)
+	}
+	a.mu.Lock()
+	for _, e := range a.epochs {
+		if e != testEpoch {
+			t.Errorf("command epoch: got %d, want %d", e, testEpoch)
+		}
+	}
+	a.mu.Unlock()
+	if got := testutil.ToFloat64(h.m.met.batches.WithLabelValues("reserve")); got < 1 {
+		t.Errorf("batches metric: got %v, want >= 1", got)
+	}
+}
+
+func TestMaxBatchItemsSplits(t *testing.T) {
+	cfg := fastConfig()
+	cfg.BatchWindow = time.Second // only the item limit can flush
+	cfg.MaxBatchItems = 4
+	h := newHarness(t, cfg, harnessOpts{})
+	a := h.connectAgent("a1")
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			if _, err := h.m.Reserve(t.Context(), "a1", []*masterv1.ReserveItem{{SegmentId: "a1-mem-0", Size: 1, Key: "k", ReplicaId: uint32(i)}}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if msgs, items := a.counts("reserve"); msgs != 2 || items != 8 {
+		t.Fatalf("reserve: got %d messages / %d items, want 2 / 8", msgs, items)
+	}
+}
+
+func TestDeadAgentTimesOutWithoutBlockingOthers(t *testing.T) {
+	cfg := fastConfig()
+	cfg.RequestTimeout = 300 * time.Millisecond
+	h := newHarness(t, cfg, harnessOpts{})
+	dead := h.connectAgent("dead")
+	dead.answer.Store(false) // alive (heartbeats) but never answers
+	h.connectAgent("live")
+
+	deadDone := make(chan error, 20)
+	start := time.Now()
+	for i := range 20 {
+		go func() {
+			_, err := h.m.Reserve(t.Context(), "dead", []*masterv1.ReserveItem{{SegmentId: "dead-mem-0", Size: 1, Key: "k", ReplicaId: uint32(i)}})
+			deadDone <- err
+		}()
+	}
+	// While the dead agent's calls are pending, the live agent answers.
+	for i := range 50 {
+		if _, err := h.m.Reserve(t.Context(), "live", []*masterv1.ReserveItem{{SegmentId: "live-mem-0", Size: 1, Key: "k", ReplicaId: uint32(i)}}); err != nil {
+			t.Fatalf("live agent reserve %d: %v", i, err)
+		}
+	}
+	if len(deadDone) != 0 && time.Since(start) < cfg.RequestTimeout {
+		t.Fatal("dead agent's calls finished before their timeout")
+	}
+	for range 20 {
+		err := <-deadDone
+		if got := rpcerr.Reason(err); got != "AGENT_UNAVAILABLE" || status.Code(rpcerr.Status(err)) != codes.Unavailable {
+			t.Fatalf("dead agent reserve: got %v, want UNAVAILABLE/AGENT_UNAVAILABLE", err)
+		}
+	}
+	if got := testutil.ToFloat64(h.m.met.timeouts.WithLabelValues("reserve")); got != 20 {
+		t.Fatalf("timeouts metric: got %v, want 20", got)
+	}
+}
+
+func TestLateReservationsReleased(t *testing.T) {
+	cfg := fastConfig()
+	cfg.RequestTimeout = 100 * time.Millisecond
+	h := newHarness(t, cfg, harnessOpts{})
+	a := h.connectAgent("a1")
+	a.delay.Store(int64(200 * time.Millisecond))
+	_, err := h.m.Reserve(t.Context(), "a1", []*masterv1.ReserveItem{{SegmentId: "a1-mem-0", Size: 1, Key: "k"}, {SegmentId: "a1-mem-0", Size: 1, Key: "k2"}})
+	if rpcerr.Reason(err) != "AGENT_UNAVAILABLE" {
+		t.Fatalf("slow reserve: got %v, want AGENT_UNAVAILABLE", err)
+	}
+	a.delay.Store(0)
+	eventually(t, 2*time.Second, "late reservations released", func() bool { return len(a.releasedRefs()) == 2 })
+	for _, r := range a.releasedRefs() {
+		if r.GetSegmentId() != "a1-mem-0" || r.GetAllocationId() == 0 {
+			t.Fatalf("released ref: got %v", r)
+		}
+	}
+}
+
+func TestCallerContext(t *testing.T) {
+	h := newHarness(t, fastConfig(), harnessOpts{})
+	a := h.connectAgent("a1")
+	a.answer.Store(false)
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() { time.Sleep(20 * time.Millisecond); cancel() }()
+	if _, err := h.m.Reserve(ctx, "a1", []*masterv1.ReserveItem{{SegmentId: "a1-mem-0", Size: 1, Key: "k"}}); err != context.Canceled {
+		t.Fatalf("cancelled caller: got %v, want context.Canceled", err)
+	}
+	ctx, cancel2 := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	defer cancel2()
+	if _, err := h.m.Reserve(ctx, "a1", []*masterv1.ReserveItem{{SegmentId: "a1-mem-0", Size: 1, Key: "k"}}); rpcerr.Reason(err) != "AGENT_UNAVAILABLE" {
+		t.Fatalf("caller deadline: got %v, want AGENT_UNAVAILABLE", err)
+	}
+	if _, err := h.m.Reserve(t.Context(), "a1", []*masterv1.ReserveItem{{Size: 1}}); rpcerr.Reason(err) != "INVALID_PARAMS" {
+		t.Fatalf("item without segment: got %v, want INVALID_PARAMS", err)
+	}
+	if _, err := h.m.Reserve(t.Context(), "nobody", []*masterv1.ReserveItem{{SegmentId: "x", Size: 1}}); rpcerr.Reason(err) != "AGENT_UNAVAILABLE" {
+		t.Fatalf("unknown agent: got %v, want AGENT_UNAVAILABLE", err)
+	}
+}
+
+func TestSessionEndFailsPending(t *testing.T) {
+	h := newHarness(t, fastConfig(), harnessOpts{})
+	a := h.connectAgent("a1")
+	a.answer.Store(false)
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.m.Reserve(t.Context(), "a1", []*masterv1.ReserveItem{{SegmentId: "a1-mem-0", Size: 1, Key: "k"}})
+		done <- err
+	}()
+	eventually(t, time.Second, "reserve sent", func() bool { m, _ := a.counts("reserve"); return m == 1 })
+	a.stop()
+	select {
+	case err := <-done:
+		if rpcerr.Reason(err) != "AGENT_UNAVAILABLE" {
+			t.Fatalf("pending reserve after session end: got %v, want AGENT_UNAVAILABLE", err)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("pending reserve not failed when the session ended")
+	}
+}
+
+func TestCopy(t *testing.T) {
+	h := newHarness(t, fastConfig(), harnessOpts{})
+	a := h.connectAgent("a1")
+	req := &masterv1.CopyRequest{
+		Source: &masterv1.AllocationRef{SegmentId: "a1-mem-0", AllocationId: 5}, TargetEndpoint: "b:50052",
+		Target: &masterv1.AllocationRef{SegmentId: "b-mem-0", AllocationId: 6}, TargetToken: []byte("tok"),
+	}
+	if err := h.m.Copy(t.Context(), "a1", req); err != nil {
+		t.Fatal(err)
+	}
+	a.mu.Lock()
+	got := a.copies[0]
+	a.mu.Unlock()
+	if got.GetEpoch() != testEpoch || got.GetRequestId() == 0 || got.GetTarget().GetAllocationId() != 6 || string(got.GetTargetToken()) != "tok" {
+		t.Fatalf("copy request: got %v", got)
+	}
+	if req.GetRequestId() != 0 {
+		t.Fatal("Copy mutated the caller's request")
+	}
+	if err := h.m.Copy(t.Context(), "a1", &masterv1.CopyRequest{}); rpcerr.Reason(err) != "INVALID_PARAMS" {
+		t.Fatalf("empty copy: got %v, want INVALID_PARAMS", err)
+	}
+}
+
+func TestDeregister(t *testing.T) {
+	t.Run("grace deadline", func(t *testing.T) {
+		h := newHarness(t, fastConfig(), harnessOpts{})
+		a := h.connectAgent("a1")
+		waitState(t, h, "a1-mem-0", "ok/healthy", time.Second)
+		a.send(&masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Deregister{Deregister: &masterv1.Deregister{Grace: durationpb.New(200 * time.Millisecond), Reason: "SIGTERM"}}})
+		waitState(t, h, "a1-mem-0", "gracefully_unmounting/healthy", time.Second)
+		sg, _ := h.reg.Segment("a1-mem-0")
+		if sg.CanAllocate() || !sg.CanServeRead() {
+			t.Fatalf("graceful segment: CanAllocate %v CanServeRead %v, want false true", sg.CanAllocate(), sg.CanServeRead())
+		}
+		h.advance(50 * time.Millisecond)
+		h.beatAfter("a1")
+		h.advance(50 * time.Millisecond)
+		if d := h.meta.dropped(); len(d) != 0 {
+			t.Fatalf("dropped before the deadline: %v", d)
+		}
+		h.beatAfter("a1")
+		h.advance(100 * time.Millisecond)
+		waitState(t, h, "a1-mem-0", "unmounted/healthy", time.Second)
+		if got := h.meta.dropped(); !slices.Equal(got, []string{"a1-mem-0"}) {
+			t.Fatalf("dropped: got %v, want [a1-mem-0]", got)
+		}
+		if err := a.waitEnded(time.Second); status.Code(err) != codes.Unavailable {
+			t.Fatalf("stream after the grace deadline: got %v, want Unavailable", err)
+		}
+	})
+	t.Run("stream closes after deregister", func(t *testing.T) {
+		h := newHarness(t, fastConfig(), harnessOpts{})
+		a := h.connectAgent("a1")
+		a.send(&masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Deregister{Deregister: &masterv1.Deregister{Grace: durationpb.New(time.Minute)}}})
+		waitState(t, h, "a1-mem-0", "gracefully_unmounting/healthy", time.Second)
+		a.stop()
+		waitState(t, h, "a1-mem-0", "unmounted/suspected", time.Second)
+		if got := h.meta.dropped(); !slices.Equal(got, []string{"a1-mem-0"}) {
+			t.Fatalf("dropped: got %v, want [a1-mem-0]", got)
+		}
+	})
+}
+
+func TestSegmentsUpdate(t *testing.T) {
+	h := newHarness(t, fastConfig(), harnessOpts{})
+	a := h.connectAgent("a1")
+	a.send(&masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_SegmentsUpdate{SegmentsUpdate: &masterv1.SegmentsUpdate{
+		Mounted: []*masterv1.SegmentInfo{{SegmentId: "a1-disk-0", Medium: masterv1.Medium_MEDIUM_DISK, Capacity: 1 << 30}},
+	}}})
+	waitState(t, h, "a1-disk-0", "ok/healthy", time.Second)
+	a.send(&masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_SegmentsUpdate{SegmentsUpdate: &masterv1.SegmentsUpdate{
+		UnmountedSegmentIds: []string{"a1-mem-0"},
+	}}})
+	waitState(t, h, "a1-mem-0", "unmounted/healthy", time.Second)
+	if got := h.meta.dropped(); !slices.Equal(got, []string{"a1-mem-0"}) {
+		t.Fatalf("dropped: got %v, want [a1-mem-0]", got)
+	}
+	ag, _ := h.reg.Agent("a1")
+	if !slices.Equal(ag.SegmentIDs, []string{"a1-disk-0"}) {
+		t.Fatalf("agent segments: got %v, want [a1-disk-0]", ag.SegmentIDs)
+	}
+}
+
+func TestRestartedAgentDropsOldMemorySegments(t *testing.T) {
+	h := newHarness(t, fastConfig(), harnessOpts{})
+	a := h.connectAgent("a1", withSegments("mem-old", "disk-0"))
+	a.stop()
+	waitState(t, h, "mem-old", "ok/suspected", time.Second)
+	h.connectAgent("a1", withSegments("mem-new", "disk-0"))
+	waitState(t, h, "mem-old", "unmounted/suspected", time.Second)
+	waitState(t, h, "disk-0", "ok/healthy", time.Second)
+	waitState(t, h, "mem-new", "ok/healthy", time.Second)
+	if got := h.meta.dropped(); !slices.Equal(got, []string{"mem-old"}) {
+		t.Fatalf("dropped: got %v, want [mem-old]", got)
+	}
+}
+
+func TestCloseEndsSessions(t *testing.T) {
+	h := newHarness(t, fastConfig(), harnessOpts{})
+	a := h.connectAgent("a1")
+	if err := h.m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.m.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	err := a.waitEnded(time.Second)
+	if got := status.Code(err); got != codes.Unavailable {
+		t.Fatalf("stream after Close: got %v, want Unavailable", err)
+	}
+	conn, stream, cancel := h.open(&masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: registerMsg("late")}})
+	defer conn.Close()
+	defer cancel()
+	if _, err := stream.Recv(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("connect after Close: got %v, want Unavailable", err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		mod  func(*Config)
+		ok   bool
+	}{
+		{"defaults", func(*Config) {}, true},
+		{"suspect not above heartbeat", func(c *Config) { c.SuspectAfter = c.HeartbeatInterval }, false},
+		{"unmount not above suspect", func(c *Config) { c.UnmountAfter = c.SuspectAfter }, false},
+		{"negative timeout", func(c *Config) { c.RequestTimeout = -1 }, false},
+		{"negative batch", func(c *Config) { c.MaxBatchItems = -1 }, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			tt.mod(&c)
+			err := c.withDefaults().Validate()
+			if got := err == nil; got != tt.ok {
+				t.Fatalf("Validate: got err %v, want ok %v", err, tt.ok)
+			}
+		})
+	}
+}

@@ -1,0 +1,98 @@
+package session
+
+import (
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/services/master/internal/segment"
+	"google.golang.org/grpc/codes"
+)
+
+// maxIDLen bounds agent, host and segment ids (bytes).
+const maxIDLen = 256
+
+// validateRegister checks an agent's Register against the proto contract and
+// this master's epoch, and returns the registry's view of it. It never
+// panics, whatever the bytes decoded to.
+func validateRegister(r *masterv1.Register, epoch uint64) (segment.Registration, error) {
+	if r == nil {
+		return segment.Registration{}, invalid("first message must be Register")
+	}
+	switch {
+	case r.GetAgentId() == "":
+		return segment.Registration{}, invalid("register: agent_id is required")
+	case len(r.GetAgentId()) > maxIDLen:
+		return segment.Registration{}, invalid("register: agent_id longer than %d bytes", maxIDLen)
+	case len(r.GetHostId()) > maxIDLen:
+		return segment.Registration{}, invalid("register: host_id longer than %d bytes", maxIDLen)
+	case r.GetDataEndpoint() == "":
+		return segment.Registration{}, invalid("register: data_endpoint is required")
+	}
+	if r.GetKnownEpoch() > epoch {
+		return segment.Registration{}, rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_STALE_EPOCH,
+			"register: agent already accepted epoch %d; this master's epoch %d is older", r.GetKnownEpoch(), epoch)
+	}
+	if err := validateInfos(r.GetSegments(), true); err != nil {
+		return segment.Registration{}, err
+	}
+	listed := make(map[string]bool, len(r.GetSegments()))
+	for _, s := range r.GetSegments() {
+		listed[s.GetSegmentId()] = true
+	}
+	type allocKey struct {
+		seg string
+		id  uint64
+	}
+	seen := make(map[allocKey]bool, len(r.GetAllocations()))
+	for i, a := range r.GetAllocations() {
+		k := allocKey{a.GetSegmentId(), a.GetAllocationId()}
+		switch {
+		case a == nil:
+			return segment.Registration{}, invalid("register: allocation %d is empty", i)
+		case !listed[a.GetSegmentId()]:
+			return segment.Registration{}, invalid("register: allocation %d names segment %q the agent did not list", i, a.GetSegmentId())
+		case seen[k]:
+			return segment.Registration{}, invalid("register: allocation %d of segment %q listed twice", a.GetAllocationId(), a.GetSegmentId())
+		case a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_RESERVED && a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_SEALED:
+			return segment.Registration{}, invalid("register: allocation %d of segment %q has state %v", a.GetAllocationId(), a.GetSegmentId(), a.GetState())
+		case a.GetKey() == "":
+			return segment.Registration{}, invalid("register: allocation %d of segment %q has no key", a.GetAllocationId(), a.GetSegmentId())
+		}
+		seen[k] = true
+	}
+	host := r.GetHostId()
+	if host == "" {
+		host = r.GetAgentId()
+	}
+	return segment.Registration{
+		AgentID: r.GetAgentId(), HostID: host, DataEndpoint: r.GetDataEndpoint(), Version: r.GetVersion(),
+		Segments: r.GetSegments(), Graceful: r.GetGracefulUnmount(),
+	}, nil
+}
+
+// validateInfos checks segment descriptions. Heartbeats may omit the medium
+// (they only refresh usage); mounts must give it.
+func validateInfos(infos []*masterv1.SegmentInfo, mount bool) error {
+	seen := make(map[string]bool, len(infos))
+	for i, s := range infos {
+		id := s.GetSegmentId()
+		switch {
+		case s == nil || id == "":
+			return invalid("segment %d: segment_id is required", i)
+		case len(id) > maxIDLen:
+			return invalid("segment %d: segment_id longer than %d bytes", i, maxIDLen)
+		case seen[id]:
+			return invalid("segment %q listed twice", id)
+		case s.GetUsed() > s.GetCapacity():
+			return invalid("segment %q: used %d exceeds capacity %d", id, s.GetUsed(), s.GetCapacity())
+		}
+		if mount {
+			switch s.GetMedium() {
+			case masterv1.Medium_MEDIUM_MEMORY, masterv1.Medium_MEDIUM_DISK:
+			default:
+				return invalid("segment %q: medium %v is not memory or disk", id, s.GetMedium())
+			}
+		}
+		seen[id] = true
+	}
+	return nil
+}
