@@ -1,0 +1,409 @@
+package kvevent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/crescent-kv/crescent/pkg/kvevent/zmtp"
+	"github.com/go-zeromq/zmq4"
+)
+
+// Options configures a Subscriber. The zero value subscribes without replay,
+// keeps the index and ignores batches and gaps.
+type Options struct {
+	// ReplayEndpoint is the publisher's replay ROUTER (e.g.
+	// tcp://gateway:5558). When set, sequence gaps are filled from it.
+	ReplayEndpoint string
+	// FromSeq > 0 (with ReplayEndpoint) first replays every retained batch
+	// from this sequence, so a subscriber that starts late still sees what
+	// was published before it connected (FromSeq 1: since the publisher
+	// started, which for the gateway begins with its full snapshot).
+	FromSeq uint64
+	// OnBatch is called for every batch, live or replayed, in sequence
+	// order, after the index applied it, on the subscriber's goroutine.
+	OnBatch func(Batch)
+	// OnGap is called for every gap the subscriber could not repair and for
+	// every publisher restart it detects.
+	OnGap func(Gap)
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// DialTimeout bounds one connect and handshake (default 5s).
+	DialTimeout time.Duration
+	// ReplayTimeout bounds one replay exchange (default 10s).
+	ReplayTimeout time.Duration
+	// ReconnectMin and ReconnectMax bound the jittered exponential backoff
+	// between reconnects (defaults 50ms and 5s).
+	ReconnectMin, ReconnectMax time.Duration
+	// MaxFrame bounds one received frame (default 64 MiB).
+	MaxFrame int
+	// AllowUnknownKeys relaxes the strict decoder for forward compatibility.
+	AllowUnknownKeys bool
+}
+
+// Gap describes sequences the subscriber did not receive. Missing
+// sequences are [From, To); To is 0 when unknown.
+type Gap struct {
+	From, To uint64
+	// Reset is set when the publisher restarted (its sequence or event_id
+	// went backwards). The index was cleared; the batches the new process
+	// published before the one that revealed the restart are reported as a
+	// separate gap unless the replay ring filled them.
+	Reset bool
+	// Err is why the gap could not be repaired (nil without a replay endpoint).
+	Err error
+}
+
+// Stats are the subscriber's counters.
+type Stats struct {
+	// Batches and Events delivered (live and replayed).
+	Batches, Events uint64
+	// Replayed batches fetched from the replay socket.
+	Replayed uint64
+	// MissingSeqs is the number of sequence numbers found missing from the
+	// live stream (each one a batch dropped, or an event dropped by the
+	// publisher's queue); Unrepaired is how many of them replay did not fill.
+	MissingSeqs, Unrepaired uint64
+	// Resets counts detected publisher restarts; Reconnects, re-established
+	// connections; Malformed, messages the strict decoder rejected.
+	Resets, Reconnects, Malformed uint64
+	// LastSeq is the last sequence delivered.
+	LastSeq uint64
+}
+
+// Subscriber is a live subscription to a KV event PUB socket.
+type Subscriber struct {
+	endpoint string
+	opts     Options
+	lg       *slog.Logger
+	index    *Index
+	cancel   context.CancelFunc
+	done     chan struct{}
+	err      error // set before done is closed
+
+	batches, events, replayed, missing, unrepaired atomic.Uint64
+	resets, reconnects, malformedN, lastSeq        atomic.Uint64
+
+	// Owned by the run goroutine.
+	dec         Decoder
+	started     bool
+	expected    uint64 // next sequence wanted
+	lastEventID uint64
+	haveID      bool // lastEventID is set
+	dupLo       uint64 // live batches in [dupLo, dupHi] were delivered by a replay
+	dupHi       uint64
+
+	closeOnce sync.Once
+	closed    atomic.Bool
+}
+
+// Subscribe connects a SUB socket to endpoint (tcp://host:port), subscribes
+// to every topic and returns once the connection is established. Events are
+// decoded strictly and applied to the index in sequence order; gaps are
+// repaired through Options.ReplayEndpoint when set and reported otherwise.
+// The subscription reconnects with backoff until ctx ends or Close.
+func Subscribe(ctx context.Context, endpoint string, opts Options) (*Subscriber, error) {
+	if _, _, err := zmtp.SplitEndpoint(endpoint); err != nil {
+		return nil, err
+	}
+	if opts.ReplayEndpoint != "" {
+		if _, _, err := zmtp.SplitEndpoint(opts.ReplayEndpoint); err != nil {
+			return nil, err
+		}
+	}
+	if opts.DialTimeout <= 0 {
+		opts.DialTimeout = 5 * time.Second
+	}
+	if opts.ReplayTimeout <= 0 {
+		opts.ReplayTimeout = 10 * time.Second
+	}
+	if opts.ReconnectMin <= 0 {
+		opts.ReconnectMin = 50 * time.Millisecond
+	}
+	if opts.ReconnectMax < opts.ReconnectMin {
+		opts.ReconnectMax = max(5*time.Second, opts.ReconnectMin)
+	}
+	if opts.MaxFrame <= 0 {
+		opts.MaxFrame = 64 << 20
+	}
+	lg := opts.Logger
+	if lg == nil {
+		lg = slog.Default()
+	}
+	s := &Subscriber{
+		endpoint: endpoint, opts: opts, lg: lg.With("endpoint", endpoint),
+		index: NewIndex(), done: make(chan struct{}),
+		dec: Decoder{AllowUnknownKeys: opts.AllowUnknownKeys},
+	}
+	conn, err := s.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ctx, s.cancel = context.WithCancel(ctx)
+	go s.run(ctx, conn)
+	return s, nil
+}
+
+// Index is the (tenant, key, medium) set the stream has described so far.
+func (s *Subscriber) Index() *Index { return s.index }
+
+// Stats returns a snapshot of the counters.
+func (s *Subscriber) Stats() Stats {
+	return Stats{
+		Batches: s.batches.Load(), Events: s.events.Load(), Replayed: s.replayed.Load(),
+		MissingSeqs: s.missing.Load(), Unrepaired: s.unrepaired.Load(),
+		Resets: s.resets.Load(), Reconnects: s.reconnects.Load(), Malformed: s.malformedN.Load(),
+		LastSeq: s.lastSeq.Load(),
+	}
+}
+
+// Done is closed when the subscription has stopped.
+func (s *Subscriber) Done() <-chan struct{} { return s.done }
+
+// Err is why the subscription stopped (after Done): ctx's error, or nil after Close.
+func (s *Subscriber) Err() error {
+	select {
+	case <-s.done:
+		return s.err
+	default:
+		return nil
+	}
+}
+
+// Close stops the subscription and waits for its goroutine. Idempotent.
+func (s *Subscriber) Close() error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		s.cancel()
+	})
+	<-s.done
+	return nil
+}
+
+func (s *Subscriber) dial(ctx context.Context) (*zmtp.Conn, error) {
+	c, err := zmtp.Dial(ctx, s.endpoint, zmq4.Sub, s.opts.DialTimeout, zmtp.Limits{MaxFrame: s.opts.MaxFrame, MaxFrames: 8})
+	if err != nil {
+		return nil, fmt.Errorf("kvevent: subscribe %s: %w", s.endpoint, err)
+	}
+	// Subscribe to every topic (the contract's topic is always empty).
+	if err := c.Write(zmtp.AppendMessage(nil, []byte{1}), s.opts.DialTimeout); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("kvevent: subscribe %s: %w", s.endpoint, err)
+	}
+	return c, nil
+}
+
+func (s *Subscriber) run(ctx context.Context, conn *zmtp.Conn) {
+	defer close(s.done)
+	if s.opts.FromSeq > 0 && s.opts.ReplayEndpoint != "" {
+		s.catchUp(ctx, s.opts.FromSeq)
+	}
+	backoff := newBackoff(s.opts.ReconnectMin, s.opts.ReconnectMax)
+	for {
+		stop := context.AfterFunc(ctx, func() { conn.Close() })
+		healthy, err := s.readLoop(ctx, conn)
+		stop()
+		conn.Close()
+		if ctx.Err() != nil {
+			s.finish(ctx)
+			return
+		}
+		if healthy {
+			backoff.reset()
+		}
+		s.lg.Warn("kv event subscription lost; reconnecting", "err", err)
+		for {
+			if err := backoff.wait(ctx); err != nil {
+				s.finish(ctx)
+				return
+			}
+			conn, err = s.dial(ctx)
+			if err == nil {
+				break
+			}
+			s.lg.Debug("kv event reconnect failed", "err", err)
+		}
+		s.reconnects.Add(1)
+	}
+}
+
+// finish records why the subscription ended: nil after Close, else ctx's error.
+func (s *Subscriber) finish(ctx context.Context) {
+	if !s.closed.Load() {
+		s.err = ctx.Err()
+	}
+}
+
+// readLoop reads until the connection fails; healthy reports whether at
+// least one message arrived.
+func (s *Subscriber) readLoop(ctx context.Context, conn *zmtp.Conn) (healthy bool, err error) {
+	for {
+		m, err := conn.ReadMessage()
+		if err != nil {
+			return healthy, err
+		}
+		healthy = true
+		if m.Command != "" {
+			if m.Command == "PING" && len(m.Frames[0]) >= 2 {
+				// ZMTP 3.1 heartbeat: answer with the ping's context. This
+				// goroutine is the connection's only writer.
+				if err := conn.Write(zmtp.AppendCommand(nil, "PONG", m.Frames[0][2:]), s.opts.DialTimeout); err != nil {
+					return healthy, err
+				}
+			}
+			continue
+		}
+		b, err := s.dec.DecodeMessage(m.Frames)
+		if err != nil {
+			s.malformedN.Add(1)
+			s.lg.Warn("malformed kv event message", "err", err)
+			if len(m.Frames) == 3 {
+				if seq, serr := DecodeSeq(m.Frames[1]); serr == nil && s.started && seq >= s.expected && seq != EndSeq {
+					s.missing.Add(seq + 1 - s.expected)
+					s.unrepaired.Add(seq + 1 - s.expected)
+					s.report(Gap{From: s.expected, To: seq + 1, Err: err})
+					s.expected = seq + 1
+				}
+			}
+			continue
+		}
+		s.handle(ctx, b)
+	}
+}
+
+func (s *Subscriber) handle(ctx context.Context, b Batch) {
+	if s.dupHi > 0 {
+		if b.Seq >= s.dupLo && b.Seq <= s.dupHi && s.haveID && b.Events[0].ID <= s.lastEventID {
+			return // already delivered by a replay
+		}
+		s.dupLo, s.dupHi = 0, 0
+	}
+	if !s.started {
+		s.started = true
+		s.expected = b.Seq
+	}
+	if b.Seq < s.expected || (s.haveID && b.Events[0].ID <= s.lastEventID) {
+		// The publisher restarted: its sequence or its per-process event_id
+		// went backwards. Whatever the index holds may be stale.
+		s.resets.Add(1)
+		s.index.Clear()
+		s.report(Gap{From: b.Seq, To: s.expected, Reset: true})
+		s.expected, s.lastEventID, s.haveID = 1, 0, false
+	}
+	if b.Seq > s.expected {
+		s.repair(ctx, s.expected, b.Seq)
+	}
+	s.deliver(b)
+}
+
+// repair fills [from, to) from the replay socket, reporting what it cannot.
+func (s *Subscriber) repair(ctx context.Context, from, to uint64) {
+	s.missing.Add(to - from)
+	if s.opts.ReplayEndpoint == "" {
+		s.unrepaired.Add(to - from)
+		s.report(Gap{From: from, To: to})
+		s.expected = to
+		return
+	}
+	next := from
+	err := Replay(ctx, s.opts.ReplayEndpoint, from, s.replayOptions(), func(rb Batch) error {
+		if rb.Seq >= to {
+			return ErrStopReplay
+		}
+		if rb.Seq > next {
+			s.unrepaired.Add(rb.Seq - next)
+			s.report(Gap{From: next, To: rb.Seq, Err: errors.New("kvevent: no longer retained by the replay ring")})
+		}
+		s.replayed.Add(1)
+		s.deliver(rb)
+		next = rb.Seq + 1
+		return nil
+	})
+	if next < to {
+		if err == nil {
+			err = errors.New("kvevent: the replay ring does not hold these sequences")
+		}
+		s.unrepaired.Add(to - next)
+		s.report(Gap{From: next, To: to, Err: err})
+	}
+	s.expected = to
+}
+
+// catchUp replays everything retained from `from` before live delivery.
+func (s *Subscriber) catchUp(ctx context.Context, from uint64) {
+	next := from
+	err := Replay(ctx, s.opts.ReplayEndpoint, from, s.replayOptions(), func(rb Batch) error {
+		if rb.Seq > next {
+			s.missing.Add(rb.Seq - next)
+			s.unrepaired.Add(rb.Seq - next)
+			s.report(Gap{From: next, To: rb.Seq, Err: errors.New("kvevent: no longer retained by the replay ring")})
+		}
+		s.replayed.Add(1)
+		s.deliver(rb)
+		next = rb.Seq + 1
+		return nil
+	})
+	if err != nil {
+		s.report(Gap{From: next, Err: err})
+	}
+	if next > from {
+		s.started = true
+		s.expected = next
+		s.dupLo, s.dupHi = from, next-1
+	}
+}
+
+func (s *Subscriber) replayOptions() ReplayOptions {
+	return ReplayOptions{Timeout: s.opts.ReplayTimeout, MaxFrame: s.opts.MaxFrame, Decoder: Decoder{AllowUnknownKeys: s.opts.AllowUnknownKeys}}
+}
+
+func (s *Subscriber) deliver(b Batch) {
+	s.index.ApplyBatch(b)
+	s.batches.Add(1)
+	s.events.Add(uint64(len(b.Events)))
+	s.lastSeq.Store(b.Seq)
+	s.expected = b.Seq + 1
+	s.lastEventID, s.haveID = b.Events[len(b.Events)-1].ID, true
+	if s.opts.OnBatch != nil {
+		s.opts.OnBatch(b)
+	}
+}
+
+func (s *Subscriber) report(g Gap) {
+	s.lg.Warn("kv event gap", "from", g.From, "to", g.To, "reset", g.Reset, "err", g.Err)
+	if s.opts.OnGap != nil {
+		s.opts.OnGap(g)
+	}
+}
+
+// backoff is jittered exponential backoff that honours ctx.
+type backoff struct {
+	min, max, cur time.Duration
+	t             *time.Timer
+}
+
+func newBackoff(lo, hi time.Duration) *backoff { return &backoff{min: lo, max: hi, cur: lo} }
+
+func (b *backoff) reset() { b.cur = b.min }
+
+func (b *backoff) wait(ctx context.Context) error {
+	d := b.cur/2 + rand.N(b.cur/2+1)
+	b.cur = min(b.cur*2, b.max)
+	if b.t == nil {
+		b.t = time.NewTimer(d)
+	} else {
+		b.t.Reset(d)
+	}
+	select {
+	case <-ctx.Done():
+		b.t.Stop()
+		return ctx.Err()
+	case <-b.t.C:
+		return nil
+	}
+}

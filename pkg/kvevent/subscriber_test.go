@@ -1,0 +1,472 @@
+package kvevent
+
+import (
+	"context"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/crescent-kv/crescent/pkg/kvevent/zmtp"
+	"github.com/go-zeromq/zmq4"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakePub is a scripted PUB endpoint: it writes whatever the test sends to
+// every subscribed connection.
+type fakePub struct {
+	t  *testing.T
+	l  net.Listener
+	wg sync.WaitGroup
+
+	mu    sync.Mutex // guards conns
+	conns []*zmtp.Conn
+	subs  chan struct{}
+}
+
+func newFakePub(t *testing.T) *fakePub {
+	l, err := zmtp.Listen("tcp://127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &fakePub{t: t, l: l, subs: make(chan struct{}, 16)}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *fakePub) endpoint() string { return zmtp.Endpoint(p.l) }
+
+func (p *fakePub) accept() {
+	defer p.wg.Done()
+	for {
+		nc, err := p.l.Accept()
+		if err != nil {
+			return
+		}
+		c, err := zmtp.Handshake(nc, zmq4.Pub, true, 5*time.Second, zmtp.Limits{})
+		if err != nil {
+			nc.Close()
+			continue
+		}
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			m, err := c.ReadMessage() // the subscription
+			if err != nil || len(m.Frames) != 1 || m.Frames[0][0] != 1 {
+				c.Close()
+				return
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c)
+			p.mu.Unlock()
+			p.subs <- struct{}{}
+			for {
+				if _, err := c.ReadMessage(); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+func (p *fakePub) waitSub() {
+	select {
+	case <-p.subs:
+	case <-time.After(10 * time.Second):
+		p.t.Fatal("no subscriber arrived")
+	}
+}
+
+func (p *fakePub) send(frames ...[]byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		if err := c.Write(zmtp.AppendMessage(nil, frames...), 5*time.Second); err != nil {
+			p.t.Errorf("fake pub write: %v", err)
+		}
+	}
+}
+
+// dropConns closes every subscriber connection (the listener stays).
+func (p *fakePub) dropConns() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+func (p *fakePub) close() {
+	p.l.Close()
+	p.dropConns()
+	p.wg.Wait()
+}
+
+// fakeRouter serves replay requests from a fixed set of batches.
+type fakeRouter struct {
+	l       net.Listener
+	wg      sync.WaitGroup
+	legacy  bool
+	mu      sync.Mutex // guards batches, requests
+	batches map[uint64][]byte
+	reqs    []uint64
+}
+
+func newFakeRouter(t *testing.T, legacy bool) *fakeRouter {
+	l, err := zmtp.Listen("tcp://127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &fakeRouter{l: l, legacy: legacy, batches: map[uint64][]byte{}}
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		for {
+			nc, err := l.Accept()
+			if err != nil {
+				return
+			}
+			r.wg.Add(1)
+			go func() {
+				defer r.wg.Done()
+				defer nc.Close()
+				c, err := zmtp.Handshake(nc, zmq4.Router, true, 5*time.Second, zmtp.Limits{})
+				if err != nil {
+					return
+				}
+				m, err := c.ReadMessage()
+				if err != nil || len(m.Frames) != 2 {
+					return
+				}
+				from, _ := DecodeSeq(m.Frames[1])
+				r.mu.Lock()
+				r.reqs = append(r.reqs, from)
+				var seqs []uint64
+				for s := range r.batches {
+					if s >= from {
+						seqs = append(seqs, s)
+					}
+				}
+				slices.Sort(seqs)
+				var out []byte
+				for _, s := range seqs {
+					out = r.reply(out, PutSeq(s), r.batches[s])
+				}
+				r.mu.Unlock()
+				out = r.reply(out, PutSeq(EndSeq), nil)
+				_ = c.Write(out, 5*time.Second)
+				_, _ = c.ReadMessage() // until the client hangs up
+			}()
+		}
+	}()
+	t.Cleanup(func() { l.Close(); r.wg.Wait() })
+	return r
+}
+
+func (r *fakeRouter) reply(out, seq, payload []byte) []byte {
+	if r.legacy {
+		return zmtp.AppendMessage(out, nil, seq, payload)
+	}
+	return zmtp.AppendMessage(out, nil, nil, seq, payload)
+}
+
+func (r *fakeRouter) endpoint() string { return zmtp.Endpoint(r.l) }
+
+func (r *fakeRouter) put(seq uint64, payload []byte) {
+	r.mu.Lock()
+	r.batches[seq] = payload
+	r.mu.Unlock()
+}
+
+// stream builds numbered batches of one event each.
+type stream struct {
+	enc    *Encoder
+	nextID uint64
+}
+
+func newStream() *stream {
+	return &stream{enc: NewEncoder(EncoderOptions{Envelope: Envelope{BackendID: "b"}, LegacyCompat: true, ObjectKey: true}), nextID: 1}
+}
+
+func (s *stream) payload(t *testing.T, evs ...Event) []byte {
+	t.Helper()
+	for i := range evs {
+		evs[i].ID = s.nextID
+		s.nextID++
+	}
+	p, err := s.enc.AppendBatch(nil, 1000, evs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func stored(key string) Event {
+	return Event{Type: Stored, Tenant: "t", Key: key, Medium: MediumCPU}
+}
+
+// recorder collects what a subscriber delivers.
+type recorder struct {
+	mu   sync.Mutex
+	seqs []uint64
+	gaps []Gap
+}
+
+func (r *recorder) opts(o Options) Options {
+	o.OnBatch = func(b Batch) { r.mu.Lock(); r.seqs = append(r.seqs, b.Seq); r.mu.Unlock() }
+	o.OnGap = func(g Gap) { r.mu.Lock(); r.gaps = append(r.gaps, g); r.mu.Unlock() }
+	return o
+}
+
+func (r *recorder) waitSeqs(t *testing.T, n int) []uint64 {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		r.mu.Lock()
+		if len(r.seqs) >= n {
+			got := slices.Clone(r.seqs)
+			r.mu.Unlock()
+			return got
+		}
+		r.mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t.Fatalf("delivered %v, want %d batches", r.seqs, n)
+	return nil
+}
+
+func (r *recorder) gapList() []Gap {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.gaps)
+}
+
+func subscribe(t *testing.T, ep string, o Options) *Subscriber {
+	t.Helper()
+	s, err := Subscribe(t.Context(), ep, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestSubscribeLiveAndIndex(t *testing.T) {
+	pub := newFakePub(t)
+	var rec recorder
+	sub := subscribe(t, pub.endpoint(), rec.opts(Options{}))
+	pub.waitSub()
+	st := newStream()
+	pub.send(nil, PutSeq(1), st.payload(t, stored("a"), stored("b"), Event{Type: Stored, Tenant: "u", Key: "x", Medium: MediumDisk}))
+	pub.send(nil, PutSeq(2), st.payload(t, Event{Type: Removed, Tenant: "t", Key: "a", Medium: MediumCPU}))
+	pub.send(nil, PutSeq(3), st.payload(t, Event{Type: Cleared, Tenant: "u"}))
+	if got, want := rec.waitSeqs(t, 3), []uint64{1, 2, 3}; !slices.Equal(got, want) {
+		t.Fatalf("seqs = %v, want %v", got, want)
+	}
+	if got, want := sub.Index().Keys(), []Key{{"t", "b", MediumCPU}}; !slices.Equal(got, want) {
+		t.Errorf("index = %v, want %v", got, want)
+	}
+	if st := sub.Stats(); st.Events != 5 || st.MissingSeqs != 0 || st.LastSeq != 3 {
+		t.Errorf("stats = %+v, want 5 events, no gaps, last 3", st)
+	}
+	if g := rec.gapList(); len(g) != 0 {
+		t.Errorf("gaps = %+v, want none", g)
+	}
+}
+
+func TestGapRepair(t *testing.T) {
+	tests := []struct {
+		name       string
+		replay     bool
+		legacy     bool
+		retainFrom uint64 // router holds batches >= retainFrom
+		wantSeqs   []uint64
+		wantGaps   []Gap
+		wantUnrep  uint64
+	}{
+		{"repaired", true, false, 1, []uint64{1, 2, 3, 4, 5}, nil, 0},
+		{"repaired legacy dialect", true, true, 1, []uint64{1, 2, 3, 4, 5}, nil, 0},
+		{"partly retained", true, false, 4, []uint64{1, 2, 4, 5}, []Gap{{From: 3, To: 4}}, 1},
+		{"no replay endpoint", false, false, 1, []uint64{1, 2, 5}, []Gap{{From: 3, To: 5}}, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pub := newFakePub(t)
+			router := newFakeRouter(t, tt.legacy)
+			st := newStream()
+			payloads := map[uint64][]byte{}
+			for s := uint64(1); s <= 5; s++ {
+				payloads[s] = st.payload(t, stored(string(rune('a'+s))))
+				if s >= tt.retainFrom {
+					router.put(s, payloads[s])
+				}
+			}
+			var rec recorder
+			o := Options{}
+			if tt.replay {
+				o.ReplayEndpoint = router.endpoint()
+			}
+			sub := subscribe(t, pub.endpoint(), rec.opts(o))
+			pub.waitSub()
+			for _, s := range []uint64{1, 2, 5} {
+				pub.send(nil, PutSeq(s), payloads[s])
+			}
+			if got := rec.waitSeqs(t, len(tt.wantSeqs)); !slices.Equal(got, tt.wantSeqs) {
+				t.Fatalf("seqs = %v, want %v", got, tt.wantSeqs)
+			}
+			gaps := rec.gapList()
+			if len(gaps) != len(tt.wantGaps) {
+				t.Fatalf("gaps = %+v, want %+v", gaps, tt.wantGaps)
+			}
+			for i, g := range gaps {
+				if g.From != tt.wantGaps[i].From || g.To != tt.wantGaps[i].To || g.Reset {
+					t.Errorf("gap %d = %+v, want %+v", i, g, tt.wantGaps[i])
+				}
+			}
+			if s := sub.Stats(); s.MissingSeqs != 2 || s.Unrepaired != tt.wantUnrep {
+				t.Errorf("stats missing %d unrepaired %d, want 2 and %d", s.MissingSeqs, s.Unrepaired, tt.wantUnrep)
+			}
+		})
+	}
+}
+
+func TestResetDetected(t *testing.T) {
+	pub := newFakePub(t)
+	var rec recorder
+	sub := subscribe(t, pub.endpoint(), rec.opts(Options{}))
+	pub.waitSub()
+	st := newStream()
+	pub.send(nil, PutSeq(1), st.payload(t, stored("a")))
+	pub.send(nil, PutSeq(2), st.payload(t, stored("b")))
+	rec.waitSeqs(t, 2)
+	// A new publisher process: sequence and event ids start again.
+	st2 := newStream()
+	pub.send(nil, PutSeq(1), st2.payload(t, stored("c")))
+	rec.waitSeqs(t, 3)
+	gaps := rec.gapList()
+	if len(gaps) != 1 || !gaps[0].Reset {
+		t.Fatalf("gaps = %+v, want one reset", gaps)
+	}
+	if got, want := sub.Index().Keys(), []Key{{"t", "c", MediumCPU}}; !slices.Equal(got, want) {
+		t.Errorf("index after reset = %v, want %v", got, want)
+	}
+	// A restart that the sequence alone would not reveal: event_id goes back.
+	st3 := newStream()
+	pub.send(nil, PutSeq(2), st3.payload(t, stored("d")))
+	rec.waitSeqs(t, 4)
+	if s := sub.Stats(); s.Resets != 2 {
+		t.Errorf("resets = %d, want 2", s.Resets)
+	}
+}
+
+func TestCatchUpFromSeq(t *testing.T) {
+	pub := newFakePub(t)
+	router := newFakeRouter(t, false)
+	st := newStream()
+	var ps [][]byte
+	for s := uint64(1); s <= 4; s++ {
+		ps = append(ps, st.payload(t, stored(string(rune('a'+s)))))
+	}
+	for s := uint64(1); s <= 3; s++ {
+		router.put(s, ps[s-1])
+	}
+	var rec recorder
+	sub := subscribe(t, pub.endpoint(), rec.opts(Options{ReplayEndpoint: router.endpoint(), FromSeq: 1}))
+	pub.waitSub()
+	// Batch 3 arrives live too (it was in flight while the replay ran).
+	pub.send(nil, PutSeq(3), ps[2])
+	pub.send(nil, PutSeq(4), ps[3])
+	if got, want := rec.waitSeqs(t, 4), []uint64{1, 2, 3, 4}; !slices.Equal(got, want) {
+		t.Fatalf("seqs = %v, want %v", got, want)
+	}
+	if sub.Index().Len() != 4 {
+		t.Errorf("index has %d entries, want 4", sub.Index().Len())
+	}
+	if g := rec.gapList(); len(g) != 0 {
+		t.Errorf("gaps = %+v, want none", g)
+	}
+}
+
+func TestReconnectAndMalformed(t *testing.T) {
+	pub := newFakePub(t)
+	var rec recorder
+	sub := subscribe(t, pub.endpoint(), rec.opts(Options{ReconnectMin: time.Millisecond, ReconnectMax: 10 * time.Millisecond}))
+	pub.waitSub()
+	st := newStream()
+	pub.send(nil, PutSeq(1), st.payload(t, stored("a")))
+	rec.waitSeqs(t, 1)
+	pub.dropConns()
+	pub.waitSub()
+	pub.send(nil, PutSeq(2), []byte{0x93, 0xcb}) // malformed payload for seq 2
+	pub.send(nil, PutSeq(3), st.payload(t, stored("b")))
+	rec.waitSeqs(t, 2)
+	s := sub.Stats()
+	if s.Reconnects != 1 || s.Malformed != 1 || s.MissingSeqs != 1 || s.Unrepaired != 1 {
+		t.Errorf("stats = %+v, want 1 reconnect, 1 malformed, 1 missing unrepaired", s)
+	}
+}
+
+func TestSubscribeErrors(t *testing.T) {
+	if _, err := Subscribe(t.Context(), "udp://x:1", Options{}); err == nil {
+		t.Error("Subscribe(udp://) succeeded")
+	}
+	l, err := zmtp.Listen("tcp://127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := zmtp.Endpoint(l)
+	l.Close()
+	if _, err := Subscribe(t.Context(), ep, Options{DialTimeout: time.Second}); err == nil {
+		t.Error("Subscribe to a closed port succeeded")
+	}
+	pub := newFakePub(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	sub, err := Subscribe(ctx, pub.endpoint(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	<-sub.Done()
+	if sub.Err() == nil {
+		t.Error("Err() = nil after the context ended, want context.Canceled")
+	}
+	sub.Close()
+}
+
+func TestIndexApply(t *testing.T) {
+	x := NewIndex()
+	apply := func(evs ...Event) {
+		for _, e := range evs {
+			x.Apply(e)
+		}
+	}
+	apply(
+		Event{Type: Stored, Tenant: "t", Key: "a", Medium: MediumCPU, GroupID: "g"},
+		Event{Type: Stored, Tenant: "t", Key: "a", Medium: MediumCPU, GroupID: "g"}, // idempotent
+		Event{Type: Stored, Tenant: "t", Key: "a", Medium: MediumDisk},
+		Event{Type: Removed, Tenant: "t", Key: "zz", Medium: MediumDisk}, // idempotent
+		Event{Type: Stored, Tenant: "u", Key: "b", Medium: MediumCPU},
+	)
+	if x.Len() != 3 {
+		t.Fatalf("Len = %d, want 3", x.Len())
+	}
+	if g, ok := x.Has(Key{"t", "a", MediumCPU}); !ok || g != "g" {
+		t.Errorf("Has(t/a/cpu) = %q, %v; want g, true", g, ok)
+	}
+	apply(Event{Type: Removed, Tenant: "t", Key: "a", Medium: MediumCPU})
+	if _, ok := x.Has(Key{"t", "a", MediumCPU}); ok {
+		t.Error("t/a/cpu still present after removed")
+	}
+	apply(Event{Type: Cleared, Tenant: "t"})
+	if got, want := x.Keys(), []Key{{"u", "b", MediumCPU}}; !slices.Equal(got, want) || x.Len() != 1 {
+		t.Errorf("Keys = %v (len %d), want %v", got, x.Len(), want)
+	}
+}
