@@ -27,16 +27,26 @@ type placer struct {
 	alloc map[masterv1.Medium][]segView
 }
 
-// newPlacer snapshots the registry. exclude lists segment indexes to skip
-// (their agent failed during this request).
-func (s *Store) newPlacer(exclude map[uint32]bool) *placer {
+// exclusions are segments and agents that failed during one request and
+// are not tried again by its retry.
+type exclusions struct {
+	segs   map[uint32]bool
+	agents map[string]bool
+}
+
+func newExclusions() *exclusions {
+	return &exclusions{segs: map[uint32]bool{}, agents: map[string]bool{}}
+}
+
+// newPlacer snapshots the registry, skipping excluded segments and agents.
+func (s *Store) newPlacer(ex *exclusions) *placer {
 	p := &placer{alloc: make(map[masterv1.Medium][]segView)}
 	for _, sg := range s.reg.Segments() {
-		if !sg.CanAllocate() {
+		if !sg.CanAllocate() || ex.agents[sg.AgentID] {
 			continue
 		}
 		idx := s.segs.intern(sg.ID)
-		if exclude[idx] {
+		if ex.segs[idx] {
 			continue
 		}
 		p.alloc[sg.Medium] = append(p.alloc[sg.Medium], segView{idx: idx, e: s.segs.get(idx), seg: sg})

@@ -144,7 +144,7 @@ func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartRe
 		}
 		items = append(items, &putItem{i: i, tenant: t, shard: s.shardIndex(t, sp.Key)})
 	}
-	exclude := map[uint32]bool{}
+	exclude := newExclusions()
 	for round := 0; round < 2 && len(items) > 0; round++ {
 		s.putStartRound(ctx, specs, items, exclude)
 		var retry []*putItem
@@ -175,7 +175,7 @@ func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartRe
 }
 
 // putStartRound runs the three phases for items.
-func (s *Store) putStartRound(ctx context.Context, specs []PutSpec, items []*putItem, exclude map[uint32]bool) {
+func (s *Store) putStartRound(ctx context.Context, specs []PutSpec, items []*putItem, exclude *exclusions) {
 	p := s.newPlacer(exclude)
 	rel := &releases{}
 	// Phase 1: per shard, under its lock, decide and record.
@@ -319,7 +319,7 @@ func (s *Store) placeLocked(m *mut, p *placer, sp *PutSpec, it *putItem) {
 }
 
 // settleReservationsLocked is phase 3 of one put.
-func (s *Store) settleReservationsLocked(m *mut, sp *PutSpec, it *putItem, exclude map[uint32]bool) {
+func (s *Store) settleReservationsLocked(m *mut, sp *PutSpec, it *putItem, exclude *exclusions) {
 	o := m.sh.getLocked(it.tenant, sp.Key)
 	if o == nil || o.put == nil || o.put.seq != it.seq {
 		// Preempted or its segments dropped meanwhile: whatever we reserved
@@ -349,13 +349,16 @@ func (s *Store) settleReservationsLocked(m *mut, sp *PutSpec, it *putItem, exclu
 			m.fail(o, idx)
 			if firstErr == nil {
 				firstErr = rp.err
-				switch rpcerr.Reason(rp.err) {
-				case "NO_AVAILABLE_HANDLE":
-					it.retry = true
-				case "AGENT_UNAVAILABLE", "SEGMENT_UNAVAILABLE", "SEGMENT_NOT_FOUND":
-					it.retry = true
-					exclude[rp.v.idx] = true
-				}
+			}
+			switch rpcerr.Reason(rp.err) {
+			case "NO_AVAILABLE_HANDLE":
+				it.retry = true
+			case "AGENT_UNAVAILABLE":
+				it.retry = true
+				exclude.agents[rp.v.seg.AgentID] = true
+			case "SEGMENT_UNAVAILABLE", "SEGMENT_NOT_FOUND":
+				it.retry = true
+				exclude.segs[rp.v.idx] = true
 			}
 		default:
 			o.replicas[idx].allocID = rp.allocID
