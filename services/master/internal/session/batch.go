@@ -120,12 +120,31 @@ func (s *session) batchLoop() {
 	for {
 		select {
 		case c := <-s.submit:
-			k := c.kind
-			queues[k] = append(queues[k], c)
-			queued[k] += c.items()
+			// Take whatever else is already waiting, then decide: an idle
+			// agent gets the batch at once (no added latency at low load);
+			// a busy one gets BatchWindow more to fill it.
+			for more := true; more; {
+				k := c.kind
+				queues[k] = append(queues[k], c)
+				queued[k] += c.items()
+				if k == kindCopy || queued[k] >= cfg.MaxBatchItems {
+					if !s.flush(k, &queues[k], &queued[k]) {
+						return
+					}
+				}
+				select {
+				case c = <-s.submit:
+				default:
+					more = false
+				}
+			}
 			switch {
-			case k == kindCopy || queued[k] >= cfg.MaxBatchItems:
-				if !s.flush(k, &queues[k], &queued[k]) {
+			case s.idle():
+				if armed {
+					window.Stop()
+					armed = false
+				}
+				if !flushAll() {
 					return
 				}
 			case !armed:
@@ -138,6 +157,10 @@ func (s *session) batchLoop() {
 				return
 			}
 		case <-s.slot:
+			if armed && s.idle() {
+				window.Stop()
+				armed = false
+			}
 			if !armed && !flushAll() {
 				return
 			}
@@ -205,6 +228,13 @@ func (s *session) flush(k kind, q *[]*call, queued *int) bool {
 		*q = nil
 	}
 	return true
+}
+
+// idle reports whether no counted command is in flight.
+func (s *session) idle() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inflight == 0
 }
 
 func (s *session) acquire() bool {

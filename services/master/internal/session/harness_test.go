@@ -2,6 +2,8 @@ package session
 
 import (
 	"context"
+	"errors"
+	"io"
 	"fmt"
 	"log/slog"
 	"net"
@@ -80,7 +82,7 @@ func (f *fakeMeta) dropped() []string {
 // harness is a master (registry + session manager + gRPC server) on a
 // bufconn listener, or on a loopback port when tcp is set.
 type harness struct {
-	t     *testing.T
+	t     testing.TB
 	clock *fakeClock // nil with a real clock
 	m    *Manager
 	reg  *segment.Registry
@@ -125,7 +127,7 @@ type harnessOpts struct {
 	realClock bool // liveness on the wall clock
 }
 
-func newHarness(t *testing.T, cfg Config, opts harnessOpts) *harness {
+func newHarness(t testing.TB, cfg Config, opts harnessOpts) *harness {
 	t.Helper()
 	lg := slog.New(slog.DiscardHandler)
 	prom := prometheus.NewRegistry()
@@ -219,7 +221,7 @@ func (h *harness) quiesce(a *fakeAgent) {
 // fakeAgent plays an agent over the generated SegmentService client. One
 // goroutine sends (heartbeats and answers), one receives.
 type fakeAgent struct {
-	t        *testing.T
+	t        testing.TB
 	id       string
 	conn     *grpc.ClientConn
 	stream   masterv1.SegmentService_ConnectClient
@@ -285,7 +287,8 @@ func (h *harness) open(first *masterv1.ConnectRequest) (*grpc.ClientConn, master
 		h.t.Fatal(err)
 	}
 	if first != nil {
-		if err := stream.Send(first); err != nil {
+		// io.EOF means the master already ended the stream; Recv tells why.
+		if err := stream.Send(first); err != nil && !errors.Is(err, io.EOF) {
 			h.t.Fatal(err)
 		}
 	}
@@ -496,7 +499,7 @@ func (a *fakeAgent) stop() {
 }
 
 // eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
@@ -515,7 +518,7 @@ func segState(h *harness, id string) string {
 	return fmt.Sprintf("%s/%s", segment.LifecycleLabel(s.Lifecycle), segment.HealthLabel(s.Health))
 }
 
-func waitState(t *testing.T, h *harness, id, want string, d time.Duration) {
+func waitState(t testing.TB, h *harness, id, want string, d time.Duration) {
 	t.Helper()
 	eventually(t, d, "segment "+id+" "+want, func() bool { return segState(h, id) == want })
 }

@@ -322,10 +322,21 @@ func TestBatchingRoutesResults(t *testing.T) {
 
 func TestMaxBatchItemsSplits(t *testing.T) {
 	cfg := fastConfig()
-	cfg.BatchWindow = time.Second // only the item limit can flush
+	cfg.BatchWindow = time.Second // only the item limit can flush a busy agent's batch
 	cfg.MaxBatchItems = 4
+	cfg.RequestTimeout = 300 * time.Millisecond
 	h := newHarness(t, cfg, harnessOpts{})
 	a := h.connectAgent("a1")
+	// An idle agent gets a call at once; this one stays unanswered, so the
+	// agent is busy while the next calls arrive.
+	a.answer.Store(false)
+	first := make(chan error, 1)
+	go func() {
+		_, err := h.m.Reserve(t.Context(), "a1", []*masterv1.ReserveItem{{SegmentId: "a1-mem-0", Size: 1, Key: "first"}})
+		first <- err
+	}()
+	eventually(t, time.Second, "first reserve sent", func() bool { m, _ := a.counts("reserve"); return m == 1 })
+	a.answer.Store(true)
 	var wg sync.WaitGroup
 	for i := range 8 {
 		wg.Go(func() {
@@ -335,8 +346,11 @@ func TestMaxBatchItemsSplits(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if msgs, items := a.counts("reserve"); msgs != 2 || items != 8 {
-		t.Fatalf("reserve: got %d messages / %d items, want 2 / 8", msgs, items)
+	if msgs, items := a.counts("reserve"); msgs != 3 || items != 9 {
+		t.Fatalf("reserve: got %d messages / %d items, want 3 / 9 (1 + 4 + 4)", msgs, items)
+	}
+	if err := <-first; rpcerr.Reason(err) != "AGENT_UNAVAILABLE" {
+		t.Fatalf("unanswered reserve: got %v, want AGENT_UNAVAILABLE", err)
 	}
 }
 
