@@ -8,26 +8,16 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 )
 
-// Stats summarises the metadata for AdminService.GetClusterStatus.
-type Stats struct {
-	// Objects and Bytes count objects held, including puts in progress;
-	// bytes once per object (logical size).
-	Objects, Bytes uint64
-	// Revision is the change log head.
-	Revision uint64
-	Epoch    uint64
-}
-
-// Stats returns the current totals.
-func (s *Store) Stats() Stats {
-	st := Stats{Revision: s.log.Head(), Epoch: s.id.Epoch}
+// Stats returns the objects and bytes held (including puts in progress;
+// bytes once per object) and the change log head, for AdminService.
+func (s *Store) Stats() (objects, bytes, revision uint64) {
 	for _, t := range s.tenants.all() {
 		t.mu.Lock()
-		st.Objects += t.usedObjects
-		st.Bytes += t.usedBytes
+		objects += t.usedObjects
+		bytes += t.usedBytes
 		t.mu.Unlock()
 	}
-	return st
+	return objects, bytes, s.log.Head()
 }
 
 // SetTenantQuota sets a tenant's limits (0 = unlimited). A limit below the

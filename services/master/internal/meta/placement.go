@@ -1,6 +1,8 @@
 package meta
 
 import (
+	"slices"
+
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/pkg/rpcerr"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
@@ -71,8 +73,14 @@ type placeErr struct {
 // segments that must not be chosen (already holding a replica).
 func (p *placer) pick(n int, medium masterv1.Medium, size uint64, preferred []string, localHost string, avoid []uint32) ([]*segView, *placeErr) {
 	all := p.alloc[medium]
-	if len(all)-len(avoid) < n {
-		return nil, errNoSpace(false, "%d replicas requested but only %d %s segments can allocate", n, len(all)-len(avoid), medium)
+	eligible := len(all)
+	for i := range all {
+		if slices.Contains(avoid, all[i].idx) {
+			eligible--
+		}
+	}
+	if eligible < n {
+		return nil, errNoSpace(false, "%d replicas requested but only %d %s segments can allocate", n, eligible, medium)
 	}
 	chosen := make([]*segView, 0, n)
 	taken := func(v *segView) bool {

@@ -219,10 +219,10 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 	if deps.Metrics != nil {
 		objects := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "crescent_master_objects", Help: "Objects held, including puts in progress.",
-		}, func() float64 { return float64(s.Stats().Objects) })
+		}, func() float64 { o, _, _ := s.Stats(); return float64(o) })
 		bytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "crescent_master_object_bytes", Help: "Logical bytes of objects held (once per object).",
-		}, func() float64 { return float64(s.Stats().Bytes) })
+		}, func() float64 { _, b, _ := s.Stats(); return float64(b) })
 		rev := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "crescent_master_change_revision", Help: "Head revision of the change log.",
 		}, func() float64 { return float64(s.log.Head()) })

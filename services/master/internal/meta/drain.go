@@ -1,0 +1,292 @@
+package meta
+
+import (
+	"context"
+	"errors"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/pkg/token"
+	"google.golang.org/grpc/codes"
+)
+
+// drainChunk bounds how many moves one drain step handles at once.
+const drainChunk = 256
+
+// move is one replica moving off a draining segment.
+type move struct {
+	tenant   uint32
+	key      string
+	shard    int
+	src      uint32 // replica id on the draining segment
+	srcAlloc uint64
+	size     uint64
+	checksum uint64
+	pinMs    int64
+	hard     bool
+	group    string
+	target   *segView
+	dst      uint32 // target replica id, 0 when none was placed
+	dstAlloc uint64
+	err      error
+}
+
+// DrainSegment moves every COMPLETE replica off a segment: it marks the
+// segment DRAINING (no new allocations), and for each replica places a
+// target on another segment that can allocate, reserves it, has the source
+// agent copy the bytes and the target agent seal them, then applies
+// COMPLETE(target) before REMOVE(source) — a Move, so readers never lose
+// the object. A replica with no room elsewhere (or whose copy fails) is
+// removed instead, recording `removed` if it was the last on its medium.
+// Finally the segment is marked DRAINED. Writes in progress on the segment
+// are left to finish (a later drain or the unmount removes them).
+func (s *Store) DrainSegment(ctx context.Context, segmentID string) error {
+	sv, ok := s.reg.Segment(segmentID)
+	if !ok {
+		return rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "segment %q not found", segmentID)
+	}
+	if sv.Lifecycle != masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINING {
+		if err := s.reg.SetLifecycle(segmentID, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINING); err != nil {
+			return asSegmentErr(err, segmentID)
+		}
+	}
+	src := s.segs.intern(segmentID)
+	var moves []*move
+	for sh := range s.shards {
+		shd := &s.shards[sh]
+		shd.mu.Lock()
+		for t, objs := range shd.tenants {
+			for key, o := range objs {
+				if o.put != nil {
+					continue
+				}
+				for _, r := range o.replicas {
+					if r.seg == src && r.status == stComplete {
+						moves = append(moves, &move{tenant: t, key: key, shard: sh, src: r.id})
+					}
+				}
+			}
+		}
+		shd.mu.Unlock()
+	}
+	moved, dropped := 0, 0
+	for start := 0; start < len(moves); start += drainChunk {
+		if err := ctx.Err(); err != nil {
+			return rpcerr.Status(err)
+		}
+		chunk := moves[start:min(start+drainChunk, len(moves))]
+		m, d := s.drainStep(ctx, sv.AgentID, src, chunk)
+		moved += m
+		dropped += d
+	}
+	if err := s.reg.SetLifecycle(segmentID, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINED); err != nil {
+		return asSegmentErr(err, segmentID)
+	}
+	s.lg.Info("segment drained", "segment_id", segmentID, "moved", moved, "removed", dropped)
+	return nil
+}
+
+func asSegmentErr(err error, id string) error {
+	var e *rpcerr.Error
+	if errors.As(err, &e) {
+		return err
+	}
+	return rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE, "segment %q: %v", id, err)
+}
+
+// drainStep moves one chunk of replicas; it returns (moved, removed).
+func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chunk []*move) (moved, dropped int) {
+	p := s.newPlacer(newExclusions())
+	rel := &releases{}
+	// Phase 1: place targets (or remove sources that have nowhere to go).
+	forShards(chunk, func(mv *move) int { return mv.shard }, func(sh int, group []*move) {
+		shd := &s.shards[sh]
+		shd.mu.Lock()
+		m := s.begin(shd, rel)
+		for _, mv := range group {
+			o := shd.getLocked(mv.tenant, mv.key)
+			if o == nil || o.put != nil {
+				mv.err = errNotFound("", mv.key)
+				continue
+			}
+			i := o.replicaIndex(mv.src)
+			if i < 0 || o.replicas[i].status != stComplete {
+				mv.err = errNotFound("", mv.key)
+				continue
+			}
+			avoid := make([]uint32, 0, len(o.replicas))
+			for _, r := range o.replicas {
+				avoid = append(avoid, r.seg)
+			}
+			r := o.replicas[i]
+			vs, perr := p.pick(1, masterv1.Medium(r.medium), o.size, nil, "", avoid)
+			if perr != nil {
+				m.remove(o, i, true)
+				m.dropIfEmpty(o)
+				dropped++
+				mv.err = perr.err
+				continue
+			}
+			mv.srcAlloc, mv.size, mv.checksum, mv.group = r.allocID, o.size, o.checksum, o.group
+			mv.hard = o.flags&flagHardPin != 0
+			if o.flags&flagSoftPin != 0 {
+				mv.pinMs = o.softPinMs
+			}
+			mv.target = vs[0]
+			mv.dst = m.create(o, vs[0].idx, r.medium, true, 0)
+		}
+		m.commit()
+		shd.mu.Unlock()
+	})
+	// Phase 2: reserve the targets, per agent.
+	type rbatch struct {
+		items []*masterv1.ReserveItem
+		moves []*move
+	}
+	per := map[string]*rbatch{}
+	for _, mv := range chunk {
+		if mv.err != nil {
+			continue
+		}
+		b := per[mv.target.seg.AgentID]
+		if b == nil {
+			b = &rbatch{}
+			per[mv.target.seg.AgentID] = b
+		}
+		b.items = append(b.items, &masterv1.ReserveItem{
+			SegmentId: mv.target.seg.ID, Size: mv.size, Tenant: s.tenants.get(mv.tenant).name, Key: mv.key,
+			ReplicaId: mv.dst, GroupId: mv.group, HardPin: mv.hard, SoftPinUntilUnixMs: mv.pinMs,
+		})
+		b.moves = append(b.moves, mv)
+	}
+	fanOut(per, func(agent string, b *rbatch) {
+		out, err := s.agents.Reserve(ctx, agent, b.items)
+		if err == nil && len(out) != len(b.items) {
+			err = errInternal("agent %s answered %d reservations for %d items", agent, len(out), len(b.items))
+		}
+		for i, mv := range b.moves {
+			switch {
+			case err != nil:
+				mv.err = err
+			case out[i].GetStatus().GetCode() != 0:
+				mv.err = rpcerr.FromItem(out[i].GetStatus())
+			default:
+				mv.dstAlloc = out[i].GetAllocationId()
+			}
+		}
+	})
+	// Phase 3: record the target allocations.
+	dropped += s.drainSettle(chunk, rel, func(m *mut, o *object, mv *move, di int) bool {
+		if mv.err != nil {
+			return false
+		}
+		o.replicas[di].allocID, o.replicas[di].pending = mv.dstAlloc, false
+		return true
+	})
+	// Phase 4: copy (source agent), then seal (target agents).
+	exp := s.now().Add(s.cfg.WriteTokenTTL)
+	srcID := s.segs.get(src).id
+	for _, mv := range chunk {
+		if mv.err != nil || mv.dst == 0 {
+			continue
+		}
+		mv.err = s.agents.Copy(ctx, srcAgent, &masterv1.CopyRequest{
+			Epoch:          s.id.Epoch,
+			Source:         &masterv1.AllocationRef{SegmentId: srcID, AllocationId: mv.srcAlloc},
+			TargetEndpoint: mv.target.seg.DataEndpoint,
+			Target:         &masterv1.AllocationRef{SegmentId: mv.target.seg.ID, AllocationId: mv.dstAlloc},
+			TargetToken:    token.Sign(s.id.TokenKey, token.Claims{Mode: token.Write, SegmentID: mv.target.seg.ID, AllocationID: mv.dstAlloc, Expiry: exp}),
+		})
+	}
+	type sbatch struct {
+		items []*masterv1.SealItem
+		moves []*move
+	}
+	seals := map[string]*sbatch{}
+	for _, mv := range chunk {
+		if mv.err != nil || mv.dst == 0 {
+			continue
+		}
+		b := seals[mv.target.seg.AgentID]
+		if b == nil {
+			b = &sbatch{}
+			seals[mv.target.seg.AgentID] = b
+		}
+		b.items = append(b.items, &masterv1.SealItem{SegmentId: mv.target.seg.ID, AllocationId: mv.dstAlloc, Checksum: mv.checksum, SoftPinUntilUnixMs: mv.pinMs})
+		b.moves = append(b.moves, mv)
+	}
+	fanOut(seals, func(agent string, b *sbatch) {
+		out, err := s.agents.Seal(ctx, agent, b.items)
+		if err == nil && len(out) != len(b.items) {
+			err = errInternal("agent %s answered %d seals for %d items", agent, len(out), len(b.items))
+		}
+		for i, mv := range b.moves {
+			if err != nil {
+				mv.err = err
+			} else {
+				mv.err = rpcerr.FromItem(out[i])
+			}
+		}
+	})
+	// Phase 5: COMPLETE(target) before REMOVE(source); on failure drop both.
+	dropped += s.drainSettle(chunk, rel, func(m *mut, o *object, mv *move, di int) bool {
+		if mv.err != nil {
+			return false
+		}
+		m.complete(o, di)
+		if si := o.replicaIndex(mv.src); si >= 0 {
+			m.remove(o, si, true)
+		}
+		moved++
+		return true
+	})
+	cctx, cancel := cleanupCtx(ctx)
+	defer cancel()
+	s.sendReleases(cctx, rel)
+	return moved, dropped
+}
+
+// drainSettle re-looks-up each move's target replica under its shard lock
+// and calls f; when f reports failure (or the target vanished) the target
+// and the source are removed and the move is marked done. It returns how
+// many sources were removed that way.
+func (s *Store) drainSettle(chunk []*move, rel *releases, f func(m *mut, o *object, mv *move, di int) bool) (dropped int) {
+	forShards(chunk, func(mv *move) int { return mv.shard }, func(sh int, group []*move) {
+		shd := &s.shards[sh]
+		shd.mu.Lock()
+		m := s.begin(shd, rel)
+		for _, mv := range group {
+			if mv.dst == 0 {
+				continue
+			}
+			o := shd.getLocked(mv.tenant, mv.key)
+			di := -1
+			if o != nil {
+				di = o.replicaIndex(mv.dst)
+			}
+			if di < 0 {
+				if mv.err == nil && mv.dstAlloc != 0 {
+					rel.add(mv.target.idx, mv.dstAlloc)
+				}
+				if mv.err == nil {
+					mv.err = errNotFound("", mv.key)
+				}
+				mv.dst = 0
+				continue
+			}
+			if f(m, o, mv, di) {
+				continue
+			}
+			m.remove(o, di, true)
+			if si := o.replicaIndex(mv.src); si >= 0 {
+				m.remove(o, si, true)
+				dropped++
+			}
+			m.dropIfEmpty(o)
+			mv.dst = 0
+		}
+		m.commit()
+		shd.mu.Unlock()
+	})
+	return dropped
+}
