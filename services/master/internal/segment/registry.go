@@ -106,6 +106,10 @@ type Expiry struct {
 type entry struct {
 	seg       cluster.Segment
 	alignment uint64
+	// graceDeadline is when a GRACEFULLY_UNMOUNTING segment becomes
+	// UNMOUNTING. It survives reconnects: the RFC's "graceful unmounting
+	// never silently returns to OK".
+	graceDeadline time.Time
 	// unmountedAt is when the segment became UNMOUNTED (zero before).
 	unmountedAt time.Time
 }
@@ -120,8 +124,11 @@ type agentEntry struct {
 	// SUSPECTED (not allocatable, not readable) and liveness leaves the agent
 	// alone while the metadata reconciles its table.
 	reconciling   bool
-	lastBeat      time.Time
-	disconnectAt  time.Time
+	lastBeat     time.Time
+	disconnectAt time.Time
+	// graceDeadline is set while the agent announced a clean stop
+	// (Deregister, or Register with graceful_unmount); informational, the
+	// segments carry their own deadlines.
 	graceDeadline time.Time
 	segments      map[string]bool
 }
@@ -358,13 +365,14 @@ func (r *Registry) Register(reg Registration) (gen uint64, gone []string, err er
 	a.host, a.endpoint, a.version = reg.HostID, reg.DataEndpoint, reg.Version
 	a.connected, a.reconciling = true, true
 	a.lastBeat, a.disconnectAt = now, time.Time{}
-	if reg.Graceful && a.graceDeadline.IsZero() {
+	switch {
+	case reg.Graceful && (a.graceDeadline.IsZero() || !now.Before(a.graceDeadline)):
+		// A stopping agent reconnecting keeps its announced deadline
+		// while it lies ahead; otherwise it gets the default grace.
 		a.graceDeadline = now.Add(r.cfg.DefaultGrace)
-	}
-	if !reg.Graceful {
-		// A fresh, non-graceful registration cancels an earlier
-		// announcement only for segments that never left OK; segments
-		// already GRACEFULLY_UNMOUNTING stay so (the RFC: no silent return).
+	case !reg.Graceful:
+		// The agent is not stopping (any more). Segments already
+		// GRACEFULLY_UNMOUNTING keep their own deadline.
 		a.graceDeadline = time.Time{}
 	}
 
@@ -391,7 +399,7 @@ func (r *Registry) Register(reg Registration) (gen uint64, gone []string, err er
 		applyInfo(e, info)
 		r.setHealthLocked(e, suspected)
 		if reg.Graceful {
-			r.setLifecycleLocked(e, lcGraceful)
+			r.startGraceLocked(e, a.graceDeadline)
 		}
 	}
 	for id := range a.segments {
@@ -480,10 +488,24 @@ func (r *Registry) Deregister(agentID string, gen uint64, grace time.Duration) b
 	a.graceDeadline = now.Add(grace)
 	for id := range a.segments {
 		if e := r.segs[id]; e != nil {
-			r.setLifecycleLocked(e, lcGraceful)
+			r.startGraceLocked(e, a.graceDeadline)
 		}
 	}
 	return true
+}
+
+// startGraceLocked moves a segment to GRACEFULLY_UNMOUNTING with a deadline;
+// a segment already there keeps the earlier of the two deadlines.
+func (r *Registry) startGraceLocked(e *entry, deadline time.Time) {
+	if e.seg.Lifecycle == lcGraceful {
+		if e.graceDeadline.IsZero() || deadline.Before(e.graceDeadline) {
+			e.graceDeadline = deadline
+		}
+		return
+	}
+	if r.setLifecycleLocked(e, lcGraceful) {
+		e.graceDeadline = deadline
+	}
 }
 
 // Disconnect records that the agent's session ended. Its segments become
@@ -507,10 +529,12 @@ func (r *Registry) Disconnect(agentID string, gen uint64) (unmounting []string) 
 			continue
 		}
 		r.setHealthLocked(e, suspected)
-		if !a.graceDeadline.IsZero() && e.seg.Lifecycle == lcGraceful && r.setLifecycleLocked(e, lcUnmounting) {
+		if e.seg.Lifecycle == lcGraceful && r.setLifecycleLocked(e, lcUnmounting) {
 			unmounting = append(unmounting, id)
 		}
 	}
+	// A stream closing after a clean-stop announcement completes the stop.
+	a.graceDeadline = time.Time{}
 	return unmounting
 }
 
@@ -550,7 +574,7 @@ func (r *Registry) Mount(agentID string, gen uint64, infos []*masterv1.SegmentIn
 		e.seg.LastHeartbeatMs = now.UnixMilli()
 		applyInfo(e, info)
 		if !a.graceDeadline.IsZero() {
-			r.setLifecycleLocked(e, lcGraceful)
+			r.startGraceLocked(e, a.graceDeadline)
 		}
 		a.segments[id] = true
 	}
@@ -612,24 +636,31 @@ func (r *Registry) Expire(suspectAfter, unmountAfter time.Duration) Expiry {
 			continue
 		}
 		since := now.Sub(a.lastBeat)
-		graceOver := !a.graceDeadline.IsZero() && !now.Before(a.graceDeadline)
-		lost := since >= unmountAfter || graceOver
+		lost := since >= unmountAfter
+		live, graceEnded := 0, 0
 		for _, id := range slices.Sorted(maps.Keys(a.segments)) {
 			e := r.segs[id]
 			if e == nil || e.seg.Lifecycle == lcUnmounting || e.seg.Lifecycle == lcUnmounted {
 				continue
 			}
-			if lost {
+			graceOver := e.seg.Lifecycle == lcGraceful && !e.graceDeadline.IsZero() && !now.Before(e.graceDeadline)
+			if lost || graceOver {
 				if r.setLifecycleLocked(e, lcUnmounting) {
 					x.Unmounting = append(x.Unmounting, id)
 				}
+				if graceOver {
+					graceEnded++
+				}
 				continue
 			}
+			live++
 			if since >= suspectAfter && r.setHealthLocked(e, suspected) {
 				x.Suspected = append(x.Suspected, id)
 			}
 		}
-		if lost && a.connected && (since >= unmountAfter || graceOver) {
+		// A connected agent is lost when its heartbeats stopped, or when
+		// this pass ended the grace of its last segments.
+		if a.connected && (lost || (graceEnded > 0 && live == 0)) {
 			x.Lost = append(x.Lost, aid)
 		}
 		if !a.connected && len(a.segments) == 0 && now.Sub(a.disconnectAt) >= r.cfg.Retention {

@@ -356,9 +356,59 @@ func TestGracefulUnmount(t *testing.T) {
 		if err := r.SetLifecycle("s1", lcOK); err == nil {
 			t.Fatal("GRACEFULLY_UNMOUNTING → OK accepted")
 		}
-		g2 := mustRegister(t, r, registration("a1", mem("s1", 1<<20)))
+		mustRegister(t, r, registration("a1", mem("s1", 1<<20)))
 		wantState(t, r, "s1", lcGraceful, healthy)
-		_ = g2
+	})
+	t.Run("reconnect keeps the deadline", func(t *testing.T) {
+		r, clk, _ := newTestRegistry(t)
+		gen := mustRegister(t, r, registration("a1", mem("s1", 1<<20)))
+		r.Deregister("a1", gen, 5*time.Second)
+		r.Disconnect("a1", gen) // closes after Deregister: unmount now
+		r.MarkUnmounted([]string{"s1"})
+		// The agent comes back, not stopping, with a new segment and a
+		// second one that had been stopping on another path.
+		gen = mustRegister(t, r, registration("a1", mem("s2", 1<<20), mem("s3", 1<<20)))
+		r.Deregister("a1", gen, 5*time.Second)
+		r.Disconnect("a1", gen)
+		r.MarkUnmounted([]string{"s2", "s3"})
+		gen = mustRegister(t, r, registration("a1", mem("s4", 1<<20)))
+		clk.Advance(10 * time.Second)
+		r.Heartbeat("a1", gen, nil)
+		if x := r.Expire(3*time.Second, 30*time.Second); len(x.Unmounting)+len(x.Lost) != 0 {
+			t.Fatalf("a fresh registration after a graceful stop expired: %+v", x)
+		}
+		wantState(t, r, "s4", lcOK, healthy)
+	})
+	t.Run("graceful segment survives a reconnect until its deadline", func(t *testing.T) {
+		r, clk, _ := newTestRegistry(t)
+		gen := mustRegister(t, r, registration("a1", mem("s1", 1<<20), mem("s2", 1<<20)))
+		r.Deregister("a1", gen, 5*time.Second)
+		r.Disconnect("a1", gen)
+		r.MarkUnmounted([]string{"s1", "s2"})
+		reg := registration("a1", mem("s3", 1<<20))
+		reg.Graceful = true
+		gen = mustRegister(t, r, reg)
+		wantState(t, r, "s3", lcGraceful, healthy)
+		// A replacing Connect without graceful: s3 stays
+		// GRACEFULLY_UNMOUNTING and still ends at its deadline
+		// (DefaultGrace, 10 s).
+		gen, _, err := r.Register(registration("a1", mem("s3", 1<<20)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Activate("a1", gen)
+		wantState(t, r, "s3", lcGraceful, healthy)
+		clk.Advance(9 * time.Second)
+		r.Heartbeat("a1", gen, nil)
+		if x := r.Expire(3*time.Second, 30*time.Second); len(x.Unmounting) != 0 {
+			t.Fatalf("before the deadline: %+v", x)
+		}
+		clk.Advance(time.Second)
+		r.Heartbeat("a1", gen, nil)
+		x := r.Expire(3*time.Second, 30*time.Second)
+		if !slices.Equal(x.Unmounting, []string{"s3"}) || !slices.Equal(x.Lost, []string{"a1"}) {
+			t.Fatalf("at the deadline: got %+v, want s3 unmounting and a1 lost", x)
+		}
 	})
 	t.Run("graceful registration", func(t *testing.T) {
 		r, _, _ := newTestRegistry(t)

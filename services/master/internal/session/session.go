@@ -101,10 +101,13 @@ func (s *session) handle(msg *masterv1.ConnectRequest) error {
 	m := s.m
 	switch v := msg.GetMsg().(type) {
 	case *masterv1.ConnectRequest_Heartbeat:
-		if err := validateInfos(v.Heartbeat.GetSegments(), false); err != nil {
-			return err
+		infos := v.Heartbeat.GetSegments()
+		if err := validateInfos(infos, false); err != nil {
+			// Liveness still counts; nonsense usage is not recorded.
+			m.lg.Warn("agent heartbeat usage ignored", "agent_id", s.agentID, "err", err)
+			infos = nil
 		}
-		m.reg.Heartbeat(s.agentID, s.gen, v.Heartbeat.GetSegments())
+		m.reg.Heartbeat(s.agentID, s.gen, infos)
 	case *masterv1.ConnectRequest_ReserveResult:
 		r := v.ReserveResult
 		s.complete(kindReserve, r.GetRequestId(), len(r.GetItems()), func(c *call, off, n int) outcome {
