@@ -44,6 +44,9 @@ type Options struct {
 	MaxFrame int
 	// AllowUnknownKeys relaxes the strict decoder for forward compatibility.
 	AllowUnknownKeys bool
+	// DisableIndex skips maintaining the index (a consumer that only
+	// streams events, e.g. a watch command, holds no per-key memory).
+	DisableIndex bool
 }
 
 // Gap describes sequences the subscriber did not receive. Missing
@@ -363,7 +366,9 @@ func (s *Subscriber) replayOptions() ReplayOptions {
 }
 
 func (s *Subscriber) deliver(b Batch) {
-	s.index.ApplyBatch(b)
+	if !s.opts.DisableIndex {
+		s.index.ApplyBatch(b)
+	}
 	s.batches.Add(1)
 	s.events.Add(uint64(len(b.Events)))
 	s.lastSeq.Store(b.Seq)

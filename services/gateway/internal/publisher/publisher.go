@@ -1,0 +1,415 @@
+// Package publisher turns events into the KV event stream: a bounded queue
+// that drops the oldest events (each burning one sequence number), one
+// publishing goroutine that batches up to 64 events per message, numbers
+// messages from 1, encodes them and hands them to the PUB socket (bounded
+// per-subscriber queues) and to the replay ring served by the ROUTER socket.
+//
+// Sequence numbers: a message consumes one number; a dropped event consumes
+// one number of its own, charged just before the next message, so a
+// subscriber sees a gap exactly as wide as the number of events dropped
+// (dropped_events) at the place they were dropped. Messages a slow
+// subscriber's own queue discards leave a gap of one number each in that
+// subscriber's stream and are counted separately (subscriber_dropped_batches).
+package publisher
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/crescent-kv/crescent/pkg/kvevent"
+	"github.com/crescent-kv/crescent/pkg/kvevent/zmtp"
+)
+
+// Config configures a Publisher.
+type Config struct {
+	// PubEndpoint is the PUB bind endpoint (tcp://*:5557).
+	PubEndpoint string
+	// ReplayEndpoint is the ROUTER bind endpoint (tcp://*:5558); "" disables replay.
+	ReplayEndpoint string
+	// ReplayLegacy answers replays as [b"", seq, payload] instead of
+	// [b"", topic, seq, payload].
+	ReplayLegacy bool
+	// QueueCapacity bounds queued events (65536).
+	QueueCapacity int
+	// MaxBatch bounds events per message (64, the contract's maximum).
+	MaxBatch int
+	// FlushInterval is how long a partial batch waits for more events (1ms);
+	// 0 publishes whatever is queued at once.
+	FlushInterval time.Duration
+	// ReplayBuffer and ReplayBufferBytes bound the replay ring.
+	ReplayBuffer      int
+	ReplayBufferBytes int
+	// SubQueueBatches and SubQueueBytes bound each subscriber's send queue.
+	SubQueueBatches int
+	SubQueueBytes   int
+	// MaxSubscribers bounds PUB connections (and replay connections).
+	MaxSubscribers int
+	// HandshakeTimeout bounds a ZMTP handshake.
+	HandshakeTimeout time.Duration
+	// SubWriteTimeout disconnects a subscriber whose write makes no
+	// progress for this long; 0 never does (its queue still drops).
+	SubWriteTimeout time.Duration
+	// ReplayWriteTimeout bounds each replay write.
+	ReplayWriteTimeout time.Duration
+	// Encoder is the envelope and the contract's switches.
+	Encoder kvevent.EncoderOptions
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{
+		PubEndpoint:        "tcp://*:5557",
+		ReplayEndpoint:     "tcp://*:5558",
+		QueueCapacity:      65536,
+		MaxBatch:           kvevent.MaxEventsPerBatch,
+		FlushInterval:      time.Millisecond,
+		ReplayBuffer:       10000,
+		ReplayBufferBytes:  64 << 20,
+		SubQueueBatches:    8192,
+		SubQueueBytes:      32 << 20,
+		MaxSubscribers:     1024,
+		HandshakeTimeout:   5 * time.Second,
+		ReplayWriteTimeout: 10 * time.Second,
+		Encoder:            kvevent.EncoderOptions{LegacyCompat: true, ObjectKey: true},
+	}
+}
+
+// Validate reports every invalid field.
+func (c Config) Validate() error {
+	var errs []error
+	if _, _, err := zmtp.SplitEndpoint(c.PubEndpoint); err != nil {
+		errs = append(errs, fmt.Errorf("pub: %w", err))
+	}
+	if c.ReplayEndpoint != "" {
+		if _, _, err := zmtp.SplitEndpoint(c.ReplayEndpoint); err != nil {
+			errs = append(errs, fmt.Errorf("replay: %w", err))
+		}
+	}
+	if c.QueueCapacity < 1 {
+		errs = append(errs, fmt.Errorf("queue-capacity must be >= 1, got %d", c.QueueCapacity))
+	}
+	if c.MaxBatch < 1 || c.MaxBatch > kvevent.MaxEventsPerBatch {
+		errs = append(errs, fmt.Errorf("max-batch must be 1..%d, got %d", kvevent.MaxEventsPerBatch, c.MaxBatch))
+	}
+	if c.FlushInterval < 0 {
+		errs = append(errs, fmt.Errorf("flush-interval must be >= 0, got %v", c.FlushInterval))
+	}
+	if c.ReplayBuffer < 0 || c.ReplayBufferBytes < 0 {
+		errs = append(errs, errors.New("replay-buffer and replay-buffer-bytes must be >= 0"))
+	}
+	if c.SubQueueBatches < 1 || c.SubQueueBytes < 1 {
+		errs = append(errs, errors.New("sub-queue-batches and sub-queue-bytes must be >= 1"))
+	}
+	if c.MaxSubscribers < 1 {
+		errs = append(errs, errors.New("max-subscribers must be >= 1"))
+	}
+	if c.HandshakeTimeout <= 0 || c.ReplayWriteTimeout <= 0 || c.SubWriteTimeout < 0 {
+		errs = append(errs, errors.New("handshake and replay write timeouts must be > 0, sub-write-timeout >= 0"))
+	}
+	if c.Encoder.Envelope.BackendID == "" {
+		errs = append(errs, errors.New("backend-id must be set"))
+	}
+	return errors.Join(errs...)
+}
+
+// Stats are the publisher's counters.
+type Stats struct {
+	// Enabled: the PUB socket is bound and the publishing goroutine runs.
+	Enabled bool
+	// PublishedBatches are messages handed to the PUB socket;
+	// PublishedEvents the events inside them.
+	PublishedBatches, PublishedEvents uint64
+	// DroppedEvents were dropped by the full queue, each burning a sequence number.
+	DroppedEvents uint64
+	// SkippedKeylessEvents are stored/removed events suppressed by ObjectKey=false.
+	SkippedKeylessEvents uint64
+	// LastSequence is the last sequence number assigned (burned or sent).
+	LastSequence uint64
+	QueueDepth   int
+	// ReplayBatches are batches held by the replay ring.
+	ReplayBatches int
+	// Subscribers are connections subscribed to the stream.
+	Subscribers int
+	// SubscriberDroppedBatches were discarded from slow subscribers' queues.
+	SubscriberDroppedBatches uint64
+	ReplayRequests           uint64
+}
+
+// Publisher owns the event queue, the sequence and the sockets.
+type Publisher struct {
+	cfg  Config
+	lg   *slog.Logger
+	enc  *kvevent.Encoder
+	q    *queue
+	ring *ring
+	now  func() time.Time
+
+	batches, events, skipped, encodeDrops, lastSeq atomic.Uint64
+	enabled                                        atomic.Bool
+
+	// mu guards pub, replay.
+	mu     sync.Mutex
+	pub    *pubSocket
+	replay *replaySocket
+
+	// Owned by the publishing goroutine.
+	seq     uint64
+	nextID  uint64
+	scratch []byte
+	items   []item
+	evs     []kvevent.Event
+
+	running atomic.Bool
+}
+
+// New builds a publisher. It does no I/O.
+func New(cfg Config, lg *slog.Logger) (*Publisher, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Publisher{
+		cfg: cfg, lg: lg, enc: kvevent.NewEncoder(cfg.Encoder),
+		q: newQueue(cfg.QueueCapacity), ring: newRing(cfg.ReplayBuffer, cfg.ReplayBufferBytes),
+		now: time.Now,
+	}, nil
+}
+
+// Listen binds the PUB and replay sockets (Run calls it when needed), so
+// callers and tests learn the bound endpoints first.
+func (p *Publisher) Listen() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pub == nil {
+		l, err := zmtp.Listen(p.cfg.PubEndpoint)
+		if err != nil {
+			return fmt.Errorf("pub listen %s: %w", p.cfg.PubEndpoint, err)
+		}
+		p.pub = newPubSocket(p.lg, l, p.cfg.SubQueueBatches, p.cfg.SubQueueBytes, p.cfg.MaxSubscribers, p.cfg.HandshakeTimeout, p.cfg.SubWriteTimeout)
+	}
+	if p.replay == nil && p.cfg.ReplayEndpoint != "" {
+		l, err := zmtp.Listen(p.cfg.ReplayEndpoint)
+		if err != nil {
+			return fmt.Errorf("replay listen %s: %w", p.cfg.ReplayEndpoint, err)
+		}
+		p.replay = newReplaySocket(p.lg, l, p.ring, p.cfg.ReplayLegacy, p.cfg.MaxSubscribers, p.cfg.HandshakeTimeout, p.cfg.ReplayWriteTimeout)
+	}
+	return nil
+}
+
+// PubEndpoint is the dialable PUB endpoint after Listen ("" before).
+func (p *Publisher) PubEndpoint() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pub == nil {
+		return ""
+	}
+	return zmtp.Endpoint(p.pub.l)
+}
+
+// ReplayEndpoint is the dialable ROUTER endpoint after Listen ("" when disabled).
+func (p *Publisher) ReplayEndpoint() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.replay == nil {
+		return ""
+	}
+	return zmtp.Endpoint(p.replay.l)
+}
+
+// Run binds (if needed), serves the sockets and publishes until ctx ends;
+// then it publishes what is still queued and closes the sockets. It may be
+// called once.
+func (p *Publisher) Run(ctx context.Context) error {
+	if !p.running.CompareAndSwap(false, true) {
+		return errors.New("publisher: Run called twice")
+	}
+	if err := p.Listen(); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	pub, replay := p.pub, p.replay
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	wg.Go(pub.serve)
+	if replay != nil {
+		wg.Go(replay.serve)
+	}
+	p.enabled.Store(true)
+	p.lg.Info("kv event publisher running", "pub", p.PubEndpoint(), "replay", p.ReplayEndpoint())
+	p.loop(ctx, pub)
+	// Publish what the source already handed us, then stop.
+	for p.q.len() > 0 {
+		p.publishNext(pub)
+	}
+	p.enabled.Store(false)
+	pub.close()
+	if replay != nil {
+		replay.close()
+	}
+	wg.Wait()
+	return nil
+}
+
+// loop is the only goroutine that numbers, encodes and sends batches.
+func (p *Publisher) loop(ctx context.Context, pub *pubSocket) {
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		for p.q.len() == 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-p.q.notify:
+			}
+		}
+		if p.cfg.FlushInterval > 0 && p.q.len() < p.cfg.MaxBatch {
+			timer.Reset(p.cfg.FlushInterval)
+		wait:
+			for p.q.len() < p.cfg.MaxBatch {
+				select {
+				case <-ctx.Done():
+					return
+				case <-p.q.notify:
+				case <-timer.C:
+					break wait
+				}
+			}
+			timer.Stop()
+		}
+		p.publishNext(pub)
+	}
+}
+
+// publishNext takes up to MaxBatch events and publishes them as one message.
+func (p *Publisher) publishNext(pub *pubSocket) {
+	var burned uint64
+	p.items, burned = p.q.take(p.items[:0], p.cfg.MaxBatch)
+	p.seq += burned
+	if len(p.items) == 0 {
+		p.lastSeq.Store(p.seq)
+		return
+	}
+	p.seq++
+	ts := p.now().UnixMilli()
+	p.evs = p.evs[:0]
+	for _, it := range p.items {
+		p.nextID++
+		p.evs = append(p.evs, kvevent.Event{ID: p.nextID, Type: it.typ, Tenant: it.tenant, Key: it.key, Medium: it.medium, GroupID: it.group})
+	}
+	clear(p.items)
+	payload, err := p.enc.AppendBatch(p.scratch[:0], ts, p.evs)
+	clear(p.evs)
+	if err != nil {
+		// Enqueue validated every event, so this is a bug; the sequence
+		// number stays burned so the loss is visible.
+		p.encodeDrops.Add(uint64(len(p.items)))
+		p.lastSeq.Store(p.seq)
+		p.lg.Error("kv event batch failed to encode", "seq", p.seq, "err", err)
+		return
+	}
+	p.scratch = payload
+	var seqb [8]byte
+	wire := make([]byte, 0, len(payload)+32)
+	binary.BigEndian.PutUint64(seqb[:], p.seq)
+	wire = zmtp.AppendMessage(wire, nil, seqb[:], payload)
+	pub.broadcast(wire)
+	p.ring.add(p.seq, wire)
+	p.batches.Add(1)
+	p.events.Add(uint64(len(p.items)))
+	p.lastSeq.Store(p.seq)
+}
+
+// Enqueue queues events for publishing. It never blocks: when the queue is
+// full the oldest events are dropped (see the package doc). Per-object
+// events are counted and skipped when ObjectKey is off; invalid events
+// (unknown type, per-object without medium) are logged and skipped.
+func (p *Publisher) Enqueue(evs ...kvevent.Event) {
+	var buf [64]item
+	items := buf[:0]
+	if len(evs) > len(buf) {
+		items = make([]item, 0, len(evs))
+	}
+	for _, ev := range evs {
+		if it, ok := p.item(ev); ok {
+			items = append(items, it)
+		}
+	}
+	// One push: the events of one call are queued (or dropped) together.
+	p.q.push(items)
+}
+
+// EnqueueWait queues events without dropping: it waits for room, honouring
+// ctx. A bulk producer (a resync diff) uses it so it cannot overrun the
+// queue and drop the live events before it.
+func (p *Publisher) EnqueueWait(ctx context.Context, evs ...kvevent.Event) error {
+	items := make([]item, 0, len(evs))
+	for _, ev := range evs {
+		if it, ok := p.item(ev); ok {
+			items = append(items, it)
+		}
+	}
+	return p.q.pushWait(ctx, items)
+}
+
+func (p *Publisher) item(ev kvevent.Event) (item, bool) {
+	switch {
+	case ev.Type == kvevent.Cleared:
+		return item{typ: ev.Type, tenant: ev.Tenant}, true
+	case ev.Type.PerObject() && (ev.Medium == kvevent.MediumCPU || ev.Medium == kvevent.MediumDisk):
+		if !p.enc.Emits(ev.Type) {
+			p.skipped.Add(1)
+			return item{}, false
+		}
+		return item{typ: ev.Type, tenant: ev.Tenant, key: ev.Key, medium: ev.Medium, group: ev.GroupID}, true
+	default:
+		p.lg.Error("invalid kv event skipped", "type", ev.Type.String(), "medium", ev.Medium.String(), "tenant", ev.Tenant)
+		return item{}, false
+	}
+}
+
+// Stats returns a snapshot of the counters.
+func (p *Publisher) Stats() Stats {
+	s := Stats{
+		Enabled:              p.enabled.Load(),
+		PublishedBatches:     p.batches.Load(),
+		PublishedEvents:      p.events.Load(),
+		DroppedEvents:        p.q.droppedTotal() + p.encodeDrops.Load(),
+		SkippedKeylessEvents: p.skipped.Load(),
+		LastSequence:         p.lastSeq.Load(),
+		QueueDepth:           p.q.len(),
+		ReplayBatches:        p.ring.len(),
+	}
+	p.mu.Lock()
+	pub, replay := p.pub, p.replay
+	p.mu.Unlock()
+	if pub != nil {
+		s.Subscribers = pub.subscribers()
+		s.SubscriberDroppedBatches = pub.droppedBatches.Load()
+	}
+	if replay != nil {
+		s.ReplayRequests = replay.requests.Load()
+	}
+	return s
+}
+
+// Close releases the listeners when Run was never called. Idempotent.
+func (p *Publisher) Close() {
+	if p.running.Load() {
+		return // Run closes its sockets when its context ends
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pub != nil {
+		p.pub.l.Close()
+	}
+	if p.replay != nil {
+		p.replay.l.Close()
+	}
+}

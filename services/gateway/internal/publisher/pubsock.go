@@ -1,0 +1,266 @@
+package publisher
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/crescent-kv/crescent/pkg/kvevent/zmtp"
+	"github.com/go-zeromq/zmq4"
+)
+
+// pubSocket is the PUB side of the event stream. The publishing goroutine
+// is its only caller of broadcast; each subscriber connection has its own
+// bounded queue and exactly one writer goroutine, so a subscriber that
+// stops reading loses its oldest messages (a visible sequence gap, counted)
+// instead of stalling the others or growing memory: at most queueBytes
+// queued plus one write in flight (≤ queueBytes) per connection.
+type pubSocket struct {
+	lg               *slog.Logger
+	l                net.Listener
+	queueBatches     int
+	queueBytes       int
+	maxConns         int
+	handshakeTimeout time.Duration
+	writeTimeout     time.Duration
+
+	droppedBatches atomic.Uint64 // messages dropped from subscriber queues
+	droppedBytes   atomic.Uint64
+
+	wg sync.WaitGroup
+	// mu guards conns and closed.
+	mu     sync.Mutex
+	conns  map[*subConn]struct{}
+	closed bool
+}
+
+// subConn is one subscriber connection.
+type subConn struct {
+	nc     net.Conn   // closed by close, also during the handshake
+	c      *zmtp.Conn // set after the handshake
+	notify chan struct{} // cap 1
+
+	// subs counts subscriptions matching the (empty) topic: only the empty
+	// prefix does. Written by the reader, read by broadcast.
+	subs atomic.Int32
+
+	// mu guards q, qBytes, closed.
+	mu     sync.Mutex
+	q      [][]byte
+	qBytes int
+	closed bool
+}
+
+func newPubSocket(lg *slog.Logger, l net.Listener, queueBatches, queueBytes, maxConns int, handshakeTimeout, writeTimeout time.Duration) *pubSocket {
+	return &pubSocket{
+		lg: lg, l: l, queueBatches: queueBatches, queueBytes: queueBytes, maxConns: maxConns,
+		handshakeTimeout: handshakeTimeout, writeTimeout: writeTimeout, conns: map[*subConn]struct{}{},
+	}
+}
+
+// serve accepts subscribers until the listener closes.
+func (p *pubSocket) serve() {
+	for {
+		nc, err := p.l.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			p.lg.Warn("pub accept failed", "err", err)
+			continue
+		}
+		p.mu.Lock()
+		if p.closed || len(p.conns) >= p.maxConns {
+			p.mu.Unlock()
+			p.lg.Warn("pub subscriber refused", "remote", nc.RemoteAddr().String(), "max_subscribers", p.maxConns)
+			nc.Close()
+			continue
+		}
+		sc := &subConn{nc: nc, notify: make(chan struct{}, 1)}
+		p.conns[sc] = struct{}{} // reserved before the handshake bounds pending handshakes too
+		p.wg.Add(1)
+		p.mu.Unlock()
+		go p.handle(sc, nc)
+	}
+}
+
+func (p *pubSocket) handle(sc *subConn, nc net.Conn) {
+	defer p.wg.Done()
+	defer p.remove(sc)
+	c, err := zmtp.Handshake(nc, zmq4.Pub, true, p.handshakeTimeout, zmtp.Limits{MaxFrame: 1024, MaxFrames: 4})
+	if err != nil {
+		p.lg.Debug("pub handshake failed", "remote", nc.RemoteAddr().String(), "err", err)
+		nc.Close()
+		return
+	}
+	sc.mu.Lock()
+	sc.c = c
+	closed := sc.closed
+	sc.mu.Unlock()
+	if closed {
+		c.Close()
+		return
+	}
+	p.lg.Info("subscriber connected", "remote", c.RemoteAddr().String())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc.writeLoop(p)
+	}()
+	sc.readLoop()
+	sc.close()
+	<-done
+	p.lg.Info("subscriber disconnected", "remote", c.RemoteAddr().String())
+}
+
+// readLoop tracks subscriptions until the connection fails. Subscriptions
+// are data messages \x01topic / \x00topic (ZMTP 3.0, what libzmq sends a
+// 3.0 peer) or SUBSCRIBE / CANCEL commands (ZMTP 3.1).
+func (sc *subConn) readLoop() {
+	for {
+		m, err := sc.c.ReadMessage()
+		if err != nil {
+			return
+		}
+		var sub, topic []byte
+		switch {
+		case m.Command == "SUBSCRIBE":
+			sub, topic = []byte{1}, m.Frames[0]
+		case m.Command == "CANCEL":
+			sub, topic = []byte{0}, m.Frames[0]
+		case m.Command == "" && len(m.Frames) == 1 && len(m.Frames[0]) > 0:
+			sub, topic = m.Frames[0][:1], m.Frames[0][1:]
+		default:
+			continue
+		}
+		if len(topic) != 0 {
+			continue // a non-empty prefix never matches the empty topic
+		}
+		switch sub[0] {
+		case 1:
+			sc.subs.Add(1)
+		case 0:
+			if sc.subs.Add(-1) < 0 {
+				sc.subs.Store(0)
+			}
+		}
+	}
+}
+
+// writeLoop is the connection's only writer.
+func (sc *subConn) writeLoop(p *pubSocket) {
+	var batch [][]byte
+	for {
+		<-sc.notify
+		sc.mu.Lock()
+		if sc.closed {
+			sc.mu.Unlock()
+			return
+		}
+		batch = append(batch[:0], sc.q...)
+		clear(sc.q)
+		sc.q = sc.q[:0]
+		sc.qBytes = 0
+		sc.mu.Unlock()
+		if len(batch) == 0 {
+			continue
+		}
+		bufs := net.Buffers(batch) // WriteTo consumes bufs, not batch
+		if err := sc.c.WriteBuffers(&bufs, p.writeTimeout); err != nil {
+			p.lg.Debug("subscriber write failed", "remote", sc.c.RemoteAddr().String(), "err", err)
+			sc.close()
+			return
+		}
+		clear(batch)
+	}
+}
+
+// enqueue adds a message, dropping the oldest when the queue is full.
+func (sc *subConn) enqueue(p *pubSocket, wire []byte) {
+	sc.mu.Lock()
+	if sc.closed {
+		sc.mu.Unlock()
+		return
+	}
+	for len(sc.q) > 0 && (len(sc.q) >= p.queueBatches || sc.qBytes+len(wire) > p.queueBytes) {
+		p.droppedBatches.Add(1)
+		p.droppedBytes.Add(uint64(len(sc.q[0])))
+		sc.qBytes -= len(sc.q[0])
+		sc.q[0] = nil
+		sc.q = sc.q[1:]
+	}
+	sc.q = append(sc.q, wire)
+	sc.qBytes += len(wire)
+	sc.mu.Unlock()
+	select {
+	case sc.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (sc *subConn) close() {
+	sc.mu.Lock()
+	if sc.closed {
+		sc.mu.Unlock()
+		return
+	}
+	sc.closed = true
+	clear(sc.q)
+	sc.q, sc.qBytes = nil, 0
+	sc.mu.Unlock()
+	sc.nc.Close()
+	select {
+	case sc.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (p *pubSocket) remove(sc *subConn) {
+	p.mu.Lock()
+	delete(p.conns, sc)
+	p.mu.Unlock()
+}
+
+// broadcast hands one framed message to every subscribed connection. It
+// never blocks on the network.
+func (p *pubSocket) broadcast(wire []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for sc := range p.conns {
+		if sc.subs.Load() > 0 {
+			sc.enqueue(p, wire)
+		}
+	}
+}
+
+// subscribers counts connections subscribed to the stream.
+func (p *pubSocket) subscribers() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for sc := range p.conns {
+		if sc.subs.Load() > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// close stops accepting, closes every connection and waits for their goroutines.
+func (p *pubSocket) close() {
+	p.l.Close()
+	p.mu.Lock()
+	p.closed = true
+	conns := make([]*subConn, 0, len(p.conns))
+	for sc := range p.conns {
+		conns = append(conns, sc)
+	}
+	p.mu.Unlock()
+	for _, sc := range conns {
+		sc.close()
+	}
+	p.wg.Wait()
+}
