@@ -17,6 +17,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash"
+	"sync"
 	"time"
 )
 
@@ -68,19 +70,51 @@ func NewKey() []byte {
 
 // Sign returns the token for c under key.
 func Sign(key []byte, c Claims) []byte {
+	m := hmac.New(sha256.New, key)
+	b := appendBody(nil, c)
+	m.Write(b)
+	return m.Sum(b)
+}
+
+func appendBody(b []byte, c Claims) []byte {
 	seg := c.SegmentID
 	if len(seg) > maxSegment {
 		seg = seg[:maxSegment]
 	}
-	b := make([]byte, 0, headerLen+len(seg)+macLen)
+	if b == nil {
+		b = make([]byte, 0, headerLen+len(seg)+macLen)
+	}
 	b = append(b, version, byte(c.Mode))
 	b = binary.BigEndian.AppendUint64(b, c.AllocationID)
 	b = binary.BigEndian.AppendUint64(b, uint64(c.Expiry.UnixMilli()))
 	b = append(b, byte(len(seg)))
-	b = append(b, seg...)
-	m := hmac.New(sha256.New, key)
+	return append(b, seg...)
+}
+
+// Signer signs tokens under one key like Sign, reusing keyed HMAC states
+// (no per-token key schedule), for hot paths that sign many tokens. Safe
+// for concurrent use.
+type Signer struct {
+	pool sync.Pool
+}
+
+// NewSigner returns a Signer for key.
+func NewSigner(key []byte) *Signer {
+	k := append([]byte(nil), key...)
+	s := &Signer{}
+	s.pool.New = func() any { return hmac.New(sha256.New, k) }
+	return s
+}
+
+// Sign returns the token for c, identical to Sign(key, c).
+func (s *Signer) Sign(c Claims) []byte {
+	m := s.pool.Get().(hash.Hash)
+	m.Reset()
+	b := appendBody(nil, c)
 	m.Write(b)
-	return m.Sum(b)
+	b = m.Sum(b)
+	s.pool.Put(m)
+	return b
 }
 
 // Parse decodes a token and checks its signature, but not its claims.

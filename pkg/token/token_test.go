@@ -59,3 +59,30 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestSignerMatchesSign(t *testing.T) {
+	key := NewKey()
+	sg := NewSigner(key)
+	for i := range 3 {
+		c := Claims{Mode: Read, SegmentID: "seg", AllocationID: uint64(i), Expiry: time.UnixMilli(int64(1000 + i))}
+		if got, want := sg.Sign(c), Sign(key, c); string(got) != string(want) {
+			t.Fatalf("Signer.Sign(%v): got %x, want %x", c, got, want)
+		}
+	}
+}
+
+func BenchmarkSign(b *testing.B) {
+	key := NewKey()
+	c := Claims{Mode: Read, SegmentID: "0123456789abcdef0123456789abcdef", AllocationID: 7, Expiry: time.Now()}
+	b.Run("Sign", func(b *testing.B) {
+		for b.Loop() {
+			Sign(key, c)
+		}
+	})
+	b.Run("Signer", func(b *testing.B) {
+		s := NewSigner(key)
+		for b.Loop() {
+			s.Sign(c)
+		}
+	})
+}
