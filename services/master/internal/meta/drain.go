@@ -195,7 +195,7 @@ func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chun
 			Source:         &masterv1.AllocationRef{SegmentId: srcID, AllocationId: mv.srcAlloc},
 			TargetEndpoint: mv.target.seg.DataEndpoint,
 			Target:         &masterv1.AllocationRef{SegmentId: mv.target.seg.ID, AllocationId: mv.dstAlloc},
-			TargetToken:    token.Sign(s.id.TokenKey, token.Claims{Mode: token.Write, SegmentID: mv.target.seg.ID, AllocationID: mv.dstAlloc, Expiry: exp}),
+			TargetToken:    s.signer.Sign(token.Claims{Mode: token.Write, SegmentID: mv.target.seg.ID, AllocationID: mv.dstAlloc, Expiry: exp}),
 		})
 	}
 	type sbatch struct {

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"slices"
 	"strings"
+	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/pkg/rpcerr"
@@ -178,10 +179,28 @@ func (s *Store) BatchGet(ctx context.Context, specs []GetSpec) []GetResult {
 		}
 		shd.mu.Unlock()
 	})
+	// One allocation each for the responses and descriptors of the batch.
+	total, ok := 0, 0
 	for _, it := range items {
 		if res[it.i].Err == nil {
-			res[it.i].Resp = s.readResponse(&views[it.i], &c, specs[it.i].ClientHost)
+			total += len(views[it.i].reps)
+			ok++
 		}
+	}
+	resps := make([]masterv1.GetReplicaListResponse, ok)
+	descs := make([]masterv1.ReplicaDescriptor, total)
+	ttl := durationpb.New(s.cfg.LeaseTTL)
+	exp := s.now().Add(s.cfg.LeaseTTL)
+	for _, it := range items {
+		if res[it.i].Err != nil {
+			continue
+		}
+		v := &views[it.i]
+		resp := &resps[0]
+		resps = resps[1:]
+		s.fillResponse(resp, v, &c, specs[it.i].ClientHost, descs[:len(v.reps)], ttl, exp)
+		descs = descs[len(v.reps):]
+		res[it.i].Resp = resp
 	}
 	return res
 }
@@ -189,10 +208,18 @@ func (s *Store) BatchGet(ctx context.Context, specs []GetSpec) []GetResult {
 // readResponse builds a GetReplicaList answer with read tokens valid for
 // the lease, replicas on clientHost first.
 func (s *Store) readResponse(v *readView, c *segCache, clientHost string) *masterv1.GetReplicaListResponse {
+	resp := &masterv1.GetReplicaListResponse{}
 	exp := s.now().Add(s.cfg.LeaseTTL)
+	s.fillResponse(resp, v, c, clientHost, make([]masterv1.ReplicaDescriptor, len(v.reps)), durationpb.New(s.cfg.LeaseTTL), exp)
+	return resp
+}
+
+// fillResponse writes v into resp using descs (len(v.reps) long) for the
+// descriptors; ttl may be shared between responses (it is only read).
+func (s *Store) fillResponse(resp *masterv1.GetReplicaListResponse, v *readView, c *segCache, clientHost string,
+	descs []masterv1.ReplicaDescriptor, ttl *durationpb.Duration, exp time.Time) {
 	expMs := exp.UnixMilli()
 	reps := make([]*masterv1.ReplicaDescriptor, 0, len(v.reps))
-	descs := make([]masterv1.ReplicaDescriptor, len(v.reps))
 	for pass := 0; pass < 2; pass++ {
 		for i := range v.reps {
 			sv := &c.sv[v.reps[i].slot]
@@ -211,18 +238,16 @@ func (s *Store) readResponse(v *readView, c *segCache, clientHost string) *maste
 			d.Size = v.size
 			d.Medium = masterv1.Medium(r.medium)
 			d.Status = masterv1.ReplicaStatus_REPLICA_STATUS_COMPLETE
-			d.Token = token.Sign(s.id.TokenKey, token.Claims{Mode: token.Read, SegmentID: sv.ID, AllocationID: r.allocID, Expiry: exp})
+			d.Token = s.signer.Sign(token.Claims{Mode: token.Read, SegmentID: sv.ID, AllocationID: r.allocID, Expiry: exp})
 			d.TokenExpiryUnixMs = expMs
 			reps = append(reps, d)
 		}
 	}
-	return &masterv1.GetReplicaListResponse{
-		Size:     v.size,
-		Checksum: v.checksum,
-		Replicas: reps,
-		LeaseTtl: durationpb.New(s.cfg.LeaseTTL),
-		GroupId:  v.group,
-	}
+	resp.Size = v.size
+	resp.Checksum = v.checksum
+	resp.Replicas = reps
+	resp.LeaseTtl = ttl
+	resp.GroupId = v.group
 }
 
 // Exist reports whether an object is readable, granting the read lease when

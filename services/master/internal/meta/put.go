@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
@@ -394,7 +395,7 @@ func (s *Store) writeDescriptors(sp *PutSpec, it *putItem) []*masterv1.ReplicaDe
 			Size:              sp.Size,
 			Medium:            sp.Medium,
 			Status:            masterv1.ReplicaStatus_REPLICA_STATUS_PROCESSING,
-			Token:             token.Sign(s.id.TokenKey, token.Claims{Mode: token.Write, SegmentID: rp.v.seg.ID, AllocationID: rp.allocID, Expiry: exp}),
+			Token:             s.signer.Sign(token.Claims{Mode: token.Write, SegmentID: rp.v.seg.ID, AllocationID: rp.allocID, Expiry: exp}),
 			TokenExpiryUnixMs: exp.UnixMilli(),
 		}
 	}
@@ -666,8 +667,8 @@ func (s *Store) BatchPutRevoke(ctx context.Context, specs []PutRevokeSpec) []err
 	return res
 }
 
-// forShards groups items by shard and calls f once per shard (in order of
-// first appearance) with the items in their original order.
+// forShards groups items by shard and calls f once per shard, in shard
+// order, with each shard's items in their original order.
 func forShards[T any](items []T, shardOf func(T) int, f func(sh int, group []T)) {
 	switch len(items) {
 	case 0:
@@ -676,16 +677,27 @@ func forShards[T any](items []T, shardOf func(T) int, f func(sh int, group []T))
 		f(shardOf(items[0]), items)
 		return
 	}
-	byShard := map[int][]T{}
-	order := make([]int, 0, len(items))
-	for _, it := range items {
-		sh := shardOf(it)
-		if _, ok := byShard[sh]; !ok {
-			order = append(order, sh)
-		}
-		byShard[sh] = append(byShard[sh], it)
+	type ent struct {
+		sh, i int
 	}
-	for _, sh := range order {
-		f(sh, byShard[sh])
+	ord := make([]ent, len(items))
+	for i, it := range items {
+		ord[i] = ent{shardOf(it), i}
+	}
+	slices.SortFunc(ord, func(a, b ent) int {
+		if a.sh != b.sh {
+			return a.sh - b.sh
+		}
+		return a.i - b.i
+	})
+	group := make([]T, 0, len(items))
+	for i := 0; i < len(ord); {
+		j := i
+		group = group[:0]
+		for ; j < len(ord) && ord[j].sh == ord[i].sh; j++ {
+			group = append(group, items[ord[j].i])
+		}
+		f(ord[i].sh, group)
+		i = j
 	}
 }

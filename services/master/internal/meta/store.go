@@ -29,6 +29,7 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/pkg/token"
 	"github.com/crescent-kv/crescent/services/master/internal/changelog"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
 	"github.com/cespare/xxhash/v2"
@@ -154,6 +155,7 @@ type Store struct {
 	segs      segTable
 	tenants   tenantTable
 	log       *changelog.Log
+	signer    *token.Signer
 	putSeq    atomic.Uint64
 
 	// evictKick wakes Run's eviction check (capacity 1, never blocks).
@@ -199,6 +201,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		shards:    make([]shard, cfg.Shards),
 		shardMask: uint64(cfg.Shards - 1),
 		log:       changelog.New(cfg.ChangeRetention, deps.Identity.Epoch),
+		signer:    token.NewSigner(deps.Identity.TokenKey),
 		evictKick: make(chan struct{}, 1),
 		closed:    make(chan struct{}),
 		evicted: prometheus.NewCounter(prometheus.CounterOpts{

@@ -373,3 +373,44 @@ func NewCluster(hosts, segs int, capacity uint64) *Cluster {
 	}
 	return &Cluster{Reg: reg, Agents: NewAgents(reg)}
 }
+
+// NullAgents answers every command with success and keeps nothing, for
+// benchmarks that must measure the metadata's own memory and CPU.
+type NullAgents struct {
+	mu   sync.Mutex
+	next uint64
+}
+
+// Reserve implements cluster.Agents.
+func (n *NullAgents) Reserve(ctx context.Context, agent string, items []*masterv1.ReserveItem) ([]*masterv1.ReserveItemResult, error) {
+	n.mu.Lock()
+	first := n.next + 1
+	n.next += uint64(len(items))
+	n.mu.Unlock()
+	out := make([]*masterv1.ReserveItemResult, len(items))
+	ok := &masterv1.ItemStatus{}
+	for i := range items {
+		out[i] = &masterv1.ReserveItemResult{Status: ok, AllocationId: first + uint64(i)}
+	}
+	return out, nil
+}
+
+// Seal implements cluster.Agents.
+func (n *NullAgents) Seal(ctx context.Context, agent string, items []*masterv1.SealItem) ([]*masterv1.ItemStatus, error) {
+	out := make([]*masterv1.ItemStatus, len(items))
+	ok := &masterv1.ItemStatus{}
+	for i := range out {
+		out[i] = ok
+	}
+	return out, nil
+}
+
+// Release implements cluster.Agents.
+func (n *NullAgents) Release(ctx context.Context, agent string, items []*masterv1.AllocationRef) error {
+	return nil
+}
+
+// Copy implements cluster.Agents.
+func (n *NullAgents) Copy(ctx context.Context, agent string, req *masterv1.CopyRequest) error {
+	return nil
+}

@@ -1,0 +1,74 @@
+package meta
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"testing"
+
+	"github.com/crescent-kv/crescent/services/master/internal/cluster"
+	"github.com/crescent-kv/crescent/services/master/internal/meta/metatest"
+)
+
+// BenchmarkHeapPerObject loads 1M single-replica objects (32-byte keys,
+// default tenant, no group) through the batch put path and reports the
+// master's heap bytes per object, change log (default retention) included.
+// Run it with -benchtime=1x.
+func BenchmarkHeapPerObject(b *testing.B) {
+	b.Run("changelog=default", func(b *testing.B) { benchHeap(b, 0) })
+	b.Run("changelog=1k", func(b *testing.B) { benchHeap(b, 1024) })
+}
+
+func benchHeap(b *testing.B, retention int) {
+	const n = 1 << 20
+	for b.Loop() {
+		b.StopTimer()
+		c := metatest.NewCluster(4, 2, 1<<50)
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("%032x", uint64(i)*0x9e3779b97f4a7c15)
+		}
+		runtime.GC()
+		var before runtime.MemStats
+		runtime.ReadMemStats(&before)
+		b.StartTimer()
+		s, err := New(Config{ChangeRetention: retention}, Deps{Registry: c.Reg, Agents: &metatest.NullAgents{},
+			Identity: cluster.Identity{Epoch: 1, TokenKey: []byte("k")}}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx := context.Background()
+		const batch = 1024
+		specs := make([]PutSpec, batch)
+		ends := make([]PutEndSpec, batch)
+		for i := 0; i < n; i += batch {
+			for j := range batch {
+				specs[j] = PutSpec{Key: keys[i+j], Size: 4096, ClientID: "w"}
+				ends[j] = PutEndSpec{Key: keys[i+j], ClientID: "w", Checksum: 1}
+			}
+			for _, r := range s.BatchPutStart(ctx, specs) {
+				if r.Err != nil {
+					b.Fatal(r.Err)
+				}
+			}
+			for _, err := range s.BatchPutEnd(ctx, ends) {
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		b.StopTimer()
+		keys = nil
+		runtime.GC()
+		var after runtime.MemStats
+		runtime.ReadMemStats(&after)
+		objs, _, rev := s.Stats()
+		if objs != n || rev != n {
+			b.Fatalf("objects %d revision %d, want %d", objs, rev, n)
+		}
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "B/object")
+		b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "puts/s")
+		runtime.KeepAlive(s)
+		b.StartTimer()
+	}
+}
