@@ -387,7 +387,7 @@ func TestGracefulUnmount(t *testing.T) {
 		r.MarkUnmounted([]string{"s1", "s2"})
 		reg := registration("a1", mem("s3", 1<<20))
 		reg.Graceful = true
-		gen = mustRegister(t, r, reg)
+		mustRegister(t, r, reg)
 		wantState(t, r, "s3", lcGraceful, healthy)
 		// A replacing Connect without graceful: s3 stays
 		// GRACEFULLY_UNMOUNTING and still ends at its deadline
@@ -424,9 +424,9 @@ func TestGracefulUnmount(t *testing.T) {
 
 func TestMountUnmountUpdate(t *testing.T) {
 	r, _, _ := newTestRegistry(t)
-	gen := mustRegister(t, r, registration("a1", mem("s1", 1<<20)))
+	mustRegister(t, r, registration("a1", mem("s1", 1<<20)))
 	mustRegister(t, r, registration("a2", mem("other", 1<<20)))
-	gen = mustRegister(t, r, registration("a1", mem("s1", 1<<20))) // reconnect: new gen
+	gen := mustRegister(t, r, registration("a1", mem("s1", 1<<20))) // reconnect: new gen
 	if skipped := r.Mount("a1", gen, []*masterv1.SegmentInfo{mem("s2", 1<<20), mem("other", 1)}); !slices.Equal(skipped, []string{"other"}) {
 		t.Fatalf("skipped: got %v, want [other]", skipped)
 	}

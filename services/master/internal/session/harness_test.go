@@ -32,6 +32,8 @@ type fakeMeta struct {
 	mu         sync.Mutex
 	reconciles []reconcileCall
 	drops      [][]string
+	dropStates []masterv1.SegmentLifecycle
+	reg        *segment.Registry // to observe segment states during drops
 
 	// release, when set, is what Reconcile returns.
 	release func(agentID string, allocs []*masterv1.Allocation) []*masterv1.AllocationRef
@@ -58,6 +60,25 @@ func (f *fakeMeta) DropSegments(_ context.Context, ids []string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.drops = append(f.drops, slices.Clone(ids))
+	if f.reg != nil {
+		for _, id := range ids {
+			s, _ := f.reg.Segment(id)
+			f.dropStates = append(f.dropStates, s.Lifecycle)
+		}
+	}
+}
+
+// droppedWhileUnmounting reports whether every DropSegments call saw its
+// segments UNMOUNTING, as the contract says.
+func (f *fakeMeta) droppedWhileUnmounting() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, lc := range f.dropStates {
+		if lc != masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_UNMOUNTING {
+			return false
+		}
+	}
+	return true
 }
 
 func (f *fakeMeta) SegmentReplicaCounts() map[string]uint64 { return nil }
@@ -141,7 +162,7 @@ func newHarness(t testing.TB, cfg Config, opts harnessOpts) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	meta := &fakeMeta{}
+	meta := &fakeMeta{reg: reg}
 	m, err := New(cfg, Deps{
 		Identity: cluster.Identity{MasterID: "master-test", Epoch: testEpoch, TokenKey: []byte("0123456789abcdef0123456789abcdef")},
 		Registry: reg, Metadata: meta, Metrics: prom,
@@ -180,6 +201,9 @@ func newHarness(t testing.TB, cfg Config, opts harnessOpts) *harness {
 		_ = m.Close()
 		gs.Stop()
 		wg.Wait()
+		if !meta.droppedWhileUnmounting() {
+			t.Error("DropSegments saw a segment that was not UNMOUNTING")
+		}
 	})
 	return h
 }

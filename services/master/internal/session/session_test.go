@@ -169,6 +169,9 @@ func TestMissedHeartbeatsSuspectThenUnmount(t *testing.T) {
 	if got := h.meta.dropped(); !slices.Equal(got, []string{"s1", "s2"}) {
 		t.Fatalf("dropped: got %v, want [s1 s2]", got)
 	}
+	if !h.meta.droppedWhileUnmounting() {
+		t.Fatal("DropSegments saw a segment that was not UNMOUNTING")
+	}
 	// The master ends the session of a lost agent.
 	err := a.waitEnded(time.Second)
 	if got := status.Code(err); got != codes.Unavailable {
