@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
@@ -42,7 +43,9 @@ type Deps struct {
 	// registry's clock.
 	Registry *segment.Registry
 	// Metadata is reconciled on every registration and told to drop the
-	// replicas of unmounting segments.
+	// replicas of unmounting segments. It may be nil at New and set with
+	// SetMetadata before serving, because the metadata needs the Manager
+	// (as cluster.Agents) to be built.
 	Metadata cluster.Metadata
 	// Metrics receives the session metrics; nil skips them.
 	Metrics prometheus.Registerer
@@ -54,6 +57,7 @@ var (
 	errReplaced = status.Error(codes.Aborted, "session replaced by a newer Connect for the same agent_id")
 	errLost     = status.Error(codes.Unavailable, "agent unmounted: no heartbeat within unmount_after or graceful deadline passed")
 	errEnded    = errors.New("session ended")
+	errNotReady = status.Error(codes.Unavailable, "master is starting: metadata not ready")
 )
 
 // Manager owns every agent session and implements
@@ -64,7 +68,7 @@ type Manager struct {
 	cfg  Config
 	id   cluster.Identity
 	reg  *segment.Registry
-	meta cluster.Metadata
+	meta atomic.Pointer[metaRef]
 	lg   *slog.Logger
 	met  *metrics
 
@@ -93,18 +97,41 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Manager, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("session config: %w", err)
 	}
-	if deps.Registry == nil || deps.Metadata == nil {
-		return nil, errors.New("session: Registry and Metadata are required")
+	if deps.Registry == nil {
+		return nil, errors.New("session: Registry is required")
 	}
 	met, err := newMetrics(deps.Metrics)
 	if err != nil {
 		return nil, err
 	}
 	base, cancel := context.WithCancelCause(context.Background())
-	return &Manager{
-		cfg: cfg, id: deps.Identity, reg: deps.Registry, meta: deps.Metadata, lg: lg, met: met,
+	m := &Manager{
+		cfg: cfg, id: deps.Identity, reg: deps.Registry, lg: lg, met: met,
 		base: base, cancelBase: cancel, sessions: map[string]*session{},
-	}, nil
+	}
+	if deps.Metadata != nil {
+		m.SetMetadata(deps.Metadata)
+	}
+	return m, nil
+}
+
+type metaRef struct{ cluster.Metadata }
+
+// SetMetadata installs the metadata when it could not be given to New (it
+// needs this Manager as its cluster.Agents). Call it before serving
+// Connect and before Run; until then Connect answers UNAVAILABLE and
+// liveness passes are skipped.
+func (m *Manager) SetMetadata(md cluster.Metadata) {
+	if md != nil {
+		m.meta.Store(&metaRef{md})
+	}
+}
+
+func (m *Manager) metadata() cluster.Metadata {
+	if r := m.meta.Load(); r != nil {
+		return r.Metadata
+	}
+	return nil
 }
 
 // Config returns the effective configuration (defaults applied).
@@ -130,6 +157,9 @@ func (m *Manager) Run(ctx context.Context) error {
 // sweep is one liveness pass: suspect, unmount (dropping replicas through
 // the metadata) and close the sessions of lost agents.
 func (m *Manager) sweep() {
+	if m.metadata() == nil {
+		return
+	}
 	x := m.reg.Expire(m.cfg.SuspectAfter, m.cfg.UnmountAfter)
 	for _, aid := range x.Lost {
 		m.lg.Warn("agent lost", "agent_id", aid, "unmount_after", m.cfg.UnmountAfter)
@@ -144,7 +174,7 @@ func (m *Manager) sweep() {
 // marks them UNMOUNTED. No lock of ours is held.
 func (m *Manager) unmount(ids []string) {
 	m.lg.Info("unmounting segments", "segment_ids", ids)
-	m.meta.DropSegments(m.base, ids)
+	m.metadata().DropSegments(m.base, ids)
 	m.reg.MarkUnmounted(ids)
 }
 
@@ -223,6 +253,9 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 		return errClosing
 	}
 	defer m.wg.Done()
+	if m.metadata() == nil {
+		return errNotReady
+	}
 	ctx, cancel := context.WithCancelCause(stream.Context())
 	defer cancel(errEnded)
 	stop := context.AfterFunc(m.base, func() { cancel(errClosing) })
@@ -270,7 +303,7 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 			segs = append(segs, sg)
 		}
 	}
-	release := m.meta.Reconcile(ctx, reg.AgentID, segs, first.GetRegister().GetAllocations())
+	release := m.metadata().Reconcile(ctx, reg.AgentID, segs, first.GetRegister().GetAllocations())
 	settings := m.settings(release)
 	select {
 	case s.sendq <- &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Settings{Settings: settings}}:

@@ -597,3 +597,21 @@ func TestConfigValidate(t *testing.T) {
 		})
 	}
 }
+
+func TestMetadataSetAfterNew(t *testing.T) {
+	h := newHarness(t, fastConfig(), harnessOpts{})
+	h.m.meta.Store(nil) // as if New had no Metadata yet
+	conn, stream, cancel := h.open(&masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: registerMsg("a1")}})
+	defer conn.Close()
+	defer cancel()
+	if _, err := stream.Recv(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("connect before SetMetadata: got %v, want Unavailable", err)
+	}
+	h.m.SetMetadata(h.meta)
+	h.connectAgent("a1")
+	waitState(t, h, "a1-mem-0", "ok/healthy", time.Second)
+
+	if _, err := New(fastConfig(), Deps{}, nil); err == nil {
+		t.Fatal("New without a Registry: got nil error")
+	}
+}
