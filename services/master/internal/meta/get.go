@@ -422,8 +422,8 @@ func DecodePageToken(tok string) (string, error) {
 	if len(tok) > base64.RawURLEncoding.EncodedLen(MaxKeyLen) {
 		return "", errInvalid("page_token too long")
 	}
-	b, err := base64.RawURLEncoding.DecodeString(tok)
-	if err != nil || len(b) == 0 {
+	b, err := base64.RawURLEncoding.Strict().DecodeString(tok)
+	if err != nil || len(b) == 0 || EncodePageToken(string(b)) != tok {
 		return "", errInvalid("malformed page_token")
 	}
 	return string(b), nil
