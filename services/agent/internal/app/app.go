@@ -1,0 +1,318 @@
+// Package app wires the agent: configuration, the segments (memory and
+// disk), the data plane on the gRPC port, and the link to the master.
+package app
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/config"
+	"github.com/crescent-kv/crescent/pkg/server"
+	"github.com/crescent-kv/crescent/services/agent/internal/dataplane"
+	"github.com/crescent-kv/crescent/services/agent/internal/link"
+	"github.com/crescent-kv/crescent/services/agent/internal/segment"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Version is reported to the master in Register.
+var Version = "dev"
+
+// Config is the agent's configuration. Flag names are YAML keys; each flag
+// is also read from CRESCENT_<FLAG>.
+type Config struct {
+	Master          string
+	GRPCAddr        string
+	AdminAddr       string
+	AdvertiseAddr   string
+	HostID          string
+	AgentID         string
+	Memory          config.ByteSize
+	MemorySegments  int
+	DiskDir         string
+	DiskSize        config.ByteSize
+	ShutdownGrace   time.Duration
+	ShutdownTimeout time.Duration
+	ReadChunk       config.ByteSize
+	LogLevel        string
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		GRPCAddr:        ":50052",
+		AdminAddr:       ":9004",
+		HostID:          host,
+		Memory:          1 << 30,
+		MemorySegments:  1,
+		ShutdownGrace:   5 * time.Second,
+		ShutdownTimeout: 10 * time.Second,
+		ReadChunk:       dataplane.DefaultChunkSize,
+		LogLevel:        "info",
+	}
+}
+
+// RegisterFlags binds every field to fs with its current value as default.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Master, "master", c.Master, "master gRPC address (host:port)")
+	fs.StringVar(&c.GRPCAddr, "grpc-addr", c.GRPCAddr, "gRPC listen address (DataService)")
+	fs.StringVar(&c.AdminAddr, "admin-addr", c.AdminAddr, "admin HTTP listen address (/healthz, /readyz, /metrics)")
+	fs.StringVar(&c.AdvertiseAddr, "advertise-addr", c.AdvertiseAddr, "host:port clients dial for DataService (default: the bound gRPC address, with the host name for an unspecified IP)")
+	fs.StringVar(&c.HostID, "host-id", c.HostID, "host this agent runs on; replicas of one object are spread across hosts")
+	fs.StringVar(&c.AgentID, "agent-id", c.AgentID, "stable agent id (default: host-id:port)")
+	fs.Var(&c.Memory, "memory", "memory to contribute (e.g. 4GiB); 0 for none")
+	fs.IntVar(&c.MemorySegments, "memory-segments", c.MemorySegments, "split --memory into this many segments")
+	fs.StringVar(&c.DiskDir, "disk-dir", c.DiskDir, "directory of the disk segment (empty: no disk segment)")
+	fs.Var(&c.DiskSize, "disk-size", "size of the disk segment (e.g. 64GiB)")
+	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", c.ShutdownGrace, "after SIGTERM, keep serving reads this long after announcing the unmount")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "graceful gRPC stop limit before a hard stop")
+	fs.Var(&c.ReadChunk, "read-chunk", "DataService.Read chunk size when the client does not choose")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn, error")
+}
+
+// Validate reports every invalid field.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Master == "" {
+		errs = append(errs, errors.New("master must be set (the master's gRPC host:port)"))
+	}
+	if c.GRPCAddr == "" {
+		errs = append(errs, errors.New("grpc-addr must be set"))
+	}
+	if c.HostID == "" {
+		errs = append(errs, errors.New("host-id must be set (the host name is unknown)"))
+	}
+	if c.MemorySegments < 1 {
+		errs = append(errs, fmt.Errorf("memory-segments must be >= 1, got %d", c.MemorySegments))
+	}
+	if c.Memory > 0 && uint64(c.Memory)/uint64(max(c.MemorySegments, 1)) < 1<<20 {
+		errs = append(errs, fmt.Errorf("each memory segment must be at least 1MiB (memory %s over %d segments)", c.Memory.String(), c.MemorySegments))
+	}
+	switch {
+	case c.DiskDir != "" && c.DiskSize < 1<<20:
+		errs = append(errs, fmt.Errorf("disk-size must be at least 1MiB with disk-dir, got %s", c.DiskSize.String()))
+	case c.DiskDir == "" && c.DiskSize > 0:
+		errs = append(errs, errors.New("disk-size needs disk-dir"))
+	}
+	if c.Memory == 0 && c.DiskDir == "" {
+		errs = append(errs, errors.New("nothing to contribute: set memory or disk-dir"))
+	}
+	if c.ShutdownGrace < 0 || c.ShutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("shutdown-grace must be >= 0 and shutdown-timeout > 0, got %v and %v", c.ShutdownGrace, c.ShutdownTimeout))
+	}
+	if c.ReadChunk < 4<<10 || c.ReadChunk > dataplane.MaxChunkSize {
+		errs = append(errs, fmt.Errorf("read-chunk must be within [4KiB, 64MiB], got %s", c.ReadChunk.String()))
+	}
+	return errors.Join(errs...)
+}
+
+// Agent is one crescent-agent process.
+type Agent struct {
+	cfg Config
+	lg  *slog.Logger
+	reg *prometheus.Registry
+
+	ready     chan struct{}
+	readyOnce sync.Once
+	// mu guards the fields set while starting.
+	mu       sync.Mutex
+	dataAddr string
+	admin    string
+	segs     *segment.Set
+	link     *link.Link
+}
+
+// New builds the agent. It does no I/O and starts nothing.
+func New(cfg Config, lg *slog.Logger, reg *prometheus.Registry) *Agent {
+	return &Agent{cfg: cfg, lg: lg, reg: reg, ready: make(chan struct{})}
+}
+
+// Ready is closed once the segments are mounted and the ports bound.
+func (a *Agent) Ready() <-chan struct{} { return a.ready }
+
+// DataEndpoint is the advertised DataService address (after Ready).
+func (a *Agent) DataEndpoint() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.dataAddr
+}
+
+// AdminAddr is the bound admin HTTP address (after Ready).
+func (a *Agent) AdminAddr() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.admin
+}
+
+// Segments returns the mounted segments (after Ready).
+func (a *Agent) Segments() *segment.Set {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.segs
+}
+
+// Link returns the master link (after Ready).
+func (a *Agent) Link() *link.Link {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.link
+}
+
+// Run mounts the segments, serves DataService and keeps the master link
+// until ctx ends; then it deregisters, keeps serving for the shutdown grace,
+// stops the servers and unmounts. It returns nil on a clean shutdown.
+func (a *Agent) Run(ctx context.Context) error {
+	segs, err := a.mount()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := segs.Close(); err != nil {
+			a.lg.Error("unmount segments failed", "err", err)
+		}
+	}()
+	a.reg.MustRegister(segment.NewCollector(segs))
+
+	keys := &dataplane.Keyring{}
+	srv := server.New(server.Config{GRPCAddr: a.cfg.GRPCAddr, AdminAddr: a.cfg.AdminAddr, ShutdownTimeout: a.cfg.ShutdownTimeout}, a.lg, a.reg, dataplane.ServerOptions()...)
+	dp := dataplane.New(dataplane.Config{ChunkSize: int(a.cfg.ReadChunk)}, dataplane.Deps{Segments: segs, Keys: keys, Registerer: a.reg}, a.lg)
+	agentv1.RegisterDataServiceServer(srv.GRPC, dp)
+	if err := srv.Listen(); err != nil {
+		return err
+	}
+	endpoint, err := advertise(a.cfg.AdvertiseAddr, srv.GRPCAddr())
+	if err != nil {
+		return err
+	}
+	agentID := a.cfg.AgentID
+	if agentID == "" {
+		_, port, _ := net.SplitHostPort(srv.GRPCAddr())
+		agentID = net.JoinHostPort(a.cfg.HostID, port)
+	}
+	lk, err := link.New(link.Config{
+		MasterAddr: a.cfg.Master, AgentID: agentID, HostID: a.cfg.HostID, DataEndpoint: endpoint, Version: Version,
+		ShutdownGrace: a.cfg.ShutdownGrace,
+	}, link.Deps{
+		Segments:        segs,
+		OnSettings:      func(s *masterv1.Settings) { keys.Set(s.GetTokenKey()) },
+		CopyDialOptions: dataplane.DialOptions(),
+		Registerer:      a.reg,
+	}, a.lg.With("agent_id", agentID))
+	if err != nil {
+		return err
+	}
+	defer lk.Close()
+	srv.SetReadiness(func() error {
+		if st := lk.State(); st != link.StateConnected {
+			return fmt.Errorf("master link %s", st)
+		}
+		return nil
+	})
+
+	a.mu.Lock()
+	a.dataAddr, a.admin, a.segs, a.link = endpoint, srv.AdminAddr(), segs, lk
+	a.mu.Unlock()
+	a.readyOnce.Do(func() { close(a.ready) })
+	a.lg.Info("agent started", "agent_id", agentID, "host_id", a.cfg.HostID, "data_endpoint", endpoint, "master", a.cfg.Master, "segments", segmentNames(segs))
+
+	// The servers outlive ctx: they stop only after the link has
+	// deregistered and the shutdown grace has passed.
+	srvCtx, stopSrv := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopSrv()
+	srvErr := make(chan error, 1)
+	go func() { srvErr <- srv.Run(srvCtx) }()
+	linkCtx, stopLink := context.WithCancel(ctx)
+	defer stopLink()
+	linkErr := make(chan error, 1)
+	go func() { linkErr <- lk.Run(linkCtx) }()
+
+	var runErr error
+	select {
+	case runErr = <-linkErr:
+		stopSrv()
+		runErr = errors.Join(runErr, <-srvErr)
+	case runErr = <-srvErr:
+		// A server failed: leave the master at once.
+		a.lg.Error("agent server failed", "err", runErr)
+		stopLink()
+		<-linkErr
+	}
+	a.lg.Info("agent stopped")
+	return runErr
+}
+
+// mount creates the memory segments and opens the disk segment.
+func (a *Agent) mount() (*segment.Set, error) {
+	var segs []*segment.Segment
+	fail := func(err error) (*segment.Set, error) {
+		for _, s := range segs {
+			_ = s.Close()
+		}
+		return nil, err
+	}
+	if a.cfg.Memory > 0 {
+		n := uint64(a.cfg.MemorySegments)
+		each := uint64(a.cfg.Memory) / n
+		for i := range n {
+			s, err := segment.NewMemory("mem-"+strconv.FormatUint(i, 10), each)
+			if err != nil {
+				return fail(err)
+			}
+			segs = append(segs, s)
+		}
+	}
+	if a.cfg.DiskDir != "" {
+		s, rec, err := segment.OpenDisk(a.cfg.DiskDir, uint64(a.cfg.DiskSize))
+		if err != nil {
+			return fail(err)
+		}
+		if rec.Existing {
+			a.lg.Info("disk segment reopened", "segment_id", s.ID(), "dir", a.cfg.DiskDir, "sealed", rec.Sealed, "truncated_journal_bytes", rec.TruncatedBytes)
+		} else {
+			a.lg.Info("disk segment created", "segment_id", s.ID(), "dir", a.cfg.DiskDir, "size", a.cfg.DiskSize.String())
+		}
+		segs = append(segs, s)
+	}
+	return segment.NewSet(segs...), nil
+}
+
+func segmentNames(s *segment.Set) []string {
+	var out []string
+	for _, sg := range s.All() {
+		out = append(out, sg.Name()+"="+sg.ID())
+	}
+	return out
+}
+
+// advertise returns the address clients dial: the configured one, or the
+// bound one with an unspecified IP replaced by the host name.
+func advertise(configured, bound string) (string, error) {
+	if configured != "" {
+		if _, _, err := net.SplitHostPort(configured); err != nil {
+			return "", fmt.Errorf("advertise-addr %q: %w", configured, err)
+		}
+		return configured, nil
+	}
+	host, port, err := net.SplitHostPort(bound)
+	if err != nil {
+		return "", fmt.Errorf("bound address %q: %w", bound, err)
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		h, err := os.Hostname()
+		if err != nil {
+			return "", fmt.Errorf("advertise address: no host name for %s: %w", bound, err)
+		}
+		host = h
+	}
+	return net.JoinHostPort(host, port), nil
+}

@@ -1,0 +1,242 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/obs"
+	"github.com/crescent-kv/crescent/pkg/server"
+	"github.com/crescent-kv/crescent/pkg/token"
+	"github.com/crescent-kv/crescent/services/agent/internal/segment"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// benchChunk is the message size of the gRPC benchmarks (Write messages and
+// the Read chunk size): CRESCENT_BENCH_CHUNK bytes, default DefaultChunkSize.
+var benchChunk = func() int {
+	if v, err := strconv.Atoi(os.Getenv("CRESCENT_BENCH_CHUNK")); err == nil && v > 0 {
+		return v
+	}
+	return DefaultChunkSize
+}()
+
+var benchSizes = []struct {
+	name string
+	size int
+}{
+	{"4KiB", 4 << 10}, {"64KiB", 64 << 10}, {"1MiB", 1 << 20}, {"64MiB", 64 << 20},
+}
+
+// rawNsPerByte holds the raw TCP baseline of the current run, per size, so
+// the gRPC sub-benchmarks can report their ratio to it.
+var (
+	rawMu        sync.Mutex
+	rawNsPerByte = map[int]float64{}
+)
+
+// BenchmarkDataPlane measures DataService Write and Read over loopback TCP
+// through the production server bootstrap (pkg/server, with its
+// interceptors) against a raw TCP stream copy of the same bytes. Each raw
+// op sends size bytes, the receiver reads them into a buffer and answers one
+// byte, like the unary answer that ends a Write. ratio = gRPC throughput /
+// raw throughput.
+func BenchmarkDataPlane(b *testing.B) {
+	for _, sz := range benchSizes {
+		b.Run("size="+sz.name, func(b *testing.B) {
+			b.Run("raw", func(b *testing.B) { benchRaw(b, sz.size) })
+			b.Run("write", func(b *testing.B) { benchGRPC(b, sz.size, true) })
+			b.Run("read", func(b *testing.B) { benchGRPC(b, sz.size, false) })
+		})
+	}
+}
+
+func benchRaw(b *testing.B, size int) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer lis.Close()
+	done := make(chan error, 1)
+	go func() {
+		c, err := lis.Accept()
+		if err != nil {
+			done <- err
+			return
+		}
+		defer c.Close()
+		dst := make([]byte, size)
+		for {
+			if _, err := io.ReadFull(c, dst); err != nil {
+				if errors.Is(err, io.EOF) {
+					err = nil
+				}
+				done <- err
+				return
+			}
+			if _, err := c.Write([]byte{1}); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	c, err := net.Dial("tcp", lis.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	src := make([]byte, size)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	ack := make([]byte, 1)
+	chunk := min(size, DefaultChunkSize)
+	b.SetBytes(int64(size))
+	b.ResetTimer()
+	for b.Loop() {
+		for off := 0; off < size; off += chunk {
+			if _, err := c.Write(src[off : off+chunk]); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if _, err := io.ReadFull(c, ack); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	_ = c.Close()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	nsPerByte := float64(b.Elapsed().Nanoseconds()) / float64(b.N) / float64(size)
+	rawMu.Lock()
+	rawNsPerByte[size] = nsPerByte
+	rawMu.Unlock()
+	b.ReportMetric(1/nsPerByte, "GB/s")
+}
+
+func benchGRPC(b *testing.B, size int, write bool) {
+	mem, err := segment.NewMemory("bench", uint64(size)+4096)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer mem.Close()
+	set := segment.NewSet(mem)
+	keys := &Keyring{}
+	key := token.NewKey()
+	keys.Set(key)
+	lg := slog.New(slog.DiscardHandler)
+	reg := obs.NewRegistry()
+	srv := server.New(server.Config{GRPCAddr: "127.0.0.1:0", ShutdownTimeout: time.Second}, lg, reg, ServerOptions()...)
+	agentv1.RegisterDataServiceServer(srv.GRPC, New(Config{}, Deps{Segments: set, Keys: keys, Registerer: reg}, lg))
+	if err := srv.Listen(); err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runDone := make(chan error, 1)
+	go func() { runDone <- srv.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-runDone
+	}()
+	conn, err := grpc.NewClient(srv.GRPCAddr(), append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, DialOptions()...)...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	client := agentv1.NewDataServiceClient(conn)
+
+	a, err := mem.Reserve(&masterv1.ReserveItem{SegmentId: mem.ID(), Size: uint64(size), Key: "bench"}, time.Now())
+	if err != nil {
+		b.Fatal(err)
+	}
+	id := a.GetAllocationId()
+	src := make([]byte, size)
+	for i := range src {
+		src[i] = byte(i * 31)
+	}
+	exp := time.Now().Add(time.Hour)
+	wtok := token.Sign(key, token.Claims{Mode: token.Write, SegmentID: mem.ID(), AllocationID: id, Expiry: exp})
+	rtok := token.Sign(key, token.Claims{Mode: token.Read, SegmentID: mem.ID(), AllocationID: id, Expiry: exp})
+	writeOnce := func() error {
+		st, err := client.Write(ctx)
+		if err != nil {
+			return err
+		}
+		for off := 0; off < size; off += benchChunk {
+			m := &agentv1.WriteRequest{Data: src[off:min(off+benchChunk, size)]}
+			if off == 0 {
+				m.Header = &agentv1.WriteHeader{SegmentId: mem.ID(), AllocationId: id, Token: wtok}
+			}
+			if err := st.Send(m); err != nil {
+				break
+			}
+		}
+		resp, err := st.CloseAndRecv()
+		if err == nil && resp.GetBytesWritten() != uint64(size) {
+			err = fmt.Errorf("wrote %d of %d", resp.GetBytesWritten(), size)
+		}
+		return err
+	}
+	dst := make([]byte, size)
+	readOnce := func() error {
+		st, err := client.Read(ctx, &agentv1.ReadRequest{SegmentId: mem.ID(), AllocationId: id, Token: rtok, ChunkSize: uint32(benchChunk)})
+		if err != nil {
+			return err
+		}
+		n := 0
+		for {
+			m, err := st.Recv()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			n += copy(dst[n:], m.GetData())
+		}
+		if n != size {
+			return fmt.Errorf("read %d of %d", n, size)
+		}
+		return nil
+	}
+	if !write {
+		if err := writeOnce(); err != nil {
+			b.Fatal(err)
+		}
+		if err := mem.Seal([]segment.SealArg{{ID: id, Checksum: xxhash.Sum64(src)}}, time.Now())[0]; err != nil {
+			b.Fatal(err)
+		}
+	}
+	op := readOnce
+	if write {
+		op = writeOnce
+	}
+	b.SetBytes(int64(size))
+	b.ResetTimer()
+	for b.Loop() {
+		if err := op(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	nsPerByte := float64(b.Elapsed().Nanoseconds()) / float64(b.N) / float64(size)
+	b.ReportMetric(1/nsPerByte, "GB/s")
+	rawMu.Lock()
+	raw, ok := rawNsPerByte[size]
+	rawMu.Unlock()
+	if ok {
+		b.ReportMetric(raw/nsPerByte, "ratio")
+	}
+}
