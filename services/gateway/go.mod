@@ -3,15 +3,21 @@ module github.com/crescent-kv/crescent/services/gateway
 go 1.26.0
 
 require (
+	github.com/crescent-kv/crescent/gen v0.0.0-00010101000000-000000000000
 	github.com/crescent-kv/crescent/pkg v0.0.0-00010101000000-000000000000
 	github.com/go-zeromq/zmq4 v0.17.0
 	go.uber.org/goleak v1.3.0
+	google.golang.org/grpc v1.85.0
 )
 
 require (
 	github.com/go-zeromq/goczmq/v4 v4.2.2 // indirect
+	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sync v0.23.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
 )
 
 replace (

@@ -1,0 +1,391 @@
+// Package source follows the master's change stream and turns it into KV
+// events without loss, duplication or silent divergence.
+//
+// It lists then watches (as Kubernetes informers and etcd watchers do):
+// Snapshot gives the readable set at a revision, Watch continues from that
+// revision. The source keeps the set it has announced to subscribers,
+// (tenant, key, medium) → group, updated by every change it publishes.
+// After a disconnect it resumes Watch from the last applied revision with
+// the epoch that revision belongs to, skipping anything at or below it, so
+// nothing is lost or repeated. When resuming is impossible — the revision
+// was compacted, the master restarted or failed over (a new epoch), or the
+// stream skipped a revision — it takes a new Snapshot, diffs it against the
+// announced set and publishes exactly the difference: removed for what is
+// gone, stored for what is new (or changed group).
+package source
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/kvevent"
+	"github.com/crescent-kv/crescent/pkg/rpcerr"
+)
+
+// Sink receives events: Enqueue for the live stream (never blocks),
+// EnqueueWait for a resync diff (paced, never drops).
+type Sink interface {
+	Enqueue(evs ...kvevent.Event)
+	EnqueueWait(ctx context.Context, evs ...kvevent.Event) error
+}
+
+// Config tunes the source.
+type Config struct {
+	// BackoffMin and BackoffMax bound the jittered exponential backoff
+	// between reconnects; it resets after a session that received data.
+	BackoffMin, BackoffMax time.Duration
+	// ResyncChunk is how many diff events one EnqueueWait carries.
+	ResyncChunk int
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{BackoffMin: 100 * time.Millisecond, BackoffMax: 5 * time.Second, ResyncChunk: 4096}
+}
+
+// Status is the source's position.
+type Status struct {
+	// Epoch and Revision: the master epoch and the last change applied.
+	Epoch, Revision uint64
+	// Resyncs counts snapshots taken (the first one included).
+	Resyncs uint64
+	// Watching: a Watch stream is delivering.
+	Watching bool
+	// Announced is the size of the announced set.
+	Announced int
+}
+
+type objKey struct {
+	key    string
+	medium kvevent.Medium
+}
+
+// announcedSet is (tenant → (key, medium) → group).
+type announcedSet map[string]map[objKey]string
+
+// Source follows ChangeService. Run owns all mutable state; Status is safe
+// from any goroutine.
+type Source struct {
+	cfg    Config
+	client masterv1.ChangeServiceClient
+	sink   Sink
+	lg     *slog.Logger
+
+	epoch, revision, resyncs atomic.Uint64
+	announcedN               atomic.Int64
+	watching                 atomic.Bool
+
+	// Owned by Run.
+	announced announcedSet
+	rev, ep   uint64
+	synced    bool
+}
+
+// New builds a source. It does no I/O.
+func New(cfg Config, client masterv1.ChangeServiceClient, sink Sink, lg *slog.Logger) *Source {
+	def := DefaultConfig()
+	if cfg.BackoffMin <= 0 {
+		cfg.BackoffMin = def.BackoffMin
+	}
+	if cfg.BackoffMax < cfg.BackoffMin {
+		cfg.BackoffMax = max(def.BackoffMax, cfg.BackoffMin)
+	}
+	if cfg.ResyncChunk <= 0 {
+		cfg.ResyncChunk = def.ResyncChunk
+	}
+	return &Source{cfg: cfg, client: client, sink: sink, lg: lg, announced: announcedSet{}}
+}
+
+// Status returns the current position.
+func (s *Source) Status() Status {
+	return Status{
+		Epoch: s.epoch.Load(), Revision: s.revision.Load(), Resyncs: s.resyncs.Load(),
+		Watching: s.watching.Load(), Announced: int(s.announcedN.Load()),
+	}
+}
+
+// errResync marks conditions that only a snapshot can fix.
+var errResync = errors.New("source: resync required")
+
+// Run follows the master until ctx ends; it returns nil then.
+func (s *Source) Run(ctx context.Context) error {
+	bo := newBackoff(s.cfg.BackoffMin, s.cfg.BackoffMax)
+	for ctx.Err() == nil {
+		justResynced := !s.synced
+		if !s.synced {
+			if err := s.resync(ctx); err != nil {
+				if ctx.Err() != nil {
+					break
+				}
+				s.lg.Warn("snapshot from master failed; retrying", "err", err)
+				if bo.wait(ctx) != nil {
+					break
+				}
+				continue
+			}
+		}
+		healthy, err := s.watch(ctx)
+		s.watching.Store(false)
+		if ctx.Err() != nil {
+			break
+		}
+		if healthy {
+			bo.reset()
+		}
+		if needsResync(err) {
+			s.lg.Info("master change stream cannot resume; resyncing from a snapshot",
+				"epoch", s.ep, "revision", s.rev, "reason", rpcerr.Reason(err), "err", err)
+			s.synced = false
+			if justResynced && !healthy && bo.wait(ctx) != nil {
+				break // a fresh snapshot did not help: do not spin
+			}
+			continue
+		}
+		s.lg.Warn("master change stream ended; reconnecting", "epoch", s.ep, "revision", s.rev, "err", err)
+		if bo.wait(ctx) != nil {
+			break
+		}
+	}
+	return nil
+}
+
+func needsResync(err error) bool {
+	if errors.Is(err, errResync) {
+		return true
+	}
+	switch rpcerr.Reason(err) {
+	case rpcerr.ReasonName(masterv1.ErrorReason_ERROR_REASON_REVISION_COMPACTED),
+		rpcerr.ReasonName(masterv1.ErrorReason_ERROR_REASON_EPOCH_MISMATCH),
+		// A revision beyond the master's head: the log we followed is not this one.
+		rpcerr.ReasonName(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS):
+		return true
+	}
+	return false
+}
+
+// watch streams changes from the last applied revision. healthy reports
+// whether the stream delivered anything.
+func (s *Source) watch(ctx context.Context) (healthy bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := s.client.Watch(ctx, &masterv1.WatchRequest{FromRevision: s.rev, Epoch: s.ep})
+	if err != nil {
+		return false, err
+	}
+	var evs []kvevent.Event
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = errors.New("master closed the change stream")
+			}
+			return healthy, err
+		}
+		if !healthy {
+			healthy = true
+			s.watching.Store(true)
+			s.lg.Info("watching master changes", "epoch", s.ep, "from_revision", s.rev, "head_revision", resp.GetHeadRevision())
+		}
+		if resp.GetEpoch() != s.ep {
+			return healthy, fmt.Errorf("%w: master epoch changed from %d to %d", errResync, s.ep, resp.GetEpoch())
+		}
+		evs = evs[:0]
+		for _, ch := range resp.GetChanges() {
+			r := ch.GetRevision()
+			if r <= s.rev {
+				continue // already applied (a resend after a reconnect)
+			}
+			if r != s.rev+1 {
+				s.flush(evs)
+				return healthy, fmt.Errorf("%w: change stream jumped from revision %d to %d", errResync, s.rev, r)
+			}
+			if ev, ok := s.apply(ch); ok {
+				evs = append(evs, ev)
+			}
+			s.rev = r
+		}
+		s.flush(evs)
+	}
+}
+
+func (s *Source) flush(evs []kvevent.Event) {
+	if len(evs) > 0 {
+		s.sink.Enqueue(evs...)
+	}
+	s.revision.Store(s.rev)
+	s.announcedN.Store(int64(s.announced.size()))
+}
+
+// apply folds one change into the announced set and returns its event.
+func (s *Source) apply(ch *masterv1.Change) (kvevent.Event, bool) {
+	t := ch.GetTenant()
+	switch ch.GetType() {
+	case masterv1.ChangeType_CHANGE_TYPE_STORED:
+		k := objKey{ch.GetKey(), medium(ch.GetMedium())}
+		m := s.announced[t]
+		if m == nil {
+			m = map[objKey]string{}
+			s.announced[t] = m
+		}
+		m[k] = ch.GetGroupId()
+		return kvevent.Event{Type: kvevent.Stored, Tenant: t, Key: k.key, Medium: k.medium, GroupID: ch.GetGroupId()}, true
+	case masterv1.ChangeType_CHANGE_TYPE_REMOVED:
+		k := objKey{ch.GetKey(), medium(ch.GetMedium())}
+		group := s.announced[t][k]
+		if m := s.announced[t]; m != nil {
+			delete(m, k)
+			if len(m) == 0 {
+				delete(s.announced, t)
+			}
+		}
+		return kvevent.Event{Type: kvevent.Removed, Tenant: t, Key: k.key, Medium: k.medium, GroupID: group}, true
+	case masterv1.ChangeType_CHANGE_TYPE_CLEARED:
+		delete(s.announced, t)
+		return kvevent.Event{Type: kvevent.Cleared, Tenant: t}, true
+	default:
+		s.lg.Warn("unknown change type skipped", "revision", ch.GetRevision(), "type", int32(ch.GetType()))
+		return kvevent.Event{}, false
+	}
+}
+
+// medium maps a master medium to the wire's two tiers: memory is cpu, every
+// other class is disk.
+func medium(m masterv1.Medium) kvevent.Medium {
+	switch m {
+	case masterv1.Medium_MEDIUM_MEMORY, masterv1.Medium_MEDIUM_UNSPECIFIED:
+		return kvevent.MediumCPU
+	default:
+		return kvevent.MediumDisk
+	}
+}
+
+// resync lists the master's readable set and publishes the difference from
+// the announced set.
+func (s *Source) resync(ctx context.Context) error {
+	sctx, cancel := context.WithCancel(ctx) // ends the snapshot stream early on error
+	defer cancel()
+	stream, err := s.client.Snapshot(sctx, &masterv1.SnapshotRequest{})
+	if err != nil {
+		return err
+	}
+	next := announcedSet{}
+	var rev, epoch uint64
+	for page := 0; ; page++ {
+		resp, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return errors.New("snapshot ended before its last page")
+			}
+			return err
+		}
+		if page == 0 {
+			rev, epoch = resp.GetRevision(), resp.GetEpoch()
+		} else if resp.GetRevision() != rev || resp.GetEpoch() != epoch {
+			return fmt.Errorf("snapshot page %d at revision %d epoch %d, first page at %d/%d", page, resp.GetRevision(), resp.GetEpoch(), rev, epoch)
+		}
+		for _, e := range resp.GetEntries() {
+			m := next[e.GetTenant()]
+			if m == nil {
+				m = map[objKey]string{}
+				next[e.GetTenant()] = m
+			}
+			m[objKey{e.GetKey(), medium(e.GetMedium())}] = e.GetGroupId()
+		}
+		if resp.GetLast() {
+			break
+		}
+	}
+	cancel()
+	diff := diffSets(s.announced, next)
+	for chunk := range slices.Chunk(diff, s.cfg.ResyncChunk) {
+		if err := s.sink.EnqueueWait(ctx, chunk...); err != nil {
+			return err
+		}
+	}
+	removed := 0
+	for _, ev := range diff {
+		if ev.Type == kvevent.Removed {
+			removed++
+		}
+	}
+	s.lg.Info("resynced from master snapshot", "epoch", epoch, "revision", rev, "entries", next.size(),
+		"stored", len(diff)-removed, "removed", removed, "previous_epoch", s.ep, "previous_revision", s.rev)
+	s.announced, s.rev, s.ep, s.synced = next, rev, epoch, true
+	s.epoch.Store(epoch)
+	s.revision.Store(rev)
+	s.resyncs.Add(1)
+	s.announcedN.Store(int64(next.size()))
+	return nil
+}
+
+// diffSets returns removed events for what old has and next lacks, then
+// stored events for what next has new or with another group, each sorted.
+func diffSets(old, next announcedSet) []kvevent.Event {
+	var removed, stored []kvevent.Event
+	for t, m := range old {
+		nm := next[t]
+		for k, g := range m {
+			if _, ok := nm[k]; !ok {
+				removed = append(removed, kvevent.Event{Type: kvevent.Removed, Tenant: t, Key: k.key, Medium: k.medium, GroupID: g})
+			}
+		}
+	}
+	for t, nm := range next {
+		m := old[t]
+		for k, g := range nm {
+			if og, ok := m[k]; !ok || og != g {
+				stored = append(stored, kvevent.Event{Type: kvevent.Stored, Tenant: t, Key: k.key, Medium: k.medium, GroupID: g})
+			}
+		}
+	}
+	byKey := func(a, b kvevent.Event) int {
+		return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.Key, b.Key), cmp.Compare(a.Medium, b.Medium))
+	}
+	slices.SortFunc(removed, byKey)
+	slices.SortFunc(stored, byKey)
+	return append(removed, stored...)
+}
+
+func (a announcedSet) size() int {
+	n := 0
+	for _, m := range a {
+		n += len(m)
+	}
+	return n
+}
+
+// backoff is jittered exponential backoff that honours ctx.
+type backoff struct {
+	min, max, cur time.Duration
+	t             *time.Timer
+}
+
+func newBackoff(lo, hi time.Duration) *backoff { return &backoff{min: lo, max: hi, cur: lo} }
+
+func (b *backoff) reset() { b.cur = b.min }
+
+func (b *backoff) wait(ctx context.Context) error {
+	d := b.cur/2 + rand.N(b.cur/2+1)
+	b.cur = min(b.cur*2, b.max)
+	if b.t == nil {
+		b.t = time.NewTimer(d)
+	} else {
+		b.t.Reset(d)
+	}
+	select {
+	case <-ctx.Done():
+		b.t.Stop()
+		return ctx.Err()
+	case <-b.t.C:
+		return nil
+	}
+}
