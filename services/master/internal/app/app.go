@@ -8,10 +8,20 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/pkg/obs"
 	"github.com/crescent-kv/crescent/pkg/server"
+	"github.com/crescent-kv/crescent/pkg/token"
+	"github.com/crescent-kv/crescent/services/master/internal/adminsvc"
+	"github.com/crescent-kv/crescent/services/master/internal/changesvc"
+	"github.com/crescent-kv/crescent/services/master/internal/cluster"
+	"github.com/crescent-kv/crescent/services/master/internal/meta"
+	"github.com/crescent-kv/crescent/services/master/internal/objectsvc"
+	"github.com/crescent-kv/crescent/services/master/internal/segment"
+	"github.com/crescent-kv/crescent/services/master/internal/session"
 )
 
 // Config is the master's configuration. Flag names are YAML keys; each flag
@@ -106,8 +116,112 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// Master is a wired master: the metadata store, the segment registry and
+// agent sessions, and the gRPC services, on one server.
+type Master struct {
+	cfg      Config
+	lg       *slog.Logger
+	Server   *server.Server
+	Store    *meta.Store
+	Sessions *session.Manager
+	Registry *segment.Registry
+	Identity cluster.Identity
+}
+
+// New builds the master. It does no I/O and starts nothing.
+func New(cfg Config, lg *slog.Logger) (*Master, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	reg := obs.NewRegistry()
+	id := cluster.Identity{
+		MasterID: cfg.MasterID,
+		// A fresh epoch per process lifetime: agents fence older masters'
+		// commands by it and the change log's revisions restart under it.
+		Epoch:    uint64(time.Now().UnixNano()),
+		TokenKey: token.NewKey(),
+	}
+	if id.MasterID == "" {
+		id.MasterID = cfg.GRPCAddr
+	}
+	registry, err := segment.New(segment.Config{}, segment.Deps{Metrics: reg}, lg.With("part", "registry"))
+	if err != nil {
+		return nil, err
+	}
+	sessions, err := session.New(session.Config{
+		HeartbeatInterval: cfg.HeartbeatInterval,
+		SuspectAfter:      cfg.SuspectAfter,
+		UnmountAfter:      cfg.UnmountAfter,
+		ReservedGrace:     cfg.ReservedGrace,
+		RequestTimeout:    cfg.AgentTimeout,
+	}, session.Deps{Identity: id, Registry: registry, Metrics: reg}, lg.With("part", "sessions"))
+	if err != nil {
+		return nil, err
+	}
+	store, err := meta.New(meta.Config{
+		LeaseTTL:        cfg.LeaseTTL,
+		PutPreemptAfter: cfg.PutTimeout,
+		HighWatermark:   cfg.HighWatermark,
+		LowWatermark:    cfg.LowWatermark,
+		ChangeRetention: cfg.ChangelogRetention,
+	}, meta.Deps{Registry: registry, Agents: sessions, Identity: id, Metrics: reg}, lg.With("part", "meta"))
+	if err != nil {
+		return nil, err
+	}
+	// The sessions call back into the metadata on registration; the
+	// metadata needs the sessions to reach agents. Close the cycle before
+	// anything runs.
+	sessions.SetMetadata(store)
+	admin, err := adminsvc.New(adminsvc.Deps{Identity: id, Registry: registry, Meta: store}, lg.With("part", "admin"))
+	if err != nil {
+		return nil, err
+	}
+	srv := server.New(server.Config{GRPCAddr: cfg.GRPCAddr, AdminAddr: cfg.AdminAddr, ShutdownTimeout: cfg.ShutdownTimeout}, lg, reg)
+	objectsvc.New(objectsvc.Config{}, store).Register(srv.GRPC)
+	changesvc.New(changesvc.Config{}, store).Register(srv.GRPC)
+	masterv1.RegisterAdminServiceServer(srv.GRPC, admin)
+	masterv1.RegisterSegmentServiceServer(srv.GRPC, sessions)
+	return &Master{cfg: cfg, lg: lg, Server: srv, Store: store, Sessions: sessions, Registry: registry, Identity: id}, nil
+}
+
+// Run serves until ctx ends, then stops the server (which ends the agent
+// sessions), the sessions and the store.
+func (m *Master) Run(ctx context.Context) error {
+	if err := m.Server.Listen(); err != nil {
+		return err
+	}
+	m.lg.Info("master starting", "master_id", m.Identity.MasterID, "epoch", m.Identity.Epoch, "grpc", m.Server.GRPCAddr())
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errc := make(chan error, 3)
+	for name, run := range map[string]func(context.Context) error{"store": m.Store.Run, "sessions": m.Sessions.Run} {
+		wg.Go(func() {
+			if err := run(ctx); err != nil && ctx.Err() == nil {
+				errc <- fmt.Errorf("%s: %w", name, err)
+				cancel()
+			}
+		})
+	}
+	err := m.Server.Run(ctx)
+	cancel()
+	wg.Wait()
+	_ = m.Sessions.Close()
+	_ = m.Store.Close()
+	if err == nil {
+		select {
+		case err = <-errc:
+		default:
+		}
+	}
+	return err
+}
+
 // Run builds the master and serves until ctx ends.
 func Run(ctx context.Context, cfg Config, lg *slog.Logger) error {
-	srv := server.New(server.Config{GRPCAddr: cfg.GRPCAddr, AdminAddr: cfg.AdminAddr, ShutdownTimeout: cfg.ShutdownTimeout}, lg, obs.NewRegistry())
-	return srv.Run(ctx)
+	m, err := New(cfg, lg)
+	if err != nil {
+		return err
+	}
+	return m.Run(ctx)
 }
