@@ -205,7 +205,11 @@ func (s *Store) sendReleases(ctx context.Context, r *releases) {
 	for seg, allocs := range items {
 		e := s.segs.get(seg)
 		sv, ok := s.reg.Segment(e.id)
-		if !ok || !sv.CanContinueCleanup() {
+		if !ok || sv.Lifecycle == masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_UNMOUNTED {
+			continue // the segment is gone, and its allocations with it
+		}
+		if !sv.CanContinueCleanup() {
+			s.owe(seg, allocs)
 			continue
 		}
 		for _, a := range allocs {
@@ -214,9 +218,34 @@ func (s *Store) sendReleases(ctx context.Context, r *releases) {
 	}
 	fanOut(per, func(agent string, refs []*masterv1.AllocationRef) {
 		if err := s.agents.Release(ctx, agent, refs); err != nil {
-			s.lg.Warn("release at agent failed; the agent's reconcile frees the space", "agent_id", agent, "allocations", len(refs), "err", err)
+			s.lg.Warn("release at agent failed; owed until the agent reconciles", "agent_id", agent, "allocations", len(refs), "err", err)
+			for _, r := range refs {
+				if idx, ok := s.segs.lookup(r.SegmentId); ok {
+					s.owe(idx, []uint64{r.AllocationId})
+				}
+			}
 		}
 	})
+}
+
+// owe remembers allocations whose release could not be delivered, so that
+// the agent's next Reconcile returns them for release instead of adopting
+// them back (which would resurrect removed objects).
+func (s *Store) owe(seg uint32, allocs []uint64) {
+	s.owedMu.Lock()
+	defer s.owedMu.Unlock()
+	for _, a := range allocs {
+		s.owed[allocKey{seg, a}] = struct{}{}
+	}
+}
+
+// takeOwed reports whether k was owed, forgetting it.
+func (s *Store) takeOwed(k allocKey) bool {
+	s.owedMu.Lock()
+	defer s.owedMu.Unlock()
+	_, ok := s.owed[k]
+	delete(s.owed, k)
+	return ok
 }
 
 // fanOut calls f once per key, concurrently when there are several, and

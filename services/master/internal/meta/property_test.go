@@ -145,6 +145,41 @@ func TestPropertyInvariants(t *testing.T) {
 				nextSeg++
 				e.c.Reg.Add(cluster.Segment{ID: fmt.Sprintf("new-%d", nextSeg), AgentID: sg.AgentID, HostID: sg.HostID, Capacity: 4096})
 			},
+			"agentBlip": func(rt *rapid.T) {
+				// An agent is unreachable during one removal-type operation,
+				// then reconnects and reconciles; it releases what the
+				// master hands back.
+				agent := fmt.Sprintf("agent-%d", rapid.IntRange(0, 2).Draw(rt, "agent"))
+				e.c.Agents.SetDown(agent, true)
+				r := pickRef(rt)
+				switch rapid.IntRange(0, 3).Draw(rt, "op") {
+				case 0:
+					_ = e.s.Remove(ctx, RemoveSpec{Tenant: r.Tenant, Key: r.Key, Force: true})
+				case 1:
+					_, _, _ = e.s.RemoveAll(ctx, r.Tenant, true)
+				case 2:
+					sp := spec(rt, r, true)
+					if _, err := e.s.PutStart(ctx, sp); err == nil {
+						delete(open, norm(r))
+						_ = e.s.PutEnd(ctx, PutEndSpec{Tenant: r.Tenant, Key: r.Key, ClientID: "c", Checksum: 3})
+					}
+				case 3:
+					e.s.evictFor(ctx, masterv1.Medium_MEDIUM_MEMORY, 2048)
+				}
+				e.c.Agents.SetDown(agent, false)
+				var segs []cluster.Segment
+				for _, sg := range e.c.Reg.Segments() {
+					if sg.AgentID == agent {
+						segs = append(segs, sg)
+					}
+				}
+				back := e.s.Reconcile(ctx, agent, segs, e.c.Agents.Table(agent))
+				if len(back) > 0 {
+					if err := e.c.Agents.Release(ctx, agent, back); err != nil {
+						rt.Fatalf("agent release: %v", err)
+					}
+				}
+			},
 			"": func(rt *rapid.T) {
 				checkInvariants(rt, e, f)
 			},

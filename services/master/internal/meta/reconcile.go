@@ -30,6 +30,9 @@ type allocKey struct {
 //     other version's allocations are released — returned to this agent,
 //     sent as Release to other agents. Allocations of the winning version
 //     are adopted, one replica per segment.
+//   - Allocations whose release this master could not deliver (the agent
+//     was unreachable when their replica was removed) are returned, never
+//     adopted, so a removed object does not come back on reconnect.
 //   - Allocations for an object with a write in progress are returned (the
 //     write replaces them, as an upsert would), as are allocations with an
 //     invalid tag.
@@ -100,7 +103,15 @@ func (s *Store) Reconcile(ctx context.Context, agentID string, segments []cluste
 	}
 	groups := map[ObjectRef]*group{}
 	for k, a := range have {
-		if claimed[k] || a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_SEALED {
+		if claimed[k] {
+			continue
+		}
+		if s.takeOwed(k) {
+			// Removed here while the agent was unreachable: release, never adopt.
+			ref(k.seg, k.alloc)
+			continue
+		}
+		if a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_SEALED {
 			continue
 		}
 		r := ObjectRef{Tenant: NormalizeTenant(a.GetTenant()), Key: a.GetKey()}

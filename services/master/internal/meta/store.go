@@ -163,6 +163,10 @@ type Store struct {
 	// evictMu serialises eviction runs.
 	evictMu sync.Mutex
 
+	// owedMu guards owed: releases that could not be delivered (leaf lock).
+	owedMu sync.Mutex
+	owed   map[allocKey]struct{}
+
 	closeOnce sync.Once
 	closed    chan struct{}
 
@@ -204,6 +208,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		signer:    token.NewSigner(deps.Identity.TokenKey),
 		evictKick: make(chan struct{}, 1),
 		closed:    make(chan struct{}),
+		owed:      make(map[allocKey]struct{}),
 		evicted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "crescent_master_evicted_objects_total", Help: "Objects evicted under segment pressure.",
 		}),
