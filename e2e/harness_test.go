@@ -29,7 +29,7 @@ func binDir(t testing.TB) string {
 	if dir == "" {
 		dir, _ = filepath.Abs("../bin")
 	}
-	for _, b := range []string{"crescent-master", "crescent-agent", "crescent-gateway", "crescentctl"} {
+	for _, b := range []string{"crescent-master", "crescent-agent", "crescentctl"} {
 		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
 			t.Fatalf("binary %s missing in %s: run 'make build' (or 'make test', which builds first)", b, dir)
 		}
