@@ -75,7 +75,9 @@ type Log struct {
 	// mu guards every field below. It is a leaf lock: callers may hold a
 	// metadata shard lock (or all of them) while appending.
 	mu      sync.Mutex
-	ring    []entry // grows to retention, then wraps; rev r lives at (r-1)%retention
+	// ring holds rev r at position (r-1)%retention, in chunks of chunkSize
+	// entries allocated on first use (no regrowth copies).
+	ring    [][]entry
 	head    uint64  // last assigned revision (0 = none)
 	tenants []string
 	tenIdx  map[string]uint32
@@ -120,11 +122,7 @@ func (l *Log) Append(recs []Record) uint64 {
 			typ:    recs[i].Type,
 			medium: uint8(recs[i].Medium),
 		}
-		if uint64(len(l.ring)) < l.retention {
-			l.ring = append(l.ring, e)
-		} else {
-			l.ring[(l.head-1)%l.retention] = e
-		}
+		*l.slotLocked(l.head) = e
 	}
 	if l.waiting {
 		close(l.notify)
@@ -132,6 +130,21 @@ func (l *Log) Append(recs []Record) uint64 {
 		l.waiting = false
 	}
 	return l.head
+}
+
+const chunkSize = 4096
+
+// slotLocked returns the ring slot of revision r, allocating its chunk.
+func (l *Log) slotLocked(r uint64) *entry {
+	pos := (r - 1) % l.retention
+	c := pos / chunkSize
+	for uint64(len(l.ring)) <= c {
+		l.ring = append(l.ring, nil)
+	}
+	if l.ring[c] == nil {
+		l.ring[c] = make([]entry, min(chunkSize, l.retention-c*chunkSize))
+	}
+	return &l.ring[c][pos%chunkSize]
 }
 
 func (l *Log) internLocked(t string) uint32 {
@@ -190,7 +203,7 @@ func (l *Log) Read(from uint64, max int, dst []Record) (recs []Record, head, com
 			"revision %d is beyond the head %d of epoch %d", from, l.head, l.epoch)
 	}
 	for r := from + 1; r <= l.head && (max <= 0 || len(dst) < max); r++ {
-		e := &l.ring[(r-1)%l.retention]
+		e := l.slotLocked(r)
 		dst = append(dst, Record{
 			Revision: r,
 			Type:     e.typ,

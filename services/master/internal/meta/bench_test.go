@@ -72,3 +72,67 @@ func benchHeap(b *testing.B, retention int) {
 		b.StartTimer()
 	}
 }
+
+func benchStore(b *testing.B) *Store {
+	b.Helper()
+	c := metatest.NewCluster(4, 2, 1<<50)
+	s, err := New(Config{}, Deps{Registry: c.Reg, Agents: &metatest.NullAgents{},
+		Identity: cluster.Identity{Epoch: 1, TokenKey: []byte("k")}}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
+
+// BenchmarkStoreBatchPut128 is BatchPutStart+BatchPutEnd of 128 keys
+// straight on the store (no gRPC), agents answering instantly.
+func BenchmarkStoreBatchPut128(b *testing.B) {
+	s := benchStore(b)
+	ctx := context.Background()
+	specs := make([]PutSpec, 128)
+	ends := make([]PutEndSpec, 128)
+	n := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		for j := range specs {
+			k := fmt.Sprintf("%032x", n)
+			n++
+			specs[j] = PutSpec{Key: k, Size: 4096, ClientID: "w"}
+			ends[j] = PutEndSpec{Key: k, ClientID: "w"}
+		}
+		s.BatchPutStart(ctx, specs)
+		s.BatchPutEnd(ctx, ends)
+	}
+	b.ReportMetric(float64(b.N*128)/b.Elapsed().Seconds(), "keys/s")
+}
+
+// BenchmarkStoreBatchGet128 is BatchGet of 128 keys straight on the store.
+func BenchmarkStoreBatchGet128(b *testing.B) {
+	s := benchStore(b)
+	ctx := context.Background()
+	const n = 1 << 14
+	specs := make([]PutSpec, n)
+	ends := make([]PutEndSpec, n)
+	for i := range specs {
+		k := fmt.Sprintf("%032x", i)
+		specs[i] = PutSpec{Key: k, Size: 4096, ClientID: "w"}
+		ends[i] = PutEndSpec{Key: k, ClientID: "w"}
+	}
+	s.BatchPutStart(ctx, specs)
+	s.BatchPutEnd(ctx, ends)
+	gets := make([]GetSpec, 128)
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		for j := range gets {
+			gets[j] = GetSpec{Key: specs[i%n].Key}
+			i++
+		}
+		for _, r := range s.BatchGet(ctx, gets) {
+			if r.Err != nil {
+				b.Fatal(r.Err)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.N*128)/b.Elapsed().Seconds(), "keys/s")
+}

@@ -125,6 +125,7 @@ type putItem struct {
 func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartResult {
 	res := make([]PutStartResult, len(specs))
 	items := make([]*putItem, 0, len(specs))
+	arena := make([]putItem, len(specs))
 	for i := range specs {
 		sp := &specs[i]
 		sp.Tenant = NormalizeTenant(sp.Tenant)
@@ -143,7 +144,8 @@ func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartRe
 			res[i].Err = err
 			continue
 		}
-		items = append(items, &putItem{i: i, tenant: t, shard: s.shardIndex(t, sp.Key)})
+		arena[i] = putItem{i: i, tenant: t, shard: s.shardIndex(t, sp.Key)}
+		items = append(items, &arena[i])
 	}
 	exclude := newExclusions()
 	for round := 0; round < 2 && len(items) > 0; round++ {
@@ -434,6 +436,7 @@ type endItem struct {
 func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 	res := make([]error, len(specs))
 	items := make([]*endItem, 0, len(specs))
+	arena := make([]endItem, len(specs))
 	for i := range specs {
 		sp := &specs[i]
 		sp.Tenant = NormalizeTenant(sp.Tenant)
@@ -446,7 +449,8 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 			res[i] = errNotFound(sp.Tenant, sp.Key)
 			continue
 		}
-		items = append(items, &endItem{i: i, tenant: t, shard: s.shardIndex(t, sp.Key)})
+		arena[i] = endItem{i: i, tenant: t, shard: s.shardIndex(t, sp.Key)}
+		items = append(items, &arena[i])
 	}
 	type batch struct {
 		items []*masterv1.SealItem

@@ -129,8 +129,11 @@ func (s *Service) BatchPutStart(ctx context.Context, r *masterv1.BatchPutStartRe
 		specs = append(specs, sp)
 		idx = append(idx, i)
 	}
+	results := make([]masterv1.PutStartResult, len(specs))
 	for j, res := range s.store.BatchPutStart(ctx, specs) {
-		out[idx[j]] = &masterv1.PutStartResult{Status: rpcerr.Item(res.Err), Replicas: res.Replicas}
+		r := &results[j]
+		r.Status, r.Replicas = item(res.Err), res.Replicas
+		out[idx[j]] = r
 	}
 	return &masterv1.BatchPutStartResponse{Results: out}, nil
 }
@@ -179,13 +182,10 @@ func (s *Service) BatchGetReplicaList(ctx context.Context, r *masterv1.BatchGetR
 	}
 	res := s.store.BatchGet(ctx, specs)
 	out := make([]*masterv1.GetReplicaListResult, len(res))
-	ok := &masterv1.ItemStatus{}
+	results := make([]masterv1.GetReplicaListResult, len(res))
 	for i, r := range res {
-		if r.Err != nil {
-			out[i] = &masterv1.GetReplicaListResult{Status: rpcerr.Item(r.Err)}
-		} else {
-			out[i] = &masterv1.GetReplicaListResult{Status: ok, ReplicaList: r.Resp}
-		}
+		out[i] = &results[i]
+		out[i].Status, out[i].ReplicaList = item(r.Err), r.Resp
 	}
 	return &masterv1.BatchGetReplicaListResponse{Results: out}, nil
 }
@@ -295,10 +295,21 @@ func (s *Service) RemoveByRegex(ctx context.Context, r *masterv1.RemoveByRegexRe
 	return &masterv1.RemoveByRegexResponse{Removed: n, Skipped: skipped}, nil
 }
 
+// okItem is shared by every OK item of every response: marshalling only
+// reads it.
+var okItem = &masterv1.ItemStatus{}
+
+func item(err error) *masterv1.ItemStatus {
+	if err == nil {
+		return okItem
+	}
+	return rpcerr.Item(err)
+}
+
 func items(errs []error) []*masterv1.ItemStatus {
 	out := make([]*masterv1.ItemStatus, len(errs))
 	for i, err := range errs {
-		out[i] = rpcerr.Item(err)
+		out[i] = item(err)
 	}
 	return out
 }
