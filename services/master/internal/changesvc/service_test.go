@@ -296,3 +296,42 @@ func TestSnapshotEmptyAndByTenant(t *testing.T) {
 		t.Fatalf("unknown tenant: got %d entries, want 0", n)
 	}
 }
+
+// TestSlowWatcherFallsOutOfWindow: a watcher that stops reading while the
+// log wraps gets REVISION_COMPACTED when it resumes, not a silent gap.
+func TestSlowWatcherFallsOutOfWindow(t *testing.T) {
+	h := start(t, 64)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	st, err := h.cli.Watch(ctx, &masterv1.WatchRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.put(t, "t", "first")
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	// Far more than the transport buffers while the client does not read.
+	for i := range 4000 {
+		h.put(t, "t", fmt.Sprintf("%01000d", i))
+	}
+	var last uint64
+	for {
+		resp, err := st.Recv()
+		if err != nil {
+			if got := rpcerr.Reason(err); got != "REVISION_COMPACTED" {
+				t.Fatalf("reason: got %q (%v), want REVISION_COMPACTED", got, err)
+			}
+			return
+		}
+		for _, c := range resp.Changes {
+			if c.Revision != last+1 && last != 0 {
+				t.Fatalf("gap: %d after %d", c.Revision, last)
+			}
+			last = c.Revision
+		}
+		if last == 4001 {
+			t.Fatal("watcher received everything; want it to fall out of the window")
+		}
+	}
+}
