@@ -74,11 +74,11 @@ type Log struct {
 
 	// mu guards every field below. It is a leaf lock: callers may hold a
 	// metadata shard lock (or all of them) while appending.
-	mu      sync.Mutex
+	mu sync.Mutex
 	// ring holds rev r at position (r-1)%retention, in chunks of chunkSize
 	// entries allocated on first use (no regrowth copies).
 	ring    [][]entry
-	head    uint64  // last assigned revision (0 = none)
+	head    uint64 // last assigned revision (0 = none)
 	tenants []string
 	tenIdx  map[string]uint32
 	// notify is closed and replaced on an append when waiting is set.

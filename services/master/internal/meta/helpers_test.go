@@ -54,7 +54,7 @@ func newEnv(t testing.TB, hosts, segs int, capacity uint64, cfg Config) *env {
 // rkey is one readable (tenant, key, medium).
 type rkey struct {
 	tenant, key string
-	medium masterv1.Medium
+	medium      masterv1.Medium
 }
 
 // readableSet computes the readable set straight from the objects.

@@ -121,18 +121,18 @@ type Agents struct {
 	// NowMs stamps seals (default 0).
 	NowMs func() int64
 
-	mu        sync.Mutex
-	next      uint64
-	live      map[Ref]*Alloc
-	used      map[string]uint64
-	released  map[Ref]bool
-	problems  []string
-	down      map[string]bool
-	badSum    map[string]bool // keys whose seal fails with CHECKSUM_MISMATCH
-	reserveN  int
-	sealN     int
-	releaseN  int
-	gone      map[string]bool // unmounted segments
+	mu       sync.Mutex
+	next     uint64
+	live     map[Ref]*Alloc
+	used     map[string]uint64
+	released map[Ref]bool
+	problems []string
+	down     map[string]bool
+	badSum   map[string]bool // keys whose seal fails with CHECKSUM_MISMATCH
+	reserveN int
+	sealN    int
+	releaseN int
+	gone     map[string]bool // unmounted segments
 }
 
 // NewAgents returns fake agents over reg.
