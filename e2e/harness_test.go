@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -336,4 +337,24 @@ func Eventually(t testing.TB, d time.Duration, f func() error) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("condition not met after %v: %v", d, err)
+}
+
+// metric returns the value of an unlabelled counter or gauge from a
+// process's /metrics (0 when absent).
+func (c *Cluster) metric(t testing.TB, p *Proc, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + p.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			var f float64
+			fmt.Sscan(v, &f)
+			return f
+		}
+	}
+	return 0
 }

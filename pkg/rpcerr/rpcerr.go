@@ -114,7 +114,10 @@ func Status(err error) error {
 	}
 	var e *Error
 	if errors.As(err, &e) {
-		st := status.New(e.Code, err.Error())
+		// The reason travels in ErrorInfo; keep it out of the message so a
+		// receiver that prefixes it (Error.Error) does not print it twice.
+		msg := strings.Replace(err.Error(), e.Error(), e.Msg, 1)
+		st := status.New(e.Code, msg)
 		if ds, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: ReasonName(e.Reason), Domain: Domain, Metadata: e.Metadata}); derr == nil {
 			return ds.Err()
 		}

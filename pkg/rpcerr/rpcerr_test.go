@@ -40,6 +40,9 @@ func TestRoundTrip(t *testing.T) {
 	if Item(nil).GetCode() != 0 || FromItem(Item(nil)) != nil {
 		t.Fatal("nil error must round-trip as OK")
 	}
+	if got := FromStatus(Status(fmt.Errorf("put: %w", New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND, "no k")))).Error(); got != "OBJECT_NOT_FOUND: put: no k" {
+		t.Fatalf("round-tripped message: got %q", got)
+	}
 	sentinel := &Error{Reason: masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND}
 	if !errors.Is(fmt.Errorf("x: %w", New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND, "")), sentinel) {
 		t.Fatal("errors.Is must match on reason")
