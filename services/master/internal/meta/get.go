@@ -33,24 +33,46 @@ func errNotReady(tenant, key, why string) error {
 		"object %q/%q is not readable yet: %s", tenant, key, why)
 }
 
-// segCache memoises registry reads for one request.
+// segCache memoises registry reads for one request. The first few
+// segments live inline so a single-object read allocates nothing here.
 type segCache struct {
-	s   *Store
-	idx []uint32
-	sv  []cluster.Segment
-	ok  []bool
+	s    *Store
+	n    int
+	idx  [4]uint32
+	ok   [4]bool
+	sv   []cluster.Segment
+	arr  [4]cluster.Segment
+	more map[uint32]int
+	oks  []bool
 }
 
 // slot returns the cache slot of seg and whether the registry knows it.
 func (c *segCache) slot(seg uint32) (int, bool) {
-	for i, x := range c.idx {
-		if x == seg {
+	for i := 0; i < c.n && i < len(c.idx); i++ {
+		if c.idx[i] == seg {
 			return i, c.ok[i]
 		}
 	}
+	if i, hit := c.more[seg]; hit {
+		return i, c.oks[i-len(c.idx)]
+	}
 	sv, ok := c.s.reg.Segment(c.s.segs.get(seg).id)
-	c.idx, c.sv, c.ok = append(c.idx, seg), append(c.sv, sv), append(c.ok, ok)
-	return len(c.idx) - 1, ok
+	if c.sv == nil {
+		c.sv = c.arr[:0]
+	}
+	i := c.n
+	c.n++
+	c.sv = append(c.sv, sv)
+	if i < len(c.idx) {
+		c.idx[i], c.ok[i] = seg, ok
+	} else {
+		if c.more == nil {
+			c.more = map[uint32]int{}
+		}
+		c.more[seg] = i
+		c.oks = append(c.oks, ok)
+	}
+	return i, ok
 }
 
 func (c *segCache) get(seg uint32) (cluster.Segment, bool) {
@@ -189,7 +211,7 @@ func (s *Store) BatchGet(ctx context.Context, specs []GetSpec) []GetResult {
 	}
 	resps := make([]masterv1.GetReplicaListResponse, ok)
 	descs := make([]masterv1.ReplicaDescriptor, total)
-	ttl := durationpb.New(s.cfg.LeaseTTL)
+	ttl := s.leaseTTL
 	exp := s.now().Add(s.cfg.LeaseTTL)
 	for _, it := range items {
 		if res[it.i].Err != nil {
@@ -210,7 +232,7 @@ func (s *Store) BatchGet(ctx context.Context, specs []GetSpec) []GetResult {
 func (s *Store) readResponse(v *readView, c *segCache, clientHost string) *masterv1.GetReplicaListResponse {
 	resp := &masterv1.GetReplicaListResponse{}
 	exp := s.now().Add(s.cfg.LeaseTTL)
-	s.fillResponse(resp, v, c, clientHost, make([]masterv1.ReplicaDescriptor, len(v.reps)), durationpb.New(s.cfg.LeaseTTL), exp)
+	s.fillResponse(resp, v, c, clientHost, make([]masterv1.ReplicaDescriptor, len(v.reps)), s.leaseTTL, exp)
 	return resp
 }
 

@@ -35,6 +35,7 @@ import (
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // DefaultTenant is the tenant of requests that name none.
@@ -156,7 +157,9 @@ type Store struct {
 	tenants   tenantTable
 	log       *changelog.Log
 	signer    *token.Signer
-	putSeq    atomic.Uint64
+	// leaseTTL is shared by every GetReplicaList answer (only read).
+	leaseTTL *durationpb.Duration
+	putSeq   atomic.Uint64
 
 	// evictKick wakes Run's eviction check (capacity 1, never blocks).
 	evictKick chan struct{}
@@ -206,6 +209,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		shardMask: uint64(cfg.Shards - 1),
 		log:       changelog.New(cfg.ChangeRetention, deps.Identity.Epoch),
 		signer:    token.NewSigner(deps.Identity.TokenKey),
+		leaseTTL:  durationpb.New(cfg.LeaseTTL),
 		evictKick: make(chan struct{}, 1),
 		closed:    make(chan struct{}),
 		owed:      make(map[allocKey]struct{}),
