@@ -96,7 +96,16 @@ type readView struct {
 // readLocked resolves the readable replicas of o (COMPLETE, on a segment
 // that can serve reads) into v, or returns why there are none.
 func (s *Store) readLocked(o *object, c *segCache, tenant, key string, v *readView) error {
-	v.reps = v.reps[:0]
+	return s.readIntoLocked(o, c, tenant, key, v, &v.reps)
+}
+
+// readIntoLocked is readLocked appending the replicas to *arena (shared by
+// a batch) and pointing v.reps at them.
+func (s *Store) readIntoLocked(o *object, c *segCache, tenant, key string, v *readView, arena *[]readRep) error {
+	start := len(*arena)
+	if arena == &v.reps {
+		start, *arena = 0, (*arena)[:0]
+	}
 	processing := false
 	for i := range o.replicas {
 		r := &o.replicas[i]
@@ -108,8 +117,9 @@ func (s *Store) readLocked(o *object, c *segCache, tenant, key string, v *readVi
 		if !ok || !c.sv[slot].CanServeRead() {
 			continue
 		}
-		v.reps = append(v.reps, readRep{r: *r, slot: slot})
+		*arena = append(*arena, readRep{r: *r, slot: slot})
 	}
+	v.reps = (*arena)[start:len(*arena):len(*arena)]
 	if len(v.reps) == 0 {
 		if o.hasComplete() {
 			return errNotReady(tenant, key, "no replica is on a segment that can serve reads")
@@ -181,6 +191,7 @@ func (s *Store) BatchGet(ctx context.Context, specs []GetSpec) []GetResult {
 		items = append(items, item{i: i, tenant: t, shard: s.shardIndex(t, sp.Key)})
 	}
 	c := segCache{s: s}
+	arena := make([]readRep, 0, len(items))
 	forShards(items, func(it item) int { return it.shard }, func(sh int, group []item) {
 		shd := &s.shards[sh]
 		shd.mu.Lock()
@@ -192,7 +203,7 @@ func (s *Store) BatchGet(ctx context.Context, specs []GetSpec) []GetResult {
 				res[it.i].Err = errNotFound(sp.Tenant, sp.Key)
 				continue
 			}
-			if err := s.readLocked(o, &c, sp.Tenant, sp.Key, &views[it.i]); err != nil {
+			if err := s.readIntoLocked(o, &c, sp.Tenant, sp.Key, &views[it.i], &arena); err != nil {
 				res[it.i].Err = err
 				continue
 			}
