@@ -164,16 +164,20 @@ func (s *Server) fail(method string, err error) error {
 	return rpcerr.Status(err)
 }
 
-// Write streams bytes into a RESERVED allocation.
+// Write streams bytes into a RESERVED allocation. Each message is bounds
+// checked whole, then its data is copied from the received buffers into the
+// segment (with the data plane codec, straight from the transport's buffers).
 func (s *Server) Write(stream agentv1.DataService_WriteServer) error {
-	msg, err := stream.Recv()
+	msg := newWriteMsg()
+	defer msg.free()
+	err := stream.RecvMsg(msg)
 	if errors.Is(err, io.EOF) {
 		return s.fail("write", errInvalid("empty write stream: the first message must carry a header"))
 	}
 	if err != nil {
 		return err
 	}
-	hdr := msg.GetHeader()
+	hdr := msg.hdr()
 	if hdr == nil {
 		return s.fail("write", errInvalid("the first write message must carry a header"))
 	}
@@ -184,14 +188,20 @@ func (s *Server) Write(stream agentv1.DataService_WriteServer) error {
 	defer h.Close()
 	off, written := hdr.GetOffset(), uint64(0)
 	for {
-		data := msg.GetData()
-		if err := h.WriteAt(data, off); err != nil {
+		n := uint64(msg.dataLen())
+		if err := h.CheckBounds(off, n); err != nil {
 			return s.fail("write", err)
 		}
-		off += uint64(len(data))
-		written += uint64(len(data))
-		s.bytesIn.Add(float64(len(data)))
-		msg, err = stream.Recv()
+		for _, p := range msg.dataPieces() {
+			if err := h.WriteAt(p, off); err != nil {
+				return s.fail("write", err)
+			}
+			off += uint64(len(p))
+		}
+		written += n
+		s.bytesIn.Add(float64(n))
+		msg.free()
+		err = stream.RecvMsg(msg)
 		if errors.Is(err, io.EOF) {
 			break
 		}
@@ -205,13 +215,16 @@ func (s *Server) Write(stream agentv1.DataService_WriteServer) error {
 	return stream.SendAndClose(&agentv1.WriteResponse{BytesWritten: written})
 }
 
-// Read streams a SEALED allocation (or a range of it) in chunks.
+// Read streams a SEALED allocation (or a range of it) in chunks. Chunks of a
+// memory segment alias the mapping; the allocation stays pinned until the
+// transport has sent them.
 func (s *Server) Read(req *agentv1.ReadRequest, stream agentv1.DataService_ReadServer) error {
 	h, err := s.open(req.GetSegmentId(), req.GetAllocationId(), req.GetToken(), token.Read)
 	if err != nil {
 		return s.fail("read", err)
 	}
-	defer h.Close()
+	p := newPin(h.Close)
+	defer p.done()
 	size, off, length := h.Size(), req.GetOffset(), req.GetLength()
 	if off > size {
 		return s.fail("read", rpcerr.New(codes.OutOfRange, masterv1.ErrorReason_ERROR_REASON_OUT_OF_BOUNDS, "offset %d is past the end of the %d-byte object", off, size))
@@ -236,7 +249,11 @@ func (s *Server) Read(req *agentv1.ReadRequest, stream agentv1.DataService_ReadS
 		if err != nil {
 			return s.fail("read", err)
 		}
-		if data == nil && n > 0 {
+		rc := &readChunk{ReadResponse: &agentv1.ReadResponse{}}
+		if data != nil {
+			rc.pin = p
+		} else if n > 0 {
+			// Disk: the standard marshalling copies, so buf is reusable.
 			if uint64(cap(buf)) < n {
 				buf = make([]byte, n)
 			}
@@ -245,11 +262,11 @@ func (s *Server) Read(req *agentv1.ReadRequest, stream agentv1.DataService_ReadS
 				return s.fail("read", err)
 			}
 		}
-		resp := &agentv1.ReadResponse{Data: data}
+		rc.Data = data
 		if first {
-			resp.ObjectSize, resp.Checksum = size, h.Checksum()
+			rc.ObjectSize, rc.Checksum = size, h.Checksum()
 		}
-		if err := stream.Send(resp); err != nil {
+		if err := stream.SendMsg(rc); err != nil {
 			return err
 		}
 		s.bytesOut.Add(float64(n))

@@ -39,8 +39,11 @@ type env struct {
 
 // start serves a DataService over bufconn with one memory and one disk
 // segment and returns a real generated client.
-func start(t *testing.T) *env {
+func start(t *testing.T, opts ...grpc.ServerOption) *env {
 	t.Helper()
+	if opts == nil {
+		opts = ServerOptions()
+	}
 	mem, err := segment.NewMemory("mem-0", 64<<20)
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +59,7 @@ func start(t *testing.T) *env {
 	srv := New(Config{}, Deps{Segments: set, Keys: keys, Registerer: prometheus.NewRegistry(), Now: func() time.Time { return now }}, slog.New(slog.DiscardHandler))
 
 	lis := bufconn.Listen(1 << 20)
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(256<<20), grpc.MaxSendMsgSize(256<<20))
+	gs := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(256 << 20), grpc.MaxSendMsgSize(256 << 20)}, opts...)...)
 	agentv1.RegisterDataServiceServer(gs, srv)
 	go func() { _ = gs.Serve(lis) }()
 	conn, err := grpc.NewClient("passthrough:///bufnet",
@@ -150,7 +153,13 @@ func wantErr(t *testing.T, err error, code codes.Code, reason string) {
 }
 
 func TestWriteSealReadRoundTrip(t *testing.T) {
-	e := start(t)
+	t.Run("codec=dataplane", func(t *testing.T) { testRoundTrip(t, start(t)) })
+	// Registered on a server without the data plane codec, the service
+	// still works (the standard codec copies).
+	t.Run("codec=standard", func(t *testing.T) { testRoundTrip(t, start(t, grpc.EmptyServerOption{})) })
+}
+
+func testRoundTrip(t *testing.T, e *env) {
 	ctx := t.Context()
 	for _, tc := range []struct {
 		name string

@@ -11,6 +11,9 @@ const (
 // ServerOptions are the gRPC server options the data plane is tuned for.
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
+		// Experimental in grpc-go; the codec falls back to the standard
+		// proto codec for every message but the two bulk ones.
+		grpc.ForceServerCodecV2(newCodec()),
 		grpc.InitialWindowSize(streamWindow),
 		grpc.InitialConnWindowSize(connWindow),
 		grpc.ReadBufferSize(ioBuffer),

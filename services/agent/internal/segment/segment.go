@@ -459,6 +459,10 @@ func (h *Handle) Checksum() uint64 { return h.e.checksum }
 // ID is the allocation id.
 func (h *Handle) ID() uint64 { return h.e.id }
 
+// CheckBounds reports OUT_OF_BOUNDS unless [off, off+n) lies inside the
+// object.
+func (h *Handle) CheckBounds(off, n uint64) error { return h.bounds(off, n) }
+
 func (h *Handle) bounds(off, n uint64) error {
 	if off > h.e.size || n > h.e.size-off {
 		return rpcerr.New(codes.OutOfRange, masterv1.ErrorReason_ERROR_REASON_OUT_OF_BOUNDS,
