@@ -176,7 +176,7 @@ func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chun
 		}
 	})
 	// Phase 3: record the target allocations.
-	dropped += s.drainSettle(chunk, rel, func(m *mut, o *object, mv *move, di int) bool {
+	dropped += s.drainSettle(chunk, rel, true, func(m *mut, o *object, mv *move, di int) bool {
 		if mv.err != nil {
 			return false
 		}
@@ -229,7 +229,7 @@ func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chun
 		}
 	})
 	// Phase 5: COMPLETE(target) before REMOVE(source); on failure drop both.
-	dropped += s.drainSettle(chunk, rel, func(m *mut, o *object, mv *move, di int) bool {
+	dropped += s.drainSettle(chunk, rel, false, func(m *mut, o *object, mv *move, di int) bool {
 		if mv.err != nil {
 			return false
 		}
@@ -249,8 +249,10 @@ func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chun
 // drainSettle re-looks-up each move's target replica under its shard lock
 // and calls f; when f reports failure (or the target vanished) the target
 // and the source are removed and the move is marked done. It returns how
-// many sources were removed that way.
-func (s *Store) drainSettle(chunk []*move, rel *releases, f func(m *mut, o *object, mv *move, di int) bool) (dropped int) {
+// many sources were removed that way. pending says the target's allocation
+// is not yet recorded in its replica, so a vanished target's reservation is
+// ours to release (once recorded, whoever removed the replica released it).
+func (s *Store) drainSettle(chunk []*move, rel *releases, pending bool, f func(m *mut, o *object, mv *move, di int) bool) (dropped int) {
 	forShards(chunk, func(mv *move) int { return mv.shard }, func(sh int, group []*move) {
 		shd := &s.shards[sh]
 		shd.mu.Lock()
@@ -265,7 +267,7 @@ func (s *Store) drainSettle(chunk []*move, rel *releases, f func(m *mut, o *obje
 				di = o.replicaIndex(mv.dst)
 			}
 			if di < 0 {
-				if mv.err == nil && mv.dstAlloc != 0 {
+				if pending && mv.err == nil && mv.dstAlloc != 0 {
 					rel.add(mv.target.idx, mv.dstAlloc)
 				}
 				if mv.err == nil {

@@ -200,3 +200,27 @@ func sortedKeys(m map[rkey]bool) []string {
 	sort.Strings(out)
 	return slices.Compact(out)
 }
+
+// completeOn counts COMPLETE replicas on a segment.
+func completeOn(s *Store, segID string) int {
+	idx, ok := s.segs.lookup(segID)
+	if !ok {
+		return 0
+	}
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for _, objs := range sh.tenants {
+			for _, o := range objs {
+				for _, r := range o.replicas {
+					if r.seg == idx && r.status == stComplete {
+						n++
+					}
+				}
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return n
+}

@@ -482,6 +482,17 @@ func TestConcurrentOverlappingKeys(t *testing.T) {
 	keys := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
 	tenants := []string{"x", "y"}
 	var wg sync.WaitGroup
+	wg.Go(func() {
+		// Drains race with everything else.
+		for _, seg := range []string{"seg-0-0", "seg-1-1"} {
+			for deadline := time.Now().Add(10 * time.Second); e.s.log.Head() < 100 && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
+			if err := e.s.DrainSegment(ctx, seg); err != nil {
+				t.Errorf("drain %s: %v", seg, err)
+			}
+		}
+	})
 	for g := range 16 {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(g), 7))

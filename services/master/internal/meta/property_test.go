@@ -145,6 +145,27 @@ func TestPropertyInvariants(t *testing.T) {
 				nextSeg++
 				e.c.Reg.Add(cluster.Segment{ID: fmt.Sprintf("new-%d", nextSeg), AgentID: sg.AgentID, HostID: sg.HostID, Capacity: 4096})
 			},
+			"drain": func(rt *rapid.T) {
+				var ok []cluster.Segment
+				for _, sg := range e.c.Reg.Segments() {
+					if sg.CanAllocate() {
+						ok = append(ok, sg)
+					}
+				}
+				if len(ok) <= 3 {
+					return
+				}
+				sg := rapid.SampledFrom(ok).Draw(rt, "segment")
+				if err := e.s.DrainSegment(ctx, sg.ID); err != nil {
+					rt.Fatalf("drain %s: %v", sg.ID, err)
+				}
+				// Only writes in progress may stay behind.
+				if n := completeOn(e.s, sg.ID); n != 0 {
+					rt.Fatalf("drained segment %s still holds %d COMPLETE replicas", sg.ID, n)
+				}
+				nextSeg++
+				e.c.Reg.Add(cluster.Segment{ID: fmt.Sprintf("new-%d", nextSeg), AgentID: sg.AgentID, HostID: sg.HostID, Capacity: 4096})
+			},
 			"agentBlip": func(rt *rapid.T) {
 				// An agent is unreachable during one removal-type operation,
 				// then reconnects and reconciles; it releases what the
