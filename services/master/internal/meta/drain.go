@@ -266,6 +266,14 @@ func (s *Store) drainSettle(chunk []*move, rel *releases, pending bool, f func(m
 			if o != nil {
 				di = o.replicaIndex(mv.dst)
 			}
+			if di >= 0 {
+				// Same replica only if it is still ours: our target segment,
+				// and still pending (phase 3) or holding our allocation.
+				r := o.replicas[di]
+				if r.seg != mv.target.idx || r.pending != pending || (!pending && r.allocID != mv.dstAlloc) {
+					di = -1
+				}
+			}
 			if di < 0 {
 				if pending && mv.err == nil && mv.dstAlloc != 0 {
 					rel.add(mv.target.idx, mv.dstAlloc)

@@ -91,8 +91,11 @@ func (m *mut) dropIfEmpty(o *object) bool {
 
 // create is REPLICA_CREATE: a PROCESSING replica on segment seg.
 func (m *mut) create(o *object, seg uint32, medium uint8, pending bool, allocID uint64) uint32 {
-	id := o.nextRID
-	o.nextRID++
+	// Ids come from a store-wide counter (kept monotonic per object), so a
+	// stale task's (tenant, key, replica id) never matches a replica of a
+	// later incarnation of the same key.
+	id := max(o.nextRID, m.s.ridSeq.Add(1))
+	o.nextRID = id + 1
 	o.replicas = append(o.replicas, replica{allocID: allocID, seg: seg, id: id, status: stProcessing, medium: medium, pending: pending})
 	e := m.s.segs.get(seg)
 	e.placed.Add(int64(o.size))

@@ -121,7 +121,8 @@ type putItem struct {
 // reserves at the agents (one Reserve per agent, agents in parallel); then
 // per shard it re-looks-up each put and fills in the allocations (or reverts
 // it). Puts that failed for lack of space trigger eviction and are retried
-// once; puts whose agent failed are retried once on other segments.
+// once; puts whose agent failed are retried once on other segments. specs
+// are normalised in place (default tenant, replica_num, medium).
 func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartResult {
 	res := make([]PutStartResult, len(specs))
 	items := make([]*putItem, 0, len(specs))
@@ -161,13 +162,11 @@ func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartRe
 				res[it.i].Err = it.err
 				continue
 			}
-			{
-				if rpcerr.Reason(it.err) == "NO_AVAILABLE_HANDLE" {
-					evict[specs[it.i].Medium] += specs[it.i].Size
-				}
-				*it = putItem{i: it.i, tenant: it.tenant, shard: it.shard}
-				retry = append(retry, it)
+			if rpcerr.Reason(it.err) == "NO_AVAILABLE_HANDLE" {
+				evict[specs[it.i].Medium] += specs[it.i].Size
 			}
+			*it = putItem{i: it.i, tenant: it.tenant, shard: it.shard}
+			retry = append(retry, it)
 		}
 		for medium, need := range evict {
 			s.evictFor(ctx, medium, need)

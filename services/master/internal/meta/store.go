@@ -160,6 +160,7 @@ type Store struct {
 	// leaseTTL is shared by every GetReplicaList answer (only read).
 	leaseTTL *durationpb.Duration
 	putSeq   atomic.Uint64
+	ridSeq   atomic.Uint32
 
 	// evictKick wakes Run's eviction check (capacity 1, never blocks).
 	evictKick chan struct{}
