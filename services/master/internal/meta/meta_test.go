@@ -206,10 +206,15 @@ func TestReconcileRules(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, calls: []call{{"agent-0", []*masterv1.Allocation{alloc("seg-0-0", 77, "", "k", 5, 100)}}}, returned: [][]uint64{{77}}, replicas: 1},
+		{name: "reconnect keeps a write in progress", setup: func(t *testing.T, e *env) {
+			if _, err := e.s.PutStart(t.Context(), PutSpec{Key: "k", Size: 10, ClientID: "w", Preferred: []string{"seg-0-0"}}); err != nil {
+				t.Fatal(err)
+			}
+		}, calls: []call{{"agent-0", nil}}, returned: [][]uint64{nil}, replicas: 1},
 		{name: "replica the agent lacks is removed", setup: func(t *testing.T, e *env) {
 			e.put(t, PutSpec{Key: "k", ReplicaNum: 2, Preferred: []string{"seg-0-0", "seg-1-0"}})
 			e.put(t, PutSpec{Key: "solo", Preferred: []string{"seg-0-0"}})
-		}, calls: []call{{"agent-0", nil}}, returned: [][]uint64{nil}, checksum: 70, replicas: 1,
+		}, calls: []call{{"agent-0", []*masterv1.Allocation{}}}, returned: [][]uint64{nil}, checksum: 70, replicas: 1,
 			recs: []string{"stored:default/k", "stored:default/solo", "removed:default/solo"}},
 	}
 	for _, tt := range tests {
@@ -219,7 +224,11 @@ func TestReconcileRules(t *testing.T) {
 				tt.setup(t, e)
 			}
 			for i, c := range tt.calls {
-				back := e.s.Reconcile(t.Context(), c.agent, segsOf(e.c, c.agent), c.allocs)
+				allocs := c.allocs
+				if allocs == nil {
+					allocs = e.c.Agents.Table(c.agent) // the agent's real table
+				}
+				back := e.s.Reconcile(t.Context(), c.agent, segsOf(e.c, c.agent), allocs)
 				var ids []uint64
 				for _, r := range back {
 					ids = append(ids, r.AllocationId)
