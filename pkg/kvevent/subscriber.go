@@ -53,10 +53,12 @@ type Options struct {
 // sequences are [From, To); To is 0 when unknown.
 type Gap struct {
 	From, To uint64
-	// Reset is set when the publisher restarted (its sequence or event_id
-	// went backwards). The index was cleared; the batches the new process
-	// published before the one that revealed the restart are reported as a
-	// separate gap unless the replay ring filled them.
+	// Reset reports a publisher restart (From and To are 0): detected after
+	// a reconnect when the replay ring no longer holds the last batch
+	// delivered, or live when the sequence or the per-process event_id goes
+	// backwards. The index was cleared and rebuilt from the new process's
+	// replay ring when available; what the ring could not supply is
+	// reported as a separate gap.
 	Reset bool
 	// Err is why the gap could not be repaired (nil without a replay endpoint).
 	Err error
@@ -97,7 +99,8 @@ type Subscriber struct {
 	started     bool
 	expected    uint64 // next sequence wanted
 	lastEventID uint64
-	haveID      bool // lastEventID is set
+	haveID      bool        // lastEventID is set
+	lastFP      fingerprint // of the last batch delivered
 	dupLo       uint64 // live batches in [dupLo, dupHi] were delivered by a replay
 	dupHi       uint64
 
@@ -232,6 +235,7 @@ func (s *Subscriber) run(ctx context.Context, conn *zmtp.Conn) {
 			s.lg.Debug("kv event reconnect failed", "err", err)
 		}
 		s.reconnects.Add(1)
+		s.resume(ctx)
 	}
 }
 
@@ -295,7 +299,7 @@ func (s *Subscriber) handle(ctx context.Context, b Batch) {
 		// went backwards. Whatever the index holds may be stale.
 		s.resets.Add(1)
 		s.index.Clear()
-		s.report(Gap{From: b.Seq, To: s.expected, Reset: true})
+		s.report(Gap{Reset: true})
 		s.expected, s.lastEventID, s.haveID = 1, 0, false
 	}
 	if b.Seq > s.expected {
@@ -337,28 +341,88 @@ func (s *Subscriber) repair(ctx context.Context, from, to uint64) {
 	s.expected = to
 }
 
-// catchUp replays everything retained from `from` before live delivery.
+// catchUp replays everything retained from `from` before live delivery;
+// live batches it already delivered are then skipped.
 func (s *Subscriber) catchUp(ctx context.Context, from uint64) {
-	next := from
+	s.started, s.expected = true, from
 	err := Replay(ctx, s.opts.ReplayEndpoint, from, s.replayOptions(), func(rb Batch) error {
-		if rb.Seq > next {
-			s.missing.Add(rb.Seq - next)
-			s.unrepaired.Add(rb.Seq - next)
-			s.report(Gap{From: next, To: rb.Seq, Err: errors.New("kvevent: no longer retained by the replay ring")})
-		}
-		s.replayed.Add(1)
-		s.deliver(rb)
-		next = rb.Seq + 1
+		s.fill(rb)
 		return nil
 	})
 	if err != nil {
-		s.report(Gap{From: next, Err: err})
+		s.report(Gap{From: s.expected, Err: fmt.Errorf("kvevent: replay from %d: %w", from, err)})
 	}
-	if next > from {
-		s.started = true
-		s.expected = next
-		s.dupLo, s.dupHi = from, next-1
+	if s.expected > from {
+		s.dupLo, s.dupHi = from, s.expected-1
 	}
+}
+
+// fill delivers a replayed batch, reporting sequences before it that the
+// ring no longer holds.
+func (s *Subscriber) fill(rb Batch) {
+	if rb.Seq > s.expected {
+		s.missing.Add(rb.Seq - s.expected)
+		s.unrepaired.Add(rb.Seq - s.expected)
+		s.report(Gap{From: s.expected, To: rb.Seq, Err: errors.New("kvevent: no longer retained by the replay ring")})
+	}
+	s.replayed.Add(1)
+	s.deliver(rb)
+}
+
+// fingerprint identifies a batch of one publisher process: a restarted
+// publisher reusing the sequence number will not reproduce it.
+type fingerprint struct {
+	seq             uint64
+	ts              int64
+	firstID, lastID uint64
+	n               int
+}
+
+func fingerprintOf(b Batch) fingerprint {
+	return fingerprint{seq: b.Seq, ts: b.Timestamp, firstID: b.Events[0].ID, lastID: b.Events[len(b.Events)-1].ID, n: len(b.Events)}
+}
+
+// resume runs after a reconnect. The publisher may have restarted while
+// the connection was down, and sequence numbers alone cannot tell (the new
+// process may already be past the old sequence). With a replay endpoint the
+// subscriber asks for its last delivered batch again: the same batch means
+// the same process, and what follows it fills the outage; anything else
+// means a restart, so the index is rebuilt from the new process's ring
+// (exact when the ring still holds sequence 1, reported as a gap otherwise).
+func (s *Subscriber) resume(ctx context.Context) {
+	if !s.started || !s.haveID || s.opts.ReplayEndpoint == "" {
+		return
+	}
+	last := s.lastFP
+	same, decided := false, false
+	err := Replay(ctx, s.opts.ReplayEndpoint, last.seq, s.replayOptions(), func(rb Batch) error {
+		if !decided {
+			decided = true
+			if rb.Seq == last.seq && fingerprintOf(rb) == last {
+				same = true
+				return nil // delivered before the outage
+			}
+			return ErrStopReplay
+		}
+		s.fill(rb)
+		return nil
+	})
+	switch {
+	case same:
+		if s.expected > last.seq+1 {
+			s.dupLo, s.dupHi = last.seq+1, s.expected-1
+		}
+		return
+	case err != nil && !decided:
+		// The replay socket is unreachable: keep going on the live heuristics.
+		s.lg.Warn("cannot verify kv event stream continuity after reconnect", "err", err)
+		return
+	}
+	s.resets.Add(1)
+	s.index.Clear()
+	s.report(Gap{Reset: true})
+	s.lastEventID, s.haveID = 0, false
+	s.catchUp(ctx, 1)
 }
 
 func (s *Subscriber) replayOptions() ReplayOptions {
@@ -374,6 +438,7 @@ func (s *Subscriber) deliver(b Batch) {
 	s.lastSeq.Store(b.Seq)
 	s.expected = b.Seq + 1
 	s.lastEventID, s.haveID = b.Events[len(b.Events)-1].ID, true
+	s.lastFP = fingerprintOf(b)
 	if s.opts.OnBatch != nil {
 		s.opts.OnBatch(b)
 	}

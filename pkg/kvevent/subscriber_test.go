@@ -2,6 +2,7 @@ package kvevent
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"slices"
 	"sync"
@@ -177,6 +178,13 @@ func (r *fakeRouter) reply(out, seq, payload []byte) []byte {
 }
 
 func (r *fakeRouter) endpoint() string { return zmtp.Endpoint(r.l) }
+
+// replace swaps the retained batches (a new publisher process).
+func (r *fakeRouter) replace(batches map[uint64][]byte) {
+	r.mu.Lock()
+	r.batches = batches
+	r.mu.Unlock()
+}
 
 func (r *fakeRouter) put(seq uint64, payload []byte) {
 	r.mu.Lock()
@@ -412,6 +420,81 @@ func TestReconnectAndMalformed(t *testing.T) {
 	if s.Reconnects != 1 || s.Malformed != 1 || s.MissingSeqs != 1 || s.Unrepaired != 1 {
 		t.Errorf("stats = %+v, want 1 reconnect, 1 malformed, 1 missing unrepaired", s)
 	}
+}
+
+// TestResumeAfterReconnect: after a reconnect the subscriber asks the
+// replay ring for its last batch again; the same batch means the same
+// publisher (fill the outage), another means a restart (rebuild).
+func TestResumeAfterReconnect(t *testing.T) {
+	t.Run("same publisher", func(t *testing.T) {
+		pub := newFakePub(t)
+		router := newFakeRouter(t, false)
+		st := newStream()
+		ps := map[uint64][]byte{}
+		for s := uint64(1); s <= 5; s++ {
+			ps[s] = st.payload(t, stored(fmt.Sprint("k", s)))
+			if s <= 4 {
+				router.put(s, ps[s])
+			}
+		}
+		var rec recorder
+		sub := subscribe(t, pub.endpoint(), rec.opts(Options{ReplayEndpoint: router.endpoint(), ReconnectMin: time.Millisecond, ReconnectMax: 5 * time.Millisecond}))
+		pub.waitSub()
+		pub.send(nil, PutSeq(1), ps[1])
+		pub.send(nil, PutSeq(2), ps[2])
+		rec.waitSeqs(t, 2)
+		pub.dropConns() // 3 and 4 are published while the subscriber is away
+		pub.waitSub()
+		rec.waitSeqs(t, 4)
+		pub.send(nil, PutSeq(4), ps[4]) // also arrives live: a duplicate
+		pub.send(nil, PutSeq(5), ps[5])
+		if got, want := rec.waitSeqs(t, 5), []uint64{1, 2, 3, 4, 5}; !slices.Equal(got, want) {
+			t.Fatalf("seqs = %v, want %v", got, want)
+		}
+		if s := sub.Stats(); s.Resets != 0 || s.Unrepaired != 0 || s.Replayed != 2 || sub.Index().Len() != 5 {
+			t.Errorf("stats %+v index %d, want no reset, 2 replayed, 5 entries", s, sub.Index().Len())
+		}
+	})
+	t.Run("restarted publisher", func(t *testing.T) {
+		pub := newFakePub(t)
+		router := newFakeRouter(t, false)
+		old := newStream()
+		var rec recorder
+		sub := subscribe(t, pub.endpoint(), rec.opts(Options{ReplayEndpoint: router.endpoint(), ReconnectMin: time.Millisecond, ReconnectMax: 5 * time.Millisecond}))
+		pub.waitSub()
+		for s := uint64(1); s <= 3; s++ {
+			p := old.payload(t, stored(fmt.Sprint("old", s)), stored(fmt.Sprint("x", s)))
+			router.put(s, p)
+			pub.send(nil, PutSeq(s), p)
+		}
+		rec.waitSeqs(t, 3)
+		// A new process re-announces a different set, already past seq 3,
+		// with event ids that never went backwards from the subscriber's view.
+		nw := newStream()
+		nw.nextID = 100
+		fresh := map[uint64][]byte{}
+		for s := uint64(1); s <= 5; s++ {
+			fresh[s] = nw.payload(t, stored(fmt.Sprint("new", s)))
+		}
+		router.replace(fresh)
+		pub.dropConns()
+		pub.waitSub()
+		rec.waitSeqs(t, 8)
+		var want []Key
+		for s := 1; s <= 5; s++ {
+			want = append(want, Key{"t", fmt.Sprint("new", s), MediumCPU})
+		}
+		if got := sub.Index().Keys(); !slices.Equal(got, want) {
+			t.Errorf("index after restart = %v, want only the new process's %v", got, want)
+		}
+		gaps := rec.gapList()
+		if len(gaps) != 1 || !gaps[0].Reset {
+			t.Errorf("gaps = %+v, want one reset", gaps)
+		}
+		if s := sub.Stats(); s.Resets != 1 || s.Unrepaired != 0 {
+			t.Errorf("stats %+v, want one reset, nothing unrepaired", s)
+		}
+	})
 }
 
 func TestSubscribeErrors(t *testing.T) {

@@ -6,12 +6,22 @@ require (
 	github.com/crescent-kv/crescent/gen v0.0.0-00010101000000-000000000000
 	github.com/crescent-kv/crescent/pkg v0.0.0-00010101000000-000000000000
 	github.com/go-zeromq/zmq4 v0.17.0
+	github.com/prometheus/client_golang v1.25.0
 	go.uber.org/goleak v1.3.0
 	google.golang.org/grpc v1.85.0
 )
 
 require (
+	github.com/beorn7/perks v1.0.1 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/go-zeromq/goczmq/v4 v4.2.2 // indirect
+	github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus v1.1.1 // indirect
+	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.4 // indirect
+	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/prometheus/client_model v0.6.3 // indirect
+	github.com/prometheus/common v0.72.0 // indirect
+	github.com/prometheus/procfs v0.22.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.6 // indirect
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect

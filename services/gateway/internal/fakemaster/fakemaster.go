@@ -200,12 +200,12 @@ var errDown = status.Error(codes.Unavailable, "fake master is down")
 
 // Watch implements ChangeService.Watch.
 func (m *Master) Watch(req *masterv1.WatchRequest, stream grpc.ServerStreamingServer[masterv1.WatchResponse]) error {
-	m.WatchCalls.Add(1)
 	ctx := stream.Context()
 	next := req.GetFromRevision()
 	first := true
 	m.mu.Lock()
 	gen := m.dropGen
+	m.WatchCalls.Add(1) // under mu: a drop after this is seen by this stream
 	m.mu.Unlock()
 	for {
 		m.mu.Lock()

@@ -129,6 +129,10 @@ type Stats struct {
 	DroppedEvents uint64
 	// SkippedKeylessEvents are stored/removed events suppressed by ObjectKey=false.
 	SkippedKeylessEvents uint64
+	// EnqueuedEvents were accepted into the queue; each is eventually
+	// published or dropped (Enqueued = Published + Dropped + QueueDepth,
+	// except for the batch being encoded).
+	EnqueuedEvents uint64
 	// LastSequence is the last sequence number assigned (burned or sent).
 	LastSequence uint64
 	QueueDepth   int
@@ -321,9 +325,10 @@ func (p *Publisher) publishNext(pub *pubSocket) {
 	wire = zmtp.AppendMessage(wire, nil, seqb[:], payload)
 	pub.broadcast(wire)
 	p.ring.add(p.seq, wire)
+	// lastSeq first: whoever sees the event count sees its sequence too.
+	p.lastSeq.Store(p.seq)
 	p.batches.Add(1)
 	p.events.Add(uint64(len(p.items)))
-	p.lastSeq.Store(p.seq)
 }
 
 // Enqueue queues events for publishing. It never blocks: when the queue is
@@ -376,14 +381,16 @@ func (p *Publisher) item(ev kvevent.Event) (item, bool) {
 
 // Stats returns a snapshot of the counters.
 func (p *Publisher) Stats() Stats {
+	pushed, dropped, depth := p.q.counts()
 	s := Stats{
 		Enabled:              p.enabled.Load(),
 		PublishedBatches:     p.batches.Load(),
 		PublishedEvents:      p.events.Load(),
-		DroppedEvents:        p.q.droppedTotal() + p.encodeDrops.Load(),
+		DroppedEvents:        dropped + p.encodeDrops.Load(),
 		SkippedKeylessEvents: p.skipped.Load(),
+		EnqueuedEvents:       pushed,
 		LastSequence:         p.lastSeq.Load(),
-		QueueDepth:           p.q.len(),
+		QueueDepth:           depth,
 		ReplayBatches:        p.ring.len(),
 	}
 	p.mu.Lock()

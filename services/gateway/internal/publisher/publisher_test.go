@@ -486,7 +486,7 @@ func TestQueueBurnAccounting(t *testing.T) {
 	if err := q.pushWait(ctx, mk(1)); err == nil {
 		t.Error("pushWait into a full queue returned nil before its context ended")
 	}
-	if q.droppedTotal() != 2 {
-		t.Errorf("dropped = %d, want 2 (pushWait never drops)", q.droppedTotal())
+	if _, dropped, _ := q.counts(); dropped != 2 {
+		t.Errorf("dropped = %d, want 2 (pushWait never drops)", dropped)
 	}
 }

@@ -39,8 +39,8 @@ type pubSocket struct {
 
 // subConn is one subscriber connection.
 type subConn struct {
-	nc     net.Conn   // closed by close, also during the handshake
-	c      *zmtp.Conn // set after the handshake
+	nc     net.Conn      // closed by close, also during the handshake
+	c      *zmtp.Conn    // set after the handshake
 	notify chan struct{} // cap 1
 
 	// subs counts subscriptions matching the (empty) topic: only the empty

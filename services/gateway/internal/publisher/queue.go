@@ -30,6 +30,7 @@ type queue struct {
 	head, n int
 	burned  uint64 // drops not yet charged to a batch
 	dropped uint64 // drops ever
+	pushed  uint64 // events ever queued
 	room    chan struct{}
 }
 
@@ -54,6 +55,7 @@ func (q *queue) push(items []item) {
 		q.buf[(q.head+q.n)%len(q.buf)] = it
 		q.n++
 	}
+	q.pushed += uint64(len(items))
 	q.mu.Unlock()
 	select {
 	case q.notify <- struct{}{}:
@@ -82,6 +84,7 @@ func (q *queue) pushWait(ctx context.Context, items []item) error {
 			q.buf[(q.head+q.n)%len(q.buf)] = it
 			q.n++
 		}
+		q.pushed += uint64(k)
 		q.mu.Unlock()
 		items = items[k:]
 		select {
@@ -119,8 +122,9 @@ func (q *queue) len() int {
 	return q.n
 }
 
-func (q *queue) droppedTotal() uint64 {
+// counts returns events ever queued, ever dropped, and queued now.
+func (q *queue) counts() (pushed, dropped uint64, depth int) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.dropped
+	return q.pushed, q.dropped, q.n
 }
