@@ -22,6 +22,7 @@ import (
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding"
 )
 
 // benchChunk is the message size of the gRPC benchmarks (Write messages and
@@ -57,8 +58,9 @@ func BenchmarkDataPlane(b *testing.B) {
 	for _, sz := range benchSizes {
 		b.Run("size="+sz.name, func(b *testing.B) {
 			b.Run("raw", func(b *testing.B) { benchRaw(b, sz.size) })
-			b.Run("write", func(b *testing.B) { benchGRPC(b, sz.size, true) })
-			b.Run("read", func(b *testing.B) { benchGRPC(b, sz.size, false) })
+			b.Run("write", func(b *testing.B) { benchGRPC(b, sz.size, true, false) })
+			b.Run("read", func(b *testing.B) { benchGRPC(b, sz.size, false, false) })
+			b.Run("read-direct", func(b *testing.B) { benchGRPC(b, sz.size, false, true) })
 		})
 	}
 }
@@ -130,7 +132,10 @@ func benchRaw(b *testing.B, size int) {
 	b.ReportMetric(1/nsPerByte, "GB/s")
 }
 
-func benchGRPC(b *testing.B, size int, write bool) {
+// benchGRPC measures one Write or Read per op. direct reads with
+// directCodec (data copied from the transport's buffers into dst once)
+// instead of the standard client codec.
+func benchGRPC(b *testing.B, size int, write, direct bool) {
 	mem, err := segment.NewMemory("bench", uint64(size)+4096)
 	if err != nil {
 		b.Fatal(err)
@@ -215,6 +220,25 @@ func benchGRPC(b *testing.B, size int, write bool) {
 		}
 		return nil
 	}
+	readDirect := func() error {
+		st, err := client.Read(ctx, &agentv1.ReadRequest{SegmentId: mem.ID(), AllocationId: id, Token: rtok, ChunkSize: uint32(benchChunk)},
+			grpc.ForceCodecV2(directCodec{base: encoding.GetCodecV2("proto")}))
+		if err != nil {
+			return err
+		}
+		d := &directRead{dst: dst}
+		for {
+			if err := st.RecvMsg(d); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				return err
+			}
+		}
+		if d.n != size {
+			return fmt.Errorf("read %d of %d", d.n, size)
+		}
+		return nil
+	}
 	if !write {
 		if err := writeOnce(); err != nil {
 			b.Fatal(err)
@@ -224,8 +248,11 @@ func benchGRPC(b *testing.B, size int, write bool) {
 		}
 	}
 	op := readOnce
-	if write {
+	switch {
+	case write:
 		op = writeOnce
+	case direct:
+		op = readDirect
 	}
 	// Warm up: the first op faults in the segment's pages and the
 	// connection's buffers; the benchmark measures the steady state.

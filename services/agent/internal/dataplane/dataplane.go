@@ -49,9 +49,10 @@ type Keyring struct {
 	key atomic.Pointer[[]byte]
 }
 
-// Set installs a new key (nil clears it).
+// Set installs a new key (nil or empty clears it: an empty HMAC key would
+// let anyone forge tokens).
 func (k *Keyring) Set(key []byte) {
-	if key == nil {
+	if len(key) == 0 {
 		k.key.Store(nil)
 		return
 	}

@@ -108,6 +108,8 @@ type harness struct {
 
 	mu       sync.Mutex
 	settings []*masterv1.Settings
+	gs       *grpc.Server // the current fake master server
+	addr     string       // its TCP address (tcp mode)
 }
 
 type harnessOpts struct {
@@ -125,8 +127,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	}
 	h := &harness{t: t, master: &fakeMaster{sessions: make(chan *fakeSession, 16)}, mem: mem, segs: segment.NewSet(mem), done: make(chan error, 1)}
 
-	gs := grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}))
-	masterv1.RegisterSegmentServiceServer(gs, h.master)
+	gs := h.newServer()
 	var dial []grpc.DialOption
 	addr := "passthrough:///master"
 	if o.tcp {
@@ -136,6 +137,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 		}
 		go func() { _ = gs.Serve(lis) }()
 		addr = lis.Addr().String()
+		h.addr = addr
 		if o.addr != nil {
 			addr = o.addr(addr)
 		}
@@ -173,10 +175,37 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	t.Cleanup(func() {
 		h.stop()
 		_ = l.Close()
-		gs.Stop()
+		h.mu.Lock()
+		h.gs.Stop()
+		h.mu.Unlock()
 		_ = h.segs.Close()
 	})
 	return h
+}
+
+func (h *harness) newServer() *grpc.Server {
+	gs := grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}))
+	masterv1.RegisterSegmentServiceServer(gs, h.master)
+	h.mu.Lock()
+	h.gs = gs
+	h.mu.Unlock()
+	return gs
+}
+
+// restartMaster stops the fake master (tcp mode), waits down, and serves
+// again on the same address.
+func (h *harness) restartMaster(down time.Duration) {
+	h.t.Helper()
+	h.mu.Lock()
+	h.gs.Stop()
+	h.mu.Unlock()
+	time.Sleep(down)
+	lis, err := net.Listen("tcp", h.addr)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	gs := h.newServer()
+	go func() { _ = gs.Serve(lis) }()
 }
 
 func (h *harness) start() {

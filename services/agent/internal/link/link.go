@@ -32,6 +32,7 @@ import (
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -78,7 +79,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		BackoffBase:      250 * time.Millisecond,
-		BackoffMax:       10 * time.Second,
+		BackoffMax:       5 * time.Second,
 		SettingsTimeout:  10 * time.Second,
 		ShutdownGrace:    5 * time.Second,
 		CloseTimeout:     2 * time.Second,
@@ -229,6 +230,13 @@ func (l *Link) Run(ctx context.Context) error {
 	opts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: l.cfg.KeepaliveTime, Timeout: l.cfg.KeepaliveTimeout, PermitWithoutStream: true}),
+		// The channel's own redial backoff (default up to 120 s) would
+		// otherwise outlast ours while the master is down: Connect fails
+		// fast until the channel dials again.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           grpcbackoff.Config{BaseDelay: l.cfg.BackoffBase, Multiplier: 1.6, Jitter: 0.2, MaxDelay: l.cfg.BackoffMax},
+			MinConnectTimeout: 5 * time.Second,
+		}),
 	}, l.deps.MasterDialOptions...)
 	cc, err := grpc.NewClient(l.cfg.MasterAddr, opts...)
 	if err != nil {

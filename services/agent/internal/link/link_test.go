@@ -494,6 +494,22 @@ func TestBlackholedNetworkReconnects(t *testing.T) {
 	waitFor(t, "reconnected", func() bool { return h.link.State() == StateConnected })
 }
 
+func TestReconnectsPromptlyAfterMasterOutage(t *testing.T) {
+	h := newHarness(t, harnessOpts{tcp: true, cfg: Config{BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond}})
+	s := connected(t, h, 1)
+	s.heartbeat(t)
+	// Down long enough for many failed attempts: neither our backoff nor
+	// the channel's redial backoff may grow past BackoffMax.
+	h.restartMaster(1500 * time.Millisecond)
+	start := time.Now()
+	s2 := h.session()
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("reconnected %v after the master came back, want about BackoffMax", el)
+	}
+	s2.send <- settings(1)
+	waitFor(t, "reconnected", func() bool { return h.link.State() == StateConnected })
+}
+
 func TestBackoff(t *testing.T) {
 	base, maxd := 100*time.Millisecond, 2*time.Second
 	tests := []struct {
