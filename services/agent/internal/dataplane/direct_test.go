@@ -23,7 +23,7 @@ type directRead struct {
 
 type directCodec struct{ base encoding.CodecV2 }
 
-func (c directCodec) Name() string                          { return "proto" }
+func (c directCodec) Name() string                           { return "proto" }
 func (c directCodec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v) }
 
 var errDirect = errors.New("direct read: unexpected wire format")

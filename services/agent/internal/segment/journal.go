@@ -252,7 +252,7 @@ func (j *journal) append(b []byte) error {
 	return nil
 }
 
-func (j *journal) appendSeal(e *entry) error   { return j.append(encodeSeal(e)) }
+func (j *journal) appendSeal(e *entry) error     { return j.append(encodeSeal(e)) }
 func (j *journal) appendRelease(id uint64) error { return j.append(encodeU64(recRelease, id)) }
 
 // ensureID durably raises the id high-water mark past id when needed.
