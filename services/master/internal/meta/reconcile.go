@@ -243,6 +243,13 @@ func (s *Store) DropSegments(ctx context.Context, segmentIDs []string) {
 	if len(set) == 0 {
 		return
 	}
+	s.owedMu.Lock()
+	for k := range s.owed {
+		if set[k.seg] {
+			delete(s.owed, k) // the segment's allocations go with it
+		}
+	}
+	s.owedMu.Unlock()
 	removed := 0
 	for sh := range s.shards {
 		shd := &s.shards[sh]
