@@ -147,7 +147,11 @@ func benchGRPC(b *testing.B, size int, write, direct bool) {
 	keys.Set(key)
 	lg := slog.New(slog.DiscardHandler)
 	reg := obs.NewRegistry()
-	srv := server.New(server.Config{GRPCAddr: "127.0.0.1:0", ShutdownTimeout: time.Second}, lg, reg, ServerOptions()...)
+	opts := ServerOptions()
+	if os.Getenv("CRESCENT_BENCH_CODEC") == "standard" {
+		opts = transportOptions() // for A/B runs against the standard codec
+	}
+	srv := server.New(server.Config{GRPCAddr: "127.0.0.1:0", ShutdownTimeout: time.Second}, lg, reg, opts...)
 	agentv1.RegisterDataServiceServer(srv.GRPC, New(Config{}, Deps{Segments: set, Keys: keys, Registerer: reg}, lg))
 	if err := srv.Listen(); err != nil {
 		b.Fatal(err)

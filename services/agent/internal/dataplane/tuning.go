@@ -8,12 +8,17 @@ const (
 	ioBuffer     = 1 << 20
 )
 
-// ServerOptions are the gRPC server options the data plane is tuned for.
+// ServerOptions are the gRPC server options the data plane is tuned for:
+// its codec and the transport tuning.
 func ServerOptions() []grpc.ServerOption {
+	// ForceServerCodecV2 is experimental in grpc-go; the codec falls back
+	// to the standard proto codec for every message but the two bulk ones.
+	return append([]grpc.ServerOption{grpc.ForceServerCodecV2(newCodec())}, transportOptions()...)
+}
+
+// transportOptions are the flow-control and buffer settings alone.
+func transportOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
-		// Experimental in grpc-go; the codec falls back to the standard
-		// proto codec for every message but the two bulk ones.
-		grpc.ForceServerCodecV2(newCodec()),
 		grpc.InitialWindowSize(streamWindow),
 		grpc.InitialConnWindowSize(connWindow),
 		grpc.ReadBufferSize(ioBuffer),
