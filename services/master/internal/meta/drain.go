@@ -28,6 +28,7 @@ type move struct {
 	target   *segView
 	dst      uint32 // target replica id, 0 when none was placed
 	dstAlloc uint64
+	dstOff   uint64
 	err      error
 }
 
@@ -119,7 +120,7 @@ func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chun
 				avoid = append(avoid, r.seg)
 			}
 			r := o.replicas[i]
-			vs, perr := p.pick(1, masterv1.Medium(r.medium), o.size, nil, "", avoid)
+			vs, perr := p.pick(1, masterv1.Medium(r.medium), o.size, "", nil, "", avoid)
 			if perr != nil {
 				m.remove(o, i, true)
 				m.dropIfEmpty(o)
@@ -171,7 +172,7 @@ func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chun
 			case out[i].GetStatus().GetCode() != 0:
 				mv.err = rpcerr.FromItem(out[i].GetStatus())
 			default:
-				mv.dstAlloc = out[i].GetAllocationId()
+				mv.dstAlloc, mv.dstOff = out[i].GetAllocationId(), out[i].GetOffset()
 			}
 		}
 	})
@@ -180,7 +181,7 @@ func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chun
 		if mv.err != nil {
 			return false
 		}
-		o.replicas[di].allocID, o.replicas[di].pending = mv.dstAlloc, false
+		o.replicas[di].allocID, o.replicas[di].offset, o.replicas[di].pending = mv.dstAlloc, mv.dstOff, false
 		return true
 	})
 	// Phase 4: copy (source agent), then seal (target agents).

@@ -542,7 +542,7 @@ func TestConcurrentOverlappingKeys(t *testing.T) {
 					}
 				case 8:
 					if rng.IntN(10) == 0 {
-						e.s.evictFor(ctx, masterv1.Medium_MEDIUM_MEMORY, 500)
+						e.s.evictFor(ctx, masterv1.Medium_MEDIUM_MEMORY, 500, 300)
 					} else {
 						_, _, _ = e.s.Snapshot(ctx, tn)
 					}

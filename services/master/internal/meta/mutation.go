@@ -106,14 +106,14 @@ func (m *mut) create(o *object, seg uint32, medium uint8, pending bool, allocID 
 
 // adopt is REPLICA_CREATE followed by REPLICA_COMPLETE for a replica whose
 // bytes are already sealed at an agent (Reconcile).
-func (m *mut) adopt(o *object, seg uint32, medium uint8, allocID uint64, id uint32) {
+func (m *mut) adopt(o *object, seg uint32, medium uint8, allocID, offset uint64, id uint32) {
 	if id == 0 || o.replicaIndex(id) >= 0 {
 		id = o.nextRID
 	}
 	if id >= o.nextRID {
 		o.nextRID = id + 1
 	}
-	o.replicas = append(o.replicas, replica{allocID: allocID, seg: seg, id: id, status: stProcessing, medium: medium})
+	o.replicas = append(o.replicas, replica{allocID: allocID, offset: offset, seg: seg, id: id, status: stProcessing, medium: medium})
 	e := m.s.segs.get(seg)
 	e.placed.Add(int64(o.size))
 	e.replicas.Add(1)

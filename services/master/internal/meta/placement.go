@@ -23,6 +23,19 @@ func (v *segView) free() int64 {
 	return int64(v.seg.Capacity) - used
 }
 
+// fits says whether need bytes likely fit: enough free bytes and, once the
+// agent has reported, a large enough contiguous free extent (as of its last
+// heartbeat; the agent's Reserve is the final word).
+func (v *segView) fits(need int64) bool {
+	if v.free() < need {
+		return false
+	}
+	if v.seg.LargestFreeExtent > 0 || v.seg.Used > 0 {
+		return int64(v.seg.LargestFreeExtent) >= need
+	}
+	return true
+}
+
 // placer picks segments for new replicas from one registry snapshot.
 type placer struct {
 	// alloc lists the segments that can allocate, per medium.
@@ -67,11 +80,12 @@ type placeErr struct {
 	space bool
 }
 
-// pick chooses n distinct segments of medium with room for size: preferred
-// segments first (in order), then segments on new hosts before reused
-// hosts, the local host before others, most free space first. avoid lists
-// segments that must not be chosen (already holding a replica).
-func (p *placer) pick(n int, medium masterv1.Medium, size uint64, preferred []string, localHost string, avoid []uint32) ([]*segView, *placeErr) {
+// pick chooses n distinct segments of medium with room for size: the hole
+// eviction just made (if any), preferred segments (in order), then
+// segments on new hosts before reused hosts, the local host before others,
+// most free space first. avoid lists segments that must not be chosen
+// (already holding a replica).
+func (p *placer) pick(n int, medium masterv1.Medium, size uint64, hole string, preferred []string, localHost string, avoid []uint32) ([]*segView, *placeErr) {
 	all := p.alloc[medium]
 	eligible := len(all)
 	for i := range all {
@@ -105,13 +119,23 @@ func (p *placer) pick(n int, medium masterv1.Medium, size uint64, preferred []st
 		return false
 	}
 	need := int64(size)
+	if hole != "" {
+		for i := range all {
+			// The metadata just made this hole itself: trust it over the
+			// agent's (older) extent report.
+			if v := &all[i]; v.seg.ID == hole && !taken(v) && v.free() >= need {
+				chosen = append(chosen, v)
+				break
+			}
+		}
+	}
 	for _, id := range preferred {
 		if len(chosen) == n {
 			break
 		}
 		for i := range all {
 			v := &all[i]
-			if v.seg.ID == id && !taken(v) && v.free() >= need {
+			if v.seg.ID == id && !taken(v) && v.fits(need) {
 				chosen = append(chosen, v)
 				break
 			}
@@ -126,10 +150,10 @@ func (p *placer) pick(n int, medium masterv1.Medium, size uint64, preferred []st
 			if taken(v) {
 				continue
 			}
-			f := v.free()
-			if f < need {
+			if !v.fits(need) {
 				continue
 			}
+			f := v.free()
 			newHost := !hostUsed(v.seg.HostID)
 			local := localHost != "" && v.seg.HostID == localHost
 			better := best == nil ||

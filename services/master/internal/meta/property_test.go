@@ -127,7 +127,7 @@ func TestPropertyInvariants(t *testing.T) {
 				_, _, _ = e.s.RemoveByPrefix(ctx, rapid.SampledFrom(tenants).Draw(rt, "tenant"), rapid.SampledFrom(keys).Draw(rt, "prefix"), true)
 			},
 			"evict": func(rt *rapid.T) {
-				e.s.evictFor(ctx, masterv1.Medium_MEDIUM_MEMORY, rapid.Uint64Range(1, 4096).Draw(rt, "need"))
+				e.s.evictFor(ctx, masterv1.Medium_MEDIUM_MEMORY, rapid.Uint64Range(1, 4096).Draw(rt, "need"), rapid.Uint64Range(1, 1500).Draw(rt, "largest"))
 			},
 			"evictOverHigh": func(rt *rapid.T) {
 				e.s.evictOverHigh(ctx)
@@ -185,7 +185,7 @@ func TestPropertyInvariants(t *testing.T) {
 						_ = e.s.PutEnd(ctx, PutEndSpec{Tenant: r.Tenant, Key: r.Key, ClientID: "c", Checksum: 3})
 					}
 				case 3:
-					e.s.evictFor(ctx, masterv1.Medium_MEDIUM_MEMORY, 2048)
+					e.s.evictFor(ctx, masterv1.Medium_MEDIUM_MEMORY, 2048, 1024)
 				}
 				e.c.Agents.SetDown(agent, false)
 				var segs []cluster.Segment

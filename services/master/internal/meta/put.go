@@ -29,6 +29,10 @@ type PutSpec struct {
 	Group      string
 	ClientID   string
 	Upsert     bool
+
+	// hole is a segment eviction just made a contiguous hole on for this
+	// put's retry; it is tried first.
+	hole string
 }
 
 // PutStartResult is one BatchPutStart outcome.
@@ -152,7 +156,8 @@ func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartRe
 	for round := 0; round < 2 && len(items) > 0; round++ {
 		s.putStartRound(ctx, specs, items, exclude)
 		var retry []*putItem
-		evict := map[masterv1.Medium]uint64{}
+		type want struct{ total, largest uint64 }
+		evict := map[masterv1.Medium]want{}
 		for _, it := range items {
 			if it.err == nil {
 				res[it.i].Replicas = s.writeDescriptors(&specs[it.i], it)
@@ -163,13 +168,22 @@ func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartRe
 				continue
 			}
 			if rpcerr.Reason(it.err) == "NO_AVAILABLE_HANDLE" {
-				evict[specs[it.i].Medium] += specs[it.i].Size
+				w := evict[specs[it.i].Medium]
+				w.total += specs[it.i].Size
+				w.largest = max(w.largest, specs[it.i].Size)
+				evict[specs[it.i].Medium] = w
 			}
 			*it = putItem{i: it.i, tenant: it.tenant, shard: it.shard}
 			retry = append(retry, it)
 		}
-		for medium, need := range evict {
-			s.evictFor(ctx, medium, need)
+		for medium, w := range evict {
+			if hole := s.evictFor(ctx, medium, w.total, w.largest); hole != "" {
+				for _, it := range retry {
+					if specs[it.i].Medium == medium {
+						specs[it.i].hole = hole
+					}
+				}
+			}
 		}
 		items = retry
 	}
@@ -272,7 +286,7 @@ func (s *Store) placeLocked(m *mut, p *placer, sp *PutSpec, it *putItem) {
 	// Place before destroying anything, so a failed upsert keeps the old
 	// object. The old replicas' segments stay eligible (their space is
 	// freed below).
-	vs, perr := p.pick(sp.ReplicaNum, sp.Medium, sp.Size, sp.Preferred, sp.PreferLocalHost, nil)
+	vs, perr := p.pick(sp.ReplicaNum, sp.Medium, sp.Size, sp.hole, sp.Preferred, sp.PreferLocalHost, nil)
 	if perr != nil {
 		it.err, it.retry = perr.err, perr.space
 		return
@@ -363,7 +377,7 @@ func (s *Store) settleReservationsLocked(m *mut, sp *PutSpec, it *putItem, exclu
 				exclude.segs[rp.v.idx] = true
 			}
 		default:
-			o.replicas[idx].allocID = rp.allocID
+			o.replicas[idx].allocID, o.replicas[idx].offset = rp.allocID, rp.offset
 			o.replicas[idx].pending = false
 		}
 	}

@@ -204,7 +204,7 @@ func (s *Store) adoptLocked(m *mut, t uint32, key string, allocs []*masterv1.All
 			ref(idx, a.GetAllocationId())
 			continue
 		}
-		m.adopt(o, idx, uint8(segSet[idx].Medium), a.GetAllocationId(), a.GetReplicaId())
+		m.adopt(o, idx, uint8(segSet[idx].Medium), a.GetAllocationId(), a.GetOffset(), a.GetReplicaId())
 		if a.GetHardPin() {
 			o.flags |= flagHardPin
 		}

@@ -299,9 +299,10 @@ const (
 	stFailed     = uint8(masterv1.ReplicaStatus_REPLICA_STATUS_FAILED)
 )
 
-// replica is one copy of an object: 24 bytes.
+// replica is one copy of an object: 32 bytes.
 type replica struct {
 	allocID uint64 // allocation id at the agent; valid unless pending
+	offset  uint64 // byte offset of the allocation in its segment (hole-making eviction)
 	seg     uint32 // segment table index
 	id      uint32 // per-object, monotonic, never reused while the object exists
 	status  uint8

@@ -6,6 +6,7 @@
 package metatest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -102,6 +103,7 @@ type Ref struct {
 // Alloc is one allocation at a fake agent.
 type Alloc struct {
 	Ref
+	Offset     uint64
 	Size       uint64
 	Sealed     bool
 	Checksum   uint64
@@ -120,6 +122,9 @@ type Agents struct {
 	Reg *Registry
 	// NowMs stamps seals (default 0).
 	NowMs func() int64
+	// Extents makes Reserve allocate real offsets first-fit (64-byte
+	// aligned), so fragmentation happens as at a real agent. Set before use.
+	Extents bool
 
 	mu       sync.Mutex
 	next     uint64
@@ -133,12 +138,69 @@ type Agents struct {
 	sealN    int
 	releaseN int
 	gone     map[string]bool // unmounted segments
+	ext      map[string][]span
+}
+
+// span is an allocated extent [off, end).
+type span struct{ off, end uint64 }
+
+const align = 64
+
+// fitLocked finds the first gap of size bytes on seg (first fit).
+func (a *Agents) fitLocked(seg string, capacity, size uint64) (uint64, bool) {
+	size = (size + align - 1) / align * align
+	var prev uint64
+	for _, sp := range a.ext[seg] {
+		if sp.off-prev >= size {
+			return prev, true
+		}
+		prev = sp.end
+	}
+	if capacity-prev >= size {
+		return prev, true
+	}
+	return 0, false
+}
+
+func (a *Agents) addSpanLocked(seg string, off, size uint64) {
+	size = (size + align - 1) / align * align
+	xs := a.ext[seg]
+	i, _ := slices.BinarySearchFunc(xs, off, func(x span, o uint64) int { return cmp.Compare(x.off, o) })
+	a.ext[seg] = slices.Insert(xs, i, span{off, off + size})
+}
+
+func (a *Agents) removeSpanLocked(seg string, off uint64) {
+	xs := a.ext[seg]
+	if i, ok := slices.BinarySearchFunc(xs, off, func(x span, o uint64) int { return cmp.Compare(x.off, o) }); ok {
+		a.ext[seg] = slices.Delete(xs, i, i+1)
+	}
+}
+
+// Report copies each segment's use and largest free extent into the
+// registry, as a heartbeat does.
+func (a *Agents) Report() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, sg := range a.Reg.Segments() {
+		sg.Used = a.used[sg.ID]
+		var largest, prev uint64
+		for _, sp := range a.ext[sg.ID] {
+			largest = max(largest, sp.off-prev)
+			prev = sp.end
+		}
+		if a.Extents {
+			sg.LargestFreeExtent = max(largest, sg.Capacity-prev)
+		} else {
+			sg.LargestFreeExtent = sg.Capacity - sg.Used
+		}
+		a.Reg.Add(sg)
+	}
 }
 
 // NewAgents returns fake agents over reg.
 func NewAgents(reg *Registry) *Agents {
 	return &Agents{Reg: reg, live: map[Ref]*Alloc{}, used: map[string]uint64{}, released: map[Ref]bool{},
-		down: map[string]bool{}, badSum: map[string]bool{}, gone: map[string]bool{}}
+		down: map[string]bool{}, badSum: map[string]bool{}, gone: map[string]bool{}, ext: map[string][]span{}}
 }
 
 // SetDown makes every call to agent fail with AGENT_UNAVAILABLE.
@@ -182,12 +244,22 @@ func (a *Agents) Reserve(ctx context.Context, agent string, items []*masterv1.Re
 		case a.used[seg.ID]+it.GetSize() > seg.Capacity:
 			out[i] = &masterv1.ReserveItemResult{Status: rpcerr.Item(rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_NO_AVAILABLE_HANDLE, "segment %s full", seg.ID))}
 		default:
+			off := a.next * 64
+			if a.Extents {
+				o, ok := a.fitLocked(seg.ID, seg.Capacity, it.GetSize())
+				if !ok {
+					out[i] = &masterv1.ReserveItemResult{Status: rpcerr.Item(rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_NO_AVAILABLE_HANDLE, "segment %s: no free extent of %d bytes", seg.ID, it.GetSize()))}
+					continue
+				}
+				off = o
+				a.addSpanLocked(seg.ID, off, it.GetSize())
+			}
 			a.next++
 			r := Ref{seg.ID, a.next}
-			a.live[r] = &Alloc{Ref: r, Size: it.GetSize(), Tenant: it.GetTenant(), Key: it.GetKey(), ReplicaID: it.GetReplicaId(),
+			a.live[r] = &Alloc{Ref: r, Offset: off, Size: it.GetSize(), Tenant: it.GetTenant(), Key: it.GetKey(), ReplicaID: it.GetReplicaId(),
 				Group: it.GetGroupId(), HardPin: it.GetHardPin(), SoftPinMs: it.GetSoftPinUntilUnixMs()}
 			a.used[seg.ID] += it.GetSize()
-			out[i] = &masterv1.ReserveItemResult{Status: &masterv1.ItemStatus{}, AllocationId: a.next, Offset: a.next * 64}
+			out[i] = &masterv1.ReserveItemResult{Status: &masterv1.ItemStatus{}, AllocationId: a.next, Offset: off}
 		}
 	}
 	return out, nil
@@ -251,6 +323,9 @@ func (a *Agents) Release(ctx context.Context, agent string, items []*masterv1.Al
 		delete(a.live, r)
 		a.used[r.Segment] -= al.Size
 		a.released[r] = true
+		if a.Extents {
+			a.removeSpanLocked(r.Segment, al.Offset)
+		}
 	}
 	return nil
 }
@@ -280,6 +355,7 @@ func (a *Agents) Unmount(segment string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.gone[segment] = true
+	delete(a.ext, segment)
 	for r := range a.live {
 		if r.Segment == segment {
 			delete(a.live, r)
@@ -335,7 +411,7 @@ func (a *Agents) Table(agent string) []*masterv1.Allocation {
 			st = masterv1.AllocationState_ALLOCATION_STATE_SEALED
 		}
 		out = append(out, &masterv1.Allocation{
-			SegmentId: al.Segment, AllocationId: al.ID, Size: al.Size, State: st,
+			SegmentId: al.Segment, AllocationId: al.ID, Offset: al.Offset, Size: al.Size, State: st,
 			Tenant: al.Tenant, Key: al.Key, ReplicaId: al.ReplicaID, Checksum: al.Checksum,
 			GroupId: al.Group, HardPin: al.HardPin, SoftPinUntilUnixMs: al.SoftPinMs, SealedUnixMs: al.SealedAtMs,
 		})
