@@ -203,7 +203,17 @@ func (m *Master) Run(ctx context.Context) error {
 			}
 		})
 	}
-	err := m.Server.Run(ctx)
+	// Agent Connect streams never end on their own, so GracefulStop would
+	// wait them out until its hard-stop timer. End the sessions first, then
+	// stop the server.
+	srvCtx, srvCancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer srvCancel()
+	go func() {
+		<-ctx.Done()
+		_ = m.Sessions.Close()
+		srvCancel()
+	}()
+	err := m.Server.Run(srvCtx)
 	cancel()
 	wg.Wait()
 	_ = m.Sessions.Close()
