@@ -22,19 +22,27 @@ type mut struct {
 	rel *releases
 }
 
+// mutPool recycles mutation sessions (and their record buffers).
+var mutPool = sync.Pool{New: func() any { return &mut{} }}
+
 func (s *Store) begin(sh *shard, rel *releases) *mut {
-	return &mut{s: s, sh: sh, nowMs: s.nowMs(), rel: rel}
+	m := mutPool.Get().(*mut)
+	m.s, m.sh, m.nowMs, m.rel = s, sh, s.nowMs(), rel
+	return m
 }
 
-// commit appends the derived change records. Call it before unlocking the
-// shard so that revision order matches state order.
+// commit appends the derived change records and ends the session (m must
+// not be used afterwards). Call it before unlocking the shard so that
+// revision order matches state order.
 func (m *mut) commit() {
-	if len(m.recs) == 0 {
-		return
+	if len(m.recs) > 0 {
+		m.s.log.Append(m.recs)
+		m.s.changes.Add(float64(len(m.recs)))
+		clear(m.recs)
+		m.recs = m.recs[:0]
 	}
-	m.s.log.Append(m.recs)
-	m.s.changes.Add(float64(len(m.recs)))
-	m.recs = m.recs[:0]
+	m.s, m.sh, m.rel = nil, nil, nil
+	mutPool.Put(m)
 }
 
 func (m *mut) record(typ changelog.Type, o *object, medium uint8) {

@@ -398,8 +398,10 @@ func (s *Store) settleReservationsLocked(m *mut, sp *PutSpec, it *putItem, exclu
 func (s *Store) writeDescriptors(sp *PutSpec, it *putItem) []*masterv1.ReplicaDescriptor {
 	exp := s.now().Add(s.cfg.WriteTokenTTL)
 	out := make([]*masterv1.ReplicaDescriptor, len(it.reps))
+	descs := make([]masterv1.ReplicaDescriptor, len(it.reps))
 	for i, rp := range it.reps {
-		out[i] = &masterv1.ReplicaDescriptor{
+		out[i] = &descs[i]
+		*out[i] = masterv1.ReplicaDescriptor{
 			ReplicaId:         rp.id,
 			SegmentId:         rp.v.seg.ID,
 			AgentId:           rp.v.seg.AgentID,
