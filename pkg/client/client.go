@@ -203,6 +203,15 @@ func (c *Client) Changes() masterv1.ChangeServiceClient {
 
 // agent returns the pooled DataService client for an agent endpoint.
 func (c *Client) agent(endpoint string) (agentv1.DataServiceClient, error) {
+	cc, err := c.agentConn(endpoint)
+	if err != nil {
+		return nil, err
+	}
+	return agentv1.NewDataServiceClient(cc), nil
+}
+
+// agentConn returns the pooled connection to an agent endpoint.
+func (c *Client) agentConn(endpoint string) (*grpc.ClientConn, error) {
 	c.s.mu.Lock()
 	defer c.s.mu.Unlock()
 	if c.s.closed {
@@ -217,7 +226,7 @@ func (c *Client) agent(endpoint string) (agentv1.DataServiceClient, error) {
 		}
 		c.s.agents[endpoint] = cc
 	}
-	return agentv1.NewDataServiceClient(cc), nil
+	return cc, nil
 }
 
 // redirect switches the master connection to leader (from a NOT_LEADER

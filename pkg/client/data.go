@@ -14,6 +14,7 @@ import (
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 )
 
@@ -305,7 +306,7 @@ func (c *Client) readOne(ctx context.Context, d *masterv1.ReplicaDescriptor, buf
 		copy(buf, r.GetData())
 		return nil
 	}
-	return c.readStream(ctx, dc, d, func(off int64, p []byte) error {
+	return c.readStream(ctx, d.GetDataEndpoint(), d, func(off int64, p []byte) error {
 		if off+int64(len(p)) > int64(len(buf)) {
 			return fmt.Errorf("agent sent more than %d bytes", len(buf))
 		}
@@ -314,35 +315,52 @@ func (c *Client) readOne(ctx context.Context, d *masterv1.ReplicaDescriptor, buf
 	}, int64(len(buf)))
 }
 
-// readStream streams a replica and hands each chunk to sink in order.
-func (c *Client) readStream(ctx context.Context, dc agentv1.DataServiceClient, d *masterv1.ReplicaDescriptor, sink func(off int64, p []byte) error, size int64) error {
+// readStream streams a replica and hands each chunk to sink in order. It
+// decodes chunks with readCodec, straight from the transport's buffers.
+func (c *Client) readStream(ctx context.Context, endpoint string, d *masterv1.ReplicaDescriptor, sink func(off int64, p []byte) error, size int64) error {
+	cc, err := c.agentConn(endpoint)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := dc.Read(ctx, &agentv1.ReadRequest{
-		SegmentId: d.GetSegmentId(), AllocationId: d.GetAllocationId(), Token: d.GetToken(), ChunkSize: uint32(c.s.cfg.ChunkSize),
-	})
+	stream, err := cc.NewStream(ctx, &readStreamDesc, agentv1.DataService_Read_FullMethodName, grpc.ForceCodecV2(readCodec{}))
 	if err != nil {
 		return rpcerr.FromStatus(err)
 	}
+	if err := stream.SendMsg(&agentv1.ReadRequest{
+		SegmentId: d.GetSegmentId(), AllocationId: d.GetAllocationId(), Token: d.GetToken(), ChunkSize: uint32(c.s.cfg.ChunkSize),
+	}); err != nil {
+		return rpcerr.FromStatus(err)
+	}
+	if err := stream.CloseSend(); err != nil {
+		return rpcerr.FromStatus(err)
+	}
 	var off int64
+	rs := &readSink{put: func(p []byte) error {
+		if err := sink(off, p); err != nil {
+			return err
+		}
+		off += int64(len(p))
+		return nil
+	}}
 	for {
-		msg, err := stream.Recv()
+		err := stream.RecvMsg(rs)
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
 			return rpcerr.FromStatus(err)
 		}
-		if err := sink(off, msg.GetData()); err != nil {
-			return err
-		}
-		off += int64(len(msg.GetData()))
 	}
 	if off != size {
 		return fmt.Errorf("got %d bytes, want %d", off, size)
 	}
 	return nil
 }
+
+// readStreamDesc describes DataService.Read for NewStream.
+var readStreamDesc = grpc.StreamDesc{StreamName: "Read", ServerStreams: true}
 
 // GetTo streams the object into w without buffering it whole, verifying the
 // checksum at the end, and returns the bytes written. Replicas are tried in
@@ -355,14 +373,9 @@ func (c *Client) GetTo(ctx context.Context, key string, w io.Writer, progress fu
 	size := int64(rl.GetSize())
 	var errs []error
 	for _, d := range rl.GetReplicas() {
-		dc, err := c.agent(d.GetDataEndpoint())
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
 		h := xxhash.New()
 		var written int64
-		err = c.readStream(ctx, dc, d, func(_ int64, p []byte) error {
+		err := c.readStream(ctx, d.GetDataEndpoint(), d, func(_ int64, p []byte) error {
 			_, _ = h.Write(p)
 			n, err := w.Write(p)
 			written += int64(n)
