@@ -22,7 +22,10 @@ type evictTarget struct {
 }
 
 // evictOverHigh is the background check: every segment at or above the
-// high watermark is evicted down to the low watermark.
+// high watermark is evicted down to the low watermark. It counts what the
+// metadata has placed, not the agent's last reported use: that report lags
+// by a heartbeat and would make every tick evict again what the previous
+// one already freed. (A put that finds no room uses both; see evictFor.)
 func (s *Store) evictOverHigh(ctx context.Context) {
 	var targets []evictTarget
 	for _, sg := range s.reg.Segments() {
@@ -30,7 +33,7 @@ func (s *Store) evictOverHigh(ctx context.Context) {
 		if !ok || sg.Capacity == 0 {
 			continue
 		}
-		used := max(s.segs.get(idx).placed.Load(), int64(sg.Used))
+		used := s.segs.get(idx).placed.Load()
 		if float64(used) >= s.cfg.HighWatermark*float64(sg.Capacity) {
 			targets = append(targets, evictTarget{seg: idx, need: used - int64(s.cfg.LowWatermark*float64(sg.Capacity))})
 		}
@@ -65,7 +68,7 @@ func (s *Store) evictFor(ctx context.Context, medium masterv1.Medium, need, maxS
 		}
 		idx := s.segs.intern(sg.ID)
 		segs = append(segs, holeSeg{idx: idx, capacity: sg.Capacity})
-		used := max(s.segs.get(idx).placed.Load(), int64(sg.Used))
+		used := s.segs.get(idx).used(sg)
 		low := int64(s.cfg.LowWatermark * float64(sg.Capacity))
 		if used > low {
 			targets = append(targets, evictTarget{seg: idx, need: max(used-low, int64(need))})

@@ -82,7 +82,13 @@ func TestPutStartOnFragmentedSegment(t *testing.T) {
 	if sg, _ := e.c.Reg.Segment("seg-0-0"); sg.LargestFreeExtent != 8<<10 {
 		t.Fatalf("largest free extent: got %d, want 8 KiB", sg.LargestFreeExtent)
 	}
+	before, _, _ := e.c.Agents.Calls()
 	e.put(t, PutSpec{Key: "big", Size: 24 << 10})
+	// The report steered the first round away (no Reserve); only the
+	// retry after eviction reserved.
+	if after, _, _ := e.c.Agents.Calls(); after-before != 1 {
+		t.Fatalf("Reserve calls for big: got %d, want 1", after-before)
+	}
 	var off uint64
 	_ = e.s.withObject(DefaultTenant, "big", func(o *object) error { off = o.replicas[0].offset; return nil })
 	if off != 16<<10 {

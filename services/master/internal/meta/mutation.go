@@ -159,6 +159,7 @@ func (m *mut) remove(o *object, i int, release bool) {
 	e := m.s.segs.get(r.seg)
 	e.placed.Add(-int64(o.size))
 	e.replicas.Add(-1)
+	e.freedMs.Store(m.nowMs)
 	if release && !r.pending && m.rel != nil {
 		m.rel.add(r.seg, r.allocID)
 	}

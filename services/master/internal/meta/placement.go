@@ -19,16 +19,19 @@ type segView struct {
 // free is the room left on the segment: capacity minus the larger of what
 // the agent last reported and what the metadata has placed since.
 func (v *segView) free() int64 {
-	used := max(int64(v.seg.Used), v.e.placed.Load())
-	return int64(v.seg.Capacity) - used
+	return int64(v.seg.Capacity) - v.e.used(v.seg)
 }
 
 // fits says whether need bytes likely fit: enough free bytes and, once the
-// agent has reported, a large enough contiguous free extent (as of its last
-// heartbeat; the agent's Reserve is the final word).
+// agent has reported, a large enough contiguous free extent as of its last
+// heartbeat — unless the metadata freed space there since, which can only
+// have grown the extents. The agent's Reserve is the final word.
 func (v *segView) fits(need int64) bool {
 	if v.free() < need {
 		return false
+	}
+	if v.e.freedMs.Load() > v.seg.LastHeartbeatMs {
+		return true
 	}
 	if v.seg.LargestFreeExtent > 0 || v.seg.Used > 0 {
 		return int64(v.seg.LargestFreeExtent) >= need

@@ -448,6 +448,22 @@ type segEntry struct {
 	id       string
 	placed   atomic.Int64 // bytes of replicas of any status
 	replicas atomic.Int64
+	// freedMs is when a replica last left the segment (Unix ms): an agent
+	// report older than that overstates the segment's use.
+	freedMs atomic.Int64
+}
+
+// used is the segment's use for placement and eviction: what the metadata
+// has placed, or the agent's last report when that is larger and not older
+// than the metadata's last removal there (the report includes alignment
+// and allocations the metadata does not know; a stale one does not see
+// what was just freed).
+func (e *segEntry) used(sg cluster.Segment) int64 {
+	p := e.placed.Load()
+	if e.freedMs.Load() > sg.LastHeartbeatMs {
+		return p
+	}
+	return max(p, int64(sg.Used))
 }
 
 // segTable interns segment ids to small indexes (ids are never reused, so

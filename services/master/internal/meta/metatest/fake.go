@@ -183,6 +183,9 @@ func (a *Agents) Report() {
 	defer a.mu.Unlock()
 	for _, sg := range a.Reg.Segments() {
 		sg.Used = a.used[sg.ID]
+		if a.NowMs != nil {
+			sg.LastHeartbeatMs = a.NowMs()
+		}
 		var largest, prev uint64
 		for _, sp := range a.ext[sg.ID] {
 			largest = max(largest, sp.off-prev)
