@@ -73,16 +73,6 @@ func (m *mut) newObject(tenant uint32, key string, size uint64, force bool) (*ob
 	return o, nil
 }
 
-// resize changes an object's logical size (destructive upsert, after its
-// old replicas are gone), charging the difference.
-func (m *mut) resize(o *object, size uint64) error {
-	if err := m.s.tenants.get(o.tenant).charge(int64(size)-int64(o.size), 0, false); err != nil {
-		return err
-	}
-	o.size = size
-	return nil
-}
-
 // dropIfEmpty erases an object that has no replicas left and refunds its
 // tenant (the object-erased tenant event). It reports whether it did.
 func (m *mut) dropIfEmpty(o *object) bool {
