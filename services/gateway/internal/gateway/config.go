@@ -94,7 +94,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.EmitObjectKey, "emit-object-key", c.EmitObjectKey, "publish stored/removed events (false: only cleared; the rest are counted as skipped)")
 	fs.IntVar(&c.QueueCapacity, "queue-capacity", c.QueueCapacity, "events queued before the oldest are dropped")
 	fs.IntVar(&c.MaxBatch, "max-batch", c.MaxBatch, "events per message (1..64)")
-	fs.DurationVar(&c.FlushInterval, "flush-interval", c.FlushInterval, "how long a partial batch waits for more events (0: never waits)")
+	fs.DurationVar(&c.FlushInterval, "flush-interval", c.FlushInterval, "how long a partial batch waits for more events (0: publish as soon as the publisher is free; batches still fill under load)")
 	fs.IntVar(&c.ReplayBuffer, "replay-buffer", c.ReplayBuffer, "batches retained for replay")
 	fs.Var(&c.ReplayBufferBytes, "replay-buffer-bytes", "bytes retained for replay")
 	fs.BoolVar(&c.ReplayLegacy, "replay-legacy", c.ReplayLegacy, "answer replays as [b\"\", seq, payload] (older vLLM) instead of [b\"\", topic, seq, payload]")

@@ -39,8 +39,12 @@ type Config struct {
 	QueueCapacity int
 	// MaxBatch bounds events per message (64, the contract's maximum).
 	MaxBatch int
-	// FlushInterval is how long a partial batch waits for more events (1ms);
-	// 0 publishes whatever is queued at once.
+	// FlushInterval is how long a partial batch waits for more events. The
+	// default 0 publishes as soon as the publishing goroutine is free: a
+	// lone event goes out at once, and events that arrive while it encodes
+	// and sends are batched (full batches under load). A positive interval
+	// trades latency for fuller batches at moderate rates; note that Go
+	// rounds sub-millisecond sleeps of an idle process up to about 1ms.
 	FlushInterval time.Duration
 	// ReplayBuffer and ReplayBufferBytes bound the replay ring.
 	ReplayBuffer      int
@@ -68,7 +72,7 @@ func DefaultConfig() Config {
 		ReplayEndpoint:     "tcp://*:5558",
 		QueueCapacity:      65536,
 		MaxBatch:           kvevent.MaxEventsPerBatch,
-		FlushInterval:      time.Millisecond,
+		FlushInterval:      0,
 		ReplayBuffer:       10000,
 		ReplayBufferBytes:  64 << 20,
 		SubQueueBatches:    8192,
@@ -163,11 +167,11 @@ type Publisher struct {
 	replay *replaySocket
 
 	// Owned by the publishing goroutine.
-	seq     uint64
-	nextID  uint64
-	scratch []byte
-	items   []item
-	evs     []kvevent.Event
+	seq      uint64
+	nextID   uint64
+	sizeHint int // payload size of the last batch
+	items    []item
+	evs      []kvevent.Event
 
 	running atomic.Bool
 }
@@ -308,7 +312,12 @@ func (p *Publisher) publishNext(pub *pubSocket) {
 		p.evs = append(p.evs, kvevent.Event{ID: p.nextID, Type: it.typ, Tenant: it.tenant, Key: it.key, Medium: it.medium, GroupID: it.group})
 	}
 	clear(p.items)
-	payload, err := p.enc.AppendBatch(p.scratch[:0], ts, p.evs)
+	// Encode straight into the message's own buffer (it is retained by the
+	// ring and the subscriber queues, so it cannot be reused): the payload
+	// goes after room for the longest frame headers, which are then written
+	// in front of it, so the payload is never copied.
+	buf := make([]byte, wireHeadroom, wireHeadroom+p.sizeHint+p.sizeHint/4)
+	buf, err := p.enc.AppendBatch(buf, ts, p.evs)
 	clear(p.evs)
 	if err != nil {
 		// Enqueue validated every event, so this is a bug; the sequence
@@ -318,17 +327,40 @@ func (p *Publisher) publishNext(pub *pubSocket) {
 		p.lg.Error("kv event batch failed to encode", "seq", p.seq, "err", err)
 		return
 	}
-	p.scratch = payload
-	var seqb [8]byte
-	wire := make([]byte, 0, len(payload)+32)
-	binary.BigEndian.PutUint64(seqb[:], p.seq)
-	wire = zmtp.AppendMessage(wire, nil, seqb[:], payload)
+	p.sizeHint = len(buf) - wireHeadroom
+	wire := frameInPlace(buf, p.seq)
 	pub.broadcast(wire)
 	p.ring.add(p.seq, wire)
 	// lastSeq first: whoever sees the event count sees its sequence too.
 	p.lastSeq.Store(p.seq)
 	p.batches.Add(1)
 	p.events.Add(uint64(len(p.items)))
+}
+
+// wireHeadroom fits the frame headers of [topic, seq, payload]: 2 for the
+// empty topic, 2+8 for the sequence, 9 for a long payload header.
+const wireHeadroom = 2 + 2 + 8 + 9
+
+// frameInPlace writes the ZMTP headers of [b"", seq, payload] in front of
+// the payload at buf[wireHeadroom:] and returns the message's wire bytes
+// (identical to zmtp.AppendMessage(nil, nil, seq8, payload)).
+func frameInPlace(buf []byte, seq uint64) []byte {
+	n := len(buf) - wireHeadroom
+	start := 0
+	if n <= 255 {
+		start = 7 // a short payload header takes 2 bytes, not 9
+	}
+	w := buf[start:wireHeadroom]
+	w[0], w[1] = 0x01, 0 // topic: MORE, empty
+	w[2], w[3] = 0x01, 8 // sequence: MORE, 8 bytes
+	binary.BigEndian.PutUint64(w[4:12], seq)
+	if n <= 255 {
+		w[12], w[13] = 0, byte(n)
+	} else {
+		w[12] = 0x02 // LONG
+		binary.BigEndian.PutUint64(w[13:21], uint64(n))
+	}
+	return buf[start:]
 }
 
 // Enqueue queues events for publishing. It never blocks: when the queue is

@@ -490,3 +490,15 @@ func TestQueueBurnAccounting(t *testing.T) {
 		t.Errorf("dropped = %d, want 2 (pushWait never drops)", dropped)
 	}
 }
+
+func TestFrameInPlace(t *testing.T) {
+	for _, n := range []int{0, 1, 254, 255, 256, 300, 70000} {
+		payload := []byte(strings.Repeat("p", n))
+		buf := append(make([]byte, wireHeadroom), payload...)
+		got := frameInPlace(buf, 0x0102030405060708)
+		want := zmtp.AppendMessage(nil, nil, kvevent.PutSeq(0x0102030405060708), payload)
+		if !slices.Equal(got, want) {
+			t.Errorf("payload %d bytes: frameInPlace differs from zmtp.AppendMessage", n)
+		}
+	}
+}

@@ -1,0 +1,70 @@
+package publisher
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/crescent-kv/crescent/pkg/kvevent"
+)
+
+// BenchmarkPublishToSubscriber is the gateway's own share of the path:
+// events handed to the publisher (as the source does, a watch response at
+// a time) until decoded by a kvevent subscriber over loopback TCP.
+func BenchmarkPublishToSubscriber(b *testing.B) {
+	p, err := New(testConfig(), quiet())
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := b.Context()
+	done := make(chan error, 1)
+	if err := p.Listen(); err != nil {
+		b.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	go func() { done <- p.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+	var got atomic.Int64
+	sub, err := kvevent.Subscribe(ctx, p.PubEndpoint(), kvevent.Options{Logger: quiet(), DisableIndex: true,
+		OnBatch: func(bt kvevent.Batch) { got.Add(int64(len(bt.Events))) }})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sub.Close()
+	for p.Stats().Subscribers == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	const chunk = 1024
+	evs := make([]kvevent.Event, 0, chunk)
+	b.ResetTimer()
+	start := time.Now()
+	for i := range b.N {
+		typ := kvevent.Stored
+		if i%2 == 1 {
+			typ = kvevent.Removed
+		}
+		evs = append(evs, kvevent.Event{Type: typ, Tenant: "t", Key: "bench/" + strconv.Itoa(i/2), Medium: kvevent.MediumCPU})
+		if len(evs) == chunk || i == b.N-1 {
+			if err := p.EnqueueWait(ctx, evs...); err != nil {
+				b.Fatal(err)
+			}
+			evs = evs[:0]
+			// A subscriber that keeps up: stay within its queue bound.
+			for int64(i)-got.Load() > 1<<17 {
+				time.Sleep(50 * time.Microsecond)
+			}
+		}
+	}
+	for got.Load() < int64(b.N) {
+		if p.Stats().SubscriberDroppedBatches > 0 {
+			b.Fatal("the subscriber's queue dropped batches")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "events/s")
+	st := p.Stats()
+	b.ReportMetric(float64(st.PublishedEvents)/float64(max(st.PublishedBatches, 1)), "events/batch")
+	b.ReportMetric(float64(sub.Stats().MissingSeqs), "seq-gaps")
+}
