@@ -15,10 +15,12 @@ LOG_LEVEL=${LOG_LEVEL:-info}
 mkdir -p "$DATA/agent-a" "$DATA/agent-b"
 
 pids=()
+declare -A names
 start() {
   local name=$1; shift
   "$@" > >(sed -u "s/^/[$name] /") 2>&1 &
   pids+=($!)
+  names[$!]=$name
 }
 
 stop() {
@@ -27,6 +29,7 @@ stop() {
   kill -TERM "${pids[@]}" 2>/dev/null || true
   wait "${pids[@]}" 2>/dev/null || true
   echo "[run] stopped"
+  exit 0
 }
 trap stop INT TERM
 
@@ -39,9 +42,14 @@ start gateway "$BIN/crescent-gateway" --master 127.0.0.1:50051 --pub 'tcp://*:55
   --admin-addr 127.0.0.1:9005 --grpc-addr 127.0.0.1:50053 --backend-id local --log-level "$LOG_LEVEL"
 
 echo "[run] cluster up: master 127.0.0.1:50051, agents :50052 :50062, gateway tcp://127.0.0.1:5557 (Ctrl-C to stop)"
-# If any process dies, stop the rest and exit non-zero.
+# A process that dies (say, an agent you killed to watch the master react)
+# is reported and the rest keep running; Ctrl-C stops whatever is left.
 set +e
-wait -n "${pids[@]}"
-rc=$?
-stop
-exit $rc
+while [ ${#names[@]} -gt 0 ]; do
+  wait -n -p done_pid "${pids[@]}"
+  rc=$?
+  [ -n "${done_pid:-}" ] || continue
+  echo "[run] ${names[$done_pid]:-process $done_pid} exited with status $rc"
+  unset "names[$done_pid]"
+  pids=("${!names[@]}")
+done
