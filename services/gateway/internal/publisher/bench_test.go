@@ -52,7 +52,7 @@ func BenchmarkPublishToSubscriber(b *testing.B) {
 			}
 			evs = evs[:0]
 			// A subscriber that keeps up: stay within its queue bound.
-			for int64(i)-got.Load() > 1<<17 {
+			for int64(i)-got.Load() > 1<<15 {
 				time.Sleep(50 * time.Microsecond)
 			}
 		}
