@@ -101,7 +101,7 @@ type Subscriber struct {
 	lastEventID uint64
 	haveID      bool        // lastEventID is set
 	lastFP      fingerprint // of the last batch delivered
-	dupLo       uint64 // live batches in [dupLo, dupHi] were delivered by a replay
+	dupLo       uint64      // live batches in [dupLo, dupHi] were delivered by a replay
 	dupHi       uint64
 
 	closeOnce sync.Once
