@@ -25,10 +25,9 @@ func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // sink records events and applies them to an index.
 type sink struct {
-	mu   sync.Mutex
-	evs  []kvevent.Event
-	idx  *kvevent.Index
-	hook func([]kvevent.Event)
+	mu  sync.Mutex
+	evs []kvevent.Event
+	idx *kvevent.Index
 }
 
 func newSink() *sink { return &sink{idx: kvevent.NewIndex()} }
