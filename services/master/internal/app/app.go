@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -44,6 +45,12 @@ type Config struct {
 	ChangelogRetention int
 	HighWatermark      float64
 	LowWatermark       float64
+
+	// GCPercent is the Go GC target (debug.SetGCPercent). The master's heap
+	// is mostly long-lived metadata and short-lived RPC garbage; collecting
+	// at 100 % growth spends a third of the CPU of a batch get in the GC.
+	// Bound memory with GOMEMLIMIT instead.
+	GCPercent int
 }
 
 // DefaultConfig returns the defaults of ARCHITECTURE.md.
@@ -63,6 +70,7 @@ func DefaultConfig() Config {
 		ChangelogRetention: 1 << 20,
 		HighWatermark:      0.90,
 		LowWatermark:       0.80,
+		GCPercent:          400,
 	}
 }
 
@@ -83,6 +91,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.ChangelogRetention, "changelog-retention", c.ChangelogRetention, "change records retained for Watch resumption")
 	fs.Float64Var(&c.HighWatermark, "high-watermark", c.HighWatermark, "segment use fraction that starts eviction")
 	fs.Float64Var(&c.LowWatermark, "low-watermark", c.LowWatermark, "segment use fraction eviction stops at")
+	fs.IntVar(&c.GCPercent, "gc-percent", c.GCPercent, "Go GC target percentage (GOGC); bound memory with the GOMEMLIMIT environment variable")
 }
 
 // Validate reports every invalid field.
@@ -106,6 +115,9 @@ func (c *Config) Validate() error {
 	}
 	if c.UnmountAfter <= c.SuspectAfter {
 		errs = append(errs, fmt.Errorf("unmount-after (%v) must exceed suspect-after (%v)", c.UnmountAfter, c.SuspectAfter))
+	}
+	if c.GCPercent < 25 {
+		errs = append(errs, fmt.Errorf("gc-percent must be >= 25, got %d", c.GCPercent))
 	}
 	if c.ChangelogRetention < 1024 {
 		errs = append(errs, fmt.Errorf("changelog-retention must be >= 1024, got %d", c.ChangelogRetention))
@@ -190,6 +202,7 @@ func (m *Master) Run(ctx context.Context) error {
 	if err := m.Server.Listen(); err != nil {
 		return err
 	}
+	debug.SetGCPercent(m.cfg.GCPercent)
 	m.lg.Info("master starting", "master_id", m.Identity.MasterID, "epoch", m.Identity.Epoch, "grpc", m.Server.GRPCAddr())
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
