@@ -1,0 +1,86 @@
+package app
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		mod  func(*Config)
+		ok   bool
+	}{
+		{"defaults", func(*Config) {}, true},
+		{"no grpc addr", func(c *Config) { c.GRPCAddr = "" }, false},
+		{"suspect before heartbeat", func(c *Config) { c.SuspectAfter = c.HeartbeatInterval }, false},
+		{"unmount before suspect", func(c *Config) { c.UnmountAfter = c.SuspectAfter }, false},
+		{"watermarks inverted", func(c *Config) { c.LowWatermark, c.HighWatermark = 0.9, 0.8 }, false},
+		{"tiny changelog", func(c *Config) { c.ChangelogRetention = 10 }, false},
+		{"zero lease", func(c *Config) { c.LeaseTTL = 0 }, false},
+		{"gc percent", func(c *Config) { c.GCPercent = 1 }, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			tt.mod(&c)
+			if err := c.Validate(); (err == nil) != tt.ok {
+				t.Fatalf("Validate: got %v, want ok=%v", err, tt.ok)
+			}
+		})
+	}
+}
+
+// TestRunServesAndStops starts the wired master on loopback, calls every
+// service once, and checks that cancelling the context stops it promptly.
+func TestRunServesAndStops(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.GRPCAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0"
+	m, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Server.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	cc, err := grpc.NewClient(m.Server.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer rcancel()
+	st, err := masterv1.NewAdminServiceClient(cc).GetClusterStatus(rctx, &masterv1.GetClusterStatusRequest{}, grpc.WaitForReady(true))
+	if err != nil || !st.GetLeader() || st.GetEpoch() == 0 {
+		t.Fatalf("GetClusterStatus: %v, %v", st, err)
+	}
+	if _, err := masterv1.NewObjectServiceClient(cc).Exist(rctx, &masterv1.ExistRequest{Key: "k"}); err != nil {
+		t.Fatalf("Exist: %v", err)
+	}
+	cc.Close()
+	start := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return 10s after cancel")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("shutdown took %v", d)
+	}
+}
