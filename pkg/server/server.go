@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -128,6 +129,12 @@ func New(cfg Config, lg *slog.Logger, reg *prometheus.Registry, opts ...grpc.Ser
 		_, _ = w.Write([]byte("ready\n"))
 	})
 	s.Mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	// Profiling for operators (the admin port is not for the public).
+	s.Mux.HandleFunc("/debug/pprof/", pprof.Index)
+	s.Mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	s.Mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	s.Mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	s.Mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	return s
 }
 
