@@ -30,6 +30,7 @@ type benchResult struct {
 	P90Ms       float64 `json:"p90_ms"`
 	P99Ms       float64 `json:"p99_ms"`
 	MaxMs       float64 `json:"max_ms"`
+	FirstError  string  `json:"first_error,omitempty"`
 }
 
 func benchCmd(e *env) *cobra.Command {
@@ -133,6 +134,9 @@ func benchCmd(e *env) *cobra.Command {
 				fmt.Fprintf(e.stdout, "mode=%s size=%s batch=%d concurrency=%d duration=%.1fs\n", r.Mode, &size, r.Batch, r.Concurrency, r.Seconds)
 				fmt.Fprintf(e.stdout, "  objects: %d (%d errors)  %.0f objects/s  %.3f GB/s\n", r.Objects, r.Errors, r.ObjectsPerS, r.GBPerS)
 				fmt.Fprintf(e.stdout, "  latency per call: p50 %.3fms  p90 %.3fms  p99 %.3fms  max %.3fms\n", r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs)
+				if r.FirstError != "" {
+					fmt.Fprintf(e.stdout, "  first error: %s\n", r.FirstError)
+				}
 			}
 			if results[0].Objects == 0 && results[0].Errors > 0 {
 				return errors.New("every call failed")
@@ -158,25 +162,33 @@ func runBench(ctx context.Context, mode string, conc int, d time.Duration, op fu
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	var (
-		mu      sync.Mutex
-		lats    []time.Duration
-		objects atomic.Int64
-		errs    atomic.Int64
+		mu       sync.Mutex
+		lats     []time.Duration
+		objects  atomic.Int64
+		errs     atomic.Int64
+		firstErr atomic.Pointer[string]
 	)
 	start := time.Now()
+	// A context's Err can lag its deadline when the machine is busy (the
+	// timer has not fired yet), and calls made then fail at once with
+	// DeadlineExceeded: stop on the clock, not only on Err.
+	end := start.Add(d)
+	over := func() bool { return ctx.Err() != nil || !time.Now().Before(end) }
 	var wg sync.WaitGroup
 	for w := 0; w < conc; w++ {
 		wg.Go(func() {
 			var local []time.Duration
-			for i := w; ctx.Err() == nil; i += conc {
+			for i := w; !over(); i += conc {
 				t0 := time.Now()
 				n, err := op(ctx, i)
-				if ctx.Err() != nil {
+				if over() {
 					break
 				}
 				local = append(local, time.Since(t0))
 				if err != nil {
 					errs.Add(1)
+					msg := err.Error()
+					firstErr.CompareAndSwap(nil, &msg)
 					continue
 				}
 				objects.Add(int64(n))
@@ -196,8 +208,13 @@ func runBench(ctx context.Context, mode string, conc int, d time.Duration, op fu
 		}
 		return float64(lats[min(len(lats)-1, int(p*float64(len(lats))))]) / 1e6
 	}
+	first := ""
+	if p := firstErr.Load(); p != nil {
+		first = *p
+	}
 	return benchResult{
-		Mode: mode, Concurrency: conc, Seconds: elapsed, Objects: objects.Load(), Errors: errs.Load(),
+		FirstError: first,
+		Mode:       mode, Concurrency: conc, Seconds: elapsed, Objects: objects.Load(), Errors: errs.Load(),
 		ObjectsPerS: float64(objects.Load()) / elapsed, P50Ms: pct(0.50), P90Ms: pct(0.90), P99Ms: pct(0.99), MaxMs: pct(1),
 	}
 }
