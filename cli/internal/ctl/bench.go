@@ -90,8 +90,16 @@ func benchCmd(e *env) *cobra.Command {
 			var next atomic.Int64
 			op := func(ctx context.Context, put bool) (int, error) {
 				n := int(next.Add(int64(batch))) - batch
+				// put mode writes fresh keys (a cache filling up, evicting
+				// under pressure); get and mixed cycle over the key space.
+				slot := func(i int) string {
+					if mode == "put" {
+						return key(i)
+					}
+					return key(i % keys)
+				}
 				if batch == 1 {
-					k := key(n % keys)
+					k := slot(n)
 					if put {
 						return 1, c.Put(ctx, k, payload, opts...)
 					}
@@ -101,13 +109,13 @@ func benchCmd(e *env) *cobra.Command {
 				if put {
 					items := make([]client.Item, batch)
 					for i := range items {
-						items[i] = client.Item{Key: key((n + i) % keys), Data: payload}
+						items[i] = client.Item{Key: slot(n + i), Data: payload}
 					}
 					return batch, errors.Join(c.BatchPut(ctx, items, opts...)...)
 				}
 				ks := make([]string, batch)
 				for i := range ks {
-					ks[i] = key((n + i) % keys)
+					ks[i] = slot(n + i)
 				}
 				_, errs := c.BatchGet(ctx, ks)
 				return batch, errors.Join(errs...)
@@ -150,7 +158,7 @@ func benchCmd(e *env) *cobra.Command {
 	f.IntVar(&batch, "batch", 1, "objects per call (1 = single Put/Get)")
 	f.IntVar(&concurrency, "concurrency", 4, "concurrent workers")
 	f.DurationVar(&duration, "duration", 10*time.Second, "how long to run")
-	f.IntVar(&keys, "keys", 4096, "size of the key space")
+	f.IntVar(&keys, "keys", 4096, "size of the key space read by get and mixed (put writes fresh keys)")
 	f.IntVar(&replicas, "replicas", 1, "replicas per object")
 	f.StringVar(&prefix, "prefix", "bench/", "key prefix")
 	f.BoolVar(&keep, "keep", false, "keep the objects afterwards")
