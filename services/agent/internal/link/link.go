@@ -29,6 +29,7 @@ import (
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/pkg/server"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -230,6 +231,11 @@ func (l *Link) Run(ctx context.Context) error {
 	opts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: l.cfg.KeepaliveTime, Timeout: l.cfg.KeepaliveTimeout, PermitWithoutStream: true}),
+		// Register carries the whole allocation table and Settings may carry
+		// every allocation the master wants released: either can pass
+		// gRPC's 4 MiB default, which would end the session and, on every
+		// reconnect, end it again. Match the master's server limit.
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(server.MaxMessageBytes), grpc.MaxCallSendMsgSize(server.MaxMessageBytes)),
 		// The channel's own redial backoff (default up to 120 s) would
 		// otherwise outlast ours while the master is down: Connect fails
 		// fast until the channel dials again.

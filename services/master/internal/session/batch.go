@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -344,11 +345,14 @@ func (m *Manager) Reserve(ctx context.Context, agentID string, items []*masterv1
 			return nil, invalid("reserve item %d: segment_id is required", i)
 		}
 	}
-	o, err := m.do(ctx, agentID, &call{kind: kindReserve, reserve: items}, m.cfg.RequestTimeout)
+	out := make([]*masterv1.ReserveItemResult, 0, len(items))
+	err := m.doChunked(ctx, agentID, len(items), func(lo, hi int) *call {
+		return &call{kind: kindReserve, reserve: items[lo:hi]}
+	}, func(o outcome) { out = append(out, o.reserve...) })
 	if err != nil {
 		return nil, err
 	}
-	return o.reserve, nil
+	return out, nil
 }
 
 // Seal asks the agent to seal written allocations; statuses are in item order.
@@ -361,11 +365,14 @@ func (m *Manager) Seal(ctx context.Context, agentID string, items []*masterv1.Se
 			return nil, invalid("seal item %d: segment_id is required", i)
 		}
 	}
-	o, err := m.do(ctx, agentID, &call{kind: kindSeal, seal: items}, m.cfg.RequestTimeout)
+	out := make([]*masterv1.ItemStatus, 0, len(items))
+	err := m.doChunked(ctx, agentID, len(items), func(lo, hi int) *call {
+		return &call{kind: kindSeal, seal: items[lo:hi]}
+	}, func(o outcome) { out = append(out, o.status...) })
 	if err != nil {
 		return nil, err
 	}
-	return o.status, nil
+	return out, nil
 }
 
 // Release frees allocations (unknown ids are no-ops at the agent).
@@ -378,8 +385,45 @@ func (m *Manager) Release(ctx context.Context, agentID string, items []*masterv1
 			return invalid("release item %d: segment_id is required", i)
 		}
 	}
-	_, err := m.do(ctx, agentID, &call{kind: kindRelease, release: items}, m.cfg.RequestTimeout)
-	return err
+	return m.doChunked(ctx, agentID, len(items), func(lo, hi int) *call {
+		return &call{kind: kindRelease, release: items[lo:hi]}
+	}, func(outcome) {})
+}
+
+// doChunked runs a call of n items as calls of at most MaxBatchItems each —
+// a single call is never split across messages, and one huge call (a
+// RemoveByPrefix releasing 100k allocations) would otherwise become one
+// message past the agent's receive limit. The chunks run concurrently; merge
+// sees their outcomes in item order. Any chunk's failure fails the call.
+func (m *Manager) doChunked(ctx context.Context, agentID string, n int, mk func(lo, hi int) *call, merge func(outcome)) error {
+	size := max(m.cfg.MaxBatchItems, 1)
+	if n <= size {
+		o, err := m.do(ctx, agentID, mk(0, n), m.cfg.RequestTimeout)
+		if err != nil {
+			return err
+		}
+		merge(o)
+		return nil
+	}
+	chunks := (n + size - 1) / size
+	outs := make([]outcome, chunks)
+	errs := make([]error, chunks)
+	var wg sync.WaitGroup
+	for i := range chunks {
+		wg.Go(func() {
+			outs[i], errs[i] = m.do(ctx, agentID, mk(i*size, min((i+1)*size, n)), m.cfg.RequestTimeout)
+		})
+	}
+	wg.Wait()
+	for i := range chunks {
+		if errs[i] != nil {
+			return errs[i]
+		}
+	}
+	for _, o := range outs {
+		merge(o)
+	}
+	return nil
 }
 
 // Copy asks the agent owning req.Source to copy it into req.Target. The

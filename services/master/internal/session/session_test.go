@@ -615,3 +615,45 @@ func TestMetadataSetAfterNew(t *testing.T) {
 		t.Fatal("New without a Registry: got nil error")
 	}
 }
+
+// TestLargeCallSplitIntoMessages: one call with more items than
+// MaxBatchItems goes out as several messages (a RemoveByPrefix of 100k
+// objects must not become one message past the agent's receive limit), and
+// the results come back in item order.
+func TestLargeCallSplitIntoMessages(t *testing.T) {
+	cfg := fastConfig()
+	cfg.MaxBatchItems = 4
+	h := newHarness(t, cfg, harnessOpts{})
+	a := h.connectAgent("a1")
+	items := make([]*masterv1.ReserveItem, 10)
+	for i := range items {
+		items[i] = &masterv1.ReserveItem{SegmentId: "a1-mem-0", Size: 1, Key: "k", ReplicaId: uint32(i)}
+	}
+	res, err := h.m.Reserve(t.Context(), "a1", items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != len(items) {
+		t.Fatalf("got %d results, want %d", len(res), len(items))
+	}
+	seen := map[uint64]bool{}
+	for i, r := range res {
+		if r.GetStatus().GetCode() != 0 || seen[r.GetAllocationId()] {
+			t.Fatalf("result %d: %v (duplicate=%v)", i, r, seen[r.GetAllocationId()])
+		}
+		seen[r.GetAllocationId()] = true
+	}
+	if msgs, n := a.counts("reserve"); msgs != 3 || n != 10 {
+		t.Fatalf("reserve: got %d messages / %d items, want 3 / 10 (4 + 4 + 2)", msgs, n)
+	}
+	refs := make([]*masterv1.AllocationRef, 9)
+	for i := range refs {
+		refs[i] = &masterv1.AllocationRef{SegmentId: "a1-mem-0", AllocationId: uint64(i + 1)}
+	}
+	if err := h.m.Release(t.Context(), "a1", refs); err != nil {
+		t.Fatal(err)
+	}
+	if msgs, n := a.counts("release"); msgs != 3 || n != 9 {
+		t.Fatalf("release: got %d messages / %d items, want 3 / 9", msgs, n)
+	}
+}
