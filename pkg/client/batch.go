@@ -64,6 +64,13 @@ func (c *Client) batchPut(ctx context.Context, items []Item, errs []error, o *pu
 		for i := range errs {
 			errs[i] = fmt.Errorf("put %q: %w", items[i].Key, err)
 		}
+		if abandoned(err) {
+			all := make([]int, len(items))
+			for i := range all {
+				all[i] = i
+			}
+			c.batchRevoke(ctx, items, all)
+		}
 		return
 	}
 	var writes []write

@@ -115,3 +115,22 @@ func TestNewNeedsMaster(t *testing.T) {
 		t.Fatal("Close must be idempotent")
 	}
 }
+
+func TestAbandoned(t *testing.T) {
+	tests := []struct {
+		err  error
+		want bool
+	}{
+		{context.Canceled, true},
+		{context.DeadlineExceeded, true},
+		{rpcerr.FromStatus(status.Error(codes.DeadlineExceeded, "x")), true},
+		{rpcerr.FromStatus(status.Error(codes.Canceled, "x")), true},
+		{rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND, "x"), false},
+		{errors.New("plain"), false},
+	}
+	for _, tt := range tests {
+		if got := abandoned(tt.err); got != tt.want {
+			t.Errorf("abandoned(%v) = %v, want %v", tt.err, got, tt.want)
+		}
+	}
+}

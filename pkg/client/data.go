@@ -62,6 +62,11 @@ func (c *Client) put(ctx context.Context, key string, size int64, src source, su
 		})
 	})
 	if err != nil {
+		if abandoned(err) {
+			// The master may have started the put before the caller gave
+			// up; revoke so the key is not held until preemption.
+			c.revoke(ctx, key)
+		}
 		return fmt.Errorf("put %q: %w", key, err)
 	}
 	var done atomic.Int64
@@ -84,6 +89,16 @@ func (c *Client) put(ctx context.Context, key string, size int64, src source, su
 		return fmt.Errorf("put %q: %w", key, err)
 	}
 	return nil
+}
+
+// abandoned reports whether a call failed because the caller's context
+// ended (so the server may still have acted on it).
+func abandoned(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var e *rpcerr.Error
+	return errors.As(err, &e) && (e.Code == codes.Canceled || e.Code == codes.DeadlineExceeded)
 }
 
 // revoke abandons a started put even when ctx is already cancelled.

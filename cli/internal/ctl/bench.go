@@ -60,6 +60,11 @@ func benchCmd(e *env) *cobra.Command {
 			if mode != "put" && mode != "get" && mode != "mixed" {
 				return usagef("--mode must be put, get or mixed")
 			}
+			if !cmd.Flags().Changed("prefix") {
+				// A fresh namespace per run, so a run never trips over the
+				// puts an earlier one left in flight at its deadline.
+				prefix = fmt.Sprintf("%s%06x/", prefix, time.Now().UnixNano()&0xffffff)
+			}
 			c, err := e.client(ctx)
 			if err != nil {
 				return err
@@ -160,7 +165,7 @@ func benchCmd(e *env) *cobra.Command {
 	f.DurationVar(&duration, "duration", 10*time.Second, "how long to run")
 	f.IntVar(&keys, "keys", 4096, "size of the key space read by get and mixed (put writes fresh keys)")
 	f.IntVar(&replicas, "replicas", 1, "replicas per object")
-	f.StringVar(&prefix, "prefix", "bench/", "key prefix")
+	f.StringVar(&prefix, "prefix", "bench/", "key prefix (default: bench/<run id>/)")
 	f.BoolVar(&keep, "keep", false, "keep the objects afterwards")
 	return cmd
 }
