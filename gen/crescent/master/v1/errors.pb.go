@@ -84,6 +84,10 @@ const (
 	ErrorReason_ERROR_REASON_PUT_EXPIRED ErrorReason = 22
 	// INTERNAL: an invariant failed; the message says which. Always a bug.
 	ErrorReason_ERROR_REASON_INTERNAL ErrorReason = 23
+	// UNAVAILABLE: the master started moments ago and agents are still
+	// re-registering, so its readable set is not yet whole; ChangeService
+	// answers this until the recovery grace has passed. Retry with backoff.
+	ErrorReason_ERROR_REASON_MASTER_RECOVERING ErrorReason = 24
 )
 
 // Enum value maps for ErrorReason.
@@ -113,6 +117,7 @@ var (
 		21: "ERROR_REASON_SEGMENT_UNAVAILABLE",
 		22: "ERROR_REASON_PUT_EXPIRED",
 		23: "ERROR_REASON_INTERNAL",
+		24: "ERROR_REASON_MASTER_RECOVERING",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":           0,
@@ -139,6 +144,7 @@ var (
 		"ERROR_REASON_SEGMENT_UNAVAILABLE":   21,
 		"ERROR_REASON_PUT_EXPIRED":           22,
 		"ERROR_REASON_INTERNAL":              23,
+		"ERROR_REASON_MASTER_RECOVERING":     24,
 	}
 )
 
@@ -173,7 +179,7 @@ var File_crescent_master_v1_errors_proto protoreflect.FileDescriptor
 
 const file_crescent_master_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1fcrescent/master/v1/errors.proto\x12\x12crescent.master.v1*\xc4\x06\n" +
+	"\x1fcrescent/master/v1/errors.proto\x12\x12crescent.master.v1*\xe8\x06\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dERROR_REASON_OBJECT_NOT_FOUND\x10\x01\x12&\n" +
@@ -199,7 +205,8 @@ const file_crescent_master_v1_errors_proto_rawDesc = "" +
 	"\x1eERROR_REASON_AGENT_UNAVAILABLE\x10\x14\x12$\n" +
 	" ERROR_REASON_SEGMENT_UNAVAILABLE\x10\x15\x12\x1c\n" +
 	"\x18ERROR_REASON_PUT_EXPIRED\x10\x16\x12\x19\n" +
-	"\x15ERROR_REASON_INTERNAL\x10\x17B\xd0\x01\n" +
+	"\x15ERROR_REASON_INTERNAL\x10\x17\x12\"\n" +
+	"\x1eERROR_REASON_MASTER_RECOVERING\x10\x18B\xd0\x01\n" +
 	"\x16com.crescent.master.v1B\vErrorsProtoP\x01Z?github.com/crescent-kv/crescent/gen/crescent/master/v1;masterv1\xa2\x02\x03CMX\xaa\x02\x12Crescent.Master.V1\xca\x02\x12Crescent\\Master\\V1\xe2\x02\x1eCrescent\\Master\\V1\\GPBMetadata\xea\x02\x14Crescent::Master::V1b\x06proto3"
 
 var (

@@ -9,11 +9,14 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/pkg/obs"
+	"github.com/crescent-kv/crescent/pkg/rpcerr"
 	"github.com/crescent-kv/crescent/pkg/server"
 	"github.com/crescent-kv/crescent/pkg/token"
 	"github.com/crescent-kv/crescent/services/master/internal/adminsvc"
@@ -23,6 +26,8 @@ import (
 	"github.com/crescent-kv/crescent/services/master/internal/objectsvc"
 	"github.com/crescent-kv/crescent/services/master/internal/segment"
 	"github.com/crescent-kv/crescent/services/master/internal/session"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 )
 
 // Config is the master's configuration. Flag names are YAML keys; each flag
@@ -45,6 +50,13 @@ type Config struct {
 	ChangelogRetention int
 	HighWatermark      float64
 	LowWatermark       float64
+
+	// RecoveryGrace is how long after start ChangeService refuses with
+	// MASTER_RECOVERING: a restarted master starts empty and rebuilds its
+	// objects as agents re-register, and a gateway that resynced in that
+	// window would publish `removed` for objects that are about to come
+	// back, then `stored` again.
+	RecoveryGrace time.Duration
 
 	// GCPercent is the Go GC target (debug.SetGCPercent). The master's heap
 	// is mostly long-lived metadata and short-lived RPC garbage; collecting
@@ -71,6 +83,7 @@ func DefaultConfig() Config {
 		HighWatermark:      0.90,
 		LowWatermark:       0.80,
 		GCPercent:          400,
+		RecoveryGrace:      3 * time.Second,
 	}
 }
 
@@ -91,6 +104,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.ChangelogRetention, "changelog-retention", c.ChangelogRetention, "change records retained for Watch resumption")
 	fs.Float64Var(&c.HighWatermark, "high-watermark", c.HighWatermark, "segment use fraction that starts eviction")
 	fs.Float64Var(&c.LowWatermark, "low-watermark", c.LowWatermark, "segment use fraction eviction stops at")
+	fs.DurationVar(&c.RecoveryGrace, "recovery-grace", c.RecoveryGrace, "after start, ChangeService waits this long for agents to re-register before serving (0 disables)")
 	fs.IntVar(&c.GCPercent, "gc-percent", c.GCPercent, "Go GC target percentage (GOGC); bound memory with the GOMEMLIMIT environment variable")
 }
 
@@ -116,6 +130,9 @@ func (c *Config) Validate() error {
 	if c.UnmountAfter <= c.SuspectAfter {
 		errs = append(errs, fmt.Errorf("unmount-after (%v) must exceed suspect-after (%v)", c.UnmountAfter, c.SuspectAfter))
 	}
+	if c.RecoveryGrace < 0 {
+		errs = append(errs, fmt.Errorf("recovery-grace must be >= 0, got %v", c.RecoveryGrace))
+	}
 	if c.GCPercent < 25 {
 		errs = append(errs, fmt.Errorf("gc-percent must be >= 25, got %d", c.GCPercent))
 	}
@@ -138,6 +155,8 @@ type Master struct {
 	Sessions *session.Manager
 	Registry *segment.Registry
 	Identity cluster.Identity
+
+	rec *recovery
 }
 
 // New builds the master. It does no I/O and starts nothing.
@@ -188,12 +207,29 @@ func New(cfg Config, lg *slog.Logger) (*Master, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv := server.New(server.Config{GRPCAddr: cfg.GRPCAddr, AdminAddr: cfg.AdminAddr, ShutdownTimeout: cfg.ShutdownTimeout}, lg, reg)
+	rec := &recovery{}
+	srv := server.New(server.Config{GRPCAddr: cfg.GRPCAddr, AdminAddr: cfg.AdminAddr, ShutdownTimeout: cfg.ShutdownTimeout}, lg, reg,
+		grpc.ChainStreamInterceptor(rec.streamInterceptor))
 	objectsvc.New(objectsvc.Config{}, store).Register(srv.GRPC)
 	changesvc.New(changesvc.Config{}, store).Register(srv.GRPC)
 	masterv1.RegisterAdminServiceServer(srv.GRPC, admin)
 	masterv1.RegisterSegmentServiceServer(srv.GRPC, sessions)
-	return &Master{cfg: cfg, lg: lg, Server: srv, Store: store, Sessions: sessions, Registry: registry, Identity: id}, nil
+	return &Master{cfg: cfg, lg: lg, Server: srv, Store: store, Sessions: sessions, Registry: registry, Identity: id, rec: rec}, nil
+}
+
+// recovery gates ChangeService for RecoveryGrace after Run starts.
+type recovery struct {
+	until atomic.Int64 // Unix ns; 0 before Run
+}
+
+func (r *recovery) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if strings.HasPrefix(info.FullMethod, "/"+masterv1.ChangeService_ServiceDesc.ServiceName+"/") {
+		if left := time.Until(time.Unix(0, r.until.Load())); left > 0 {
+			return rpcerr.Status(rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_MASTER_RECOVERING,
+				"master started moments ago; agents are re-registering (retry in %v)", left.Round(time.Millisecond)))
+		}
+	}
+	return handler(srv, ss)
 }
 
 // Run serves until ctx ends, then stops the server (which ends the agent
@@ -203,6 +239,7 @@ func (m *Master) Run(ctx context.Context) error {
 		return err
 	}
 	debug.SetGCPercent(m.cfg.GCPercent)
+	m.rec.until.Store(time.Now().Add(m.cfg.RecoveryGrace).UnixNano())
 	m.lg.Info("master starting", "master_id", m.Identity.MasterID, "epoch", m.Identity.Epoch, "grpc", m.Server.GRPCAddr())
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/rpcerr"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -29,6 +30,7 @@ func TestValidate(t *testing.T) {
 		{"tiny changelog", func(c *Config) { c.ChangelogRetention = 10 }, false},
 		{"zero lease", func(c *Config) { c.LeaseTTL = 0 }, false},
 		{"gc percent", func(c *Config) { c.GCPercent = 1 }, false},
+		{"negative recovery grace", func(c *Config) { c.RecoveryGrace = -time.Second }, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -46,6 +48,7 @@ func TestValidate(t *testing.T) {
 func TestRunServesAndStops(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.GRPCAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.RecoveryGrace = 500 * time.Millisecond
 	m, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -68,6 +71,24 @@ func TestRunServesAndStops(t *testing.T) {
 	}
 	if _, err := masterv1.NewObjectServiceClient(cc).Exist(rctx, &masterv1.ExistRequest{Key: "k"}); err != nil {
 		t.Fatalf("Exist: %v", err)
+	}
+	// ChangeService waits out the recovery grace, then serves.
+	snapshot := func() error {
+		st, err := masterv1.NewChangeServiceClient(cc).Snapshot(rctx, &masterv1.SnapshotRequest{})
+		if err == nil {
+			_, err = st.Recv()
+		}
+		return err
+	}
+	if err := snapshot(); rpcerr.Reason(err) != "MASTER_RECOVERING" {
+		t.Fatalf("Snapshot right after start: got %v, want MASTER_RECOVERING", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for err := snapshot(); err != nil; err = snapshot() {
+		if time.Now().After(deadline) {
+			t.Fatalf("Snapshot after the grace: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	cc.Close()
 	start := time.Now()
