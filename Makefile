@@ -10,6 +10,7 @@ BINARIES     := crescent-master crescent-agent crescent-gateway crescentctl
 BIN          := bin
 GOFLAGS_BUILD := -trimpath -ldflags "-s -w"
 TEST_TIMEOUT ?= 20m
+TESTFLAGS    ?=
 COMPOSE      := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
 .PHONY: all gen check-gen lint build test test-unit test-e2e run up down bench fuzz clean tidy
@@ -47,10 +48,10 @@ build:
 test: test-unit test-e2e
 
 test-unit:
-	$(GO) test -race -timeout $(TEST_TIMEOUT) $(foreach m,$(filter-out e2e,$(MODULES)),./$(m)/...)
+	$(GO) test -race -timeout $(TEST_TIMEOUT) $(TESTFLAGS) $(foreach m,$(filter-out e2e,$(MODULES)),./$(m)/...)
 
 test-e2e: build
-	CRESCENT_BIN=$(CURDIR)/$(BIN) $(GO) test -race -timeout $(TEST_TIMEOUT) ./e2e/...
+	CRESCENT_BIN=$(CURDIR)/$(BIN) $(GO) test -race -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./e2e/...
 
 ## run: a local cluster (master, two agents, gateway) as plain processes; Ctrl-C stops it
 run: build
