@@ -25,6 +25,7 @@ import (
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/retry"
 	"github.com/crescent-kv/crescent/pkg/rpcerr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -283,17 +284,11 @@ func call[T any](ctx context.Context, c *Client, f func(masterv1.ObjectServiceCl
 		if attempt >= c.s.cfg.Attempts || !retryable(err) {
 			return zero, err
 		}
-		if err := sleep(ctx, jitter(delay)); err != nil {
+		if err := sleep(ctx, retry.Jitter(delay)); err != nil {
 			return zero, err
 		}
 		delay *= 2
 	}
-}
-
-func jitter(d time.Duration) time.Duration {
-	var b [1]byte
-	_, _ = rand.Read(b[:])
-	return d/2 + time.Duration(int64(d)*int64(b[0])/512)
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/crescent-kv/crescent/pkg/kvevent/zmtp"
+	"github.com/crescent-kv/crescent/pkg/retry"
 	"github.com/go-zeromq/zmq4"
 )
 
@@ -209,7 +209,7 @@ func (s *Subscriber) run(ctx context.Context, conn *zmtp.Conn) {
 	if s.opts.FromSeq > 0 && s.opts.ReplayEndpoint != "" {
 		s.catchUp(ctx, s.opts.FromSeq)
 	}
-	backoff := newBackoff(s.opts.ReconnectMin, s.opts.ReconnectMax)
+	backoff := retry.NewBackoff(s.opts.ReconnectMin, s.opts.ReconnectMax)
 	for {
 		stop := context.AfterFunc(ctx, func() { conn.Close() })
 		healthy, err := s.readLoop(ctx, conn)
@@ -220,11 +220,11 @@ func (s *Subscriber) run(ctx context.Context, conn *zmtp.Conn) {
 			return
 		}
 		if healthy {
-			backoff.reset()
+			backoff.Reset()
 		}
 		s.lg.Warn("kv event subscription lost; reconnecting", "err", err)
 		for {
-			if err := backoff.wait(ctx); err != nil {
+			if err := backoff.Wait(ctx); err != nil {
 				s.finish(ctx)
 				return
 			}
@@ -448,32 +448,5 @@ func (s *Subscriber) report(g Gap) {
 	s.lg.Warn("kv event gap", "from", g.From, "to", g.To, "reset", g.Reset, "err", g.Err)
 	if s.opts.OnGap != nil {
 		s.opts.OnGap(g)
-	}
-}
-
-// backoff is jittered exponential backoff that honours ctx.
-type backoff struct {
-	min, max, cur time.Duration
-	t             *time.Timer
-}
-
-func newBackoff(lo, hi time.Duration) *backoff { return &backoff{min: lo, max: hi, cur: lo} }
-
-func (b *backoff) reset() { b.cur = b.min }
-
-func (b *backoff) wait(ctx context.Context) error {
-	d := b.cur/2 + rand.N(b.cur/2+1)
-	b.cur = min(b.cur*2, b.max)
-	if b.t == nil {
-		b.t = time.NewTimer(d)
-	} else {
-		b.t.Reset(d)
-	}
-	select {
-	case <-ctx.Done():
-		b.t.Stop()
-		return ctx.Err()
-	case <-b.t.C:
-		return nil
 	}
 }

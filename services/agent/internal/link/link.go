@@ -21,13 +21,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/retry"
 	"github.com/crescent-kv/crescent/pkg/rpcerr"
 	"github.com/crescent-kv/crescent/pkg/server"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
@@ -294,7 +294,7 @@ func (l *Link) Run(ctx context.Context) error {
 			attempt = 0
 		}
 		l.met.sessions.WithLabelValues(sessionResult(established, err)).Inc()
-		delay := backoff(l.cfg.BackoffBase, l.cfg.BackoffMax, attempt)
+		delay := retry.Delay(l.cfg.BackoffBase, l.cfg.BackoffMax, attempt)
 		attempt++
 		l.lg.Warn("master session ended; reconnecting", "master", l.cfg.MasterAddr, "err", err, "established", established, "retry_in", delay)
 		if sh.stopping() {
@@ -322,18 +322,6 @@ func sessionResult(established bool, err error) string {
 		return "closed"
 	}
 	return "failed"
-}
-
-// backoff returns the delay before attempt (0-based): base·2^attempt capped
-// at max, jittered uniformly into [d/2, d).
-func backoff(base, maxd time.Duration, attempt int) time.Duration {
-	d := base
-	for i := 0; i < attempt && d < maxd; i++ {
-		d *= 2
-	}
-	d = min(d, maxd)
-	half := d / 2
-	return half + time.Duration(rand.Int64N(int64(d-half)+1))
 }
 
 // shutdown is the link's view of the shutdown signal: stop is closed once

@@ -3,6 +3,7 @@ package link
 import (
 	"bytes"
 	"context"
+	"github.com/crescent-kv/crescent/pkg/retry"
 	"io"
 	"log/slog"
 	"net"
@@ -525,7 +526,7 @@ func TestBackoff(t *testing.T) {
 	for _, tc := range tests {
 		var seen []time.Duration
 		for range 50 {
-			d := backoff(base, maxd, tc.attempt)
+			d := retry.Delay(base, maxd, tc.attempt)
 			if d < tc.min || d > tc.max {
 				t.Fatalf("backoff(attempt %d) = %v, want in [%v, %v]", tc.attempt, d, tc.min, tc.max)
 			}

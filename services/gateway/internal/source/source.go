@@ -21,13 +21,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"sync/atomic"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
+	"github.com/crescent-kv/crescent/pkg/retry"
 	"github.com/crescent-kv/crescent/pkg/rpcerr"
 )
 
@@ -118,7 +118,7 @@ var errResync = errors.New("source: resync required")
 
 // Run follows the master until ctx ends; it returns nil then.
 func (s *Source) Run(ctx context.Context) error {
-	bo := newBackoff(s.cfg.BackoffMin, s.cfg.BackoffMax)
+	bo := retry.NewBackoff(s.cfg.BackoffMin, s.cfg.BackoffMax)
 	for ctx.Err() == nil {
 		justResynced := !s.synced
 		if !s.synced {
@@ -127,7 +127,7 @@ func (s *Source) Run(ctx context.Context) error {
 					break
 				}
 				s.lg.Warn("snapshot from master failed; retrying", "err", err)
-				if bo.wait(ctx) != nil {
+				if bo.Wait(ctx) != nil {
 					break
 				}
 				continue
@@ -139,19 +139,19 @@ func (s *Source) Run(ctx context.Context) error {
 			break
 		}
 		if healthy {
-			bo.reset()
+			bo.Reset()
 		}
 		if needsResync(err) {
 			s.lg.Info("master change stream cannot resume; resyncing from a snapshot",
 				"epoch", s.ep, "revision", s.rev, "reason", rpcerr.Reason(err), "err", err)
 			s.synced = false
-			if justResynced && !healthy && bo.wait(ctx) != nil {
+			if justResynced && !healthy && bo.Wait(ctx) != nil {
 				break // a fresh snapshot did not help: do not spin
 			}
 			continue
 		}
 		s.lg.Warn("master change stream ended; reconnecting", "epoch", s.ep, "revision", s.rev, "err", err)
-		if bo.wait(ctx) != nil {
+		if bo.Wait(ctx) != nil {
 			break
 		}
 	}
@@ -361,31 +361,4 @@ func (a announcedSet) size() int {
 		n += len(m)
 	}
 	return n
-}
-
-// backoff is jittered exponential backoff that honours ctx.
-type backoff struct {
-	min, max, cur time.Duration
-	t             *time.Timer
-}
-
-func newBackoff(lo, hi time.Duration) *backoff { return &backoff{min: lo, max: hi, cur: lo} }
-
-func (b *backoff) reset() { b.cur = b.min }
-
-func (b *backoff) wait(ctx context.Context) error {
-	d := b.cur/2 + rand.N(b.cur/2+1)
-	b.cur = min(b.cur*2, b.max)
-	if b.t == nil {
-		b.t = time.NewTimer(d)
-	} else {
-		b.t.Reset(d)
-	}
-	select {
-	case <-ctx.Done():
-		b.t.Stop()
-		return ctx.Err()
-	case <-b.t.C:
-		return nil
-	}
 }
