@@ -60,7 +60,8 @@ run: build
 ## up / down: the same cluster under Docker Compose, images built FROM scratch
 up: build
 	./deploy/docker/build-images.sh
-	$(COMPOSE) up -d --wait 2>/dev/null || $(COMPOSE) up -d
+	$(COMPOSE) up -d
+	./deploy/docker/wait-healthy.sh
 	$(COMPOSE) ps
 
 down:
