@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -44,6 +46,7 @@ func benchCmd(e *env) *cobra.Command {
 		replicas    int
 		prefix      string
 		keep        bool
+		cpuprofile  string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -90,6 +93,17 @@ func benchCmd(e *env) *cobra.Command {
 						}
 					}
 				}
+			}
+			if cpuprofile != "" {
+				f, err := os.Create(cpuprofile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
 			}
 			bar := newProgress(e.stderr, "bench "+mode, tty(e.stderr))
 			var next atomic.Int64
@@ -167,6 +181,7 @@ func benchCmd(e *env) *cobra.Command {
 	f.IntVar(&replicas, "replicas", 1, "replicas per object")
 	f.StringVar(&prefix, "prefix", "bench/", "key prefix (default: bench/<run id>/)")
 	f.BoolVar(&keep, "keep", false, "keep the objects afterwards")
+	f.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of the client side of the run to this file")
 	return cmd
 }
 
