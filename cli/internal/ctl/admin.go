@@ -1,11 +1,13 @@
 package ctl
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/client"
 	"github.com/spf13/cobra"
 )
 
@@ -21,13 +23,7 @@ func segmentsCmd(e *env) *cobra.Command {
 		Use:   "segments",
 		Short: "List segments with lifecycle, health and usage",
 		Args:  exactArgs(0),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			c, err := e.client(ctx)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
+		RunE: e.withClient(func(ctx context.Context, c *client.Client, _ []string) error {
 			r, err := c.Admin().ListSegments(ctx, &masterv1.ListSegmentsRequest{})
 			if err != nil {
 				return err
@@ -53,7 +49,7 @@ func segmentsCmd(e *env) *cobra.Command {
 					mediumName(s.GetInfo().GetMedium()), lc, h, s.GetInfo().GetUsed(), s.GetInfo().GetCapacity(), s.GetReplicas())
 			}
 			return nil
-		},
+		}),
 	}
 }
 
@@ -62,13 +58,7 @@ func agentsCmd(e *env) *cobra.Command {
 		Use:   "agents",
 		Short: "List agents and their sessions",
 		Args:  exactArgs(0),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			c, err := e.client(ctx)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
+		RunE: e.withClient(func(ctx context.Context, c *client.Client, _ []string) error {
 			r, err := c.Admin().ListAgents(ctx, &masterv1.ListAgentsRequest{})
 			if err != nil {
 				return err
@@ -87,7 +77,7 @@ func agentsCmd(e *env) *cobra.Command {
 				fmt.Fprintf(e.stdout, "%-24s %-10s %-22s %-9v %-12s %d\n", a.GetAgentId(), a.GetHostId(), a.GetDataEndpoint(), a.GetConnected(), ago(a.GetLastHeartbeatUnixMs()), len(a.GetSegmentIds()))
 			}
 			return nil
-		},
+		}),
 	}
 }
 
@@ -96,13 +86,7 @@ func drainCmd(e *env) *cobra.Command {
 		Use:   "drain SEGMENT",
 		Short: "Move a segment's replicas elsewhere and stop allocating on it",
 		Args:  exactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			c, err := e.client(ctx)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
+		RunE: e.withClient(func(ctx context.Context, c *client.Client, args []string) error {
 			r, err := c.Admin().DrainSegment(ctx, &masterv1.DrainSegmentRequest{SegmentId: args[0]})
 			if err != nil {
 				return err
@@ -113,7 +97,7 @@ func drainCmd(e *env) *cobra.Command {
 			}
 			fmt.Fprintf(e.stdout, "segment %s: %s\n", args[0], lc)
 			return nil
-		},
+		}),
 	}
 }
 
@@ -124,19 +108,13 @@ func quotaCmd(e *env) *cobra.Command {
 		Use:   "set",
 		Short: "Set the tenant's max bytes and objects (0 = unlimited)",
 		Args:  exactArgs(0),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			c, err := e.client(ctx)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
+		RunE: e.withClient(func(ctx context.Context, c *client.Client, _ []string) error {
 			r, err := c.Admin().SetTenantQuota(ctx, &masterv1.SetTenantQuotaRequest{Tenant: e.tenant, MaxBytes: maxBytes, MaxObjects: maxObjects})
 			if err != nil {
 				return err
 			}
 			return printQuota(e, r.GetQuota())
-		},
+		}),
 	}
 	set.Flags().Uint64Var(&maxBytes, "max-bytes", 0, "maximum bytes (0 = unlimited)")
 	set.Flags().Uint64Var(&maxObjects, "max-objects", 0, "maximum objects (0 = unlimited)")
@@ -144,19 +122,13 @@ func quotaCmd(e *env) *cobra.Command {
 		Use:   "get",
 		Short: "Show the tenant's quota and usage",
 		Args:  exactArgs(0),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			c, err := e.client(ctx)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
+		RunE: e.withClient(func(ctx context.Context, c *client.Client, _ []string) error {
 			r, err := c.Admin().GetTenantQuota(ctx, &masterv1.GetTenantQuotaRequest{Tenant: e.tenant})
 			if err != nil {
 				return err
 			}
 			return printQuota(e, r.GetQuota())
-		},
+		}),
 	}
 	cmd.AddCommand(set, get)
 	return cmd
@@ -176,13 +148,7 @@ func statusCmd(e *env) *cobra.Command {
 		Use:   "status",
 		Short: "Show the master's cluster summary",
 		Args:  exactArgs(0),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			c, err := e.client(ctx)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
+		RunE: e.withClient(func(ctx context.Context, c *client.Client, _ []string) error {
 			r, err := c.Admin().GetClusterStatus(ctx, &masterv1.GetClusterStatusRequest{})
 			if err != nil {
 				return err
@@ -195,6 +161,6 @@ func statusCmd(e *env) *cobra.Command {
 			fmt.Fprintf(e.stdout, "master %s epoch %d leader=%v\nobjects %d (%d bytes), revision %d\nagents %d, segments %d, used %d of %d bytes\n",
 				r.GetMasterId(), r.GetEpoch(), r.GetLeader(), r.GetObjects(), r.GetBytes(), r.GetRevision(), r.GetAgentsConnected(), r.GetSegments(), r.GetUsedBytes(), r.GetCapacityBytes())
 			return nil
-		},
+		}),
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/crescent-kv/crescent/pkg/client"
+	"github.com/crescent-kv/crescent/pkg/rpcerr"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 )
@@ -102,6 +103,9 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	if err == nil {
 		return ExitOK
 	}
+	if !errors.As(err, new(usageError)) {
+		err = rpcerr.FromStatus(err) // "REASON: message" rather than "rpc error: code = …"
+	}
 	fmt.Fprintln(stderr, "crescentctl:", err)
 	var ue usageError
 	switch {
@@ -127,5 +131,18 @@ func exactArgs(n int) cobra.PositionalArgs {
 			return usagef("want %d argument(s), got %d", n, len(args))
 		}
 		return nil
+	}
+}
+
+// withClient adapts a command body that talks to the cluster: it connects a
+// client for the command's context and closes it afterwards.
+func (e *env) withClient(f func(ctx context.Context, c *client.Client, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		c, err := e.client(cmd.Context())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		return f(cmd.Context(), c, args)
 	}
 }
