@@ -419,3 +419,52 @@ func TestCtl(t *testing.T) {
 		t.Fatalf("bench: exit %d: %s %s", code, out, errOut)
 	}
 }
+
+// TestCtlWatch: crescentctl watch prints the gateway's events for puts and
+// removes made through the SDK, as JSON lines, and exits after --count.
+func TestCtlWatch(t *testing.T) {
+	c := StartCluster(t, Options{Agents: 1, Gateway: true})
+	cl := c.Client("default")
+	ctx := ctxT(t, time.Minute)
+	type result struct {
+		out, errOut string
+		code        int
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, errOut, code := c.Ctl(nil, "watch", "--gateway", c.GatewayPub, "--replay", c.GatewayRepl, "--from-seq", "1", "--count", "3")
+		done <- result{out, errOut, code}
+	}()
+	if err := cl.Put(ctx, "w/1", []byte("one"), client.WithGroup("g1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Put(ctx, "w/2", []byte("two")); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Remove(ctx, "w/1", true); err != nil {
+		t.Fatal(err)
+	}
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("crescentctl watch --count 3 did not exit")
+	}
+	if r.code != 0 {
+		t.Fatalf("watch: exit %d: %s", r.code, r.errOut)
+	}
+	lines := strings.Split(strings.TrimSpace(r.out), "\n")
+	want := []string{`"event_type":"stored"`, `"event_type":"stored"`, `"event_type":"removed"`}
+	keys := []string{`"object_key":"w/1"`, `"object_key":"w/2"`, `"object_key":"w/1"`}
+	if len(lines) != 3 {
+		t.Fatalf("watch printed %d lines, want 3:\n%s", len(lines), r.out)
+	}
+	for i, l := range lines {
+		if !strings.Contains(l, want[i]) || !strings.Contains(l, keys[i]) || !strings.Contains(l, `"medium":"cpu"`) {
+			t.Fatalf("line %d: %s; want %s %s", i, l, want[i], keys[i])
+		}
+	}
+	if !strings.Contains(lines[0], `"group_id":"g1"`) {
+		t.Fatalf("first event lacks its group: %s", lines[0])
+	}
+}
