@@ -135,20 +135,15 @@ func (s *Store) readIntoLocked(o *object, c *segCache, tenant, key string, v *re
 
 // Get is GetReplicaList for one object; see BatchGet.
 func (s *Store) Get(ctx context.Context, sp GetSpec) (*masterv1.GetReplicaListResponse, error) {
-	sp.Tenant = NormalizeTenant(sp.Tenant)
-	if err := ValidateKey(sp.Tenant, sp.Key); err != nil {
+	t, shard, err := s.locate(&sp.Tenant, sp.Key)
+	if err != nil {
 		return nil, err
-	}
-	t, ok := s.tenants.lookup(sp.Tenant)
-	if !ok {
-		return nil, errNotFound(sp.Tenant, sp.Key)
 	}
 	c := segCache{s: s}
 	var v readView
-	shd := &s.shards[s.shardIndex(t, sp.Key)]
+	shd := &s.shards[shard]
 	shd.mu.Lock()
 	o := shd.getLocked(t, sp.Key)
-	var err error
 	if o == nil {
 		err = errNotFound(sp.Tenant, sp.Key)
 	} else if err = s.readLocked(o, &c, sp.Tenant, sp.Key, &v); err == nil {
@@ -178,17 +173,12 @@ func (s *Store) BatchGet(ctx context.Context, specs []GetSpec) []GetResult {
 	items := make([]item, 0, len(specs))
 	for i := range specs {
 		sp := &specs[i]
-		sp.Tenant = NormalizeTenant(sp.Tenant)
-		if err := ValidateKey(sp.Tenant, sp.Key); err != nil {
+		t, shard, err := s.locate(&sp.Tenant, sp.Key)
+		if err != nil {
 			res[i].Err = err
 			continue
 		}
-		t, ok := s.tenants.lookup(sp.Tenant)
-		if !ok {
-			res[i].Err = errNotFound(sp.Tenant, sp.Key)
-			continue
-		}
-		items = append(items, item{i: i, tenant: t, shard: s.shardIndex(t, sp.Key)})
+		items = append(items, item{i: i, tenant: t, shard: shard})
 	}
 	c := segCache{s: s}
 	arena := make([]readRep, 0, len(items))

@@ -454,17 +454,12 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 	arena := make([]endItem, len(specs))
 	for i := range specs {
 		sp := &specs[i]
-		sp.Tenant = NormalizeTenant(sp.Tenant)
-		if err := ValidateKey(sp.Tenant, sp.Key); err != nil {
+		t, shard, err := s.locate(&sp.Tenant, sp.Key)
+		if err != nil {
 			res[i] = err
 			continue
 		}
-		t, ok := s.tenants.lookup(sp.Tenant)
-		if !ok {
-			res[i] = errNotFound(sp.Tenant, sp.Key)
-			continue
-		}
-		arena[i] = endItem{i: i, tenant: t, shard: s.shardIndex(t, sp.Key)}
+		arena[i] = endItem{i: i, tenant: t, shard: shard}
 		items = append(items, &arena[i])
 	}
 	type batch struct {
@@ -646,17 +641,12 @@ func (s *Store) BatchPutRevoke(ctx context.Context, specs []PutRevokeSpec) []err
 	items := make([]*item, 0, len(specs))
 	for i := range specs {
 		sp := &specs[i]
-		sp.Tenant = NormalizeTenant(sp.Tenant)
-		if err := ValidateKey(sp.Tenant, sp.Key); err != nil {
+		t, shard, err := s.locate(&sp.Tenant, sp.Key)
+		if err != nil {
 			res[i] = err
 			continue
 		}
-		t, ok := s.tenants.lookup(sp.Tenant)
-		if !ok {
-			res[i] = errNotFound(sp.Tenant, sp.Key)
-			continue
-		}
-		items = append(items, &item{i: i, tenant: t, shard: s.shardIndex(t, sp.Key)})
+		items = append(items, &item{i: i, tenant: t, shard: shard})
 	}
 	rel := &releases{}
 	forShards(items, func(it *item) int { return it.shard }, func(sh int, group []*item) {

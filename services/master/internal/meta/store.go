@@ -649,3 +649,18 @@ func ValidateKey(tenant, key string) error {
 	}
 	return nil
 }
+
+// locate normalizes *tenant in place, validates the key and resolves the
+// tenant's index and the key's shard. A tenant that never held anything
+// answers OBJECT_NOT_FOUND: every read, end, revoke and remove starts here.
+func (s *Store) locate(tenant *string, key string) (t uint32, shard int, err error) {
+	*tenant = NormalizeTenant(*tenant)
+	if err := ValidateKey(*tenant, key); err != nil {
+		return 0, 0, err
+	}
+	t, ok := s.tenants.lookup(*tenant)
+	if !ok {
+		return 0, 0, errNotFound(*tenant, key)
+	}
+	return t, s.shardIndex(t, key), nil
+}
