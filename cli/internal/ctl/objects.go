@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -128,13 +129,7 @@ func getCmd(e *env) *cobra.Command {
 		Use:   "get KEY [-o FILE|-]",
 		Short: "Fetch KEY into a file or stdout (checksum verified)",
 		Args:  exactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			c, err := e.client(ctx)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
+		RunE: e.withClient(func(ctx context.Context, c *client.Client, args []string) error {
 			var w io.Writer = e.stdout
 			dest := e.output
 			if dest != "" && dest != "-" {
@@ -146,10 +141,10 @@ func getCmd(e *env) *cobra.Command {
 				w = f
 			}
 			bar := newProgress(e.stderr, "get "+args[0], tty(e.stderr) && dest != "" && dest != "-")
-			_, err = c.GetTo(ctx, args[0], w, bar.update)
+			_, err := c.GetTo(ctx, args[0], w, bar.update)
 			bar.done()
 			return err
-		},
+		}),
 	}
 }
 
@@ -158,13 +153,7 @@ func statCmd(e *env) *cobra.Command {
 		Use:   "stat KEY",
 		Short: "Show an object's size, checksum and replicas",
 		Args:  exactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			c, err := e.client(ctx)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
+		RunE: e.withClient(func(ctx context.Context, c *client.Client, args []string) error {
 			info, err := c.Stat(ctx, args[0])
 			if err != nil {
 				return err
@@ -194,7 +183,7 @@ func statCmd(e *env) *cobra.Command {
 					strings.TrimPrefix(r.GetStatus().String(), "REPLICA_STATUS_"), r.GetHostId(), r.GetDataEndpoint(), r.GetSegmentId(), mediumName(r.GetMedium()))
 			}
 			return nil
-		},
+		}),
 	}
 }
 
@@ -274,13 +263,7 @@ func lsCmd(e *env) *cobra.Command {
 		Use:   "ls [--prefix P]",
 		Short: "List objects of the tenant",
 		Args:  exactArgs(0),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			c, err := e.client(ctx)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
+		RunE: e.withClient(func(ctx context.Context, c *client.Client, _ []string) error {
 			if !e.json() {
 				fmt.Fprintf(e.stdout, "%-40s %12s %8s %s\n", "KEY", "SIZE", "REPLICAS", "MEDIA")
 			}
@@ -304,7 +287,7 @@ func lsCmd(e *env) *cobra.Command {
 				fmt.Fprintf(e.stdout, "%-40s %12d %8d %s\n", o.GetKey(), o.GetSize(), o.GetReplicas(), strings.Join(media, ","))
 			}
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&prefix, "prefix", "", "only keys starting with this")
 	return cmd
