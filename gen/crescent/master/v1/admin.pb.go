@@ -35,10 +35,11 @@ type Segment struct {
 	// Last heartbeat seen, Unix ms.
 	LastHeartbeatUnixMs int64 `protobuf:"varint,8,opt,name=last_heartbeat_unix_ms,json=lastHeartbeatUnixMs,proto3" json:"last_heartbeat_unix_ms,omitempty"`
 	// Derived predicates, as placement and reads use them.
-	CanAllocate   bool `protobuf:"varint,9,opt,name=can_allocate,json=canAllocate,proto3" json:"can_allocate,omitempty"`
-	CanServeRead  bool `protobuf:"varint,10,opt,name=can_serve_read,json=canServeRead,proto3" json:"can_serve_read,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CanAllocate      bool   `protobuf:"varint,9,opt,name=can_allocate,json=canAllocate,proto3" json:"can_allocate,omitempty"`
+	CanServeRead     bool   `protobuf:"varint,10,opt,name=can_serve_read,json=canServeRead,proto3" json:"can_serve_read,omitempty"`
+	TransferEndpoint string `protobuf:"bytes,11,opt,name=transfer_endpoint,json=transferEndpoint,proto3" json:"transfer_endpoint,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Segment) Reset() {
@@ -139,6 +140,13 @@ func (x *Segment) GetCanServeRead() bool {
 		return x.CanServeRead
 	}
 	return false
+}
+
+func (x *Segment) GetTransferEndpoint() string {
+	if x != nil {
+		return x.TransferEndpoint
+	}
+	return ""
 }
 
 type ListSegmentsRequest struct {
@@ -319,6 +327,7 @@ type Agent struct {
 	LastHeartbeatUnixMs int64                  `protobuf:"varint,5,opt,name=last_heartbeat_unix_ms,json=lastHeartbeatUnixMs,proto3" json:"last_heartbeat_unix_ms,omitempty"`
 	SegmentIds          []string               `protobuf:"bytes,6,rep,name=segment_ids,json=segmentIds,proto3" json:"segment_ids,omitempty"`
 	Version             string                 `protobuf:"bytes,7,opt,name=version,proto3" json:"version,omitempty"`
+	TransferEndpoint    string                 `protobuf:"bytes,8,opt,name=transfer_endpoint,json=transferEndpoint,proto3" json:"transfer_endpoint,omitempty"`
 	unknownFields       protoimpl.UnknownFields
 	sizeCache           protoimpl.SizeCache
 }
@@ -398,6 +407,13 @@ func (x *Agent) GetSegmentIds() []string {
 func (x *Agent) GetVersion() string {
 	if x != nil {
 		return x.Version
+	}
+	return ""
+}
+
+func (x *Agent) GetTransferEndpoint() string {
+	if x != nil {
+		return x.TransferEndpoint
 	}
 	return ""
 }
@@ -1155,7 +1171,7 @@ var File_crescent_master_v1_admin_proto protoreflect.FileDescriptor
 
 const file_crescent_master_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x1ecrescent/master/v1/admin.proto\x12\x12crescent.master.v1\x1a crescent/master/v1/segment.proto\x1a\x1ecrescent/master/v1/types.proto\"\xb0\x03\n" +
+	"\x1ecrescent/master/v1/admin.proto\x12\x12crescent.master.v1\x1a crescent/master/v1/segment.proto\x1a\x1ecrescent/master/v1/types.proto\"\xdd\x03\n" +
 	"\aSegment\x123\n" +
 	"\x04info\x18\x01 \x01(\v2\x1f.crescent.master.v1.SegmentInfoR\x04info\x12\x19\n" +
 	"\bagent_id\x18\x02 \x01(\tR\aagentId\x12\x17\n" +
@@ -1167,7 +1183,8 @@ const file_crescent_master_v1_admin_proto_rawDesc = "" +
 	"\x16last_heartbeat_unix_ms\x18\b \x01(\x03R\x13lastHeartbeatUnixMs\x12!\n" +
 	"\fcan_allocate\x18\t \x01(\bR\vcanAllocate\x12$\n" +
 	"\x0ecan_serve_read\x18\n" +
-	" \x01(\bR\fcanServeRead\"\x15\n" +
+	" \x01(\bR\fcanServeRead\x12+\n" +
+	"\x11transfer_endpoint\x18\v \x01(\tR\x10transferEndpoint\"\x15\n" +
 	"\x13ListSegmentsRequest\"O\n" +
 	"\x14ListSegmentsResponse\x127\n" +
 	"\bsegments\x18\x01 \x03(\v2\x1b.crescent.master.v1.SegmentR\bsegments\"2\n" +
@@ -1175,7 +1192,7 @@ const file_crescent_master_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"segment_id\x18\x01 \x01(\tR\tsegmentId\"K\n" +
 	"\x12GetSegmentResponse\x125\n" +
-	"\asegment\x18\x01 \x01(\v2\x1b.crescent.master.v1.SegmentR\asegment\"\xee\x01\n" +
+	"\asegment\x18\x01 \x01(\v2\x1b.crescent.master.v1.SegmentR\asegment\"\x9b\x02\n" +
 	"\x05Agent\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x17\n" +
 	"\ahost_id\x18\x02 \x01(\tR\x06hostId\x12#\n" +
@@ -1184,7 +1201,8 @@ const file_crescent_master_v1_admin_proto_rawDesc = "" +
 	"\x16last_heartbeat_unix_ms\x18\x05 \x01(\x03R\x13lastHeartbeatUnixMs\x12\x1f\n" +
 	"\vsegment_ids\x18\x06 \x03(\tR\n" +
 	"segmentIds\x12\x18\n" +
-	"\aversion\x18\a \x01(\tR\aversion\"\x13\n" +
+	"\aversion\x18\a \x01(\tR\aversion\x12+\n" +
+	"\x11transfer_endpoint\x18\b \x01(\tR\x10transferEndpoint\"\x13\n" +
 	"\x11ListAgentsRequest\"G\n" +
 	"\x12ListAgentsResponse\x121\n" +
 	"\x06agents\x18\x01 \x03(\v2\x19.crescent.master.v1.AgentR\x06agents\"4\n" +

@@ -648,8 +648,12 @@ type Register struct {
 	// The agent is stopping: its segments start GRACEFULLY_UNMOUNTING.
 	GracefulUnmount bool   `protobuf:"varint,7,opt,name=graceful_unmount,json=gracefulUnmount,proto3" json:"graceful_unmount,omitempty"`
 	Version         string `protobuf:"bytes,8,opt,name=version,proto3" json:"version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// host:port of the agent's bulk transfer listener (the binary protocol of
+	// crescent.agent.v1.TransferRequest), as clients should dial it; empty if
+	// the agent serves bytes through DataService only.
+	TransferEndpoint string `protobuf:"bytes,9,opt,name=transfer_endpoint,json=transferEndpoint,proto3" json:"transfer_endpoint,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Register) Reset() {
@@ -734,6 +738,13 @@ func (x *Register) GetGracefulUnmount() bool {
 func (x *Register) GetVersion() string {
 	if x != nil {
 		return x.Version
+	}
+	return ""
+}
+
+func (x *Register) GetTransferEndpoint() string {
+	if x != nil {
+		return x.TransferEndpoint
 	}
 	return ""
 }
@@ -1961,7 +1972,7 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\vcopy_result\x18\a \x01(\v2\x1e.crescent.master.v1.CopyResultH\x00R\n" +
 	"copyResult\x12M\n" +
 	"\x0fsegments_update\x18\b \x01(\v2\".crescent.master.v1.SegmentsUpdateH\x00R\x0esegmentsUpdateB\x05\n" +
-	"\x03msg\"\xc8\x02\n" +
+	"\x03msg\"\xf5\x02\n" +
 	"\bRegister\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x17\n" +
 	"\ahost_id\x18\x02 \x01(\tR\x06hostId\x12#\n" +
@@ -1971,7 +1982,8 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\vknown_epoch\x18\x06 \x01(\x04R\n" +
 	"knownEpoch\x12)\n" +
 	"\x10graceful_unmount\x18\a \x01(\bR\x0fgracefulUnmount\x12\x18\n" +
-	"\aversion\x18\b \x01(\tR\aversion\"Z\n" +
+	"\aversion\x18\b \x01(\tR\aversion\x12+\n" +
+	"\x11transfer_endpoint\x18\t \x01(\tR\x10transferEndpoint\"Z\n" +
 	"\tHeartbeat\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12;\n" +
 	"\bsegments\x18\x02 \x03(\v2\x1f.crescent.master.v1.SegmentInfoR\bsegments\"\x7f\n" +

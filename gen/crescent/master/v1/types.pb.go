@@ -275,8 +275,12 @@ type ReplicaDescriptor struct {
 	Token []byte `protobuf:"bytes,11,opt,name=token,proto3" json:"token,omitempty"`
 	// Wall-clock expiry of token, milliseconds since the Unix epoch.
 	TokenExpiryUnixMs int64 `protobuf:"varint,12,opt,name=token_expiry_unix_ms,json=tokenExpiryUnixMs,proto3" json:"token_expiry_unix_ms,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// host:port of the agent's bulk transfer listener; clients prefer it to
+	// data_endpoint for bytes. Empty if the agent has none. The same token is
+	// valid on both.
+	TransferEndpoint string `protobuf:"bytes,13,opt,name=transfer_endpoint,json=transferEndpoint,proto3" json:"transfer_endpoint,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ReplicaDescriptor) Reset() {
@@ -391,6 +395,13 @@ func (x *ReplicaDescriptor) GetTokenExpiryUnixMs() int64 {
 		return x.TokenExpiryUnixMs
 	}
 	return 0
+}
+
+func (x *ReplicaDescriptor) GetTransferEndpoint() string {
+	if x != nil {
+		return x.TransferEndpoint
+	}
+	return ""
 }
 
 // ItemStatus is the per-item outcome inside a batch response. code is a
@@ -526,7 +537,7 @@ const file_crescent_master_v1_types_proto_rawDesc = "" +
 	"\fsoft_pin_ttl\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"softPinTtl\x12\x19\n" +
 	"\bhard_pin\x18\a \x01(\bR\ahardPin\x12\x19\n" +
-	"\bgroup_id\x18\b \x01(\tR\agroupId\"\xb1\x03\n" +
+	"\bgroup_id\x18\b \x01(\tR\agroupId\"\xde\x03\n" +
 	"\x11ReplicaDescriptor\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\rR\treplicaId\x12\x1d\n" +
@@ -542,7 +553,8 @@ const file_crescent_master_v1_types_proto_rawDesc = "" +
 	"\x06status\x18\n" +
 	" \x01(\x0e2!.crescent.master.v1.ReplicaStatusR\x06status\x12\x14\n" +
 	"\x05token\x18\v \x01(\fR\x05token\x12/\n" +
-	"\x14token_expiry_unix_ms\x18\f \x01(\x03R\x11tokenExpiryUnixMs\"R\n" +
+	"\x14token_expiry_unix_ms\x18\f \x01(\x03R\x11tokenExpiryUnixMs\x12+\n" +
+	"\x11transfer_endpoint\x18\r \x01(\tR\x10transferEndpoint\"R\n" +
 	"\n" +
 	"ItemStatus\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x16\n" +

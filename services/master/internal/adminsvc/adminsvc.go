@@ -108,7 +108,7 @@ func segmentPB(d segment.Detail, replicas uint64) *masterv1.Segment {
 			SegmentId: s.ID, Medium: s.Medium, Capacity: s.Capacity, Used: s.Used,
 			LargestFreeExtent: s.LargestFreeExtent, Alignment: d.Alignment, Name: s.Name,
 		},
-		AgentId: s.AgentID, HostId: s.HostID, DataEndpoint: s.DataEndpoint,
+		AgentId: s.AgentID, HostId: s.HostID, DataEndpoint: s.DataEndpoint, TransferEndpoint: s.TransferEndpoint,
 		Lifecycle: s.Lifecycle, Health: s.Health, Replicas: replicas,
 		LastHeartbeatUnixMs: s.LastHeartbeatMs,
 		CanAllocate:         s.CanAllocate(), CanServeRead: s.CanServeRead(),
@@ -149,7 +149,7 @@ func (s *Service) ListAgents(ctx context.Context, _ *masterv1.ListAgentsRequest)
 			beat = a.LastHeartbeat.UnixMilli()
 		}
 		out = append(out, &masterv1.Agent{
-			AgentId: a.ID, HostId: a.HostID, DataEndpoint: a.DataEndpoint, Connected: a.Connected,
+			AgentId: a.ID, HostId: a.HostID, DataEndpoint: a.DataEndpoint, TransferEndpoint: a.TransferEndpoint, Connected: a.Connected,
 			LastHeartbeatUnixMs: beat, SegmentIds: a.SegmentIDs, Version: a.Version,
 		})
 	}

@@ -41,8 +41,10 @@ type Segment struct {
 	AgentID      string
 	HostID       string
 	DataEndpoint string
-	Name         string
-	Medium       masterv1.Medium
+	// TransferEndpoint is the agent's bulk transfer listener; empty if none.
+	TransferEndpoint string
+	Name             string
+	Medium           masterv1.Medium
 	// Capacity and Used are as last reported by the agent (Used includes
 	// alignment). The metadata keeps its own per-segment accounting of what
 	// it has placed; this is the agent's.

@@ -257,6 +257,7 @@ func (s *Store) fillResponse(resp *masterv1.GetReplicaListResponse, v *readView,
 			d.AgentId = sv.AgentID
 			d.HostId = sv.HostID
 			d.DataEndpoint = sv.DataEndpoint
+			d.TransferEndpoint = sv.TransferEndpoint
 			d.AllocationId = r.allocID
 			d.Offset = r.offset
 			d.Size = v.size
@@ -352,7 +353,7 @@ func (s *Store) QueryRoute(ctx context.Context, tenant, key string) (*masterv1.Q
 			sv, _ := c.get(r.seg)
 			resp.Replicas = append(resp.Replicas, &masterv1.ReplicaDescriptor{
 				ReplicaId: r.id, SegmentId: e.id, AgentId: sv.AgentID, HostId: sv.HostID,
-				DataEndpoint: sv.DataEndpoint, AllocationId: r.allocID, Offset: r.offset, Size: o.size,
+				DataEndpoint: sv.DataEndpoint, TransferEndpoint: sv.TransferEndpoint, AllocationId: r.allocID, Offset: r.offset, Size: o.size,
 				Medium: masterv1.Medium(r.medium), Status: masterv1.ReplicaStatus(r.status),
 			})
 		}

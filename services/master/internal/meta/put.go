@@ -407,6 +407,7 @@ func (s *Store) writeDescriptors(sp *PutSpec, it *putItem) []*masterv1.ReplicaDe
 			AgentId:           rp.v.seg.AgentID,
 			HostId:            rp.v.seg.HostID,
 			DataEndpoint:      rp.v.seg.DataEndpoint,
+			TransferEndpoint:  rp.v.seg.TransferEndpoint,
 			AllocationId:      rp.allocID,
 			Offset:            rp.offset,
 			Size:              sp.Size,

@@ -59,12 +59,14 @@ type Deps struct {
 
 // Agent is a point-in-time copy of one agent's registry record.
 type Agent struct {
-	ID            string
-	HostID        string
-	DataEndpoint  string
-	Version       string
-	Connected     bool
-	LastHeartbeat time.Time
+	ID           string
+	HostID       string
+	DataEndpoint string
+	// TransferEndpoint is the agent's bulk transfer listener; empty if none.
+	TransferEndpoint string
+	Version          string
+	Connected        bool
+	LastHeartbeat    time.Time
 	// SegmentIDs are the segments of the agent's latest registration (plus
 	// any mounted since), sorted.
 	SegmentIDs []string
@@ -81,11 +83,12 @@ type Detail struct {
 
 // Registration is one agent's Register message, already validated.
 type Registration struct {
-	AgentID      string
-	HostID       string
-	DataEndpoint string
-	Version      string
-	Segments     []*masterv1.SegmentInfo
+	AgentID          string
+	HostID           string
+	DataEndpoint     string
+	TransferEndpoint string
+	Version          string
+	Segments         []*masterv1.SegmentInfo
 	// Graceful is Register.graceful_unmount: the agent is stopping.
 	Graceful bool
 }
@@ -115,15 +118,15 @@ type entry struct {
 }
 
 type agentEntry struct {
-	id, host, endpoint, version string
-	connected                   bool
+	id, host, endpoint, xfer, version string
+	connected                         bool
 	// gen is the session generation of the latest registration; calls that
 	// carry an older gen come from a replaced session and are ignored.
 	gen uint64
 	// reconciling is set from Register until Activate: the segments stay
 	// SUSPECTED (not allocatable, not readable) and liveness leaves the agent
 	// alone while the metadata reconciles its table.
-	reconciling   bool
+	reconciling  bool
 	lastBeat     time.Time
 	disconnectAt time.Time
 	// graceDeadline is set while the agent announced a clean stop
@@ -245,7 +248,7 @@ func (r *Registry) Agent(id string) (Agent, bool) {
 
 func (a *agentEntry) view() Agent {
 	return Agent{
-		ID: a.id, HostID: a.host, DataEndpoint: a.endpoint, Version: a.version,
+		ID: a.id, HostID: a.host, DataEndpoint: a.endpoint, TransferEndpoint: a.xfer, Version: a.version,
 		Connected: a.connected, LastHeartbeat: a.lastBeat,
 		SegmentIDs: slices.Sorted(maps.Keys(a.segments)), GraceDeadline: a.graceDeadline,
 	}
@@ -362,7 +365,7 @@ func (r *Registry) Register(reg Registration) (gen uint64, gone []string, err er
 	}
 	r.nextGen++
 	a.gen = r.nextGen
-	a.host, a.endpoint, a.version = reg.HostID, reg.DataEndpoint, reg.Version
+	a.host, a.endpoint, a.xfer, a.version = reg.HostID, reg.DataEndpoint, reg.TransferEndpoint, reg.Version
 	a.connected, a.reconciling = true, true
 	a.lastBeat, a.disconnectAt = now, time.Time{}
 	switch {
@@ -394,7 +397,7 @@ func (r *Registry) Register(reg Registration) (gen uint64, gone []string, err er
 			}
 			r.lg.Warn("segment moved to another agent", "segment_id", id, "from_agent_id", prev, "to_agent_id", reg.AgentID)
 		}
-		e.seg.AgentID, e.seg.HostID, e.seg.DataEndpoint = reg.AgentID, reg.HostID, reg.DataEndpoint
+		e.seg.AgentID, e.seg.HostID, e.seg.DataEndpoint, e.seg.TransferEndpoint = reg.AgentID, reg.HostID, reg.DataEndpoint, reg.TransferEndpoint
 		e.seg.LastHeartbeatMs = now.UnixMilli()
 		applyInfo(e, info)
 		r.setHealthLocked(e, suspected)
@@ -570,7 +573,7 @@ func (r *Registry) Mount(agentID string, gen uint64, infos []*masterv1.SegmentIn
 				e.seg.Health = suspected
 			}
 		}
-		e.seg.AgentID, e.seg.HostID, e.seg.DataEndpoint = agentID, a.host, a.endpoint
+		e.seg.AgentID, e.seg.HostID, e.seg.DataEndpoint, e.seg.TransferEndpoint = agentID, a.host, a.endpoint, a.xfer
 		e.seg.LastHeartbeatMs = now.UnixMilli()
 		applyInfo(e, info)
 		if !a.graceDeadline.IsZero() {

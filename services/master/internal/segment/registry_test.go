@@ -91,7 +91,7 @@ func TestCanTransition(t *testing.T) {
 		{lcOK, lcDraining}: true, {lcOK, lcGraceful}: true, {lcOK, lcUnmounting}: true,
 		{lcDraining, lcDrained}: true, {lcDraining, lcOK}: true, {lcDraining, lcGraceful}: true, {lcDraining, lcUnmounting}: true,
 		{lcDrained, lcOK}: true, {lcDrained, lcDraining}: true, {lcDrained, lcGraceful}: true, {lcDrained, lcUnmounting}: true,
-		{lcGraceful, lcUnmounting}: true,
+		{lcGraceful, lcUnmounting}:  true,
 		{lcUnmounting, lcUnmounted}: true,
 	}
 	for _, from := range all {

@@ -3,8 +3,8 @@ package session
 import (
 	"context"
 	"errors"
-	"io"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"slices"
@@ -105,12 +105,12 @@ func (f *fakeMeta) dropped() []string {
 type harness struct {
 	t     testing.TB
 	clock *fakeClock // nil with a real clock
-	m    *Manager
-	reg  *segment.Registry
-	meta *fakeMeta
-	prom *prometheus.Registry
-	dial func(ctx context.Context) (*grpc.ClientConn, error)
-	addr string // loopback address when tcp
+	m     *Manager
+	reg   *segment.Registry
+	meta  *fakeMeta
+	prom  *prometheus.Registry
+	dial  func(ctx context.Context) (*grpc.ClientConn, error)
+	addr  string // loopback address when tcp
 }
 
 const testEpoch = 7
@@ -289,7 +289,7 @@ func withSegments(ids ...string) agentOpt {
 
 func registerMsg(agentID string, opts ...agentOpt) *masterv1.Register {
 	r := &masterv1.Register{
-		AgentId: agentID, HostId: "host-" + agentID, DataEndpoint: agentID + ":50052", KnownEpoch: testEpoch - 1, Version: "test",
+		AgentId: agentID, HostId: "host-" + agentID, DataEndpoint: agentID + ":50052", TransferEndpoint: agentID + ":50054", KnownEpoch: testEpoch - 1, Version: "test",
 	}
 	withSegments(agentID + "-mem-0")(r)
 	for _, o := range opts {
@@ -546,4 +546,3 @@ func waitState(t testing.TB, h *harness, id, want string, d time.Duration) {
 	t.Helper()
 	eventually(t, d, "segment "+id+" "+want, func() bool { return segState(h, id) == want })
 }
-

@@ -48,7 +48,7 @@ func TestRegisterSettingsFirst(t *testing.T) {
 	}
 	waitState(t, h, "a1-mem-0", "ok/healthy", time.Second)
 	sg, _ := h.reg.Segment("a1-mem-0")
-	if !sg.CanAllocate() || sg.DataEndpoint != "a1:50052" || sg.HostID != "host-a1" {
+	if !sg.CanAllocate() || sg.DataEndpoint != "a1:50052" || sg.TransferEndpoint != "a1:50054" || sg.HostID != "host-a1" {
 		t.Fatalf("registered segment: got %+v", sg)
 	}
 	if !h.m.Connected("a1") {

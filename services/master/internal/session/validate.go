@@ -26,6 +26,8 @@ func validateRegister(r *masterv1.Register, epoch uint64) (segment.Registration,
 		return segment.Registration{}, invalid("register: host_id longer than %d bytes", maxIDLen)
 	case r.GetDataEndpoint() == "":
 		return segment.Registration{}, invalid("register: data_endpoint is required")
+	case len(r.GetDataEndpoint()) > maxIDLen || len(r.GetTransferEndpoint()) > maxIDLen:
+		return segment.Registration{}, invalid("register: endpoints are limited to %d bytes", maxIDLen)
 	}
 	if r.GetKnownEpoch() > epoch {
 		return segment.Registration{}, rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_STALE_EPOCH,
@@ -64,7 +66,7 @@ func validateRegister(r *masterv1.Register, epoch uint64) (segment.Registration,
 		host = r.GetAgentId()
 	}
 	return segment.Registration{
-		AgentID: r.GetAgentId(), HostID: host, DataEndpoint: r.GetDataEndpoint(), Version: r.GetVersion(),
+		AgentID: r.GetAgentId(), HostID: host, DataEndpoint: r.GetDataEndpoint(), TransferEndpoint: r.GetTransferEndpoint(), Version: r.GetVersion(),
 		Segments: r.GetSegments(), Graceful: r.GetGracefulUnmount(),
 	}, nil
 }
