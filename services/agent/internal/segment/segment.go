@@ -506,6 +506,19 @@ func (h *Handle) Bytes(off, n uint64) ([]byte, error) {
 	return h.s.store.slice(h.e.offset+off, n), nil
 }
 
+// WritableBytes returns the object's bytes [off, off+n) in place for a
+// write handle of a memory segment, so a caller can receive straight into
+// the mapping (valid until Close), or nil for a disk segment (use WriteAt).
+func (h *Handle) WritableBytes(off, n uint64) ([]byte, error) {
+	if !h.write {
+		return nil, errState("allocation %d is open for reading", h.e.id)
+	}
+	if err := h.bounds(off, n); err != nil {
+		return nil, err
+	}
+	return h.s.store.slice(h.e.offset+off, n), nil
+}
+
 // Close ends the read or write; it is idempotent.
 func (h *Handle) Close() {
 	h.once.Do(func() {

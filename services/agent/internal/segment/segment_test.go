@@ -159,6 +159,55 @@ func TestHandleBounds(t *testing.T) {
 	}
 }
 
+func TestWritableBytes(t *testing.T) {
+	s := newMem(t, 1<<16)
+	a := reserve(t, s, "k", 100)
+	id := a.GetAllocationId()
+	h, err := s.OpenWrite(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := h.WritableBytes(10, 90)
+	if err != nil || len(b) != 90 || cap(b) != 90 {
+		t.Fatalf("WritableBytes(10, 90) = len %d cap %d, %v; want 90 bytes capped", len(b), cap(b), err)
+	}
+	copy(b, bytes.Repeat([]byte{7}, 90))
+	if _, err := h.WritableBytes(10, 91); err == nil {
+		t.Fatal("WritableBytes past the end succeeded")
+	} else {
+		wantReason(t, err, "OUT_OF_BOUNDS")
+	}
+	h.Close()
+	if err := seal(s, id, xxhash.Sum64(append(make([]byte, 10), bytes.Repeat([]byte{7}, 90)...))); err != nil {
+		t.Fatalf("seal of the bytes written through the mapping: %v", err)
+	}
+	r, err := s.OpenRead(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := r.WritableBytes(0, 1); err == nil {
+		t.Fatal("WritableBytes on a read handle succeeded")
+	} else {
+		wantReason(t, err, "ALLOCATION_STATE")
+	}
+
+	d, _, err := OpenDisk(t.TempDir(), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	da := reserve(t, d, "k", 100)
+	dh, err := d.OpenWrite(da.GetAllocationId())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dh.Close()
+	if b, err := dh.WritableBytes(0, 100); b != nil || err != nil {
+		t.Fatalf("disk WritableBytes = %d bytes, %v; want nil, nil", len(b), err)
+	}
+}
+
 func TestSealRefusedWhileWriting(t *testing.T) {
 	s := newMem(t, 1<<16)
 	a := reserve(t, s, "k", 64)
