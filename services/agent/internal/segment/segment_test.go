@@ -2,6 +2,8 @@ package segment
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -564,4 +566,26 @@ func FuzzJournal(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestMemoryPrefault(t *testing.T) {
+	s, err := NewMemory("pf", 8<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Prefault(context.Background()); err != nil {
+		t.Fatalf("Prefault of a fresh segment: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Prefault(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Prefault with a cancelled context: got %v, want context.Canceled", err)
+	}
+	if _, err := s.Reserve(&masterv1.ReserveItem{SegmentId: s.ID(), Size: 4096, Key: "k"}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Prefault(context.Background()); err == nil {
+		t.Fatal("Prefault of a segment holding an allocation: got nil error")
+	}
 }
