@@ -1,0 +1,151 @@
+package xfer
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+
+	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+)
+
+// Protocol constants.
+const (
+	// Preamble opens every connection, sent once by the client.
+	Preamble = "CXF1"
+	// MaxHeaderBytes bounds the protobuf header of one frame. 4096 items
+	// with 100-byte tokens need about 600 KiB.
+	MaxHeaderBytes = 1 << 20
+	// MaxItems bounds the items of one request.
+	MaxItems = 4096
+	// MaxDrainBytes bounds the payload the agent reads and drops for one
+	// failed WRITE item; a failed item claiming more ends the connection.
+	MaxDrainBytes = 256 << 20
+	// lenSize is the size of a frame's length prefix.
+	lenSize = 4
+)
+
+// ErrProtocol marks a peer that broke the protocol (malformed or oversized
+// frame, wrong result count or lengths). The connection is unusable after it.
+var ErrProtocol = errors.New("xfer: protocol violation")
+
+// errMalformed builds a protocol error a refusing side reports on the wire:
+// INVALID_ARGUMENT INVALID_PARAMS that also wraps ErrProtocol.
+func errMalformed(format string, args ...any) error {
+	return fmt.Errorf("%w: %w", rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, format, args...), ErrProtocol)
+}
+
+// AppendFrame appends one frame header to b: u32le(len) and m marshalled.
+// It refuses a header larger than MaxHeaderBytes (b is then returned
+// unchanged).
+func AppendFrame(b []byte, m proto.Message) ([]byte, error) {
+	start := len(b)
+	b = append(b, 0, 0, 0, 0)
+	b, err := proto.MarshalOptions{}.MarshalAppend(b, m)
+	if err != nil {
+		return b[:start], rpcerr.New(codes.Internal, masterv1.ErrorReason_ERROR_REASON_INTERNAL, "marshal transfer header: %v", err)
+	}
+	n := len(b) - start - lenSize
+	if n > MaxHeaderBytes {
+		return b[:start], rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
+			"transfer header of %d bytes exceeds the %d-byte limit (fewer items or shorter tokens)", n, MaxHeaderBytes)
+	}
+	binary.LittleEndian.PutUint32(b[start:], uint32(n))
+	return b, nil
+}
+
+// WriteFrame writes a frame (hdr as built by AppendFrame) and its payload
+// with one vectored write: the payload slices go to the socket as they are,
+// never copied. Empty slices are skipped.
+func WriteFrame(w io.Writer, hdr []byte, payload [][]byte) error {
+	if len(payload) == 0 {
+		_, err := w.Write(hdr)
+		return err
+	}
+	bufs := make(net.Buffers, 0, 1+len(payload))
+	bufs = append(bufs, hdr)
+	for _, p := range payload {
+		if len(p) > 0 {
+			bufs = append(bufs, p)
+		}
+	}
+	_, err := bufs.WriteTo(w)
+	return err
+}
+
+// ReadFrame reads one frame header from r into m, using buf as scratch
+// space (grown as needed and returned for reuse). It returns io.EOF when r
+// ends cleanly before the frame, io.ErrUnexpectedEOF when it ends inside
+// it, and an error wrapping ErrProtocol (INVALID_PARAMS) for a length over
+// MaxHeaderBytes or bytes that do not unmarshal into m; the frame's payload,
+// if any, is left unread in r.
+func ReadFrame(r io.Reader, buf []byte, m proto.Message) ([]byte, error) {
+	if cap(buf) < lenSize {
+		buf = make([]byte, 0, 512)
+	}
+	if _, err := io.ReadFull(r, buf[:lenSize]); err != nil {
+		return buf, err
+	}
+	n := binary.LittleEndian.Uint32(buf[:lenSize])
+	if n > MaxHeaderBytes {
+		return buf, errMalformed("transfer header of %d bytes exceeds the %d-byte limit", n, MaxHeaderBytes)
+	}
+	if uint32(cap(buf)) < n {
+		buf = make([]byte, 0, n)
+	}
+	b := buf[:n]
+	if _, err := io.ReadFull(r, b); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return buf, err
+	}
+	if err := (proto.UnmarshalOptions{}).Unmarshal(b, m); err != nil {
+		return buf, errMalformed("transfer header does not decode: %v", err)
+	}
+	return buf, nil
+}
+
+// CheckRequest validates a decoded request header: a known operation and 1
+// to MaxItems non-nil items. Its errors wrap ErrProtocol.
+func CheckRequest(req *agentv1.TransferRequest) error {
+	switch req.GetOp() {
+	case agentv1.TransferOp_TRANSFER_OP_WRITE, agentv1.TransferOp_TRANSFER_OP_READ:
+	default:
+		return errMalformed("unknown transfer op %d", req.GetOp())
+	}
+	n := len(req.GetItems())
+	if n == 0 || n > MaxItems {
+		return errMalformed("a transfer request names 1 to %d items, this one %d", MaxItems, n)
+	}
+	for i, it := range req.GetItems() {
+		if it == nil {
+			return errMalformed("item %d is empty", i)
+		}
+	}
+	return nil
+}
+
+// ItemError turns an item status from the wire into the error it stands for
+// (nil for OK), the same *rpcerr.Error DataService callers get.
+func ItemError(st *agentv1.ItemResult) error {
+	if st == nil {
+		return nil
+	}
+	return rpcerr.FromItem(&masterv1.ItemStatus{Code: st.GetCode(), Reason: st.GetReason(), Message: st.GetMessage()})
+}
+
+// ItemResult turns an error into its wire status; OK (nil error) is a nil
+// status, which decodes as code 0.
+func ItemResult(err error) *agentv1.ItemResult {
+	if err == nil {
+		return nil
+	}
+	st := rpcerr.Item(err)
+	return &agentv1.ItemResult{Code: st.GetCode(), Reason: st.GetReason(), Message: st.GetMessage()}
+}
