@@ -8,6 +8,11 @@
 // only copy is gRPC's encoding into the transport), a Read of a disk segment
 // preads into one buffer reused for the whole stream. Nothing buffers a whole
 // object: streams move chunks of at most ChunkSize.
+//
+// The same Server also speaks the bulk transfer protocol (pkg/xfer) on a
+// listener of its own (ServeTransfer, transfer.go): the same tokens, checks
+// and metrics, without gRPC's framing, so payloads move between the socket
+// and a memory segment's mapping with no user-space copy.
 package dataplane
 
 import (
@@ -42,6 +47,8 @@ const (
 type Config struct {
 	// ChunkSize is the Read chunk when the client does not choose one.
 	ChunkSize int
+	// Transfer tunes the bulk transfer listener (ServeTransfer).
+	Transfer TransferConfig
 }
 
 // Keyring holds the token key from the master's latest Settings.
@@ -90,6 +97,8 @@ type Server struct {
 
 	bytesIn, bytesOut prometheus.Counter
 	errs              *prometheus.CounterVec
+	// Bulk transfer listener: open connections and requests in progress.
+	xferConns, xferBusy prometheus.Gauge
 }
 
 // New builds the server; it does no I/O.
@@ -98,11 +107,14 @@ func New(cfg Config, deps Deps, lg *slog.Logger) *Server {
 		cfg.ChunkSize = DefaultChunkSize
 	}
 	cfg.ChunkSize = min(cfg.ChunkSize, MaxChunkSize)
+	cfg.Transfer = cfg.Transfer.withDefaults()
 	s := &Server{
 		cfg: cfg, segs: deps.Segments, keys: deps.Keys, now: deps.Now, lg: lg,
-		bytesIn:  prometheus.NewCounter(prometheus.CounterOpts{Name: "crescent_agent_data_bytes_in_total", Help: "Object bytes written into segments by DataService."}),
-		bytesOut: prometheus.NewCounter(prometheus.CounterOpts{Name: "crescent_agent_data_bytes_out_total", Help: "Object bytes read out of segments by DataService."}),
-		errs:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "crescent_agent_data_errors_total", Help: "DataService operations refused, by method and reason."}, []string{"method", "reason"}),
+		bytesIn:   prometheus.NewCounter(prometheus.CounterOpts{Name: "crescent_agent_data_bytes_in_total", Help: "Object bytes written into segments by DataService."}),
+		bytesOut:  prometheus.NewCounter(prometheus.CounterOpts{Name: "crescent_agent_data_bytes_out_total", Help: "Object bytes read out of segments by DataService."}),
+		errs:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "crescent_agent_data_errors_total", Help: "DataService operations refused, by method and reason."}, []string{"method", "reason"}),
+		xferConns: prometheus.NewGauge(prometheus.GaugeOpts{Name: "crescent_agent_transfer_connections", Help: "Open connections of the bulk transfer listener."}),
+		xferBusy:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "crescent_agent_transfer_requests_in_flight", Help: "Bulk transfer requests being served."}),
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -111,7 +123,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) *Server {
 		s.keys = &Keyring{}
 	}
 	if deps.Registerer != nil {
-		deps.Registerer.MustRegister(s.bytesIn, s.bytesOut, s.errs)
+		deps.Registerer.MustRegister(s.bytesIn, s.bytesOut, s.errs, s.xferConns, s.xferBusy)
 	}
 	return s
 }

@@ -1,0 +1,603 @@
+package dataplane
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/pkg/token"
+	"github.com/crescent-kv/crescent/pkg/xfer"
+	"github.com/crescent-kv/crescent/services/agent/internal/segment"
+	"google.golang.org/grpc/codes"
+)
+
+// Defaults for TransferConfig.
+const (
+	DefaultTransferIdleTimeout  = 5 * time.Minute
+	DefaultTransferIOTimeout    = 30 * time.Second
+	DefaultTransferDrainTimeout = 10 * time.Second
+)
+
+const (
+	// transferReadBuffer buffers request headers (and small payloads that
+	// arrive with them); larger payload reads bypass it, straight into the
+	// segment.
+	transferReadBuffer = 64 << 10
+	// ioStep is how many payload bytes move under one I/O deadline: a peer
+	// must make this much progress every IOTimeout.
+	ioStep = 4 << 20
+	// diskChunk is the pooled buffer between the socket and a disk segment.
+	diskChunk = 1 << 20
+	// lingerBytes and lingerTime bound what a refusing agent still reads
+	// and drops after its error answer, so a client in the middle of
+	// sending its payload can finish and read the answer instead of
+	// meeting a reset.
+	lingerBytes = 4 << 20
+	lingerTime  = time.Second
+	// maxKeptHeader is the largest header scratch buffer a connection
+	// keeps between requests.
+	maxKeptHeader = 64 << 10
+)
+
+// TransferConfig tunes the bulk transfer listener.
+type TransferConfig struct {
+	// IdleTimeout closes a connection that starts no request for this
+	// long (default 5 min).
+	IdleTimeout time.Duration
+	// IOTimeout bounds each step of a request once it started: the rest of
+	// its header, every 4 MiB of payload, the answer. A stalled peer cannot
+	// pin allocations longer (default 30 s).
+	IOTimeout time.Duration
+	// DrainTimeout is how long requests in progress may finish after
+	// ServeTransfer's context ends before their connections are cut
+	// (default 10 s).
+	DrainTimeout time.Duration
+}
+
+func (c TransferConfig) withDefaults() TransferConfig {
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = DefaultTransferIdleTimeout
+	}
+	if c.IOTimeout <= 0 {
+		c.IOTimeout = DefaultTransferIOTimeout
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = DefaultTransferDrainTimeout
+	}
+	return c
+}
+
+var diskBufs = sync.Pool{New: func() any { b := make([]byte, diskChunk); return &b }}
+
+// ServeTransfer serves the bulk transfer protocol (pkg/xfer) on lis until
+// ctx ends, one goroutine per connection, requests answered in order. Then
+// it closes lis and the idle connections, lets requests in progress finish
+// for up to TransferConfig.DrainTimeout, cuts what remains and returns once
+// every connection goroutine has. It returns nil after ctx ended, or the
+// listener's error.
+func (s *Server) ServeTransfer(ctx context.Context, lis net.Listener) error {
+	t := &transferServer{s: s, cfg: s.cfg.Transfer, conns: map[*transferConn]struct{}{}}
+	stop := context.AfterFunc(ctx, func() { _ = lis.Close() })
+	defer stop()
+	var err error
+	var delay time.Duration
+	for {
+		nc, aerr := lis.Accept()
+		if aerr != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			if temporary(aerr) {
+				// Out of descriptors or memory: back off instead of
+				// spinning, as net/http does.
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				s.lg.Warn("transfer accept failed; retrying", "err", aerr, "delay", delay)
+				select {
+				case <-ctx.Done():
+				case <-time.After(delay):
+				}
+				continue
+			}
+			err = fmt.Errorf("transfer listener: %w", aerr)
+			break
+		}
+		delay = 0
+		c := t.add(nc)
+		if c == nil {
+			_ = nc.Close()
+			continue
+		}
+		t.wg.Go(func() { t.serve(c) })
+	}
+	_ = lis.Close()
+	t.shutdown()
+	return err
+}
+
+func temporary(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ENOBUFS) ||
+		errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ECONNABORTED)
+}
+
+// transferServer is one ServeTransfer: its connections and their states.
+type transferServer struct {
+	s   *Server
+	cfg TransferConfig
+	wg  sync.WaitGroup
+
+	// mu guards conns, every conn's busy flag, and closing.
+	mu      sync.Mutex
+	conns   map[*transferConn]struct{}
+	closing bool
+}
+
+// transferConn is one client connection, served by one goroutine.
+type transferConn struct {
+	nc   net.Conn
+	br   *bufio.Reader
+	busy bool // a request is in progress; guarded by transferServer.mu
+	hbuf []byte
+	wbuf []byte
+	iov  net.Buffers
+}
+
+func (t *transferServer) add(nc net.Conn) *transferConn {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closing {
+		return nil
+	}
+	c := &transferConn{nc: nc, br: bufio.NewReaderSize(nc, transferReadBuffer)}
+	t.conns[c] = struct{}{}
+	t.s.xferConns.Inc()
+	return c
+}
+
+func (t *transferServer) remove(c *transferConn) {
+	t.mu.Lock()
+	delete(t.conns, c)
+	if c.busy {
+		c.busy = false
+		t.s.xferBusy.Dec()
+	}
+	t.mu.Unlock()
+	t.s.xferConns.Dec()
+	_ = c.nc.Close()
+}
+
+// setBusy marks c busy or idle; it reports false when c should stop
+// (the server is closing and c finished its request).
+func (t *transferServer) setBusy(c *transferConn, busy bool) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case busy && !c.busy:
+		t.s.xferBusy.Inc()
+	case !busy && c.busy:
+		t.s.xferBusy.Dec()
+	}
+	c.busy = busy
+	return busy || !t.closing
+}
+
+// shutdown closes the idle connections at once, gives busy ones
+// DrainTimeout to finish their request, then cuts them, and waits for
+// every connection goroutine.
+func (t *transferServer) shutdown() {
+	t.mu.Lock()
+	t.closing = true
+	for c := range t.conns {
+		if !c.busy {
+			_ = c.nc.Close()
+		}
+	}
+	t.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		t.wg.Wait()
+		close(done)
+	}()
+	timer := time.NewTimer(t.cfg.DrainTimeout)
+	defer timer.Stop()
+	select {
+	case <-done:
+		return
+	case <-timer.C:
+	}
+	t.mu.Lock()
+	n := len(t.conns)
+	for c := range t.conns {
+		_ = c.nc.Close()
+	}
+	t.mu.Unlock()
+	t.s.lg.Warn("transfer requests still running at shutdown were cut", "connections", n, "drain_timeout", t.cfg.DrainTimeout)
+	<-done
+}
+
+func (t *transferServer) deadline(d time.Duration) time.Time { return time.Now().Add(d) }
+
+// serve runs one connection: preamble, then requests in order until the
+// peer leaves, breaks the protocol, idles out, or the server closes.
+func (t *transferServer) serve(c *transferConn) {
+	defer t.remove(c)
+	s := t.s
+	_ = c.nc.SetReadDeadline(t.deadline(t.cfg.IOTimeout))
+	var pre [len(xfer.Preamble)]byte
+	if _, err := io.ReadFull(c.br, pre[:]); err != nil {
+		return
+	}
+	if string(pre[:]) != xfer.Preamble {
+		t.refuse(c, "transfer", rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
+			"not a transfer connection: preamble %q, want %q", pre[:], xfer.Preamble))
+		return
+	}
+	for {
+		if !t.setBusy(c, false) {
+			return
+		}
+		// Idle until the next request starts, then IOTimeout for the rest.
+		_ = c.nc.SetReadDeadline(t.deadline(t.cfg.IdleTimeout))
+		if _, err := c.br.Peek(1); err != nil {
+			return
+		}
+		t.setBusy(c, true)
+		_ = c.nc.SetReadDeadline(t.deadline(t.cfg.IOTimeout))
+		req := &agentv1.TransferRequest{}
+		var err error
+		c.hbuf, err = xfer.ReadFrame(c.br, c.hbuf, req)
+		if cap(c.hbuf) > maxKeptHeader {
+			c.hbuf = nil
+		}
+		if err != nil {
+			if errors.Is(err, xfer.ErrProtocol) {
+				t.refuse(c, "transfer", err)
+			}
+			return
+		}
+		if err := xfer.CheckRequest(req); err != nil {
+			t.refuse(c, "transfer", err)
+			return
+		}
+		if req.GetOp() == agentv1.TransferOp_TRANSFER_OP_WRITE {
+			err = t.write(c, req.GetItems())
+		} else {
+			err = t.read(c, req.GetItems())
+		}
+		if err != nil {
+			s.lg.Debug("transfer connection ended", "remote", c.nc.RemoteAddr().String(), "op", req.GetOp().String(), "err", err)
+			return
+		}
+	}
+}
+
+// refuse answers a request refused whole with its error, then lingers
+// briefly so a client still sending can read the answer; the caller closes
+// the connection.
+func (t *transferServer) refuse(c *transferConn, method string, err error) {
+	t.s.errs.WithLabelValues(method, rpcerr.Reason(err)).Inc()
+	b, merr := xfer.AppendFrame(c.wbuf[:0], &agentv1.TransferResponse{Error: xfer.ItemResult(err)})
+	if merr != nil {
+		return
+	}
+	_ = c.nc.SetWriteDeadline(t.deadline(t.cfg.IOTimeout))
+	if _, werr := c.nc.Write(b); werr != nil {
+		return
+	}
+	if cw, ok := c.nc.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+		_ = c.nc.SetReadDeadline(t.deadline(min(lingerTime, t.cfg.IOTimeout)))
+		_, _ = io.CopyN(io.Discard, c.br, lingerBytes)
+	}
+}
+
+// write serves a WRITE request: every item is opened and checked first, then
+// the payload is received in order, straight into a memory segment's
+// mapping or through a pooled buffer into a disk segment, a failed item's
+// bytes read and dropped. Every handle is closed before the answer, so a
+// Seal that follows the client's return never finds the write open.
+func (t *transferServer) write(c *transferConn, items []*agentv1.TransferItem) error {
+	s := t.s
+	hs := make([]*segment.Handle, len(items))
+	defer func() {
+		for _, h := range hs {
+			if h != nil {
+				h.Close()
+			}
+		}
+	}()
+	errs := make([]error, len(items))
+	for i, it := range items {
+		h, err := s.open(it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), token.Write)
+		if err == nil {
+			if err = h.CheckBounds(it.GetOffset(), it.GetLength()); err != nil {
+				h.Close()
+			}
+		}
+		if err != nil {
+			if it.GetLength() > xfer.MaxDrainBytes {
+				err = fmt.Errorf("item %d failed and its %d payload bytes exceed the %d-byte drain limit: %w", i, it.GetLength(), xfer.MaxDrainBytes, err)
+				t.refuse(c, "transfer_write", err)
+				return err
+			}
+			errs[i] = err
+			continue
+		}
+		hs[i] = h
+	}
+	for i, it := range items {
+		n := it.GetLength()
+		if hs[i] == nil {
+			if err := t.discard(c, n); err != nil {
+				return err
+			}
+			continue
+		}
+		ierr, err := t.receive(c, hs[i], it.GetOffset(), n)
+		if err != nil {
+			return err
+		}
+		errs[i] = ierr
+	}
+	for i, h := range hs {
+		if h != nil {
+			h.Close()
+			hs[i] = nil
+		}
+	}
+	resp := &agentv1.TransferResponse{Results: make([]*agentv1.TransferResult, len(items))}
+	rs := make([]agentv1.TransferResult, len(items))
+	var in uint64
+	for i, err := range errs {
+		r := &rs[i]
+		if err != nil {
+			s.errs.WithLabelValues("transfer_write", rpcerr.Reason(err)).Inc()
+			r.Status = xfer.ItemResult(err)
+		} else {
+			r.Length = items[i].GetLength()
+			in += r.Length
+		}
+		resp.Results[i] = r
+	}
+	s.bytesIn.Add(float64(in))
+	hdr, err := t.header(c, resp)
+	if err != nil {
+		return err
+	}
+	_ = c.nc.SetWriteDeadline(t.deadline(t.cfg.IOTimeout))
+	_, err = c.nc.Write(hdr)
+	return err
+}
+
+// receive reads the n payload bytes of h's item at off. A disk write
+// failure is the item's error (the rest of its bytes are still read, to
+// keep the stream framed); a read failure is the connection's.
+func (t *transferServer) receive(c *transferConn, h *segment.Handle, off, n uint64) (itemErr, connErr error) {
+	dst, err := h.WritableBytes(off, n)
+	if err != nil {
+		return err, t.discard(c, n)
+	}
+	if dst != nil {
+		return nil, t.readFull(c, dst)
+	}
+	bp := diskBufs.Get().(*[]byte)
+	defer diskBufs.Put(bp)
+	buf := *bp
+	for n > 0 {
+		k := min(n, uint64(len(buf)))
+		if err := t.readFull(c, buf[:k]); err != nil {
+			return nil, err
+		}
+		if itemErr == nil {
+			if err := h.WriteAt(buf[:k], off); err != nil {
+				itemErr = rpcerr.New(codes.Internal, masterv1.ErrorReason_ERROR_REASON_INTERNAL, "write allocation %d: %v", h.ID(), err)
+			}
+		}
+		off += k
+		n -= k
+	}
+	return itemErr, nil
+}
+
+// readFull fills p from the connection, renewing the read deadline every
+// ioStep bytes.
+func (t *transferServer) readFull(c *transferConn, p []byte) error {
+	for len(p) > 0 {
+		k := min(len(p), ioStep)
+		_ = c.nc.SetReadDeadline(t.deadline(t.cfg.IOTimeout))
+		if _, err := io.ReadFull(c.br, p[:k]); err != nil {
+			return err
+		}
+		p = p[k:]
+	}
+	return nil
+}
+
+// discard reads and drops n payload bytes (n <= MaxDrainBytes).
+func (t *transferServer) discard(c *transferConn, n uint64) error {
+	if n == 0 {
+		return nil
+	}
+	bp := diskBufs.Get().(*[]byte)
+	defer diskBufs.Put(bp)
+	buf := *bp
+	for n > 0 {
+		k := min(n, uint64(len(buf)))
+		if err := t.readFull(c, buf[:k]); err != nil {
+			return err
+		}
+		n -= k
+	}
+	return nil
+}
+
+// read serves a READ request: every item is opened (pinning its extent)
+// and checked, the answer's header lists the results, and the payloads
+// follow, sent straight from a memory segment's mapping or through a pooled
+// buffer from a disk segment. Handles close once the bytes are on the
+// socket. A disk error in the middle of a payload cannot be reported any
+// more (its length was promised): it ends the connection.
+func (t *transferServer) read(c *transferConn, items []*agentv1.TransferItem) error {
+	s := t.s
+	hs := make([]*segment.Handle, len(items))
+	defer func() {
+		for _, h := range hs {
+			if h != nil {
+				h.Close()
+			}
+		}
+	}()
+	resp := &agentv1.TransferResponse{Results: make([]*agentv1.TransferResult, len(items))}
+	rs := make([]agentv1.TransferResult, len(items))
+	for i, it := range items {
+		r := &rs[i]
+		resp.Results[i] = r
+		h, length, err := s.openRange(it)
+		if err != nil {
+			s.errs.WithLabelValues("transfer_read", rpcerr.Reason(err)).Inc()
+			r.Status = xfer.ItemResult(err)
+			continue
+		}
+		hs[i] = h
+		r.Length, r.ObjectSize, r.Checksum = length, h.Size(), h.Checksum()
+	}
+	hdr, err := t.header(c, resp)
+	if err != nil {
+		return err
+	}
+	iov := append(c.iov[:0], hdr)
+	var out uint64
+	for i, h := range hs {
+		if h == nil || rs[i].Length == 0 {
+			continue
+		}
+		off, n := items[i].GetOffset(), rs[i].Length
+		data, err := h.Bytes(off, n)
+		if err != nil {
+			return err // checked by openRange: cannot happen
+		}
+		if data != nil {
+			iov = append(iov, data)
+			out += n
+			continue
+		}
+		if err := t.writev(c, iov); err != nil {
+			return err
+		}
+		iov = iov[:0]
+		if err := t.sendDisk(c, h, off, n); err != nil {
+			return err
+		}
+		out += n
+	}
+	err = t.writev(c, iov)
+	c.iov = iov[:0]
+	clear(iov[:cap(iov)]) // drop the references to the mappings
+	if err != nil {
+		return err
+	}
+	s.bytesOut.Add(float64(out))
+	return nil
+}
+
+// openRange opens a READ item and resolves its range: length 0 reads to
+// the end of the object.
+func (s *Server) openRange(it *agentv1.TransferItem) (*segment.Handle, uint64, error) {
+	h, err := s.open(it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), token.Read)
+	if err != nil {
+		return nil, 0, err
+	}
+	size, off, length := h.Size(), it.GetOffset(), it.GetLength()
+	switch {
+	case off > size:
+		err = rpcerr.New(codes.OutOfRange, masterv1.ErrorReason_ERROR_REASON_OUT_OF_BOUNDS, "offset %d is past the end of the %d-byte object", off, size)
+	case length == 0:
+		length = size - off
+	case length > size-off:
+		err = rpcerr.New(codes.OutOfRange, masterv1.ErrorReason_ERROR_REASON_OUT_OF_BOUNDS, "bytes [%d, %d) lie outside the %d-byte object", off, off+length, size)
+	}
+	if err != nil {
+		h.Close()
+		return nil, 0, err
+	}
+	return h, length, nil
+}
+
+// header frames an answer. Should the error messages of thousands of
+// failed items push it past MaxHeaderBytes, they are dropped (codes and
+// reasons stay).
+func (t *transferServer) header(c *transferConn, resp *agentv1.TransferResponse) ([]byte, error) {
+	b, err := xfer.AppendFrame(c.wbuf[:0], resp)
+	if err != nil {
+		for _, r := range resp.GetResults() {
+			if r.GetStatus() != nil {
+				r.Status.Message = ""
+			}
+		}
+		if b, err = xfer.AppendFrame(c.wbuf[:0], resp); err != nil {
+			return nil, err
+		}
+	}
+	if cap(b) <= maxKeptHeader {
+		c.wbuf = b
+	}
+	return b, nil
+}
+
+// writev sends bufs with vectored writes, renewing the write deadline every
+// ioStep bytes (slices of a large mapping are split, not copied).
+func (t *transferServer) writev(c *transferConn, bufs net.Buffers) error {
+	var group net.Buffers
+	size := 0
+	flush := func() error {
+		if len(group) == 0 {
+			return nil
+		}
+		_ = c.nc.SetWriteDeadline(t.deadline(t.cfg.IOTimeout))
+		_, err := group.WriteTo(c.nc)
+		group, size = group[:0], 0
+		return err
+	}
+	for _, b := range bufs {
+		for len(b) > 0 {
+			k := min(len(b), ioStep-size)
+			group = append(group, b[:k])
+			b = b[k:]
+			if size += k; size == ioStep {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return flush()
+}
+
+// sendDisk streams n bytes of a disk allocation from off in pooled chunks.
+func (t *transferServer) sendDisk(c *transferConn, h *segment.Handle, off, n uint64) error {
+	bp := diskBufs.Get().(*[]byte)
+	defer diskBufs.Put(bp)
+	buf := *bp
+	for n > 0 {
+		k := min(n, uint64(len(buf)))
+		if err := h.ReadAt(buf[:k], off); err != nil {
+			t.s.lg.Warn("transfer read of a disk allocation failed; closing the connection", "allocation_id", h.ID(), "err", err)
+			return err
+		}
+		_ = c.nc.SetWriteDeadline(t.deadline(t.cfg.IOTimeout))
+		if _, err := c.nc.Write(buf[:k]); err != nil {
+			return err
+		}
+		off += k
+		n -= k
+	}
+	return nil
+}
