@@ -3,9 +3,10 @@
 # distinct host ids and ports, one gateway. Logs are prefixed per process.
 # Ctrl-C (or SIGTERM) stops every process cleanly and waits for them.
 #
-# Ports: master gRPC 50051 admin 9003 | agent-a gRPC 50052 admin 9004 |
-#        agent-b gRPC 50062 admin 9014 | gateway PUB 5557 replay 5558
-#        admin 9005 gRPC 50053
+# Ports: master gRPC 50051 admin 9003 |
+#        agent-a gRPC 50052 transfer 50054 admin 9004 |
+#        agent-b gRPC 50062 transfer 50064 admin 9014 |
+#        gateway PUB 5557 replay 5558 admin 9005 gRPC 50053
 set -euo pipefail
 
 BIN=${BIN:-bin}
@@ -34,14 +35,14 @@ stop() {
 trap stop INT TERM
 
 start master  "$BIN/crescent-master" --grpc-addr 127.0.0.1:50051 --admin-addr 127.0.0.1:9003 --log-level "$LOG_LEVEL"
-start agent-a "$BIN/crescent-agent" --master 127.0.0.1:50051 --grpc-addr 127.0.0.1:50052 --admin-addr 127.0.0.1:9004 \
+start agent-a "$BIN/crescent-agent" --master 127.0.0.1:50051 --grpc-addr 127.0.0.1:50052 --transfer-addr 127.0.0.1:50054 --admin-addr 127.0.0.1:9004 \
   --host-id host-a --memory "$MEMORY" --disk-dir "$DATA/agent-a" --disk-size 256MiB --log-level "$LOG_LEVEL"
-start agent-b "$BIN/crescent-agent" --master 127.0.0.1:50051 --grpc-addr 127.0.0.1:50062 --admin-addr 127.0.0.1:9014 \
+start agent-b "$BIN/crescent-agent" --master 127.0.0.1:50051 --grpc-addr 127.0.0.1:50062 --transfer-addr 127.0.0.1:50064 --admin-addr 127.0.0.1:9014 \
   --host-id host-b --memory "$MEMORY" --disk-dir "$DATA/agent-b" --disk-size 256MiB --log-level "$LOG_LEVEL"
 start gateway "$BIN/crescent-gateway" --master 127.0.0.1:50051 --pub 'tcp://*:5557' --replay 'tcp://*:5558' \
   --admin-addr 127.0.0.1:9005 --grpc-addr 127.0.0.1:50053 --backend-id local --log-level "$LOG_LEVEL"
 
-echo "[run] cluster up: master 127.0.0.1:50051, agents :50052 :50062, gateway tcp://127.0.0.1:5557 (Ctrl-C to stop)"
+echo "[run] cluster up: master 127.0.0.1:50051, agents :50052 :50062 (transfer :50054 :50064), gateway tcp://127.0.0.1:5557 (Ctrl-C to stop)"
 # A process that dies (say, an agent you killed to watch the master react)
 # is reported and the rest keep running; Ctrl-C stops whatever is left.
 set +e

@@ -1,5 +1,6 @@
 // Package app wires the agent: configuration, the segments (memory and
-// disk), the data plane on the gRPC port, and the link to the master.
+// disk), the data plane on the gRPC port and on the bulk transfer listener,
+// and the link to the master.
 package app
 
 import (
@@ -44,6 +45,10 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	ReadChunk       config.ByteSize
 	LogLevel        string
+	// TransferAddr is the bulk transfer listener's address; "" derives
+	// it (the gRPC host, an ephemeral port), "off" disables the listener.
+	TransferAddr          string
+	AdvertiseTransferAddr string
 }
 
 // DefaultConfig returns the defaults.
@@ -68,6 +73,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.GRPCAddr, "grpc-addr", c.GRPCAddr, "gRPC listen address (DataService)")
 	fs.StringVar(&c.AdminAddr, "admin-addr", c.AdminAddr, "admin HTTP listen address (/healthz, /readyz, /metrics)")
 	fs.StringVar(&c.AdvertiseAddr, "advertise-addr", c.AdvertiseAddr, "host:port clients dial for DataService (default: the bound gRPC address, with the host name for an unspecified IP)")
+	fs.StringVar(&c.TransferAddr, "transfer-addr", c.TransferAddr, "bulk transfer listen address (the fast data path beside DataService; default: the gRPC host with an ephemeral port; \"off\" disables it)")
+	fs.StringVar(&c.AdvertiseTransferAddr, "advertise-transfer-addr", c.AdvertiseTransferAddr, "host:port clients dial for bulk transfers (default: the host of --advertise-addr if set, else the bound address with the host name for an unspecified IP, with the bound port)")
 	fs.StringVar(&c.HostID, "host-id", c.HostID, "host this agent runs on; replicas of one object are spread across hosts")
 	fs.StringVar(&c.AgentID, "agent-id", c.AgentID, "stable agent id (default: host-id:port)")
 	fs.Var(&c.Memory, "memory", "memory to contribute (e.g. 4GiB); 0 for none")
@@ -91,6 +98,18 @@ func (c *Config) Validate() error {
 	}
 	if c.HostID == "" {
 		errs = append(errs, errors.New("host-id must be set (the host name is unknown)"))
+	}
+	if c.TransferAddr != "" && c.TransferAddr != TransferOff {
+		if _, _, err := net.SplitHostPort(c.TransferAddr); err != nil {
+			errs = append(errs, fmt.Errorf("transfer-addr %q: %w (or %q to disable)", c.TransferAddr, err, TransferOff))
+		}
+	}
+	if c.AdvertiseTransferAddr != "" {
+		if c.TransferAddr == TransferOff {
+			errs = append(errs, errors.New("advertise-transfer-addr is set but transfer-addr is off"))
+		} else if _, _, err := net.SplitHostPort(c.AdvertiseTransferAddr); err != nil {
+			errs = append(errs, fmt.Errorf("advertise-transfer-addr %q: %w", c.AdvertiseTransferAddr, err))
+		}
 	}
 	if c.MemorySegments < 1 {
 		errs = append(errs, fmt.Errorf("memory-segments must be >= 1, got %d", c.MemorySegments))
@@ -116,6 +135,9 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// TransferOff as --transfer-addr disables the bulk transfer listener.
+const TransferOff = "off"
+
 // Agent is one crescent-agent process.
 type Agent struct {
 	cfg Config
@@ -127,6 +149,7 @@ type Agent struct {
 	// mu guards the fields set while starting.
 	mu       sync.Mutex
 	dataAddr string
+	xferAddr string
 	admin    string
 	segs     *segment.Set
 	link     *link.Link
@@ -145,6 +168,14 @@ func (a *Agent) DataEndpoint() string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.dataAddr
+}
+
+// TransferEndpoint is the advertised bulk transfer address (after Ready),
+// or "" when the listener is off.
+func (a *Agent) TransferEndpoint() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.xferAddr
 }
 
 // AdminAddr is the bound admin HTTP address (after Ready).
@@ -168,7 +199,8 @@ func (a *Agent) Link() *link.Link {
 	return a.link
 }
 
-// Run mounts the segments, serves DataService and keeps the master link
+// Run mounts the segments, serves DataService and the bulk transfer
+// listener, and keeps the master link
 // until ctx ends; then it deregisters, keeps serving for the shutdown grace,
 // stops the servers and unmounts. It returns nil on a clean shutdown.
 func (a *Agent) Run(ctx context.Context) error {
@@ -185,7 +217,8 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	keys := &dataplane.Keyring{}
 	srv := server.New(server.Config{GRPCAddr: a.cfg.GRPCAddr, AdminAddr: a.cfg.AdminAddr, ShutdownTimeout: a.cfg.ShutdownTimeout}, a.lg, a.reg, dataplane.ServerOptions()...)
-	dp := dataplane.New(dataplane.Config{ChunkSize: int(a.cfg.ReadChunk)}, dataplane.Deps{Segments: segs, Keys: keys, Registerer: a.reg}, a.lg)
+	dp := dataplane.New(dataplane.Config{ChunkSize: int(a.cfg.ReadChunk), Transfer: dataplane.TransferConfig{DrainTimeout: a.cfg.ShutdownTimeout}},
+		dataplane.Deps{Segments: segs, Keys: keys, Registerer: a.reg}, a.lg)
 	agentv1.RegisterDataServiceServer(srv.GRPC, dp)
 	if err := srv.Listen(); err != nil {
 		return err
@@ -194,13 +227,24 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var xlis net.Listener // the bulk transfer listener; nil when off
+	var xferEndpoint string
+	if addr := transferListenAddr(a.cfg.TransferAddr, a.cfg.GRPCAddr); addr != "" {
+		if xlis, err = net.Listen("tcp", addr); err != nil {
+			return fmt.Errorf("transfer listen %s: %w", addr, err)
+		}
+		defer xlis.Close()
+		if xferEndpoint, err = advertiseTransfer(a.cfg.AdvertiseTransferAddr, a.cfg.AdvertiseAddr, xlis.Addr().String()); err != nil {
+			return err
+		}
+	}
 	agentID := a.cfg.AgentID
 	if agentID == "" {
 		_, port, _ := net.SplitHostPort(srv.GRPCAddr())
 		agentID = net.JoinHostPort(a.cfg.HostID, port)
 	}
 	lk, err := link.New(link.Config{
-		MasterAddr: a.cfg.Master, AgentID: agentID, HostID: a.cfg.HostID, DataEndpoint: endpoint, Version: Version,
+		MasterAddr: a.cfg.Master, AgentID: agentID, HostID: a.cfg.HostID, DataEndpoint: endpoint, TransferEndpoint: xferEndpoint, Version: Version,
 		ShutdownGrace: a.cfg.ShutdownGrace,
 	}, link.Deps{
 		Segments:        segs,
@@ -220,17 +264,23 @@ func (a *Agent) Run(ctx context.Context) error {
 	})
 
 	a.mu.Lock()
-	a.dataAddr, a.admin, a.segs, a.link = endpoint, srv.AdminAddr(), segs, lk
+	a.dataAddr, a.xferAddr, a.admin, a.segs, a.link = endpoint, xferEndpoint, srv.AdminAddr(), segs, lk
 	a.mu.Unlock()
 	a.readyOnce.Do(func() { close(a.ready) })
-	a.lg.Info("agent started", "agent_id", agentID, "host_id", a.cfg.HostID, "data_endpoint", endpoint, "master", a.cfg.Master, "segments", segmentNames(segs))
+	a.lg.Info("agent started", "agent_id", agentID, "host_id", a.cfg.HostID, "data_endpoint", endpoint, "transfer_endpoint", xferEndpoint, "master", a.cfg.Master, "segments", segmentNames(segs))
 
 	// The servers outlive ctx: they stop only after the link has
-	// deregistered and the shutdown grace has passed.
+	// deregistered and the shutdown grace has passed (reads keep being
+	// served meanwhile, on both data paths).
 	srvCtx, stopSrv := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopSrv()
-	srvErr := make(chan error, 1)
+	servers := 1
+	srvErr := make(chan error, 2)
 	go func() { srvErr <- srv.Run(srvCtx) }()
+	if xlis != nil {
+		servers++
+		go func() { srvErr <- dp.ServeTransfer(srvCtx, xlis) }()
+	}
 	linkCtx, stopLink := context.WithCancel(ctx)
 	defer stopLink()
 	linkErr := make(chan error, 1)
@@ -240,10 +290,16 @@ func (a *Agent) Run(ctx context.Context) error {
 	select {
 	case runErr = <-linkErr:
 		stopSrv()
-		runErr = errors.Join(runErr, <-srvErr)
+		for range servers {
+			runErr = errors.Join(runErr, <-srvErr)
+		}
 	case runErr = <-srvErr:
 		// A server failed: leave the master at once.
 		a.lg.Error("agent server failed", "err", runErr)
+		stopSrv()
+		for range servers - 1 {
+			<-srvErr
+		}
 		stopLink()
 		<-linkErr
 	}
@@ -292,6 +348,42 @@ func segmentNames(s *segment.Set) []string {
 		out = append(out, sg.Name()+"="+sg.ID())
 	}
 	return out
+}
+
+// transferListenAddr is where the bulk transfer listener binds: the
+// configured address, "" when off, or by default the gRPC host with an
+// ephemeral port.
+func transferListenAddr(configured, grpcAddr string) string {
+	switch configured {
+	case TransferOff:
+		return ""
+	case "":
+		host, _, err := net.SplitHostPort(grpcAddr)
+		if err != nil {
+			host = ""
+		}
+		return net.JoinHostPort(host, "0")
+	}
+	return configured
+}
+
+// advertiseTransfer returns the bulk transfer address clients dial: the
+// configured one; else, when DataService's advertised address is
+// configured, its host with the bound port (both paths reach one host);
+// else the bound address as advertise derives it.
+func advertiseTransfer(configured, advertiseData, bound string) (string, error) {
+	if configured != "" || advertiseData == "" {
+		return advertise(configured, bound)
+	}
+	host, _, err := net.SplitHostPort(advertiseData)
+	if err != nil {
+		return "", fmt.Errorf("advertise-addr %q: %w", advertiseData, err)
+	}
+	_, port, err := net.SplitHostPort(bound)
+	if err != nil {
+		return "", fmt.Errorf("bound transfer address %q: %w", bound, err)
+	}
+	return net.JoinHostPort(host, port), nil
 }
 
 // advertise returns the address clients dial: the configured one, or the

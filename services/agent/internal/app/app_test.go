@@ -18,6 +18,7 @@ import (
 	"github.com/crescent-kv/crescent/pkg/config"
 	"github.com/crescent-kv/crescent/pkg/obs"
 	"github.com/crescent-kv/crescent/pkg/token"
+	"github.com/crescent-kv/crescent/pkg/xfer"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -113,11 +114,17 @@ type running struct {
 
 func startAgent(t *testing.T, masterAddr, diskDir string) *running {
 	t.Helper()
+	return startAgentWith(t, masterAddr, diskDir, func(*Config) {})
+}
+
+func startAgentWith(t *testing.T, masterAddr, diskDir string, mutate func(*Config)) *running {
+	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Master, cfg.GRPCAddr, cfg.AdminAddr, cfg.HostID = masterAddr, "127.0.0.1:0", "127.0.0.1:0", "host-t"
 	cfg.Memory, cfg.MemorySegments = config.ByteSize(8<<20), 2
 	cfg.DiskDir, cfg.DiskSize = diskDir, config.ByteSize(4<<20)
 	cfg.ShutdownGrace, cfg.ShutdownTimeout = 100*time.Millisecond, time.Second
+	mutate(&cfg)
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -174,6 +181,9 @@ func TestAgentEndToEnd(t *testing.T) {
 	c := <-m.conns
 	if len(c.reg.GetSegments()) != 3 || c.reg.GetDataEndpoint() != r.agent.DataEndpoint() || c.reg.GetHostId() != "host-t" {
 		t.Fatalf("Register = %v", c.reg)
+	}
+	if ep := c.reg.GetTransferEndpoint(); ep == "" || ep != r.agent.TransferEndpoint() || ep == r.agent.DataEndpoint() {
+		t.Fatalf("Register.transfer_endpoint = %q, want the agent's own transfer listener (%q)", ep, r.agent.TransferEndpoint())
 	}
 	if code, _ := get(t, "http://"+r.agent.AdminAddr()+"/readyz"); code != http.StatusServiceUnavailable {
 		t.Fatalf("/readyz before Settings = %d, want 503", code)
@@ -250,6 +260,15 @@ func TestAgentEndToEnd(t *testing.T) {
 	if !bytes.Equal(got, data) {
 		t.Fatalf("read back %d bytes, want the %d written", len(got), len(data))
 	}
+	// The same object through the bulk transfer listener it registered.
+	pool := xfer.NewPool(xfer.Config{})
+	defer pool.Close()
+	got = make([]byte, len(data))
+	res, err := pool.Read(t.Context(), c.reg.GetTransferEndpoint(), []*agentv1.TransferItem{{SegmentId: disk.GetSegmentId(), AllocationId: id,
+		Token: token.Sign(key, token.Claims{Mode: token.Read, SegmentID: disk.GetSegmentId(), AllocationID: id, Expiry: exp})}}, [][]byte{got})
+	if err != nil || res[0].Err != nil || !bytes.Equal(got, data) || res[0].Checksum != xxhash.Sum64(data) {
+		t.Fatalf("transfer Read = %+v, %v (bytes equal: %v)", res, err, bytes.Equal(got, data))
+	}
 
 	_, metrics := get(t, "http://"+r.agent.AdminAddr()+"/metrics")
 	for _, want := range []string{"crescent_agent_segment_capacity_bytes", "crescent_agent_segment_used_bytes", "crescent_agent_data_bytes_in_total", "crescent_agent_link_state 2", "grpc_server_handled_total"} {
@@ -309,6 +328,11 @@ func TestConfigValidate(t *testing.T) {
 		{"nothing to offer", func(c *Config) { c.Memory = 0 }, false},
 		{"disk only", func(c *Config) { c.Memory, c.DiskDir, c.DiskSize = 0, "/tmp/x", 1<<30 }, true},
 		{"tiny read chunk", func(c *Config) { c.ReadChunk = 100 }, false},
+		{"transfer off", func(c *Config) { c.TransferAddr = "off" }, true},
+		{"transfer address", func(c *Config) { c.TransferAddr, c.AdvertiseTransferAddr = "127.0.0.1:50054", "agent:50054" }, true},
+		{"transfer address without port", func(c *Config) { c.TransferAddr = "127.0.0.1" }, false},
+		{"advertised transfer without port", func(c *Config) { c.AdvertiseTransferAddr = "agent" }, false},
+		{"advertised transfer while off", func(c *Config) { c.TransferAddr, c.AdvertiseTransferAddr = "off", "agent:1" }, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -339,4 +363,39 @@ func TestAdvertise(t *testing.T) {
 	if got, err := advertise("", "[::]:50052"); err != nil || strings.HasPrefix(got, "[::]") {
 		t.Fatalf("advertise of an unspecified address = %q, %v; want the host name", got, err)
 	}
+}
+
+func TestTransferAddresses(t *testing.T) {
+	listen := []struct{ configured, grpc, want string }{
+		{"", ":50052", ":0"},
+		{"", "127.0.0.1:50052", "127.0.0.1:0"},
+		{"", "[::1]:50052", "[::1]:0"},
+		{"off", "127.0.0.1:50052", ""},
+		{"127.0.0.1:50054", "127.0.0.1:50052", "127.0.0.1:50054"},
+	}
+	for _, tc := range listen {
+		if got := transferListenAddr(tc.configured, tc.grpc); got != tc.want {
+			t.Errorf("transferListenAddr(%q, %q) = %q, want %q", tc.configured, tc.grpc, got, tc.want)
+		}
+	}
+	adv := []struct{ configured, data, bound, want string }{
+		{"", "", "127.0.0.1:41234", "127.0.0.1:41234"},
+		{"xfer.example:9", "data.example:1", "127.0.0.1:41234", "xfer.example:9"},
+		{"", "data.example:1", "0.0.0.0:41234", "data.example:41234"},
+	}
+	for _, tc := range adv {
+		if got, err := advertiseTransfer(tc.configured, tc.data, tc.bound); err != nil || got != tc.want {
+			t.Errorf("advertiseTransfer(%q, %q, %q) = %q, %v; want %q", tc.configured, tc.data, tc.bound, got, err, tc.want)
+		}
+	}
+}
+
+func TestTransferOff(t *testing.T) {
+	m, addr := startMaster(t)
+	r := startAgentWith(t, addr, t.TempDir(), func(c *Config) { c.TransferAddr = TransferOff })
+	c := <-m.conns
+	if ep := c.reg.GetTransferEndpoint(); ep != "" || r.agent.TransferEndpoint() != "" {
+		t.Fatalf("transfer endpoint with --transfer-addr off = %q / %q, want none", ep, r.agent.TransferEndpoint())
+	}
+	r.stop(t)
 }

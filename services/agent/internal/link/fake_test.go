@@ -148,7 +148,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	}
 
 	cfg := o.cfg
-	cfg.MasterAddr, cfg.AgentID, cfg.HostID, cfg.DataEndpoint = addr, "agent-1", "host-1", "agent-1:50052"
+	cfg.MasterAddr, cfg.AgentID, cfg.HostID, cfg.DataEndpoint, cfg.TransferEndpoint = addr, "agent-1", "host-1", "agent-1:50052", "agent-1:50054"
 	if cfg.BackoffBase == 0 {
 		cfg.BackoffBase, cfg.BackoffMax = 5*time.Millisecond, 50*time.Millisecond
 	}

@@ -48,7 +48,10 @@ type Config struct {
 	HostID     string
 	// DataEndpoint is host:port of this agent's DataService as clients dial it.
 	DataEndpoint string
-	Version      string
+	// TransferEndpoint is host:port of this agent's bulk transfer listener
+	// (pkg/xfer) as clients dial it; empty when it is off.
+	TransferEndpoint string
+	Version          string
 
 	// BackoffBase and BackoffMax bound the reconnect delay; each failed
 	// attempt doubles it, with jitter; a session that registered resets it.
@@ -441,7 +444,7 @@ func (l *Link) session(parent context.Context, client masterv1.SegmentServiceCli
 	}
 	graceful := sh.stopping()
 	s.out <- &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: &masterv1.Register{
-		AgentId: l.cfg.AgentID, HostId: l.cfg.HostID, DataEndpoint: l.cfg.DataEndpoint,
+		AgentId: l.cfg.AgentID, HostId: l.cfg.HostID, DataEndpoint: l.cfg.DataEndpoint, TransferEndpoint: l.cfg.TransferEndpoint,
 		Segments: l.deps.Segments.Infos(), Allocations: l.deps.Segments.Table(),
 		KnownEpoch: l.epoch.Load(), GracefulUnmount: graceful, Version: l.cfg.Version,
 	}}}

@@ -55,7 +55,7 @@ func TestRegisterSettingsHeartbeat(t *testing.T) {
 	h.start()
 	s := h.session()
 	r := s.reg
-	if r.GetAgentId() != "agent-1" || r.GetHostId() != "host-1" || r.GetDataEndpoint() != "agent-1:50052" || r.GetKnownEpoch() != 0 || r.GetGracefulUnmount() {
+	if r.GetAgentId() != "agent-1" || r.GetHostId() != "host-1" || r.GetDataEndpoint() != "agent-1:50052" || r.GetTransferEndpoint() != "agent-1:50054" || r.GetKnownEpoch() != 0 || r.GetGracefulUnmount() {
 		t.Fatalf("Register = %v", r)
 	}
 	if len(r.GetSegments()) != 1 || r.GetSegments()[0].GetSegmentId() != h.mem.ID() || r.GetSegments()[0].GetMedium() != masterv1.Medium_MEDIUM_MEMORY {
