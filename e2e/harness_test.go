@@ -267,7 +267,22 @@ func (c *Cluster) proc(name, bin string, args []string) *Proc {
 // Client returns an SDK client for tenant, closed at cleanup.
 func (c *Cluster) Client(tenant string) *client.Client {
 	c.t.Helper()
-	cl, err := client.New(context.Background(), client.Config{Master: c.MasterAddr, Tenant: tenant, HostID: "host-test"})
+	return c.ClientWith(client.Config{Tenant: tenant})
+}
+
+// GRPCDataClient returns a client for tenant that moves bytes through the
+// agents' gRPC DataService only, never their bulk transfer listeners.
+func (c *Cluster) GRPCDataClient(tenant string) *client.Client {
+	c.t.Helper()
+	return c.ClientWith(client.Config{Tenant: tenant, DisableTransfer: true})
+}
+
+// ClientWith returns an SDK client with cfg (Master and HostID filled in),
+// closed at cleanup.
+func (c *Cluster) ClientWith(cfg client.Config) *client.Client {
+	c.t.Helper()
+	cfg.Master, cfg.HostID = c.MasterAddr, "host-test"
+	cl, err := client.New(context.Background(), cfg)
 	if err != nil {
 		c.t.Fatal(err)
 	}

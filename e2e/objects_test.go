@@ -40,6 +40,9 @@ func TestPutGetSizes(t *testing.T) {
 	}
 	c := StartCluster(t, Options{Agents: 2, AgentMemory: "640MiB"})
 	cl := c.Client("default")
+	// Bytes written on the bulk transfer path read back through gRPC
+	// DataService, and the other way round.
+	viaGRPC := c.GRPCDataClient("default")
 	ctx := ctxT(t, 5*time.Minute)
 	for _, n := range sizes {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
@@ -58,6 +61,9 @@ func TestPutGetSizes(t *testing.T) {
 			}
 			if !bytes.Equal(got, data) {
 				t.Fatalf("Get: %d bytes differ from the %d put", len(got), n)
+			}
+			if got, err := viaGRPC.Get(ctx, key); err != nil || !bytes.Equal(got, data) {
+				t.Fatalf("Get through DataService: err=%v equal=%v", err, bytes.Equal(got, data))
 			}
 			if n > 64<<20 {
 				return // GetInto and GetTo share Get's paths; spare the race detector 512 MiB more.
@@ -82,6 +88,22 @@ func TestPutGetSizes(t *testing.T) {
 			}()
 			if len(info.Replicas) != replicas {
 				t.Fatalf("replicas: got %d, want %d", len(info.Replicas), replicas)
+			}
+			for _, r := range info.Replicas {
+				if r.GetTransferEndpoint() == "" {
+					t.Fatalf("replica %d on %s: no transfer endpoint; the bulk path went untested", r.GetReplicaId(), r.GetHostId())
+				}
+			}
+			// And a put through DataService reads back on the bulk path.
+			gkey := key + "/grpc"
+			if err := viaGRPC.Put(ctx, gkey, data, client.WithReplicas(replicas)); err != nil {
+				t.Fatalf("Put through DataService: %v", err)
+			}
+			if got, err := cl.Get(ctx, gkey); err != nil || !bytes.Equal(got, data) {
+				t.Fatalf("Get of a DataService put: err=%v equal=%v", err, bytes.Equal(got, data))
+			}
+			if err := cl.Remove(ctx, gkey, true); err != nil {
+				t.Fatal(err)
 			}
 			if replicas == 2 && info.Replicas[0].GetHostId() == info.Replicas[1].GetHostId() {
 				t.Fatalf("both replicas on host %s; want two hosts", info.Replicas[0].GetHostId())
@@ -211,6 +233,12 @@ func TestBatch(t *testing.T) {
 	}
 	if !errors.Is(errs[n], client.ErrNotFound) {
 		t.Fatalf("BatchGet missing: got %v, want ErrNotFound", errs[n])
+	}
+	got, errs = c.GRPCDataClient("default").BatchGet(ctx, keys[:n])
+	for i := range items {
+		if errs[i] != nil || !bytes.Equal(got[i], items[i].Data) {
+			t.Fatalf("BatchGet through DataService, item %d: err=%v equal=%v", i, errs[i], bytes.Equal(got[i], items[i].Data))
+		}
 	}
 	ex, err := cl.BatchExist(ctx, keys)
 	if err != nil || !ex[0] || ex[n] {

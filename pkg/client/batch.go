@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -39,6 +40,10 @@ func (c *Client) BatchPut(ctx context.Context, items []Item, opts ...PutOption) 
 	}
 	return errs
 }
+
+// transferKey prefixes a bulk transfer endpoint where batch code groups
+// items by endpoint, so that an agent's two listeners never share a group.
+const transferKey = "xfer:"
 
 // write is one replica write of a batch.
 type write struct {
@@ -167,6 +172,9 @@ func (c *Client) runWrites(ctx context.Context, writes []write) map[int]error {
 			continue
 		}
 		ep := w.desc.GetDataEndpoint()
+		if t := c.transferEndpoint(w.desc); t != "" {
+			ep = transferKey + t
+		}
 		if _, ok := groups[ep]; !ok {
 			order = append(order, ep)
 		}
@@ -174,6 +182,10 @@ func (c *Client) runWrites(ctx context.Context, writes []write) map[int]error {
 	}
 	for _, ep := range order {
 		for _, chunk := range chunkWrites(groups[ep]) {
+			if t, ok := strings.CutPrefix(ep, transferKey); ok {
+				tasks = append(tasks, func() { c.batchWriteTransfer(ctx, t, chunk, fail) })
+				continue
+			}
 			tasks = append(tasks, func() {
 				dc, err := c.agent(ep)
 				if err == nil {
@@ -303,6 +315,9 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 			continue
 		}
 		ep := rl.GetReplicas()[0].GetDataEndpoint()
+		if t := c.transferEndpoint(rl.GetReplicas()[0]); t != "" {
+			ep = transferKey + t
+		}
 		if _, ok := groups[ep]; !ok {
 			order = append(order, ep)
 		}
@@ -341,6 +356,9 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 // batchReadChunk reads the first replica of each item from one agent in one
 // BatchRead and returns the items that failed.
 func (c *Client) batchReadChunk(ctx context.Context, ep string, chunk []read, out [][]byte) []read {
+	if t, ok := strings.CutPrefix(ep, transferKey); ok {
+		return c.batchReadTransfer(ctx, t, chunk, out)
+	}
 	dc, err := c.agent(ep)
 	if err != nil {
 		return chunk

@@ -27,6 +27,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/pkg/retry"
 	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/pkg/xfer"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -71,6 +72,10 @@ type Config struct {
 	// Backoff is the first retry delay, doubled per attempt with jitter.
 	// Default 50 ms.
 	Backoff time.Duration
+	// DisableTransfer moves every byte through the agents' gRPC
+	// DataService, ignoring the bulk transfer endpoints they advertise
+	// (pkg/xfer), which are otherwise preferred.
+	DisableTransfer bool
 	// DialOptions are added to every connection (TLS, interceptors...).
 	// Without transport credentials the connections are insecure.
 	DialOptions []grpc.DialOption
@@ -113,6 +118,10 @@ type shared struct {
 	master *grpc.ClientConn
 	agents map[string]*grpc.ClientConn
 	closed bool
+
+	// xfer pools connections to the agents' bulk transfer listeners; nil
+	// with Config.DisableTransfer.
+	xfer *xfer.Pool
 }
 
 // Client talks to one Crescent cluster. It is safe for concurrent use.
@@ -151,6 +160,9 @@ func New(_ context.Context, cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("client: dial master %s: %w", cfg.Master, err)
 	}
 	s.master = cc
+	if !cfg.DisableTransfer {
+		s.xfer = xfer.NewPool(xfer.Config{MaxIdlePerEndpoint: cfg.MaxConcurrency})
+	}
 	return &Client{s: s, tenant: cfg.Tenant}, nil
 }
 
@@ -177,6 +189,9 @@ func (c *Client) Close() error {
 	errs := []error{c.s.master.Close()}
 	for _, cc := range c.s.agents {
 		errs = append(errs, cc.Close())
+	}
+	if c.s.xfer != nil {
+		errs = append(errs, c.s.xfer.Close())
 	}
 	return errors.Join(errs...)
 }

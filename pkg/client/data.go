@@ -123,6 +123,9 @@ func (c *Client) writeReplicas(ctx context.Context, reps []*masterv1.ReplicaDesc
 }
 
 func (c *Client) writeOne(ctx context.Context, d *masterv1.ReplicaDescriptor, size int64, src source, progress func(int)) error {
+	if ep := c.transferEndpoint(d); ep != "" {
+		return c.writeTransfer(ctx, ep, d, size, src, progress)
+	}
 	dc, err := c.agent(d.GetDataEndpoint())
 	if err != nil {
 		return err
@@ -297,6 +300,9 @@ func (c *Client) readAny(ctx context.Context, rl *masterv1.GetReplicaListRespons
 
 // readOne reads one replica into buf (len(buf) == object size).
 func (c *Client) readOne(ctx context.Context, d *masterv1.ReplicaDescriptor, buf []byte) error {
+	if ep := c.transferEndpoint(d); ep != "" {
+		return c.readTransfer(ctx, ep, d, int64(len(buf)), buf, nil)
+	}
 	dc, err := c.agent(d.GetDataEndpoint())
 	if err != nil {
 		return err
@@ -333,6 +339,9 @@ func (c *Client) readOne(ctx context.Context, d *masterv1.ReplicaDescriptor, buf
 // readStream streams a replica and hands each chunk to sink in order. It
 // decodes chunks with readCodec, straight from the transport's buffers.
 func (c *Client) readStream(ctx context.Context, endpoint string, d *masterv1.ReplicaDescriptor, sink func(off int64, p []byte) error, size int64) error {
+	if ep := c.transferEndpoint(d); ep != "" {
+		return c.readTransfer(ctx, ep, d, size, nil, sink)
+	}
 	cc, err := c.agentConn(endpoint)
 	if err != nil {
 		return err

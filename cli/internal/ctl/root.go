@@ -35,6 +35,8 @@ type env struct {
 	tenant  string
 	output  string
 	timeout time.Duration
+	// grpcData: bytes through DataService only (--grpc-data).
+	grpcData bool
 
 	stdin          io.Reader
 	stdout, stderr io.Writer
@@ -43,7 +45,7 @@ type env struct {
 func (e *env) json() bool { return e.output == "json" }
 
 func (e *env) client(ctx context.Context) (*client.Client, error) {
-	return client.New(ctx, client.Config{Master: e.master, Tenant: e.tenant})
+	return client.New(ctx, client.Config{Master: e.master, Tenant: e.tenant, DisableTransfer: e.grpcData})
 }
 
 // printJSON writes v as one JSON line.
@@ -76,6 +78,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	pf.StringVar(&e.tenant, "tenant", envOr("CRESCENT_TENANT", "default"), "tenant (env CRESCENT_TENANT)")
 	pf.StringVarP(&e.output, "output", "o", "", "output format: json (one object per line); for get, the destination file (- for stdout)")
 	pf.DurationVar(&e.timeout, "timeout", 0, "overall deadline (0 = none)")
+	pf.BoolVar(&e.grpcData, "grpc-data", false, "move object bytes through the agents' gRPC DataService instead of their bulk transfer listeners")
 	root.SetArgs(args)
 	root.SetIn(stdin)
 	root.SetOut(stdout)
