@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"github.com/crescent-kv/crescent/pkg/obs"
 	"github.com/crescent-kv/crescent/pkg/server"
 	"github.com/crescent-kv/crescent/pkg/token"
+	"github.com/crescent-kv/crescent/pkg/xfer"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -50,10 +52,11 @@ var (
 
 // BenchmarkDataPlane measures DataService Write and Read over loopback TCP
 // through the production server bootstrap (pkg/server, with its
-// interceptors) against a raw TCP stream copy of the same bytes. Each raw
+// interceptors), and the bulk transfer protocol (pkg/xfer.Pool against
+// ServeTransfer), against a raw TCP stream copy of the same bytes. Each raw
 // op sends size bytes, the receiver reads them into a buffer and answers one
-// byte, like the unary answer that ends a Write. ratio = gRPC throughput /
-// raw throughput.
+// byte, like the unary answer that ends a Write. ratio = throughput / raw
+// throughput.
 func BenchmarkDataPlane(b *testing.B) {
 	for _, sz := range benchSizes {
 		b.Run("size="+sz.name, func(b *testing.B) {
@@ -61,6 +64,8 @@ func BenchmarkDataPlane(b *testing.B) {
 			b.Run("write", func(b *testing.B) { benchGRPC(b, sz.size, true, false) })
 			b.Run("read", func(b *testing.B) { benchGRPC(b, sz.size, false, false) })
 			b.Run("read-direct", func(b *testing.B) { benchGRPC(b, sz.size, false, true) })
+			b.Run("xfer-write", func(b *testing.B) { benchXfer(b, sz.size, true) })
+			b.Run("xfer-read", func(b *testing.B) { benchXfer(b, sz.size, false) })
 		})
 	}
 }
@@ -271,6 +276,12 @@ func benchGRPC(b *testing.B, size int, write, direct bool) {
 		}
 	}
 	b.StopTimer()
+	reportRatio(b, size)
+}
+
+// reportRatio reports GB/s and, after this run's raw baseline of the same
+// size, the ratio to it.
+func reportRatio(b *testing.B, size int) {
 	nsPerByte := float64(b.Elapsed().Nanoseconds()) / float64(b.N) / float64(size)
 	b.ReportMetric(1/nsPerByte, "GB/s")
 	rawMu.Lock()
@@ -279,4 +290,92 @@ func benchGRPC(b *testing.B, size int, write, direct bool) {
 	if ok {
 		b.ReportMetric(raw/nsPerByte, "ratio")
 	}
+}
+
+// benchXfer measures one bulk transfer Write or Read of one object per op
+// (pkg/xfer.Pool against ServeTransfer over loopback TCP, memory segment).
+func benchXfer(b *testing.B, size int, write bool) {
+	mem, err := segment.NewMemory("bench", uint64(size)+4096)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer mem.Close()
+	keys := &Keyring{}
+	key := token.NewKey()
+	keys.Set(key)
+	lg := slog.New(slog.DiscardHandler)
+	srv := New(Config{}, Deps{Segments: segment.NewSet(mem), Keys: keys, Registerer: obs.NewRegistry()}, lg)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.ServeTransfer(ctx, lis) }()
+	pool := xfer.NewPool(xfer.Config{})
+	defer func() {
+		_ = pool.Close()
+		cancel()
+		if err := <-served; err != nil {
+			b.Error(err)
+		}
+	}()
+
+	a, err := mem.Reserve(&masterv1.ReserveItem{SegmentId: mem.ID(), Size: uint64(size), Key: "bench"}, time.Now())
+	if err != nil {
+		b.Fatal(err)
+	}
+	id := a.GetAllocationId()
+	src := make([]byte, size)
+	for i := range src {
+		src[i] = byte(i * 31)
+	}
+	exp := time.Now().Add(time.Hour)
+	witems := []*agentv1.TransferItem{{SegmentId: mem.ID(), AllocationId: id,
+		Token: token.Sign(key, token.Claims{Mode: token.Write, SegmentID: mem.ID(), AllocationID: id, Expiry: exp})}}
+	ritems := []*agentv1.TransferItem{{SegmentId: mem.ID(), AllocationId: id,
+		Token: token.Sign(key, token.Claims{Mode: token.Read, SegmentID: mem.ID(), AllocationID: id, Expiry: exp})}}
+	srcs, dsts := [][]byte{src}, [][]byte{make([]byte, size)}
+	addr := lis.Addr().String()
+	writeOnce := func() error {
+		errs, err := pool.Write(ctx, addr, witems, srcs)
+		if err == nil {
+			err = errs[0]
+		}
+		return err
+	}
+	readOnce := func() error {
+		res, err := pool.Read(ctx, addr, ritems, dsts)
+		if err == nil {
+			err = res[0].Err
+		}
+		return err
+	}
+	op := writeOnce
+	if !write {
+		if err := writeOnce(); err != nil {
+			b.Fatal(err)
+		}
+		if err := mem.Seal([]segment.SealArg{{ID: id, Checksum: xxhash.Sum64(src)}}, time.Now())[0]; err != nil {
+			b.Fatal(err)
+		}
+		op = readOnce
+	}
+	// Warm up: page faults of the segment and the destination, the
+	// pooled connection.
+	if err := op(); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(size))
+	b.ResetTimer()
+	for b.Loop() {
+		if err := op(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	if !write && !bytes.Equal(dsts[0], src) {
+		b.Fatal("read bytes differ from the written ones")
+	}
+	reportRatio(b, size)
 }
