@@ -260,17 +260,58 @@ func (c *Client) BatchGet(ctx context.Context, keys []string) ([][]byte, []error
 	errs := make([]error, len(keys))
 	for lo := 0; lo < len(keys); lo += masterBatch {
 		hi := min(lo+masterBatch, len(keys))
-		c.batchGet(ctx, keys[lo:hi], out[lo:hi], errs[lo:hi])
+		c.batchGet(ctx, keys[lo:hi], out[lo:hi], errs[lo:hi], nil)
 	}
 	return out, errs
+}
+
+// BatchGetInto is BatchGet reading each object straight into the caller's
+// buffer (bufs[i] must hold object i whole), with no allocation per object:
+// what an engine does when KV blocks land in memory it owns. It returns
+// each object's size and one error per key; a buffer too small for its
+// object is an INVALID_PARAMS error for that key.
+func (c *Client) BatchGetInto(ctx context.Context, keys []string, bufs [][]byte) ([]int, []error) {
+	sizes := make([]int, len(keys))
+	errs := make([]error, len(keys))
+	if len(bufs) != len(keys) {
+		err := rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "%d buffers for %d keys", len(bufs), len(keys))
+		for i := range errs {
+			errs[i] = err
+		}
+		return sizes, errs
+	}
+	out := make([][]byte, len(keys))
+	for lo := 0; lo < len(keys); lo += masterBatch {
+		hi := min(lo+masterBatch, len(keys))
+		c.batchGet(ctx, keys[lo:hi], out[lo:hi], errs[lo:hi], bufs[lo:hi])
+	}
+	for i, b := range out {
+		if errs[i] == nil {
+			sizes[i] = len(b)
+		}
+	}
+	return sizes, errs
 }
 
 type read struct {
 	item int
 	rl   *masterv1.GetReplicaListResponse
+	// dst is the caller's buffer (BatchGetInto), sized to the object; nil
+	// lets the read allocate.
+	dst []byte
 }
 
-func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs []error) {
+// buf returns where r's bytes go: the caller's buffer or a new one.
+func (r *read) buf() []byte {
+	if r.dst != nil {
+		return r.dst
+	}
+	return make([]byte, r.rl.GetSize())
+}
+
+// batchGet reads keys into out (errors into errs); with into, object i
+// lands in into[i].
+func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs []error, into [][]byte) {
 	req := &masterv1.BatchGetReplicaListRequest{Items: make([]*masterv1.GetReplicaListRequest, len(keys))}
 	for i, k := range keys {
 		req.Items[i] = &masterv1.GetReplicaListRequest{Tenant: c.tenant, Key: k, ClientHost: c.s.cfg.HostID}
@@ -303,9 +344,17 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 			errs[i] = fmt.Errorf("get %q: %w", keys[i], rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY, "no readable replica"))
 			continue
 		}
+		rd := read{item: i, rl: rl}
+		if into != nil {
+			if uint64(len(into[i])) < rl.GetSize() {
+				errs[i] = fmt.Errorf("get %q: %w", keys[i], rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "buffer of %d bytes is smaller than the %d-byte object", len(into[i]), rl.GetSize()))
+				continue
+			}
+			rd.dst = into[i][:rl.GetSize()]
+		}
 		if rl.GetSize() > uint64(c.s.cfg.SmallObject) {
 			tasks = append(tasks, func() {
-				buf := make([]byte, rl.GetSize())
+				buf := rd.buf()
 				if err := c.readAny(ctx, rl, rl.GetReplicas(), buf); err != nil {
 					errs[i] = fmt.Errorf("get %q: %w", keys[i], err)
 					return
@@ -321,7 +370,7 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 		if _, ok := groups[ep]; !ok {
 			order = append(order, ep)
 		}
-		groups[ep] = append(groups[ep], read{item: i, rl: rl})
+		groups[ep] = append(groups[ep], rd)
 	}
 	for _, ep := range order {
 		g := groups[ep]
@@ -342,7 +391,7 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 	var fallbacks []func()
 	for _, r := range retry {
 		fallbacks = append(fallbacks, func() {
-			buf := make([]byte, r.rl.GetSize())
+			buf := r.buf()
 			if err := c.readAny(ctx, r.rl, r.rl.GetReplicas()[1:], buf); err != nil {
 				errs[r.item] = fmt.Errorf("get %q: %w", keys[r.item], err)
 				return
@@ -379,6 +428,9 @@ func (c *Client) batchReadChunk(ctx context.Context, ep string, chunk []read, ou
 		if itemErr(res.GetStatus()) != nil || uint64(len(data)) != r.rl.GetSize() || xxhash.Sum64(data) != r.rl.GetChecksum() {
 			failed = append(failed, r)
 			continue
+		}
+		if r.dst != nil {
+			data = r.dst[:copy(r.dst, data)]
 		}
 		out[r.item] = data
 	}

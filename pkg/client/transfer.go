@@ -120,14 +120,23 @@ func (c *Client) batchWriteTransfer(ctx context.Context, ep string, chunk []writ
 func (c *Client) batchReadTransfer(ctx context.Context, ep string, chunk []read, out [][]byte) []read {
 	var total uint64
 	for _, r := range chunk {
-		total += r.rl.GetSize()
+		if r.dst == nil {
+			total += r.rl.GetSize()
+		}
 	}
-	slab := make([]byte, total)
+	var slab []byte
+	if total > 0 {
+		slab = make([]byte, total)
+	}
 	items := make([]*agentv1.TransferItem, len(chunk))
 	dst := make([][]byte, len(chunk))
 	var off uint64
 	for k, r := range chunk {
 		items[k] = transferItem(r.rl.GetReplicas()[0], 0)
+		if r.dst != nil {
+			dst[k] = r.dst
+			continue
+		}
 		n := r.rl.GetSize()
 		dst[k] = slab[off : off+n : off+n]
 		off += n

@@ -155,3 +155,47 @@ func Verify(key, tok []byte, mode Mode, segmentID string, allocationID uint64, n
 	}
 	return nil
 }
+
+// Verifier checks tokens against one key like Verify, reusing keyed HMAC
+// states instead of deriving one per token: on the agent's data path a
+// token is checked per object, and hmac.New's key schedule and allocations
+// were an eighth of its CPU on a 4 KiB batch read. Safe for concurrent use.
+type Verifier struct {
+	pool sync.Pool
+}
+
+// NewVerifier returns a Verifier for key (copied).
+func NewVerifier(key []byte) *Verifier {
+	k := append([]byte(nil), key...)
+	v := &Verifier{}
+	v.pool.New = func() any { return hmac.New(sha256.New, k) }
+	return v
+}
+
+// Verify is the package-level Verify with v's key.
+func (v *Verifier) Verify(tok []byte, mode Mode, segmentID string, allocationID uint64, now time.Time) error {
+	if len(tok) < headerLen+macLen || tok[0] != version {
+		return ErrMalformed
+	}
+	segLen := int(tok[headerLen-1])
+	if len(tok) != headerLen+segLen+macLen {
+		return ErrMalformed
+	}
+	body, mac := tok[:headerLen+segLen], tok[headerLen+segLen:]
+	m := v.pool.Get().(hash.Hash)
+	m.Reset()
+	m.Write(body)
+	var sum [macLen]byte
+	ok := hmac.Equal(m.Sum(sum[:0]), mac)
+	v.pool.Put(m)
+	if !ok {
+		return ErrSignature
+	}
+	if Mode(tok[1]) != mode || string(tok[headerLen:headerLen+segLen]) != segmentID || binary.BigEndian.Uint64(tok[2:10]) != allocationID {
+		return ErrMismatch
+	}
+	if now.After(time.UnixMilli(int64(binary.BigEndian.Uint64(tok[10:18])))) {
+		return ErrExpired
+	}
+	return nil
+}

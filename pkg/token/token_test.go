@@ -34,6 +34,9 @@ func TestVerify(t *testing.T) {
 			if got := Verify(tt.key, tt.tok, tt.mode, tt.seg, tt.alloc, tt.at); !errors.Is(got, tt.want) {
 				t.Fatalf("got %v, want %v", got, tt.want)
 			}
+			if got := NewVerifier(tt.key).Verify(tt.tok, tt.mode, tt.seg, tt.alloc, tt.at); !errors.Is(got, tt.want) {
+				t.Fatalf("Verifier: got %v, want %v", got, tt.want)
+			}
 		})
 	}
 	flipped := append([]byte(nil), tok...)
@@ -56,6 +59,24 @@ func FuzzParse(f *testing.F) {
 		}
 		if got := Sign(key, c); string(got) != string(b) {
 			t.Fatalf("accepted token does not re-sign to itself")
+		}
+	})
+}
+
+// FuzzVerifierMatchesVerify: on arbitrary bytes the pooled Verifier gives
+// exactly Verify's answer.
+func FuzzVerifierMatchesVerify(f *testing.F) {
+	key := []byte("0123456789abcdef0123456789abcdef")
+	f.Add(Sign(key, Claims{Mode: Read, SegmentID: "s", AllocationID: 1, Expiry: time.UnixMilli(5)}), "s", uint64(1), int64(4))
+	f.Add([]byte{1, 2, 3}, "", uint64(0), int64(0))
+	v := NewVerifier(key)
+	f.Fuzz(func(t *testing.T, b []byte, seg string, alloc uint64, nowMs int64) {
+		now := time.UnixMilli(nowMs)
+		for _, m := range []Mode{Read, Write} {
+			want := Verify(key, b, m, seg, alloc, now)
+			if got := v.Verify(b, m, seg, alloc, now); !errors.Is(got, want) && got != want {
+				t.Fatalf("Verifier.Verify: got %v, Verify: %v", got, want)
+			}
 		}
 	})
 }

@@ -47,6 +47,7 @@ func benchCmd(e *env) *cobra.Command {
 		prefix      string
 		keep        bool
 		cpuprofile  string
+		allocGet    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -107,7 +108,18 @@ func benchCmd(e *env) *cobra.Command {
 			}
 			bar := newProgress(e.stderr, "bench "+mode, tty(e.stderr))
 			var next atomic.Int64
-			op := func(ctx context.Context, put bool) (int, error) {
+			// Each worker reads into buffers of its own, reused call after
+			// call (BatchGetInto/GetInto), as an engine reads KV blocks into
+			// memory it owns; --alloc-get measures BatchGet/Get instead,
+			// which allocate every object.
+			bufs := make([][][]byte, concurrency)
+			for w := range bufs {
+				bufs[w] = make([][]byte, batch)
+				for i := range bufs[w] {
+					bufs[w][i] = make([]byte, size)
+				}
+			}
+			op := func(ctx context.Context, worker int, put bool) (int, error) {
 				n := int(next.Add(int64(batch))) - batch
 				// put mode writes fresh keys (a cache filling up, evicting
 				// under pressure); get and mixed cycle over the key space.
@@ -122,7 +134,11 @@ func benchCmd(e *env) *cobra.Command {
 					if put {
 						return 1, c.Put(ctx, k, payload, opts...)
 					}
-					_, err := c.Get(ctx, k)
+					if allocGet {
+						_, err := c.Get(ctx, k)
+						return 1, err
+					}
+					_, err := c.GetInto(ctx, k, bufs[worker][0])
 					return 1, err
 				}
 				if put {
@@ -136,11 +152,16 @@ func benchCmd(e *env) *cobra.Command {
 				for i := range ks {
 					ks[i] = slot(n + i)
 				}
-				_, errs := c.BatchGet(ctx, ks)
+				var errs []error
+				if allocGet {
+					_, errs = c.BatchGet(ctx, ks)
+				} else {
+					_, errs = c.BatchGetInto(ctx, ks, bufs[worker])
+				}
 				return batch, errors.Join(errs...)
 			}
 			res := runBench(ctx, mode, concurrency, duration, func(ctx context.Context, i int) (int, error) {
-				return op(ctx, mode == "put" || (mode == "mixed" && i%2 == 0))
+				return op(ctx, i%concurrency, mode == "put" || (mode == "mixed" && i%2 == 0))
 			}, bar)
 			bar.done()
 			res.ObjectSize, res.Batch = uint64(size), batch
@@ -182,6 +203,7 @@ func benchCmd(e *env) *cobra.Command {
 	f.StringVar(&prefix, "prefix", "bench/", "key prefix (default: bench/<run id>/)")
 	f.BoolVar(&keep, "keep", false, "keep the objects afterwards")
 	f.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of the client side of the run to this file")
+	f.BoolVar(&allocGet, "alloc-get", false, "read with BatchGet/Get, which allocate every object, instead of into reused buffers (BatchGetInto/GetInto)")
 	return cmd
 }
 

@@ -31,14 +31,17 @@ var Version = "dev"
 // Config is the agent's configuration. Flag names are YAML keys; each flag
 // is also read from CRESCENT_<FLAG>.
 type Config struct {
-	Master          string
-	GRPCAddr        string
-	AdminAddr       string
-	AdvertiseAddr   string
-	HostID          string
-	AgentID         string
-	Memory          config.ByteSize
-	MemorySegments  int
+	Master         string
+	GRPCAddr       string
+	AdminAddr      string
+	AdvertiseAddr  string
+	HostID         string
+	AgentID        string
+	Memory         config.ByteSize
+	MemorySegments int
+	// Prefault writes every page of the memory segments at start (see
+	// segment.Prefault), so puts never pay first-touch page faults.
+	Prefault        bool
 	DiskDir         string
 	DiskSize        config.ByteSize
 	ShutdownGrace   time.Duration
@@ -60,6 +63,7 @@ func DefaultConfig() Config {
 		HostID:          host,
 		Memory:          1 << 30,
 		MemorySegments:  1,
+		Prefault:        true,
 		ShutdownGrace:   5 * time.Second,
 		ShutdownTimeout: 10 * time.Second,
 		ReadChunk:       dataplane.DefaultChunkSize,
@@ -79,6 +83,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.AgentID, "agent-id", c.AgentID, "stable agent id (default: host-id:port)")
 	fs.Var(&c.Memory, "memory", "memory to contribute (e.g. 4GiB); 0 for none")
 	fs.IntVar(&c.MemorySegments, "memory-segments", c.MemorySegments, "split --memory into this many segments")
+	fs.BoolVar(&c.Prefault, "prefault", c.Prefault, "touch every page of --memory at start, before registering, so puts never pay first-touch page faults (start-up takes longer, memory is committed at once)")
 	fs.StringVar(&c.DiskDir, "disk-dir", c.DiskDir, "directory of the disk segment (empty: no disk segment)")
 	fs.Var(&c.DiskSize, "disk-size", "size of the disk segment (e.g. 64GiB)")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", c.ShutdownGrace, "after SIGTERM, keep serving reads this long after announcing the unmount")
@@ -204,7 +209,7 @@ func (a *Agent) Link() *link.Link {
 // until ctx ends; then it deregisters, keeps serving for the shutdown grace,
 // stops the servers and unmounts. It returns nil on a clean shutdown.
 func (a *Agent) Run(ctx context.Context) error {
-	segs, err := a.mount()
+	segs, err := a.mount(ctx)
 	if err != nil {
 		return err
 	}
@@ -308,7 +313,7 @@ func (a *Agent) Run(ctx context.Context) error {
 }
 
 // mount creates the memory segments and opens the disk segment.
-func (a *Agent) mount() (*segment.Set, error) {
+func (a *Agent) mount(ctx context.Context) (*segment.Set, error) {
 	var segs []*segment.Segment
 	fail := func(err error) (*segment.Set, error) {
 		for _, s := range segs {
@@ -325,6 +330,13 @@ func (a *Agent) mount() (*segment.Set, error) {
 				return fail(err)
 			}
 			segs = append(segs, s)
+			if a.cfg.Prefault {
+				start := time.Now()
+				if err := s.Prefault(ctx); err != nil {
+					return fail(fmt.Errorf("prefault %s: %w", s.Name(), err))
+				}
+				a.lg.Info("memory segment prefaulted", "segment_id", s.ID(), "name", s.Name(), "bytes", each, "took", time.Since(start).Round(time.Millisecond).String())
+			}
 		}
 	}
 	if a.cfg.DiskDir != "" {

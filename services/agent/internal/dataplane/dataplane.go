@@ -51,26 +51,41 @@ type Config struct {
 	Transfer TransferConfig
 }
 
-// Keyring holds the token key from the master's latest Settings.
+// Keyring holds the token key from the master's latest Settings, with a
+// token.Verifier for it.
 type Keyring struct {
-	key atomic.Pointer[[]byte]
+	cur atomic.Pointer[keyed]
+}
+
+type keyed struct {
+	key []byte
+	v   *token.Verifier
 }
 
 // Set installs a new key (nil or empty clears it: an empty HMAC key would
 // let anyone forge tokens).
 func (k *Keyring) Set(key []byte) {
 	if len(key) == 0 {
-		k.key.Store(nil)
+		k.cur.Store(nil)
 		return
 	}
 	c := append([]byte(nil), key...)
-	k.key.Store(&c)
+	k.cur.Store(&keyed{key: c, v: token.NewVerifier(c)})
 }
 
 // Get returns the current key, or nil before the first Settings.
 func (k *Keyring) Get() []byte {
-	if p := k.key.Load(); p != nil {
-		return *p
+	if p := k.cur.Load(); p != nil {
+		return p.key
+	}
+	return nil
+}
+
+// verifier returns the current key's Verifier, or nil before the first
+// Settings.
+func (k *Keyring) verifier() *token.Verifier {
+	if p := k.cur.Load(); p != nil {
+		return p.v
 	}
 	return nil
 }
@@ -138,14 +153,14 @@ func errToken(format string, args ...any) error {
 
 // open checks the token, then opens the allocation for mode.
 func (s *Server) open(segID string, allocID uint64, tok []byte, mode token.Mode) (*segment.Handle, error) {
-	key := s.keys.Get()
-	if key == nil {
+	v := s.keys.verifier()
+	if v == nil {
 		return nil, errToken("agent has no token key yet (not registered with a master)")
 	}
 	if len(tok) == 0 {
 		return nil, errToken("missing token")
 	}
-	if err := token.Verify(key, tok, mode, segID, allocID, s.now()); err != nil {
+	if err := v.Verify(tok, mode, segID, allocID, s.now()); err != nil {
 		switch {
 		case errors.Is(err, token.ErrExpired):
 			return nil, errToken("token expired")
