@@ -14,6 +14,7 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/pkg/client"
+	"github.com/crescent-kv/crescent/pkg/rpcerr"
 )
 
 func randBytes(t testing.TB, n int) []byte {
@@ -233,6 +234,24 @@ func TestBatch(t *testing.T) {
 	}
 	if !errors.Is(errs[n], client.ErrNotFound) {
 		t.Fatalf("BatchGet missing: got %v, want ErrNotFound", errs[n])
+	}
+	bufs := make([][]byte, n+1)
+	for i := range items {
+		bufs[i] = make([]byte, len(items[i].Data)+3)
+	}
+	bufs[0] = bufs[0][:len(items[0].Data)-1] // one byte short
+	bufs[n] = make([]byte, 8)
+	sizes, errs := cl.BatchGetInto(ctx, keys, bufs)
+	if rpcerr.Reason(errs[0]) != "INVALID_PARAMS" {
+		t.Fatalf("BatchGetInto into a short buffer: got %v, want INVALID_PARAMS", errs[0])
+	}
+	for i := 1; i < n; i++ {
+		if errs[i] != nil || sizes[i] != len(items[i].Data) || !bytes.Equal(bufs[i][:sizes[i]], items[i].Data) {
+			t.Fatalf("BatchGetInto item %d: err=%v size=%d", i, errs[i], sizes[i])
+		}
+	}
+	if !errors.Is(errs[n], client.ErrNotFound) {
+		t.Fatalf("BatchGetInto missing: got %v, want ErrNotFound", errs[n])
 	}
 	got, errs = c.GRPCDataClient("default").BatchGet(ctx, keys[:n])
 	for i := range items {
