@@ -94,20 +94,26 @@ type Allocator struct {
 	allocated map[uint64]int32 // offset (units) of an allocated extent → block
 }
 
+// maxPresize bounds the blocks New sizes its tables for (about 16 MiB).
+const maxPresize = 1 << 18
+
 // New returns an allocator over capacity bytes (rounded down to a multiple of
 // align). align must be a power of two.
 func New(capacity, align uint64) (*Allocator, error) {
 	if align == 0 || align&(align-1) != 0 {
 		return nil, fmt.Errorf("alloc: alignment %d is not a power of two", align)
 	}
-	a := &Allocator{
-		shift:     uint(bits.TrailingZeros64(align)),
-		allocated: make(map[uint64]int32),
-	}
+	a := &Allocator{shift: uint(bits.TrailingZeros64(align))}
 	a.capUnits = capacity >> a.shift
 	if a.capUnits == 0 {
 		return nil, fmt.Errorf("alloc: capacity %d is smaller than the alignment %d", capacity, align)
 	}
+	// Size the block table and the allocation index for a segment full of
+	// smallest extents (bounded): growing them under load copied and
+	// faulted in ever larger tables on the put path of a fresh agent.
+	hint := int(min(a.capUnits+1, maxPresize))
+	a.blocks = make([]block, 0, hint)
+	a.allocated = make(map[uint64]int32, hint)
 	a.reset()
 	return a, nil
 }
