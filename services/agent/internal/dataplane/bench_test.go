@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -43,20 +42,14 @@ var benchSizes = []struct {
 	{"4KiB", 4 << 10}, {"64KiB", 64 << 10}, {"1MiB", 1 << 20}, {"64MiB", 64 << 20},
 }
 
-// rawNsPerByte holds the raw TCP baseline of the current run, per size, so
-// the gRPC sub-benchmarks can report their ratio to it.
-var (
-	rawMu        sync.Mutex
-	rawNsPerByte = map[int]float64{}
-)
-
 // BenchmarkDataPlane measures DataService Write and Read over loopback TCP
 // through the production server bootstrap (pkg/server, with its
 // interceptors), and the bulk transfer protocol (pkg/xfer.Pool against
 // ServeTransfer), against a raw TCP stream copy of the same bytes. Each raw
 // op sends size bytes, the receiver reads them into a buffer and answers one
-// byte, like the unary answer that ends a Write. ratio = throughput / raw
-// throughput.
+// byte, like the unary answer that ends a Write. Every non-raw op is paired
+// with a raw op run just before it (measure): ratio = raw time / op time
+// over the same iterations.
 func BenchmarkDataPlane(b *testing.B) {
 	for _, sz := range benchSizes {
 		b.Run("size="+sz.name, func(b *testing.B) {
@@ -70,17 +63,28 @@ func BenchmarkDataPlane(b *testing.B) {
 	}
 }
 
-func benchRaw(b *testing.B, size int) {
+// rawLink is the baseline: a plain net.Conn writer and a receiver that
+// reads size bytes into a buffer and answers one byte, like the unary
+// answer that ends a Write.
+type rawLink struct {
+	c     net.Conn
+	lis   net.Listener
+	done  chan error
+	src   []byte
+	ack   []byte
+	chunk int
+}
+
+func newRawLink(b *testing.B, size int) *rawLink {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer lis.Close()
-	done := make(chan error, 1)
+	r := &rawLink{lis: lis, done: make(chan error, 1), ack: make([]byte, 1), chunk: min(size, DefaultChunkSize)}
 	go func() {
 		c, err := lis.Accept()
 		if err != nil {
-			done <- err
+			r.done <- err
 			return
 		}
 		defer c.Close()
@@ -90,51 +94,82 @@ func benchRaw(b *testing.B, size int) {
 				if errors.Is(err, io.EOF) {
 					err = nil
 				}
-				done <- err
+				r.done <- err
 				return
 			}
 			if _, err := c.Write([]byte{1}); err != nil {
-				done <- err
+				r.done <- err
 				return
 			}
 		}
 	}()
-	c, err := net.Dial("tcp", lis.Addr().String())
-	if err != nil {
+	if r.c, err = net.Dial("tcp", lis.Addr().String()); err != nil {
 		b.Fatal(err)
 	}
-	src := make([]byte, size)
-	for i := range src {
-		src[i] = byte(i)
+	r.src = make([]byte, size)
+	for i := range r.src {
+		r.src[i] = byte(i)
 	}
-	ack := make([]byte, 1)
-	chunk := min(size, DefaultChunkSize)
-	op := func() {
-		for off := 0; off < size; off += chunk {
-			if _, err := c.Write(src[off : off+chunk]); err != nil {
-				b.Fatal(err)
-			}
-		}
-		if _, err := io.ReadFull(c, ack); err != nil {
+	r.op(b) // warm up: first touch of the buffers
+	return r
+}
+
+func (r *rawLink) op(b *testing.B) {
+	for off := 0; off < len(r.src); off += r.chunk {
+		if _, err := r.c.Write(r.src[off : off+r.chunk]); err != nil {
 			b.Fatal(err)
 		}
 	}
-	op() // warm up: first touch of the buffers
+	if _, err := io.ReadFull(r.c, r.ack); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func (r *rawLink) close(b *testing.B) {
+	_ = r.c.Close()
+	_ = r.lis.Close()
+	if err := <-r.done; err != nil {
+		b.Fatal(err)
+	}
+}
+
+func benchRaw(b *testing.B, size int) {
+	r := newRawLink(b, size)
 	b.SetBytes(int64(size))
 	b.ResetTimer()
 	for b.Loop() {
-		op()
+		r.op(b)
 	}
 	b.StopTimer()
-	_ = c.Close()
-	if err := <-done; err != nil {
-		b.Fatal(err)
+	r.close(b)
+	b.ReportMetric(float64(size)*float64(b.N)/float64(b.Elapsed().Nanoseconds()), "GB/s")
+}
+
+// measure runs op b.N times, each paired with one raw TCP op of the same
+// size just before it, and reports op's GB/s, the raw GB/s and ratio = raw
+// time / op time over the same interleaved iterations. Pairing makes the
+// ratio immune to the drift of a shared VM, which moved the raw baseline
+// by 1.6x between consecutive runs of the same benchmark.
+func measure(b *testing.B, size int, op func() error) {
+	r := newRawLink(b, size)
+	defer r.close(b)
+	var rawD, opD time.Duration
+	b.ResetTimer()
+	for b.Loop() {
+		t0 := time.Now()
+		r.op(b)
+		t1 := time.Now()
+		if err := op(); err != nil {
+			b.Fatal(err)
+		}
+		rawD += t1.Sub(t0)
+		opD += time.Since(t1)
 	}
-	nsPerByte := float64(b.Elapsed().Nanoseconds()) / float64(b.N) / float64(size)
-	rawMu.Lock()
-	rawNsPerByte[size] = nsPerByte
-	rawMu.Unlock()
-	b.ReportMetric(1/nsPerByte, "GB/s")
+	b.StopTimer()
+	total := float64(size) * float64(b.N)
+	b.ReportMetric(total/float64(opD.Nanoseconds()), "GB/s")
+	b.ReportMetric(total/float64(rawD.Nanoseconds()), "raw-GB/s")
+	b.ReportMetric(float64(rawD)/float64(opD), "ratio")
 }
 
 // benchGRPC measures one Write or Read per op. direct reads with
@@ -268,28 +303,7 @@ func benchGRPC(b *testing.B, size int, write, direct bool) {
 	if err := op(); err != nil {
 		b.Fatal(err)
 	}
-	b.SetBytes(int64(size))
-	b.ResetTimer()
-	for b.Loop() {
-		if err := op(); err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.StopTimer()
-	reportRatio(b, size)
-}
-
-// reportRatio reports GB/s and, after this run's raw baseline of the same
-// size, the ratio to it.
-func reportRatio(b *testing.B, size int) {
-	nsPerByte := float64(b.Elapsed().Nanoseconds()) / float64(b.N) / float64(size)
-	b.ReportMetric(1/nsPerByte, "GB/s")
-	rawMu.Lock()
-	raw, ok := rawNsPerByte[size]
-	rawMu.Unlock()
-	if ok {
-		b.ReportMetric(raw/nsPerByte, "ratio")
-	}
+	measure(b, size, op)
 }
 
 // benchXfer measures one bulk transfer Write or Read of one object per op
@@ -366,16 +380,8 @@ func benchXfer(b *testing.B, size int, write bool) {
 	if err := op(); err != nil {
 		b.Fatal(err)
 	}
-	b.SetBytes(int64(size))
-	b.ResetTimer()
-	for b.Loop() {
-		if err := op(); err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.StopTimer()
+	measure(b, size, op)
 	if !write && !bytes.Equal(dsts[0], src) {
 		b.Fatal("read bytes differ from the written ones")
 	}
-	reportRatio(b, size)
 }
