@@ -64,17 +64,17 @@ func agentsCmd(e *env) *cobra.Command {
 				return err
 			}
 			if !e.json() {
-				fmt.Fprintf(e.stdout, "%-24s %-10s %-22s %-9s %-12s %s\n", "AGENT", "HOST", "ENDPOINT", "CONNECTED", "HEARTBEAT", "SEGMENTS")
+				fmt.Fprintf(e.stdout, "%-24s %-10s %-22s %-22s %-9s %-12s %s\n", "AGENT", "HOST", "ENDPOINT", "TRANSFER", "CONNECTED", "HEARTBEAT", "SEGMENTS")
 			}
 			for _, a := range r.GetAgents() {
 				if e.json() {
 					if err := e.printJSON(map[string]any{"agent_id": a.GetAgentId(), "host_id": a.GetHostId(), "endpoint": a.GetDataEndpoint(),
-						"connected": a.GetConnected(), "last_heartbeat_unix_ms": a.GetLastHeartbeatUnixMs(), "segments": a.GetSegmentIds(), "version": a.GetVersion()}); err != nil {
+						"transfer_endpoint": a.GetTransferEndpoint(), "connected": a.GetConnected(), "last_heartbeat_unix_ms": a.GetLastHeartbeatUnixMs(), "segments": a.GetSegmentIds(), "version": a.GetVersion()}); err != nil {
 						return err
 					}
 					continue
 				}
-				fmt.Fprintf(e.stdout, "%-24s %-10s %-22s %-9v %-12s %d\n", a.GetAgentId(), a.GetHostId(), a.GetDataEndpoint(), a.GetConnected(), ago(a.GetLastHeartbeatUnixMs()), len(a.GetSegmentIds()))
+				fmt.Fprintf(e.stdout, "%-24s %-10s %-22s %-22s %-9v %-12s %d\n", a.GetAgentId(), a.GetHostId(), a.GetDataEndpoint(), orDash(a.GetTransferEndpoint()), a.GetConnected(), ago(a.GetLastHeartbeatUnixMs()), len(a.GetSegmentIds()))
 			}
 			return nil
 		}),
@@ -163,4 +163,12 @@ func statusCmd(e *env) *cobra.Command {
 			return nil
 		}),
 	}
+}
+
+// orDash prints an empty field as "-".
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

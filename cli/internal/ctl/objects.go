@@ -167,7 +167,7 @@ func statCmd(e *env) *cobra.Command {
 				for _, r := range info.Replicas {
 					reps = append(reps, map[string]any{
 						"replica_id": r.GetReplicaId(), "segment_id": r.GetSegmentId(), "host_id": r.GetHostId(),
-						"endpoint": r.GetDataEndpoint(), "medium": mediumName(r.GetMedium()),
+						"endpoint": r.GetDataEndpoint(), "transfer_endpoint": r.GetTransferEndpoint(), "medium": mediumName(r.GetMedium()),
 						"status": strings.TrimPrefix(r.GetStatus().String(), "REPLICA_STATUS_"),
 					})
 				}
@@ -179,8 +179,8 @@ func statCmd(e *env) *cobra.Command {
 				fmt.Fprintf(e.stdout, "group:    %s\n", info.GroupID)
 			}
 			for _, r := range info.Replicas {
-				fmt.Fprintf(e.stdout, "replica %d: %s on %s (%s, segment %s) %s\n", r.GetReplicaId(),
-					strings.TrimPrefix(r.GetStatus().String(), "REPLICA_STATUS_"), r.GetHostId(), r.GetDataEndpoint(), r.GetSegmentId(), mediumName(r.GetMedium()))
+				fmt.Fprintf(e.stdout, "replica %d: %s on %s (%s, transfer %s, segment %s) %s\n", r.GetReplicaId(),
+					strings.TrimPrefix(r.GetStatus().String(), "REPLICA_STATUS_"), r.GetHostId(), r.GetDataEndpoint(), orDash(r.GetTransferEndpoint()), r.GetSegmentId(), mediumName(r.GetMedium()))
 			}
 			return nil
 		}),
