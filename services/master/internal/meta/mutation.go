@@ -81,6 +81,8 @@ func (m *mut) dropIfEmpty(o *object) bool {
 	}
 	m.sh.deleteLocked(o)
 	_ = m.s.tenants.get(o.tenant).charge(-int64(o.size), -1, true)
+	// Cleared so that a put phase holding o (putItem.obj, endItem.obj)
+	// sees it gone without a lookup.
 	o.put = nil
 	return true
 }

@@ -115,6 +115,12 @@ type putItem struct {
 	tenant uint32
 	shard  int
 	seq    uint64
+	// obj is the object phase 1 recorded the put on. Later phases use it
+	// instead of looking the key up again: an object leaves the map only
+	// through dropIfEmpty, which clears its put, so a stale obj fails the
+	// put.seq check exactly as a fresh lookup would (and a newer object
+	// under the same key is never mistaken for this put's).
+	obj *object
 	reps   []plannedRep
 	err    error
 	retry  bool // failed for lack of space or agent; worth one more round
@@ -316,7 +322,7 @@ func (s *Store) placeLocked(m *mut, p *placer, sp *PutSpec, it *putItem) {
 	if sp.HardPin {
 		o.flags |= flagHardPin
 	}
-	it.seq = s.putSeq.Add(1)
+	it.seq, it.obj = s.putSeq.Add(1), o
 	ps := &putState{client: sp.ClientID, seq: it.seq, startMs: m.nowMs, phase: phasePlacing}
 	if sp.SoftPin {
 		ps.softPinTTL = sp.SoftPinTTL
@@ -336,7 +342,7 @@ func (s *Store) placeLocked(m *mut, p *placer, sp *PutSpec, it *putItem) {
 
 // settleReservationsLocked is phase 3 of one put.
 func (s *Store) settleReservationsLocked(m *mut, sp *PutSpec, it *putItem, exclude *exclusions) {
-	o := m.sh.getLocked(it.tenant, sp.Key)
+	o := it.obj
 	if o == nil || o.put == nil || o.put.seq != it.seq {
 		// Preempted or its segments dropped meanwhile: whatever we reserved
 		// is nobody's.
@@ -439,6 +445,7 @@ type endItem struct {
 	tenant  uint32
 	shard   int
 	seq     uint64
+	obj     *object // as putItem.obj: phase 3 re-checks it, not the map
 	pinMs   int64
 	reps    []sealRep
 	err     error
@@ -494,7 +501,7 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 				continue
 			}
 			o.put.phase = phaseSealing
-			it.seq = o.put.seq
+			it.seq, it.obj = o.put.seq, o
 			if o.put.softPinTTL > 0 {
 				it.pinMs = now + o.put.softPinTTL.Milliseconds()
 			}
@@ -567,7 +574,7 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 }
 
 func (s *Store) settleSealsLocked(m *mut, sp *PutEndSpec, it *endItem) {
-	o := m.sh.getLocked(it.tenant, sp.Key)
+	o := it.obj
 	if o == nil || o.put == nil || o.put.seq != it.seq {
 		if o != nil && o.put == nil && o.hasComplete() && o.checksum == sp.Checksum {
 			return // a concurrent PutEnd finished it
