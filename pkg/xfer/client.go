@@ -121,23 +121,31 @@ func (p *Pool) Close() error {
 // requests on one connection; a failure after the first has succeeded still
 // returns only err.
 func (p *Pool) Write(ctx context.Context, endpoint string, items []*agentv1.TransferItem, src [][]byte) (itemErrs []error, err error) {
-	if len(items) != len(src) {
-		return nil, errInvalid("%d transfer items but %d source buffers", len(items), len(src))
+	return exchange(ctx, p, endpoint, items, src, "source", (*conn).write)
+}
+
+// exchange is Write and Read: it checks the arguments, sets each item's
+// Length to its buffer's, and runs the items on one pooled connection in
+// requests of at most MaxItems, one result per item.
+func exchange[R any](ctx context.Context, p *Pool, endpoint string, items []*agentv1.TransferItem, bufs [][]byte, what string,
+	do func(c *conn, items []*agentv1.TransferItem, bufs [][]byte, out []R) error) ([]R, error) {
+	if len(items) != len(bufs) {
+		return nil, errInvalid("%d transfer items but %d %s buffers", len(items), len(bufs), what)
 	}
 	for i, it := range items {
 		if it == nil {
 			return nil, errInvalid("transfer item %d is nil", i)
 		}
-		it.Length = uint64(len(src[i]))
+		it.Length = uint64(len(bufs[i]))
 	}
-	itemErrs = make([]error, len(items))
+	out := make([]R, len(items))
 	if len(items) == 0 {
-		return itemErrs, nil
+		return out, nil
 	}
-	err = p.run(ctx, endpoint, func(c *conn) error {
+	err := p.run(ctx, endpoint, func(c *conn) error {
 		for lo := 0; lo < len(items); lo += MaxItems {
 			hi := min(lo+MaxItems, len(items))
-			if err := c.write(items[lo:hi], src[lo:hi], itemErrs[lo:hi]); err != nil {
+			if err := do(c, items[lo:hi], bufs[lo:hi], out[lo:hi]); err != nil {
 				return err
 			}
 		}
@@ -146,7 +154,7 @@ func (p *Pool) Write(ctx context.Context, endpoint string, items []*agentv1.Tran
 	if err != nil {
 		return nil, err
 	}
-	return itemErrs, nil
+	return out, nil
 }
 
 // ReadResult is one item's outcome of Read.
@@ -167,32 +175,7 @@ type ReadResult struct {
 // the item fails with INVALID_PARAMS. res[i].Err is item i's error; err is
 // a transport, protocol or argument error, and then res is nil.
 func (p *Pool) Read(ctx context.Context, endpoint string, items []*agentv1.TransferItem, dst [][]byte) (res []ReadResult, err error) {
-	if len(items) != len(dst) {
-		return nil, errInvalid("%d transfer items but %d destination buffers", len(items), len(dst))
-	}
-	for i, it := range items {
-		if it == nil {
-			return nil, errInvalid("transfer item %d is nil", i)
-		}
-		it.Length = uint64(len(dst[i]))
-	}
-	res = make([]ReadResult, len(items))
-	if len(items) == 0 {
-		return res, nil
-	}
-	err = p.run(ctx, endpoint, func(c *conn) error {
-		for lo := 0; lo < len(items); lo += MaxItems {
-			hi := min(lo+MaxItems, len(items))
-			if err := c.read(items[lo:hi], dst[lo:hi], res[lo:hi]); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return res, nil
+	return exchange(ctx, p, endpoint, items, dst, "destination", (*conn).read)
 }
 
 // run performs fn on a pooled connection to endpoint under ctx. When the
