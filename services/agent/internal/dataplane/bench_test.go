@@ -145,6 +145,24 @@ func benchRaw(b *testing.B, size int) {
 	b.ReportMetric(float64(size)*float64(b.N)/float64(b.Elapsed().Nanoseconds()), "GB/s")
 }
 
+// benchAlloc reserves a size-byte allocation in mem and returns its id,
+// bytes to write into it, and a write and a read token for it.
+func benchAlloc(b *testing.B, mem *segment.Segment, key []byte, size int) (id uint64, src, wtok, rtok []byte) {
+	a, err := mem.Reserve(&masterv1.ReserveItem{SegmentId: mem.ID(), Size: uint64(size), Key: "bench"}, time.Now())
+	if err != nil {
+		b.Fatal(err)
+	}
+	id = a.GetAllocationId()
+	src = make([]byte, size)
+	for i := range src {
+		src[i] = byte(i * 31)
+	}
+	exp := time.Now().Add(time.Hour)
+	wtok = token.Sign(key, token.Claims{Mode: token.Write, SegmentID: mem.ID(), AllocationID: id, Expiry: exp})
+	rtok = token.Sign(key, token.Claims{Mode: token.Read, SegmentID: mem.ID(), AllocationID: id, Expiry: exp})
+	return id, src, wtok, rtok
+}
+
 // measure runs op b.N times, each paired with one raw TCP op of the same
 // size just before it, and reports op's GB/s, the raw GB/s and ratio = raw
 // time / op time over the same interleaved iterations. Pairing makes the
@@ -210,18 +228,7 @@ func benchGRPC(b *testing.B, size int, write, direct bool) {
 	defer conn.Close()
 	client := agentv1.NewDataServiceClient(conn)
 
-	a, err := mem.Reserve(&masterv1.ReserveItem{SegmentId: mem.ID(), Size: uint64(size), Key: "bench"}, time.Now())
-	if err != nil {
-		b.Fatal(err)
-	}
-	id := a.GetAllocationId()
-	src := make([]byte, size)
-	for i := range src {
-		src[i] = byte(i * 31)
-	}
-	exp := time.Now().Add(time.Hour)
-	wtok := token.Sign(key, token.Claims{Mode: token.Write, SegmentID: mem.ID(), AllocationID: id, Expiry: exp})
-	rtok := token.Sign(key, token.Claims{Mode: token.Read, SegmentID: mem.ID(), AllocationID: id, Expiry: exp})
+	id, src, wtok, rtok := benchAlloc(b, mem, key, size)
 	writeOnce := func() error {
 		st, err := client.Write(ctx)
 		if err != nil {
@@ -335,20 +342,9 @@ func benchXfer(b *testing.B, size int, write bool) {
 		}
 	}()
 
-	a, err := mem.Reserve(&masterv1.ReserveItem{SegmentId: mem.ID(), Size: uint64(size), Key: "bench"}, time.Now())
-	if err != nil {
-		b.Fatal(err)
-	}
-	id := a.GetAllocationId()
-	src := make([]byte, size)
-	for i := range src {
-		src[i] = byte(i * 31)
-	}
-	exp := time.Now().Add(time.Hour)
-	witems := []*agentv1.TransferItem{{SegmentId: mem.ID(), AllocationId: id,
-		Token: token.Sign(key, token.Claims{Mode: token.Write, SegmentID: mem.ID(), AllocationID: id, Expiry: exp})}}
-	ritems := []*agentv1.TransferItem{{SegmentId: mem.ID(), AllocationId: id,
-		Token: token.Sign(key, token.Claims{Mode: token.Read, SegmentID: mem.ID(), AllocationID: id, Expiry: exp})}}
+	id, src, wtok, rtok := benchAlloc(b, mem, key, size)
+	witems := []*agentv1.TransferItem{{SegmentId: mem.ID(), AllocationId: id, Token: wtok}}
+	ritems := []*agentv1.TransferItem{{SegmentId: mem.ID(), AllocationId: id, Token: rtok}}
 	srcs, dsts := [][]byte{src}, [][]byte{make([]byte, size)}
 	addr := lis.Addr().String()
 	writeOnce := func() error {
