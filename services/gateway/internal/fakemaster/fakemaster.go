@@ -218,9 +218,10 @@ func (m *Master) Watch(req *masterv1.WatchRequest, stream grpc.ServerStreamingSe
 			return status.Error(codes.Unavailable, "fake master dropped the stream")
 		}
 		if first && !m.ignoreEpoch && req.GetEpoch() != 0 && req.GetEpoch() != m.epoch {
+			epoch := m.epoch // read under mu: Restart changes it
 			m.mu.Unlock()
 			return rpcerr.Status(rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_EPOCH_MISMATCH,
-				"epoch %d is not the current epoch %d", req.GetEpoch(), m.epoch))
+				"epoch %d is not the current epoch %d", req.GetEpoch(), epoch))
 		}
 		head := m.base + uint64(len(m.log))
 		if next > head {
@@ -229,9 +230,10 @@ func (m *Master) Watch(req *masterv1.WatchRequest, stream grpc.ServerStreamingSe
 				"from_revision %d is beyond head %d", next, head))
 		}
 		if next < m.base {
+			oldest := m.base + 1 // read under mu: Compact moves it
 			m.mu.Unlock()
 			return rpcerr.Status(rpcerr.New(codes.OutOfRange, masterv1.ErrorReason_ERROR_REASON_REVISION_COMPACTED,
-				"revision %d compacted; oldest retained is %d", next, m.base+1))
+				"revision %d compacted; oldest retained is %d", next, oldest))
 		}
 		var out []*masterv1.Change
 		for _, ch := range m.log[next-m.base:] {
