@@ -136,3 +136,30 @@ func BenchmarkStoreBatchGet128(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N*128)/b.Elapsed().Seconds(), "keys/s")
 }
+
+// BenchmarkListObjectsPage lists one 1000-key page from the middle of a
+// 200k-object tenant.
+func BenchmarkListObjectsPage(b *testing.B) {
+	s := benchStore(b)
+	ctx := context.Background()
+	const n = 200_000
+	for lo := 0; lo < n; lo += 1024 {
+		specs := make([]PutSpec, 0, 1024)
+		ends := make([]PutEndSpec, 0, 1024)
+		for i := lo; i < min(lo+1024, n); i++ {
+			k := fmt.Sprintf("%032x", i)
+			specs = append(specs, PutSpec{Key: k, Size: 64, ClientID: "w"})
+			ends = append(ends, PutEndSpec{Key: k, ClientID: "w"})
+		}
+		s.BatchPutStart(ctx, specs)
+		s.BatchPutEnd(ctx, ends)
+	}
+	tok := EncodePageToken(fmt.Sprintf("%032x", n/2))
+	b.ReportAllocs()
+	for b.Loop() {
+		infos, _, err := s.ListObjects(ctx, "", "", 1000, tok)
+		if err != nil || len(infos) != 1000 {
+			b.Fatalf("ListObjects: %d infos, %v", len(infos), err)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package meta
 
 import (
+	"container/heap"
 	"context"
 	"encoding/base64"
 	"slices"
@@ -401,12 +402,20 @@ func (s *Store) ListObjects(ctx context.Context, tenant, prefix string, pageSize
 		return nil, "", nil
 	}
 	now := s.nowMs()
-	var infos []*masterv1.ObjectInfo
+	// Keep only the pageSize+1 smallest keys past the token (a max-heap on
+	// key), building an ObjectInfo only for a key that enters it: a page
+	// costs one scan of the tenant and O(pageSize) memory, not an
+	// ObjectInfo and a sort of every object after the token.
+	top := &keyHeap{}
+	limit := pageSize + 1
 	for i := range s.shards {
 		shd := &s.shards[i]
 		shd.mu.Lock()
 		for key, o := range shd.tenants[t] {
 			if !strings.HasPrefix(key, prefix) || (pageToken != "" && key <= after) {
+				continue
+			}
+			if top.Len() == limit && key >= (*top)[0].Key {
 				continue
 			}
 			info := &masterv1.ObjectInfo{
@@ -424,10 +433,16 @@ func (s *Store) ListObjects(ctx context.Context, tenant, prefix string, pageSize
 					info.Media = append(info.Media, masterv1.Medium(r.medium))
 				}
 			}
-			infos = append(infos, info)
+			if top.Len() == limit {
+				(*top)[0] = info
+				heap.Fix(top, 0)
+			} else {
+				heap.Push(top, info)
+			}
 		}
 		shd.mu.Unlock()
 	}
+	infos := []*masterv1.ObjectInfo(*top)
 	slices.SortFunc(infos, func(a, b *masterv1.ObjectInfo) int { return strings.Compare(a.Key, b.Key) })
 	next := ""
 	if len(infos) > pageSize {
@@ -435,6 +450,20 @@ func (s *Store) ListObjects(ctx context.Context, tenant, prefix string, pageSize
 		next = EncodePageToken(infos[pageSize-1].Key)
 	}
 	return infos, next, nil
+}
+
+// keyHeap is a max-heap of ObjectInfos by key (container/heap).
+type keyHeap []*masterv1.ObjectInfo
+
+func (h keyHeap) Len() int           { return len(h) }
+func (h keyHeap) Less(i, j int) bool { return h[i].Key > h[j].Key }
+func (h keyHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *keyHeap) Push(x any)        { *h = append(*h, x.(*masterv1.ObjectInfo)) }
+func (h *keyHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }
 
 // EncodePageToken makes a ListObjects page token from the last key listed.

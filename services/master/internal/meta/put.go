@@ -120,10 +120,10 @@ type putItem struct {
 	// through dropIfEmpty, which clears its put, so a stale obj fails the
 	// put.seq check exactly as a fresh lookup would (and a newer object
 	// under the same key is never mistaken for this put's).
-	obj *object
-	reps   []plannedRep
-	err    error
-	retry  bool // failed for lack of space or agent; worth one more round
+	obj   *object
+	reps  []plannedRep
+	err   error
+	retry bool // failed for lack of space or agent; worth one more round
 }
 
 // BatchPutStart starts many puts: per shard it validates, charges quota,
