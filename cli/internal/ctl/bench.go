@@ -221,8 +221,10 @@ func runBench(ctx context.Context, mode string, conc int, d time.Duration, op fu
 	start := time.Now()
 	// A context's Err can lag its deadline when the machine is busy (the
 	// timer has not fired yet), and calls made then fail at once with
-	// DeadlineExceeded: stop on the clock, not only on Err.
-	end := start.Add(d)
+	// DeadlineExceeded (the transfer path sets socket deadlines from it):
+	// stop on the clock, not only on Err, and on the context's own
+	// deadline, which is a little before start+d.
+	end, _ := ctx.Deadline()
 	over := func() bool { return ctx.Err() != nil || !time.Now().Before(end) }
 	var wg sync.WaitGroup
 	for w := 0; w < conc; w++ {
