@@ -125,8 +125,8 @@ func New(cfg Config, deps Deps, lg *slog.Logger) *Server {
 	cfg.Transfer = cfg.Transfer.withDefaults()
 	s := &Server{
 		cfg: cfg, segs: deps.Segments, keys: deps.Keys, now: deps.Now, lg: lg,
-		bytesIn:   prometheus.NewCounter(prometheus.CounterOpts{Name: "crescent_agent_data_bytes_in_total", Help: "Object bytes written into segments by DataService."}),
-		bytesOut:  prometheus.NewCounter(prometheus.CounterOpts{Name: "crescent_agent_data_bytes_out_total", Help: "Object bytes read out of segments by DataService."}),
+		bytesIn:   prometheus.NewCounter(prometheus.CounterOpts{Name: "crescent_agent_data_bytes_in_total", Help: "Object bytes written into segments by DataService and the bulk transfer listener."}),
+		bytesOut:  prometheus.NewCounter(prometheus.CounterOpts{Name: "crescent_agent_data_bytes_out_total", Help: "Object bytes read out of segments by DataService and the bulk transfer listener."}),
 		errs:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "crescent_agent_data_errors_total", Help: "DataService operations refused, by method and reason."}, []string{"method", "reason"}),
 		xferConns: prometheus.NewGauge(prometheus.GaugeOpts{Name: "crescent_agent_transfer_connections", Help: "Open connections of the bulk transfer listener."}),
 		xferBusy:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "crescent_agent_transfer_requests_in_flight", Help: "Bulk transfer requests being served."}),
