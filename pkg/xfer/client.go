@@ -394,12 +394,21 @@ func (c *conn) response() (*agentv1.TransferResponse, error) {
 	return resp, nil
 }
 
-func (c *conn) results(resp *agentv1.TransferResponse, n int) ([]*agentv1.TransferResult, error) {
+// exchange sends one request and returns its per-item results (a READ's
+// payloads follow on the connection).
+func (c *conn) exchange(op agentv1.TransferOp, items []*agentv1.TransferItem, payload [][]byte) ([]*agentv1.TransferResult, error) {
+	if err := c.send(op, items, payload); err != nil {
+		return nil, err
+	}
+	resp, err := c.response()
+	if err != nil {
+		return nil, err
+	}
 	if e := resp.GetError(); e != nil {
 		return nil, c.refused(e)
 	}
-	if len(resp.GetResults()) != n {
-		return nil, c.violation("%d results for %d items", len(resp.GetResults()), n)
+	if len(resp.GetResults()) != len(items) {
+		return nil, c.violation("%d results for %d items", len(resp.GetResults()), len(items))
 	}
 	return resp.GetResults(), nil
 }
@@ -420,14 +429,7 @@ func (c *conn) violation(format string, args ...any) error {
 
 // write runs one WRITE exchange of at most MaxItems items.
 func (c *conn) write(items []*agentv1.TransferItem, src [][]byte, errs []error) error {
-	if err := c.send(agentv1.TransferOp_TRANSFER_OP_WRITE, items, src); err != nil {
-		return err
-	}
-	resp, err := c.response()
-	if err != nil {
-		return err
-	}
-	rs, err := c.results(resp, len(items))
+	rs, err := c.exchange(agentv1.TransferOp_TRANSFER_OP_WRITE, items, src)
 	if err != nil {
 		return err
 	}
@@ -443,14 +445,7 @@ func (c *conn) write(items []*agentv1.TransferItem, src [][]byte, errs []error) 
 
 // read runs one READ exchange of at most MaxItems items.
 func (c *conn) read(items []*agentv1.TransferItem, dst [][]byte, res []ReadResult) error {
-	if err := c.send(agentv1.TransferOp_TRANSFER_OP_READ, items, nil); err != nil {
-		return err
-	}
-	resp, err := c.response()
-	if err != nil {
-		return err
-	}
-	rs, err := c.results(resp, len(items))
+	rs, err := c.exchange(agentv1.TransferOp_TRANSFER_OP_READ, items, nil)
 	if err != nil {
 		return err
 	}
