@@ -299,6 +299,20 @@ func (t *transferServer) refuse(c *transferConn, method string, err error) {
 	}
 }
 
+// handles are the open allocations of one request, by item (nil where the
+// item failed or is done).
+type handles []*segment.Handle
+
+// close closes every open handle; closing twice is harmless.
+func (hs handles) close() {
+	for i, h := range hs {
+		if h != nil {
+			h.Close()
+			hs[i] = nil
+		}
+	}
+}
+
 // write serves a WRITE request: every item is opened and checked first, then
 // the payload is received in order, straight into a memory segment's
 // mapping or through a pooled buffer into a disk segment, a failed item's
@@ -306,14 +320,8 @@ func (t *transferServer) refuse(c *transferConn, method string, err error) {
 // Seal that follows the client's return never finds the write open.
 func (t *transferServer) write(c *transferConn, items []*agentv1.TransferItem) error {
 	s := t.s
-	hs := make([]*segment.Handle, len(items))
-	defer func() {
-		for _, h := range hs {
-			if h != nil {
-				h.Close()
-			}
-		}
-	}()
+	hs := make(handles, len(items))
+	defer hs.close()
 	errs := make([]error, len(items))
 	for i, it := range items {
 		h, err := s.open(it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), token.Write)
@@ -347,12 +355,7 @@ func (t *transferServer) write(c *transferConn, items []*agentv1.TransferItem) e
 		}
 		errs[i] = ierr
 	}
-	for i, h := range hs {
-		if h != nil {
-			h.Close()
-			hs[i] = nil
-		}
-	}
+	hs.close()
 	resp := &agentv1.TransferResponse{Results: make([]*agentv1.TransferResult, len(items))}
 	rs := make([]agentv1.TransferResult, len(items))
 	var in uint64
@@ -447,14 +450,8 @@ func (t *transferServer) discard(c *transferConn, n uint64) error {
 // more (its length was promised): it ends the connection.
 func (t *transferServer) read(c *transferConn, items []*agentv1.TransferItem) error {
 	s := t.s
-	hs := make([]*segment.Handle, len(items))
-	defer func() {
-		for _, h := range hs {
-			if h != nil {
-				h.Close()
-			}
-		}
-	}()
+	hs := make(handles, len(items))
+	defer hs.close()
 	resp := &agentv1.TransferResponse{Results: make([]*agentv1.TransferResult, len(items))}
 	rs := make([]agentv1.TransferResult, len(items))
 	for i, it := range items {
