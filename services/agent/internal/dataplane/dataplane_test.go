@@ -37,6 +37,26 @@ type env struct {
 	client    agentv1.DataServiceClient
 }
 
+// newTestServer builds a Server over one 64 MiB memory and one 64 MiB disk
+// segment, with a fresh token key and the test clock.
+func newTestServer(t testing.TB, cfg Config) (mem, disk *segment.Segment, set *segment.Set, keys *Keyring, key []byte, srv *Server) {
+	t.Helper()
+	mem, err := segment.NewMemory("mem-0", 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disk, _, err = segment.OpenDisk(t.TempDir(), 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set = segment.NewSet(mem, disk)
+	keys = &Keyring{}
+	key = token.NewKey()
+	keys.Set(key)
+	srv = New(cfg, Deps{Segments: set, Keys: keys, Registerer: prometheus.NewRegistry(), Now: func() time.Time { return now }}, slog.New(slog.DiscardHandler))
+	return mem, disk, set, keys, key, srv
+}
+
 // start serves a DataService over bufconn with one memory and one disk
 // segment and returns a real generated client.
 func start(t *testing.T, opts ...grpc.ServerOption) *env {
@@ -44,19 +64,7 @@ func start(t *testing.T, opts ...grpc.ServerOption) *env {
 	if opts == nil {
 		opts = ServerOptions()
 	}
-	mem, err := segment.NewMemory("mem-0", 64<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	disk, _, err := segment.OpenDisk(t.TempDir(), 64<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	set := segment.NewSet(mem, disk)
-	keys := &Keyring{}
-	key := token.NewKey()
-	keys.Set(key)
-	srv := New(Config{}, Deps{Segments: set, Keys: keys, Registerer: prometheus.NewRegistry(), Now: func() time.Time { return now }}, slog.New(slog.DiscardHandler))
+	mem, disk, set, keys, key, srv := newTestServer(t, Config{})
 
 	lis := bufconn.Listen(1 << 20)
 	gs := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(256 << 20), grpc.MaxSendMsgSize(256 << 20)}, opts...)...)

@@ -20,7 +20,6 @@ import (
 	"github.com/crescent-kv/crescent/pkg/token"
 	"github.com/crescent-kv/crescent/pkg/xfer"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
@@ -41,19 +40,7 @@ type xenv struct {
 
 func startTransfer(t testing.TB, cfg TransferConfig) *xenv {
 	t.Helper()
-	mem, err := segment.NewMemory("mem-0", 64<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	disk, _, err := segment.OpenDisk(t.TempDir(), 64<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	set := segment.NewSet(mem, disk)
-	keys := &Keyring{}
-	key := token.NewKey()
-	keys.Set(key)
-	srv := New(Config{Transfer: cfg}, Deps{Segments: set, Keys: keys, Registerer: prometheus.NewRegistry(), Now: func() time.Time { return now }}, slog.New(slog.DiscardHandler))
+	mem, disk, set, keys, key, srv := newTestServer(t, Config{Transfer: cfg})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
