@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -41,9 +40,19 @@ func (c *Client) BatchPut(ctx context.Context, items []Item, opts ...PutOption) 
 	return errs
 }
 
-// transferKey prefixes a bulk transfer endpoint where batch code groups
-// items by endpoint, so that an agent's two listeners never share a group.
-const transferKey = "xfer:"
+// route is where a replica's bytes move: an agent's bulk transfer
+// listener or its DataService. Batch code groups items by route.
+type route struct {
+	endpoint string
+	transfer bool
+}
+
+func (c *Client) routeOf(d *masterv1.ReplicaDescriptor) route {
+	if t := c.transferEndpoint(d); t != "" {
+		return route{endpoint: t, transfer: true}
+	}
+	return route{endpoint: d.GetDataEndpoint()}
+}
 
 // write is one replica write of a batch.
 type write struct {
@@ -160,8 +169,8 @@ func (c *Client) runWrites(ctx context.Context, writes []write) map[int]error {
 		mu.Unlock()
 	}
 	var tasks []func()
-	groups := map[string][]write{}
-	var order []string
+	groups := map[route][]write{}
+	var order []route
 	for _, w := range writes {
 		if len(w.data) > c.s.cfg.SmallObject {
 			tasks = append(tasks, func() {
@@ -171,19 +180,17 @@ func (c *Client) runWrites(ctx context.Context, writes []write) map[int]error {
 			})
 			continue
 		}
-		ep := w.desc.GetDataEndpoint()
-		if t := c.transferEndpoint(w.desc); t != "" {
-			ep = transferKey + t
+		rt := c.routeOf(w.desc)
+		if _, ok := groups[rt]; !ok {
+			order = append(order, rt)
 		}
-		if _, ok := groups[ep]; !ok {
-			order = append(order, ep)
-		}
-		groups[ep] = append(groups[ep], w)
+		groups[rt] = append(groups[rt], w)
 	}
-	for _, ep := range order {
-		for _, chunk := range chunkWrites(groups[ep]) {
-			if t, ok := strings.CutPrefix(ep, transferKey); ok {
-				tasks = append(tasks, func() { c.batchWriteTransfer(ctx, t, chunk, fail) })
+	for _, rt := range order {
+		ep := rt.endpoint
+		for _, chunk := range chunkWrites(groups[rt]) {
+			if rt.transfer {
+				tasks = append(tasks, func() { c.batchWriteTransfer(ctx, ep, chunk, fail) })
 				continue
 			}
 			tasks = append(tasks, func() {
@@ -328,8 +335,8 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 		}
 		return
 	}
-	groups := map[string][]read{}
-	var order []string
+	groups := map[route][]read{}
+	var order []route
 	var tasks []func()
 	var mu sync.Mutex
 	var retry []read
@@ -363,21 +370,18 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 			})
 			continue
 		}
-		ep := rl.GetReplicas()[0].GetDataEndpoint()
-		if t := c.transferEndpoint(rl.GetReplicas()[0]); t != "" {
-			ep = transferKey + t
+		rt := c.routeOf(rl.GetReplicas()[0])
+		if _, ok := groups[rt]; !ok {
+			order = append(order, rt)
 		}
-		if _, ok := groups[ep]; !ok {
-			order = append(order, ep)
-		}
-		groups[ep] = append(groups[ep], rd)
+		groups[rt] = append(groups[rt], rd)
 	}
-	for _, ep := range order {
-		g := groups[ep]
+	for _, rt := range order {
+		g := groups[rt]
 		for lo := 0; lo < len(g); lo += maxBatchItems {
 			chunk := g[lo:min(lo+maxBatchItems, len(g))]
 			tasks = append(tasks, func() {
-				failed := c.batchReadChunk(ctx, ep, chunk, out)
+				failed := c.batchReadChunk(ctx, rt, chunk, out)
 				if len(failed) > 0 {
 					mu.Lock()
 					retry = append(retry, failed...)
@@ -404,11 +408,11 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 
 // batchReadChunk reads the first replica of each item from one agent in one
 // BatchRead and returns the items that failed.
-func (c *Client) batchReadChunk(ctx context.Context, ep string, chunk []read, out [][]byte) []read {
-	if t, ok := strings.CutPrefix(ep, transferKey); ok {
-		return c.batchReadTransfer(ctx, t, chunk, out)
+func (c *Client) batchReadChunk(ctx context.Context, rt route, chunk []read, out [][]byte) []read {
+	if rt.transfer {
+		return c.batchReadTransfer(ctx, rt.endpoint, chunk, out)
 	}
-	dc, err := c.agent(ep)
+	dc, err := c.agent(rt.endpoint)
 	if err != nil {
 		return chunk
 	}

@@ -36,7 +36,8 @@ func transferItem(d *masterv1.ReplicaDescriptor, off int64) *agentv1.TransferIte
 // request.
 func (c *Client) writeTransfer(ctx context.Context, ep string, d *masterv1.ReplicaDescriptor, size int64, src source, progress func(int)) error {
 	var buf []byte
-	for off := int64(0); off < size || off == 0; off += xferChunk {
+	// At least one request, so an empty object is written too.
+	for off := int64(0); ; off += xferChunk {
 		n := min(xferChunk, size-off)
 		data, err := src(off, int(n), buf)
 		if err != nil {
@@ -51,11 +52,10 @@ func (c *Client) writeTransfer(ctx context.Context, ep string, d *masterv1.Repli
 			return errs[0]
 		}
 		progress(int(n))
-		if size == 0 {
-			break
+		if off+n >= size {
+			return nil
 		}
 	}
-	return nil
 }
 
 // readTransfer reads [0, size) of a replica on the bulk path and hands it to
