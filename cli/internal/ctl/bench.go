@@ -114,6 +114,9 @@ func benchCmd(e *env) *cobra.Command {
 			// which allocate every object.
 			bufs := make([][][]byte, concurrency)
 			for w := range bufs {
+				if mode == "put" || allocGet {
+					break // nothing reads into them
+				}
 				bufs[w] = make([][]byte, batch)
 				for i := range bufs[w] {
 					bufs[w][i] = make([]byte, size)
