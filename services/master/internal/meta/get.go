@@ -167,27 +167,16 @@ func (s *Store) grantLeaseLocked(o *object) {
 func (s *Store) BatchGet(ctx context.Context, specs []GetSpec) []GetResult {
 	res := make([]GetResult, len(specs))
 	views := make([]readView, len(specs))
-	type item struct {
-		i, shard int
-		tenant   uint32
-	}
-	items := make([]item, 0, len(specs))
-	for i := range specs {
-		sp := &specs[i]
-		t, shard, err := s.locate(&sp.Tenant, sp.Key)
-		if err != nil {
-			res[i].Err = err
-			continue
-		}
-		items = append(items, item{i: i, tenant: t, shard: shard})
-	}
+	items := s.locateAll(len(specs),
+		func(i int) (*string, string) { return &specs[i].Tenant, specs[i].Key },
+		func(i int, err error) { res[i].Err = err })
 	c := segCache{s: s}
 	arena := make([]readRep, 0, len(items))
 	// One clock read per call, not per shard: time.Now was 4 % of the
 	// master's CPU on batch gets. A lease starts at most the shard-lock
 	// waits of this call early.
 	now := s.nowMs()
-	forShards(items, func(it item) int { return it.shard }, func(sh int, group []item) {
+	forShards(items, located.shardOf, func(sh int, group []located) {
 		shd := &s.shards[sh]
 		shd.mu.Lock()
 		for _, it := range group {

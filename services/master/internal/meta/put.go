@@ -642,22 +642,11 @@ func (s *Store) PutRevoke(ctx context.Context, sp PutRevokeSpec) error {
 // object (its old replicas were removed at PutStart).
 func (s *Store) BatchPutRevoke(ctx context.Context, specs []PutRevokeSpec) []error {
 	res := make([]error, len(specs))
-	type item struct {
-		i, shard int
-		tenant   uint32
-	}
-	items := make([]*item, 0, len(specs))
-	for i := range specs {
-		sp := &specs[i]
-		t, shard, err := s.locate(&sp.Tenant, sp.Key)
-		if err != nil {
-			res[i] = err
-			continue
-		}
-		items = append(items, &item{i: i, tenant: t, shard: shard})
-	}
+	items := s.locateAll(len(specs),
+		func(i int) (*string, string) { return &specs[i].Tenant, specs[i].Key },
+		func(i int, err error) { res[i] = err })
 	rel := &releases{}
-	forShards(items, func(it *item) int { return it.shard }, func(sh int, group []*item) {
+	forShards(items, located.shardOf, func(sh int, group []located) {
 		shd := &s.shards[sh]
 		shd.mu.Lock()
 		m := s.begin(shd, rel)

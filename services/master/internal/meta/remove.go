@@ -47,22 +47,11 @@ func (s *Store) Remove(ctx context.Context, sp RemoveSpec) error {
 // per agent.
 func (s *Store) BatchRemove(ctx context.Context, specs []RemoveSpec) []error {
 	res := make([]error, len(specs))
-	type item struct {
-		i, shard int
-		tenant   uint32
-	}
-	items := make([]item, 0, len(specs))
-	for i := range specs {
-		sp := &specs[i]
-		t, shard, err := s.locate(&sp.Tenant, sp.Key)
-		if err != nil {
-			res[i] = err
-			continue
-		}
-		items = append(items, item{i: i, tenant: t, shard: shard})
-	}
+	items := s.locateAll(len(specs),
+		func(i int) (*string, string) { return &specs[i].Tenant, specs[i].Key },
+		func(i int, err error) { res[i] = err })
 	rel := &releases{}
-	forShards(items, func(it item) int { return it.shard }, func(sh int, group []item) {
+	forShards(items, located.shardOf, func(sh int, group []located) {
 		shd := &s.shards[sh]
 		shd.mu.Lock()
 		m := s.begin(shd, rel)

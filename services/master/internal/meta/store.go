@@ -653,6 +653,31 @@ func ValidateKey(tenant, key string) error {
 // locate normalizes *tenant in place, validates the key and resolves the
 // tenant's index and the key's shard. A tenant that never held anything
 // answers OBJECT_NOT_FOUND: every read, end, revoke and remove starts here.
+// located is one spec of a batch call resolved to its tenant and shard.
+type located struct {
+	i, shard int
+	tenant   uint32
+}
+
+func (l located) shardOf() int { return l.shard }
+
+// locateAll resolves specs 0..n-1 of a batch (spec gives each one's tenant,
+// normalized in place, and key); one that fails validation goes to fail
+// and is left out.
+func (s *Store) locateAll(n int, spec func(i int) (tenant *string, key string), fail func(i int, err error)) []located {
+	out := make([]located, 0, n)
+	for i := range n {
+		tp, key := spec(i)
+		t, shard, err := s.locate(tp, key)
+		if err != nil {
+			fail(i, err)
+			continue
+		}
+		out = append(out, located{i: i, tenant: t, shard: shard})
+	}
+	return out
+}
+
 func (s *Store) locate(tenant *string, key string) (t uint32, shard int, err error) {
 	*tenant = NormalizeTenant(*tenant)
 	if err := ValidateKey(*tenant, key); err != nil {
