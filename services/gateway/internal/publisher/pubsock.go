@@ -1,7 +1,6 @@
 package publisher
 
 import (
-	"errors"
 	"log/slog"
 	"net"
 	"sync"
@@ -63,28 +62,20 @@ func newPubSocket(lg *slog.Logger, l net.Listener, queueBatches, queueBytes, max
 
 // serve accepts subscribers until the listener closes.
 func (p *pubSocket) serve() {
-	for {
-		nc, err := p.l.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			p.lg.Warn("pub accept failed", "err", err)
-			continue
-		}
+	acceptEach(p.l, p.lg, "pub", func(nc net.Conn) {
 		p.mu.Lock()
 		if p.closed || len(p.conns) >= p.maxConns {
 			p.mu.Unlock()
 			p.lg.Warn("pub subscriber refused", "remote", nc.RemoteAddr().String(), "max_subscribers", p.maxConns)
 			nc.Close()
-			continue
+			return
 		}
 		sc := &subConn{nc: nc, notify: make(chan struct{}, 1)}
 		p.conns[sc] = struct{}{} // reserved before the handshake bounds pending handshakes too
 		p.wg.Add(1)
 		p.mu.Unlock()
 		go p.handle(sc, nc)
-	}
+	})
 }
 
 func (p *pubSocket) handle(sc *subConn, nc net.Conn) {

@@ -1,7 +1,6 @@
 package publisher
 
 import (
-	"errors"
 	"log/slog"
 	"net"
 	"sync"
@@ -53,26 +52,18 @@ func newReplaySocket(lg *slog.Logger, l net.Listener, r *ring, legacy bool, maxC
 }
 
 func (s *replaySocket) serve() {
-	for {
-		nc, err := s.l.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			s.lg.Warn("replay accept failed", "err", err)
-			continue
-		}
+	acceptEach(s.l, s.lg, "replay", func(nc net.Conn) {
 		s.mu.Lock()
 		if s.closed || len(s.conns) >= s.maxConns {
 			s.mu.Unlock()
 			nc.Close()
-			continue
+			return
 		}
 		s.conns[nc] = struct{}{}
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go s.handle(nc)
-	}
+	})
 }
 
 func (s *replaySocket) handle(nc net.Conn) {
