@@ -26,6 +26,7 @@ import (
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/pkg/retry"
+	"github.com/crescent-kv/crescent/pkg/rpccodec"
 	"github.com/crescent-kv/crescent/pkg/rpcerr"
 	"github.com/crescent-kv/crescent/pkg/xfer"
 	"google.golang.org/grpc"
@@ -136,6 +137,7 @@ const maxMsg = 256 << 20
 func (s *shared) dialOpts() []grpc.DialOption {
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		rpccodec.DialOption(),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsg), grpc.MaxCallSendMsgSize(maxMsg)),
 		// Large windows and buffers: bulk streams are bound by flow control
 		// otherwise.

@@ -9,6 +9,7 @@ import (
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/rpccodec"
 	"github.com/crescent-kv/crescent/pkg/rpcerr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
@@ -46,7 +47,7 @@ func errMalformed(format string, args ...any) error {
 func AppendFrame(b []byte, m proto.Message) ([]byte, error) {
 	start := len(b)
 	b = append(b, 0, 0, 0, 0)
-	b, err := proto.MarshalOptions{}.MarshalAppend(b, m)
+	b, err := rpccodec.AppendMarshal(b, m)
 	if err != nil {
 		return b[:start], rpcerr.New(codes.Internal, masterv1.ErrorReason_ERROR_REASON_INTERNAL, "marshal transfer header: %v", err)
 	}
@@ -105,7 +106,7 @@ func ReadFrame(r io.Reader, buf []byte, m proto.Message) ([]byte, error) {
 		}
 		return buf, err
 	}
-	if err := (proto.UnmarshalOptions{}).Unmarshal(b, m); err != nil {
+	if err := rpccodec.Unmarshal(b, m); err != nil {
 		return buf, errMalformed("transfer header does not decode: %v", err)
 	}
 	return buf, nil

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
+	"github.com/crescent-kv/crescent/pkg/rpccodec"
 	"google.golang.org/grpc/encoding"
 	_ "google.golang.org/grpc/encoding/proto" // registers the standard codec we delegate to
 	"google.golang.org/grpc/mem"
@@ -32,7 +33,7 @@ type codec struct {
 	base encoding.CodecV2
 }
 
-func newCodec() *codec { return &codec{base: encoding.GetCodecV2("proto")} }
+func newCodec() *codec { return &codec{base: rpccodec.New()} }
 
 func (c *codec) Name() string { return "proto" }
 
@@ -246,7 +247,7 @@ func (m *writeMsg) parse(data mem.BufferSlice) bool {
 			b = append(b, p...)
 		}
 		h := &agentv1.WriteHeader{}
-		if err := proto.Unmarshal(b, h); err != nil {
+		if err := rpccodec.Unmarshal(b, h); err != nil {
 			return false
 		}
 		m.header = h

@@ -28,6 +28,7 @@ import (
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/pkg/retry"
+	"github.com/crescent-kv/crescent/pkg/rpccodec"
 	"github.com/crescent-kv/crescent/pkg/rpcerr"
 	"github.com/crescent-kv/crescent/pkg/server"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
@@ -233,6 +234,7 @@ func (l *Link) setState(s State) { l.state.Store(int32(s)) }
 func (l *Link) Run(ctx context.Context) error {
 	opts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		rpccodec.DialOption(),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: l.cfg.KeepaliveTime, Timeout: l.cfg.KeepaliveTimeout, PermitWithoutStream: true}),
 		// Register carries the whole allocation table and Settings may carry
 		// every allocation the master wants released: either can pass
@@ -825,6 +827,7 @@ func (l *Link) conn(endpoint string) (*grpc.ClientConn, error) {
 	}
 	opts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		rpccodec.DialOption(),
 		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(256<<20), grpc.MaxCallRecvMsgSize(256<<20)),
 	}, l.deps.CopyDialOptions...)
 	c, err := grpc.NewClient(endpoint, opts...)

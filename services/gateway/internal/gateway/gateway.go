@@ -13,6 +13,7 @@ import (
 	gatewayv1 "github.com/crescent-kv/crescent/gen/crescent/gateway/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/pkg/obs"
+	"github.com/crescent-kv/crescent/pkg/rpccodec"
 	"github.com/crescent-kv/crescent/pkg/server"
 	"github.com/crescent-kv/crescent/services/gateway/internal/publisher"
 	"github.com/crescent-kv/crescent/services/gateway/internal/source"
@@ -51,7 +52,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Gateway, error) {
 	g := &Gateway{cfg: cfg, lg: lg}
 	change := deps.Change
 	if change == nil {
-		cc, err := grpc.NewClient(cfg.Master, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		cc, err := grpc.NewClient(cfg.Master, grpc.WithTransportCredentials(insecure.NewCredentials()), rpccodec.DialOption())
 		if err != nil {
 			return nil, fmt.Errorf("master %s: %w", cfg.Master, err)
 		}
