@@ -3,6 +3,7 @@ package meta
 import (
 	"cmp"
 	"context"
+	"math/bits"
 	"slices"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
@@ -88,11 +89,12 @@ func (s *Store) evictFor(ctx context.Context, medium masterv1.Medium, need, maxS
 	return s.makeHole(ctx, segs, maxSize)
 }
 
+// evictCand is an object chosen for eviction: what evictVictimsLocked
+// needs to find it again and check that it did not change meanwhile.
 type evictCand struct {
 	key    string
 	access int64
 	size   uint64
-	mask   uint64 // which targets (by position, first 64) it has replicas on
 	tenant uint32
 	shard  uint16
 	pinned bool
@@ -114,17 +116,59 @@ func (s *Store) evictableLocked(o *object, nowMs int64) (ok, pinned bool) {
 
 // evict removes victims until each target's need is met (or no candidate
 // is left). It returns the number of objects evicted.
+//
+// The victims are what this greedy pass picks: go over every evictable
+// object with a replica on a target, unpinned before soft-pinned, least
+// recent access first, and take each one that has a replica on a target
+// still in need (subtracting its size from every such target), until no
+// target is in need. While a target is in need, every candidate on it is
+// taken, so what the pass takes for target p is the shortest prefix, in
+// that order, of the candidates on p whose sizes add up to p's need, and
+// the victims are the union of these prefixes. A pass typically needs the
+// oldest tenth, so rather than sorting every candidate the scan keeps, per
+// target, that prefix of the candidates seen so far in a max-heap
+// (evictHeap): a candidate after the heap's top is dropped with one
+// comparison once the heap holds the need, and one before it goes in and
+// pushes out the tops it makes unnecessary. Ties in access are broken by
+// scan order, the same way for every target.
 func (s *Store) evict(ctx context.Context, targets []evictTarget) int {
 	s.evictMu.Lock()
 	defer s.evictMu.Unlock()
 	if len(targets) > 64 {
 		targets = targets[:64]
 	}
-	pos := make(map[uint32]int, len(targets))
+	// A segment named twice counts as its last entry (the earlier one gets
+	// no candidates: its need stays unmet and frees nothing).
+	heaps := make([]evictHeap, len(targets))
+	segs := make([]uint32, len(targets))
 	for i, t := range targets {
-		pos[t.seg] = i
+		segs[i] = t.seg
+		heaps[i].need = t.need
+		for j := range i {
+			if segs[j] == t.seg {
+				heaps[j].need = 0
+			}
+		}
 	}
-	var cands []evictCand
+	active := 0
+	for i := range heaps {
+		if heaps[i].need > 0 {
+			active++
+		}
+	}
+	if active == 0 {
+		return 0
+	}
+	var pos map[uint32]int // segment → target, when a linear search is slower
+	if len(targets) > 8 {
+		pos = make(map[uint32]int, len(targets))
+		for i, sg := range segs {
+			pos[sg] = i
+		}
+	}
+	// cands holds, in scan order, every candidate some heap took in;
+	// the heaps refer to them by index.
+	var cands candList
 	for sh := range s.shards {
 		shd := &s.shards[sh]
 		shd.mu.Lock()
@@ -132,9 +176,18 @@ func (s *Store) evict(ctx context.Context, targets []evictTarget) int {
 		for t, objs := range shd.tenants {
 			for key, o := range objs {
 				var mask uint64
-				for _, r := range o.replicas {
-					if p, ok := pos[r.seg]; ok {
-						mask |= 1 << p
+				for i := range o.replicas {
+					seg := o.replicas[i].seg
+					if pos != nil {
+						if p, ok := pos[seg]; ok {
+							mask |= 1 << p
+						}
+						continue
+					}
+					for p, ts := range segs {
+						if ts == seg {
+							mask |= 1 << p
+						}
 					}
 				}
 				if mask == 0 {
@@ -144,80 +197,202 @@ func (s *Store) evict(ctx context.Context, targets []evictTarget) int {
 				if !ok {
 					continue
 				}
-				cands = append(cands, evictCand{key: key, access: o.accessMs, size: o.size, mask: mask, tenant: t, shard: uint16(sh), pinned: pinned})
+				r := evictRank{access: o.accessMs, size: o.size, idx: cands.n, pinned: pinned}
+				took := false
+				for ; mask != 0; mask &= mask - 1 {
+					if h := &heaps[bits.TrailingZeros64(mask)]; h.need > 0 && h.offer(r) {
+						took = true
+					}
+				}
+				if took {
+					cands.add(evictCand{key: key, access: o.accessMs, size: o.size, tenant: t, shard: uint16(sh), pinned: pinned})
+				}
 			}
 		}
 		shd.mu.Unlock()
 	}
-	slices.SortFunc(cands, func(a, b evictCand) int {
-		if a.pinned != b.pinned {
-			if a.pinned {
-				return 1
-			}
-			return -1
-		}
-		return cmp.Compare(a.access, b.access)
-	})
-	need := make([]int64, len(targets))
-	left := 0
-	for i, t := range targets {
-		need[i] = t.need
-		if t.need > 0 {
-			left++
-		}
-	}
-	var victims []evictCand
-	for _, c := range cands {
-		if left == 0 {
-			break
-		}
-		useful := false
-		for p := range targets {
-			if c.mask&(1<<p) != 0 && need[p] > 0 {
-				useful = true
+	// The union of the heaps (a candidate taken for several targets once),
+	// by shard, each shard's in eviction order.
+	var ranks []evictRank
+	if active == 1 {
+		for i := range heaps {
+			if heaps[i].need > 0 {
+				ranks = heaps[i].items
 			}
 		}
-		if !useful {
-			continue
+	} else {
+		total := 0
+		for i := range heaps {
+			total += len(heaps[i].items)
 		}
-		victims = append(victims, c)
-		for p := range targets {
-			if c.mask&(1<<p) != 0 && need[p] > 0 {
-				need[p] -= int64(c.size)
-				if need[p] <= 0 {
-					left--
+		ranks = make([]evictRank, 0, total)
+		seen := make([]bool, cands.n)
+		for i := range heaps {
+			for _, r := range heaps[i].items {
+				if !seen[r.idx] {
+					seen[r.idx] = true
+					ranks = append(ranks, r)
 				}
 			}
 		}
 	}
-	if len(victims) == 0 {
+	if len(ranks) == 0 {
 		return 0
 	}
-	n := s.evictVictimsLocked(ctx, victims)
+	runs := groupByShard(ranks, len(s.shards), func(r *evictRank) int { return int(cands.at(r.idx).shard) })
+	victims := make([]evictCand, 0, len(ranks))
+	groups := make([][]evictCand, 0, len(runs))
+	for _, run := range runs {
+		slices.SortFunc(run, func(a, b evictRank) int {
+			switch {
+			case a.after(&b):
+				return 1
+			case b.after(&a):
+				return -1
+			}
+			return 0
+		})
+		lo := len(victims)
+		for _, r := range run {
+			victims = append(victims, *cands.at(r.idx))
+		}
+		groups = append(groups, victims[lo:])
+	}
+	n := s.evictVictimsLocked(ctx, groups)
 	if n > 0 {
 		s.lg.Debug("evicted objects", "objects", n, "segments", len(targets))
 	}
 	return n
 }
 
+// candList is an append-only list of candidates in blocks (growing it
+// copies nothing).
+type candList struct {
+	blocks [][]evictCand
+	n      uint32
+}
+
+const candBlock = 4096
+
+func (l *candList) add(c evictCand) {
+	if l.n%candBlock == 0 {
+		l.blocks = append(l.blocks, make([]evictCand, 0, candBlock))
+	}
+	b := &l.blocks[len(l.blocks)-1]
+	*b = append(*b, c)
+	l.n++
+}
+
+func (l *candList) at(i uint32) *evictCand { return &l.blocks[i/candBlock][i%candBlock] }
+
+// evictRank is a candidate's place in the eviction order, which is what a
+// selection heap holds (24 bytes; the candidate is cands[idx]).
+type evictRank struct {
+	access int64
+	size   uint64
+	idx    uint32 // in scan order
+	pinned bool
+}
+
+// after reports whether a comes after b in eviction order: soft-pinned
+// after unpinned, then more recent access after less, then later in the
+// scan after earlier.
+func (a *evictRank) after(b *evictRank) bool {
+	if a.pinned != b.pinned {
+		return a.pinned
+	}
+	if a.access != b.access {
+		return a.access > b.access
+	}
+	return a.idx > b.idx
+}
+
+// evictHeap is one target's selection: the shortest eviction-order prefix
+// of the candidates offered so far whose sizes add up to need (all of them
+// while they add up to less), as a max-heap: the last of them in eviction
+// order is items[0].
+type evictHeap struct {
+	items []evictRank
+	bytes int64 // total size of items
+	need  int64 // > 0 for a heap in use
+}
+
+// offer adds r to the selection if it belongs to the prefix, and drops
+// whatever that makes unnecessary. It reports whether it took r.
+func (h *evictHeap) offer(r evictRank) bool {
+	if h.bytes >= h.need && r.after(&h.items[0]) {
+		return false // after every selected candidate, which suffice
+	}
+	h.items = append(h.items, r)
+	h.bytes += int64(r.size)
+	h.up(len(h.items) - 1)
+	// Drop the last one while the others still meet the need (need > 0,
+	// so one stays).
+	for h.bytes-int64(h.items[0].size) >= h.need {
+		h.bytes -= int64(h.items[0].size)
+		last := len(h.items) - 1
+		h.items[0] = h.items[last]
+		h.items = h.items[:last]
+		h.down(0)
+	}
+	return true
+}
+
+func (h *evictHeap) up(i int) {
+	x := h.items[i]
+	for i > 0 {
+		parent := (i - 1) / 2
+		if !x.after(&h.items[parent]) {
+			break
+		}
+		h.items[i] = h.items[parent]
+		i = parent
+	}
+	h.items[i] = x
+}
+
+func (h *evictHeap) down(i int) {
+	n := len(h.items)
+	if n == 0 {
+		return
+	}
+	x := h.items[i]
+	for {
+		child := 2*i + 1
+		if child >= n {
+			break
+		}
+		if r := child + 1; r < n && h.items[r].after(&h.items[child]) {
+			child = r
+		}
+		if !h.items[child].after(&x) {
+			break
+		}
+		h.items[i] = h.items[child]
+		i = child
+	}
+	h.items[i] = x
+}
+
 // evictVictims removes the chosen objects (serialised with other evictions).
 func (s *Store) evictVictims(ctx context.Context, victims []evictCand) int {
 	s.evictMu.Lock()
 	defer s.evictMu.Unlock()
-	return s.evictVictimsLocked(ctx, victims)
+	return s.evictVictimsLocked(ctx, groupByShard(victims, len(s.shards), func(c *evictCand) int { return int(c.shard) }))
 }
 
 // evictVictimsLocked removes each victim that is still evictable and
-// unchanged (same access clock), one lock per shard, and releases their
-// allocations. It returns how many it removed. evictMu must be held.
-func (s *Store) evictVictimsLocked(ctx context.Context, victims []evictCand) int {
+// unchanged (same access clock) and releases their allocations. Victims
+// come in runs of one shard each (one lock per run), removed in order. It
+// returns how many it removed. evictMu must be held.
+func (s *Store) evictVictimsLocked(ctx context.Context, runs [][]evictCand) int {
 	rel := &releases{}
 	n := 0
-	forShards(victims, func(c evictCand) int { return int(c.shard) }, func(sh int, group []evictCand) {
-		shd := &s.shards[sh]
+	for _, run := range runs {
+		shd := &s.shards[run[0].shard]
 		shd.mu.Lock()
 		m := s.begin(shd, rel)
-		for _, c := range group {
+		for _, c := range run {
 			o := shd.getLocked(c.tenant, c.key)
 			if o == nil {
 				continue
@@ -231,12 +406,47 @@ func (s *Store) evictVictimsLocked(ctx context.Context, victims []evictCand) int
 		}
 		m.commit()
 		shd.mu.Unlock()
-	})
+	}
 	s.evicted.Add(float64(n))
 	cctx, cancel := cleanupCtx(ctx)
 	defer cancel()
 	s.sendReleases(cctx, rel)
 	return n
+}
+
+// groupByShard returns xs in runs of one shard each, in shard order, each
+// run in the order of xs (a counting sort: one pass to count, one to
+// place). shardOf must be < shards.
+func groupByShard[T any](xs []T, shards int, shardOf func(*T) int) [][]T {
+	if len(xs) == 0 {
+		return nil
+	}
+	next := make([]int, shards+1) // start of each shard's run, then its end
+	for i := range xs {
+		next[shardOf(&xs[i])+1]++
+	}
+	groups := 0
+	for sh := 1; sh <= shards; sh++ {
+		if next[sh] > 0 {
+			groups++
+		}
+		next[sh] += next[sh-1]
+	}
+	out := make([]T, len(xs))
+	for i := range xs {
+		sh := shardOf(&xs[i])
+		out[next[sh]] = xs[i]
+		next[sh]++
+	}
+	runs := make([][]T, 0, groups)
+	lo := 0
+	for sh := range shards {
+		if hi := next[sh]; hi > lo {
+			runs = append(runs, out[lo:hi:hi])
+			lo = hi
+		}
+	}
+	return runs
 }
 
 // holeSlack is added to a wanted hole: the agent rounds extents up to its
