@@ -242,7 +242,7 @@ func runBench(ctx context.Context, mode string, conc int, d time.Duration, op fu
 				local = append(local, time.Since(t0))
 				if err != nil {
 					errs.Add(1)
-					msg := err.Error()
+					msg := firstOf(err)
 					firstErr.CompareAndSwap(nil, &msg)
 					continue
 				}
@@ -272,4 +272,16 @@ func runBench(ctx context.Context, mode string, conc int, d time.Duration, op fu
 		Mode:       mode, Concurrency: conc, Seconds: elapsed, Objects: objects.Load(), Errors: errs.Load(),
 		ObjectsPerS: float64(objects.Load()) / elapsed, P50Ms: pct(0.50), P90Ms: pct(0.90), P99Ms: pct(0.99), MaxMs: pct(1),
 	}
+}
+
+// firstOf describes a failed call by its first error: a batch call fails
+// with one joined error per failed item, and a whole batch of them is not
+// a readable report.
+func firstOf(err error) string {
+	j, ok := err.(interface{ Unwrap() []error })
+	if !ok || len(j.Unwrap()) < 2 {
+		return err.Error()
+	}
+	errs := j.Unwrap()
+	return fmt.Sprintf("%v (and %d more in that call)", errs[0], len(errs)-1)
 }
