@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -25,7 +26,12 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if master := os.Getenv(benchAgentEnv); master != "" {
+		os.Exit(benchAgentChild(master)) // the agent process of BenchmarkPutCycle
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // master is a minimal hand-written SegmentService: each Connect is handed
 // to the test as a conn it drives.

@@ -1,0 +1,485 @@
+package app
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/config"
+	"github.com/crescent-kv/crescent/pkg/obs"
+	"github.com/crescent-kv/crescent/pkg/rpccodec"
+	"github.com/crescent-kv/crescent/pkg/token"
+	"github.com/crescent-kv/crescent/pkg/xfer"
+	"google.golang.org/grpc"
+)
+
+// The put-cycle benchmark runs the agent in a child process (this test
+// binary, re-executed with benchAgentEnv set) so the agent's own CPU time
+// and allocations can be read exactly, apart from the fake master and the
+// client that drive it from the benchmark process.
+const (
+	// benchAgentEnv holds the fake master's address in the child.
+	benchAgentEnv = "CRESCENT_BENCH_AGENT_MASTER"
+	// benchMemoryEnv is the child's --memory in bytes.
+	benchMemoryEnv = "CRESCENT_BENCH_AGENT_MEMORY"
+	// benchProfileEnv, when set (in the benchmark's environment), makes
+	// the child write a CPU profile of the timed part of the last run to
+	// that path.
+	benchProfileEnv = "CRESCENT_BENCH_AGENT_CPUPROFILE"
+	// benchFillEnv overrides how many sealed 4 KiB objects the table holds
+	// before timing starts (default benchFill).
+	benchFillEnv = "CRESCENT_BENCH_FILL"
+)
+
+const (
+	benchBatch  = 128     // objects per Reserve / transfer / Seal
+	benchObject = 4 << 10 // bytes per object
+	benchWindow = 8       // batches each worker keeps live before releasing its oldest
+	benchFill   = 48 << 10
+	benchMemory = 256 << 20
+)
+
+// benchAgentChild runs an agent for the put-cycle benchmark until its stdin
+// ends. It answers "stat" lines on stdout with its CPU time (ns, user +
+// system), its heap allocation count and its GC count, and starts the CPU
+// profile named by benchProfileEnv on "profile".
+func benchAgentChild(master string) int {
+	cfg := DefaultConfig()
+	cfg.Master, cfg.GRPCAddr, cfg.AdminAddr, cfg.HostID = master, "127.0.0.1:0", "127.0.0.1:0", "bench"
+	cfg.Memory, cfg.MemorySegments = config.ByteSize(benchMemory), 1
+	if v, err := strconv.ParseUint(os.Getenv(benchMemoryEnv), 10, 64); err == nil && v > 0 {
+		cfg.Memory = config.ByteSize(v)
+	}
+	cfg.ShutdownGrace, cfg.ShutdownTimeout = 0, time.Second
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench agent:", err)
+		return 2
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- New(cfg, slog.New(slog.DiscardHandler), obs.NewRegistry()).Run(ctx) }()
+	var prof *os.File
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		switch sc.Text() {
+		case "stat":
+			var ru syscall.Rusage
+			_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			fmt.Printf("stat %d %d %d\n", ru.Utime.Nano()+ru.Stime.Nano(), ms.Mallocs, ms.NumGC)
+		case "profile":
+			if path := os.Getenv(benchProfileEnv); path != "" && prof == nil {
+				f, err := os.Create(path)
+				if err == nil {
+					if err = pprof.StartCPUProfile(f); err == nil {
+						prof = f
+					}
+				}
+				if err != nil {
+					fmt.Fprintln(os.Stderr, "bench agent: cpu profile:", err)
+				}
+			}
+			fmt.Println("ok")
+		}
+	}
+	if prof != nil {
+		pprof.StopCPUProfile()
+		_ = prof.Close()
+	}
+	cancel()
+	if err := <-done; err != nil {
+		fmt.Fprintln(os.Stderr, "bench agent:", err)
+		return 1
+	}
+	return 0
+}
+
+// benchMaster is a SegmentService for the benchmark: it hands over the
+// agent's session and routes the agent's answers to the waiting requests
+// by request id.
+type benchMaster struct {
+	masterv1.UnimplementedSegmentServiceServer
+	sessions chan *benchSession
+}
+
+type benchSession struct {
+	reg    *masterv1.Register
+	stream masterv1.SegmentService_ConnectServer
+	sendMu sync.Mutex
+	nextID atomic.Uint64
+
+	mu      sync.Mutex
+	waiting map[uint64]chan *masterv1.ConnectRequest
+}
+
+func (m *benchMaster) Connect(stream masterv1.SegmentService_ConnectServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	s := &benchSession{reg: first.GetRegister(), stream: stream, waiting: map[uint64]chan *masterv1.ConnectRequest{}}
+	select {
+	case m.sessions <- s:
+	case <-stream.Context().Done():
+		return nil
+	}
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		var id uint64
+		switch r := msg.GetMsg().(type) {
+		case *masterv1.ConnectRequest_ReserveResult:
+			id = r.ReserveResult.GetRequestId()
+		case *masterv1.ConnectRequest_SealResult:
+			id = r.SealResult.GetRequestId()
+		case *masterv1.ConnectRequest_ReleaseResult:
+			id = r.ReleaseResult.GetRequestId()
+		default:
+			continue
+		}
+		s.mu.Lock()
+		ch := s.waiting[id]
+		delete(s.waiting, id)
+		s.mu.Unlock()
+		if ch != nil {
+			ch <- msg
+		}
+	}
+}
+
+func (s *benchSession) send(msg *masterv1.ConnectResponse) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	return s.stream.Send(msg)
+}
+
+// call sends a command built for a fresh request id and waits for its
+// answer.
+func (s *benchSession) call(build func(id uint64) *masterv1.ConnectResponse) (*masterv1.ConnectRequest, error) {
+	id := s.nextID.Add(1)
+	ch := make(chan *masterv1.ConnectRequest, 1)
+	s.mu.Lock()
+	s.waiting[id] = ch
+	s.mu.Unlock()
+	if err := s.send(build(id)); err != nil {
+		return nil, err
+	}
+	select {
+	case msg := <-ch:
+		return msg, nil
+	case <-time.After(30 * time.Second):
+		return nil, fmt.Errorf("no answer to request %d", id)
+	}
+}
+
+// benchChild is the agent process.
+type benchChild struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Reader
+}
+
+type childStat struct{ cpuNs, mallocs, gcs uint64 }
+
+func (c *benchChild) command(line string) (string, error) {
+	if _, err := io.WriteString(c.in, line+"\n"); err != nil {
+		return "", err
+	}
+	s, err := c.out.ReadString('\n')
+	return strings.TrimSpace(s), err
+}
+
+func (c *benchChild) stat() (childStat, error) {
+	s, err := c.command("stat")
+	if err != nil {
+		return childStat{}, err
+	}
+	var st childStat
+	if _, err := fmt.Sscanf(s, "stat %d %d %d", &st.cpuNs, &st.mallocs, &st.gcs); err != nil {
+		return childStat{}, fmt.Errorf("agent stat %q: %w", s, err)
+	}
+	return st, nil
+}
+
+func (c *benchChild) stop() error {
+	_ = c.in.Close()
+	return c.cmd.Wait()
+}
+
+// BenchmarkPutCycle measures the agent's cost per object of the put cycle of
+// `crescentctl bench --mode put --size 4KiB --batch 128`: the master's
+// batched Reserve of 128 × 4 KiB over the Connect stream, the client's
+// transfer WRITE of the 128 objects (pkg/xfer over loopback TCP), and the
+// master's batched Seal (hash verification). Each worker keeps its last
+// benchWindow batches and releases the oldest one per cycle (a cache in
+// steady state), so the loop also pays one Release per object. Before timing,
+// the table is filled with benchFill sealed objects, as an agent serving a
+// cluster holds.
+//
+// The agent runs in a child process. agent-cpu-ns/obj is its CPU time (user
+// + system, getrusage) over the timed part divided by the objects put, and
+// agent-allocs/obj its heap allocations per object; ns/obj is the wall time.
+// Set CRESCENT_BENCH_AGENT_CPUPROFILE=path for a CPU profile of the agent.
+// -benchtime=Nx (N cycles) avoids setting the agent up again for every
+// b.N the framework tries.
+func BenchmarkPutCycle(b *testing.B) {
+	for _, conc := range []int{1, 4} {
+		b.Run("conc="+strconv.Itoa(conc), func(b *testing.B) { benchPutCycle(b, conc) })
+	}
+}
+
+func benchPutCycle(b *testing.B, conc int) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	m := &benchMaster{sessions: make(chan *benchSession, 1)}
+	gs := grpc.NewServer(rpccodec.ServerOption())
+	masterv1.RegisterSegmentServiceServer(gs, m)
+	go func() { _ = gs.Serve(lis) }()
+	defer gs.Stop()
+
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), benchAgentEnv+"="+lis.Addr().String())
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	child := &benchChild{cmd: cmd, in: in, out: bufio.NewReader(out)}
+	defer func() {
+		if err := child.stop(); err != nil {
+			b.Errorf("agent process: %v", err)
+		}
+	}()
+	var s *benchSession
+	select {
+	case s = <-m.sessions:
+	case <-time.After(60 * time.Second):
+		b.Fatal("the agent did not register")
+	}
+	seg := s.reg.GetSegments()[0].GetSegmentId()
+	endpoint := s.reg.GetTransferEndpoint()
+	if err := s.send(settingsMsg()); err != nil {
+		b.Fatal(err)
+	}
+	signer := token.NewSigner(key)
+	pool := xfer.NewPool(xfer.Config{})
+	defer pool.Close()
+	ctx := context.Background()
+
+	fill := benchFill
+	if v, err := strconv.Atoi(os.Getenv(benchFillEnv)); err == nil && v >= 0 {
+		fill = v
+	}
+	zeroSum := xxhash.Sum64(make([]byte, benchObject))
+	for n := 0; n < fill; n += benchBatch {
+		w := newBenchWorker(s, seg, "fill", min(benchBatch, fill-n))
+		ids, err := w.reserve()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i := range w.sums {
+			w.sums[i] = zeroSum // the pages were prefaulted with zeros
+		}
+		if err := w.seal(ids); err != nil {
+			b.Fatal(err)
+		}
+	}
+
+	workers := make([]*benchWorker, conc)
+	for i := range workers {
+		workers[i] = newBenchWorker(s, seg, "w"+strconv.Itoa(i), benchBatch)
+	}
+	cycle := func(w *benchWorker) error {
+		ids, err := w.reserve()
+		if err != nil {
+			return err
+		}
+		exp := time.Now().Add(time.Minute)
+		for i, id := range ids {
+			it := w.items[i]
+			it.AllocationId = id
+			it.Token = signer.Sign(token.Claims{Mode: token.Write, SegmentID: seg, AllocationID: id, Expiry: exp})
+		}
+		errs, err := pool.Write(ctx, endpoint, w.items, w.src)
+		if err != nil {
+			return err
+		}
+		for i, err := range errs {
+			if err != nil {
+				return fmt.Errorf("write item %d: %w", i, err)
+			}
+		}
+		if err := w.seal(ids); err != nil {
+			return err
+		}
+		w.live = append(w.live, ids)
+		if len(w.live) > benchWindow {
+			old := w.live[0]
+			w.live = w.live[1:]
+			return w.release(old)
+		}
+		return nil
+	}
+	// Warm up: connections, the agent's pools and buffers.
+	for _, w := range workers {
+		if err := cycle(w); err != nil {
+			b.Fatal(err)
+		}
+	}
+
+	if _, err := child.command("profile"); err != nil {
+		b.Fatal(err)
+	}
+	st0, err := child.stat()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errc := make(chan error, conc)
+	for _, w := range workers {
+		wg.Go(func() {
+			for next.Add(1) <= int64(b.N) {
+				if err := cycle(w); err != nil {
+					errc <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	st1, err := child.stat()
+	if err != nil {
+		b.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		b.Fatal(err)
+	default:
+	}
+	objs := float64(b.N) * benchBatch
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/objs, "ns/obj")
+	b.ReportMetric(float64(st1.cpuNs-st0.cpuNs)/objs, "agent-cpu-ns/obj")
+	b.ReportMetric(float64(st1.mallocs-st0.mallocs)/objs, "agent-allocs/obj")
+	b.ReportMetric(float64(st1.gcs-st0.gcs)*1e6/objs, "agent-gcs/Mobj")
+}
+
+// benchWorker is one client of the benchmark: its request messages, reused
+// from cycle to cycle, and its live batches.
+type benchWorker struct {
+	s       *benchSession
+	seg     string
+	reserve func() ([]uint64, error)
+	items   []*agentv1.TransferItem
+	src     [][]byte
+	sums    []uint64
+	live    [][]uint64
+}
+
+func newBenchWorker(s *benchSession, seg, name string, n int) *benchWorker {
+	w := &benchWorker{s: s, seg: seg, items: make([]*agentv1.TransferItem, n), src: make([][]byte, n), sums: make([]uint64, n)}
+	ritems := make([]*masterv1.ReserveItem, n)
+	for i := range n {
+		ritems[i] = &masterv1.ReserveItem{SegmentId: seg, Size: benchObject, Tenant: "bench", Key: fmt.Sprintf("bench/%s/object-%06d", name, i), ReplicaId: 1}
+		w.items[i] = &agentv1.TransferItem{SegmentId: seg}
+		w.src[i] = make([]byte, benchObject)
+		for j := range w.src[i] {
+			w.src[i][j] = byte(i*7 + j*13)
+		}
+		w.sums[i] = xxhash.Sum64(w.src[i])
+	}
+	w.reserve = func() ([]uint64, error) {
+		msg, err := s.call(func(id uint64) *masterv1.ConnectResponse {
+			return &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Reserve{Reserve: &masterv1.ReserveRequest{RequestId: id, Epoch: 1, Items: ritems}}}
+		})
+		if err != nil {
+			return nil, err
+		}
+		res := msg.GetReserveResult().GetItems()
+		if len(res) != n {
+			return nil, fmt.Errorf("reserve answered %d items of %d", len(res), n)
+		}
+		ids := make([]uint64, n)
+		for i, r := range res {
+			if r.GetStatus().GetCode() != 0 {
+				return nil, fmt.Errorf("reserve item %d: %v", i, r.GetStatus())
+			}
+			ids[i] = r.GetAllocationId()
+		}
+		return ids, nil
+	}
+	return w
+}
+
+func (w *benchWorker) seal(ids []uint64) error {
+	items := make([]*masterv1.SealItem, len(ids))
+	for i, id := range ids {
+		items[i] = &masterv1.SealItem{SegmentId: w.seg, AllocationId: id, Checksum: w.sums[i]}
+	}
+	msg, err := w.s.call(func(id uint64) *masterv1.ConnectResponse {
+		return &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Seal{Seal: &masterv1.SealRequest{RequestId: id, Epoch: 1, Items: items}}}
+	})
+	if err != nil {
+		return err
+	}
+	for i, st := range msg.GetSealResult().GetItems() {
+		if st.GetCode() != 0 {
+			return fmt.Errorf("seal item %d: %v", i, st)
+		}
+	}
+	return nil
+}
+
+func (w *benchWorker) release(ids []uint64) error {
+	refs := make([]*masterv1.AllocationRef, len(ids))
+	for i, id := range ids {
+		refs[i] = &masterv1.AllocationRef{SegmentId: w.seg, AllocationId: id}
+	}
+	msg, err := w.s.call(func(id uint64) *masterv1.ConnectResponse {
+		return &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Release{Release: &masterv1.ReleaseRequest{RequestId: id, Epoch: 1, Items: refs}}}
+	})
+	if err != nil {
+		return err
+	}
+	for i, st := range msg.GetReleaseResult().GetItems() {
+		if st.GetCode() != 0 {
+			return fmt.Errorf("release item %d: %v", i, st)
+		}
+	}
+	return nil
+}
