@@ -11,8 +11,10 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/rpccodec"
 	"github.com/crescent-kv/crescent/pkg/rpcerr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -47,6 +49,8 @@ type Master struct {
 	dropGen     uint64        // bumped with every drop
 	down        bool
 	ignoreEpoch bool
+	held        bool
+	heldAt      uint64 // while held, Watch sends nothing beyond this revision
 }
 
 // New returns an empty master at epoch.
@@ -63,7 +67,7 @@ func Serve(m *Master) (addr string, stop func(), err error) {
 	if err != nil {
 		return "", nil, err
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(rpccodec.ServerOption()) // the master's codec
 	masterv1.RegisterChangeServiceServer(gs, m)
 	done := make(chan struct{})
 	go func() {
@@ -74,10 +78,56 @@ func Serve(m *Master) (addr string, stop func(), err error) {
 }
 
 func (m *Master) appendLocked(ch *masterv1.Change) {
+	m.appendQuietLocked(ch)
+	m.wakeLocked()
+}
+
+func (m *Master) appendQuietLocked(ch *masterv1.Change) {
 	ch.Revision = m.base + uint64(len(m.log)) + 1
+	ch.TimestampUnixMs = time.Now().UnixMilli()
 	m.log = append(m.log, ch)
+}
+
+// wakeLocked tells waiting Watch streams that the log or the hold changed.
+func (m *Master) wakeLocked() {
 	close(m.changed)
 	m.changed = make(chan struct{})
+}
+
+// PutMany is Put for several keys of one tenant and medium, committed as
+// one batch (one wake-up of the Watch streams), as the master commits a
+// batch put.
+func (m *Master) PutMany(tenant string, keys []string, med masterv1.Medium, group string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, key := range keys {
+		k := Key{tenant, key, med}
+		if _, ok := m.set[k]; ok {
+			m.appendQuietLocked(&masterv1.Change{Type: masterv1.ChangeType_CHANGE_TYPE_REMOVED, Tenant: tenant, Key: key, Medium: med})
+		}
+		m.set[k] = group
+		m.appendQuietLocked(&masterv1.Change{Type: masterv1.ChangeType_CHANGE_TYPE_STORED, Tenant: tenant, Key: key, Medium: med, GroupId: group})
+	}
+	m.wakeLocked()
+}
+
+// Hold makes Watch streams stop at the current head: what is appended
+// while held is sent only after Release. Benchmarks build a backlog with
+// it, so that what they time is the stream and its follower.
+func (m *Master) Hold() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.held {
+		m.held, m.heldAt = true, m.base+uint64(len(m.log))
+	}
+}
+
+// Release ends a Hold.
+func (m *Master) Release() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.held = false
+	m.wakeLocked()
 }
 
 // Put makes (tenant, key) readable on medium. An existing object is
@@ -137,7 +187,7 @@ func (m *Master) Compact(keep int) {
 func (m *Master) Restart(epoch uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.epoch, m.base, m.log = epoch, 0, nil
+	m.epoch, m.base, m.log, m.held = epoch, 0, nil, false
 	m.dropGen++
 	close(m.drop)
 	m.drop = make(chan struct{})
@@ -235,8 +285,12 @@ func (m *Master) Watch(req *masterv1.WatchRequest, stream grpc.ServerStreamingSe
 			return rpcerr.Status(rpcerr.New(codes.OutOfRange, masterv1.ErrorReason_ERROR_REASON_REVISION_COMPACTED,
 				"revision %d compacted; oldest retained is %d", next, oldest))
 		}
+		visible := head
+		if m.held {
+			visible = max(min(m.heldAt, head), next)
+		}
 		var out []*masterv1.Change
-		for _, ch := range m.log[next-m.base:] {
+		for _, ch := range m.log[next-m.base : visible-m.base] {
 			if len(out) == m.MaxPerResponse {
 				break
 			}
