@@ -21,9 +21,10 @@ import (
 // new 4 KiB-object keys of one tenant (crescentctl bench --mode put), so
 // every change is a stored event and the announced set grows by b.N.
 //
-// The master's log is built with the timer stopped and held back from the
-// stream (fakemaster.Hold) in chunks of 64Ki changes; the timed part is
-// the master sending them and the gateway publishing them. The gateway and
+// The master's log is built with the timer stopped (fakemaster.Append, so
+// the fake keeps no readable set of its own) and held back from the stream
+// (fakemaster.Hold) in chunks of 64Ki changes; the timed part is the
+// master sending them and the gateway publishing them. The gateway and
 // the fake master share the process, so ns/event, cpu-ns/event (process
 // CPU time) and allocs/op include the master's send path, which is the
 // same before and after a gateway change. Use a fixed -benchtime (the set
@@ -70,7 +71,7 @@ func benchPipeline(b *testing.B, resp int, subscribe bool) {
 	}
 
 	const chunk, batch = 1 << 16, 128
-	keys := make([]string, 0, batch)
+	changes := make([]*masterv1.Change, 0, batch)
 	var cpu time.Duration
 	var published uint64
 	b.ReportAllocs()
@@ -80,11 +81,12 @@ func benchPipeline(b *testing.B, resp int, subscribe bool) {
 		n := min(chunk, b.N-i)
 		m.Hold()
 		for end := i + n; i < end; {
-			keys = keys[:0]
-			for ; i < end && len(keys) < batch; i++ {
-				keys = append(keys, fmt.Sprintf("bench/61f148/%08d", i))
+			changes = changes[:0]
+			for ; i < end && len(changes) < batch; i++ {
+				changes = append(changes, &masterv1.Change{Type: masterv1.ChangeType_CHANGE_TYPE_STORED,
+					Tenant: "default", Key: fmt.Sprintf("bench/61f148/%08d", i), Medium: masterv1.Medium_MEDIUM_MEMORY})
 			}
-			m.PutMany("default", keys, masterv1.Medium_MEDIUM_MEMORY, "")
+			m.Append(changes...)
 		}
 		m.Compact(n) // the gateway applied everything before this chunk
 		published += uint64(n)
