@@ -15,7 +15,6 @@
 package source
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -64,14 +63,6 @@ type Status struct {
 	Announced int
 }
 
-type objKey struct {
-	key    string
-	medium kvevent.Medium
-}
-
-// announcedSet is (tenant → (key, medium) → group).
-type announcedSet map[string]map[objKey]string
-
 // Source follows ChangeService. Run owns all mutable state; Status is safe
 // from any goroutine.
 type Source struct {
@@ -85,7 +76,7 @@ type Source struct {
 	watching                 atomic.Bool
 
 	// Owned by Run.
-	announced announcedSet
+	announced *announcedSet
 	rev, ep   uint64
 	synced    bool
 }
@@ -102,7 +93,7 @@ func New(cfg Config, client masterv1.ChangeServiceClient, sink Sink, lg *slog.Lo
 	if cfg.ResyncChunk <= 0 {
 		cfg.ResyncChunk = def.ResyncChunk
 	}
-	return &Source{cfg: cfg, client: client, sink: sink, lg: lg, announced: announcedSet{}}
+	return &Source{cfg: cfg, client: client, sink: sink, lg: lg, announced: newAnnouncedSet()}
 }
 
 // Status returns the current position.
@@ -230,26 +221,15 @@ func (s *Source) apply(ch *masterv1.Change) (kvevent.Event, bool) {
 	t := ch.GetTenant()
 	switch ch.GetType() {
 	case masterv1.ChangeType_CHANGE_TYPE_STORED:
-		k := objKey{ch.GetKey(), medium(ch.GetMedium())}
-		m := s.announced[t]
-		if m == nil {
-			m = map[objKey]string{}
-			s.announced[t] = m
-		}
-		m[k] = ch.GetGroupId()
-		return kvevent.Event{Type: kvevent.Stored, Tenant: t, Key: k.key, Medium: k.medium, GroupID: ch.GetGroupId()}, true
+		key, med, group := ch.GetKey(), medium(ch.GetMedium()), ch.GetGroupId()
+		s.announced.store(t, key, med, group)
+		return kvevent.Event{Type: kvevent.Stored, Tenant: t, Key: key, Medium: med, GroupID: group}, true
 	case masterv1.ChangeType_CHANGE_TYPE_REMOVED:
-		k := objKey{ch.GetKey(), medium(ch.GetMedium())}
-		group := s.announced[t][k]
-		if m := s.announced[t]; m != nil {
-			delete(m, k)
-			if len(m) == 0 {
-				delete(s.announced, t)
-			}
-		}
-		return kvevent.Event{Type: kvevent.Removed, Tenant: t, Key: k.key, Medium: k.medium, GroupID: group}, true
+		key, med := ch.GetKey(), medium(ch.GetMedium())
+		group := s.announced.remove(t, key, med)
+		return kvevent.Event{Type: kvevent.Removed, Tenant: t, Key: key, Medium: med, GroupID: group}, true
 	case masterv1.ChangeType_CHANGE_TYPE_CLEARED:
-		delete(s.announced, t)
+		s.announced.clear(t)
 		return kvevent.Event{Type: kvevent.Cleared, Tenant: t}, true
 	default:
 		s.lg.Warn("unknown change type skipped", "revision", ch.GetRevision(), "type", int32(ch.GetType()))
@@ -277,7 +257,7 @@ func (s *Source) resync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	next := announcedSet{}
+	next := newAnnouncedSet()
 	var rev, epoch uint64
 	for page := 0; ; page++ {
 		resp, err := stream.Recv()
@@ -293,12 +273,7 @@ func (s *Source) resync(ctx context.Context) error {
 			return fmt.Errorf("snapshot page %d at revision %d epoch %d, first page at %d/%d", page, resp.GetRevision(), resp.GetEpoch(), rev, epoch)
 		}
 		for _, e := range resp.GetEntries() {
-			m := next[e.GetTenant()]
-			if m == nil {
-				m = map[objKey]string{}
-				next[e.GetTenant()] = m
-			}
-			m[objKey{e.GetKey(), medium(e.GetMedium())}] = e.GetGroupId()
+			next.store(e.GetTenant(), e.GetKey(), medium(e.GetMedium()), e.GetGroupId())
 		}
 		if resp.GetLast() {
 			break
@@ -325,40 +300,4 @@ func (s *Source) resync(ctx context.Context) error {
 	s.resyncs.Add(1)
 	s.announcedN.Store(int64(next.size()))
 	return nil
-}
-
-// diffSets returns removed events for what old has and next lacks, then
-// stored events for what next has new or with another group, each sorted.
-func diffSets(old, next announcedSet) []kvevent.Event {
-	var removed, stored []kvevent.Event
-	for t, m := range old {
-		nm := next[t]
-		for k, g := range m {
-			if _, ok := nm[k]; !ok {
-				removed = append(removed, kvevent.Event{Type: kvevent.Removed, Tenant: t, Key: k.key, Medium: k.medium, GroupID: g})
-			}
-		}
-	}
-	for t, nm := range next {
-		m := old[t]
-		for k, g := range nm {
-			if og, ok := m[k]; !ok || og != g {
-				stored = append(stored, kvevent.Event{Type: kvevent.Stored, Tenant: t, Key: k.key, Medium: k.medium, GroupID: g})
-			}
-		}
-	}
-	byKey := func(a, b kvevent.Event) int {
-		return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.Key, b.Key), cmp.Compare(a.Medium, b.Medium))
-	}
-	slices.SortFunc(removed, byKey)
-	slices.SortFunc(stored, byKey)
-	return append(removed, stored...)
-}
-
-func (a announcedSet) size() int {
-	n := 0
-	for _, m := range a {
-		n += len(m)
-	}
-	return n
 }

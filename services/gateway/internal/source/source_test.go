@@ -212,13 +212,10 @@ func TestResumeAfterStreamDrops(t *testing.T) {
 
 // diffSince returns the events that turn set a into set b, as the source must publish them.
 func diffOf(a, b map[fakemaster.Key]string) []kvevent.Event {
-	conv := func(s map[fakemaster.Key]string) announcedSet {
-		out := announcedSet{}
+	conv := func(s map[fakemaster.Key]string) *announcedSet {
+		out := newAnnouncedSet()
 		for k, g := range s {
-			if out[k.Tenant] == nil {
-				out[k.Tenant] = map[objKey]string{}
-			}
-			out[k.Tenant][objKey{k.Key, medium(k.Medium)}] = g
+			out.store(k.Tenant, k.Key, medium(k.Medium), g)
 		}
 		return out
 	}
