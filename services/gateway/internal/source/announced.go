@@ -4,12 +4,15 @@ import (
 	"cmp"
 	"hash/maphash"
 	"slices"
+	"strings"
 
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 )
 
 // announcedSet is what the source has announced to subscribers: tenant →
-// (key, medium) → group. Owned by one goroutine.
+// (key, medium) → group. Owned by one goroutine. It keeps its own copies
+// of the strings it is given: a decoded watch response's strings share one
+// buffer (watchCodec), which a kept string would hold alive.
 //
 // Each tenant holds one table per wire medium (objects), keyed by a 64-bit
 // hash of the object key. Changes arrive in long runs of one tenant, so
@@ -21,6 +24,8 @@ type announcedSet struct {
 
 	lastName string
 	last     *tenantSet // tenants[lastName], or nil
+
+	lastGroup string // the last group stored: groups repeat
 }
 
 // tenantSet is one tenant's objects: byMedium[m-1] for m = MediumCPU, MediumDisk.
@@ -61,27 +66,33 @@ func (o *objects) get(h uint64, key string) (string, bool) {
 	return "", false
 }
 
-// set maps key (of hash h) to group and reports whether key is new.
+// set maps key (of hash h) to group and reports whether key is new. It
+// keeps a copy of key, not key.
 func (o *objects) set(h uint64, key, group string) bool {
 	if o.byHash == nil {
 		o.byHash = map[uint64]object{}
 	}
 	if len(o.overflow) > 0 {
 		if _, ok := o.overflow[key]; ok {
-			o.overflow[key] = group
+			o.overflow[strings.Clone(key)] = group // an assignment replaces the map's key too
 			return false
 		}
 	}
 	ob, ok := o.byHash[h]
-	if ok && ob.key != key {
+	switch {
+	case !ok:
+		o.byHash[h] = object{strings.Clone(key), group}
+		return true
+	case ob.key == key:
+		o.byHash[h] = object{ob.key, group}
+		return false
+	default:
 		if o.overflow == nil {
 			o.overflow = map[string]string{}
 		}
-		o.overflow[key] = group
+		o.overflow[strings.Clone(key)] = group
 		return true
 	}
-	o.byHash[h] = object{key, group}
-	return !ok
 }
 
 // del removes key (of hash h) and returns its group.
@@ -135,6 +146,7 @@ func (a *announcedSet) tenant(t string, create bool) *tenantSet {
 		if !create {
 			return nil
 		}
+		t = strings.Clone(t)
 		ts = &tenantSet{}
 		a.tenants[t] = ts
 	}
@@ -144,6 +156,10 @@ func (a *announcedSet) tenant(t string, create bool) *tenantSet {
 
 // store announces (t, key, m) in group.
 func (a *announcedSet) store(t, key string, m kvevent.Medium, group string) {
+	if group != a.lastGroup {
+		a.lastGroup = strings.Clone(group)
+	}
+	group = a.lastGroup
 	if a.tenant(t, true).byMedium[mediumIndex(m)].set(hashKey(key), key, group) {
 		a.n++
 	}

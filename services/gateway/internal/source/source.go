@@ -28,6 +28,7 @@ import (
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"github.com/crescent-kv/crescent/pkg/retry"
 	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"google.golang.org/grpc"
 )
 
 // Sink receives events: Enqueue for the live stream (never blocks),
@@ -76,6 +77,8 @@ type Source struct {
 	watching                 atomic.Bool
 
 	// Owned by Run.
+	codec     watchCodec
+	resp      *masterv1.WatchResponse // reused by every Watch receive
 	announced *announcedSet
 	rev, ep   uint64
 	synced    bool
@@ -93,7 +96,7 @@ func New(cfg Config, client masterv1.ChangeServiceClient, sink Sink, lg *slog.Lo
 	if cfg.ResyncChunk <= 0 {
 		cfg.ResyncChunk = def.ResyncChunk
 	}
-	return &Source{cfg: cfg, client: client, sink: sink, lg: lg, announced: newAnnouncedSet()}
+	return &Source{cfg: cfg, client: client, sink: sink, lg: lg, codec: newWatchCodec(), resp: &masterv1.WatchResponse{}, announced: newAnnouncedSet()}
 }
 
 // Status returns the current position.
@@ -168,14 +171,16 @@ func needsResync(err error) bool {
 func (s *Source) watch(ctx context.Context) (healthy bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := s.client.Watch(ctx, &masterv1.WatchRequest{FromRevision: s.rev, Epoch: s.ep})
+	stream, err := s.client.Watch(ctx, &masterv1.WatchRequest{FromRevision: s.rev, Epoch: s.ep}, grpc.ForceCodecV2(s.codec))
 	if err != nil {
 		return false, err
 	}
 	var evs []kvevent.Event
+	resp := s.resp
 	for {
-		resp, err := stream.Recv()
-		if err != nil {
+		// Into the same response every time: watchCodec reuses its
+		// changes, which the previous iteration is done with.
+		if err := stream.RecvMsg(resp); err != nil {
 			if errors.Is(err, io.EOF) {
 				err = errors.New("master closed the change stream")
 			}
