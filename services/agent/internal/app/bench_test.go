@@ -44,6 +44,9 @@ const (
 	// the child write a CPU profile of the timed part of the last run to
 	// that path.
 	benchProfileEnv = "CRESCENT_BENCH_AGENT_CPUPROFILE"
+	// benchMemProfileEnv, likewise, names an allocation profile (every
+	// allocation of the timed parts of the child's runs).
+	benchMemProfileEnv = "CRESCENT_BENCH_AGENT_MEMPROFILE"
 	// benchFillEnv overrides how many sealed 4 KiB objects the table holds
 	// before timing starts (default benchFill).
 	benchFillEnv = "CRESCENT_BENCH_FILL"
@@ -62,6 +65,10 @@ const (
 // system), its heap allocation count and its GC count, and starts the CPU
 // profile named by benchProfileEnv on "profile".
 func benchAgentChild(master string) int {
+	memProf := os.Getenv(benchMemProfileEnv)
+	if memProf != "" {
+		runtime.MemProfileRate = 0 // set on "profile": the timed part only
+	}
 	cfg := DefaultConfig()
 	cfg.Master, cfg.GRPCAddr, cfg.AdminAddr, cfg.HostID = master, "127.0.0.1:0", "127.0.0.1:0", "bench"
 	cfg.Memory, cfg.MemorySegments = config.ByteSize(benchMemory), 1
@@ -87,6 +94,9 @@ func benchAgentChild(master string) int {
 			runtime.ReadMemStats(&ms)
 			fmt.Printf("stat %d %d %d\n", ru.Utime.Nano()+ru.Stime.Nano(), ms.Mallocs, ms.NumGC)
 		case "profile":
+			if memProf != "" {
+				runtime.MemProfileRate = 1
+			}
 			if path := os.Getenv(benchProfileEnv); path != "" && prof == nil {
 				f, err := os.Create(path)
 				if err == nil {
@@ -104,6 +114,13 @@ func benchAgentChild(master string) int {
 	if prof != nil {
 		pprof.StopCPUProfile()
 		_ = prof.Close()
+	}
+	if memProf != "" {
+		runtime.MemProfileRate = 0
+		if f, err := os.Create(memProf); err == nil {
+			_ = pprof.Lookup("allocs").WriteTo(f, 0)
+			_ = f.Close()
+		}
 	}
 	cancel()
 	if err := <-done; err != nil {
@@ -243,7 +260,8 @@ func (c *benchChild) stop() error {
 // The agent runs in a child process. agent-cpu-ns/obj is its CPU time (user
 // + system, getrusage) over the timed part divided by the objects put, and
 // agent-allocs/obj its heap allocations per object; ns/obj is the wall time.
-// Set CRESCENT_BENCH_AGENT_CPUPROFILE=path for a CPU profile of the agent.
+// Set CRESCENT_BENCH_AGENT_CPUPROFILE=path for a CPU profile of the agent,
+// CRESCENT_BENCH_AGENT_MEMPROFILE=path for its allocations (which slows it).
 // -benchtime=Nx (N cycles) avoids setting the agent up again for every
 // b.N the framework tries.
 func BenchmarkPutCycle(b *testing.B) {
