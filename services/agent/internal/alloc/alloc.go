@@ -6,7 +6,9 @@
 // free extents sit in segregated lists indexed by a first level (power of two)
 // and a second level (32 linear sub-classes of that power), with a bitmap per
 // level, so finding a fitting free extent is two find-first-set operations and
-// Allocate and Free are O(1) apart from the map lookup by offset. Every extent,
+// Allocate and Free are O(1): an Extent carries the index of its block, so
+// Free finds it without a lookup (an offset-keyed map was about 5 % of the
+// agent's CPU on a put of 4 KiB objects, its misses included). Every extent,
 // free or used, is linked to its physical neighbours, so Free coalesces with
 // free neighbours at once and fragmentation stays bounded: two free extents
 // are never adjacent. Allocate rounds the request up to the next sub-class
@@ -52,9 +54,12 @@ const (
 )
 
 // Extent is an allocated range in bytes. Size is a multiple of the alignment.
+// An Extent returned by Allocate or Restore also names its block inside the
+// allocator, which Free uses; an Extent built by hand only describes a range.
 type Extent struct {
 	Offset uint64
 	Size   uint64
+	block  int32
 }
 
 // Stats is the allocator's exact accounting, in bytes.
@@ -89,9 +94,8 @@ type Allocator struct {
 	slBitmap [flCount]uint32
 	heads    [flCount][slCount]int32
 
-	blocks    []block
-	spare     []int32          // recycled indices into blocks
-	allocated map[uint64]int32 // offset (units) of an allocated extent → block
+	blocks []block
+	spare  []int32 // recycled indices into blocks
 }
 
 // maxPresize bounds the blocks New sizes its tables for (about 16 MiB).
@@ -108,12 +112,11 @@ func New(capacity, align uint64) (*Allocator, error) {
 	if a.capUnits == 0 {
 		return nil, fmt.Errorf("alloc: capacity %d is smaller than the alignment %d", capacity, align)
 	}
-	// Size the block table and the allocation index for a segment full of
-	// smallest extents (bounded): growing them under load copied and
-	// faulted in ever larger tables on the put path of a fresh agent.
+	// Size the block table for a segment full of smallest extents
+	// (bounded): growing it under load copied and faulted in ever larger
+	// tables on the put path of a fresh agent.
 	hint := int(min(a.capUnits+1, maxPresize))
 	a.blocks = make([]block, 0, hint)
-	a.allocated = make(map[uint64]int32, hint)
 	a.reset()
 	return a, nil
 }
@@ -128,7 +131,6 @@ func (a *Allocator) reset() {
 	a.slBitmap = [flCount]uint32{}
 	a.blocks = a.blocks[:0]
 	a.spare = a.spare[:0]
-	clear(a.allocated)
 	a.used, a.nAlloc = 0, 0
 	idx := a.newBlock(block{off: 0, size: a.capUnits, prevPhys: none, nextPhys: none})
 	a.insertFree(idx)
@@ -177,23 +179,26 @@ func (a *Allocator) Allocate(size uint64) (Extent, error) {
 	}
 	b := &a.blocks[idx]
 	b.free = false
-	a.allocated[b.off] = idx
 	a.used += b.size
 	a.nAlloc++
-	return Extent{Offset: b.off << a.shift, Size: b.size << a.shift}, nil
+	return Extent{Offset: b.off << a.shift, Size: b.size << a.shift, block: idx}, nil
 }
 
-// Free returns the extent starting at offset.
-func (a *Allocator) Free(offset uint64) error {
-	if offset&((1<<a.shift)-1) != 0 {
+// Free returns an extent as Allocate or Restore returned it. An extent that
+// is not allocated (freed already, or built by hand) is refused with
+// ErrNotAllocated, unless its block was reused since for an allocation of
+// the very same range: freeing twice is the caller's bug, as it was when
+// extents were looked up by offset.
+func (a *Allocator) Free(e Extent) error {
+	idx := e.block
+	if idx < 0 || int(idx) >= len(a.blocks) {
 		return ErrNotAllocated
 	}
-	idx, ok := a.allocated[offset>>a.shift]
-	if !ok {
-		return ErrNotAllocated
-	}
-	delete(a.allocated, offset>>a.shift)
 	b := &a.blocks[idx]
+	// Spare (recycled) blocks are marked free, so they fail here too.
+	if b.free || b.off<<a.shift != e.Offset || b.size<<a.shift != e.Size {
+		return ErrNotAllocated
+	}
 	b.free = true
 	a.used -= b.size
 	a.nAlloc--
@@ -212,32 +217,37 @@ func (a *Allocator) Free(offset uint64) error {
 // Restore rebuilds the allocator from a set of allocated extents (a persisted
 // allocation table). It replaces any current state. Extents must be aligned,
 // inside the capacity and pairwise disjoint; sizes are rounded up to the
-// alignment.
-func (a *Allocator) Restore(exts []Extent) error {
-	sorted := slices.Clone(exts)
-	slices.SortFunc(sorted, func(x, y Extent) int {
+// alignment. It returns the allocated extents in exts order, for Free.
+func (a *Allocator) Restore(exts []Extent) ([]Extent, error) {
+	order := make([]int, len(exts))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(x, y int) int {
 		switch {
-		case x.Offset < y.Offset:
+		case exts[x].Offset < exts[y].Offset:
 			return -1
-		case x.Offset > y.Offset:
+		case exts[x].Offset > exts[y].Offset:
 			return 1
 		}
 		return 0
 	})
 	var end uint64
-	for _, e := range sorted {
+	for _, i := range order {
+		e := exts[i]
 		if e.Size == 0 || e.Offset&((1<<a.shift)-1) != 0 || e.Offset < end {
-			return fmt.Errorf("%w: offset %d size %d", ErrOverlap, e.Offset, e.Size)
+			return nil, fmt.Errorf("%w: offset %d size %d", ErrOverlap, e.Offset, e.Size)
 		}
 		u := a.units(e.Size)
 		if e.Offset>>a.shift > a.capUnits || u > a.capUnits-(e.Offset>>a.shift) {
-			return fmt.Errorf("%w: offset %d size %d", ErrOverlap, e.Offset, e.Size)
+			return nil, fmt.Errorf("%w: offset %d size %d", ErrOverlap, e.Offset, e.Size)
 		}
 		end = (e.Offset>>a.shift + u) << a.shift
 	}
 	a.reset()
-	if len(sorted) == 0 {
-		return nil
+	out := make([]Extent, len(exts))
+	if len(exts) == 0 {
+		return out, nil
 	}
 	// Rebuild the physical chain from scratch.
 	a.blocks = a.blocks[:0]
@@ -259,13 +269,13 @@ func (a *Allocator) Restore(exts []Extent) error {
 		prev = idx
 		return idx
 	}
-	for _, e := range sorted {
-		off, u := e.Offset>>a.shift, a.units(e.Size)
+	for _, i := range order {
+		off, u := exts[i].Offset>>a.shift, a.units(exts[i].Size)
 		if off > cur {
 			a.insertFree(link(block{off: cur, size: off - cur}))
 		}
 		idx := link(block{off: off, size: u})
-		a.allocated[off] = idx
+		out[i] = Extent{Offset: off << a.shift, Size: u << a.shift, block: idx}
 		a.used += u
 		a.nAlloc++
 		cur = off + u
@@ -273,7 +283,7 @@ func (a *Allocator) Restore(exts []Extent) error {
 	if cur < a.capUnits {
 		a.insertFree(link(block{off: cur, size: a.capUnits - cur}))
 	}
-	return nil
+	return out, nil
 }
 
 // Stats returns the exact accounting. LargestFree walks one size class.
@@ -323,6 +333,9 @@ func (a *Allocator) merge(l, r int32) int32 {
 		a.blocks[rb.nextPhys].prevPhys = l
 	}
 	lb.free = true
+	// A recycled block must never pass Free's check: size 0 matches no
+	// extent.
+	rb.free, rb.size = true, 0
 	a.spare = append(a.spare, r)
 	return l
 }
@@ -456,9 +469,6 @@ func (a *Allocator) check() error {
 		} else {
 			nAlloc++
 			used += b.size
-			if got, ok := a.allocated[b.off]; !ok || got != i {
-				return fmt.Errorf("allocated block %d at %d not in the offset map", i, b.off)
-			}
 		}
 		prevFree = b.free
 		cur += b.size
@@ -470,8 +480,8 @@ func (a *Allocator) check() error {
 	if cur != a.capUnits {
 		return fmt.Errorf("chain covers %d units, capacity %d", cur, a.capUnits)
 	}
-	if used != a.used || nAlloc != a.nAlloc || nAlloc != len(a.allocated) {
-		return fmt.Errorf("used %d/%d allocs %d/%d/%d disagree", used, a.used, nAlloc, a.nAlloc, len(a.allocated))
+	if used != a.used || nAlloc != a.nAlloc {
+		return fmt.Errorf("used %d/%d allocs %d/%d disagree", used, a.used, nAlloc, a.nAlloc)
 	}
 	// Free lists: every free block exactly once, in its class; bitmaps match.
 	seen := 0

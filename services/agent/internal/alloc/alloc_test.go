@@ -90,17 +90,54 @@ func TestAllocateErrors(t *testing.T) {
 	if _, err := a.Allocate(64); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("Allocate on full err = %v, want ErrNoSpace", err)
 	}
-	if err := a.Free(e.Offset + 64); !errors.Is(err, ErrNotAllocated) {
-		t.Fatalf("Free(inside) err = %v, want ErrNotAllocated", err)
+	for name, bad := range map[string]Extent{
+		"inside":    {Offset: e.Offset + 64, Size: e.Size - 64, block: e.block},
+		"unaligned": {Offset: 3, Size: e.Size, block: e.block},
+		"shorter":   {Offset: e.Offset, Size: 64, block: e.block},
+		"by hand":   {Offset: e.Offset, Size: e.Size, block: 7},
+		"negative":  {Offset: e.Offset, Size: e.Size, block: -1},
+	} {
+		if err := a.Free(bad); !errors.Is(err, ErrNotAllocated) {
+			t.Fatalf("Free(%s %+v) err = %v, want ErrNotAllocated", name, bad, err)
+		}
 	}
-	if err := a.Free(3); !errors.Is(err, ErrNotAllocated) {
-		t.Fatalf("Free(unaligned) err = %v, want ErrNotAllocated", err)
-	}
-	if err := a.Free(e.Offset); err != nil {
+	if err := a.Free(e); err != nil {
 		t.Fatalf("Free: %v", err)
 	}
-	if err := a.Free(e.Offset); !errors.Is(err, ErrNotAllocated) {
+	if err := a.Free(e); !errors.Is(err, ErrNotAllocated) {
 		t.Fatalf("double Free err = %v, want ErrNotAllocated", err)
+	}
+}
+
+// TestDoubleFreeAfterMerge frees an extent whose block was then merged
+// into a neighbour and recycled: the stale extent must be refused.
+func TestDoubleFreeAfterMerge(t *testing.T) {
+	a := mustNew(t, 64*4, 64)
+	var exts []Extent
+	for range 4 {
+		e, err := a.Allocate(64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		exts = append(exts, e)
+	}
+	// exts[2] is freed alone, then exts[1] merges it (it is the right
+	// neighbour and goes to the spare list).
+	for _, i := range []int{2, 1} {
+		if err := a.Free(exts[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, i := range []int{2, 1} {
+		if err := a.Free(exts[i]); !errors.Is(err, ErrNotAllocated) {
+			t.Fatalf("second Free(%+v) err = %v, want ErrNotAllocated", exts[i], err)
+		}
+		if err := a.check(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := a.Stats(); st.Allocations != 2 || st.Used != 128 {
+		t.Fatalf("Stats = %+v, want the two other extents", st)
 	}
 }
 
@@ -116,7 +153,7 @@ func TestFreeCoalesces(t *testing.T) {
 	}
 	// Free every other extent: largest free stays one unit.
 	for i := 0; i < 10; i += 2 {
-		if err := a.Free(exts[i].Offset); err != nil {
+		if err := a.Free(exts[i]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -125,7 +162,7 @@ func TestFreeCoalesces(t *testing.T) {
 	}
 	// Freeing the rest coalesces into one extent of the whole capacity.
 	for i := 1; i < 10; i += 2 {
-		if err := a.Free(exts[i].Offset); err != nil {
+		if err := a.Free(exts[i]); err != nil {
 			t.Fatal(err)
 		}
 		if err := a.check(); err != nil {
@@ -154,8 +191,12 @@ func TestGoodFitNeverFails(t *testing.T) {
 func TestRestore(t *testing.T) {
 	a := mustNew(t, 1<<16, 64)
 	in := []Extent{{Offset: 4096, Size: 100}, {Offset: 0, Size: 64}, {Offset: 59968, Size: 5568}}
-	if err := a.Restore(in); err != nil {
+	got, err := a.Restore(in)
+	if err != nil {
 		t.Fatalf("Restore: %v", err)
+	}
+	if len(got) != len(in) || got[0].Offset != 4096 || got[0].Size != 128 || got[1].Offset != 0 || got[1].Size != 64 || got[2].Size != 5568 {
+		t.Fatalf("Restore = %+v, want the extents of %+v in order, sizes rounded", got, in)
 	}
 	if err := a.check(); err != nil {
 		t.Fatal(err)
@@ -163,9 +204,9 @@ func TestRestore(t *testing.T) {
 	if st := a.Stats(); st.Used != 64+128+5568 || st.Allocations != 3 {
 		t.Fatalf("Stats after Restore = %+v", st)
 	}
-	for _, e := range in {
-		if err := a.Free(e.Offset); err != nil {
-			t.Fatalf("Free(%d) after Restore: %v", e.Offset, err)
+	for _, e := range got {
+		if err := a.Free(e); err != nil {
+			t.Fatalf("Free(%+v) after Restore: %v", e, err)
 		}
 	}
 	if st := a.Stats(); st.Used != 0 || st.LargestFree != 1<<16 {
@@ -180,7 +221,7 @@ func TestRestore(t *testing.T) {
 		{{Offset: 0, Size: 0}},
 	}
 	for _, exts := range bad {
-		if err := a.Restore(exts); !errors.Is(err, ErrOverlap) {
+		if _, err := a.Restore(exts); !errors.Is(err, ErrOverlap) {
 			t.Fatalf("Restore(%v) err = %v, want ErrOverlap", exts, err)
 		}
 	}
@@ -208,10 +249,22 @@ func TestPropertyNeverOverlapNeverLeak(t *testing.T) {
 			t.Fatal(err)
 		}
 		m := model{}
+		exts := map[uint64]Extent{} // live extents by offset
+		var freed []Extent          // extents freed already
 		var used uint64
 		ops := rapid.IntRange(1, 300).Draw(t, "ops")
 		for range ops {
-			if len(m) == 0 || rapid.Bool().Draw(t, "alloc") {
+			if len(freed) > 0 && rapid.IntRange(0, 9).Draw(t, "refree") == 0 {
+				// Freeing a freed extent again is refused, unless its
+				// block now holds a live allocation of the same range.
+				stale := rapid.SampledFrom(freed).Draw(t, "stale")
+				if live, ok := exts[stale.Offset]; ok && live == stale {
+					continue
+				}
+				if err := a.Free(stale); !errors.Is(err, ErrNotAllocated) {
+					t.Fatalf("Free of freed %+v err = %v, want ErrNotAllocated", stale, err)
+				}
+			} else if len(m) == 0 || rapid.Bool().Draw(t, "alloc") {
 				size := rapid.Uint64Range(1, capacity/4+1).Draw(t, "size")
 				e, err := a.Allocate(size)
 				if err != nil {
@@ -231,6 +284,7 @@ func TestPropertyNeverOverlapNeverLeak(t *testing.T) {
 					t.Fatalf("Allocate(%d) = %+v overlaps a live extent", size, e)
 				}
 				m[e.Offset] = e.Size
+				exts[e.Offset] = e
 				used += e.Size
 			} else {
 				offs := make([]uint64, 0, len(m))
@@ -239,11 +293,13 @@ func TestPropertyNeverOverlapNeverLeak(t *testing.T) {
 				}
 				slices.Sort(offs)
 				off := rapid.SampledFrom(offs).Draw(t, "free")
-				if err := a.Free(off); err != nil {
+				if err := a.Free(exts[off]); err != nil {
 					t.Fatalf("Free(%d): %v", off, err)
 				}
 				used -= m[off]
+				freed = append(freed, exts[off])
 				delete(m, off)
+				delete(exts, off)
 			}
 			if err := a.check(); err != nil {
 				t.Fatal(err)
@@ -254,7 +310,7 @@ func TestPropertyNeverOverlapNeverLeak(t *testing.T) {
 			}
 		}
 		for off := range m {
-			if err := a.Free(off); err != nil {
+			if err := a.Free(exts[off]); err != nil {
 				t.Fatalf("final Free(%d): %v", off, err)
 			}
 		}
@@ -271,25 +327,25 @@ func FuzzAllocator(f *testing.F) {
 	f.Add([]byte{0, 255, 0, 255, 0, 255, 0, 255, 1, 2, 1, 0})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		a := mustNew(t, 64*1024, 64)
-		var live []uint64
+		var live []Extent
 		for i := 0; i+1 < len(ops); i += 2 {
 			kind, arg := ops[i], uint64(ops[i+1])
 			switch {
 			case kind%3 != 2:
 				e, err := a.Allocate(arg*97 + 1)
 				if err == nil {
-					live = append(live, e.Offset)
+					live = append(live, e)
 				} else if !errors.Is(err, ErrNoSpace) {
 					t.Fatalf("Allocate: %v", err)
 				}
 			case len(live) > 0:
 				j := int(arg) % len(live)
 				if err := a.Free(live[j]); err != nil {
-					t.Fatalf("Free(%d): %v", live[j], err)
+					t.Fatalf("Free(%+v): %v", live[j], err)
 				}
 				live = slices.Delete(live, j, j+1)
 			default:
-				if err := a.Free(arg * 64); !errors.Is(err, ErrNotAllocated) {
+				if err := a.Free(Extent{Offset: arg * 64, Size: 64}); !errors.Is(err, ErrNotAllocated) {
 					t.Fatalf("Free of nothing err = %v", err)
 				}
 			}
@@ -316,13 +372,13 @@ func BenchmarkAllocFree(b *testing.B) {
 				}
 				return 1 + r.Uint64N(256<<10)
 			}
-			var live []uint64
+			var live []Extent
 			for a.Stats().Used < 2<<30 {
 				e, err := a.Allocate(sizeOf())
 				if err != nil {
 					b.Fatal(err)
 				}
-				live = append(live, e.Offset)
+				live = append(live, e)
 			}
 			// Free a random third to fragment.
 			for i := 0; i < len(live); i += 3 {
@@ -341,7 +397,7 @@ func BenchmarkAllocFree(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if err := a.Free(e.Offset); err != nil {
+				if err := a.Free(e); err != nil {
 					b.Fatal(err)
 				}
 			}

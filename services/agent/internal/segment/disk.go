@@ -1,11 +1,14 @@
 package segment
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
@@ -101,12 +104,14 @@ func OpenDisk(dir string, size uint64) (*Segment, Recovery, error) {
 	recs, valid := decodeRecords(raw[headerLen:])
 	rec := Recovery{Existing: true, TruncatedBytes: len(raw) - headerLen - valid}
 	live, limit := replay(recs)
-	exts := make([]alloc.Extent, 0, len(live))
-	for _, e := range live {
-		e.extent = a.ExtentSize(max(e.size, 1))
-		exts = append(exts, alloc.Extent{Offset: e.offset, Size: e.extent})
+	// In id order, so the table's ring takes the recent ids (table.put).
+	entries := slices.SortedFunc(maps.Values(live), func(x, y *entry) int { return cmp.Compare(x.id, y.id) })
+	exts := make([]alloc.Extent, len(entries))
+	for i, e := range entries {
+		exts[i] = alloc.Extent{Offset: e.offset, Size: a.ExtentSize(max(e.size, 1))}
 	}
-	if err := a.Restore(exts); err != nil {
+	exts, err = a.Restore(exts)
+	if err != nil {
 		return nil, Recovery{}, fmt.Errorf("disk segment %s: journal describes impossible extents: %w", dir, err)
 	}
 	df, err := os.OpenFile(filepath.Join(dir, dataName), os.O_RDWR, 0)
@@ -133,8 +138,9 @@ func OpenDisk(dir string, size uint64) (*Segment, Recovery, error) {
 	s := newSegment(hdr.id.String(), dir, masterv1.Medium_MEDIUM_DISK, &disk{f: df}, a)
 	s.jrn = &journal{dir: dir, hdr: hdr, path: jpath, f: jf, records: len(recs), idLimit: limit, slack: compactSlack}
 	s.nextID = max(limit, 1)
-	for id, e := range live {
-		s.table[id] = e
+	for i, e := range entries {
+		e.ext = exts[i]
+		s.table.put(e)
 	}
 	rec.Sealed = len(live)
 	return s, rec, nil

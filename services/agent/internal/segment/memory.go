@@ -81,7 +81,7 @@ func (s *Segment) Prefault(ctx context.Context) error {
 	if s.closed {
 		return fmt.Errorf("segment %s: closed", s.id)
 	}
-	if n := len(s.table); n > 0 {
+	if n := s.table.len(); n > 0 {
 		return fmt.Errorf("segment %s: prefault of a segment holding %d allocations", s.id, n)
 	}
 	const page, step = 4096, 64 << 20

@@ -44,8 +44,8 @@ type backing interface {
 type entry struct {
 	id       uint64
 	offset   uint64
-	size     uint64 // object bytes
-	extent   uint64 // allocated bytes (size rounded up to the alignment)
+	size     uint64       // object bytes
+	ext      alloc.Extent // allocated bytes (size rounded up to the alignment)
 	state    masterv1.AllocationState
 	tenant   string
 	key      string
@@ -85,14 +85,14 @@ type Segment struct {
 	// and the rare journal compaction.
 	mu     sync.Mutex
 	alloc  *alloc.Allocator
-	table  map[uint64]*entry
+	table  table
 	nextID uint64
 	refs   int // open handles of any allocation, released ones included
 	closed bool
 }
 
 func newSegment(id, name string, medium masterv1.Medium, store backing, a *alloc.Allocator) *Segment {
-	return &Segment{id: id, name: name, medium: medium, store: store, alloc: a, table: map[uint64]*entry{}, nextID: 1}
+	return &Segment{id: id, name: name, medium: medium, store: store, alloc: a, table: newTable(), nextID: 1}
 }
 
 // ID is the segment's UUID.
@@ -121,7 +121,7 @@ func (s *Segment) Stats() (alloc.Stats, int, int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var reserved, sealed int
-	for _, e := range s.table {
+	for e := range s.table.all() {
 		if e.state == masterv1.AllocationState_ALLOCATION_STATE_SEALED {
 			sealed++
 		} else {
@@ -135,8 +135,8 @@ func (s *Segment) Stats() (alloc.Stats, int, int) {
 func (s *Segment) Table() []*masterv1.Allocation {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]*masterv1.Allocation, 0, len(s.table))
-	for _, e := range s.table {
+	out := make([]*masterv1.Allocation, 0, s.table.len())
+	for e := range s.table.all() {
 		out = append(out, e.proto(s.id))
 	}
 	return out
@@ -146,7 +146,7 @@ func (s *Segment) Table() []*masterv1.Allocation {
 func (s *Segment) Lookup(id uint64) (*masterv1.Allocation, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, ok := s.table[id]
+	e, ok := s.table.get(id)
 	if !ok {
 		return nil, false
 	}
@@ -168,6 +168,15 @@ var errClosed = rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_
 func (s *Segment) Reserve(it *masterv1.ReserveItem, now time.Time) (*masterv1.Allocation, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	e, err := s.reserveLocked(it, now.UnixMilli())
+	if err != nil {
+		return nil, err
+	}
+	return e.proto(s.id), nil
+}
+
+// reserveLocked is Reserve; it returns the new table entry.
+func (s *Segment) reserveLocked(it *masterv1.ReserveItem, nowMs int64) (*entry, error) {
 	if s.closed {
 		return nil, errClosed
 	}
@@ -182,18 +191,18 @@ func (s *Segment) Reserve(it *masterv1.ReserveItem, now time.Time) (*masterv1.Al
 		return nil, rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "reserve %d bytes: %v", it.GetSize(), err)
 	}
 	if err := s.takeIDLocked(); err != nil {
-		_ = s.alloc.Free(ext.Offset)
+		_ = s.alloc.Free(ext)
 		return nil, err
 	}
 	e := &entry{
-		id: s.nextID, offset: ext.Offset, size: it.GetSize(), extent: ext.Size,
+		id: s.nextID, offset: ext.Offset, size: it.GetSize(), ext: ext,
 		state:  masterv1.AllocationState_ALLOCATION_STATE_RESERVED,
 		tenant: it.GetTenant(), key: it.GetKey(), replica: it.GetReplicaId(), group: it.GetGroupId(),
-		hardPin: it.GetHardPin(), softPin: it.GetSoftPinUntilUnixMs(), created: now.UnixMilli(),
+		hardPin: it.GetHardPin(), softPin: it.GetSoftPinUntilUnixMs(), created: nowMs,
 	}
 	s.nextID++
-	s.table[e.id] = e
-	return e.proto(s.id), nil
+	s.table.put(e)
+	return e, nil
 }
 
 // takeIDLocked makes sure s.nextID may be handed out: disk segments journal
@@ -214,7 +223,7 @@ func (s *Segment) Release(id uint64) error {
 	if s.closed {
 		return errClosed
 	}
-	e, ok := s.table[id]
+	e, ok := s.table.get(id)
 	if !ok {
 		return nil
 	}
@@ -225,7 +234,7 @@ func (s *Segment) Release(id uint64) error {
 			return rpcerr.New(codes.Internal, masterv1.ErrorReason_ERROR_REASON_INTERNAL, "journal release of %d: %v", id, err)
 		}
 	}
-	delete(s.table, id)
+	s.table.del(id)
 	e.released = true
 	s.freeIfIdleLocked(e)
 	return nil
@@ -234,7 +243,7 @@ func (s *Segment) Release(id uint64) error {
 func (s *Segment) freeIfIdleLocked(e *entry) {
 	if e.released && e.readers == 0 && e.writers == 0 && !e.sealing {
 		// The allocator is the authority; a failure here is a bug.
-		_ = s.alloc.Free(e.offset)
+		_ = s.alloc.Free(e.ext)
 	}
 }
 
@@ -261,7 +270,7 @@ func (s *Segment) Seal(args []SealArg, now time.Time) []error {
 	var jobs []job
 	s.mu.Lock()
 	for i, a := range args {
-		e, ok := s.table[a.ID]
+		e, ok := s.table.get(a.ID)
 		switch {
 		case s.closed:
 			errs[i] = errClosed
@@ -362,7 +371,7 @@ func (s *Segment) SyncJournal() error {
 func (s *Segment) maybeCompact() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed || !s.jrn.needsCompaction(len(s.table)) {
+	if s.closed || !s.jrn.needsCompaction(s.table.len()) {
 		return
 	}
 	// Best effort: a failed compaction leaves the old journal in place.
@@ -370,8 +379,8 @@ func (s *Segment) maybeCompact() {
 }
 
 func (s *Segment) sealedLocked() []*entry {
-	out := make([]*entry, 0, len(s.table))
-	for _, e := range s.table {
+	out := make([]*entry, 0, s.table.len())
+	for e := range s.table.all() {
 		if e.state == masterv1.AllocationState_ALLOCATION_STATE_SEALED {
 			out = append(out, e)
 		}
@@ -384,14 +393,18 @@ func (s *Segment) sealedLocked() []*entry {
 func (s *Segment) ExpireReserved(cutoff time.Time) []uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []uint64
-	for id, e := range s.table {
+	var expired []*entry
+	for e := range s.table.all() {
 		if e.state == masterv1.AllocationState_ALLOCATION_STATE_RESERVED && !e.sealing && e.writers == 0 && e.created < cutoff.UnixMilli() {
-			delete(s.table, id)
-			e.released = true
-			s.freeIfIdleLocked(e)
-			out = append(out, id)
+			expired = append(expired, e)
 		}
+	}
+	out := make([]uint64, len(expired))
+	for i, e := range expired {
+		s.table.del(e.id)
+		e.released = true
+		s.freeIfIdleLocked(e)
+		out[i] = e.id
 	}
 	return out
 }
@@ -421,7 +434,7 @@ func (s *Segment) open(id uint64, write bool) (*Handle, error) {
 	if s.closed {
 		return nil, errClosed
 	}
-	e, ok := s.table[id]
+	e, ok := s.table.get(id)
 	if !ok {
 		return nil, errNotFound(s.id, id)
 	}
