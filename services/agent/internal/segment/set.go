@@ -32,6 +32,36 @@ func (s *Set) Get(id string) (*Segment, bool) {
 	return sg, ok
 }
 
+// getNear is Get for the items of a batch, which nearly always name one
+// segment: last, the previous item's segment, is tried first.
+func (s *Set) getNear(id string, last *Segment) (*Segment, bool) {
+	if last != nil && last.id == id {
+		return last, true
+	}
+	return s.Get(id)
+}
+
+// statuses returns n OK item statuses, allocated together, and pointers to
+// them: a batch answer used to allocate one per item.
+func statuses(n int) []*masterv1.ItemStatus {
+	out := make([]*masterv1.ItemStatus, n)
+	sts := make([]masterv1.ItemStatus, n)
+	for i := range out {
+		out[i] = &sts[i]
+	}
+	return out
+}
+
+// setStatus makes st err's status (rpcerr.Item); st is OK and stays so for
+// a nil err.
+func setStatus(st *masterv1.ItemStatus, err error) {
+	if err == nil {
+		return
+	}
+	x := rpcerr.Item(err)
+	st.Code, st.Reason, st.Message = x.GetCode(), x.GetReason(), x.GetMessage()
+}
+
 // All returns the segments in mount order.
 func (s *Set) All() []*Segment { return s.segs }
 
@@ -58,20 +88,29 @@ func errNoSegment(id string) error {
 }
 
 // Reserve applies a batch of reservations; results are in items order.
+// The results and their statuses are allocated as two arrays for the
+// batch.
 func (s *Set) Reserve(items []*masterv1.ReserveItem, now time.Time) []*masterv1.ReserveItemResult {
 	out := make([]*masterv1.ReserveItemResult, len(items))
+	res := make([]masterv1.ReserveItemResult, len(items))
+	sts := statuses(len(items))
+	nowMs := now.UnixMilli()
+	var sg *Segment
 	for i, it := range items {
-		sg, ok := s.Get(it.GetSegmentId())
-		if !ok {
-			out[i] = &masterv1.ReserveItemResult{Status: rpcerr.Item(errNoSegment(it.GetSegmentId()))}
+		r := &res[i]
+		r.Status, out[i] = sts[i], r
+		var ok bool
+		if sg, ok = s.getNear(it.GetSegmentId(), sg); !ok {
+			setStatus(r.Status, errNoSegment(it.GetSegmentId()))
 			continue
 		}
-		a, err := sg.Reserve(it, now)
-		if err != nil {
-			out[i] = &masterv1.ReserveItemResult{Status: rpcerr.Item(err)}
-			continue
+		sg.mu.Lock()
+		e, err := sg.reserveLocked(it, nowMs)
+		if err == nil {
+			r.AllocationId, r.Offset = e.id, e.offset
 		}
-		out[i] = &masterv1.ReserveItemResult{Status: rpcerr.Item(nil), AllocationId: a.GetAllocationId(), Offset: a.GetOffset()}
+		sg.mu.Unlock()
+		setStatus(r.Status, err)
 	}
 	return out
 }
@@ -79,16 +118,18 @@ func (s *Set) Reserve(items []*masterv1.ReserveItem, now time.Time) []*masterv1.
 // Release applies a batch of releases (unknown ids and unknown segments are
 // no-ops) and makes journaled releases durable once per segment.
 func (s *Set) Release(refs []*masterv1.AllocationRef) []*masterv1.ItemStatus {
-	out := make([]*masterv1.ItemStatus, len(refs))
+	out := statuses(len(refs))
 	touched := map[*Segment][]int{}
+	var sg *Segment
 	for i, r := range refs {
-		sg, ok := s.Get(r.GetSegmentId())
-		if !ok {
-			out[i] = rpcerr.Item(nil)
+		var ok bool
+		if sg, ok = s.getNear(r.GetSegmentId(), sg); !ok {
 			continue
 		}
-		out[i] = rpcerr.Item(sg.Release(r.GetAllocationId()))
-		touched[sg] = append(touched[sg], i)
+		setStatus(out[i], sg.Release(r.GetAllocationId()))
+		if sg.jrn != nil {
+			touched[sg] = append(touched[sg], i)
+		}
 	}
 	for sg, idx := range touched {
 		if err := sg.SyncJournal(); err != nil && !errors.Is(err, os.ErrClosed) {
@@ -106,22 +147,23 @@ func (s *Set) Release(refs []*masterv1.AllocationRef) []*masterv1.ItemStatus {
 // Seal applies a batch of seals, grouped per segment so each disk segment
 // syncs once; results are in items order.
 func (s *Set) Seal(items []*masterv1.SealItem, now time.Time) []*masterv1.ItemStatus {
-	out := make([]*masterv1.ItemStatus, len(items))
+	out := statuses(len(items))
 	type group struct {
 		idx  []int
 		args []SealArg
 	}
 	groups := map[*Segment]*group{}
 	var order []*Segment
+	var sg *Segment
 	for i, it := range items {
-		sg, ok := s.Get(it.GetSegmentId())
-		if !ok {
-			out[i] = rpcerr.Item(errNoSegment(it.GetSegmentId()))
+		var ok bool
+		if sg, ok = s.getNear(it.GetSegmentId(), sg); !ok {
+			setStatus(out[i], errNoSegment(it.GetSegmentId()))
 			continue
 		}
 		g := groups[sg]
 		if g == nil {
-			g = &group{}
+			g = &group{idx: make([]int, 0, len(items)), args: make([]SealArg, 0, len(items))}
 			groups[sg] = g
 			order = append(order, sg)
 		}
@@ -131,7 +173,7 @@ func (s *Set) Seal(items []*masterv1.SealItem, now time.Time) []*masterv1.ItemSt
 	for _, sg := range order {
 		g := groups[sg]
 		for k, err := range sg.Seal(g.args, now) {
-			out[g.idx[k]] = rpcerr.Item(err)
+			setStatus(out[g.idx[k]], err)
 		}
 	}
 	return out
