@@ -2,6 +2,7 @@ package source
 
 import (
 	"cmp"
+	"encoding/binary"
 	"hash/maphash"
 	"slices"
 	"strings"
@@ -10,22 +11,29 @@ import (
 )
 
 // announcedSet is what the source has announced to subscribers: tenant →
-// (key, medium) → group. Owned by one goroutine. It keeps its own copies
-// of the strings it is given: a decoded watch response's strings share one
-// buffer (watchCodec), which a kept string would hold alive.
+// (key, medium) → group. Owned by one goroutine.
 //
-// Each tenant holds one table per wire medium (objects), keyed by a 64-bit
-// hash of the object key. Changes arrive in long runs of one tenant, so
-// the last tenant's tables are kept at hand instead of hashing its name
-// for every change.
+// It grows to millions of entries, and its layout is what a stored event
+// costs: each tenant holds one table per wire medium (objects), a map from
+// a seeded 64-bit hash of the key to the place of the key and group in an
+// arena of byte chunks. Neither the maps nor the arena hold pointers, so
+// the garbage collector does not scan them (a map of strings made every
+// collection visit every key), a uint64 key is rehashed in place when a
+// map grows (a string key is read again from wherever it lies in the heap,
+// a cache miss each), and an entry takes 16 bytes of map plus its record
+// (24 for a 21-byte key) instead of 40 plus a 24-byte string. The arena
+// keeps copies, so nothing it is given is held alive: a decoded watch
+// response's strings share one buffer (watchCodec).
+//
+// Changes arrive in long runs of one tenant, so the last tenant's tables
+// are kept at hand instead of hashing its name for every change.
 type announcedSet struct {
 	tenants map[string]*tenantSet
 	n       int // entries over all tenants
+	ar      arena
 
 	lastName string
 	last     *tenantSet // tenants[lastName], or nil
-
-	lastGroup string // the last group stored: groups repeat
 }
 
 // tenantSet is one tenant's objects: byMedium[m-1] for m = MediumCPU, MediumDisk.
@@ -34,95 +42,6 @@ type tenantSet struct {
 }
 
 func (ts *tenantSet) len() int { return ts.byMedium[0].len() + ts.byMedium[1].len() }
-
-// objects maps object keys to groups. It is keyed by a seeded 64-bit hash
-// of the key rather than by the key: the set grows to millions of
-// entries, and when a map keyed by strings grows, rehashing every entry
-// reads every key's bytes from wherever they lie in the heap, a cache miss
-// each (the larger part of the cost of a stored event in a profile of a
-// growing set). A uint64 key is rehashed in place. A key whose hash another
-// key already holds (about one pair in 2^64/n) lives in overflow.
-type objects struct {
-	byHash   map[uint64]object
-	overflow map[string]string
-}
-
-type object struct{ key, group string }
-
-var seed = maphash.MakeSeed()
-
-func hashKey(key string) uint64 { return maphash.String(seed, key) }
-
-func (o *objects) len() int { return len(o.byHash) + len(o.overflow) }
-
-func (o *objects) get(h uint64, key string) (string, bool) {
-	if ob, ok := o.byHash[h]; ok && ob.key == key {
-		return ob.group, true
-	}
-	if len(o.overflow) > 0 {
-		g, ok := o.overflow[key]
-		return g, ok
-	}
-	return "", false
-}
-
-// set maps key (of hash h) to group and reports whether key is new. It
-// keeps a copy of key, not key.
-func (o *objects) set(h uint64, key, group string) bool {
-	if o.byHash == nil {
-		o.byHash = map[uint64]object{}
-	}
-	if len(o.overflow) > 0 {
-		if _, ok := o.overflow[key]; ok {
-			o.overflow[strings.Clone(key)] = group // an assignment replaces the map's key too
-			return false
-		}
-	}
-	ob, ok := o.byHash[h]
-	switch {
-	case !ok:
-		o.byHash[h] = object{strings.Clone(key), group}
-		return true
-	case ob.key == key:
-		o.byHash[h] = object{ob.key, group}
-		return false
-	default:
-		if o.overflow == nil {
-			o.overflow = map[string]string{}
-		}
-		o.overflow[strings.Clone(key)] = group
-		return true
-	}
-}
-
-// del removes key (of hash h) and returns its group.
-func (o *objects) del(h uint64, key string) (string, bool) {
-	if ob, ok := o.byHash[h]; ok && ob.key == key {
-		delete(o.byHash, h)
-		return ob.group, true
-	}
-	if len(o.overflow) > 0 {
-		if g, ok := o.overflow[key]; ok {
-			delete(o.overflow, key)
-			return g, true
-		}
-	}
-	return "", false
-}
-
-// all yields every key and group.
-func (o *objects) all(yield func(key, group string) bool) {
-	for _, ob := range o.byHash {
-		if !yield(ob.key, ob.group) {
-			return
-		}
-	}
-	for k, g := range o.overflow {
-		if !yield(k, g) {
-			return
-		}
-	}
-}
 
 func newAnnouncedSet() *announcedSet {
 	return &announcedSet{tenants: map[string]*tenantSet{}}
@@ -156,11 +75,7 @@ func (a *announcedSet) tenant(t string, create bool) *tenantSet {
 
 // store announces (t, key, m) in group.
 func (a *announcedSet) store(t, key string, m kvevent.Medium, group string) {
-	if group != a.lastGroup {
-		a.lastGroup = strings.Clone(group)
-	}
-	group = a.lastGroup
-	if a.tenant(t, true).byMedium[mediumIndex(m)].set(hashKey(key), key, group) {
+	if a.tenant(t, true).byMedium[mediumIndex(m)].set(&a.ar, hashKey(key), key, group) {
 		a.n++
 	}
 }
@@ -171,7 +86,7 @@ func (a *announcedSet) remove(t, key string, m kvevent.Medium) string {
 	if ts == nil {
 		return ""
 	}
-	group, ok := ts.byMedium[mediumIndex(m)].del(hashKey(key), key)
+	group, ok := ts.byMedium[mediumIndex(m)].del(&a.ar, hashKey(key), key)
 	if !ok {
 		return ""
 	}
@@ -186,6 +101,11 @@ func (a *announcedSet) remove(t, key string, m kvevent.Medium) string {
 func (a *announcedSet) clear(t string) {
 	if ts := a.tenants[t]; ts != nil {
 		a.n -= ts.len()
+		for i := range ts.byMedium {
+			for _, ref := range ts.byMedium[i].byHash {
+				a.ar.release(ref)
+			}
+		}
 		delete(a.tenants, t)
 	}
 	if a.lastName == t {
@@ -195,12 +115,245 @@ func (a *announcedSet) clear(t string) {
 
 func (a *announcedSet) size() int { return a.n }
 
-// get returns the group of (t, key, m) and whether it is announced.
-func (ts *tenantSet) get(key string, m kvevent.Medium) (string, bool) {
+// get returns the group of (key, m) in ts and whether it is announced.
+func (a *announcedSet) get(ts *tenantSet, key string, m kvevent.Medium) (string, bool) {
 	if ts == nil {
 		return "", false
 	}
-	return ts.byMedium[mediumIndex(m)].get(hashKey(key), key)
+	return ts.byMedium[mediumIndex(m)].get(&a.ar, hashKey(key), key)
+}
+
+var seed = maphash.MakeSeed()
+
+func hashKey(key string) uint64 { return maphash.String(seed, key) }
+
+// objects maps object keys to groups: byHash from the key's hash to its
+// record in the arena. A key whose hash another key already holds (about
+// one pair in 2^64/n), or whose record would be too large for the arena,
+// lives in overflow instead.
+type objects struct {
+	byHash   map[uint64]uint64
+	overflow map[string]string
+}
+
+func (o *objects) len() int { return len(o.byHash) + len(o.overflow) }
+
+func (o *objects) get(ar *arena, h uint64, key string) (string, bool) {
+	if ref, ok := o.byHash[h]; ok {
+		if k, g := ar.record(ref); string(k) == key {
+			return ar.group(g), true
+		}
+	}
+	if len(o.overflow) > 0 {
+		g, ok := o.overflow[key]
+		return g, ok
+	}
+	return "", false
+}
+
+// set maps key (of hash h) to group and reports whether key is new.
+func (o *objects) set(ar *arena, h uint64, key, group string) bool {
+	if len(o.overflow) > 0 {
+		if _, ok := o.overflow[key]; ok {
+			o.overflowSet(key, group) // an assignment replaces the map's key too
+			return false
+		}
+	}
+	ref, ok := o.byHash[h]
+	switch {
+	case !ok && fits(key, group):
+		if o.byHash == nil {
+			o.byHash = map[uint64]uint64{}
+		}
+		o.byHash[h] = ar.put(key, group)
+		return true
+	case !ok: // too large for the arena
+	default:
+		k, g := ar.record(ref)
+		if string(k) != key {
+			break // another key holds the hash
+		}
+		switch {
+		case string(g) == group:
+		case fits(key, group):
+			o.byHash[h] = ar.replace(ref, key, group)
+		default:
+			ar.release(ref)
+			delete(o.byHash, h)
+			o.overflowSet(key, group)
+		}
+		return false
+	}
+	o.overflowSet(key, group)
+	return true
+}
+
+func (o *objects) overflowSet(key, group string) {
+	if o.overflow == nil {
+		o.overflow = map[string]string{}
+	}
+	o.overflow[strings.Clone(key)] = strings.Clone(group) // copies: nothing given is kept
+}
+
+// del removes key (of hash h) and returns its group.
+func (o *objects) del(ar *arena, h uint64, key string) (string, bool) {
+	if ref, ok := o.byHash[h]; ok {
+		if k, g := ar.record(ref); string(k) == key {
+			group := ar.group(g) // before release reuses the record
+			ar.release(ref)
+			delete(o.byHash, h)
+			return group, true
+		}
+	}
+	if len(o.overflow) > 0 {
+		if g, ok := o.overflow[key]; ok {
+			delete(o.overflow, key)
+			return g, true
+		}
+	}
+	return "", false
+}
+
+// all yields every key and group (as new strings).
+func (o *objects) all(ar *arena) func(yield func(key, group string) bool) {
+	return func(yield func(key, group string) bool) {
+		for _, ref := range o.byHash {
+			k, g := ar.record(ref)
+			if !yield(string(k), ar.group(g)) {
+				return
+			}
+		}
+		for k, g := range o.overflow {
+			if !yield(k, g) {
+				return
+			}
+		}
+	}
+}
+
+// arena holds the records of an announced set, each key and group after
+// their lengths (uvarints), in chunks of chunkSize bytes; a record takes a
+// multiple of 8 bytes (at most maxRecord) and never spans chunks. A ref is a record's offset
+// (chunk index × chunkSize + offset in the chunk). A released record goes
+// on the free list of its size, whose next ref it holds in its first 8
+// bytes, and the next record of that size reuses it: keys of a workload
+// have a few sizes, so the arena stays about as large as the most it held.
+// Nothing outside the arena refers to its bytes (get, del and all return
+// copies), so a record can be reused at once.
+type arena struct {
+	chunks [][]byte
+	used   int      // bytes used in the last chunk
+	free   []uint64 // free[size/8]: 1 + ref of the first free record of that size, or 0
+
+	lastGroup string // groups repeat: the last one returned, not copied again
+}
+
+const (
+	chunkShift = 18
+	chunkSize  = 1 << chunkShift
+	maxRecord  = chunkSize / 16 // larger records live in objects.overflow
+)
+
+func recordSize(klen, glen int) int {
+	n := uvarintLen(klen) + uvarintLen(glen) + klen + glen
+	return (n + 7) &^ 7
+}
+
+func uvarintLen(v int) int {
+	n := 1
+	for ; v >= 0x80; v >>= 7 {
+		n++
+	}
+	return n
+}
+
+// fits reports whether a record of key and group fits the arena.
+func fits(key, group string) bool { return recordSize(len(key), len(group)) <= maxRecord }
+
+// bytes returns the size bytes at ref.
+func (ar *arena) bytes(ref uint64, size int) []byte {
+	off := int(ref & (chunkSize - 1))
+	return ar.chunks[ref>>chunkShift][off : off+size : off+size]
+}
+
+// record returns the key and group bytes at ref, valid until the record is
+// released or replaced.
+func (ar *arena) record(ref uint64) (key, group []byte) {
+	b := ar.chunks[ref>>chunkShift][ref&(chunkSize-1):]
+	kl, n := binary.Uvarint(b)
+	gl, m := binary.Uvarint(b[n:])
+	b = b[n+m:]
+	return b[:kl], b[kl : kl+gl]
+}
+
+// group returns g as a string, sharing the last one when equal.
+func (ar *arena) group(g []byte) string {
+	if string(g) != ar.lastGroup {
+		ar.lastGroup = string(g)
+	}
+	return ar.lastGroup
+}
+
+// put stores a record of key and group (fits) and returns its ref.
+func (ar *arena) put(key, group string) uint64 {
+	size := recordSize(len(key), len(group))
+	ref := ar.alloc(size)
+	b := ar.bytes(ref, size)
+	n := binary.PutUvarint(b, uint64(len(key)))
+	n += binary.PutUvarint(b[n:], uint64(len(group)))
+	n += copy(b[n:], key)
+	copy(b[n:], group)
+	return ref
+}
+
+// replace stores key and group in place of ref's record (the same key, a
+// new group) and returns the new ref.
+func (ar *arena) replace(ref uint64, key, group string) uint64 {
+	k, g := ar.record(ref)
+	if recordSize(len(k), len(g)) == recordSize(len(key), len(group)) {
+		size := recordSize(len(key), len(group))
+		b := ar.bytes(ref, size)
+		n := binary.PutUvarint(b, uint64(len(key)))
+		n += binary.PutUvarint(b[n:], uint64(len(group)))
+		n += copy(b[n:], key)
+		copy(b[n:], group)
+		return ref
+	}
+	ar.release(ref)
+	return ar.put(key, group)
+}
+
+func (ar *arena) alloc(size int) uint64 {
+	class := size / 8
+	if class < len(ar.free) && ar.free[class] != 0 {
+		ref := ar.free[class] - 1
+		ar.free[class] = binary.LittleEndian.Uint64(ar.bytes(ref, 8))
+		return ref
+	}
+	if len(ar.chunks) == 0 || ar.used+size > chunkSize {
+		// The rest of the last chunk (less than maxRecord, mostly a few
+		// bytes) is left unused.
+		ar.chunks = append(ar.chunks, make([]byte, chunkSize))
+		ar.used = 0
+	}
+	ref := uint64(len(ar.chunks)-1)<<chunkShift | uint64(ar.used)
+	ar.used += size
+	return ref
+}
+
+// release puts ref's record on its free list.
+func (ar *arena) release(ref uint64) {
+	k, g := ar.record(ref)
+	ar.push(ref, recordSize(len(k), len(g)))
+}
+
+func (ar *arena) push(ref uint64, size int) {
+	class := size / 8
+	if class >= len(ar.free) {
+		ar.free = append(ar.free, make([]uint64, class+1-len(ar.free))...)
+	}
+	binary.LittleEndian.PutUint64(ar.bytes(ref, 8), ar.free[class])
+	ar.free[class] = ref + 1
 }
 
 var media = [2]kvevent.Medium{kvevent.MediumCPU, kvevent.MediumDisk}
@@ -212,8 +365,8 @@ func diffSets(old, next *announcedSet) []kvevent.Event {
 	for t, ts := range old.tenants {
 		nts := next.tenants[t]
 		for i := range ts.byMedium {
-			for k, g := range ts.byMedium[i].all {
-				if _, ok := nts.get(k, media[i]); !ok {
+			for k, g := range ts.byMedium[i].all(&old.ar) {
+				if _, ok := next.get(nts, k, media[i]); !ok {
 					removed = append(removed, kvevent.Event{Type: kvevent.Removed, Tenant: t, Key: k, Medium: media[i], GroupID: g})
 				}
 			}
@@ -222,8 +375,8 @@ func diffSets(old, next *announcedSet) []kvevent.Event {
 	for t, nts := range next.tenants {
 		ts := old.tenants[t]
 		for i := range nts.byMedium {
-			for k, g := range nts.byMedium[i].all {
-				if og, ok := ts.get(k, media[i]); !ok || og != g {
+			for k, g := range nts.byMedium[i].all(&next.ar) {
+				if og, ok := old.get(ts, k, media[i]); !ok || og != g {
 					stored = append(stored, kvevent.Event{Type: kvevent.Stored, Tenant: t, Key: k, Medium: media[i], GroupID: g})
 				}
 			}

@@ -3,6 +3,7 @@ package source
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/crescent-kv/crescent/pkg/kvevent"
@@ -18,7 +19,7 @@ func TestAnnouncedSetMatchesModel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	a := newAnnouncedSet()
 	model := map[key]string{}
-	for i := range 20000 {
+	for i := range 5000 {
 		k := key{fmt.Sprint("t", rng.IntN(3)), fmt.Sprint("k", rng.IntN(40)), media[rng.IntN(2)]}
 		switch r := rng.IntN(100); {
 		case r < 50:
@@ -48,7 +49,7 @@ func TestAnnouncedSetMatchesModel(t *testing.T) {
 				t.Fatalf("op %d: tenant %q kept with no objects", i, tn)
 			}
 			for mi := range ts.byMedium {
-				for kk, g := range ts.byMedium[mi].all {
+				for kk, g := range ts.byMedium[mi].all(&a.ar) {
 					n++
 					if mg, ok := model[key{tn, kk, media[mi]}]; !ok || mg != g {
 						t.Fatalf("op %d: set has %s/%s/%v=%q, model %q (%v)", i, tn, kk, media[mi], g, mg, ok)
@@ -62,47 +63,100 @@ func TestAnnouncedSetMatchesModel(t *testing.T) {
 	}
 }
 
-// TestObjectsCollisions drives objects with a hash of 2 bits, so most keys
-// share their hash with another, against a plain map.
-func TestObjectsCollisions(t *testing.T) {
+// TestObjectsModel drives four objects tables sharing one arena against
+// plain maps, with a hash of 2 bits (most keys share their hash with
+// another), keys and groups of many sizes (records of many size classes,
+// groups that change class, records too large for the arena), and checks
+// every table after each operation.
+func TestObjectsModel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
-	var o objects
-	model := map[string]string{}
-	h := func(k string) uint64 { return uint64(k[len(k)-1]) % 4 }
-	for i := range 20000 {
-		k := fmt.Sprint("k", rng.IntN(12))
+	var ar arena
+	var tables [4]objects
+	var models [4]map[string]string
+	for i := range models {
+		models[i] = map[string]string{}
+	}
+	h := func(k string) uint64 { return uint64(k[0]) % 4 }
+	str := func(prefix string, id int) string {
+		n := rng.IntN(40)
+		if rng.IntN(200) == 0 {
+			n = maxRecord + rng.IntN(100) // too large for the arena
+		}
+		return fmt.Sprint(id%10, prefix, id, strings.Repeat("x", n))
+	}
+	keys := make([]string, 30)
+	for i := range keys {
+		keys[i] = str("k", i)
+	}
+	for i := range 30000 {
+		ti := rng.IntN(len(tables))
+		o, model := &tables[ti], models[ti]
+		k := keys[rng.IntN(len(keys))]
 		switch rng.IntN(3) {
 		case 0:
-			g := fmt.Sprint("g", rng.IntN(3))
+			g := ""
+			if rng.IntN(3) > 0 {
+				g = str("g", rng.IntN(4))
+			}
 			_, had := model[k]
-			if added := o.set(h(k), k, g); added == had {
-				t.Fatalf("op %d: set %q added=%v, model had it: %v", i, k, added, had)
+			if added := o.set(&ar, h(k), k, g); added == had {
+				t.Fatalf("op %d: set %.20q added=%v, model had it: %v", i, k, added, had)
 			}
 			model[k] = g
 		case 1:
-			g, ok := o.del(h(k), k)
+			g, ok := o.del(&ar, h(k), k)
 			if mg, mok := model[k]; g != mg || ok != mok {
-				t.Fatalf("op %d: del %q = %q %v, want %q %v", i, k, g, ok, mg, mok)
+				t.Fatalf("op %d: del %.20q = %.20q %v, want %.20q %v", i, k, g, ok, mg, mok)
 			}
 			delete(model, k)
 		default:
-			g, ok := o.get(h(k), k)
+			g, ok := o.get(&ar, h(k), k)
 			if mg, mok := model[k]; g != mg || ok != mok {
-				t.Fatalf("op %d: get %q = %q %v, want %q %v", i, k, g, ok, mg, mok)
+				t.Fatalf("op %d: get %.20q = %.20q %v, want %.20q %v", i, k, g, ok, mg, mok)
 			}
 		}
-		if o.len() != len(model) {
-			t.Fatalf("op %d: len %d, want %d", i, o.len(), len(model))
-		}
-		seen := map[string]bool{}
-		for k, g := range o.all {
-			if seen[k] || model[k] != g {
-				t.Fatalf("op %d: all yields %q=%q (seen %v), model %q", i, k, g, seen[k], model[k])
+		for ti := range tables {
+			o, model := &tables[ti], models[ti]
+			if o.len() != len(model) {
+				t.Fatalf("op %d: table %d len %d, want %d", i, ti, o.len(), len(model))
 			}
-			seen[k] = true
+			seen := map[string]bool{}
+			for k, g := range o.all(&ar) {
+				if mg, ok := model[k]; seen[k] || !ok || mg != g {
+					t.Fatalf("op %d: table %d yields %.20q=%.20q (seen %v), model %.20q %v", i, ti, k, g, seen[k], mg, ok)
+				}
+				seen[k] = true
+			}
 		}
 	}
-	if len(o.overflow) == 0 {
-		t.Fatal("no key ever went to overflow")
+	overflowed := 0
+	for _, o := range tables {
+		overflowed += len(o.overflow)
+	}
+	if overflowed == 0 {
+		t.Error("no key ever went to overflow")
+	}
+	if len(ar.chunks) != 1 {
+		t.Errorf("the arena has %d chunks for at most %d small records: released records are not reused", len(ar.chunks), 4*len(keys))
+	}
+}
+
+// TestArenaReuse: records released are reused by records of their size,
+// so a set that stores and removes keys of one size does not grow.
+func TestArenaReuse(t *testing.T) {
+	a := newAnnouncedSet()
+	for round := range 10 {
+		for i := range 5000 {
+			a.store("t", fmt.Sprintf("bench/%06d/%08d", round, i), kvevent.MediumCPU, "")
+		}
+		for i := range 5000 {
+			a.remove("t", fmt.Sprintf("bench/%06d/%08d", round, i), kvevent.MediumCPU)
+		}
+	}
+	if a.size() != 0 || len(a.tenants) != 0 {
+		t.Fatalf("size %d, %d tenants after removing everything", a.size(), len(a.tenants))
+	}
+	if want := 5000*recordSize(21, 0)/chunkSize + 1; len(a.ar.chunks) > want {
+		t.Errorf("arena has %d chunks after 10 rounds of 5000 records, want at most %d", len(a.ar.chunks), want)
 	}
 }
