@@ -153,6 +153,29 @@ func errToken(format string, args ...any) error {
 
 // open checks the token, then opens the allocation for mode.
 func (s *Server) open(segID string, allocID uint64, tok []byte, mode token.Mode) (*segment.Handle, error) {
+	seg, err := s.check(segID, allocID, tok, mode, s.now())
+	if err != nil {
+		return nil, err
+	}
+	if mode == token.Write {
+		return seg.OpenWrite(allocID)
+	}
+	return seg.OpenRead(allocID)
+}
+
+// openWriteTo is open for writing into h (segment.OpenWriteTo), with the
+// token checked at now.
+func (s *Server) openWriteTo(h *segment.Handle, segID string, allocID uint64, tok []byte, now time.Time) error {
+	seg, err := s.check(segID, allocID, tok, token.Write, now)
+	if err != nil {
+		return err
+	}
+	return seg.OpenWriteTo(h, allocID)
+}
+
+// check verifies that tok allows mode on the allocation at now and returns
+// its segment.
+func (s *Server) check(segID string, allocID uint64, tok []byte, mode token.Mode, now time.Time) (*segment.Segment, error) {
 	v := s.keys.verifier()
 	if v == nil {
 		return nil, errToken("agent has no token key yet (not registered with a master)")
@@ -160,7 +183,7 @@ func (s *Server) open(segID string, allocID uint64, tok []byte, mode token.Mode)
 	if len(tok) == 0 {
 		return nil, errToken("missing token")
 	}
-	if err := v.Verify(tok, mode, segID, allocID, s.now()); err != nil {
+	if err := v.Verify(tok, mode, segID, allocID, now); err != nil {
 		switch {
 		case errors.Is(err, token.ErrExpired):
 			return nil, errToken("token expired")
@@ -174,10 +197,7 @@ func (s *Server) open(segID string, allocID uint64, tok []byte, mode token.Mode)
 	if !ok {
 		return nil, rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "no segment %q at this agent", segID)
 	}
-	if mode == token.Write {
-		return seg.OpenWrite(allocID)
-	}
-	return seg.OpenRead(allocID)
+	return seg, nil
 }
 
 func modeName(m token.Mode) string {

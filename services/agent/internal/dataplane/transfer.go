@@ -17,6 +17,7 @@ import (
 	"github.com/crescent-kv/crescent/pkg/token"
 	"github.com/crescent-kv/crescent/pkg/xfer"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 )
 
@@ -28,10 +29,12 @@ const (
 )
 
 const (
-	// transferReadBuffer buffers request headers (and small payloads that
-	// arrive with them); larger payload reads bypass it, straight into the
-	// segment.
+	// transferReadBuffer buffers request headers and the payload bytes that
+	// arrive with them; the rest of a payload bound for memory segments is
+	// read with readv straight into the mappings (readInto).
 	transferReadBuffer = 64 << 10
+	// maxReadv bounds the buffers of one readv (IOV_MAX is 1024).
+	maxReadv = 1024
 	// ioStep is how many payload bytes move under one I/O deadline: a peer
 	// must make this much progress every IOTimeout.
 	ioStep = 4 << 20
@@ -148,6 +151,21 @@ type transferConn struct {
 	hbuf []byte
 	wbuf []byte
 	iov  net.Buffers
+
+	// rdLeft is how many more bytes may be read before the read deadline
+	// is renewed (every ioStep bytes of a request).
+	rdLeft int
+	// rc reads the socket directly (readInto); nil when nc is not a
+	// socket (a net.Pipe in tests), and then payloads go through br.
+	rc syscall.RawConn
+	// run holds the destinations of consecutive memory items of a WRITE,
+	// vec the share of them one readv fills; both are reused.
+	run, vec [][]byte
+	// readv's state for rvFn, a method value made once (a closure per
+	// call would allocate).
+	rvFn  func(fd uintptr) bool
+	rvN   int
+	rvErr error
 }
 
 func (t *transferServer) add(nc net.Conn) *transferConn {
@@ -157,6 +175,12 @@ func (t *transferServer) add(nc net.Conn) *transferConn {
 		return nil
 	}
 	c := &transferConn{nc: nc, br: bufio.NewReaderSize(nc, transferReadBuffer)}
+	if sc, ok := nc.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			c.rc = rc
+			c.rvFn = c.readvOnce
+		}
+	}
 	t.conns[c] = struct{}{}
 	t.s.xferConns.Inc()
 	return c
@@ -251,6 +275,7 @@ func (t *transferServer) serve(c *transferConn) {
 		}
 		t.setBusy(c, true)
 		_ = c.nc.SetReadDeadline(t.deadline(t.cfg.IOTimeout))
+		c.rdLeft = ioStep
 		req := &agentv1.TransferRequest{}
 		var err error
 		c.hbuf, err = xfer.ReadFrame(c.br, c.hbuf, req)
@@ -315,16 +340,20 @@ func (hs handles) close() {
 
 // write serves a WRITE request: every item is opened and checked first, then
 // the payload is received in order, straight into a memory segment's
-// mapping or through a pooled buffer into a disk segment, a failed item's
-// bytes read and dropped. Every handle is closed before the answer, so a
-// Seal that follows the client's return never finds the write open.
+// mapping (runs of such items with vectored reads) or through a pooled
+// buffer into a disk segment, a failed item's bytes read and dropped. Every
+// handle is closed before the answer, so a Seal that follows the client's
+// return never finds the write open.
 func (t *transferServer) write(c *transferConn, items []*agentv1.TransferItem) error {
 	s := t.s
 	hs := make(handles, len(items))
 	defer hs.close()
+	slab := make([]segment.Handle, len(items)) // hs[i] is &slab[i] or nil
 	errs := make([]error, len(items))
+	now := s.now()
 	for i, it := range items {
-		h, err := s.open(it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), token.Write)
+		h := &slab[i]
+		err := s.openWriteTo(h, it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), now)
 		if err == nil {
 			if err = h.CheckBounds(it.GetOffset(), it.GetLength()); err != nil {
 				h.Close()
@@ -341,8 +370,22 @@ func (t *transferServer) write(c *transferConn, items []*agentv1.TransferItem) e
 		}
 		hs[i] = h
 	}
+	run := c.run[:0]
 	for i, it := range items {
 		n := it.GetLength()
+		if hs[i] != nil {
+			// Checked by CheckBounds: only a disk segment has no dst.
+			if dst, err := hs[i].WritableBytes(it.GetOffset(), n); err == nil && dst != nil {
+				if n > 0 {
+					run = append(run, dst)
+				}
+				continue
+			}
+		}
+		if err := t.readInto(c, run); err != nil {
+			return err
+		}
+		run = run[:0]
 		if hs[i] == nil {
 			if err := t.discard(c, n); err != nil {
 				return err
@@ -354,6 +397,12 @@ func (t *transferServer) write(c *transferConn, items []*agentv1.TransferItem) e
 			return err
 		}
 		errs[i] = ierr
+	}
+	err := t.readInto(c, run)
+	clear(run[:cap(run)]) // drop the references to the mappings
+	c.run = run[:0]
+	if err != nil {
+		return err
 	}
 	hs.close()
 	resp := &agentv1.TransferResponse{Results: make([]*agentv1.TransferResult, len(items))}
@@ -411,17 +460,111 @@ func (t *transferServer) receive(c *transferConn, h *segment.Handle, off, n uint
 }
 
 // readFull fills p from the connection, renewing the read deadline every
-// ioStep bytes.
+// ioStep bytes of the request.
 func (t *transferServer) readFull(c *transferConn, p []byte) error {
 	for len(p) > 0 {
-		k := min(len(p), ioStep)
-		_ = c.nc.SetReadDeadline(t.deadline(t.cfg.IOTimeout))
+		t.renewRead(c)
+		k := min(len(p), c.rdLeft)
 		if _, err := io.ReadFull(c.br, p[:k]); err != nil {
 			return err
 		}
 		p = p[k:]
+		c.rdLeft -= k
 	}
 	return nil
+}
+
+// renewRead renews the read deadline once the request has read ioStep
+// bytes under the current one. Renewing it for every item instead cost 3 %
+// of the agent's CPU on batches of 4 KiB objects (a timer update each).
+func (t *transferServer) renewRead(c *transferConn) {
+	if c.rdLeft <= 0 {
+		_ = c.nc.SetReadDeadline(t.deadline(t.cfg.IOTimeout))
+		c.rdLeft = ioStep
+	}
+}
+
+// readInto fills bufs (non-empty slices) in order from the connection: from
+// what the reader holds, then with vectored reads from the socket straight
+// into bufs, as many of them per readv as the socket has bytes for. A
+// batch of 4 KiB objects used to be read 64 KiB at a time into the reader
+// and copied out (the copy alone was 5 % of the agent's CPU). bufs' slices
+// are consumed.
+func (t *transferServer) readInto(c *transferConn, bufs [][]byte) error {
+	for len(bufs) > 0 && c.br.Buffered() > 0 {
+		t.renewRead(c)
+		b := bufs[0][:min(len(bufs[0]), c.rdLeft)]
+		n, _ := c.br.Read(b) // buffered: no read from the socket
+		c.rdLeft -= n
+		if bufs[0] = bufs[0][n:]; len(bufs[0]) == 0 {
+			bufs = bufs[1:]
+		}
+	}
+	if c.rc == nil {
+		for _, b := range bufs {
+			if err := t.readFull(c, b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for len(bufs) > 0 {
+		t.renewRead(c)
+		vec, want := c.vec[:0], 0
+		for _, b := range bufs {
+			if len(vec) == maxReadv || want == c.rdLeft {
+				break
+			}
+			b = b[:min(len(b), c.rdLeft-want)]
+			vec = append(vec, b)
+			want += len(b)
+		}
+		n, err := c.readv(vec)
+		clear(vec)
+		c.vec = vec[:0]
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return io.ErrUnexpectedEOF
+		}
+		c.rdLeft -= n
+		for n > 0 {
+			k := min(n, len(bufs[0]))
+			n -= k
+			if bufs[0] = bufs[0][k:]; len(bufs[0]) == 0 {
+				bufs = bufs[1:]
+			}
+		}
+	}
+	return nil
+}
+
+// readv reads into vec from the socket, waiting for it to be readable
+// (the read deadline applies).
+func (c *transferConn) readv(vec [][]byte) (int, error) {
+	c.vec = vec
+	c.rvN, c.rvErr = 0, nil
+	if err := c.rc.Read(c.rvFn); err != nil {
+		return 0, err
+	}
+	return c.rvN, c.rvErr
+}
+
+// readvOnce is rc.Read's callback: one readv of c.vec; false (wait) when
+// the socket has nothing yet.
+func (c *transferConn) readvOnce(fd uintptr) bool {
+	for {
+		n, err := unix.Readv(int(fd), c.vec)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EAGAIN):
+			return false
+		}
+		c.rvN, c.rvErr = max(n, 0), err
+		return true
+	}
 }
 
 // discard reads and drops n payload bytes (n <= MaxDrainBytes).

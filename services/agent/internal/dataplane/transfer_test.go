@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"strconv"
 	"sync"
@@ -40,10 +41,20 @@ type xenv struct {
 
 func startTransfer(t testing.TB, cfg TransferConfig) *xenv {
 	t.Helper()
+	return startTransferOn(t, cfg, nil)
+}
+
+// startTransferOn is startTransfer with the listener wrapped by wrap (when
+// not nil).
+func startTransferOn(t testing.TB, cfg TransferConfig, wrap func(net.Listener) net.Listener) *xenv {
+	t.Helper()
 	mem, disk, set, keys, key, srv := newTestServer(t, Config{Transfer: cfg})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if wrap != nil {
+		lis = wrap(lis)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &xenv{mem: mem, disk: disk, keys: keys, key: key, srv: srv, addr: lis.Addr().String(), pool: xfer.NewPool(xfer.Config{}), cancel: cancel, done: make(chan error, 1)}
@@ -384,6 +395,78 @@ func TestTransferClientGoneMidPayload(t *testing.T) {
 		t.Fatalf("Write after a cancelled one = %v, %v", errs, err)
 	}
 	seal(t, e.mem, bid, big)
+}
+
+// plainListener hands out connections that hide their socket
+// (syscall.Conn), so the agent reads payloads through its buffered reader.
+type plainListener struct{ net.Listener }
+
+type plainConn struct{ net.Conn }
+
+func (l plainListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return plainConn{c}, nil
+}
+
+// TestTransferManySmallItems writes thousands of small items in one
+// request (more than one readv's worth of buffers, past one deadline step
+// of payload, empty ones among them) mixed with disk items and failing
+// ones, and reads every byte back, with the socket read directly and
+// through the buffered reader.
+func TestTransferManySmallItems(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		wrap func(net.Listener) net.Listener
+	}{{"socket", nil}, {"buffered", func(l net.Listener) net.Listener { return plainListener{l} }}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := startTransferOn(t, TransferConfig{}, tc.wrap)
+			ctx := t.Context()
+			r := rand.New(rand.NewPCG(3, 4))
+			const n = 3000
+			items := make([]*agentv1.TransferItem, n)
+			src := make([][]byte, n)
+			segs := make([]*segment.Segment, n)
+			ids := make([]uint64, n)
+			for i := range n {
+				size := r.IntN(5000)
+				if i%97 == 0 {
+					size = 0
+				}
+				segs[i] = e.mem
+				if i%50 == 7 {
+					segs[i] = e.disk
+				}
+				src[i] = randBytes(size)
+				ids[i] = e.reserve(t, segs[i], uint64(size))
+				items[i] = e.item(segs[i], ids[i], token.Write)
+				if i%333 == 5 {
+					items[i] = e.item(segs[i], ids[i], token.Read) // refused, drained
+				}
+			}
+			errs, err := e.pool.Write(ctx, e.addr, items, src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range n {
+				if i%333 == 5 {
+					wantErr(t, errs[i], codes.PermissionDenied, "INVALID_TOKEN")
+					continue
+				}
+				if errs[i] != nil {
+					t.Fatalf("item %d: %v", i, errs[i])
+				}
+				seal(t, segs[i], ids[i], src[i])
+				got := make([]byte, len(src[i]))
+				res, err := e.pool.Read(ctx, e.addr, []*agentv1.TransferItem{e.item(segs[i], ids[i], token.Read)}, [][]byte{got})
+				if err != nil || res[0].Err != nil || !bytes.Equal(got, src[i]) {
+					t.Fatalf("item %d read back: %+v, %v, equal %v", i, res, err, bytes.Equal(got, src[i]))
+				}
+			}
+		})
+	}
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {

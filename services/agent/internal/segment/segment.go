@@ -420,37 +420,53 @@ type Handle struct {
 
 // OpenWrite opens a RESERVED allocation for writing.
 func (s *Segment) OpenWrite(id uint64) (*Handle, error) {
-	return s.open(id, true)
+	h := new(Handle)
+	if err := s.open(h, id, true); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// OpenWriteTo is OpenWrite into h, which must be a zero Handle (never
+// opened), so a caller opening many allocations at once can allocate their
+// Handles together.
+func (s *Segment) OpenWriteTo(h *Handle, id uint64) error {
+	return s.open(h, id, true)
 }
 
 // OpenRead opens a SEALED allocation for reading.
 func (s *Segment) OpenRead(id uint64) (*Handle, error) {
-	return s.open(id, false)
+	h := new(Handle)
+	if err := s.open(h, id, false); err != nil {
+		return nil, err
+	}
+	return h, nil
 }
 
-func (s *Segment) open(id uint64, write bool) (*Handle, error) {
+func (s *Segment) open(h *Handle, id uint64, write bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, errClosed
+		return errClosed
 	}
 	e, ok := s.table.get(id)
 	if !ok {
-		return nil, errNotFound(s.id, id)
+		return errNotFound(s.id, id)
 	}
 	if write {
 		if e.state != masterv1.AllocationState_ALLOCATION_STATE_RESERVED || e.sealing {
-			return nil, errState("allocation %d is %s; writes need RESERVED", id, stateName(e))
+			return errState("allocation %d is %s; writes need RESERVED", id, stateName(e))
 		}
 		e.writers++
 	} else {
 		if e.state != masterv1.AllocationState_ALLOCATION_STATE_SEALED {
-			return nil, errState("allocation %d is %s; reads need SEALED", id, stateName(e))
+			return errState("allocation %d is %s; reads need SEALED", id, stateName(e))
 		}
 		e.readers++
 	}
 	s.refs++
-	return &Handle{s: s, e: e, write: write}, nil
+	h.s, h.e, h.write = s, e, write
+	return nil
 }
 
 func stateName(e *entry) string {
