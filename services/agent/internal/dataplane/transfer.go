@@ -151,6 +151,8 @@ type transferConn struct {
 	hbuf []byte
 	wbuf []byte
 	iov  net.Buffers
+	// req decodes request headers (decode.go).
+	req transferRequest
 
 	// rdLeft is how many more bytes may be read before the read deadline
 	// is renewed (every ioStep bytes of a request).
@@ -174,7 +176,7 @@ func (t *transferServer) add(nc net.Conn) *transferConn {
 	if t.closing {
 		return nil
 	}
-	c := &transferConn{nc: nc, br: bufio.NewReaderSize(nc, transferReadBuffer)}
+	c := &transferConn{nc: nc, br: bufio.NewReaderSize(nc, transferReadBuffer), req: transferRequest{ids: t.s.segs.SegmentID}}
 	if sc, ok := nc.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			c.rc = rc
@@ -277,8 +279,10 @@ func (t *transferServer) serve(c *transferConn) {
 		_ = c.nc.SetReadDeadline(t.deadline(t.cfg.IOTimeout))
 		c.rdLeft = ioStep
 		req := &agentv1.TransferRequest{}
+		c.req.TransferRequest = req
 		var err error
-		c.hbuf, err = xfer.ReadFrame(c.br, c.hbuf, req)
+		c.hbuf, err = xfer.ReadFrame(c.br, c.hbuf, &c.req)
+		c.req.TransferRequest = nil
 		if cap(c.hbuf) > maxKeptHeader {
 			c.hbuf = nil
 		}

@@ -619,12 +619,14 @@ func (s *session) sendLoop() {
 }
 
 func (s *session) recvLoop(out chan<- *masterv1.ConnectResponse, errc chan<- error) {
+	in := &connectResponse{ids: s.l.deps.Segments.SegmentID}
 	for {
-		msg, err := s.stream.Recv()
-		if err != nil {
+		in.ConnectResponse = new(masterv1.ConnectResponse)
+		if err := s.stream.RecvMsg(in); err != nil {
 			errc <- err
 			return
 		}
+		msg := in.ConnectResponse
 		select {
 		case out <- msg:
 		case <-s.ctx.Done():

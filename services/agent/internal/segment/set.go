@@ -32,6 +32,15 @@ func (s *Set) Get(id string) (*Segment, bool) {
 	return sg, ok
 }
 
+// SegmentID returns the id of the mounted segment whose id is b, without
+// allocating: decoders take it instead of copying the id of every item.
+func (s *Set) SegmentID(b []byte) (string, bool) {
+	if sg, ok := s.byID[string(b)]; ok {
+		return sg.id, true
+	}
+	return "", false
+}
+
 // getNear is Get for the items of a batch, which nearly always name one
 // segment: last, the previous item's segment, is tried first.
 func (s *Set) getNear(id string, last *Segment) (*Segment, bool) {

@@ -1,0 +1,103 @@
+package dataplane
+
+import (
+	"strconv"
+	"testing"
+
+	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
+	"github.com/crescent-kv/crescent/pkg/rpccodec"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+)
+
+const testSeg = "6c3d1b7e-2f4a-4e8b-9c0d-1a2b3c4d5e6f"
+
+func testIDs(b []byte) (string, bool) {
+	if string(b) == testSeg {
+		return testSeg, true
+	}
+	return "", false
+}
+
+// checkSameTransfer decodes b as pkg/xfer does (rpccodec.Unmarshal) into a
+// plain TransferRequest and through the fast path, and compares.
+func checkSameTransfer(t *testing.T, b []byte) {
+	t.Helper()
+	plain := &agentv1.TransferRequest{}
+	plainErr := rpccodec.Unmarshal(b, plain)
+	w := &transferRequest{TransferRequest: &agentv1.TransferRequest{}, ids: testIDs}
+	fastErr := rpccodec.Unmarshal(b, w)
+	if (plainErr == nil) != (fastErr == nil) || (plainErr != nil && plainErr.Error() != fastErr.Error()) {
+		t.Fatalf("decode of %x: generated err %v, fast path err %v", b, plainErr, fastErr)
+	}
+	if plainErr == nil && !proto.Equal(plain, w.TransferRequest) {
+		t.Fatalf("decode of %x:\ngenerated %v\nfast path %v", b, plain, w.TransferRequest)
+	}
+}
+
+func transferMsg(n int) *agentv1.TransferRequest {
+	items := make([]*agentv1.TransferItem, n)
+	for i := range items {
+		items[i] = &agentv1.TransferItem{SegmentId: testSeg, AllocationId: uint64(i) << 20, Token: []byte("token-" + strconv.Itoa(i)), Offset: uint64(i % 7), Length: 4096}
+	}
+	items = append(items, &agentv1.TransferItem{SegmentId: "other", Token: []byte{}}, &agentv1.TransferItem{})
+	return &agentv1.TransferRequest{Op: agentv1.TransferOp_TRANSFER_OP_WRITE, Items: items}
+}
+
+func transferSeeds(t testing.TB) [][]byte {
+	m := func(msg proto.Message) []byte {
+		b, err := rpccodec.AppendMarshal(nil, msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	one := m(transferMsg(2))
+	seeds := [][]byte{one, m(&agentv1.TransferRequest{Op: 77}), m(&agentv1.TransferRequest{}), append(append([]byte(nil), one...), one...)}
+	// Unknown field, wrong wire type, invalid UTF-8, a negative enum.
+	item := protowire.AppendTag(nil, 9, protowire.Fixed32Type)
+	item = protowire.AppendFixed32(item, 1)
+	seeds = append(seeds, protowire.AppendBytes(protowire.AppendTag(nil, fieldItems, protowire.BytesType), item))
+	wrong := protowire.AppendTag(nil, 3, protowire.VarintType)
+	wrong = protowire.AppendVarint(wrong, 5)
+	seeds = append(seeds, protowire.AppendBytes(protowire.AppendTag(nil, fieldItems, protowire.BytesType), wrong))
+	bad := m(&agentv1.TransferRequest{Items: []*agentv1.TransferItem{{SegmentId: "ab"}}})
+	bad[len(bad)-1] = 0xfe
+	seeds = append(seeds, bad, protowire.AppendVarint(protowire.AppendTag(nil, fieldOp, protowire.VarintType), 1<<63|1<<31))
+	return seeds
+}
+
+// TestTransferRequestDecode checks the fast path against the generated
+// decoder on valid headers, odd but valid encodings and malformed ones.
+func TestTransferRequestDecode(t *testing.T) {
+	for _, b := range transferSeeds(t) {
+		checkSameTransfer(t, b)
+		for i := range b {
+			checkSameTransfer(t, b[:i])
+		}
+	}
+	b, err := rpccodec.AppendMarshal(nil, transferMsg(128))
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocs := testing.AllocsPerRun(20, func() {
+		w := &transferRequest{TransferRequest: &agentv1.TransferRequest{}, ids: testIDs}
+		if err := rpccodec.Unmarshal(b, w); err != nil {
+			t.Fatal(err)
+		}
+	})
+	// The items, their pointers, the tokens, the other segment id, the
+	// request and the wrapper.
+	if allocs > 8 {
+		t.Fatalf("decoding a header of 130 items took %v allocations", allocs)
+	}
+}
+
+// FuzzTransferRequestDecode: whatever the bytes, the fast path decodes (or
+// refuses) exactly as the generated decoder does.
+func FuzzTransferRequestDecode(f *testing.F) {
+	for _, b := range transferSeeds(f) {
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) { checkSameTransfer(t, b) })
+}

@@ -1,0 +1,267 @@
+package link
+
+import (
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// connectResponse is what the receive loop decodes each master message
+// into: a *masterv1.ConnectResponse whose UnmarshalVT takes a fast path for
+// the batched commands of the put path (Reserve, Seal, Release).
+//
+// The generated decoder allocates each item and each of its strings: with
+// batches of 4 KiB objects that was 8 of the agent's 20 allocations per
+// object (ReserveItem, its segment id, tenant and key; SealItem and its
+// segment id; AllocationRef and its segment id). The fast path allocates a
+// batch's items as one array, takes segment ids from the mounted segments
+// (they are nearly always one of them), reuses the previous item's tenant
+// and group when they repeat, and so allocates only each key.
+//
+// The codec (pkg/rpccodec) still runs its UTF-8 and wire-format check
+// before UnmarshalVT and falls back to proto.Unmarshal after a failure, and
+// the fast path handles only what it fully understands: one oneof field
+// holding one of the three commands, whose fields all have their declared
+// wire types. Anything else (another message, unknown fields, a repeated
+// oneof field, a malformed varint) is decoded again from the start by the
+// generated UnmarshalVT, so every input is accepted or refused, and decoded,
+// exactly as before.
+type connectResponse struct {
+	*masterv1.ConnectResponse
+	ids func([]byte) (string, bool) // a mounted segment's id, without allocating
+}
+
+// UnmarshalVT decodes b into the embedded message, which the codec reset.
+func (m *connectResponse) UnmarshalVT(b []byte) error {
+	if m.fast(b) {
+		return nil
+	}
+	m.ConnectResponse.Reset()
+	return m.ConnectResponse.UnmarshalVT(b)
+}
+
+// ConnectResponse field numbers (segment.proto).
+const (
+	fieldReserve = 2
+	fieldRelease = 3
+	fieldSeal    = 4
+)
+
+func (m *connectResponse) fast(b []byte) bool {
+	num, typ, n := protowire.ConsumeTag(b)
+	if n < 0 || typ != protowire.BytesType {
+		return false
+	}
+	body, k := protowire.ConsumeBytes(b[n:])
+	if k < 0 || n+k != len(b) {
+		return false // malformed, or more than one field
+	}
+	d := itemDecoder{ids: m.ids}
+	switch num {
+	case fieldReserve:
+		r := &masterv1.ReserveRequest{}
+		if !decodeBatch(body, &r.RequestId, &r.Epoch, &r.Items, d.reserveItem) {
+			return false
+		}
+		m.Msg = &masterv1.ConnectResponse_Reserve{Reserve: r}
+	case fieldSeal:
+		r := &masterv1.SealRequest{}
+		if !decodeBatch(body, &r.RequestId, &r.Epoch, &r.Items, d.sealItem) {
+			return false
+		}
+		m.Msg = &masterv1.ConnectResponse_Seal{Seal: r}
+	case fieldRelease:
+		r := &masterv1.ReleaseRequest{}
+		if !decodeBatch(body, &r.RequestId, &r.Epoch, &r.Items, d.allocationRef) {
+			return false
+		}
+		m.Msg = &masterv1.ConnectResponse_Release{Release: r}
+	default:
+		return false
+	}
+	return true
+}
+
+// decodeBatch decodes a ReserveRequest, SealRequest or ReleaseRequest (all
+// request_id = 1, epoch = 2, repeated items = 3). The items are allocated
+// as one array. It reports false for anything but known fields with their
+// wire types.
+func decodeBatch[T any](b []byte, requestID, epoch *uint64, items *[]*T, item func([]byte, *T) bool) bool {
+	n := 0
+	for rest := b; len(rest) > 0; {
+		num, typ, k := protowire.ConsumeTag(rest)
+		if k < 0 {
+			return false
+		}
+		rest = rest[k:]
+		switch {
+		case (num == 1 || num == 2) && typ == protowire.VarintType:
+			k = protowire.ConsumeFieldValue(num, typ, rest)
+		case num == 3 && typ == protowire.BytesType:
+			k = protowire.ConsumeFieldValue(num, typ, rest)
+			n++
+		default:
+			return false
+		}
+		if k < 0 {
+			return false
+		}
+		rest = rest[k:]
+	}
+	arr := make([]T, n)
+	ptrs := make([]*T, n)
+	i := 0
+	for len(b) > 0 {
+		num, typ, k := protowire.ConsumeTag(b)
+		b = b[k:]
+		if typ == protowire.VarintType {
+			v, k := protowire.ConsumeVarint(b)
+			b = b[k:]
+			if num == 1 {
+				*requestID = v
+			} else {
+				*epoch = v
+			}
+			continue
+		}
+		v, k := protowire.ConsumeBytes(b)
+		b = b[k:]
+		if !item(v, &arr[i]) {
+			return false
+		}
+		ptrs[i] = &arr[i]
+		i++
+	}
+	*items = ptrs
+	return true
+}
+
+// itemDecoder decodes the items of one batch.
+type itemDecoder struct {
+	ids                            func([]byte) (string, bool)
+	lastSeg, lastTenant, lastGroup string
+}
+
+// segmentID returns b as a string, a mounted segment's own when it is one.
+func (d *itemDecoder) segmentID(b []byte) string {
+	if string(b) == d.lastSeg {
+		return d.lastSeg
+	}
+	if d.ids != nil {
+		if id, ok := d.ids(b); ok {
+			d.lastSeg = id
+			return id
+		}
+	}
+	return string(b)
+}
+
+// again returns last when b spells it, else b as a new string (kept as last).
+func again(last *string, b []byte) string {
+	if string(b) != *last {
+		*last = string(b)
+	}
+	return *last
+}
+
+// fieldValue reads one field's value of the expected wire type: v for
+// varints, p for bytes. ok is false for another type or a malformed value.
+func fieldValue(b []byte, typ, want protowire.Type) (v uint64, p []byte, n int, ok bool) {
+	if typ != want {
+		return 0, nil, 0, false
+	}
+	if want == protowire.VarintType {
+		v, n = protowire.ConsumeVarint(b)
+	} else {
+		p, n = protowire.ConsumeBytes(b)
+	}
+	return v, p, n, n >= 0
+}
+
+// reserveItemTypes are ReserveItem's wire types by field number.
+var reserveItemTypes = [...]protowire.Type{1: protowire.BytesType, 2: protowire.VarintType, 3: protowire.BytesType, 4: protowire.BytesType,
+	5: protowire.VarintType, 6: protowire.BytesType, 7: protowire.VarintType, 8: protowire.VarintType}
+
+func (d *itemDecoder) reserveItem(b []byte, it *masterv1.ReserveItem) bool {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || num < 1 || int(num) >= len(reserveItemTypes) {
+			return false
+		}
+		v, p, k, ok := fieldValue(b[n:], typ, reserveItemTypes[num])
+		if !ok {
+			return false
+		}
+		b = b[n+k:]
+		switch num {
+		case 1:
+			it.SegmentId = d.segmentID(p)
+		case 2:
+			it.Size = v
+		case 3:
+			it.Tenant = again(&d.lastTenant, p)
+		case 4:
+			it.Key = string(p)
+		case 5:
+			it.ReplicaId = uint32(v)
+		case 6:
+			it.GroupId = again(&d.lastGroup, p)
+		case 7:
+			it.HardPin = v != 0
+		case 8:
+			it.SoftPinUntilUnixMs = int64(v)
+		}
+	}
+	return true
+}
+
+// sealItemTypes are SealItem's wire types by field number.
+var sealItemTypes = [...]protowire.Type{1: protowire.BytesType, 2: protowire.VarintType, 3: protowire.VarintType, 4: protowire.VarintType}
+
+func (d *itemDecoder) sealItem(b []byte, it *masterv1.SealItem) bool {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || num < 1 || int(num) >= len(sealItemTypes) {
+			return false
+		}
+		v, p, k, ok := fieldValue(b[n:], typ, sealItemTypes[num])
+		if !ok {
+			return false
+		}
+		b = b[n+k:]
+		switch num {
+		case 1:
+			it.SegmentId = d.segmentID(p)
+		case 2:
+			it.AllocationId = v
+		case 3:
+			it.Checksum = v
+		case 4:
+			it.SoftPinUntilUnixMs = int64(v)
+		}
+	}
+	return true
+}
+
+func (d *itemDecoder) allocationRef(b []byte, it *masterv1.AllocationRef) bool {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || (num != 1 && num != 2) {
+			return false
+		}
+		want := protowire.VarintType
+		if num == 1 {
+			want = protowire.BytesType
+		}
+		v, p, k, ok := fieldValue(b[n:], typ, want)
+		if !ok {
+			return false
+		}
+		b = b[n+k:]
+		if num == 1 {
+			it.SegmentId = d.segmentID(p)
+		} else {
+			it.AllocationId = v
+		}
+	}
+	return true
+}

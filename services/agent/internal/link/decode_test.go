@@ -1,0 +1,134 @@
+package link
+
+import (
+	"strconv"
+	"testing"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/rpccodec"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+const testSeg = "0b0e7a52-6d1c-4c1e-9a8e-3f1f2d0c9b11"
+
+func testIDs(b []byte) (string, bool) {
+	if string(b) == testSeg {
+		return testSeg, true
+	}
+	return "", false
+}
+
+// decodeBoth decodes b through the codec into a plain ConnectResponse and
+// into the fast-path wrapper.
+func decodeBoth(b []byte) (plain, fast *masterv1.ConnectResponse, plainErr, fastErr error) {
+	c := rpccodec.New()
+	plain = &masterv1.ConnectResponse{}
+	plainErr = c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, plain)
+	w := &connectResponse{ConnectResponse: &masterv1.ConnectResponse{}, ids: testIDs}
+	fastErr = c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, w)
+	return plain, w.ConnectResponse, plainErr, fastErr
+}
+
+func checkSame(t *testing.T, b []byte) {
+	t.Helper()
+	plain, fast, plainErr, fastErr := decodeBoth(b)
+	if (plainErr == nil) != (fastErr == nil) || (plainErr != nil && plainErr.Error() != fastErr.Error()) {
+		t.Fatalf("decode of %x: generated err %v, fast path err %v", b, plainErr, fastErr)
+	}
+	if plainErr == nil && !proto.Equal(plain, fast) {
+		t.Fatalf("decode of %x:\ngenerated %v\nfast path %v", b, plain, fast)
+	}
+}
+
+func marshal(t testing.TB, m proto.Message) []byte {
+	t.Helper()
+	b, err := rpccodec.AppendMarshal(nil, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func reserveMsg(n int) *masterv1.ConnectResponse {
+	items := make([]*masterv1.ReserveItem, n)
+	for i := range items {
+		items[i] = &masterv1.ReserveItem{SegmentId: testSeg, Size: 4096 + uint64(i), Tenant: "tenant", Key: "bench/object-" + strconv.Itoa(i),
+			ReplicaId: uint32(i % 3), GroupId: []string{"", "g"}[i%2], HardPin: i%5 == 0, SoftPinUntilUnixMs: int64(i) - 3}
+	}
+	items = append(items, &masterv1.ReserveItem{SegmentId: "other-segment", Key: "k"}, &masterv1.ReserveItem{})
+	return &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Reserve{Reserve: &masterv1.ReserveRequest{RequestId: 7, Epoch: 3, Items: items}}}
+}
+
+func seedMessages(t testing.TB) [][]byte {
+	seal := &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Seal{Seal: &masterv1.SealRequest{RequestId: 1 << 40, Epoch: 2, Items: []*masterv1.SealItem{
+		{SegmentId: testSeg, AllocationId: 1, Checksum: 1<<64 - 1, SoftPinUntilUnixMs: -1}, {SegmentId: "x", AllocationId: 2}, {},
+	}}}}
+	release := &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Release{Release: &masterv1.ReleaseRequest{RequestId: 9, Items: []*masterv1.AllocationRef{
+		{SegmentId: testSeg, AllocationId: 5}, {AllocationId: 6}, {SegmentId: "y"},
+	}}}}
+	settings := &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Settings{Settings: &masterv1.Settings{Epoch: 4, HeartbeatInterval: durationpb.New(1), TokenKey: []byte("k")}}}
+	empty := &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Seal{Seal: &masterv1.SealRequest{}}}
+	var seeds [][]byte
+	for _, m := range []proto.Message{reserveMsg(3), seal, release, settings, empty, &masterv1.ConnectResponse{}} {
+		seeds = append(seeds, marshal(t, m))
+	}
+	r, s := marshal(t, reserveMsg(2)), marshal(t, seal)
+	// Two oneof fields (the second wins, or merges when the same).
+	seeds = append(seeds, append(append([]byte(nil), r...), s...), append(append([]byte(nil), r...), r...))
+	// An unknown field inside an item, and at the top level.
+	item := protowire.AppendTag(nil, 1, protowire.BytesType)
+	item = protowire.AppendString(item, testSeg)
+	item = protowire.AppendTag(item, 99, protowire.VarintType)
+	item = protowire.AppendVarint(item, 1)
+	body := protowire.AppendTag(nil, 3, protowire.BytesType)
+	body = protowire.AppendBytes(body, item)
+	msg := protowire.AppendTag(nil, fieldSeal, protowire.BytesType)
+	msg = protowire.AppendBytes(msg, body)
+	seeds = append(seeds, msg, append(protowire.AppendVarint(protowire.AppendTag(nil, 42, protowire.VarintType), 1), r...))
+	// A known field with the wrong wire type; invalid UTF-8 in a key.
+	wrong := protowire.AppendTag(nil, 2, protowire.BytesType)
+	wrong = protowire.AppendString(wrong, "x")
+	seeds = append(seeds, protowire.AppendBytes(protowire.AppendTag(nil, fieldRelease, protowire.BytesType),
+		protowire.AppendBytes(protowire.AppendTag(nil, 3, protowire.BytesType), wrong)))
+	bad := marshal(t, &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Reserve{Reserve: &masterv1.ReserveRequest{Items: []*masterv1.ReserveItem{{Key: "abc"}}}}})
+	bad[len(bad)-1] = 0xff
+	seeds = append(seeds, bad)
+	return seeds
+}
+
+// TestConnectResponseDecode checks the fast path against the generated
+// decoder on valid commands, odd but valid encodings and malformed ones.
+func TestConnectResponseDecode(t *testing.T) {
+	for _, b := range seedMessages(t) {
+		checkSame(t, b)
+		for i := range b { // every truncation
+			checkSame(t, b[:i])
+		}
+	}
+	// The fast path is taken for a command: the items share one array,
+	// segment ids and the repeated tenant are not copied.
+	b := marshal(t, reserveMsg(128))
+	allocs := testing.AllocsPerRun(20, func() {
+		w := &connectResponse{ConnectResponse: &masterv1.ConnectResponse{}, ids: testIDs}
+		if err := rpccodec.Unmarshal(b, w); err != nil {
+			t.Fatal(err)
+		}
+	})
+	// 128 keys, the other segment's id and its key, one tenant, one
+	// group, the arrays, the request, the oneof wrapper, the wrapper.
+	if allocs > 140 {
+		t.Fatalf("decoding 130 reserve items took %v allocations, want about one per key", allocs)
+	}
+}
+
+// FuzzConnectResponseDecode: whatever the bytes, the fast path decodes (or
+// refuses) exactly as the generated decoder does.
+func FuzzConnectResponseDecode(f *testing.F) {
+	for _, b := range seedMessages(f) {
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) { checkSame(t, b) })
+}
