@@ -1,6 +1,8 @@
 package link
 
 import (
+	"unicode/utf8"
+
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -32,7 +34,7 @@ type connectResponse struct {
 
 // UnmarshalVT decodes b into the embedded message, which the codec reset.
 func (m *connectResponse) UnmarshalVT(b []byte) error {
-	if m.fast(b) {
+	if m.fast(b, false) {
 		return nil
 	}
 	m.ConnectResponse.Reset()
@@ -46,7 +48,12 @@ const (
 	fieldSeal    = 4
 )
 
-func (m *connectResponse) fast(b []byte) bool {
+// fast decodes b into the (reset) message when it is one of the three
+// commands in their plain form, and reports whether it did; it leaves m
+// partly filled when not. With checkUTF8 it also refuses (false) a string
+// field that is not UTF-8, so an accepted b is one pkg/rpccodec's check
+// accepts.
+func (m *connectResponse) fast(b []byte, checkUTF8 bool) bool {
 	num, typ, n := protowire.ConsumeTag(b)
 	if n < 0 || typ != protowire.BytesType {
 		return false
@@ -55,7 +62,7 @@ func (m *connectResponse) fast(b []byte) bool {
 	if k < 0 || n+k != len(b) {
 		return false // malformed, or more than one field
 	}
-	d := itemDecoder{ids: m.ids}
+	d := itemDecoder{ids: m.ids, checkUTF8: checkUTF8}
 	switch num {
 	case fieldReserve:
 		r := &masterv1.ReserveRequest{}
@@ -138,29 +145,45 @@ func decodeBatch[T any](b []byte, requestID, epoch *uint64, items *[]*T, item fu
 // itemDecoder decodes the items of one batch.
 type itemDecoder struct {
 	ids                            func([]byte) (string, bool)
+	checkUTF8                      bool
 	lastSeg, lastTenant, lastGroup string
 }
 
-// segmentID returns b as a string, a mounted segment's own when it is one.
-func (d *itemDecoder) segmentID(b []byte) string {
+// newString returns b as a new string; false when UTF-8 is checked and b
+// is not.
+func (d *itemDecoder) newString(b []byte) (string, bool) {
+	if d.checkUTF8 && !utf8.Valid(b) {
+		return "", false
+	}
+	return string(b), true
+}
+
+// segmentID returns b as a string, a mounted segment's own when it is one
+// (valid UTF-8, as every id the agent makes).
+func (d *itemDecoder) segmentID(b []byte) (string, bool) {
 	if string(b) == d.lastSeg {
-		return d.lastSeg
+		return d.lastSeg, true
 	}
 	if d.ids != nil {
 		if id, ok := d.ids(b); ok {
 			d.lastSeg = id
-			return id
+			return id, true
 		}
 	}
-	return string(b)
+	return d.newString(b)
 }
 
-// again returns last when b spells it, else b as a new string (kept as last).
-func again(last *string, b []byte) string {
+// again returns last when b spells it, else b as a new string (kept as
+// last).
+func (d *itemDecoder) again(last *string, b []byte) (string, bool) {
 	if string(b) != *last {
-		*last = string(b)
+		s, ok := d.newString(b)
+		if !ok {
+			return "", false
+		}
+		*last = s
 	}
-	return *last
+	return *last, true
 }
 
 // fieldValue reads one field's value of the expected wire type: v for
@@ -194,21 +217,24 @@ func (d *itemDecoder) reserveItem(b []byte, it *masterv1.ReserveItem) bool {
 		b = b[n+k:]
 		switch num {
 		case 1:
-			it.SegmentId = d.segmentID(p)
+			it.SegmentId, ok = d.segmentID(p)
 		case 2:
 			it.Size = v
 		case 3:
-			it.Tenant = again(&d.lastTenant, p)
+			it.Tenant, ok = d.again(&d.lastTenant, p)
 		case 4:
-			it.Key = string(p)
+			it.Key, ok = d.newString(p)
 		case 5:
 			it.ReplicaId = uint32(v)
 		case 6:
-			it.GroupId = again(&d.lastGroup, p)
+			it.GroupId, ok = d.again(&d.lastGroup, p)
 		case 7:
 			it.HardPin = v != 0
 		case 8:
 			it.SoftPinUntilUnixMs = int64(v)
+		}
+		if !ok {
+			return false
 		}
 	}
 	return true
@@ -230,7 +256,9 @@ func (d *itemDecoder) sealItem(b []byte, it *masterv1.SealItem) bool {
 		b = b[n+k:]
 		switch num {
 		case 1:
-			it.SegmentId = d.segmentID(p)
+			if it.SegmentId, ok = d.segmentID(p); !ok {
+				return false
+			}
 		case 2:
 			it.AllocationId = v
 		case 3:
@@ -258,7 +286,9 @@ func (d *itemDecoder) allocationRef(b []byte, it *masterv1.AllocationRef) bool {
 		}
 		b = b[n+k:]
 		if num == 1 {
-			it.SegmentId = d.segmentID(p)
+			if it.SegmentId, ok = d.segmentID(p); !ok {
+				return false
+			}
 		} else {
 			it.AllocationId = v
 		}

@@ -24,12 +24,25 @@ func testIDs(b []byte) (string, bool) {
 // decodeBoth decodes b through the codec into a plain ConnectResponse and
 // into the fast-path wrapper.
 func decodeBoth(b []byte) (plain, fast *masterv1.ConnectResponse, plainErr, fastErr error) {
-	c := rpccodec.New()
 	plain = &masterv1.ConnectResponse{}
-	plainErr = c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, plain)
+	plainErr = rpccodec.New().Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, plain)
 	w := &connectResponse{ConnectResponse: &masterv1.ConnectResponse{}, ids: testIDs}
-	fastErr = c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, w)
+	fastErr = newConnectCodec().Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, w)
 	return plain, w.ConnectResponse, plainErr, fastErr
+}
+
+// TestConnectCodecPieces decodes a command received in several buffers.
+func TestConnectCodecPieces(t *testing.T) {
+	b := marshal(t, reserveMsg(40))
+	want := &masterv1.ConnectResponse{}
+	if err := rpccodec.Unmarshal(b, want); err != nil {
+		t.Fatal(err)
+	}
+	w := &connectResponse{ConnectResponse: &masterv1.ConnectResponse{}, ids: testIDs}
+	data := mem.BufferSlice{mem.SliceBuffer(b[:100]), mem.SliceBuffer(b[100:1000]), mem.SliceBuffer(b[1000:])}
+	if err := newConnectCodec().Unmarshal(data, w); err != nil || !proto.Equal(w.ConnectResponse, want) {
+		t.Fatalf("Unmarshal of 3 pieces = %v, %v; want %v", err, w.ConnectResponse, want)
+	}
 }
 
 func checkSame(t *testing.T, b []byte) {
@@ -40,6 +53,12 @@ func checkSame(t *testing.T, b []byte) {
 	}
 	if plainErr == nil && !proto.Equal(plain, fast) {
 		t.Fatalf("decode of %x:\ngenerated %v\nfast path %v", b, plain, fast)
+	}
+	// The wrapper alone, under rpccodec (its UnmarshalVT).
+	w := &connectResponse{ConnectResponse: &masterv1.ConnectResponse{}, ids: testIDs}
+	err := rpccodec.New().Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, w)
+	if (plainErr == nil) != (err == nil) || (plainErr != nil && plainErr.Error() != err.Error()) || (err == nil && !proto.Equal(plain, w.ConnectResponse)) {
+		t.Fatalf("decode of %x by UnmarshalVT: %v, %v; want %v, %v", b, w.ConnectResponse, err, plain, plainErr)
 	}
 }
 
@@ -96,6 +115,13 @@ func seedMessages(t testing.TB) [][]byte {
 	bad := marshal(t, &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Reserve{Reserve: &masterv1.ReserveRequest{Items: []*masterv1.ReserveItem{{Key: "abc"}}}}})
 	bad[len(bad)-1] = 0xff
 	seeds = append(seeds, bad)
+	// Invalid UTF-8 in a seal item's segment id, and in a tenant that the
+	// next item repeats.
+	badSeg := marshal(t, &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Seal{Seal: &masterv1.SealRequest{Items: []*masterv1.SealItem{{SegmentId: "seg\xc3"}}}}})
+	badTenant := marshal(t, &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Reserve{Reserve: &masterv1.ReserveRequest{Items: []*masterv1.ReserveItem{
+		{Tenant: "t\xe2\x82", Key: "a"}, {Tenant: "t\xe2\x82", Key: "b"}, {Tenant: "ok", GroupId: "\x80"},
+	}}}})
+	seeds = append(seeds, badSeg, badTenant)
 	return seeds
 }
 
@@ -113,7 +139,7 @@ func TestConnectResponseDecode(t *testing.T) {
 	b := marshal(t, reserveMsg(128))
 	allocs := testing.AllocsPerRun(20, func() {
 		w := &connectResponse{ConnectResponse: &masterv1.ConnectResponse{}, ids: testIDs}
-		if err := rpccodec.Unmarshal(b, w); err != nil {
+		if err := newConnectCodec().Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, w); err != nil {
 			t.Fatal(err)
 		}
 	})

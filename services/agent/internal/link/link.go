@@ -433,7 +433,7 @@ var errSettingsTimeout = errors.New("no Settings from the master in time")
 func (l *Link) session(parent context.Context, client masterv1.SegmentServiceClient, sh *shutdown) (established bool, err error) {
 	ctx, cancel := context.WithCancelCause(parent)
 	defer cancel(nil)
-	stream, err := client.Connect(ctx)
+	stream, err := client.Connect(ctx, grpc.ForceCodecV2(newConnectCodec()))
 	if err != nil {
 		return false, err
 	}
