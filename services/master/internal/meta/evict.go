@@ -3,6 +3,7 @@ package meta
 import (
 	"cmp"
 	"context"
+	"math"
 	"math/bits"
 	"slices"
 
@@ -15,6 +16,12 @@ import (
 // completion time). Never evicted: objects with a write in progress or a
 // move in flight (a PROCESSING replica), leased objects, hard-pinned
 // objects. Soft-pinned objects go only after every unpinned candidate.
+//
+// Each shard keeps its objects in access order (the recency list, see
+// shard), so a pass (evict) reads only the lists' least recent ends, about
+// as many objects as it evicts. Making a contiguous hole (makeHole) needs
+// every extent of a segment by offset and still scans every object; only
+// PutStarts that found no room get there.
 
 // evictTarget is a segment that needs room and how many bytes.
 type evictTarget struct {
@@ -123,17 +130,47 @@ func (s *Store) evictableLocked(o *object, nowMs int64) (ok, pinned bool) {
 // still in need (subtracting its size from every such target), until no
 // target is in need. While a target is in need, every candidate on it is
 // taken, so what the pass takes for target p is the shortest prefix, in
-// that order, of the candidates on p whose sizes add up to p's need, and
-// the victims are the union of these prefixes. A pass typically needs the
-// oldest tenth, so rather than sorting every candidate the scan keeps, per
-// target, that prefix of the candidates seen so far in a max-heap
-// (evictHeap): a candidate after the heap's top is dropped with one
+// that order, of the candidates on p whose sizes add up to p's need (p's
+// run), and the victims are the union of the runs. The candidates offered
+// are kept, per target, in a max-heap (evictHeap) holding the run of what
+// was offered so far: a candidate after the heap's top is dropped with one
 // comparison once the heap holds the need, and one before it goes in and
-// pushes out the tops it makes unnecessary. Ties in access are broken by
-// scan order, the same way for every target.
+// pushes out the tops it makes unnecessary. Offering more than the run
+// changes nothing, offering less than it does: the pass must offer every
+// candidate that precedes the end of each run, and no more than that is
+// what keeps it cheap. Ties in access are broken by offer order, the same
+// way for every target.
+//
+// What is offered are prefixes of the shards' recency lists (least recent
+// first; see shard), each walked under its shard's lock, so a pass visits
+// a small multiple of the objects it evicts (plus the old objects it may
+// not evict: hard-pinned, leased, being written), not every object. The
+// pass goes in rounds, each walking every shard from its head afresh:
+//
+//   - By budgets: a shard stops once, for every target, the unpinned
+//     candidates on it that this shard offered add up to the target's
+//     budget. It then walked every object with an access below tau_S, the
+//     last one walked's (infinity when it reached the end). With tau the
+//     smallest tau_S, every candidate with an access below tau was offered,
+//     and some with access tau, so a target's heap holds its run (under
+//     the tie order "offered first") when its top, the run's last
+//     candidate, is unpinned with an access up to tau. The first round's
+//     budget is twice a shard's share of the need (keys hash evenly over
+//     shards); when one round does not do, the next has four times the
+//     budget, up to the whole need. That last round needs no check: a
+//     candidate on shard S in p's run has the candidates on p before it add
+//     up to less than the need, those of S alone too, so S's walk reached
+//     it; and a run with a soft-pinned candidate means the unpinned ones on
+//     p add up to less than the need, on every shard, whose walks thus went
+//     to the end.
+//   - Up to a limit (once): when the heaps hold their needs with unpinned
+//     tops but tau is too early (the shard that met its budget first,
+//     with few victims per shard), the next round walks every shard up to
+//     the latest top's access instead, which offers every run whole.
 func (s *Store) evict(ctx context.Context, targets []evictTarget) int {
 	s.evictMu.Lock()
 	defer s.evictMu.Unlock()
+	s.lastPass = evictPassStats{}
 	if len(targets) > 64 {
 		targets = targets[:64]
 	}
@@ -166,15 +203,49 @@ func (s *Store) evict(ctx context.Context, targets []evictTarget) int {
 			pos[sg] = i
 		}
 	}
-	// cands holds, in scan order, every candidate some heap took in;
-	// the heaps refer to them by index.
+	// cands holds, in offer order, every candidate some heap took in; the
+	// heaps refer to them by index.
 	var cands candList
-	for sh := range s.shards {
-		shd := &s.shards[sh]
-		shd.mu.Lock()
-		now := s.nowMs()
-		for t, objs := range shd.tenants {
-			for key, o := range objs {
+	budget := make([]int64, len(targets)) // per shard, per round
+	got := make([]int64, len(targets))    // this shard's unpinned bytes, up to budget
+	shards := int64(len(s.shards))
+	scale := int64(2)
+	// byLimit: this round walks every shard up to access limit, not by
+	// budgets (at most once).
+	var byLimit, triedLimit bool
+	var limit int64
+	for {
+		last := !byLimit && scale >= shards
+		for i := range heaps {
+			h := &heaps[i]
+			h.items, h.bytes = h.items[:0], 0
+			switch {
+			case h.need <= 0:
+				budget[i] = 0
+			case last:
+				budget[i] = h.need
+			default: // ⌈need·scale/shards⌉ without overflow, ≥ 1
+				budget[i] = h.need/shards*scale + (h.need%shards*scale+shards-1)/shards
+			}
+		}
+		cands.reset()
+		tau := int64(math.MaxInt64)
+		for sh := range s.shards {
+			shd := &s.shards[sh]
+			shd.mu.Lock()
+			now := s.nowMs()
+			clear(got)
+			unmet := active
+			o := shd.head
+			for ; o != nil; o = o.next {
+				if byLimit {
+					if o.accessMs > limit {
+						break
+					}
+				} else if unmet == 0 {
+					break // every budget met
+				}
+				s.lastPass.walked++
 				var mask uint64
 				for i := range o.replicas {
 					seg := o.replicas[i].seg
@@ -200,16 +271,45 @@ func (s *Store) evict(ctx context.Context, targets []evictTarget) int {
 				r := evictRank{access: o.accessMs, size: o.size, idx: cands.n, pinned: pinned}
 				took := false
 				for ; mask != 0; mask &= mask - 1 {
-					if h := &heaps[bits.TrailingZeros64(mask)]; h.need > 0 && h.offer(r) {
+					p := bits.TrailingZeros64(mask)
+					h := &heaps[p]
+					if h.need <= 0 {
+						continue
+					}
+					if h.offer(r) {
 						took = true
+					}
+					if !pinned && got[p] < budget[p] {
+						if got[p] += int64(o.size); got[p] >= budget[p] {
+							unmet--
+						}
 					}
 				}
 				if took {
-					cands.add(evictCand{key: key, access: o.accessMs, size: o.size, tenant: t, shard: uint16(sh), pinned: pinned})
+					cands.add(evictCand{key: o.key, access: o.accessMs, size: o.size, tenant: o.tenant, shard: uint16(sh), pinned: pinned})
 				}
 			}
+			if o != nil { // stopped early, having walked every access below:
+				if byLimit {
+					tau = min(tau, limit)
+				} else {
+					tau = min(tau, o.prev.accessMs)
+				}
+			}
+			shd.mu.Unlock()
 		}
-		shd.mu.Unlock()
+		s.lastPass.rounds++
+		if last || tau == math.MaxInt64 || heapsHoldRuns(heaps, tau) {
+			break
+		}
+		if !byLimit {
+			scale *= 4 // for the next round by budgets
+		}
+		end, ok := runsEnd(heaps)
+		if byLimit = ok && !triedLimit; byLimit {
+			triedLimit, limit = true, end
+			s.lastPass.byLimit = true
+		}
 	}
 	// The union of the heaps (a candidate taken for several targets once),
 	// by shard, each shard's in eviction order.
@@ -260,9 +360,53 @@ func (s *Store) evict(ctx context.Context, targets []evictTarget) int {
 	}
 	n := s.evictVictimsLocked(ctx, groups)
 	if n > 0 {
-		s.lg.Debug("evicted objects", "objects", n, "segments", len(targets))
+		s.lg.Debug("evicted objects", "objects", n, "segments", len(targets),
+			"walked", s.lastPass.walked, "rounds", s.lastPass.rounds)
 	}
 	return n
+}
+
+// evictPassStats describes the last eviction pass (guarded by evictMu).
+type evictPassStats struct {
+	rounds  int  // walks over the shards' list prefixes
+	walked  int  // objects visited, over all rounds
+	byLimit bool // one round walked up to the runs' end
+}
+
+// runsEnd returns the latest access among the heaps' last candidates, when
+// every heap in use holds its need with an unpinned last candidate: what
+// was offered then covers the needs up to that access, so a walk of every
+// shard up to it offers each target's run.
+func runsEnd(heaps []evictHeap) (int64, bool) {
+	end := int64(math.MinInt64)
+	for i := range heaps {
+		h := &heaps[i]
+		if h.need <= 0 {
+			continue
+		}
+		if h.bytes < h.need || h.items[0].pinned {
+			return 0, false
+		}
+		end = max(end, h.items[0].access)
+	}
+	return end, true
+}
+
+// heapsHoldRuns reports whether every heap in use holds its target's run,
+// given that every candidate with an access below tau (and some with tau)
+// was offered: it holds the need and its last candidate is unpinned with
+// an access up to tau.
+func heapsHoldRuns(heaps []evictHeap, tau int64) bool {
+	for i := range heaps {
+		h := &heaps[i]
+		if h.need <= 0 {
+			continue
+		}
+		if h.bytes < h.need || h.items[0].pinned || h.items[0].access > tau {
+			return false
+		}
+	}
+	return true
 }
 
 // candList is an append-only list of candidates in blocks (growing it
@@ -276,11 +420,24 @@ const candBlock = 4096
 
 func (l *candList) add(c evictCand) {
 	if l.n%candBlock == 0 {
-		l.blocks = append(l.blocks, make([]evictCand, 0, candBlock))
+		if len(l.blocks) < cap(l.blocks) { // a block of an earlier round
+			l.blocks = l.blocks[:len(l.blocks)+1]
+			l.blocks[len(l.blocks)-1] = l.blocks[len(l.blocks)-1][:0]
+		} else {
+			l.blocks = append(l.blocks, make([]evictCand, 0, candBlock))
+		}
 	}
 	b := &l.blocks[len(l.blocks)-1]
 	*b = append(*b, c)
 	l.n++
+}
+
+// reset empties the list, keeping its blocks.
+func (l *candList) reset() {
+	for _, b := range l.blocks {
+		clear(b) // drop the keys
+	}
+	l.blocks, l.n = l.blocks[:0], 0
 }
 
 func (l *candList) at(i uint32) *evictCand { return &l.blocks[i/candBlock][i%candBlock] }

@@ -69,7 +69,7 @@ func BenchmarkEvictPass(b *testing.B) {
 		}
 		return out
 	}
-	evicted := 0
+	evicted, walked := 0, 0
 	b.ReportAllocs()
 	for b.Loop() {
 		before, _, _ := s.Stats()
@@ -80,9 +80,11 @@ func BenchmarkEvictPass(b *testing.B) {
 			b.Fatalf("pass evicted nothing (%d objects)", before)
 		}
 		evicted += int(before - after)
+		walked += s.lastPass.walked
 		put(missing())
 		runtime.GC() // the refill's garbage is not the pass's
 		b.StartTimer()
 	}
 	b.ReportMetric(float64(evicted)/float64(b.N), "evicted/op")
+	b.ReportMetric(float64(walked)/float64(b.N), "walked/op")
 }

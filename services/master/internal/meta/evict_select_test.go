@@ -100,12 +100,39 @@ func liveKeys(s *Store) map[string]bool {
 // 1000 bytes (in hundreds, so that sizes often add up to a need exactly),
 // one or two replicas over twelve segments, hard and soft pins (some
 // expired), leases, and one to twelve targets with random needs (some not
-// positive, some beyond everything, segments named twice).
+// positive, some near or beyond everything, segments named twice), over
+// 8, 16 and 64 shards. Over the larger ones each kind of pass must occur:
+// one round short of the whole store, a second round up to the runs' end,
+// and rounds with larger budgets.
 func TestEvictSelectsLikeFullSort(t *testing.T) {
-	for seed := range uint64(12) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+	var short, rounds, byLimit int // over the stores with more than 8 shards
+	for _, cfg := range []struct{ shards, minObjects, moreObjects int }{{8, 300, 700}, {16, 2000, 2000}, {64, 2000, 2000}} {
+		t.Run(fmt.Sprintf("shards=%d", cfg.shards), func(t *testing.T) {
+			for seed := range uint64(20) {
+				t.Run(fmt.Sprint(seed), func(t *testing.T) {
+					s, r, l := evictSelectsLikeFullSort(t, seed, cfg.shards, cfg.minObjects+int(seed*97)%cfg.moreObjects)
+					if cfg.shards > 8 {
+						short, rounds, byLimit = short+s, rounds+r, byLimit+l
+					}
+				})
+			}
+		})
+	}
+	t.Logf("passes that stopped short after one round: %d; with more rounds: %d, of which up to the runs' end: %d", short, rounds, byLimit)
+	if short == 0 || byLimit == 0 || rounds == byLimit {
+		t.Fatalf("passes that stopped short after one round: %d; with more rounds: %d, of which up to the runs' end: %d; want each kind", short, rounds, byLimit)
+	}
+}
+
+// evictSelectsLikeFullSort is one random store of TestEvictSelectsLikeFullSort
+// with n objects. It returns how many of its passes stopped short of the
+// whole store after one round, how many took more than one, and how many
+// of those had a round up to the runs' end.
+func evictSelectsLikeFullSort(t *testing.T, seed uint64, shards, n int) (short, rounds, byLimit int) {
+	{
+		{
 			rng := rand.New(rand.NewPCG(seed, 7))
-			e := newEnv(t, 3, 4, 1<<30, Config{Shards: 8})
+			e := newEnv(t, 3, 4, 1<<30, Config{Shards: shards})
 			ctx := t.Context()
 			var segIDs []string
 			for h := range 3 {
@@ -113,10 +140,9 @@ func TestEvictSelectsLikeFullSort(t *testing.T) {
 					segIDs = append(segIDs, fmt.Sprintf("seg-%d-%d", h, sg))
 				}
 			}
-			n := 300 + rng.IntN(700)
 			keys := make([]string, n)
 			for i := range keys {
-				keys[i] = fmt.Sprintf("k%04d", i)
+				keys[i] = fmt.Sprintf("k%05d", i)
 			}
 			rng.Shuffle(n, func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
 			tenantOf := map[string]string{}
@@ -163,8 +189,11 @@ func TestEvictSelectsLikeFullSort(t *testing.T) {
 						t.Fatal("segment not interned")
 					}
 					need := 100 * (int64(rng.IntN(200)) - 20) // sums hit needs exactly, often
-					if rng.IntN(6) == 0 {
+					switch rng.IntN(6) {
+					case 0:
 						need = 1 << 40
+					case 1: // about what the segment holds: runs into soft pins, or all of it
+						need = e.s.segs.get(idx).placed.Load() * int64(60+rng.IntN(50)) / 100
 					}
 					targets = append(targets, evictTarget{seg: idx, need: need})
 				}
@@ -178,11 +207,23 @@ func TestEvictSelectsLikeFullSort(t *testing.T) {
 						gone[k] = true
 					}
 				}
+				st := e.s.lastPass
+				t.Logf("round %d: %d targets, %d of %d objects walked in %d rounds", round, len(targets), st.walked, len(before), st.rounds)
+				if st.rounds == 1 && st.walked < len(before) {
+					short++
+				}
+				if st.rounds > 1 {
+					rounds++
+				}
+				if st.byLimit {
+					byLimit++
+				}
 				if !maps.Equal(gone, want) || got != len(want) {
 					t.Fatalf("round %d targets %v: evicted %d %v, want %d %v", round, targets, got, slices.Sorted(maps.Keys(gone)), len(want), slices.Sorted(maps.Keys(want)))
 				}
 			}
 			checkInvariants(t, e, &follower{set: map[rkey]bool{}})
-		})
+		}
 	}
+	return short, rounds, byLimit
 }

@@ -27,7 +27,8 @@ func FuzzDecodePageToken(f *testing.F) {
 
 // FuzzReconcile feeds arbitrary agent registrations (bytes from the
 // network) to Reconcile: it must never panic, and the metadata must stay
-// consistent (quota usage equals the objects held, records match state).
+// consistent (quota usage equals the objects held, records match state,
+// the recency lists hold the objects in access order).
 func FuzzReconcile(f *testing.F) {
 	seed, _ := proto.Marshal(&masterv1.Register{AgentId: "agent-0", Allocations: []*masterv1.Allocation{
 		{SegmentId: "seg-0-0", AllocationId: 1, Size: 10, State: masterv1.AllocationState_ALLOCATION_STATE_SEALED, Key: "k", Checksum: 3, SealedUnixMs: 5},
@@ -65,5 +66,6 @@ func FuzzReconcile(f *testing.F) {
 		if int(objs) != n {
 			t.Fatalf("quota objects %d, map holds %d", objs, n)
 		}
+		checkRecencyLists(t, s)
 	})
 }

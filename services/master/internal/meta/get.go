@@ -148,7 +148,7 @@ func (s *Store) Get(ctx context.Context, sp GetSpec) (*masterv1.GetReplicaListRe
 	if o == nil {
 		err = errNotFound(sp.Tenant, sp.Key)
 	} else if err = s.readLocked(o, &c, sp.Tenant, sp.Key, &v); err == nil {
-		s.grantLeaseLocked(o)
+		s.grantLeaseLocked(shd, o)
 	}
 	shd.mu.Unlock()
 	if err != nil {
@@ -157,8 +157,8 @@ func (s *Store) Get(ctx context.Context, sp GetSpec) (*masterv1.GetReplicaListRe
 	return s.readResponse(&v, &c, sp.ClientHost), nil
 }
 
-func (s *Store) grantLeaseLocked(o *object) {
-	o.accessMs = s.nowMs()
+func (s *Store) grantLeaseLocked(sh *shard, o *object) {
+	sh.touchLocked(o, s.nowMs())
 	o.flags |= flagLeased
 }
 
@@ -190,7 +190,7 @@ func (s *Store) BatchGet(ctx context.Context, specs []GetSpec) []GetResult {
 				res[it.i].Err = err
 				continue
 			}
-			o.accessMs = now
+			shd.touchLocked(o, now)
 			o.flags |= flagLeased
 		}
 		shd.mu.Unlock()
@@ -308,7 +308,7 @@ func (s *Store) BatchExist(ctx context.Context, refs []ObjectRef) ([]bool, error
 		for _, it := range group {
 			o := shd.getLocked(it.tenant, refs[it.i].Key)
 			if o != nil && s.readLocked(o, &c, "", "", &v) == nil {
-				s.grantLeaseLocked(o)
+				s.grantLeaseLocked(shd, o)
 				out[it.i] = true
 			}
 		}

@@ -190,6 +190,56 @@ func checkInvariants(t fataler, e *env, f *follower) {
 	if p := e.c.Agents.Problems(); len(p) > 0 {
 		t.Fatalf("(c) agent saw misuse: %v", p)
 	}
+	checkRecencyLists(t, e.s)
+}
+
+// checkRecencyLists asserts that every shard's recency list holds exactly
+// the shard's objects, each once, linked both ways, in non-decreasing
+// access order.
+func checkRecencyLists(t fataler, s *Store) {
+	t.Helper()
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		err := recencyListErr(sh)
+		sh.mu.Unlock()
+		if err != "" {
+			t.Fatalf("shard %d recency list: %s", i, err)
+		}
+	}
+}
+
+// recencyListErr describes what is wrong with sh's list ("" when nothing).
+// sh must be locked.
+func recencyListErr(sh *shard) string {
+	inMaps := 0
+	for _, objs := range sh.tenants {
+		inMaps += len(objs)
+	}
+	seen := map[*object]bool{}
+	var prev *object
+	for o := sh.head; o != nil; prev, o = o, o.next {
+		switch {
+		case seen[o]:
+			return fmt.Sprintf("object %q twice (a cycle)", o.key)
+		case len(seen) >= inMaps:
+			return fmt.Sprintf("longer than the %d objects in the maps", inMaps)
+		case o.prev != prev:
+			return fmt.Sprintf("object %q: prev link broken", o.key)
+		case sh.getLocked(o.tenant, o.key) != o:
+			return fmt.Sprintf("object %q listed but not in the maps", o.key)
+		case prev != nil && prev.accessMs > o.accessMs:
+			return fmt.Sprintf("object %q (access %d) after %q (access %d)", o.key, o.accessMs, prev.key, prev.accessMs)
+		}
+		seen[o] = true
+	}
+	if sh.tail != prev {
+		return "tail is not the last object"
+	}
+	if len(seen) != inMaps {
+		return fmt.Sprintf("%d objects listed, %d in the maps", len(seen), inMaps)
+	}
+	return ""
 }
 
 func sortedKeys(m map[rkey]bool) []string {

@@ -20,6 +20,9 @@ type mut struct {
 	recs  []changelog.Record
 	// rel collects allocations to release at agents after unlock.
 	rel *releases
+	// relink holds objects whose access clock touchLater set, out of the
+	// shard's recency list until commit places them all in one merge.
+	relink []*object
 }
 
 // mutPool recycles mutation sessions (and their record buffers).
@@ -35,6 +38,11 @@ func (s *Store) begin(sh *shard, rel *releases) *mut {
 // not be used afterwards). Call it before unlocking the shard so that
 // revision order matches state order.
 func (m *mut) commit() {
+	if len(m.relink) > 0 {
+		m.sh.relinkLocked(m.relink)
+		clear(m.relink)
+		m.relink = m.relink[:0]
+	}
 	if len(m.recs) > 0 {
 		m.s.log.Append(m.recs)
 		m.s.changes.Add(float64(len(m.recs)))
@@ -57,6 +65,19 @@ func (m *mut) record(typ changelog.Type, o *object, medium uint8) {
 		r.Group = o.group
 	}
 	m.recs = append(m.recs, r)
+}
+
+// touchLater sets o's access clock like shard.touchLocked, but leaves
+// placing o in the recency list to commit, which places every object so
+// touched in one merge. For clocks that arrive in no particular order
+// (Reconcile adopting sealed times), where placing them one by one would
+// walk the list once each.
+func (m *mut) touchLater(o *object, ms int64) {
+	o.accessMs = ms
+	if m.sh.linkedLocked(o) {
+		m.sh.unlinkLocked(o)
+		m.relink = append(m.relink, o)
+	}
 }
 
 // ---- tenant events ----

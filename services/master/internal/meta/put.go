@@ -623,7 +623,8 @@ func (s *Store) settleSealsLocked(m *mut, sp *PutEndSpec, it *endItem) {
 		}
 	}
 	o.put = nil
-	o.sealedMs, o.accessMs = m.nowMs, m.nowMs
+	o.sealedMs = m.nowMs
+	m.sh.touchLocked(o, m.nowMs)
 	if it.pinMs > 0 {
 		o.flags |= flagSoftPin
 		o.softPinMs = it.pinMs

@@ -181,7 +181,7 @@ func (s *Store) adoptLocked(m *mut, t uint32, key string, allocs []*masterv1.All
 		}
 		_ = s.tenants.get(t).charge(int64(newest.GetSize())-int64(o.size), 0, true)
 		o.size = newest.GetSize()
-		s.initAdopted(o, newest, m.nowMs)
+		s.initAdopted(m, o, newest)
 	}
 	if o == nil {
 		var err error
@@ -191,7 +191,7 @@ func (s *Store) adoptLocked(m *mut, t uint32, key string, allocs []*masterv1.All
 			}
 			return 0
 		}
-		s.initAdopted(o, newest, m.nowMs)
+		s.initAdopted(m, o, newest)
 	}
 	n := 0
 	for _, a := range allocs {
@@ -220,12 +220,14 @@ func (s *Store) adoptLocked(m *mut, t uint32, key string, allocs []*masterv1.All
 	return n
 }
 
-func (s *Store) initAdopted(o *object, a *masterv1.Allocation, nowMs int64) {
+// initAdopted makes o the version of allocation a. Its access clock is the
+// sealed time, in no particular order across a registration: o is placed in
+// the recency list when m commits, with the rest of the shard's batch.
+func (s *Store) initAdopted(m *mut, o *object, a *masterv1.Allocation) {
 	o.checksum, o.group = a.GetChecksum(), a.GetGroupId()
 	o.sealedMs = a.GetSealedUnixMs()
-	o.accessMs = max(a.GetSealedUnixMs(), 0)
+	m.touchLater(o, max(a.GetSealedUnixMs(), 0))
 	o.flags, o.softPinMs = 0, 0
-	_ = nowMs
 }
 
 // DropSegments removes every replica on the segments through the mutation
