@@ -7,23 +7,26 @@ import (
 	"slices"
 	"strings"
 
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 )
 
 // announcedSet is what the source has announced to subscribers: tenant →
 // (key, medium) → group. Owned by one goroutine.
 //
-// It grows to millions of entries, and its layout is what a stored event
-// costs: each tenant holds one table per wire medium (objects), a map from
-// a seeded 64-bit hash of the key to the place of the key and group in an
-// arena of byte chunks. Neither the maps nor the arena hold pointers, so
-// the garbage collector does not scan them (a map of strings made every
-// collection visit every key), a uint64 key is rehashed in place when a
-// map grows (a string key is read again from wherever it lies in the heap,
-// a cache miss each), and an entry takes 16 bytes of map plus its record
-// (24 for a 21-byte key) instead of 40 plus a 24-byte string. The arena
-// keeps copies, so nothing it is given is held alive: a decoded watch
-// response's strings share one buffer (watchCodec).
+// It grows to millions of entries, and its layout is most of what a
+// stored event costs: each tenant holds one table per wire medium
+// (objects), from a seeded 64-bit hash of the key to the place of the key
+// and group in an arena of byte chunks. Neither the tables nor the arena
+// hold pointers, so the garbage collector does not scan them (a map of
+// strings made every collection visit every key), growing a table moves
+// hashes without reading keys (a string-keyed map reads each key again
+// from wherever it lies in the heap, a cache miss each), and an entry
+// takes 16 bytes of table plus its record (24 for a 21-byte key) instead of
+// 40 plus a 24-byte string. The source prefetches the slots of a whole
+// watch response before applying it (see table). The arena keeps copies,
+// so nothing it is given is held alive: a decoded watch response's strings
+// share one buffer (watchCodec).
 //
 // Changes arrive in long runs of one tenant, so the last tenant's tables
 // are kept at hand instead of hashing its name for every change.
@@ -34,6 +37,7 @@ type announcedSet struct {
 
 	lastName string
 	last     *tenantSet // tenants[lastName], or nil
+	sink     uint64     // prefetch's loads go here, so they are not optimised away
 }
 
 // tenantSet is one tenant's objects: byMedium[m-1] for m = MediumCPU, MediumDisk.
@@ -73,6 +77,26 @@ func (a *announcedSet) tenant(t string, create bool) *tenantSet {
 	return ts
 }
 
+// prefetch touches the table slots (and, where the hash matches, the
+// records) that applying chs will read, one change after another without
+// waiting for each: the loads are independent, so the processor overlaps
+// their cache misses, and applying the changes then finds them cached.
+// It changes nothing.
+func (a *announcedSet) prefetch(chs []*masterv1.Change) {
+	var sum uint64
+	for _, ch := range chs {
+		if t := ch.GetType(); t != masterv1.ChangeType_CHANGE_TYPE_STORED && t != masterv1.ChangeType_CHANGE_TYPE_REMOVED {
+			continue
+		}
+		ts := a.tenant(ch.GetTenant(), false)
+		if ts == nil {
+			continue
+		}
+		sum += ts.byMedium[mediumIndex(medium(ch.GetMedium()))].byHash.peek(&a.ar, slotHash(hashKey(ch.GetKey())))
+	}
+	a.sink = sum
+}
+
 // store announces (t, key, m) in group.
 func (a *announcedSet) store(t, key string, m kvevent.Medium, group string) {
 	if a.tenant(t, true).byMedium[mediumIndex(m)].set(&a.ar, hashKey(key), key, group) {
@@ -102,7 +126,7 @@ func (a *announcedSet) clear(t string) {
 	if ts := a.tenants[t]; ts != nil {
 		a.n -= ts.len()
 		for i := range ts.byMedium {
-			for _, ref := range ts.byMedium[i].byHash {
+			for ref := range ts.byMedium[i].byHash.all {
 				a.ar.release(ref)
 			}
 		}
@@ -128,21 +152,19 @@ var seed = maphash.MakeSeed()
 func hashKey(key string) uint64 { return maphash.String(seed, key) }
 
 // objects maps object keys to groups: byHash from the key's hash to its
-// record in the arena. A key whose hash another key already holds (about
-// one pair in 2^64/n), or whose record would be too large for the arena,
+// record in the arena. A key whose record would be too large for the arena
 // lives in overflow instead.
 type objects struct {
-	byHash   map[uint64]uint64
+	byHash   table
 	overflow map[string]string
 }
 
-func (o *objects) len() int { return len(o.byHash) + len(o.overflow) }
+func (o *objects) len() int { return o.byHash.len() + len(o.overflow) }
 
 func (o *objects) get(ar *arena, h uint64, key string) (string, bool) {
-	if ref, ok := o.byHash[h]; ok {
-		if k, g := ar.record(ref); string(k) == key {
-			return ar.group(g), true
-		}
+	if s, i := o.byHash.find(ar, slotHash(h), key); i >= 0 {
+		_, g := ar.record(s.slots[i].ref)
+		return ar.group(g), true
 	}
 	if len(o.overflow) > 0 {
 		g, ok := o.overflow[key]
@@ -153,57 +175,52 @@ func (o *objects) get(ar *arena, h uint64, key string) (string, bool) {
 
 // set maps key (of hash h) to group and reports whether key is new.
 func (o *objects) set(ar *arena, h uint64, key, group string) bool {
-	if len(o.overflow) > 0 {
-		if _, ok := o.overflow[key]; ok {
-			o.overflowSet(key, group) // an assignment replaces the map's key too
-			return false
-		}
-	}
-	ref, ok := o.byHash[h]
-	switch {
-	case !ok && fits(key, group):
-		if o.byHash == nil {
-			o.byHash = map[uint64]uint64{}
-		}
-		o.byHash[h] = ar.put(key, group)
-		return true
-	case !ok: // too large for the arena
-	default:
-		k, g := ar.record(ref)
-		if string(k) != key {
-			break // another key holds the hash
-		}
-		switch {
+	h = slotHash(h)
+	if s, i := o.byHash.find(ar, h, key); i >= 0 {
+		ref := s.slots[i].ref
+		switch _, g := ar.record(ref); {
 		case string(g) == group:
 		case fits(key, group):
-			o.byHash[h] = ar.replace(ref, key, group)
+			s.slots[i].ref = ar.replace(ref, key, group)
 		default:
 			ar.release(ref)
-			delete(o.byHash, h)
+			o.byHash.delete(s, i)
 			o.overflowSet(key, group)
 		}
 		return false
 	}
-	o.overflowSet(key, group)
+	if len(o.overflow) > 0 {
+		if _, ok := o.overflow[key]; ok {
+			o.overflowSet(key, group)
+			return false
+		}
+	}
+	if !fits(key, group) {
+		o.overflowSet(key, group)
+		return true
+	}
+	o.byHash.insert(h, ar.put(key, group))
 	return true
 }
 
+// overflowSet stores copies: nothing given is kept (and an assignment
+// replaces the map's key too).
 func (o *objects) overflowSet(key, group string) {
 	if o.overflow == nil {
 		o.overflow = map[string]string{}
 	}
-	o.overflow[strings.Clone(key)] = strings.Clone(group) // copies: nothing given is kept
+	o.overflow[strings.Clone(key)] = strings.Clone(group)
 }
 
 // del removes key (of hash h) and returns its group.
 func (o *objects) del(ar *arena, h uint64, key string) (string, bool) {
-	if ref, ok := o.byHash[h]; ok {
-		if k, g := ar.record(ref); string(k) == key {
-			group := ar.group(g) // before release reuses the record
-			ar.release(ref)
-			delete(o.byHash, h)
-			return group, true
-		}
+	if s, i := o.byHash.find(ar, slotHash(h), key); i >= 0 {
+		ref := s.slots[i].ref
+		_, g := ar.record(ref)
+		group := ar.group(g) // before release reuses the record
+		ar.release(ref)
+		o.byHash.delete(s, i)
+		return group, true
 	}
 	if len(o.overflow) > 0 {
 		if g, ok := o.overflow[key]; ok {
@@ -217,7 +234,7 @@ func (o *objects) del(ar *arena, h uint64, key string) (string, bool) {
 // all yields every key and group (as new strings).
 func (o *objects) all(ar *arena) func(yield func(key, group string) bool) {
 	return func(yield func(key, group string) bool) {
-		for _, ref := range o.byHash {
+		for ref := range o.byHash.all {
 			k, g := ar.record(ref)
 			if !yield(string(k), ar.group(g)) {
 				return

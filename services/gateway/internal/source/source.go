@@ -195,6 +195,7 @@ func (s *Source) watch(ctx context.Context) (healthy bool, err error) {
 			return healthy, fmt.Errorf("%w: master epoch changed from %d to %d", errResync, s.ep, resp.GetEpoch())
 		}
 		evs = evs[:0]
+		s.announced.prefetch(resp.GetChanges())
 		for _, ch := range resp.GetChanges() {
 			r := ch.GetRevision()
 			if r <= s.rev {
