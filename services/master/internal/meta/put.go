@@ -159,14 +159,16 @@ func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartRe
 		items = append(items, &arena[i])
 	}
 	exclude := newExclusions()
+	var wd descWriter
 	for round := 0; round < 2 && len(items) > 0; round++ {
 		s.putStartRound(ctx, specs, items, exclude)
+		wd.reset(items, s.now().Add(s.cfg.WriteTokenTTL))
 		var retry []*putItem
 		type want struct{ total, largest uint64 }
 		evict := map[masterv1.Medium]want{}
 		for _, it := range items {
 			if it.err == nil {
-				res[it.i].Replicas = s.writeDescriptors(&specs[it.i], it)
+				res[it.i].Replicas = s.writeDescriptors(&wd, &specs[it.i], it)
 				continue
 			}
 			if !it.retry || round == 1 {
@@ -217,6 +219,7 @@ func (s *Store) putStartRound(ctx context.Context, specs []PutSpec, items []*put
 		reps  []*plannedRep
 	}
 	per := map[string]*batch{}
+	ris := slab[masterv1.ReserveItem]{n: len(items)}
 	for _, it := range items {
 		if it.err != nil {
 			continue
@@ -229,10 +232,10 @@ func (s *Store) putStartRound(ctx context.Context, specs []PutSpec, items []*put
 				b = &batch{}
 				per[rp.v.seg.AgentID] = b
 			}
-			b.items = append(b.items, &masterv1.ReserveItem{
-				SegmentId: rp.v.seg.ID, Size: sp.Size, Tenant: sp.Tenant, Key: sp.Key,
-				ReplicaId: rp.id, GroupId: sp.Group, HardPin: sp.HardPin,
-			})
+			ri := ris.next()
+			ri.SegmentId, ri.Size, ri.Tenant, ri.Key = rp.v.seg.ID, sp.Size, sp.Tenant, sp.Key
+			ri.ReplicaId, ri.GroupId, ri.HardPin = rp.id, sp.Group, sp.HardPin
+			b.items = append(b.items, ri)
 			b.reps = append(b.reps, rp)
 		}
 	}
@@ -400,11 +403,33 @@ func (s *Store) settleReservationsLocked(m *mut, sp *PutSpec, it *putItem, exclu
 	it.err = firstErr
 }
 
+// descWriter holds what a round's PutStart answers share: their token
+// expiry and the memory of their descriptors (one allocation each per
+// round instead of two per put).
+type descWriter struct {
+	exp   time.Time
+	descs []masterv1.ReplicaDescriptor
+	ptrs  []*masterv1.ReplicaDescriptor
+}
+
+// reset sizes w for the successful puts among items, with tokens that
+// expire at exp.
+func (w *descWriter) reset(items []*putItem, exp time.Time) {
+	n := 0
+	for _, it := range items {
+		if it.err == nil {
+			n += len(it.reps)
+		}
+	}
+	*w = descWriter{exp: exp, descs: make([]masterv1.ReplicaDescriptor, n), ptrs: make([]*masterv1.ReplicaDescriptor, n)}
+}
+
 // writeDescriptors builds the PutStart answer with write tokens.
-func (s *Store) writeDescriptors(sp *PutSpec, it *putItem) []*masterv1.ReplicaDescriptor {
-	exp := s.now().Add(s.cfg.WriteTokenTTL)
-	out := make([]*masterv1.ReplicaDescriptor, len(it.reps))
-	descs := make([]masterv1.ReplicaDescriptor, len(it.reps))
+func (s *Store) writeDescriptors(w *descWriter, sp *PutSpec, it *putItem) []*masterv1.ReplicaDescriptor {
+	exp := w.exp
+	n := len(it.reps)
+	out, descs := w.ptrs[:n:n], w.descs[:n:n]
+	w.ptrs, w.descs = w.ptrs[n:], w.descs[n:]
 	for i, rp := range it.reps {
 		out[i] = &descs[i]
 		*out[i] = masterv1.ReplicaDescriptor{
@@ -513,6 +538,7 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 		}
 		shd.mu.Unlock()
 	})
+	sis := slab[masterv1.SealItem]{n: len(items)}
 	for _, it := range items {
 		if it.settled {
 			continue
@@ -531,10 +557,9 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 				b = &batch{}
 				per[sv.AgentID] = b
 			}
-			b.items = append(b.items, &masterv1.SealItem{
-				SegmentId: e.id, AllocationId: rp.alloc,
-				Checksum: specs[it.i].Checksum, SoftPinUntilUnixMs: it.pinMs,
-			})
+			si := sis.next()
+			si.SegmentId, si.AllocationId, si.Checksum, si.SoftPinUntilUnixMs = e.id, rp.alloc, specs[it.i].Checksum, it.pinMs
+			b.items = append(b.items, si)
 			b.reps = append(b.reps, rp)
 		}
 	}
@@ -707,4 +732,21 @@ func forShards[T any](items []T, shardOf func(T) int, f func(sh int, group []T))
 		f(ord[i].sh, group)
 		i = j
 	}
+}
+
+// slab hands out pointers to zeroed Ts from chunks of n: the per-agent
+// Reserve and Seal messages of a batch take their items from one
+// allocation instead of one per item.
+type slab[T any] struct {
+	buf []T
+	n   int
+}
+
+func (s *slab[T]) next() *T {
+	if len(s.buf) == 0 {
+		s.buf = make([]T, max(s.n, 1))
+	}
+	p := &s.buf[0]
+	s.buf = s.buf[1:]
+	return p
 }
