@@ -62,8 +62,9 @@ const (
 
 // benchAgentChild runs an agent for the put-cycle benchmark until its stdin
 // ends. It answers "stat" lines on stdout with its CPU time (ns, user +
-// system), its heap allocation count and its GC count, and starts the CPU
-// profile named by benchProfileEnv on "profile".
+// system), its heap allocation count, its GC count and the bytes it
+// allocated, and starts the CPU profile named by benchProfileEnv on
+// "profile".
 func benchAgentChild(master string) int {
 	memProf := os.Getenv(benchMemProfileEnv)
 	if memProf != "" {
@@ -92,7 +93,7 @@ func benchAgentChild(master string) int {
 			_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 			var ms runtime.MemStats
 			runtime.ReadMemStats(&ms)
-			fmt.Printf("stat %d %d %d\n", ru.Utime.Nano()+ru.Stime.Nano(), ms.Mallocs, ms.NumGC)
+			fmt.Printf("stat %d %d %d %d\n", ru.Utime.Nano()+ru.Stime.Nano(), ms.Mallocs, ms.NumGC, ms.TotalAlloc)
 		case "profile":
 			if memProf != "" {
 				runtime.MemProfileRate = 1
@@ -220,7 +221,7 @@ type benchChild struct {
 	out *bufio.Reader
 }
 
-type childStat struct{ cpuNs, mallocs, gcs uint64 }
+type childStat struct{ cpuNs, mallocs, gcs, bytes uint64 }
 
 func (c *benchChild) command(line string) (string, error) {
 	if _, err := io.WriteString(c.in, line+"\n"); err != nil {
@@ -236,7 +237,7 @@ func (c *benchChild) stat() (childStat, error) {
 		return childStat{}, err
 	}
 	var st childStat
-	if _, err := fmt.Sscanf(s, "stat %d %d %d", &st.cpuNs, &st.mallocs, &st.gcs); err != nil {
+	if _, err := fmt.Sscanf(s, "stat %d %d %d %d", &st.cpuNs, &st.mallocs, &st.gcs, &st.bytes); err != nil {
 		return childStat{}, fmt.Errorf("agent stat %q: %w", s, err)
 	}
 	return st, nil
@@ -258,8 +259,9 @@ func (c *benchChild) stop() error {
 // cluster holds.
 //
 // The agent runs in a child process. agent-cpu-ns/obj is its CPU time (user
-// + system, getrusage) over the timed part divided by the objects put, and
-// agent-allocs/obj its heap allocations per object; ns/obj is the wall time.
+// + system, getrusage) over the timed part divided by the objects put,
+// agent-allocs/obj and agent-B/obj its heap allocations and bytes per
+// object; ns/obj is the wall time.
 // Set CRESCENT_BENCH_AGENT_CPUPROFILE=path for a CPU profile of the agent,
 // CRESCENT_BENCH_AGENT_MEMPROFILE=path for its allocations (which slows it).
 // -benchtime=Nx (N cycles) avoids setting the agent up again for every
@@ -414,6 +416,7 @@ func benchPutCycle(b *testing.B, conc int) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/objs, "ns/obj")
 	b.ReportMetric(float64(st1.cpuNs-st0.cpuNs)/objs, "agent-cpu-ns/obj")
 	b.ReportMetric(float64(st1.mallocs-st0.mallocs)/objs, "agent-allocs/obj")
+	b.ReportMetric(float64(st1.bytes-st0.bytes)/objs, "agent-B/obj")
 	b.ReportMetric(float64(st1.gcs-st0.gcs)*1e6/objs, "agent-gcs/Mobj")
 }
 
