@@ -17,9 +17,36 @@ import (
 // handles fields it knows with their declared wire types: anything else is
 // decoded again from the start by the generated UnmarshalVT, so every header
 // is accepted or refused, and decoded, exactly as before.
+//
+// A connection decodes one request at a time and is done with it before the
+// next, so the item arrays and the token buffer are reused from request to
+// request (up to maxKeptItems items).
 type transferRequest struct {
 	*agentv1.TransferRequest
 	ids func([]byte) (string, bool) // a mounted segment's id, without allocating
+
+	arr    []agentv1.TransferItem
+	ptrs   []*agentv1.TransferItem
+	tokens []byte
+}
+
+// maxKeptItems bounds the per-item arrays a connection keeps for its next
+// request.
+const maxKeptItems = 1024
+
+// reuse returns s[:n] zeroed, or a new slice when s is too short; a slice of
+// more than maxKeptItems is not kept in *s.
+func reuse[T any](s *[]T, n int) []T {
+	if cap(*s) >= n {
+		out := (*s)[:n]
+		clear(out)
+		return out
+	}
+	out := make([]T, n)
+	if n <= maxKeptItems {
+		*s = out
+	}
+	return out
 }
 
 // UnmarshalVT decodes b into the embedded message, which the codec reset.
@@ -57,10 +84,17 @@ func (m *transferRequest) fast(b []byte) bool {
 		}
 		rest = rest[k:]
 	}
-	arr := make([]agentv1.TransferItem, n)
-	items := make([]*agentv1.TransferItem, n)
+	arr := reuse(&m.arr, n)
+	items := reuse(&m.ptrs, n)
 	// Every token fits: they are parts of b.
-	d := transferDecoder{ids: m.ids, tokens: make([]byte, 0, len(b))}
+	tokens := m.tokens[:0]
+	if cap(tokens) < len(b) {
+		tokens = make([]byte, 0, len(b))
+		if n <= maxKeptItems {
+			m.tokens = tokens
+		}
+	}
+	d := transferDecoder{ids: m.ids, tokens: tokens}
 	i := 0
 	for len(b) > 0 {
 		num, _, k := protowire.ConsumeTag(b)

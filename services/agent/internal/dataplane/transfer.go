@@ -153,6 +153,12 @@ type transferConn struct {
 	iov  net.Buffers
 	// req decodes request headers (decode.go).
 	req transferRequest
+	// A WRITE's per-item arrays, reused by the next request (reuse).
+	handles []segment.Handle
+	hs      handles
+	errs    []error
+	results []agentv1.TransferResult
+	rptrs   []*agentv1.TransferResult
 
 	// rdLeft is how many more bytes may be read before the read deadline
 	// is renewed (every ioStep bytes of a request).
@@ -350,10 +356,16 @@ func (hs handles) close() {
 // return never finds the write open.
 func (t *transferServer) write(c *transferConn, items []*agentv1.TransferItem) error {
 	s := t.s
-	hs := make(handles, len(items))
-	defer hs.close()
-	slab := make([]segment.Handle, len(items)) // hs[i] is &slab[i] or nil
-	errs := make([]error, len(items))
+	hs := handles(reuse((*[]*segment.Handle)(&c.hs), len(items)))
+	slab := reuse(&c.handles, len(items)) // hs[i] is &slab[i] or nil
+	errs := reuse(&c.errs, len(items))
+	defer func() {
+		hs.close()
+		// Kept for the next request: drop what they point to (closed
+		// handles, errors) now, in this order.
+		clear(slab)
+		clear(errs)
+	}()
 	now := s.now()
 	for i, it := range items {
 		h := &slab[i]
@@ -409,8 +421,8 @@ func (t *transferServer) write(c *transferConn, items []*agentv1.TransferItem) e
 		return err
 	}
 	hs.close()
-	resp := &agentv1.TransferResponse{Results: make([]*agentv1.TransferResult, len(items))}
-	rs := make([]agentv1.TransferResult, len(items))
+	resp := &agentv1.TransferResponse{Results: reuse(&c.rptrs, len(items))}
+	rs := reuse(&c.results, len(items))
 	var in uint64
 	for i, err := range errs {
 		r := &rs[i]
