@@ -267,7 +267,7 @@ func (s *Segment) Seal(args []SealArg, now time.Time) []error {
 		i int
 		e *entry
 	}
-	var jobs []job
+	jobs := make([]job, 0, len(args))
 	s.mu.Lock()
 	for i, a := range args {
 		e, ok := s.table.get(a.ID)

@@ -50,25 +50,25 @@ func (s *Set) getNear(id string, last *Segment) (*Segment, bool) {
 	return s.Get(id)
 }
 
-// statuses returns n OK item statuses, allocated together, and pointers to
-// them: a batch answer used to allocate one per item.
+// statuses returns n OK item statuses for a batch answer: every one points
+// to the same empty ItemStatus (OK on the wire, as rpcerr.Item(nil)), which
+// nothing may modify; a failed item gets a status of its own (setStatus).
+// The answer is only marshalled, and one allocation per item was a tenth of
+// the agent's allocated bytes on a put of 4 KiB objects.
 func statuses(n int) []*masterv1.ItemStatus {
 	out := make([]*masterv1.ItemStatus, n)
-	sts := make([]masterv1.ItemStatus, n)
+	ok := &masterv1.ItemStatus{}
 	for i := range out {
-		out[i] = &sts[i]
+		out[i] = ok
 	}
 	return out
 }
 
-// setStatus makes st err's status (rpcerr.Item); st is OK and stays so for
-// a nil err.
-func setStatus(st *masterv1.ItemStatus, err error) {
-	if err == nil {
-		return
+// setStatus sets *st to err's status (rpcerr.Item) when err is not nil.
+func setStatus(st **masterv1.ItemStatus, err error) {
+	if err != nil {
+		*st = rpcerr.Item(err)
 	}
-	x := rpcerr.Item(err)
-	st.Code, st.Reason, st.Message = x.GetCode(), x.GetReason(), x.GetMessage()
 }
 
 // All returns the segments in mount order.
@@ -97,8 +97,8 @@ func errNoSegment(id string) error {
 }
 
 // Reserve applies a batch of reservations; results are in items order.
-// The results and their statuses are allocated as two arrays for the
-// batch.
+// The results are allocated as one array for the batch, OK statuses shared
+// (statuses).
 func (s *Set) Reserve(items []*masterv1.ReserveItem, now time.Time) []*masterv1.ReserveItemResult {
 	out := make([]*masterv1.ReserveItemResult, len(items))
 	res := make([]masterv1.ReserveItemResult, len(items))
@@ -110,7 +110,7 @@ func (s *Set) Reserve(items []*masterv1.ReserveItem, now time.Time) []*masterv1.
 		r.Status, out[i] = sts[i], r
 		var ok bool
 		if sg, ok = s.getNear(it.GetSegmentId(), sg); !ok {
-			setStatus(r.Status, errNoSegment(it.GetSegmentId()))
+			setStatus(&r.Status, errNoSegment(it.GetSegmentId()))
 			continue
 		}
 		sg.mu.Lock()
@@ -119,7 +119,7 @@ func (s *Set) Reserve(items []*masterv1.ReserveItem, now time.Time) []*masterv1.
 			r.AllocationId, r.Offset = e.id, e.offset
 		}
 		sg.mu.Unlock()
-		setStatus(r.Status, err)
+		setStatus(&r.Status, err)
 	}
 	return out
 }
@@ -135,7 +135,7 @@ func (s *Set) Release(refs []*masterv1.AllocationRef) []*masterv1.ItemStatus {
 		if sg, ok = s.getNear(r.GetSegmentId(), sg); !ok {
 			continue
 		}
-		setStatus(out[i], sg.Release(r.GetAllocationId()))
+		setStatus(&out[i], sg.Release(r.GetAllocationId()))
 		if sg.jrn != nil {
 			touched[sg] = append(touched[sg], i)
 		}
@@ -167,7 +167,7 @@ func (s *Set) Seal(items []*masterv1.SealItem, now time.Time) []*masterv1.ItemSt
 	for i, it := range items {
 		var ok bool
 		if sg, ok = s.getNear(it.GetSegmentId(), sg); !ok {
-			setStatus(out[i], errNoSegment(it.GetSegmentId()))
+			setStatus(&out[i], errNoSegment(it.GetSegmentId()))
 			continue
 		}
 		g := groups[sg]
@@ -182,7 +182,7 @@ func (s *Set) Seal(items []*masterv1.SealItem, now time.Time) []*masterv1.ItemSt
 	for _, sg := range order {
 		g := groups[sg]
 		for k, err := range sg.Seal(g.args, now) {
-			setStatus(out[g.idx[k]], err)
+			setStatus(&out[g.idx[k]], err)
 		}
 	}
 	return out
