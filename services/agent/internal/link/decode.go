@@ -1,6 +1,7 @@
 package link
 
 import (
+	"sync"
 	"unicode/utf8"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
@@ -27,9 +28,54 @@ import (
 // oneof field, a malformed varint) is decoded again from the start by the
 // generated UnmarshalVT, so every input is accepted or refused, and decoded,
 // exactly as before.
+//
+// The item arrays come from pools: held is set when the message's items
+// are in pooled arrays, which the receiver releases once the command has
+// run (nothing keeps an item after Set.Reserve, Seal or Release return).
 type connectResponse struct {
 	*masterv1.ConnectResponse
-	ids func([]byte) (string, bool) // a mounted segment's id, without allocating
+	ids  func([]byte) (string, bool) // a mounted segment's id, without allocating
+	held releaser
+}
+
+// releaser gives pooled arrays back.
+type releaser interface{ release() }
+
+// maxKeptItems bounds the arrays a pool keeps.
+const maxKeptItems = 1024
+
+// batchArrays are the items of one decoded command and their pointers.
+type batchArrays[T any] struct {
+	pool *sync.Pool
+	arr  []T
+	ptrs []*T
+}
+
+var reservePool, sealPool, releasePool sync.Pool
+
+// getArrays returns arrays of n zero items from pool.
+func getArrays[T any](pool *sync.Pool, n int) *batchArrays[T] {
+	a, _ := pool.Get().(*batchArrays[T])
+	if a == nil {
+		a = &batchArrays[T]{pool: pool}
+	}
+	if cap(a.arr) < n {
+		a.arr, a.ptrs = make([]T, n), make([]*T, n)
+	} else {
+		a.arr, a.ptrs = a.arr[:n], a.ptrs[:n]
+	}
+	return a
+}
+
+// release clears the arrays (their items and strings may be collected) and
+// gives them back to their pool. The items must not be used any more.
+func (a *batchArrays[T]) release() {
+	if cap(a.arr) > maxKeptItems {
+		return
+	}
+	clear(a.arr[:cap(a.arr)])
+	clear(a.ptrs[:cap(a.ptrs)])
+	a.pool.Put(a)
 }
 
 // UnmarshalVT decodes b into the embedded message, which the codec reset.
@@ -54,6 +100,7 @@ const (
 // field that is not UTF-8, so an accepted b is one pkg/rpccodec's check
 // accepts.
 func (m *connectResponse) fast(b []byte, checkUTF8 bool) bool {
+	m.held = nil
 	num, typ, n := protowire.ConsumeTag(b)
 	if n < 0 || typ != protowire.BytesType {
 		return false
@@ -66,19 +113,19 @@ func (m *connectResponse) fast(b []byte, checkUTF8 bool) bool {
 	switch num {
 	case fieldReserve:
 		r := &masterv1.ReserveRequest{}
-		if !decodeBatch(body, &r.RequestId, &r.Epoch, &r.Items, d.reserveItem) {
+		if m.held = decodeBatch(body, &r.RequestId, &r.Epoch, &r.Items, &reservePool, d.reserveItem); m.held == nil {
 			return false
 		}
 		m.Msg = &masterv1.ConnectResponse_Reserve{Reserve: r}
 	case fieldSeal:
 		r := &masterv1.SealRequest{}
-		if !decodeBatch(body, &r.RequestId, &r.Epoch, &r.Items, d.sealItem) {
+		if m.held = decodeBatch(body, &r.RequestId, &r.Epoch, &r.Items, &sealPool, d.sealItem); m.held == nil {
 			return false
 		}
 		m.Msg = &masterv1.ConnectResponse_Seal{Seal: r}
 	case fieldRelease:
 		r := &masterv1.ReleaseRequest{}
-		if !decodeBatch(body, &r.RequestId, &r.Epoch, &r.Items, d.allocationRef) {
+		if m.held = decodeBatch(body, &r.RequestId, &r.Epoch, &r.Items, &releasePool, d.allocationRef); m.held == nil {
 			return false
 		}
 		m.Msg = &masterv1.ConnectResponse_Release{Release: r}
@@ -89,15 +136,15 @@ func (m *connectResponse) fast(b []byte, checkUTF8 bool) bool {
 }
 
 // decodeBatch decodes a ReserveRequest, SealRequest or ReleaseRequest (all
-// request_id = 1, epoch = 2, repeated items = 3). The items are allocated
-// as one array. It reports false for anything but known fields with their
-// wire types.
-func decodeBatch[T any](b []byte, requestID, epoch *uint64, items *[]*T, item func([]byte, *T) bool) bool {
+// request_id = 1, epoch = 2, repeated items = 3). The items are in arrays
+// from pool, which it returns (their releaser); nil for anything but known
+// fields with their wire types.
+func decodeBatch[T any](b []byte, requestID, epoch *uint64, items *[]*T, pool *sync.Pool, item func([]byte, *T) bool) releaser {
 	n := 0
 	for rest := b; len(rest) > 0; {
 		num, typ, k := protowire.ConsumeTag(rest)
 		if k < 0 {
-			return false
+			return nil
 		}
 		rest = rest[k:]
 		switch {
@@ -107,15 +154,15 @@ func decodeBatch[T any](b []byte, requestID, epoch *uint64, items *[]*T, item fu
 			k = protowire.ConsumeFieldValue(num, typ, rest)
 			n++
 		default:
-			return false
+			return nil
 		}
 		if k < 0 {
-			return false
+			return nil
 		}
 		rest = rest[k:]
 	}
-	arr := make([]T, n)
-	ptrs := make([]*T, n)
+	held := getArrays[T](pool, n)
+	arr, ptrs := held.arr, held.ptrs
 	i := 0
 	for len(b) > 0 {
 		num, typ, k := protowire.ConsumeTag(b)
@@ -133,13 +180,14 @@ func decodeBatch[T any](b []byte, requestID, epoch *uint64, items *[]*T, item fu
 		v, k := protowire.ConsumeBytes(b)
 		b = b[k:]
 		if !item(v, &arr[i]) {
-			return false
+			held.release()
+			return nil
 		}
 		ptrs[i] = &arr[i]
 		i++
 	}
 	*items = ptrs
-	return true
+	return held
 }
 
 // itemDecoder decodes the items of one batch.

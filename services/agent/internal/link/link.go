@@ -450,7 +450,7 @@ func (l *Link) session(parent context.Context, client masterv1.SegmentServiceCli
 		Segments: l.deps.Segments.Infos(), Allocations: l.deps.Segments.Table(),
 		KnownEpoch: l.epoch.Load(), GracefulUnmount: graceful, Version: l.cfg.Version,
 	}}}
-	recvc := make(chan *masterv1.ConnectResponse)
+	recvc := make(chan received)
 	recvErr := make(chan error, 1)
 	s.wg.Go(s.sendLoop)
 	s.wg.Go(func() { s.recvLoop(recvc, recvErr) })
@@ -462,8 +462,9 @@ func (l *Link) session(parent context.Context, client masterv1.SegmentServiceCli
 	// The first message must be Settings.
 	t := time.NewTimer(l.cfg.SettingsTimeout)
 	select {
-	case msg := <-recvc:
+	case rcv := <-recvc:
 		t.Stop()
+		msg := rcv.msg
 		st := msg.GetSettings()
 		if st == nil {
 			return false, fmt.Errorf("master sent %T before Settings", msg.GetMsg())
@@ -493,8 +494,8 @@ func (l *Link) session(parent context.Context, client masterv1.SegmentServiceCli
 	stopC := sh.stop
 	for {
 		select {
-		case msg := <-recvc:
-			if err := s.handle(msg); err != nil {
+		case rcv := <-recvc:
+			if err := s.handle(rcv); err != nil {
 				return true, err
 			}
 		case err := <-recvErr:
@@ -618,17 +619,23 @@ func (s *session) sendLoop() {
 	}
 }
 
-func (s *session) recvLoop(out chan<- *masterv1.ConnectResponse, errc chan<- error) {
+// received is a master message and, when its items are in the decoder's
+// pooled arrays, their releaser (decode.go).
+type received struct {
+	msg  *masterv1.ConnectResponse
+	held releaser
+}
+
+func (s *session) recvLoop(out chan<- received, errc chan<- error) {
 	in := &connectResponse{ids: s.l.deps.Segments.SegmentID}
 	for {
-		in.ConnectResponse = new(masterv1.ConnectResponse)
+		in.ConnectResponse, in.held = new(masterv1.ConnectResponse), nil
 		if err := s.stream.RecvMsg(in); err != nil {
 			errc <- err
 			return
 		}
-		msg := in.ConnectResponse
 		select {
-		case out <- msg:
+		case out <- received{msg: in.ConnectResponse, held: in.held}:
 		case <-s.ctx.Done():
 			return
 		}
@@ -668,8 +675,9 @@ func (s *session) applySettings(st *masterv1.Settings) error {
 }
 
 // handle applies one master message.
-func (s *session) handle(msg *masterv1.ConnectResponse) error {
+func (s *session) handle(rcv received) error {
 	l := s.l
+	msg := rcv.msg
 	switch m := msg.GetMsg().(type) {
 	case *masterv1.ConnectResponse_Settings:
 		return s.applySettings(m.Settings)
@@ -685,7 +693,7 @@ func (s *session) handle(msg *masterv1.ConnectResponse) error {
 				items[i] = &masterv1.ReserveItemResult{Status: rpcerr.Item(err)}
 			}
 			return &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_ReserveResult{ReserveResult: &masterv1.ReserveResult{RequestId: r.GetRequestId(), Items: items}}}
-		})
+		}, rcv.held)
 	case *masterv1.ConnectResponse_Release:
 		r := m.Release
 		s.command("release", r.GetEpoch(), func() *masterv1.ConnectRequest {
@@ -694,7 +702,7 @@ func (s *session) handle(msg *masterv1.ConnectResponse) error {
 			}}}
 		}, func(err error) *masterv1.ConnectRequest {
 			return &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_ReleaseResult{ReleaseResult: &masterv1.ReleaseResult{RequestId: r.GetRequestId(), Items: repeatItem(err, len(r.GetItems()))}}}
-		})
+		}, rcv.held)
 	case *masterv1.ConnectResponse_Seal:
 		r := m.Seal
 		s.command("seal", r.GetEpoch(), func() *masterv1.ConnectRequest {
@@ -703,7 +711,7 @@ func (s *session) handle(msg *masterv1.ConnectResponse) error {
 			}}}
 		}, func(err error) *masterv1.ConnectRequest {
 			return &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_SealResult{SealResult: &masterv1.SealResult{RequestId: r.GetRequestId(), Items: repeatItem(err, len(r.GetItems()))}}}
-		})
+		}, rcv.held)
 	case *masterv1.ConnectResponse_Copy:
 		r := m.Copy
 		s.command("copy", r.GetEpoch(), func() *masterv1.ConnectRequest {
@@ -715,7 +723,7 @@ func (s *session) handle(msg *masterv1.ConnectResponse) error {
 			return &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_CopyResult{CopyResult: &masterv1.CopyResult{RequestId: r.GetRequestId(), Status: rpcerr.Item(err)}}}
 		}, func(err error) *masterv1.ConnectRequest {
 			return &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_CopyResult{CopyResult: &masterv1.CopyResult{RequestId: r.GetRequestId(), Status: rpcerr.Item(err)}}}
-		})
+		}, nil)
 	default:
 		// A newer master may send messages this agent does not know.
 		l.lg.Debug("master message ignored", "msg", fmt.Sprintf("%T", msg.GetMsg()))
@@ -733,13 +741,18 @@ func repeatItem(err error, n int) []*masterv1.ItemStatus {
 
 // command runs one master command on a worker (at most MaxInFlight at once)
 // after the epoch check, and enqueues its result. A stale command is
-// answered at once with every item refused.
-func (s *session) command(kind string, epoch uint64, run func() *masterv1.ConnectRequest, refuse func(error) *masterv1.ConnectRequest) {
+// answered at once with every item refused. held, when not nil, holds the
+// command's items: it is released once run or refuse has returned.
+func (s *session) command(kind string, epoch uint64, run func() *masterv1.ConnectRequest, refuse func(error) *masterv1.ConnectRequest, held releaser) {
 	l := s.l
 	if !l.raiseEpoch(epoch) {
 		l.met.commands.WithLabelValues(kind, "stale_epoch").Inc()
 		l.lg.Warn("command from a stale master epoch refused", "kind", kind, "epoch", epoch, "accepted_epoch", l.epoch.Load())
-		s.enqueue(refuse(errEpoch(epoch, l.epoch.Load())))
+		msg := refuse(errEpoch(epoch, l.epoch.Load()))
+		if held != nil {
+			held.release()
+		}
+		s.enqueue(msg)
 		return
 	}
 	select {
@@ -750,7 +763,11 @@ func (s *session) command(kind string, epoch uint64, run func() *masterv1.Connec
 	l.met.commands.WithLabelValues(kind, "accepted").Inc()
 	s.wg.Go(func() {
 		defer func() { <-s.sem }()
-		s.enqueue(run())
+		msg := run()
+		if held != nil {
+			held.release()
+		}
+		s.enqueue(msg)
 	})
 }
 
