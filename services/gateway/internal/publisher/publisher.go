@@ -13,6 +13,7 @@
 package publisher
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -166,12 +167,16 @@ type Publisher struct {
 	pub    *pubSocket
 	replay *replaySocket
 
+	// enqMu guards enqBuf, the items of one Enqueue call.
+	enqMu  sync.Mutex
+	enqBuf []item
+
 	// Owned by the publishing goroutine.
-	seq      uint64
-	nextID   uint64
-	sizeHint int // payload size of the last batch
-	items    []item
-	evs      []kvevent.Event
+	seq     uint64
+	nextID  uint64
+	items   []item
+	evs     []kvevent.Event
+	scratch []byte // a message is encoded here, then copied out at its size
 
 	running atomic.Bool
 }
@@ -184,7 +189,7 @@ func New(cfg Config, lg *slog.Logger) (*Publisher, error) {
 	return &Publisher{
 		cfg: cfg, lg: lg, enc: kvevent.NewEncoder(cfg.Encoder),
 		q: newQueue(cfg.QueueCapacity), ring: newRing(cfg.ReplayBuffer, cfg.ReplayBufferBytes),
-		now: time.Now,
+		now: time.Now, scratch: make([]byte, 0, 32<<10),
 	}, nil
 }
 
@@ -312,12 +317,13 @@ func (p *Publisher) publishNext(pub *pubSocket) {
 		p.evs = append(p.evs, kvevent.Event{ID: p.nextID, Type: it.typ, Tenant: it.tenant, Key: it.key, Medium: it.medium, GroupID: it.group})
 	}
 	clear(p.items)
-	// Encode straight into the message's own buffer (it is retained by the
-	// ring and the subscriber queues, so it cannot be reused): the payload
-	// goes after room for the longest frame headers, which are then written
-	// in front of it, so the payload is never copied.
-	buf := make([]byte, wireHeadroom, wireHeadroom+p.sizeHint+p.sizeHint/4)
-	buf, err := p.enc.AppendBatch(buf, ts, p.evs)
+	// Encode into the reused scratch buffer, after room for the longest
+	// frame headers, which are then written in front of the payload; the
+	// message is then copied out at its exact size (the ring and the
+	// subscriber queues keep it). A message buffer allocated ahead had to
+	// be sized by guess (the last size + 25%), all of it zeroed and kept.
+	buf, err := p.enc.AppendBatch(p.scratch[:wireHeadroom], ts, p.evs)
+	p.scratch = buf[:0]
 	clear(p.evs)
 	if err != nil {
 		// Enqueue validated every event, so this is a bug; the sequence
@@ -327,8 +333,7 @@ func (p *Publisher) publishNext(pub *pubSocket) {
 		p.lg.Error("kv event batch failed to encode", "seq", p.seq, "err", err)
 		return
 	}
-	p.sizeHint = len(buf) - wireHeadroom
-	wire := frameInPlace(buf, p.seq)
+	wire := bytes.Clone(frameInPlace(buf, p.seq))
 	pub.broadcast(wire)
 	p.ring.add(p.seq, wire)
 	// lastSeq first: whoever sees the event count sees its sequence too.
@@ -368,18 +373,18 @@ func frameInPlace(buf []byte, seq uint64) []byte {
 // events are counted and skipped when ObjectKey is off; invalid events
 // (unknown type, per-object without medium) are logged and skipped.
 func (p *Publisher) Enqueue(evs ...kvevent.Event) {
-	var buf [64]item
-	items := buf[:0]
-	if len(evs) > len(buf) {
-		items = make([]item, 0, len(evs))
-	}
-	for _, ev := range evs {
-		if it, ok := p.item(ev); ok {
+	p.enqMu.Lock()
+	defer p.enqMu.Unlock()
+	items := p.enqBuf[:0]
+	for i := range evs {
+		if it, ok := p.item(&evs[i]); ok {
 			items = append(items, it)
 		}
 	}
 	// One push: the events of one call are queued (or dropped) together.
 	p.q.push(items)
+	clear(items) // keep no strings alive
+	p.enqBuf = items[:0]
 }
 
 // EnqueueWait queues events without dropping: it waits for room, honouring
@@ -387,15 +392,15 @@ func (p *Publisher) Enqueue(evs ...kvevent.Event) {
 // queue and drop the live events before it.
 func (p *Publisher) EnqueueWait(ctx context.Context, evs ...kvevent.Event) error {
 	items := make([]item, 0, len(evs))
-	for _, ev := range evs {
-		if it, ok := p.item(ev); ok {
+	for i := range evs {
+		if it, ok := p.item(&evs[i]); ok {
 			items = append(items, it)
 		}
 	}
 	return p.q.pushWait(ctx, items)
 }
 
-func (p *Publisher) item(ev kvevent.Event) (item, bool) {
+func (p *Publisher) item(ev *kvevent.Event) (item, bool) {
 	switch {
 	case ev.Type == kvevent.Cleared:
 		return item{typ: ev.Type, tenant: ev.Tenant}, true
