@@ -42,6 +42,7 @@ type announcedSet struct {
 
 // tenantSet is one tenant's objects: byMedium[m-1] for m = MediumCPU, MediumDisk.
 type tenantSet struct {
+	name     string // the set's own copy
 	byMedium [2]objects
 }
 
@@ -69,11 +70,10 @@ func (a *announcedSet) tenant(t string, create bool) *tenantSet {
 		if !create {
 			return nil
 		}
-		t = strings.Clone(t)
-		ts = &tenantSet{}
-		a.tenants[t] = ts
+		ts = &tenantSet{name: strings.Clone(t)}
+		a.tenants[ts.name] = ts
 	}
-	a.lastName, a.last = t, ts
+	a.lastName, a.last = ts.name, ts // not t: it may share a decoded response's buffer
 	return ts
 }
 
