@@ -124,7 +124,9 @@ var errInvalidUTF8 = errors.New("proto: string field contains invalid UTF-8")
 // refuses a known field sent with the wrong wire type (proto.Unmarshal keeps
 // it as an unknown field). check covers the first two; for anything check or
 // the generated decoder refuses, proto.Unmarshal decides (a slow path that
-// conforming peers never take).
+// conforming peers never take). Unknown fields are kept as their raw bytes
+// (proto.Unmarshal re-encodes their tags; known fields decode the same), and
+// vtprotobuf's well-known types drop theirs.
 func decode(m vtMessage, b []byte) error {
 	pm, ok := m.(proto.Message)
 	if !ok {
