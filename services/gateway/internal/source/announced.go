@@ -315,11 +315,7 @@ func (ar *arena) group(g []byte) string {
 func (ar *arena) put(key, group string) uint64 {
 	size := recordSize(len(key), len(group))
 	ref := ar.alloc(size)
-	b := ar.bytes(ref, size)
-	n := binary.PutUvarint(b, uint64(len(key)))
-	n += binary.PutUvarint(b[n:], uint64(len(group)))
-	n += copy(b[n:], key)
-	copy(b[n:], group)
+	ar.write(ref, size, key, group)
 	return ref
 }
 
@@ -327,17 +323,22 @@ func (ar *arena) put(key, group string) uint64 {
 // new group) and returns the new ref.
 func (ar *arena) replace(ref uint64, key, group string) uint64 {
 	k, g := ar.record(ref)
-	if recordSize(len(k), len(g)) == recordSize(len(key), len(group)) {
-		size := recordSize(len(key), len(group))
-		b := ar.bytes(ref, size)
-		n := binary.PutUvarint(b, uint64(len(key)))
-		n += binary.PutUvarint(b[n:], uint64(len(group)))
-		n += copy(b[n:], key)
-		copy(b[n:], group)
+	old, size := recordSize(len(k), len(g)), recordSize(len(key), len(group))
+	if old == size {
+		ar.write(ref, size, key, group)
 		return ref
 	}
-	ar.release(ref)
+	ar.push(ref, old) // release, without reading the record again
 	return ar.put(key, group)
+}
+
+// write encodes a record of key and group into the size bytes at ref.
+func (ar *arena) write(ref uint64, size int, key, group string) {
+	b := ar.bytes(ref, size)
+	n := binary.PutUvarint(b, uint64(len(key)))
+	n += binary.PutUvarint(b[n:], uint64(len(group)))
+	n += copy(b[n:], key)
+	copy(b[n:], group)
 }
 
 func (ar *arena) alloc(size int) uint64 {
