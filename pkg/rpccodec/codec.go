@@ -40,10 +40,6 @@ type vtMessage interface {
 	UnmarshalVT(dAtA []byte) error
 }
 
-// resetter is the generated Reset method: UnmarshalVT merges into the
-// message, while gRPC's contract (and proto.Unmarshal) replaces it.
-type resetter interface{ Reset() }
-
 // Codec implements encoding.CodecV2.
 type Codec struct {
 	fallback encoding.CodecV2
@@ -100,50 +96,20 @@ func (c *Codec) Marshal(v any) (mem.BufferSlice, error) {
 // soon as this returns. A message received in one buffer is decoded in
 // place; one spread over several is joined first.
 func (c *Codec) Unmarshal(data mem.BufferSlice, v any) error {
-	m, ok := v.(vtMessage)
-	if !ok {
+	m, ok := v.(proto.Message)
+	if _, vt := v.(vtMessage); !ok || !vt {
 		return c.fallback.Unmarshal(data, v)
 	}
-	if r, ok := v.(resetter); ok {
-		r.Reset()
-	}
 	if len(data) == 1 {
-		return decode(m, data[0].ReadOnlyData())
+		return Unmarshal(data[0].ReadOnlyData(), m)
 	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
-	return decode(m, buf.ReadOnlyData())
+	return Unmarshal(buf.ReadOnlyData(), m)
 }
 
 // errInvalidUTF8 is proto.Unmarshal's refusal, word for word.
 var errInvalidUTF8 = errors.New("proto: string field contains invalid UTF-8")
-
-// decode accepts exactly what proto.Unmarshal accepts, and refuses with its
-// errors. The generated decoder differs from it in three ways: it does not
-// check UTF-8, it skips unknown groups without matching their ends, and it
-// refuses a known field sent with the wrong wire type (proto.Unmarshal keeps
-// it as an unknown field). check covers the first two; for anything check or
-// the generated decoder refuses, proto.Unmarshal decides (a slow path that
-// conforming peers never take). Unknown fields are kept as their raw bytes
-// (proto.Unmarshal re-encodes their tags; known fields decode the same), and
-// vtprotobuf's well-known types drop theirs.
-func decode(m vtMessage, b []byte) error {
-	pm, ok := m.(proto.Message)
-	if !ok {
-		return m.UnmarshalVT(b)
-	}
-	switch shapeOf(pm.ProtoReflect().Descriptor()).check(b) {
-	case badUTF8:
-		return errInvalidUTF8
-	case badWireFmt:
-		return proto.Unmarshal(b, pm)
-	}
-	if err := m.UnmarshalVT(b); err != nil {
-		proto.Reset(pm)
-		return proto.Unmarshal(b, pm)
-	}
-	return nil
-}
 
 // AppendMarshal appends m's encoding to b, like proto.MarshalOptions's
 // MarshalAppend, through the generated code when m has it. The bulk
@@ -163,13 +129,34 @@ func AppendMarshal(b []byte, m proto.Message) ([]byte, error) {
 }
 
 // Unmarshal decodes b into m (replacing its contents), like proto.Unmarshal,
-// through the generated code when m has it, with proto.Unmarshal's UTF-8
-// check. m keeps no reference to b.
+// through the generated code when m has it. m keeps no reference to b.
+//
+// It accepts exactly what proto.Unmarshal accepts, and refuses with its
+// errors. The generated decoder differs from it in three ways: it does not
+// check UTF-8, it skips unknown groups without matching their ends, and it
+// refuses a known field sent with the wrong wire type (proto.Unmarshal keeps
+// it as an unknown field). check covers the first two; for anything check or
+// the generated decoder refuses, proto.Unmarshal decides (a slow path that
+// conforming peers never take). Unknown fields are kept as their raw bytes
+// (proto.Unmarshal re-encodes their tags; known fields decode the same), and
+// vtprotobuf's well-known types drop theirs.
 func Unmarshal(b []byte, m proto.Message) error {
 	vm, ok := m.(vtMessage)
 	if !ok {
 		return proto.Unmarshal(b, m)
 	}
+	switch shapeOf(m.ProtoReflect().Descriptor()).check(b) {
+	case badUTF8:
+		return errInvalidUTF8
+	case badWireFmt:
+		return proto.Unmarshal(b, m)
+	}
+	// UnmarshalVT merges into the message; proto.Unmarshal (and gRPC's
+	// contract) replaces it.
 	proto.Reset(m)
-	return decode(vm, b)
+	if err := vm.UnmarshalVT(b); err != nil {
+		proto.Reset(m)
+		return proto.Unmarshal(b, m)
+	}
+	return nil
 }
