@@ -35,9 +35,8 @@ type announcedSet struct {
 	n       int // entries over all tenants
 	ar      arena
 
-	lastName string
-	last     *tenantSet // tenants[lastName], or nil
-	sink     uint64     // prefetch's loads go here, so they are not optimised away
+	last *tenantSet // the last tenant looked up (tenants[last.name]), or nil
+	sink uint64     // prefetch's loads go here, so they are not optimised away
 }
 
 // tenantSet is one tenant's objects: byMedium[m-1] for m = MediumCPU, MediumDisk.
@@ -62,7 +61,7 @@ func mediumIndex(m kvevent.Medium) int {
 
 // tenant returns t's set, creating it when create is set (else nil if absent).
 func (a *announcedSet) tenant(t string, create bool) *tenantSet {
-	if a.last != nil && a.lastName == t {
+	if a.last != nil && a.last.name == t {
 		return a.last
 	}
 	ts := a.tenants[t]
@@ -73,7 +72,7 @@ func (a *announcedSet) tenant(t string, create bool) *tenantSet {
 		ts = &tenantSet{name: strings.Clone(t)}
 		a.tenants[ts.name] = ts
 	}
-	a.lastName, a.last = ts.name, ts // not t: it may share a decoded response's buffer
+	a.last = ts
 	return ts
 }
 
@@ -132,8 +131,8 @@ func (a *announcedSet) clear(t string) {
 		}
 		delete(a.tenants, t)
 	}
-	if a.lastName == t {
-		a.lastName, a.last = "", nil
+	if a.last != nil && a.last.name == t {
+		a.last = nil
 	}
 }
 
