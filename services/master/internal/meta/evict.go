@@ -299,13 +299,16 @@ func (s *Store) evict(ctx context.Context, targets []evictTarget) int {
 			shd.mu.Unlock()
 		}
 		s.lastPass.rounds++
-		if last || tau == math.MaxInt64 || heapsHoldRuns(heaps, tau) {
+		// Every candidate with an access below tau (and some with tau) was
+		// offered, so each heap holds its run when its top is unpinned with
+		// an access up to tau.
+		end, ok := runsEnd(heaps)
+		if last || tau == math.MaxInt64 || ok && end <= tau {
 			break
 		}
 		if !byLimit {
 			scale *= 4 // for the next round by budgets
 		}
-		end, ok := runsEnd(heaps)
 		if byLimit = ok && !triedLimit; byLimit {
 			triedLimit, limit = true, end
 			s.lastPass.byLimit = true
@@ -390,23 +393,6 @@ func runsEnd(heaps []evictHeap) (int64, bool) {
 		end = max(end, h.items[0].access)
 	}
 	return end, true
-}
-
-// heapsHoldRuns reports whether every heap in use holds its target's run,
-// given that every candidate with an access below tau (and some with tau)
-// was offered: it holds the need and its last candidate is unpinned with
-// an access up to tau.
-func heapsHoldRuns(heaps []evictHeap, tau int64) bool {
-	for i := range heaps {
-		h := &heaps[i]
-		if h.need <= 0 {
-			continue
-		}
-		if h.bytes < h.need || h.items[0].pinned || h.items[0].access > tau {
-			return false
-		}
-	}
-	return true
 }
 
 // candList is an append-only list of candidates in blocks (growing it
