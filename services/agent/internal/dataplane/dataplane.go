@@ -51,44 +51,25 @@ type Config struct {
 	Transfer TransferConfig
 }
 
-// Keyring holds the token key from the master's latest Settings, with a
-// token.Verifier for it.
+// Keyring holds a token.Verifier for the key from the master's latest
+// Settings.
 type Keyring struct {
-	cur atomic.Pointer[keyed]
-}
-
-type keyed struct {
-	key []byte
-	v   *token.Verifier
+	v atomic.Pointer[token.Verifier]
 }
 
 // Set installs a new key (nil or empty clears it: an empty HMAC key would
-// let anyone forge tokens).
+// let anyone forge tokens). The Verifier keeps its own copy of key.
 func (k *Keyring) Set(key []byte) {
 	if len(key) == 0 {
-		k.cur.Store(nil)
+		k.v.Store(nil)
 		return
 	}
-	c := append([]byte(nil), key...)
-	k.cur.Store(&keyed{key: c, v: token.NewVerifier(c)})
-}
-
-// Get returns the current key, or nil before the first Settings.
-func (k *Keyring) Get() []byte {
-	if p := k.cur.Load(); p != nil {
-		return p.key
-	}
-	return nil
+	k.v.Store(token.NewVerifier(key))
 }
 
 // verifier returns the current key's Verifier, or nil before the first
 // Settings.
-func (k *Keyring) verifier() *token.Verifier {
-	if p := k.cur.Load(); p != nil {
-		return p.v
-	}
-	return nil
-}
+func (k *Keyring) verifier() *token.Verifier { return k.v.Load() }
 
 // Deps are the data plane's collaborators.
 type Deps struct {
