@@ -46,5 +46,7 @@ func (c connectCodec) Unmarshal(data mem.BufferSlice, v any) error {
 		return nil
 	}
 	m.ConnectResponse.Reset()
-	return c.base.Unmarshal(data, v)
+	// What c.base.Unmarshal does, on the bytes already joined: a message
+	// spread over several buffers (a large Settings) is not copied again.
+	return rpccodec.Unmarshal(b, m)
 }
