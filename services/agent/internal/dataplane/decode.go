@@ -36,13 +36,13 @@ const maxKeptItems = 1024
 
 // reuse returns s[:n] zeroed, or a new slice when s is too short; a slice of
 // more than maxKeptItems is not kept in *s.
-func reuse[T any](s *[]T, n int) []T {
+func reuse[S ~[]T, T any](s *S, n int) S {
 	if cap(*s) >= n {
 		out := (*s)[:n]
 		clear(out)
 		return out
 	}
-	out := make([]T, n)
+	out := make(S, n)
 	if n <= maxKeptItems {
 		*s = out
 	}

@@ -356,7 +356,7 @@ func (hs handles) close() {
 // return never finds the write open.
 func (t *transferServer) write(c *transferConn, items []*agentv1.TransferItem) error {
 	s := t.s
-	hs := handles(reuse((*[]*segment.Handle)(&c.hs), len(items)))
+	hs := reuse(&c.hs, len(items))
 	slab := reuse(&c.handles, len(items)) // hs[i] is &slab[i] or nil
 	errs := reuse(&c.errs, len(items))
 	defer func() {
