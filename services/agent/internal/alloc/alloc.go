@@ -22,6 +22,7 @@
 package alloc
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math/bits"
@@ -223,15 +224,7 @@ func (a *Allocator) Restore(exts []Extent) ([]Extent, error) {
 	for i := range order {
 		order[i] = i
 	}
-	slices.SortFunc(order, func(x, y int) int {
-		switch {
-		case exts[x].Offset < exts[y].Offset:
-			return -1
-		case exts[x].Offset > exts[y].Offset:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(order, func(x, y int) int { return cmp.Compare(exts[x].Offset, exts[y].Offset) })
 	var end uint64
 	for _, i := range order {
 		e := exts[i]
