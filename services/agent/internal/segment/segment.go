@@ -542,10 +542,7 @@ func (h *Handle) WritableBytes(off, n uint64) ([]byte, error) {
 	if !h.write {
 		return nil, errState("allocation %d is open for reading", h.e.id)
 	}
-	if err := h.bounds(off, n); err != nil {
-		return nil, err
-	}
-	return h.s.store.slice(h.e.offset+off, n), nil
+	return h.Bytes(off, n)
 }
 
 // Close ends the read or write; it is idempotent.
