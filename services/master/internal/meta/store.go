@@ -763,6 +763,18 @@ func ValidateKey(tenant, key string) error {
 // locate normalizes *tenant in place, validates the key and resolves the
 // tenant's index and the key's shard. A tenant that never held anything
 // answers OBJECT_NOT_FOUND: every read, end, revoke and remove starts here.
+func (s *Store) locate(tenant *string, key string) (t uint32, shard int, err error) {
+	*tenant = NormalizeTenant(*tenant)
+	if err := ValidateKey(*tenant, key); err != nil {
+		return 0, 0, err
+	}
+	t, ok := s.tenants.lookup(*tenant)
+	if !ok {
+		return 0, 0, errNotFound(*tenant, key)
+	}
+	return t, s.shardIndex(t, key), nil
+}
+
 // located is one spec of a batch call resolved to its tenant and shard.
 type located struct {
 	i, shard int
@@ -786,16 +798,4 @@ func (s *Store) locateAll(n int, spec func(i int) (tenant *string, key string), 
 		out = append(out, located{i: i, tenant: t, shard: shard})
 	}
 	return out
-}
-
-func (s *Store) locate(tenant *string, key string) (t uint32, shard int, err error) {
-	*tenant = NormalizeTenant(*tenant)
-	if err := ValidateKey(*tenant, key); err != nil {
-		return 0, 0, err
-	}
-	t, ok := s.tenants.lookup(*tenant)
-	if !ok {
-		return 0, 0, errNotFound(*tenant, key)
-	}
-	return t, s.shardIndex(t, key), nil
 }
