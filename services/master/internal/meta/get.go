@@ -355,16 +355,14 @@ func (s *Store) QueryRoute(ctx context.Context, tenant, key string) (*masterv1.Q
 	return resp, err
 }
 
-// withObject runs f on one object under its shard lock.
+// withObject runs f on one object under its shard lock. tenant must be
+// normalized.
 func (s *Store) withObject(tenant, key string, f func(*object) error) error {
-	if err := ValidateKey(tenant, key); err != nil {
+	t, shard, err := s.locate(&tenant, key)
+	if err != nil {
 		return err
 	}
-	t, ok := s.tenants.lookup(tenant)
-	if !ok {
-		return errNotFound(tenant, key)
-	}
-	shd := &s.shards[s.shardIndex(t, key)]
+	shd := &s.shards[shard]
 	shd.mu.Lock()
 	defer shd.mu.Unlock()
 	o := shd.getLocked(t, key)
