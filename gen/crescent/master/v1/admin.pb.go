@@ -586,6 +586,94 @@ func (x *DrainSegmentResponse) GetSegment() *Segment {
 	return nil
 }
 
+type UndrainSegmentRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SegmentId     string                 `protobuf:"bytes,1,opt,name=segment_id,json=segmentId,proto3" json:"segment_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UndrainSegmentRequest) Reset() {
+	*x = UndrainSegmentRequest{}
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UndrainSegmentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UndrainSegmentRequest) ProtoMessage() {}
+
+func (x *UndrainSegmentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UndrainSegmentRequest.ProtoReflect.Descriptor instead.
+func (*UndrainSegmentRequest) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *UndrainSegmentRequest) GetSegmentId() string {
+	if x != nil {
+		return x.SegmentId
+	}
+	return ""
+}
+
+type UndrainSegmentResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Segment       *Segment               `protobuf:"bytes,1,opt,name=segment,proto3" json:"segment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UndrainSegmentResponse) Reset() {
+	*x = UndrainSegmentResponse{}
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UndrainSegmentResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UndrainSegmentResponse) ProtoMessage() {}
+
+func (x *UndrainSegmentResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UndrainSegmentResponse.ProtoReflect.Descriptor instead.
+func (*UndrainSegmentResponse) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *UndrainSegmentResponse) GetSegment() *Segment {
+	if x != nil {
+		return x.Segment
+	}
+	return nil
+}
+
 // TenantQuota is a tenant's limits and current usage.
 type TenantQuota struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -602,7 +690,7 @@ type TenantQuota struct {
 
 func (x *TenantQuota) Reset() {
 	*x = TenantQuota{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[10]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -614,7 +702,7 @@ func (x *TenantQuota) String() string {
 func (*TenantQuota) ProtoMessage() {}
 
 func (x *TenantQuota) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[10]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -627,7 +715,7 @@ func (x *TenantQuota) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantQuota.ProtoReflect.Descriptor instead.
 func (*TenantQuota) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TenantQuota) GetTenant() string {
@@ -676,7 +764,7 @@ type SetTenantQuotaRequest struct {
 
 func (x *SetTenantQuotaRequest) Reset() {
 	*x = SetTenantQuotaRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -688,7 +776,7 @@ func (x *SetTenantQuotaRequest) String() string {
 func (*SetTenantQuotaRequest) ProtoMessage() {}
 
 func (x *SetTenantQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -701,7 +789,7 @@ func (x *SetTenantQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTenantQuotaRequest.ProtoReflect.Descriptor instead.
 func (*SetTenantQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SetTenantQuotaRequest) GetTenant() string {
@@ -734,7 +822,7 @@ type SetTenantQuotaResponse struct {
 
 func (x *SetTenantQuotaResponse) Reset() {
 	*x = SetTenantQuotaResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -746,7 +834,7 @@ func (x *SetTenantQuotaResponse) String() string {
 func (*SetTenantQuotaResponse) ProtoMessage() {}
 
 func (x *SetTenantQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -759,7 +847,7 @@ func (x *SetTenantQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTenantQuotaResponse.ProtoReflect.Descriptor instead.
 func (*SetTenantQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SetTenantQuotaResponse) GetQuota() *TenantQuota {
@@ -778,7 +866,7 @@ type GetTenantQuotaRequest struct {
 
 func (x *GetTenantQuotaRequest) Reset() {
 	*x = GetTenantQuotaRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -790,7 +878,7 @@ func (x *GetTenantQuotaRequest) String() string {
 func (*GetTenantQuotaRequest) ProtoMessage() {}
 
 func (x *GetTenantQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -803,7 +891,7 @@ func (x *GetTenantQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantQuotaRequest.ProtoReflect.Descriptor instead.
 func (*GetTenantQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetTenantQuotaRequest) GetTenant() string {
@@ -822,7 +910,7 @@ type GetTenantQuotaResponse struct {
 
 func (x *GetTenantQuotaResponse) Reset() {
 	*x = GetTenantQuotaResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -834,7 +922,7 @@ func (x *GetTenantQuotaResponse) String() string {
 func (*GetTenantQuotaResponse) ProtoMessage() {}
 
 func (x *GetTenantQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -847,7 +935,7 @@ func (x *GetTenantQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantQuotaResponse.ProtoReflect.Descriptor instead.
 func (*GetTenantQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetTenantQuotaResponse) GetQuota() *TenantQuota {
@@ -865,7 +953,7 @@ type ListTenantsRequest struct {
 
 func (x *ListTenantsRequest) Reset() {
 	*x = ListTenantsRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -877,7 +965,7 @@ func (x *ListTenantsRequest) String() string {
 func (*ListTenantsRequest) ProtoMessage() {}
 
 func (x *ListTenantsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -890,7 +978,7 @@ func (x *ListTenantsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantsRequest.ProtoReflect.Descriptor instead.
 func (*ListTenantsRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 type ListTenantsResponse struct {
@@ -902,7 +990,7 @@ type ListTenantsResponse struct {
 
 func (x *ListTenantsResponse) Reset() {
 	*x = ListTenantsResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -914,7 +1002,7 @@ func (x *ListTenantsResponse) String() string {
 func (*ListTenantsResponse) ProtoMessage() {}
 
 func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -927,7 +1015,7 @@ func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantsResponse.ProtoReflect.Descriptor instead.
 func (*ListTenantsResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListTenantsResponse) GetTenants() []*TenantQuota {
@@ -945,7 +1033,7 @@ type GetClusterStatusRequest struct {
 
 func (x *GetClusterStatusRequest) Reset() {
 	*x = GetClusterStatusRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -957,7 +1045,7 @@ func (x *GetClusterStatusRequest) String() string {
 func (*GetClusterStatusRequest) ProtoMessage() {}
 
 func (x *GetClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -970,7 +1058,7 @@ func (x *GetClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 type GetClusterStatusResponse struct {
@@ -994,7 +1082,7 @@ type GetClusterStatusResponse struct {
 
 func (x *GetClusterStatusResponse) Reset() {
 	*x = GetClusterStatusResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1006,7 +1094,7 @@ func (x *GetClusterStatusResponse) String() string {
 func (*GetClusterStatusResponse) ProtoMessage() {}
 
 func (x *GetClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1019,7 +1107,7 @@ func (x *GetClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetClusterStatusResponse) GetMasterId() string {
@@ -1118,7 +1206,7 @@ type MediumUsage struct {
 
 func (x *MediumUsage) Reset() {
 	*x = MediumUsage{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1130,7 +1218,7 @@ func (x *MediumUsage) String() string {
 func (*MediumUsage) ProtoMessage() {}
 
 func (x *MediumUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1143,7 +1231,7 @@ func (x *MediumUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MediumUsage.ProtoReflect.Descriptor instead.
 func (*MediumUsage) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *MediumUsage) GetMedium() Medium {
@@ -1210,6 +1298,11 @@ const file_crescent_master_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"segment_id\x18\x01 \x01(\tR\tsegmentId\"M\n" +
 	"\x14DrainSegmentResponse\x125\n" +
+	"\asegment\x18\x01 \x01(\v2\x1b.crescent.master.v1.SegmentR\asegment\"6\n" +
+	"\x15UndrainSegmentRequest\x12\x1d\n" +
+	"\n" +
+	"segment_id\x18\x01 \x01(\tR\tsegmentId\"O\n" +
+	"\x16UndrainSegmentResponse\x125\n" +
 	"\asegment\x18\x01 \x01(\v2\x1b.crescent.master.v1.SegmentR\asegment\"\xa5\x01\n" +
 	"\vTenantQuota\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1b\n" +
@@ -1254,7 +1347,7 @@ const file_crescent_master_v1_admin_proto_rawDesc = "" +
 	"\x06medium\x18\x01 \x01(\x0e2\x1a.crescent.master.v1.MediumR\x06medium\x12%\n" +
 	"\x0ecapacity_bytes\x18\x02 \x01(\x04R\rcapacityBytes\x12\x1d\n" +
 	"\n" +
-	"used_bytes\x18\x03 \x01(\x04R\tusedBytes2\xaf\x06\n" +
+	"used_bytes\x18\x03 \x01(\x04R\tusedBytes2\x98\a\n" +
 	"\fAdminService\x12a\n" +
 	"\fListSegments\x12'.crescent.master.v1.ListSegmentsRequest\x1a(.crescent.master.v1.ListSegmentsResponse\x12[\n" +
 	"\n" +
@@ -1262,6 +1355,7 @@ const file_crescent_master_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"ListAgents\x12%.crescent.master.v1.ListAgentsRequest\x1a&.crescent.master.v1.ListAgentsResponse\x12a\n" +
 	"\fDrainSegment\x12'.crescent.master.v1.DrainSegmentRequest\x1a(.crescent.master.v1.DrainSegmentResponse\x12g\n" +
+	"\x0eUndrainSegment\x12).crescent.master.v1.UndrainSegmentRequest\x1a*.crescent.master.v1.UndrainSegmentResponse\x12g\n" +
 	"\x0eSetTenantQuota\x12).crescent.master.v1.SetTenantQuotaRequest\x1a*.crescent.master.v1.SetTenantQuotaResponse\x12g\n" +
 	"\x0eGetTenantQuota\x12).crescent.master.v1.GetTenantQuotaRequest\x1a*.crescent.master.v1.GetTenantQuotaResponse\x12^\n" +
 	"\vListTenants\x12&.crescent.master.v1.ListTenantsRequest\x1a'.crescent.master.v1.ListTenantsResponse\x12m\n" +
@@ -1281,7 +1375,7 @@ func file_crescent_master_v1_admin_proto_rawDescGZIP() []byte {
 	return file_crescent_master_v1_admin_proto_rawDescData
 }
 
-var file_crescent_master_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_crescent_master_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_crescent_master_v1_admin_proto_goTypes = []any{
 	(*Segment)(nil),                  // 0: crescent.master.v1.Segment
 	(*ListSegmentsRequest)(nil),      // 1: crescent.master.v1.ListSegmentsRequest
@@ -1293,55 +1387,60 @@ var file_crescent_master_v1_admin_proto_goTypes = []any{
 	(*ListAgentsResponse)(nil),       // 7: crescent.master.v1.ListAgentsResponse
 	(*DrainSegmentRequest)(nil),      // 8: crescent.master.v1.DrainSegmentRequest
 	(*DrainSegmentResponse)(nil),     // 9: crescent.master.v1.DrainSegmentResponse
-	(*TenantQuota)(nil),              // 10: crescent.master.v1.TenantQuota
-	(*SetTenantQuotaRequest)(nil),    // 11: crescent.master.v1.SetTenantQuotaRequest
-	(*SetTenantQuotaResponse)(nil),   // 12: crescent.master.v1.SetTenantQuotaResponse
-	(*GetTenantQuotaRequest)(nil),    // 13: crescent.master.v1.GetTenantQuotaRequest
-	(*GetTenantQuotaResponse)(nil),   // 14: crescent.master.v1.GetTenantQuotaResponse
-	(*ListTenantsRequest)(nil),       // 15: crescent.master.v1.ListTenantsRequest
-	(*ListTenantsResponse)(nil),      // 16: crescent.master.v1.ListTenantsResponse
-	(*GetClusterStatusRequest)(nil),  // 17: crescent.master.v1.GetClusterStatusRequest
-	(*GetClusterStatusResponse)(nil), // 18: crescent.master.v1.GetClusterStatusResponse
-	(*MediumUsage)(nil),              // 19: crescent.master.v1.MediumUsage
-	(*SegmentInfo)(nil),              // 20: crescent.master.v1.SegmentInfo
-	(SegmentLifecycle)(0),            // 21: crescent.master.v1.SegmentLifecycle
-	(SegmentHealth)(0),               // 22: crescent.master.v1.SegmentHealth
-	(Medium)(0),                      // 23: crescent.master.v1.Medium
+	(*UndrainSegmentRequest)(nil),    // 10: crescent.master.v1.UndrainSegmentRequest
+	(*UndrainSegmentResponse)(nil),   // 11: crescent.master.v1.UndrainSegmentResponse
+	(*TenantQuota)(nil),              // 12: crescent.master.v1.TenantQuota
+	(*SetTenantQuotaRequest)(nil),    // 13: crescent.master.v1.SetTenantQuotaRequest
+	(*SetTenantQuotaResponse)(nil),   // 14: crescent.master.v1.SetTenantQuotaResponse
+	(*GetTenantQuotaRequest)(nil),    // 15: crescent.master.v1.GetTenantQuotaRequest
+	(*GetTenantQuotaResponse)(nil),   // 16: crescent.master.v1.GetTenantQuotaResponse
+	(*ListTenantsRequest)(nil),       // 17: crescent.master.v1.ListTenantsRequest
+	(*ListTenantsResponse)(nil),      // 18: crescent.master.v1.ListTenantsResponse
+	(*GetClusterStatusRequest)(nil),  // 19: crescent.master.v1.GetClusterStatusRequest
+	(*GetClusterStatusResponse)(nil), // 20: crescent.master.v1.GetClusterStatusResponse
+	(*MediumUsage)(nil),              // 21: crescent.master.v1.MediumUsage
+	(*SegmentInfo)(nil),              // 22: crescent.master.v1.SegmentInfo
+	(SegmentLifecycle)(0),            // 23: crescent.master.v1.SegmentLifecycle
+	(SegmentHealth)(0),               // 24: crescent.master.v1.SegmentHealth
+	(Medium)(0),                      // 25: crescent.master.v1.Medium
 }
 var file_crescent_master_v1_admin_proto_depIdxs = []int32{
-	20, // 0: crescent.master.v1.Segment.info:type_name -> crescent.master.v1.SegmentInfo
-	21, // 1: crescent.master.v1.Segment.lifecycle:type_name -> crescent.master.v1.SegmentLifecycle
-	22, // 2: crescent.master.v1.Segment.health:type_name -> crescent.master.v1.SegmentHealth
+	22, // 0: crescent.master.v1.Segment.info:type_name -> crescent.master.v1.SegmentInfo
+	23, // 1: crescent.master.v1.Segment.lifecycle:type_name -> crescent.master.v1.SegmentLifecycle
+	24, // 2: crescent.master.v1.Segment.health:type_name -> crescent.master.v1.SegmentHealth
 	0,  // 3: crescent.master.v1.ListSegmentsResponse.segments:type_name -> crescent.master.v1.Segment
 	0,  // 4: crescent.master.v1.GetSegmentResponse.segment:type_name -> crescent.master.v1.Segment
 	5,  // 5: crescent.master.v1.ListAgentsResponse.agents:type_name -> crescent.master.v1.Agent
 	0,  // 6: crescent.master.v1.DrainSegmentResponse.segment:type_name -> crescent.master.v1.Segment
-	10, // 7: crescent.master.v1.SetTenantQuotaResponse.quota:type_name -> crescent.master.v1.TenantQuota
-	10, // 8: crescent.master.v1.GetTenantQuotaResponse.quota:type_name -> crescent.master.v1.TenantQuota
-	10, // 9: crescent.master.v1.ListTenantsResponse.tenants:type_name -> crescent.master.v1.TenantQuota
-	19, // 10: crescent.master.v1.GetClusterStatusResponse.media:type_name -> crescent.master.v1.MediumUsage
-	23, // 11: crescent.master.v1.MediumUsage.medium:type_name -> crescent.master.v1.Medium
-	1,  // 12: crescent.master.v1.AdminService.ListSegments:input_type -> crescent.master.v1.ListSegmentsRequest
-	3,  // 13: crescent.master.v1.AdminService.GetSegment:input_type -> crescent.master.v1.GetSegmentRequest
-	6,  // 14: crescent.master.v1.AdminService.ListAgents:input_type -> crescent.master.v1.ListAgentsRequest
-	8,  // 15: crescent.master.v1.AdminService.DrainSegment:input_type -> crescent.master.v1.DrainSegmentRequest
-	11, // 16: crescent.master.v1.AdminService.SetTenantQuota:input_type -> crescent.master.v1.SetTenantQuotaRequest
-	13, // 17: crescent.master.v1.AdminService.GetTenantQuota:input_type -> crescent.master.v1.GetTenantQuotaRequest
-	15, // 18: crescent.master.v1.AdminService.ListTenants:input_type -> crescent.master.v1.ListTenantsRequest
-	17, // 19: crescent.master.v1.AdminService.GetClusterStatus:input_type -> crescent.master.v1.GetClusterStatusRequest
-	2,  // 20: crescent.master.v1.AdminService.ListSegments:output_type -> crescent.master.v1.ListSegmentsResponse
-	4,  // 21: crescent.master.v1.AdminService.GetSegment:output_type -> crescent.master.v1.GetSegmentResponse
-	7,  // 22: crescent.master.v1.AdminService.ListAgents:output_type -> crescent.master.v1.ListAgentsResponse
-	9,  // 23: crescent.master.v1.AdminService.DrainSegment:output_type -> crescent.master.v1.DrainSegmentResponse
-	12, // 24: crescent.master.v1.AdminService.SetTenantQuota:output_type -> crescent.master.v1.SetTenantQuotaResponse
-	14, // 25: crescent.master.v1.AdminService.GetTenantQuota:output_type -> crescent.master.v1.GetTenantQuotaResponse
-	16, // 26: crescent.master.v1.AdminService.ListTenants:output_type -> crescent.master.v1.ListTenantsResponse
-	18, // 27: crescent.master.v1.AdminService.GetClusterStatus:output_type -> crescent.master.v1.GetClusterStatusResponse
-	20, // [20:28] is the sub-list for method output_type
-	12, // [12:20] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	0,  // 7: crescent.master.v1.UndrainSegmentResponse.segment:type_name -> crescent.master.v1.Segment
+	12, // 8: crescent.master.v1.SetTenantQuotaResponse.quota:type_name -> crescent.master.v1.TenantQuota
+	12, // 9: crescent.master.v1.GetTenantQuotaResponse.quota:type_name -> crescent.master.v1.TenantQuota
+	12, // 10: crescent.master.v1.ListTenantsResponse.tenants:type_name -> crescent.master.v1.TenantQuota
+	21, // 11: crescent.master.v1.GetClusterStatusResponse.media:type_name -> crescent.master.v1.MediumUsage
+	25, // 12: crescent.master.v1.MediumUsage.medium:type_name -> crescent.master.v1.Medium
+	1,  // 13: crescent.master.v1.AdminService.ListSegments:input_type -> crescent.master.v1.ListSegmentsRequest
+	3,  // 14: crescent.master.v1.AdminService.GetSegment:input_type -> crescent.master.v1.GetSegmentRequest
+	6,  // 15: crescent.master.v1.AdminService.ListAgents:input_type -> crescent.master.v1.ListAgentsRequest
+	8,  // 16: crescent.master.v1.AdminService.DrainSegment:input_type -> crescent.master.v1.DrainSegmentRequest
+	10, // 17: crescent.master.v1.AdminService.UndrainSegment:input_type -> crescent.master.v1.UndrainSegmentRequest
+	13, // 18: crescent.master.v1.AdminService.SetTenantQuota:input_type -> crescent.master.v1.SetTenantQuotaRequest
+	15, // 19: crescent.master.v1.AdminService.GetTenantQuota:input_type -> crescent.master.v1.GetTenantQuotaRequest
+	17, // 20: crescent.master.v1.AdminService.ListTenants:input_type -> crescent.master.v1.ListTenantsRequest
+	19, // 21: crescent.master.v1.AdminService.GetClusterStatus:input_type -> crescent.master.v1.GetClusterStatusRequest
+	2,  // 22: crescent.master.v1.AdminService.ListSegments:output_type -> crescent.master.v1.ListSegmentsResponse
+	4,  // 23: crescent.master.v1.AdminService.GetSegment:output_type -> crescent.master.v1.GetSegmentResponse
+	7,  // 24: crescent.master.v1.AdminService.ListAgents:output_type -> crescent.master.v1.ListAgentsResponse
+	9,  // 25: crescent.master.v1.AdminService.DrainSegment:output_type -> crescent.master.v1.DrainSegmentResponse
+	11, // 26: crescent.master.v1.AdminService.UndrainSegment:output_type -> crescent.master.v1.UndrainSegmentResponse
+	14, // 27: crescent.master.v1.AdminService.SetTenantQuota:output_type -> crescent.master.v1.SetTenantQuotaResponse
+	16, // 28: crescent.master.v1.AdminService.GetTenantQuota:output_type -> crescent.master.v1.GetTenantQuotaResponse
+	18, // 29: crescent.master.v1.AdminService.ListTenants:output_type -> crescent.master.v1.ListTenantsResponse
+	20, // 30: crescent.master.v1.AdminService.GetClusterStatus:output_type -> crescent.master.v1.GetClusterStatusResponse
+	22, // [22:31] is the sub-list for method output_type
+	13, // [13:22] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_crescent_master_v1_admin_proto_init() }
@@ -1357,7 +1456,7 @@ func file_crescent_master_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crescent_master_v1_admin_proto_rawDesc), len(file_crescent_master_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

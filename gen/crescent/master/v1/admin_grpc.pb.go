@@ -23,6 +23,7 @@ const (
 	AdminService_GetSegment_FullMethodName       = "/crescent.master.v1.AdminService/GetSegment"
 	AdminService_ListAgents_FullMethodName       = "/crescent.master.v1.AdminService/ListAgents"
 	AdminService_DrainSegment_FullMethodName     = "/crescent.master.v1.AdminService/DrainSegment"
+	AdminService_UndrainSegment_FullMethodName   = "/crescent.master.v1.AdminService/UndrainSegment"
 	AdminService_SetTenantQuota_FullMethodName   = "/crescent.master.v1.AdminService/SetTenantQuota"
 	AdminService_GetTenantQuota_FullMethodName   = "/crescent.master.v1.AdminService/GetTenantQuota"
 	AdminService_ListTenants_FullMethodName      = "/crescent.master.v1.AdminService/ListTenants"
@@ -46,6 +47,11 @@ type AdminServiceClient interface {
 	// DrainSegment stops allocations on a segment and moves its replicas to
 	// other segments (or removes them when no room exists), then marks it DRAINED.
 	DrainSegment(ctx context.Context, in *DrainSegmentRequest, opts ...grpc.CallOption) (*DrainSegmentResponse, error)
+	// UndrainSegment is DrainSegment's inverse: a DRAINING or DRAINED segment
+	// returns to OK and takes allocations again. Replicas already moved stay
+	// where they are. Idempotent on an OK segment; FAILED_PRECONDITION /
+	// SEGMENT_UNAVAILABLE on one that is unmounting or unmounted.
+	UndrainSegment(ctx context.Context, in *UndrainSegmentRequest, opts ...grpc.CallOption) (*UndrainSegmentResponse, error)
 	// SetTenantQuota sets a tenant's limits; 0 means unlimited. A limit below
 	// current usage rejects only growth.
 	SetTenantQuota(ctx context.Context, in *SetTenantQuotaRequest, opts ...grpc.CallOption) (*SetTenantQuotaResponse, error)
@@ -99,6 +105,16 @@ func (c *adminServiceClient) DrainSegment(ctx context.Context, in *DrainSegmentR
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DrainSegmentResponse)
 	err := c.cc.Invoke(ctx, AdminService_DrainSegment_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) UndrainSegment(ctx context.Context, in *UndrainSegmentRequest, opts ...grpc.CallOption) (*UndrainSegmentResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UndrainSegmentResponse)
+	err := c.cc.Invoke(ctx, AdminService_UndrainSegment_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -162,6 +178,11 @@ type AdminServiceServer interface {
 	// DrainSegment stops allocations on a segment and moves its replicas to
 	// other segments (or removes them when no room exists), then marks it DRAINED.
 	DrainSegment(context.Context, *DrainSegmentRequest) (*DrainSegmentResponse, error)
+	// UndrainSegment is DrainSegment's inverse: a DRAINING or DRAINED segment
+	// returns to OK and takes allocations again. Replicas already moved stay
+	// where they are. Idempotent on an OK segment; FAILED_PRECONDITION /
+	// SEGMENT_UNAVAILABLE on one that is unmounting or unmounted.
+	UndrainSegment(context.Context, *UndrainSegmentRequest) (*UndrainSegmentResponse, error)
 	// SetTenantQuota sets a tenant's limits; 0 means unlimited. A limit below
 	// current usage rejects only growth.
 	SetTenantQuota(context.Context, *SetTenantQuotaRequest) (*SetTenantQuotaResponse, error)
@@ -192,6 +213,9 @@ func (UnimplementedAdminServiceServer) ListAgents(context.Context, *ListAgentsRe
 }
 func (UnimplementedAdminServiceServer) DrainSegment(context.Context, *DrainSegmentRequest) (*DrainSegmentResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DrainSegment not implemented")
+}
+func (UnimplementedAdminServiceServer) UndrainSegment(context.Context, *UndrainSegmentRequest) (*UndrainSegmentResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UndrainSegment not implemented")
 }
 func (UnimplementedAdminServiceServer) SetTenantQuota(context.Context, *SetTenantQuotaRequest) (*SetTenantQuotaResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetTenantQuota not implemented")
@@ -298,6 +322,24 @@ func _AdminService_DrainSegment_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_UndrainSegment_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UndrainSegmentRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).UndrainSegment(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_UndrainSegment_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).UndrainSegment(ctx, req.(*UndrainSegmentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_SetTenantQuota_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(SetTenantQuotaRequest)
 	if err := dec(in); err != nil {
@@ -392,6 +434,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DrainSegment",
 			Handler:    _AdminService_DrainSegment_Handler,
+		},
+		{
+			MethodName: "UndrainSegment",
+			Handler:    _AdminService_UndrainSegment_Handler,
 		},
 		{
 			MethodName: "SetTenantQuota",

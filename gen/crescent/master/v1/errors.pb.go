@@ -88,6 +88,12 @@ const (
 	// re-registering, so its readable set is not yet whole; ChangeService
 	// answers this until the recovery grace has passed. Retry with backoff.
 	ErrorReason_ERROR_REASON_MASTER_RECOVERING ErrorReason = 24
+	// INVALID_ARGUMENT: the object is larger than the master's
+	// --max-object-size; refused before any placement or eviction.
+	ErrorReason_ERROR_REASON_OBJECT_TOO_LARGE ErrorReason = 25
+	// RESOURCE_EXHAUSTED: a per-call, per-peer or per-table cap was reached
+	// (segments per agent, tenants, items per scan); metadata names the limit.
+	ErrorReason_ERROR_REASON_LIMIT_EXCEEDED ErrorReason = 26
 )
 
 // Enum value maps for ErrorReason.
@@ -118,6 +124,8 @@ var (
 		22: "ERROR_REASON_PUT_EXPIRED",
 		23: "ERROR_REASON_INTERNAL",
 		24: "ERROR_REASON_MASTER_RECOVERING",
+		25: "ERROR_REASON_OBJECT_TOO_LARGE",
+		26: "ERROR_REASON_LIMIT_EXCEEDED",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":           0,
@@ -145,6 +153,8 @@ var (
 		"ERROR_REASON_PUT_EXPIRED":           22,
 		"ERROR_REASON_INTERNAL":              23,
 		"ERROR_REASON_MASTER_RECOVERING":     24,
+		"ERROR_REASON_OBJECT_TOO_LARGE":      25,
+		"ERROR_REASON_LIMIT_EXCEEDED":        26,
 	}
 )
 
@@ -179,7 +189,7 @@ var File_crescent_master_v1_errors_proto protoreflect.FileDescriptor
 
 const file_crescent_master_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1fcrescent/master/v1/errors.proto\x12\x12crescent.master.v1*\xe8\x06\n" +
+	"\x1fcrescent/master/v1/errors.proto\x12\x12crescent.master.v1*\xac\a\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dERROR_REASON_OBJECT_NOT_FOUND\x10\x01\x12&\n" +
@@ -206,7 +216,9 @@ const file_crescent_master_v1_errors_proto_rawDesc = "" +
 	" ERROR_REASON_SEGMENT_UNAVAILABLE\x10\x15\x12\x1c\n" +
 	"\x18ERROR_REASON_PUT_EXPIRED\x10\x16\x12\x19\n" +
 	"\x15ERROR_REASON_INTERNAL\x10\x17\x12\"\n" +
-	"\x1eERROR_REASON_MASTER_RECOVERING\x10\x18B\xd0\x01\n" +
+	"\x1eERROR_REASON_MASTER_RECOVERING\x10\x18\x12!\n" +
+	"\x1dERROR_REASON_OBJECT_TOO_LARGE\x10\x19\x12\x1f\n" +
+	"\x1bERROR_REASON_LIMIT_EXCEEDED\x10\x1aB\xd0\x01\n" +
 	"\x16com.crescent.master.v1B\vErrorsProtoP\x01Z?github.com/crescent-kv/crescent/gen/crescent/master/v1;masterv1\xa2\x02\x03CMX\xaa\x02\x12Crescent.Master.V1\xca\x02\x12Crescent\\Master\\V1\xe2\x02\x1eCrescent\\Master\\V1\\GPBMetadata\xea\x02\x14Crescent::Master::V1b\x06proto3"
 
 var (
