@@ -1895,10 +1895,13 @@ func (x *RemoveAllResponse) GetSkipped() uint64 {
 }
 
 type RemoveByPrefixRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	Prefix        string                 `protobuf:"bytes,2,opt,name=prefix,proto3" json:"prefix,omitempty"`
-	Force         bool                   `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// At most 4096 bytes (the key limit); must not be empty.
+	Prefix string `protobuf:"bytes,2,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	Force  bool   `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
+	// next_page_token of the previous call; empty for the first.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1954,10 +1957,23 @@ func (x *RemoveByPrefixRequest) GetForce() bool {
 	return false
 }
 
+func (x *RemoveByPrefixRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// One call examines a bounded number of keys (the master's scan budget, in
+// whole metadata shards); when it stopped early, next_page_token is set and
+// the caller repeats the request with it to continue. Objects added behind
+// the scan may be missed, as in any paged listing.
 type RemoveByPrefixResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Removed       uint64                 `protobuf:"varint,1,opt,name=removed,proto3" json:"removed,omitempty"`
-	Skipped       uint64                 `protobuf:"varint,2,opt,name=skipped,proto3" json:"skipped,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Removed uint64                 `protobuf:"varint,1,opt,name=removed,proto3" json:"removed,omitempty"`
+	Skipped uint64                 `protobuf:"varint,2,opt,name=skipped,proto3" json:"skipped,omitempty"`
+	// Empty when the scan is complete.
+	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2006,12 +2022,22 @@ func (x *RemoveByPrefixResponse) GetSkipped() uint64 {
 	return 0
 }
 
+func (x *RemoveByPrefixResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 type RemoveByRegexRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	// RE2 syntax, matched against the whole key (anchor it yourself).
-	Regex         string `protobuf:"bytes,2,opt,name=regex,proto3" json:"regex,omitempty"`
-	Force         bool   `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
+	// RE2 syntax, matched anywhere in the key (anchor it yourself). At most
+	// 1024 bytes and 4096 compiled instructions (INVALID_PARAMS otherwise).
+	Regex string `protobuf:"bytes,2,opt,name=regex,proto3" json:"regex,omitempty"`
+	Force bool   `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
+	// next_page_token of the previous call; empty for the first.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2067,10 +2093,20 @@ func (x *RemoveByRegexRequest) GetForce() bool {
 	return false
 }
 
+func (x *RemoveByRegexRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// Paged like RemoveByPrefixResponse.
 type RemoveByRegexResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Removed       uint64                 `protobuf:"varint,1,opt,name=removed,proto3" json:"removed,omitempty"`
-	Skipped       uint64                 `protobuf:"varint,2,opt,name=skipped,proto3" json:"skipped,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Removed uint64                 `protobuf:"varint,1,opt,name=removed,proto3" json:"removed,omitempty"`
+	Skipped uint64                 `protobuf:"varint,2,opt,name=skipped,proto3" json:"skipped,omitempty"`
+	// Empty when the scan is complete.
+	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2117,6 +2153,13 @@ func (x *RemoveByRegexResponse) GetSkipped() uint64 {
 		return x.Skipped
 	}
 	return 0
+}
+
+func (x *RemoveByRegexResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 var File_crescent_master_v1_object_proto protoreflect.FileDescriptor
@@ -2239,21 +2282,27 @@ const file_crescent_master_v1_object_proto_rawDesc = "" +
 	"\x05force\x18\x02 \x01(\bR\x05force\"G\n" +
 	"\x11RemoveAllResponse\x12\x18\n" +
 	"\aremoved\x18\x01 \x01(\x04R\aremoved\x12\x18\n" +
-	"\askipped\x18\x02 \x01(\x04R\askipped\"]\n" +
+	"\askipped\x18\x02 \x01(\x04R\askipped\"|\n" +
 	"\x15RemoveByPrefixRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06prefix\x18\x02 \x01(\tR\x06prefix\x12\x14\n" +
-	"\x05force\x18\x03 \x01(\bR\x05force\"L\n" +
+	"\x05force\x18\x03 \x01(\bR\x05force\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"t\n" +
 	"\x16RemoveByPrefixResponse\x12\x18\n" +
 	"\aremoved\x18\x01 \x01(\x04R\aremoved\x12\x18\n" +
-	"\askipped\x18\x02 \x01(\x04R\askipped\"Z\n" +
+	"\askipped\x18\x02 \x01(\x04R\askipped\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"y\n" +
 	"\x14RemoveByRegexRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
 	"\x05regex\x18\x02 \x01(\tR\x05regex\x12\x14\n" +
-	"\x05force\x18\x03 \x01(\bR\x05force\"K\n" +
+	"\x05force\x18\x03 \x01(\bR\x05force\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"s\n" +
 	"\x15RemoveByRegexResponse\x12\x18\n" +
 	"\aremoved\x18\x01 \x01(\x04R\aremoved\x12\x18\n" +
-	"\askipped\x18\x02 \x01(\x04R\askipped2\xb7\r\n" +
+	"\askipped\x18\x02 \x01(\x04R\askipped\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken2\xb7\r\n" +
 	"\rObjectService\x12U\n" +
 	"\bPutStart\x12#.crescent.master.v1.PutStartRequest\x1a$.crescent.master.v1.PutStartResponse\x12O\n" +
 	"\x06PutEnd\x12!.crescent.master.v1.PutEndRequest\x1a\".crescent.master.v1.PutEndResponse\x12X\n" +

@@ -100,9 +100,12 @@ type ObjectServiceClient interface {
 	// the rest, and records `cleared` when the tenant ends up empty (and held
 	// something).
 	RemoveAll(ctx context.Context, in *RemoveAllRequest, opts ...grpc.CallOption) (*RemoveAllResponse, error)
-	// RemoveByPrefix removes the tenant's objects whose key starts with prefix.
+	// RemoveByPrefix removes the tenant's objects whose key starts with prefix,
+	// a bounded scan per call: repeat with next_page_token until it is empty.
 	RemoveByPrefix(ctx context.Context, in *RemoveByPrefixRequest, opts ...grpc.CallOption) (*RemoveByPrefixResponse, error)
-	// RemoveByRegex removes the tenant's objects whose key matches an RE2 regex.
+	// RemoveByRegex removes the tenant's objects whose key matches an RE2 regex,
+	// paged like RemoveByPrefix. The regex is matched outside the metadata
+	// locks.
 	RemoveByRegex(ctx context.Context, in *RemoveByRegexRequest, opts ...grpc.CallOption) (*RemoveByRegexResponse, error)
 }
 
@@ -355,9 +358,12 @@ type ObjectServiceServer interface {
 	// the rest, and records `cleared` when the tenant ends up empty (and held
 	// something).
 	RemoveAll(context.Context, *RemoveAllRequest) (*RemoveAllResponse, error)
-	// RemoveByPrefix removes the tenant's objects whose key starts with prefix.
+	// RemoveByPrefix removes the tenant's objects whose key starts with prefix,
+	// a bounded scan per call: repeat with next_page_token until it is empty.
 	RemoveByPrefix(context.Context, *RemoveByPrefixRequest) (*RemoveByPrefixResponse, error)
-	// RemoveByRegex removes the tenant's objects whose key matches an RE2 regex.
+	// RemoveByRegex removes the tenant's objects whose key matches an RE2 regex,
+	// paged like RemoveByPrefix. The regex is matched outside the metadata
+	// locks.
 	RemoveByRegex(context.Context, *RemoveByRegexRequest) (*RemoveByRegexResponse, error)
 	mustEmbedUnimplementedObjectServiceServer()
 }
