@@ -25,6 +25,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"math/bits"
 	"slices"
 )
@@ -41,7 +42,10 @@ const (
 
 // Errors. They are sentinels; callers map them to wire reasons.
 var (
-	ErrNoSpace      = errors.New("alloc: no free extent large enough")
+	ErrNoSpace = errors.New("alloc: no free extent large enough")
+	// ErrTooLarge is Allocate's answer to a size above the capacity: no
+	// amount of freeing makes room. It wraps ErrNoSpace.
+	ErrTooLarge     = fmt.Errorf("%w: the size exceeds the segment's capacity", ErrNoSpace)
 	ErrInvalidSize  = errors.New("alloc: invalid size")
 	ErrNotAllocated = errors.New("alloc: offset is not an allocated extent")
 	ErrOverlap      = errors.New("alloc: extents overlap or lie outside the segment")
@@ -144,22 +148,35 @@ func (a *Allocator) Alignment() uint64 { return 1 << a.shift }
 func (a *Allocator) Capacity() uint64 { return a.capUnits << a.shift }
 
 // ExtentSize is the extent Allocate(size) would take: size rounded up to the
-// alignment.
+// alignment, or math.MaxUint64 when that does not fit in 64 bits (larger
+// than any capacity, so never a valid extent).
 func (a *Allocator) ExtentSize(size uint64) uint64 {
-	return a.units(size) << a.shift
+	u := a.units(size)
+	if u > math.MaxUint64>>a.shift {
+		return math.MaxUint64
+	}
+	return u << a.shift
 }
 
+// units is size in units of the alignment, rounded up; it cannot wrap
+// (adding alignment-1 to a size near 2^64 would).
 func (a *Allocator) units(size uint64) uint64 {
-	return (size + (1 << a.shift) - 1) >> a.shift
+	u := size >> a.shift
+	if size&(1<<a.shift-1) != 0 {
+		u++
+	}
+	return u
 }
 
-// Allocate reserves an extent of at least size bytes and returns it.
+// Allocate reserves an extent of at least size bytes and returns it. It
+// refuses size 0 with ErrInvalidSize, a size above the capacity with
+// ErrTooLarge and one no free extent can hold with ErrNoSpace.
 func (a *Allocator) Allocate(size uint64) (Extent, error) {
-	if size == 0 || size > a.capUnits<<a.shift {
-		if size == 0 {
-			return Extent{}, ErrInvalidSize
-		}
-		return Extent{}, ErrNoSpace
+	if size == 0 {
+		return Extent{}, ErrInvalidSize
+	}
+	if size > a.capUnits<<a.shift {
+		return Extent{}, ErrTooLarge
 	}
 	u := a.units(size)
 	idx := a.findFit(u)

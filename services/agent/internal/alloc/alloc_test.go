@@ -2,6 +2,7 @@ package alloc
 
 import (
 	"errors"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -106,6 +107,45 @@ func TestAllocateErrors(t *testing.T) {
 	}
 	if err := a.Free(e); !errors.Is(err, ErrNotAllocated) {
 		t.Fatalf("double Free err = %v, want ErrNotAllocated", err)
+	}
+}
+
+// TestHugeSizes: sizes near 2^64 (a uint64 from the wire, or from a
+// damaged journal) are refused, never rounded through a wrap into a small
+// or empty extent.
+func TestHugeSizes(t *testing.T) {
+	a := mustNew(t, 1<<20, 64)
+	for _, size := range []uint64{1<<20 + 1, 1 << 62, 1 << 63, math.MaxUint64 - 63, math.MaxUint64 - 62, math.MaxUint64} {
+		if _, err := a.Allocate(size); !errors.Is(err, ErrTooLarge) || !errors.Is(err, ErrNoSpace) {
+			t.Errorf("Allocate(%d) err = %v, want ErrTooLarge (an ErrNoSpace)", size, err)
+		}
+	}
+	for _, tc := range []struct{ size, want uint64 }{
+		{1, 64}, {64, 64}, {65, 128},
+		{math.MaxUint64 - 63, math.MaxUint64 - 63}, // 2^64-64 is aligned
+		{math.MaxUint64 - 62, math.MaxUint64},
+		{math.MaxUint64, math.MaxUint64},
+	} {
+		if got := a.ExtentSize(tc.size); got != tc.want {
+			t.Errorf("ExtentSize(%d) = %d, want %d", tc.size, got, tc.want)
+		}
+	}
+	for _, e := range []Extent{
+		{Offset: 0, Size: math.MaxUint64},
+		{Offset: 0, Size: math.MaxUint64 - 62},
+		{Offset: 1<<64 - 64, Size: 64},
+		{Offset: 1 << 20, Size: 64},
+		{Offset: 1<<20 - 64, Size: 65},
+	} {
+		if _, err := a.Restore([]Extent{e}); !errors.Is(err, ErrOverlap) {
+			t.Errorf("Restore(%+v) err = %v, want ErrOverlap", e, err)
+		}
+		if err := a.check(); err != nil {
+			t.Fatalf("after the refused Restore(%+v): %v", e, err)
+		}
+	}
+	if e, err := a.Allocate(1 << 20); err != nil || e.Size != 1<<20 {
+		t.Fatalf("Allocate(capacity) after the refusals = %+v, %v", e, err)
 	}
 }
 
