@@ -89,6 +89,11 @@ type Segment struct {
 	nextID uint64
 	refs   int // open handles of any allocation, released ones included
 	closed bool
+	// corrupt holds the ids VerifySealed dropped because their bytes did
+	// not match their sealed checksum: opening one answers DATA_LOSS
+	// CHECKSUM_MISMATCH instead of ALLOCATION_NOT_FOUND. Bounded by the
+	// sealed allocations at the reopen; ids are never reused.
+	corrupt map[uint64]struct{}
 }
 
 func newSegment(id, name string, medium masterv1.Medium, store backing, a *alloc.Allocator) *Segment {
@@ -451,6 +456,9 @@ func (s *Segment) open(h *Handle, id uint64, write bool) error {
 	}
 	e, ok := s.table.get(id)
 	if !ok {
+		if _, bad := s.corrupt[id]; bad {
+			return errCorruptAllocation(s.id, id)
+		}
 		return errNotFound(s.id, id)
 	}
 	if write {
