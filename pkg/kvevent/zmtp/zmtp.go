@@ -11,7 +11,9 @@
 // handshake inline with no deadline; and replying to a PING writes from the
 // reading goroutine. Owning the framing lets the gateway keep one writer per
 // connection, bounded per-subscriber queues, handshake deadlines and frame
-// limits, while interoperating with libzmq (pyzmq) peers.
+// limits, while interoperating with libzmq (pyzmq) peers. zmq4.Open still
+// runs the handshake, but only over bytes a guard has checked first (see
+// handshakeGuard): no peer input reaches zmq4's allocating reader unchecked.
 package zmtp
 
 import (
@@ -22,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -36,18 +39,52 @@ const (
 	flagCommand = 0x04
 )
 
-// Errors.
+// greetingLen is the size of a ZMTP 3.x greeting.
+const greetingLen = 64
+
+// DefaultMaxCommand is the default bound on a command frame (Limits.MaxCommand).
+// libzmq's READY (Socket-Type and an Identity of at most 255 bytes) is under
+// 300 bytes; PING, PONG, SUBSCRIBE and CANCEL are smaller still.
+const DefaultMaxCommand = 4 << 10
+
+// Errors. A peer that violates the protocol or a limit gets one of these
+// (wrapped) and should be disconnected.
 var (
-	ErrProtocol      = errors.New("zmtp: protocol violation")
-	ErrFrameTooLarge = errors.New("zmtp: frame too large")
+	ErrProtocol        = errors.New("zmtp: protocol violation")
+	ErrFrameTooLarge   = errors.New("zmtp: frame too large")
+	ErrMessageTooLarge = errors.New("zmtp: message too large")
 )
 
-// Limits bound what a Reader accepts from a peer.
+// Limits bound what a Reader and a Handshake accept from a peer. Each is
+// checked against the size a frame header announces, before anything of
+// that size is allocated.
 type Limits struct {
-	// MaxFrame is the largest frame body accepted (bytes).
+	// MaxFrame is the largest data frame body accepted (bytes; default 1 MiB).
 	MaxFrame int
-	// MaxFrames is the most frames in one message.
+	// MaxFrames is the most frames in one message (default 16).
 	MaxFrames int
+	// MaxMessage is the largest message accepted: the sum of its data frame
+	// bodies (bytes; default MaxFrame × MaxFrames, which bounds it anyway).
+	MaxMessage int
+	// MaxCommand is the largest command frame body accepted, in the
+	// handshake (READY) and after it (default DefaultMaxCommand).
+	MaxCommand int
+}
+
+func (lim Limits) withDefaults() Limits {
+	if lim.MaxFrame <= 0 {
+		lim.MaxFrame = 1 << 20
+	}
+	if lim.MaxFrames <= 0 {
+		lim.MaxFrames = 16
+	}
+	if lim.MaxMessage <= 0 {
+		lim.MaxMessage = lim.MaxFrame * lim.MaxFrames
+	}
+	if lim.MaxCommand <= 0 {
+		lim.MaxCommand = DefaultMaxCommand
+	}
+	return lim
 }
 
 // Message is one ZMTP message: data frames, or a command (Command set,
@@ -64,20 +101,26 @@ type Reader struct {
 	lim Limits
 }
 
-// NewReader wraps r.
+// readChunk is the most a Reader allocates ahead of the bytes that arrive:
+// a frame up to this size is read into one buffer of its size; a larger one
+// grows as its bytes come in, so a peer that announces a large frame and
+// sends little of it holds little memory.
+const readChunk = 64 << 10
+
+// NewReader wraps r. Its read buffer is sized to the limits (4 KiB for a
+// socket that only receives small frames, at most 64 KiB).
 func NewReader(r io.Reader, lim Limits) *Reader {
-	if lim.MaxFrame <= 0 {
-		lim.MaxFrame = 1 << 20
-	}
-	if lim.MaxFrames <= 0 {
-		lim.MaxFrames = 16
-	}
-	return &Reader{r: bufio.NewReaderSize(r, 64<<10), lim: lim}
+	lim = lim.withDefaults()
+	size := min(max(lim.MaxFrame, lim.MaxCommand)+9, readChunk)
+	return &Reader{r: bufio.NewReaderSize(r, max(size, 4<<10)), lim: lim}
 }
 
-// ReadMessage reads the next complete message or command.
+// ReadMessage reads the next complete message or command. A frame larger
+// than the limits is refused from its header (ErrFrameTooLarge,
+// ErrMessageTooLarge); after any error the connection should be closed.
 func (r *Reader) ReadMessage() (Message, error) {
 	var m Message
+	total := 0 // data bytes in m
 	for {
 		flags, err := r.r.ReadByte()
 		if err != nil {
@@ -100,12 +143,22 @@ func (r *Reader) ReadMessage() (Message, error) {
 			}
 			size = uint64(c)
 		}
-		if size > uint64(r.lim.MaxFrame) {
-			return Message{}, fmt.Errorf("%w: %d bytes (max %d)", ErrFrameTooLarge, size, r.lim.MaxFrame)
+		if flags&flagCommand != 0 {
+			if size > uint64(r.lim.MaxCommand) {
+				return Message{}, fmt.Errorf("%w: %d-byte command (max %d)", ErrFrameTooLarge, size, r.lim.MaxCommand)
+			}
+		} else {
+			if size > uint64(r.lim.MaxFrame) {
+				return Message{}, fmt.Errorf("%w: %d bytes (max %d)", ErrFrameTooLarge, size, r.lim.MaxFrame)
+			}
+			if size > uint64(r.lim.MaxMessage-total) {
+				return Message{}, fmt.Errorf("%w: over %d bytes", ErrMessageTooLarge, r.lim.MaxMessage)
+			}
+			total += int(size)
 		}
-		body := make([]byte, size)
-		if _, err := io.ReadFull(r.r, body); err != nil {
-			return Message{}, unexpected(err)
+		body, err := r.readBody(int(size))
+		if err != nil {
+			return Message{}, err
 		}
 		if flags&flagCommand != 0 {
 			if len(m.Frames) > 0 || flags&flagMore != 0 {
@@ -125,6 +178,31 @@ func (r *Reader) ReadMessage() (Message, error) {
 			return m, nil
 		}
 	}
+}
+
+// readBody reads a frame body of size bytes (already checked against the
+// limits), allocating at most readChunk, or twice what has arrived, ahead.
+func (r *Reader) readBody(size int) ([]byte, error) {
+	if size <= readChunk {
+		body := make([]byte, size)
+		if _, err := io.ReadFull(r.r, body); err != nil {
+			return nil, unexpected(err)
+		}
+		return body, nil
+	}
+	body := make([]byte, 0, readChunk)
+	for len(body) < size {
+		if len(body) == cap(body) {
+			body = slices.Grow(body, min(len(body), size-len(body)))
+		}
+		n := min(cap(body), size) - len(body)
+		m, err := io.ReadFull(r.r, body[len(body):len(body)+n])
+		body = body[:len(body)+m]
+		if err != nil {
+			return nil, unexpected(err)
+		}
+	}
+	return body, nil
 }
 
 func unexpected(err error) error {
@@ -173,14 +251,21 @@ type Conn struct {
 }
 
 // Handshake runs the ZMTP greeting and NULL handshake on nc as a socket of
-// type typ, within timeout, and checks the peer's type is compatible.
+// type typ, within timeout, and checks the peer's type is compatible. The
+// peer's greeting and READY are checked before zmq4 parses them: a command
+// frame over lim.MaxCommand fails with ErrFrameTooLarge, and a data frame,
+// a command other than READY or malformed READY properties with ErrProtocol,
+// each before anything of the announced size is allocated. The caller
+// closes nc on error.
 func Handshake(nc net.Conn, typ zmq4.SocketType, server bool, timeout time.Duration, lim Limits) (*Conn, error) {
+	lim = lim.withDefaults()
 	if timeout > 0 {
 		if err := nc.SetDeadline(time.Now().Add(timeout)); err != nil {
 			return nil, err
 		}
 	}
-	zc, err := zmq4.Open(nc, null.Security(), typ, zmq4.SocketIdentity(""), server, nil)
+	g := &handshakeGuard{Conn: nc, maxCommand: lim.MaxCommand}
+	zc, err := zmq4.Open(g, null.Security(), typ, zmq4.SocketIdentity(""), server, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -3,9 +3,11 @@ package zmtp
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"io"
 	"net"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -241,6 +243,10 @@ func TestReaderLimits(t *testing.T) {
 		{"command name overflows", []byte{flagCommand, 2, 5, 'a'}, Limits{}, Message{}, ErrProtocol},
 		{"truncated body", []byte{0, 5, 'a'}, Limits{}, Message{}, io.ErrUnexpectedEOF},
 		{"truncated after more", []byte{flagMore, 1, 'a'}, Limits{}, Message{}, io.EOF},
+		{"message too large", AppendMessage(nil, make([]byte, 200), make([]byte, 200)), Limits{MaxMessage: 399}, Message{}, ErrMessageTooLarge},
+		{"message at its limit", AppendMessage(nil, make([]byte, 200), make([]byte, 200)), Limits{MaxMessage: 400}, Message{Frames: [][]byte{make([]byte, 200), make([]byte, 200)}}, nil},
+		{"command too large", AppendCommand(nil, "PING", make([]byte, 100)), Limits{MaxCommand: 100}, Message{}, ErrFrameTooLarge},
+		{"huge command", []byte{flagCommand | flagLong, 0, 4, 0, 0, 0, 0, 0, 0}, Limits{MaxFrame: 1 << 60}, Message{}, ErrFrameTooLarge},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -252,6 +258,33 @@ func TestReaderLimits(t *testing.T) {
 				t.Errorf("ReadMessage = %+v, want %+v", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestReaderAllocatesAsBytesArrive: a frame within the limits whose bytes
+// never come holds memory in proportion to what arrived, not to what its
+// header announced; one that does arrive is read whole.
+func TestReaderAllocatesAsBytesArrive(t *testing.T) {
+	const announced = 48 << 20
+	in := binary.BigEndian.AppendUint64([]byte{flagLong}, announced)
+	in = append(in, make([]byte, 100<<10)...) // 100 KiB of it, then EOF
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := NewReader(bytes.NewReader(in), Limits{MaxFrame: 64 << 20}).ReadMessage()
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("ReadMessage = %v, want io.ErrUnexpectedEOF", err)
+	}
+	if d := after.TotalAlloc - before.TotalAlloc; d > 1<<20 {
+		t.Errorf("reading 100 KiB of an announced 48 MiB frame allocated %d bytes", d)
+	}
+	whole := make([]byte, 3<<20+17)
+	for i := range whole {
+		whole[i] = byte(i)
+	}
+	m, err := NewReader(bytes.NewReader(AppendMessage(nil, whole)), Limits{MaxFrame: 64 << 20}).ReadMessage()
+	if err != nil || len(m.Frames) != 1 || !bytes.Equal(m.Frames[0], whole) {
+		t.Errorf("a 3 MiB frame read back wrong (err %v)", err)
 	}
 }
 
