@@ -52,6 +52,11 @@ type Config struct {
 	// it (the gRPC host, an ephemeral port), "off" disables the listener.
 	TransferAddr          string
 	AdvertiseTransferAddr string
+	// VerifyDisk checks every sealed allocation of a reopened disk
+	// segment against its checksum before registering (see
+	// segment.VerifySealed); corrupt ones are dropped and so reported
+	// lost to the master.
+	VerifyDisk bool
 }
 
 // DefaultConfig returns the defaults.
@@ -64,6 +69,7 @@ func DefaultConfig() Config {
 		Memory:          1 << 30,
 		MemorySegments:  1,
 		Prefault:        true,
+		VerifyDisk:      true,
 		ShutdownGrace:   5 * time.Second,
 		ShutdownTimeout: 10 * time.Second,
 		ReadChunk:       dataplane.DefaultChunkSize,
@@ -86,6 +92,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.Prefault, "prefault", c.Prefault, "touch every page of --memory at start, before registering, so puts never pay first-touch page faults (start-up takes longer, memory is committed at once)")
 	fs.StringVar(&c.DiskDir, "disk-dir", c.DiskDir, "directory of the disk segment (empty: no disk segment)")
 	fs.Var(&c.DiskSize, "disk-size", "size of the disk segment (e.g. 64GiB)")
+	fs.BoolVar(&c.VerifyDisk, "verify-disk", c.VerifyDisk, "on restart, read every sealed object of the disk segment and check its checksum before registering; corrupt objects are dropped (reported lost) instead of served (start-up reads the whole used part of the segment)")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", c.ShutdownGrace, "after SIGTERM, keep serving reads this long after announcing the unmount")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "graceful gRPC stop limit before a hard stop")
 	fs.Var(&c.ReadChunk, "read-chunk", "DataService.Read chunk size when the client does not choose")
@@ -340,18 +347,93 @@ func (a *Agent) mount(ctx context.Context) (*segment.Set, error) {
 		}
 	}
 	if a.cfg.DiskDir != "" {
+		vm := newVerifyMetrics(a.reg)
 		s, rec, err := segment.OpenDisk(a.cfg.DiskDir, uint64(a.cfg.DiskSize))
 		if err != nil {
 			return fail(err)
 		}
-		if rec.Existing {
-			a.lg.Info("disk segment reopened", "segment_id", s.ID(), "dir", a.cfg.DiskDir, "sealed", rec.Sealed, "truncated_journal_bytes", rec.TruncatedBytes)
-		} else {
-			a.lg.Info("disk segment created", "segment_id", s.ID(), "dir", a.cfg.DiskDir, "size", a.cfg.DiskSize.String())
-		}
 		segs = append(segs, s)
+		if !rec.Existing {
+			a.lg.Info("disk segment created", "segment_id", s.ID(), "dir", a.cfg.DiskDir, "size", a.cfg.DiskSize.String())
+			return segment.NewSet(segs...), nil
+		}
+		a.lg.Info("disk segment reopened", "segment_id", s.ID(), "dir", a.cfg.DiskDir, "sealed", rec.Sealed, "truncated_journal_bytes", rec.TruncatedBytes)
+		// Before registering: the master must never learn of (and clients
+		// never be sent to) an allocation whose bytes went bad while the
+		// agent was down.
+		if err := a.verifyDisk(ctx, s, vm); err != nil {
+			return fail(err)
+		}
 	}
 	return segment.NewSet(segs...), nil
+}
+
+// maxCorruptLogLines bounds the WARN lines of one disk verification (a
+// failing disk could otherwise log one per object); the summary line counts
+// them all.
+const maxCorruptLogLines = 100
+
+// verifyMetrics are the disk segment's start-up verification metrics.
+type verifyMetrics struct {
+	verified, corrupt prometheus.Counter
+	took              prometheus.Gauge
+}
+
+func newVerifyMetrics(reg prometheus.Registerer) *verifyMetrics {
+	m := &verifyMetrics{
+		verified: prometheus.NewCounter(prometheus.CounterOpts{Name: "crescent_agent_disk_verify_bytes_total",
+			Help: "Object bytes of sealed disk allocations read and checked against their checksum when the disk segment was reopened."}),
+		corrupt: prometheus.NewCounter(prometheus.CounterOpts{Name: "crescent_agent_disk_corrupt_allocations_total",
+			Help: "Sealed disk allocations whose bytes failed their checksum check when the disk segment was reopened (dropped and reported lost)."}),
+		took: prometheus.NewGauge(prometheus.GaugeOpts{Name: "crescent_agent_disk_verify_seconds",
+			Help: "How long the disk segment's start-up checksum verification took."}),
+	}
+	reg.MustRegister(m.verified, m.corrupt, m.took)
+	return m
+}
+
+// verifyDisk checks every sealed allocation of the reopened disk segment s
+// (segment.VerifySealed), dropping corrupt ones, with a progress line every
+// few seconds and the crescent_agent_disk_* metrics.
+func (a *Agent) verifyDisk(ctx context.Context, s *segment.Segment, m *verifyMetrics) error {
+	if !a.cfg.VerifyDisk {
+		a.lg.Warn("disk segment not verified: --verify-disk is off; bytes corrupted while the agent was down are served until a client checks the checksum", "segment_id", s.ID())
+		return nil
+	}
+	lg := a.lg.With("segment_id", s.ID(), "dir", s.Name())
+	var counted uint64
+	rep, err := s.VerifySealed(ctx, segment.VerifyConfig{Progress: func(p segment.VerifyProgress) {
+		m.verified.Add(float64(p.VerifiedBytes - counted))
+		counted = p.VerifiedBytes
+		if p.VerifiedBytes < p.TotalBytes {
+			lg.Info("disk segment verify progress", "verified_bytes", p.VerifiedBytes, "total_bytes", p.TotalBytes,
+				"allocations", p.Allocations, "corrupt", p.Corrupt, "rate_mib_s", mibPerSecond(p.VerifiedBytes, p.Elapsed))
+		}
+	}})
+	if err != nil {
+		return fmt.Errorf("verify disk segment %s: %w", s.Name(), err)
+	}
+	m.corrupt.Add(float64(len(rep.Corrupt)))
+	m.took.Set(rep.Took.Seconds())
+	for i, c := range rep.Corrupt {
+		if i == maxCorruptLogLines {
+			lg.Warn("more corrupt disk allocations dropped (not logged one by one)", "count", len(rep.Corrupt)-i)
+			break
+		}
+		lg.Warn("corrupt disk allocation dropped: reported lost, never served", "allocation_id", c.ID, "tenant", c.Tenant, "key", c.Key,
+			"replica_id", c.ReplicaID, "offset", c.Offset, "size", c.Size,
+			"want_checksum", fmt.Sprintf("%#x", c.Want), "got_checksum", fmt.Sprintf("%#x", c.Got), "err", c.Err)
+	}
+	lg.Info("disk segment verified", "allocations", rep.Allocations, "bytes", rep.Bytes, "corrupt", len(rep.Corrupt),
+		"took", rep.Took.Round(time.Millisecond).String(), "rate_mib_s", mibPerSecond(rep.Bytes, rep.Took))
+	return nil
+}
+
+func mibPerSecond(n uint64, d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64(float64(n) / (1 << 20) / d.Seconds())
 }
 
 func segmentNames(s *segment.Set) []string {

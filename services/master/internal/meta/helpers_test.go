@@ -191,6 +191,7 @@ func checkInvariants(t fataler, e *env, f *follower) {
 		t.Fatalf("(c) agent saw misuse: %v", p)
 	}
 	checkRecencyLists(t, e.s)
+	listedPuts(t, e.s) // (d') the put lists hold exactly the puts in progress
 }
 
 // checkRecencyLists asserts that every shard's recency list holds exactly

@@ -104,7 +104,7 @@ func (m *mut) dropIfEmpty(o *object) bool {
 	_ = m.s.tenants.get(o.tenant).charge(-int64(o.size), -1, true)
 	// Cleared so that a put phase holding o (putItem.obj, endItem.obj)
 	// sees it gone without a lookup.
-	o.put = nil
+	m.sh.endPutLocked(o)
 	return true
 }
 

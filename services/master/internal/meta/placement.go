@@ -43,6 +43,9 @@ func (v *segView) fits(need int64) bool {
 type placer struct {
 	// alloc lists the segments that can allocate, per medium.
 	alloc map[masterv1.Medium][]segView
+	// ex is what the snapshot skipped (a request's failed segments and
+	// agents); its retry adds to it.
+	ex *exclusions
 }
 
 // exclusions are segments and agents that failed during one request and
@@ -58,8 +61,13 @@ func newExclusions() *exclusions {
 
 // newPlacer snapshots the registry, skipping excluded segments and agents.
 func (s *Store) newPlacer(ex *exclusions) *placer {
-	p := &placer{alloc: make(map[masterv1.Medium][]segView)}
-	for _, sg := range s.reg.Segments() {
+	return s.newPlacerFrom(s.reg.Segments(), ex)
+}
+
+// newPlacerFrom is newPlacer over a registry snapshot the caller took.
+func (s *Store) newPlacerFrom(segs []cluster.Segment, ex *exclusions) *placer {
+	p := &placer{alloc: make(map[masterv1.Medium][]segView), ex: ex}
+	for _, sg := range segs {
 		if !sg.CanAllocate() || ex.agents[sg.AgentID] {
 			continue
 		}
@@ -73,7 +81,7 @@ func (s *Store) newPlacer(ex *exclusions) *placer {
 }
 
 // errNoSpace is NO_AVAILABLE_HANDLE; space reports whether eviction could
-// help (enough segments exist, they are just full).
+// help (enough segments large enough exist, they are just full).
 func errNoSpace(space bool, format string, args ...any) *placeErr {
 	return &placeErr{err: rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_NO_AVAILABLE_HANDLE, format, args...), space: space}
 }
@@ -90,14 +98,20 @@ type placeErr struct {
 // (already holding a replica).
 func (p *placer) pick(n int, medium masterv1.Medium, size uint64, hole string, preferred []string, localHost string, avoid []uint32) ([]*segView, *placeErr) {
 	all := p.alloc[medium]
-	eligible := len(all)
+	eligible, large := len(all), 0
 	for i := range all {
 		if slices.Contains(avoid, all[i].idx) {
 			eligible--
+		} else if all[i].seg.Capacity >= size {
+			large++
 		}
 	}
 	if eligible < n {
 		return nil, errNoSpace(false, "%d replicas requested but only %d %s segments can allocate", n, eligible, medium)
+	}
+	if large < n {
+		// Not even empty segments would hold it: evicting cannot help.
+		return nil, errNoSpace(false, "%d replicas of %d bytes requested but only %d %s segments are that large", n, size, large, medium)
 	}
 	chosen := make([]*segView, 0, n)
 	taken := func(v *segView) bool {
@@ -121,7 +135,7 @@ func (p *placer) pick(n int, medium masterv1.Medium, size uint64, hole string, p
 		}
 		return false
 	}
-	need := int64(size)
+	need := int64(size) // ≤ the largest capacity, checked above
 	if hole != "" {
 		for i := range all {
 			// The metadata just made this hole itself: trust it over the

@@ -110,6 +110,11 @@ func TestPropertyInvariants(t *testing.T) {
 				specs := []GetSpec{{Tenant: "t1", Key: "a"}, {Tenant: "", Key: "b"}, {Tenant: "t2", Key: "c"}}
 				e.s.BatchGet(ctx, specs)
 			},
+			"expirePuts": func(rt *rapid.T) {
+				// Puts older than the put timeout (30 s) are expired; their
+				// PutEnd (putEndOpen) then answers PUT_EXPIRED.
+				e.s.expirePuts(ctx)
+			},
 			"advance": func(rt *rapid.T) {
 				e.clk.Advance(time.Duration(rapid.IntRange(1, 40).Draw(rt, "secs")) * time.Second)
 			},

@@ -8,6 +8,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/pkg/rpcerr"
 	"github.com/crescent-kv/crescent/pkg/token"
+	"github.com/crescent-kv/crescent/services/master/internal/cluster"
 	"google.golang.org/grpc/codes"
 )
 
@@ -62,7 +63,37 @@ func cleanupCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 
 func errPutExpired(tenant, key string) error {
 	return rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_PUT_EXPIRED,
-		"no put in progress for %q/%q (ended, revoked or preempted)", tenant, key)
+		"no put in progress for %q/%q (ended, revoked, preempted or expired)", tenant, key)
+}
+
+// MaxObjectSizeCap bounds the object size whatever the configuration: 64
+// GiB holds a whole 128k-token sequence of a 70B model's KV cache in fp16
+// (about 40 GiB) as one object, is the segment size the disk checks are
+// budgeted for, and keeps every size sum of one request (MaxReplicaNum
+// replicas, a full batch of puts) far below 2^63, so the int64 accounting
+// of segments, quotas and eviction needs no overflow check.
+const MaxObjectSizeCap = 64 << 30
+
+// maxObjectSize is the largest object a PutStart may ask for:
+// Config.MaxObjectSize, else the capacity of the largest of segs (the
+// registered segments), at most MaxObjectSizeCap.
+func (s *Store) maxObjectSize(segs []cluster.Segment) uint64 {
+	if s.cfg.MaxObjectSize > 0 {
+		return s.cfg.MaxObjectSize
+	}
+	var largest uint64
+	for i := range segs {
+		largest = max(largest, segs[i].Capacity)
+	}
+	if largest == 0 || largest > MaxObjectSizeCap {
+		return MaxObjectSizeCap
+	}
+	return largest
+}
+
+func errTooLarge(size, limit uint64) error {
+	return rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_OBJECT_TOO_LARGE,
+		"object of %d bytes exceeds the maximum object size, %d bytes (--max-object-size, default the largest segment)", size, limit)
 }
 
 func errIllegalClient(tenant, key string) error {
@@ -70,12 +101,16 @@ func errIllegalClient(tenant, key string) error {
 		"put of %q/%q was started by another client", tenant, key)
 }
 
-func (s *Store) checkSpec(sp *PutSpec) error {
+// checkSpec validates sp; maxSize is maxObjectSize's answer.
+func (s *Store) checkSpec(sp *PutSpec, maxSize uint64) error {
 	if err := ValidateKey(sp.Tenant, sp.Key); err != nil {
 		return err
 	}
 	if sp.Size == 0 {
 		return errInvalid("size must be > 0")
+	}
+	if sp.Size > maxSize {
+		return errTooLarge(sp.Size, maxSize)
 	}
 	if sp.ReplicaNum < 1 || sp.ReplicaNum > MaxReplicaNum {
 		return errInvalid("replica_num must be 1..%d, got %d", MaxReplicaNum, sp.ReplicaNum)
@@ -132,11 +167,16 @@ type putItem struct {
 // per shard it re-looks-up each put and fills in the allocations (or reverts
 // it). Puts that failed for lack of space trigger eviction and are retried
 // once; puts whose agent failed are retried once on other segments. specs
-// are normalised in place (default tenant, replica_num, medium).
+// are normalised in place (default tenant, replica_num, medium). A size
+// above maxObjectSize fails with OBJECT_TOO_LARGE before any of that.
 func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartResult {
 	res := make([]PutStartResult, len(specs))
 	items := make([]*putItem, 0, len(specs))
 	arena := make([]putItem, len(specs))
+	// One registry snapshot gives the size limit and the first round's
+	// placement.
+	segs := s.reg.Segments()
+	maxSize := s.maxObjectSize(segs)
 	for i := range specs {
 		sp := &specs[i]
 		sp.Tenant = NormalizeTenant(sp.Tenant)
@@ -146,7 +186,7 @@ func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartRe
 		if sp.Medium == masterv1.Medium_MEDIUM_UNSPECIFIED {
 			sp.Medium = masterv1.Medium_MEDIUM_MEMORY
 		}
-		if err := s.checkSpec(sp); err != nil {
+		if err := s.checkSpec(sp, maxSize); err != nil {
 			res[i].Err = err
 			continue
 		}
@@ -161,7 +201,10 @@ func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartRe
 	exclude := newExclusions()
 	var wd descWriter
 	for round := 0; round < 2 && len(items) > 0; round++ {
-		s.putStartRound(ctx, specs, items, exclude)
+		if round > 0 {
+			segs = s.reg.Segments() // after eviction and exclusions
+		}
+		s.putStartRound(ctx, specs, items, s.newPlacerFrom(segs, exclude))
 		wd.reset(items, s.now().Add(s.cfg.WriteTokenTTL))
 		var retry []*putItem
 		type want struct{ total, largest uint64 }
@@ -198,9 +241,9 @@ func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartRe
 	return res
 }
 
-// putStartRound runs the three phases for items.
-func (s *Store) putStartRound(ctx context.Context, specs []PutSpec, items []*putItem, exclude *exclusions) {
-	p := s.newPlacer(exclude)
+// putStartRound runs the three phases for items, placing with p.
+func (s *Store) putStartRound(ctx context.Context, specs []PutSpec, items []*putItem, p *placer) {
+	exclude := p.ex
 	rel := &releases{}
 	// Phase 1: per shard, under its lock, decide and record.
 	forShards(items, func(it *putItem) int { return it.shard }, func(sh int, group []*putItem) {
@@ -311,7 +354,7 @@ func (s *Store) placeLocked(m *mut, p *placer, sp *PutSpec, it *putItem) {
 		for i := len(o.replicas) - 1; i >= 0; i-- {
 			m.remove(o, i, true)
 		}
-		o.put = nil
+		m.sh.endPutLocked(o)
 		o.size, o.checksum, o.group = sp.Size, 0, sp.Group
 		o.flags, o.softPinMs, o.sealedMs = 0, 0, 0
 	} else {
@@ -333,7 +376,7 @@ func (s *Store) placeLocked(m *mut, p *placer, sp *PutSpec, it *putItem) {
 			ps.softPinTTL = s.cfg.SoftPinTTL
 		}
 	}
-	o.put = ps
+	m.sh.startPutLocked(o, ps)
 	it.reps = make([]plannedRep, len(vs))
 	for i, v := range vs {
 		it.reps[i] = plannedRep{id: m.create(o, v.idx, uint8(sp.Medium), true, 0), v: v}
@@ -398,7 +441,7 @@ func (s *Store) settleReservationsLocked(m *mut, sp *PutSpec, it *putItem, exclu
 	for i := len(o.replicas) - 1; i >= 0; i-- {
 		m.remove(o, i, true)
 	}
-	o.put = nil
+	m.sh.endPutLocked(o)
 	m.dropIfEmpty(o)
 	it.err = firstErr
 }
@@ -489,7 +532,7 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 		sp := &specs[i]
 		t, shard, err := s.locate(&sp.Tenant, sp.Key)
 		if err != nil {
-			res[i] = err
+			res[i] = s.notFoundOrExpired(err, sp.Tenant, sp.Key)
 			continue
 		}
 		arena[i] = endItem{i: i, tenant: t, shard: shard}
@@ -509,7 +552,7 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 			o := shd.getLocked(it.tenant, sp.Key)
 			switch {
 			case o == nil:
-				it.err, it.settled = errNotFound(sp.Tenant, sp.Key), true
+				it.err, it.settled = s.notFoundOrExpired(errNotFound(sp.Tenant, sp.Key), sp.Tenant, sp.Key), true
 				continue
 			case o.put == nil:
 				if !o.hasComplete() {
@@ -630,7 +673,7 @@ func (s *Store) settleSealsLocked(m *mut, sp *PutEndSpec, it *endItem) {
 		for i := len(o.replicas) - 1; i >= 0; i-- {
 			m.remove(o, i, true)
 		}
-		o.put = nil
+		m.sh.endPutLocked(o)
 		m.dropIfEmpty(o)
 		if firstErr == nil {
 			firstErr = errPutExpired(sp.Tenant, sp.Key)
@@ -647,7 +690,7 @@ func (s *Store) settleSealsLocked(m *mut, sp *PutEndSpec, it *endItem) {
 			m.remove(o, i, true)
 		}
 	}
-	o.put = nil
+	m.sh.endPutLocked(o)
 	o.sealedMs = m.nowMs
 	m.sh.touchLocked(o, m.nowMs)
 	if it.pinMs > 0 {
@@ -670,7 +713,7 @@ func (s *Store) BatchPutRevoke(ctx context.Context, specs []PutRevokeSpec) []err
 	res := make([]error, len(specs))
 	items := s.locateAll(len(specs),
 		func(i int) (*string, string) { return &specs[i].Tenant, specs[i].Key },
-		func(i int, err error) { res[i] = err })
+		func(i int, err error) { res[i] = s.notFoundOrExpired(err, specs[i].Tenant, specs[i].Key) })
 	rel := &releases{}
 	forShards(items, located.shardOf, func(sh int, group []located) {
 		shd := &s.shards[sh]
@@ -681,7 +724,7 @@ func (s *Store) BatchPutRevoke(ctx context.Context, specs []PutRevokeSpec) []err
 			o := shd.getLocked(it.tenant, sp.Key)
 			switch {
 			case o == nil:
-				res[it.i] = errNotFound(sp.Tenant, sp.Key)
+				res[it.i] = s.notFoundOrExpired(errNotFound(sp.Tenant, sp.Key), sp.Tenant, sp.Key)
 			case o.put == nil:
 				res[it.i] = errPutExpired(sp.Tenant, sp.Key)
 			case o.put.client != sp.ClientID:

@@ -85,7 +85,7 @@ func (s *Store) Reconcile(ctx context.Context, agentID string, segments []cluste
 					claimed[k] = true
 				}
 				if len(o.replicas) == 0 {
-					o.put = nil
+					m.sh.endPutLocked(o)
 					m.dropIfEmpty(o)
 				}
 			}
@@ -266,7 +266,7 @@ func (s *Store) DropSegments(ctx context.Context, segmentIDs []string) {
 					}
 				}
 				if len(o.replicas) == 0 {
-					o.put = nil
+					m.sh.endPutLocked(o)
 					m.dropIfEmpty(o)
 				}
 			}

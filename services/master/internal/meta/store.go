@@ -61,9 +61,21 @@ type Config struct {
 	// MaxSoftPinTTL caps a requested one (default 24 h).
 	SoftPinTTL    time.Duration
 	MaxSoftPinTTL time.Duration
-	// PutPreemptAfter is the age after which an unfinished PutStart may be
-	// preempted by a new PutStart on the same key (default 30 s).
+	// PutPreemptAfter is the put timeout: a PutStart not ended within it
+	// may be preempted by a new PutStart on the same key, and the
+	// background sweep (Run) expires it — its replicas removed and released
+	// at the agents, its quota refunded, nothing published (default 30 s,
+	// Mooncake's). Keep it below the agents' reserved grace (the master's
+	// --reserved-grace, 60 s), so that the master, which knows the put,
+	// releases its reservations before the agents reclaim them blindly.
 	PutPreemptAfter time.Duration
+	// PutSweepInterval is the period of that sweep (default 1 s).
+	PutSweepInterval time.Duration
+	// MaxObjectSize refuses PutStarts of larger objects with
+	// OBJECT_TOO_LARGE, before any placement or eviction. 0 means the
+	// capacity of the largest registered segment (an object no segment can
+	// hold is never placed); either way at most MaxObjectSizeCap.
+	MaxObjectSize uint64
 	// WriteTokenTTL is how long PutStart's write tokens last (default 5 min).
 	WriteTokenTTL time.Duration
 	// HighWatermark and LowWatermark are segment fill ratios: eviction starts
@@ -95,6 +107,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PutPreemptAfter <= 0 {
 		c.PutPreemptAfter = 30 * time.Second
+	}
+	if c.PutSweepInterval <= 0 {
+		c.PutSweepInterval = time.Second
 	}
 	if c.WriteTokenTTL <= 0 {
 		c.WriteTokenTTL = 5 * time.Minute
@@ -128,6 +143,9 @@ func (c Config) Validate() error {
 	}
 	if c.SoftPinTTL > c.MaxSoftPinTTL {
 		return fmt.Errorf("meta: soft pin ttl %v exceeds max %v", c.SoftPinTTL, c.MaxSoftPinTTL)
+	}
+	if c.MaxObjectSize > MaxObjectSizeCap {
+		return fmt.Errorf("meta: max object size %d exceeds the cap %d", c.MaxObjectSize, uint64(MaxObjectSizeCap))
 	}
 	return nil
 }
@@ -177,9 +195,14 @@ type Store struct {
 	closeOnce sync.Once
 	closed    chan struct{}
 
+	// expiredPuts remembers the puts the sweep expired lately, so that
+	// their PutEnd answers PUT_EXPIRED (see expire.go).
+	expiredPuts expiredSet
+
 	evicted  prometheus.Counter
 	changes  prometheus.Counter
 	reserved prometheus.Counter
+	expired  prometheus.Counter
 }
 
 var _ cluster.Metadata = (*Store)(nil)
@@ -226,6 +249,9 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		reserved: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "crescent_master_replicas_created_total", Help: "Replicas created (REPLICA_CREATE events).",
 		}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "crescent_master_expired_puts_total", Help: "PutStarts expired for want of a PutEnd within the put timeout.",
+		}),
 	}
 	for i := range s.shards {
 		s.shards[i].tenants = make(map[uint32]map[string]*object)
@@ -242,7 +268,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		rev := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "crescent_master_change_revision", Help: "Head revision of the change log.",
 		}, func() float64 { return float64(s.log.Head()) })
-		for _, c := range []prometheus.Collector{s.evicted, s.changes, s.reserved, objects, bytes, rev} {
+		for _, c := range []prometheus.Collector{s.evicted, s.changes, s.reserved, s.expired, objects, bytes, rev} {
 			if err := deps.Metrics.Register(c); err != nil {
 				return nil, fmt.Errorf("meta: register metrics: %w", err)
 			}
@@ -260,17 +286,24 @@ func (s *Store) Epoch() uint64 { return s.id.Epoch }
 // LeaseTTL is the read lease granted by Get and Exist.
 func (s *Store) LeaseTTL() time.Duration { return s.cfg.LeaseTTL }
 
-// Run runs the background work (the periodic and triggered eviction check)
-// until ctx ends. Leases and pins expire lazily and need no loop.
+// Run runs the background work until ctx ends: the periodic and triggered
+// eviction check, and the sweep that expires puts past the put timeout
+// (on the store's clock, every PutSweepInterval). Leases and pins expire
+// lazily and need no loop.
 func (s *Store) Run(ctx context.Context) error {
 	t := time.NewTicker(s.cfg.EvictInterval)
 	defer t.Stop()
+	sweep := time.NewTicker(s.cfg.PutSweepInterval)
+	defer sweep.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-s.closed:
 			return nil
+		case <-sweep.C:
+			s.expirePuts(ctx)
+			continue
 		case <-t.C:
 		case <-s.evictKick:
 		}
@@ -347,13 +380,19 @@ type object struct {
 	flags     uint8
 }
 
-// putState is a write in progress (PutStart → PutEnd/PutRevoke).
+// putState is a write in progress (PutStart → PutEnd/PutRevoke). Set and
+// clear object.put only through shard.startPutLocked and endPutLocked,
+// which keep the shard's put list.
 type putState struct {
 	client     string
 	seq        uint64 // store-wide identity of this put (async re-lookup)
 	startMs    int64
 	softPinTTL time.Duration
 	phase      uint8
+	// obj is the object this put writes; prev and next link the put into
+	// its shard's put list (see putList).
+	obj        *object
+	prev, next *putState
 }
 
 // Put phases.
@@ -415,8 +454,11 @@ type shard struct {
 	// shard → registry → tenant → change log. Never held across agent I/O.
 	mu         sync.Mutex
 	tenants    map[uint32]map[string]*object
-	head, tail *object  // recency list: least and most recent access
-	_          [32]byte // keep neighbouring shard locks off one cache line
+	head, tail *object // recency list: least and most recent access
+	// puts lists the shard's puts in progress, oldest start first (see
+	// expire.go), for the sweep that expires them.
+	puts putList
+	_    [16]byte // keep neighbouring shard locks off one cache line
 }
 
 func (sh *shard) getLocked(tenant uint32, key string) *object {
