@@ -77,25 +77,40 @@ func (c *Client) RemoveAll(ctx context.Context, force bool) (removed, skipped ui
 }
 
 // RemoveByPrefix removes the tenant's objects whose key starts with prefix.
+// The master scans a bounded number of keys per call; this follows its page
+// tokens until the scan is complete.
 func (c *Client) RemoveByPrefix(ctx context.Context, prefix string, force bool) (removed, skipped uint64, err error) {
-	r, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.RemoveByPrefixResponse, error) {
-		return s.RemoveByPrefix(ctx, &masterv1.RemoveByPrefixRequest{Tenant: c.tenant, Prefix: prefix, Force: force})
-	})
-	if err != nil {
-		return 0, 0, fmt.Errorf("remove prefix %q: %w", prefix, err)
+	token := ""
+	for {
+		r, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.RemoveByPrefixResponse, error) {
+			return s.RemoveByPrefix(ctx, &masterv1.RemoveByPrefixRequest{Tenant: c.tenant, Prefix: prefix, Force: force, PageToken: token})
+		})
+		if err != nil {
+			return removed, skipped, fmt.Errorf("remove prefix %q: %w", prefix, err)
+		}
+		removed, skipped, token = removed+r.GetRemoved(), skipped+r.GetSkipped(), r.GetNextPageToken()
+		if token == "" {
+			return removed, skipped, nil
+		}
 	}
-	return r.GetRemoved(), r.GetSkipped(), nil
 }
 
-// RemoveByRegex removes the tenant's objects whose key matches an RE2 regex.
+// RemoveByRegex removes the tenant's objects whose key matches an RE2 regex,
+// following the master's page tokens like RemoveByPrefix.
 func (c *Client) RemoveByRegex(ctx context.Context, regex string, force bool) (removed, skipped uint64, err error) {
-	r, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.RemoveByRegexResponse, error) {
-		return s.RemoveByRegex(ctx, &masterv1.RemoveByRegexRequest{Tenant: c.tenant, Regex: regex, Force: force})
-	})
-	if err != nil {
-		return 0, 0, fmt.Errorf("remove regex %q: %w", regex, err)
+	token := ""
+	for {
+		r, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.RemoveByRegexResponse, error) {
+			return s.RemoveByRegex(ctx, &masterv1.RemoveByRegexRequest{Tenant: c.tenant, Regex: regex, Force: force, PageToken: token})
+		})
+		if err != nil {
+			return removed, skipped, fmt.Errorf("remove regex %q: %w", regex, err)
+		}
+		removed, skipped, token = removed+r.GetRemoved(), skipped+r.GetSkipped(), r.GetNextPageToken()
+		if token == "" {
+			return removed, skipped, nil
+		}
 	}
-	return r.GetRemoved(), r.GetSkipped(), nil
 }
 
 // List iterates over the tenant's objects whose key starts with prefix, in

@@ -32,11 +32,19 @@
 // Limits both sides enforce: a header is at most MaxHeaderBytes (a
 // zero-length header is a valid, empty protobuf message, so the frame layer
 // accepts it; the empty TransferRequest it decodes to has no operation and
-// the agent refuses it), a request names 1 to MaxItems items. A failed WRITE
+// the agent refuses it), a request names 1 to MaxItems items (a response
+// carries as many results), and the items' lengths add up to less than
+// 2^63. Both are checked before anything is allocated for them: the length
+// prefix before the header is read, the item count by a scan of the raw
+// header before it is decoded. An agent may accept less than
+// MaxHeaderBytes (crescent-agent --transfer-max-header-bytes) and refuse
+// more with RESOURCE_EXHAUSTED LIMIT_EXCEEDED. A failed WRITE
 // item's payload is read and dropped so the next item stays framed, up to
 // MaxDrainBytes per failed item; beyond that the agent refuses the request.
 // A refused request (malformed header, limits) gets a TransferResponse whose
-// error is set, and the agent closes the connection.
+// error is set, and the agent closes the connection. So does a connection
+// the agent refuses at once because it holds too many (RESOURCE_EXHAUSTED
+// LIMIT_EXCEEDED, in answer to whatever request the client sends first).
 //
 // # Errors
 //

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
@@ -12,6 +13,7 @@ import (
 	"github.com/crescent-kv/crescent/pkg/rpccodec"
 	"github.com/crescent-kv/crescent/pkg/rpcerr"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -80,12 +82,36 @@ func WriteFrame(w io.Writer, hdr []byte, payload [][]byte) error {
 }
 
 // ReadFrame reads one frame header from r into m, using buf as scratch
-// space (grown as needed and returned for reuse). It returns io.EOF when r
-// ends cleanly before the frame, io.ErrUnexpectedEOF when it ends inside
-// it, and an error wrapping ErrProtocol (INVALID_PARAMS) for a length over
-// MaxHeaderBytes or bytes that do not unmarshal into m; the frame's payload,
-// if any, is left unread in r.
+// space (grown as needed and returned for reuse). It is ReadFrameLimit with
+// the protocol's MaxHeaderBytes.
 func ReadFrame(r io.Reader, buf []byte, m proto.Message) ([]byte, error) {
+	return ReadFrameLimit(r, buf, m, MaxHeaderBytes)
+}
+
+// headerStep is how far ahead of the bytes received ReadFrameLimit grows
+// its buffer for a large header: a peer that announces MaxHeaderBytes and
+// stalls pins this much, not the megabyte it announced.
+const headerStep = 64 << 10
+
+// ReadFrameLimit reads one frame header from r into m, using buf as
+// scratch space (grown as needed and returned for reuse). limit (at most
+// MaxHeaderBytes; <= 0 means MaxHeaderBytes) is the largest header the
+// reader accepts.
+//
+// Nothing is allocated on the strength of the length prefix alone: a
+// length over MaxHeaderBytes is refused with INVALID_PARAMS, one over limit
+// with RESOURCE_EXHAUSTED LIMIT_EXCEEDED, and a header larger than buf is
+// read into a buffer grown as its bytes arrive. Before unmarshalling, the
+// header's top-level fields are scanned without decoding them and a header
+// with more than MaxItems entries in field 2 (TransferRequest.items,
+// TransferResponse.results) is refused with INVALID_PARAMS, so an oversized
+// array is never decoded.
+//
+// It returns io.EOF when r ends cleanly before the frame,
+// io.ErrUnexpectedEOF when it ends inside it, and an error wrapping
+// ErrProtocol for the refusals above or bytes that do not unmarshal into
+// m; the frame's payload, if any, is left unread in r.
+func ReadFrameLimit(r io.Reader, buf []byte, m proto.Message, limit int) ([]byte, error) {
 	if cap(buf) < lenSize {
 		buf = make([]byte, 0, 512)
 	}
@@ -96,15 +122,22 @@ func ReadFrame(r io.Reader, buf []byte, m proto.Message) ([]byte, error) {
 	if n > MaxHeaderBytes {
 		return buf, errMalformed("transfer header of %d bytes exceeds the %d-byte limit", n, MaxHeaderBytes)
 	}
-	if uint32(cap(buf)) < n {
-		buf = make([]byte, 0, n)
+	if limit > 0 && int64(n) > int64(limit) {
+		return buf, fmt.Errorf("%w: %w", rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED,
+			"transfer header of %d bytes exceeds this agent's %d-byte limit (send fewer items per request)", n, limit), ErrProtocol)
 	}
-	b := buf[:n]
-	if _, err := io.ReadFull(r, b); err != nil {
+	b, buf, err := readHeader(r, buf, int(n))
+	if err != nil {
+		if err == errTooManyItems {
+			return buf, err
+		}
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
 		return buf, err
+	}
+	if countItems(b) > MaxItems {
+		return buf, errTooManyItems
 	}
 	if err := rpccodec.Unmarshal(b, m); err != nil {
 		return buf, errMalformed("transfer header does not decode: %v", err)
@@ -112,8 +145,67 @@ func ReadFrame(r io.Reader, buf []byte, m proto.Message) ([]byte, error) {
 	return buf, nil
 }
 
-// CheckRequest validates a decoded request header: a known operation and 1
-// to MaxItems non-nil items. Its errors wrap ErrProtocol.
+// readHeader reads n bytes from r into buf, or, when buf is too small,
+// into a buffer grown headerStep at a time (doubling) as the bytes arrive.
+// While it grows, it counts the items of what has arrived and stops with
+// errTooManyItems once they pass MaxItems, so a header of tiny items is
+// refused after its first headerStep bytes. It returns the header and the
+// scratch buffer to keep.
+func readHeader(r io.Reader, buf []byte, n int) (hdr, scratch []byte, err error) {
+	if cap(buf) >= n {
+		b := buf[:n]
+		_, err := io.ReadFull(r, b)
+		return b, buf, err
+	}
+	b := make([]byte, 0, min(n, max(cap(buf), headerStep)))
+	for {
+		k, err := io.ReadFull(r, b[len(b):cap(b)])
+		b = b[:len(b)+k]
+		if err != nil || len(b) == n {
+			return b, b, err
+		}
+		if countItems(b) > MaxItems {
+			return b, b, errTooManyItems
+		}
+		nb := make([]byte, len(b), min(n, 2*cap(b)))
+		copy(nb, b)
+		b = nb
+	}
+}
+
+// errTooManyItems is readHeader's refusal of a header that names more
+// than MaxItems items.
+var errTooManyItems = errMalformed("a transfer frame names at most %d items", MaxItems)
+
+// countItems counts the entries of field 2 in the top-level fields of b
+// without decoding them, stopping past MaxItems. Bytes that are not valid
+// wire format, or a field cut short (a prefix of a header), end the count;
+// unmarshalling refuses what is invalid.
+func countItems(b []byte) int {
+	n := 0
+	for len(b) > 0 && n <= MaxItems {
+		num, typ, k := protowire.ConsumeTag(b)
+		if k < 0 {
+			break
+		}
+		b = b[k:]
+		if k = protowire.ConsumeFieldValue(num, typ, b); k < 0 {
+			break
+		}
+		b = b[k:]
+		if num == itemsField && typ == protowire.BytesType {
+			n++
+		}
+	}
+	return n
+}
+
+// itemsField is the field number of TransferRequest.items and
+// TransferResponse.results (transfer.proto).
+const itemsField = 2
+
+// CheckRequest validates a decoded request header: a known operation, 1
+// to MaxItems non-nil items, and lengths whose sum fits in an int64. Its errors wrap ErrProtocol.
 func CheckRequest(req *agentv1.TransferRequest) error {
 	switch req.GetOp() {
 	case agentv1.TransferOp_TRANSFER_OP_WRITE, agentv1.TransferOp_TRANSFER_OP_READ:
@@ -124,9 +216,15 @@ func CheckRequest(req *agentv1.TransferRequest) error {
 	if n == 0 || n > MaxItems {
 		return errMalformed("a transfer request names 1 to %d items, this one %d", MaxItems, n)
 	}
+	// The lengths' sum must fit in an int64, so no count of bytes derived
+	// from a request (payload totals, metrics, int conversions) can wrap.
+	var sum uint64
 	for i, it := range req.GetItems() {
 		if it == nil {
 			return errMalformed("item %d is empty", i)
+		}
+		if sum += it.GetLength(); sum > math.MaxInt64 || it.GetLength() > math.MaxInt64 {
+			return errMalformed("the lengths of items 0 to %d add up past 2^63 bytes", i)
 		}
 	}
 	return nil

@@ -5,10 +5,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"math"
 	"testing"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -137,6 +141,145 @@ func FuzzReadFrame(f *testing.F) {
 			}
 			if r, ok := m.(*agentv1.TransferRequest); ok {
 				_ = CheckRequest(r)
+			}
+		}
+	})
+}
+
+// countingReader counts the bytes read from r.
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
+}
+
+// tinyItems is a header of n empty items (2 bytes each on the wire).
+func tinyItems(n int) []byte {
+	b := make([]byte, 0, 2*n)
+	for range n {
+		b = protowire.AppendTag(b, itemsField, protowire.BytesType)
+		b = protowire.AppendVarint(b, 0)
+	}
+	return b
+}
+
+func withLen(hdr []byte) []byte {
+	return append(binary.LittleEndian.AppendUint32(nil, uint32(len(hdr))), hdr...)
+}
+
+// TestReadFrameRefusesBeforeAllocating: a hostile length prefix or item
+// count costs the reader no more than headerStep bytes of buffer.
+func TestReadFrameRefusesBeforeAllocating(t *testing.T) {
+	// A megabyte of tiny items is refused after its first headerStep bytes.
+	r := &countingReader{r: bytes.NewReader(withLen(tinyItems(MaxHeaderBytes / 2)))}
+	scratch, err := ReadFrame(r, nil, &agentv1.TransferRequest{})
+	if !errors.Is(err, ErrProtocol) || rpcerr.Reason(err) != "INVALID_PARAMS" {
+		t.Fatalf("ReadFrame of %d items = %v, want INVALID_PARAMS", MaxHeaderBytes/2, err)
+	}
+	if r.n > lenSize+headerStep || cap(scratch) > headerStep {
+		t.Fatalf("read %d bytes into a %d-byte buffer before refusing; want at most %d", r.n, cap(scratch), headerStep)
+	}
+	// Small enough to arrive whole, one item too many is refused before
+	// decoding; exactly MaxItems decode.
+	for _, tc := range []struct {
+		n  int
+		ok bool
+	}{{MaxItems, true}, {MaxItems + 1, false}} {
+		m := &agentv1.TransferRequest{}
+		_, err := ReadFrame(bytes.NewReader(withLen(tinyItems(tc.n))), make([]byte, 0, 64<<10), m)
+		if (err == nil) != tc.ok || (err == nil && len(m.GetItems()) != tc.n) {
+			t.Fatalf("ReadFrame of %d items = %d items, %v; want ok=%v", tc.n, len(m.GetItems()), err, tc.ok)
+		}
+	}
+	// A large header of MaxItems real items grows its buffer and decodes.
+	big := &agentv1.TransferRequest{Op: agentv1.TransferOp_TRANSFER_OP_READ}
+	for i := range MaxItems {
+		big.Items = append(big.Items, &agentv1.TransferItem{SegmentId: "segment", AllocationId: uint64(i), Token: make([]byte, 150), Length: 4096})
+	}
+	wire, err := AppendFrame(nil, big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := &agentv1.TransferRequest{}
+	if _, err := ReadFrame(bytes.NewReader(wire), nil, got); err != nil || !proto.Equal(got, big) {
+		t.Fatalf("ReadFrame of a %d-byte header of %d items: %v", len(wire), MaxItems, err)
+	}
+	// A peer that announces a megabyte and stalls pins headerStep bytes.
+	r = &countingReader{r: bytes.NewReader(append(binary.LittleEndian.AppendUint32(nil, MaxHeaderBytes), 1, 2, 3))}
+	scratch, err = ReadFrame(r, nil, &agentv1.TransferRequest{})
+	if !errors.Is(err, io.ErrUnexpectedEOF) || cap(scratch) > headerStep {
+		t.Fatalf("ReadFrame of a stalled header = %v with a %d-byte buffer; want ErrUnexpectedEOF and at most %d", err, cap(scratch), headerStep)
+	}
+	// A reader's own limit below the protocol's: LIMIT_EXCEEDED, nothing read.
+	r = &countingReader{r: bytes.NewReader(withLen(make([]byte, 5000)))}
+	if _, err := ReadFrameLimit(r, nil, &agentv1.TransferRequest{}, 4096); !errors.Is(err, ErrProtocol) ||
+		rpcerr.Reason(err) != "LIMIT_EXCEEDED" || status.Code(rpcerr.Status(err)) != codes.ResourceExhausted || r.n != lenSize {
+		t.Fatalf("ReadFrameLimit over the limit = %v after %d bytes; want RESOURCE_EXHAUSTED LIMIT_EXCEEDED after the prefix", err, r.n)
+	}
+}
+
+// TestItemsField: field 2 is TransferRequest.items and
+// TransferResponse.results, as countItems assumes.
+func TestItemsField(t *testing.T) {
+	for _, m := range []proto.Message{&agentv1.TransferRequest{}, &agentv1.TransferResponse{}} {
+		fd := m.ProtoReflect().Descriptor().Fields().ByNumber(itemsField)
+		if fd == nil || !fd.IsList() || fd.Message() == nil {
+			t.Fatalf("%s field %d = %v, want the repeated message of items", m.ProtoReflect().Descriptor().FullName(), itemsField, fd)
+		}
+	}
+}
+
+func TestCheckRequestLengthSum(t *testing.T) {
+	for _, tc := range []struct {
+		lengths []uint64
+		ok      bool
+	}{
+		{[]uint64{math.MaxInt64}, true},
+		{[]uint64{math.MaxInt64, 1}, false},
+		{[]uint64{math.MaxUint64}, false},
+		{[]uint64{1 << 62, 1 << 62, 1 << 62}, false},
+		{[]uint64{1, math.MaxUint64}, false}, // would wrap to 0
+	} {
+		req := &agentv1.TransferRequest{Op: agentv1.TransferOp_TRANSFER_OP_WRITE}
+		for _, n := range tc.lengths {
+			req.Items = append(req.Items, &agentv1.TransferItem{Length: n})
+		}
+		if err := CheckRequest(req); (err == nil) != tc.ok || (err != nil && rpcerr.Reason(err) != "INVALID_PARAMS") {
+			t.Errorf("CheckRequest(lengths %v) = %v, want ok=%v (else INVALID_PARAMS)", tc.lengths, err, tc.ok)
+		}
+	}
+}
+
+// FuzzCountItems checks the raw item count against the decoder: for any
+// header that decodes, countItems agrees with the decoded item and result
+// counts (up to MaxItems+1, where it stops).
+func FuzzCountItems(f *testing.F) {
+	one, _ := AppendFrame(nil, &agentv1.TransferRequest{Op: agentv1.TransferOp_TRANSFER_OP_READ, Items: []*agentv1.TransferItem{{SegmentId: "s"}, {}}})
+	f.Add(one[lenSize:])
+	f.Add(tinyItems(3))
+	f.Add(tinyItems(MaxItems + 2))
+	f.Add([]byte{0x13, 0x12, 0x00, 0x14}) // a group holding a field 2
+	f.Fuzz(func(t *testing.T, b []byte) {
+		n := countItems(b)
+		if n > MaxItems+1 {
+			t.Fatalf("countItems = %d, it stops at %d", n, MaxItems+1)
+		}
+		req, resp := &agentv1.TransferRequest{}, &agentv1.TransferResponse{}
+		if proto.Unmarshal(b, req) == nil && min(len(req.GetItems()), MaxItems+1) != n {
+			t.Fatalf("countItems = %d, the request decodes with %d items", n, len(req.GetItems()))
+		}
+		if proto.Unmarshal(b, resp) == nil && min(len(resp.GetResults()), MaxItems+1) != n {
+			t.Fatalf("countItems = %d, the response decodes with %d results", n, len(resp.GetResults()))
+		}
+		// Every prefix counts at most as many.
+		for _, k := range []int{len(b) / 2, len(b) - 1} {
+			if k >= 0 && countItems(b[:k]) > n {
+				t.Fatalf("a %d-byte prefix counts %d items, the whole %d", k, countItems(b[:k]), n)
 			}
 		}
 	})

@@ -22,6 +22,9 @@ type Meta interface {
 	// when no room exists) and marks it DRAINING, then DRAINED, through the
 	// registry.
 	DrainSegment(ctx context.Context, segmentID string) error
+	// UndrainSegment returns a DRAINING or DRAINED segment to OK, stopping
+	// a drain in progress at its next chunk; a no-op on an OK one.
+	UndrainSegment(ctx context.Context, segmentID string) error
 	// SetTenantQuota sets a tenant's limits (0 = unlimited).
 	SetTenantQuota(ctx context.Context, tenant string, maxBytes, maxObjects uint64) (*masterv1.TenantQuota, error)
 	// TenantQuota returns a tenant's limits and usage.
@@ -176,6 +179,24 @@ func (s *Service) DrainSegment(ctx context.Context, req *masterv1.DrainSegmentRe
 	}
 	s.lg.Info("segment drained", "segment_id", id, "lifecycle", segment.LifecycleLabel(d.Lifecycle))
 	return &masterv1.DrainSegmentResponse{Segment: segmentPB(d, s.deps.Meta.SegmentReplicaCounts()[id])}, nil
+}
+
+// UndrainSegment returns a drained or draining segment to service and
+// returns its state afterwards.
+func (s *Service) UndrainSegment(ctx context.Context, req *masterv1.UndrainSegmentRequest) (*masterv1.UndrainSegmentResponse, error) {
+	id := req.GetSegmentId()
+	if err := checkSegmentID(id); err != nil {
+		return nil, err
+	}
+	if err := s.deps.Meta.UndrainSegment(ctx, id); err != nil {
+		return nil, rpcerr.Status(err)
+	}
+	d, ok := s.deps.Registry.Detail(id)
+	if !ok {
+		return nil, notFound(id)
+	}
+	s.lg.Info("segment undrained", "segment_id", id, "lifecycle", segment.LifecycleLabel(d.Lifecycle))
+	return &masterv1.UndrainSegmentResponse{Segment: segmentPB(d, s.deps.Meta.SegmentReplicaCounts()[id])}, nil
 }
 
 // SetTenantQuota sets a tenant's limits.

@@ -44,6 +44,19 @@ func (f *fakeMeta) DrainSegment(ctx context.Context, id string) error {
 	return f.reg.SetLifecycle(id, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINED)
 }
 
+// UndrainSegment behaves as the metadata's: OK is a no-op, DRAINING and
+// DRAINED return to OK, anything else is the registry's refusal.
+func (f *fakeMeta) UndrainSegment(_ context.Context, id string) error {
+	d, ok := f.reg.Detail(id)
+	if !ok {
+		return rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "segment %q not found", id)
+	}
+	if d.Lifecycle == masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_OK {
+		return nil
+	}
+	return f.reg.SetLifecycle(id, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_OK)
+}
+
 func (f *fakeMeta) SetTenantQuota(_ context.Context, tenant string, maxBytes, maxObjects uint64) (*masterv1.TenantQuota, error) {
 	if tenant == "bad" {
 		return nil, rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "bad tenant")

@@ -21,16 +21,18 @@ func (s *Store) Stats() (objects, bytes, revision uint64) {
 }
 
 // SetTenantQuota sets a tenant's limits (0 = unlimited). A limit below the
-// current usage rejects only growth.
+// current usage rejects only growth. Setting a quota adds the tenant;
+// clearing both limits of a tenant that holds nothing drops it.
 func (s *Store) SetTenantQuota(ctx context.Context, tenant string, maxBytes, maxObjects uint64) (*masterv1.TenantQuota, error) {
 	tenant = NormalizeTenant(tenant)
 	if len(tenant) > MaxTenantLen {
-		return nil, errInvalid("tenant must be at most %d bytes", MaxTenantLen)
+		return nil, errInvalid("tenant must be at most %d bytes, got %d", MaxTenantLen, len(tenant))
 	}
-	i, err := s.tenants.intern(tenant)
+	i, err := s.tenants.acquire(tenant)
 	if err != nil {
 		return nil, err
 	}
+	defer s.tenants.release(i)
 	t := s.tenants.get(i)
 	t.mu.Lock()
 	t.maxBytes, t.maxObjects = maxBytes, maxObjects
@@ -38,21 +40,22 @@ func (s *Store) SetTenantQuota(ctx context.Context, tenant string, maxBytes, max
 	return t.quota(), nil
 }
 
-// TenantQuota returns a tenant's limits and usage (zeros for a tenant never
-// seen).
+// TenantQuota returns a tenant's limits and usage (zeros for a tenant the
+// table does not hold).
 func (s *Store) TenantQuota(ctx context.Context, tenant string) (*masterv1.TenantQuota, error) {
 	tenant = NormalizeTenant(tenant)
 	if len(tenant) > MaxTenantLen {
-		return nil, errInvalid("tenant must be at most %d bytes", MaxTenantLen)
+		return nil, errInvalid("tenant must be at most %d bytes, got %d", MaxTenantLen, len(tenant))
 	}
-	i, ok := s.tenants.lookup(tenant)
-	if !ok {
+	t := s.tenants.lookupLive(tenant)
+	if t == nil {
 		return &masterv1.TenantQuota{Tenant: tenant}, nil
 	}
-	return s.tenants.get(i).quota(), nil
+	return t.quota(), nil
 }
 
-// ListTenants returns every known tenant's limits and usage, by name.
+// ListTenants returns the limits and usage of every tenant that holds
+// something or has a quota, by name.
 func (s *Store) ListTenants(ctx context.Context) []*masterv1.TenantQuota {
 	var out []*masterv1.TenantQuota
 	for _, t := range s.tenants.all() {

@@ -3,6 +3,7 @@ package meta
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/pkg/rpcerr"
@@ -40,7 +41,9 @@ type move struct {
 // the object. A replica with no room elsewhere (or whose copy fails) is
 // removed instead, recording `removed` if it was the last on its medium.
 // Finally the segment is marked DRAINED. Writes in progress on the segment
-// are left to finish (a later drain or the unmount removes them).
+// are left to finish (a later drain or the unmount removes them). An
+// UndrainSegment meanwhile stops it between chunks with ABORTED /
+// SEGMENT_UNAVAILABLE.
 func (s *Store) DrainSegment(ctx context.Context, segmentID string) error {
 	sv, ok := s.reg.Segment(segmentID)
 	if !ok {
@@ -50,6 +53,11 @@ func (s *Store) DrainSegment(ctx context.Context, segmentID string) error {
 		if err := s.reg.SetLifecycle(segmentID, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINING); err != nil {
 			return asSegmentErr(err, segmentID)
 		}
+	}
+	undrains := s.undrainCount(segmentID)
+	gen := undrains.Load()
+	if sv, ok := s.reg.Segment(segmentID); !ok || sv.Lifecycle != masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINING {
+		return errUndrained(segmentID, 0, 0) // undrained (or gone) before the scan
 	}
 	src := s.segs.intern(segmentID)
 	var moves []*move
@@ -75,16 +83,59 @@ func (s *Store) DrainSegment(ctx context.Context, segmentID string) error {
 		if err := ctx.Err(); err != nil {
 			return rpcerr.Status(err)
 		}
+		if undrains.Load() != gen {
+			return errUndrained(segmentID, moved, dropped)
+		}
 		chunk := moves[start:min(start+drainChunk, len(moves))]
 		m, d := s.drainStep(ctx, sv.AgentID, src, chunk)
 		moved += m
 		dropped += d
+	}
+	if undrains.Load() != gen {
+		return errUndrained(segmentID, moved, dropped)
 	}
 	if err := s.reg.SetLifecycle(segmentID, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINED); err != nil {
 		return asSegmentErr(err, segmentID)
 	}
 	s.lg.Info("segment drained", "segment_id", segmentID, "moved", moved, "removed", dropped)
 	return nil
+}
+
+// UndrainSegment is DrainSegment's inverse: a DRAINING or DRAINED segment
+// returns to OK and takes allocations again; replicas already moved stay
+// where they are. A drain in progress stops cleanly at its next chunk
+// boundary (the chunk in flight completes its moves, so no replica is
+// dropped for the undrain's sake) and answers ABORTED. Idempotent on an OK
+// segment; SEGMENT_UNAVAILABLE on one that is unmounting or unmounted (its
+// agent decides), SEGMENT_NOT_FOUND on an unknown one.
+func (s *Store) UndrainSegment(ctx context.Context, segmentID string) error {
+	sv, ok := s.reg.Segment(segmentID)
+	if !ok {
+		return rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "segment %q not found", segmentID)
+	}
+	if sv.Lifecycle == masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_OK {
+		return nil
+	}
+	if err := s.reg.SetLifecycle(segmentID, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_OK); err != nil {
+		return asSegmentErr(err, segmentID)
+	}
+	s.undrainCount(segmentID).Add(1)
+	s.lg.Info("segment undrained", "segment_id", segmentID, "from", sv.Lifecycle.String())
+	return nil
+}
+
+// undrainCount is the segment's UndrainSegment counter.
+func (s *Store) undrainCount(segmentID string) *atomic.Uint64 {
+	if v, ok := s.undrains.Load(segmentID); ok {
+		return v.(*atomic.Uint64)
+	}
+	v, _ := s.undrains.LoadOrStore(segmentID, new(atomic.Uint64))
+	return v.(*atomic.Uint64)
+}
+
+func errUndrained(id string, moved, dropped int) error {
+	return rpcerr.New(codes.Aborted, masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE,
+		"drain of segment %q stopped: it left DRAINING (UndrainSegment or unmount); %d replicas moved, %d removed", id, moved, dropped)
 }
 
 func asSegmentErr(err error, id string) error {

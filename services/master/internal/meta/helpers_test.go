@@ -136,6 +136,10 @@ func checkInvariants(t fataler, e *env, f *follower) {
 		sh := &e.s.shards[i]
 		sh.mu.Lock()
 		for tn, objs := range sh.tenants {
+			if tp := e.s.tenants.get(tn); tp.id != tn || tp.retired.Load() {
+				sh.mu.Unlock()
+				t.Fatalf("(d) objects under tenant id %#x, which the table does not hold", tn)
+			}
 			for _, o := range objs {
 				if len(o.replicas) == 0 {
 					sh.mu.Unlock()
@@ -162,10 +166,13 @@ func checkInvariants(t fataler, e *env, f *follower) {
 		}
 		sh.mu.Unlock()
 	}
-	for i, tn := range e.s.tenants.all() {
+	for _, tn := range e.s.tenants.all() {
 		q := tn.quota()
-		if got := sums[uint32(i)]; q.UsedBytes != got.bytes || q.UsedObjects != got.objects {
+		if got := sums[tn.id]; q.UsedBytes != got.bytes || q.UsedObjects != got.objects {
 			t.Fatalf("(b) tenant %q usage: got %d bytes %d objects, want %d bytes %d objects", tn.name, q.UsedBytes, q.UsedObjects, got.bytes, got.objects)
+		}
+		if q.UsedObjects == 0 && q.MaxBytes == 0 && q.MaxObjects == 0 && tn.pins.Load() == 0 {
+			t.Fatalf("(d) tenant %q holds nothing and has no quota but was not dropped", tn.name)
 		}
 	}
 	for i, se := range e.s.segs.all() {

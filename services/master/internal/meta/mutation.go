@@ -95,13 +95,16 @@ func (m *mut) newObject(tenant uint32, key string, size uint64, force bool) (*ob
 }
 
 // dropIfEmpty erases an object that has no replicas left and refunds its
-// tenant (the object-erased tenant event). It reports whether it did.
+// tenant (the object-erased tenant event), retiring the tenant when that
+// left it idle. It reports whether it did.
 func (m *mut) dropIfEmpty(o *object) bool {
 	if len(o.replicas) > 0 {
 		return false
 	}
 	m.sh.deleteLocked(o)
-	_ = m.s.tenants.get(o.tenant).charge(-int64(o.size), -1, true)
+	if t := m.s.tenants.get(o.tenant); t.refund(o.size) && t.pins.Load() == 0 {
+		m.s.tenants.retire(t) // its last object: an idle tenant leaves the table
+	}
 	// Cleared so that a put phase holding o (putItem.obj, endItem.obj)
 	// sees it gone without a lookup.
 	m.sh.endPutLocked(o)

@@ -135,7 +135,7 @@ func TestPropertyInvariants(t *testing.T) {
 				_, _, _ = e.s.RemoveAll(ctx, rapid.SampledFrom(tenants).Draw(rt, "tenant"), rapid.Bool().Draw(rt, "force"))
 			},
 			"removeByPrefix": func(rt *rapid.T) {
-				_, _, _ = e.s.RemoveByPrefix(ctx, rapid.SampledFrom(tenants).Draw(rt, "tenant"), rapid.SampledFrom(keys).Draw(rt, "prefix"), true)
+				_, _, _, _ = e.s.RemoveByPrefix(ctx, rapid.SampledFrom(tenants).Draw(rt, "tenant"), rapid.SampledFrom(keys).Draw(rt, "prefix"), true, "")
 			},
 			"evict": func(rt *rapid.T) {
 				e.s.evictFor(ctx, masterv1.Medium_MEDIUM_MEMORY, rapid.Uint64Range(1, 4096).Draw(rt, "need"), rapid.Uint64Range(1, 1500).Draw(rt, "largest"))

@@ -190,7 +190,7 @@ func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartRe
 			res[i].Err = err
 			continue
 		}
-		t, err := s.tenants.intern(sp.Tenant)
+		t, err := s.tenants.acquire(sp.Tenant)
 		if err != nil {
 			res[i].Err = err
 			continue
@@ -198,6 +198,9 @@ func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartRe
 		arena[i] = putItem{i: i, tenant: t, shard: s.shardIndex(t, sp.Key)}
 		items = append(items, &arena[i])
 	}
+	// The tenants stay pinned until every round is over; a tenant whose
+	// puts all failed then leaves the table (tenantTable.release).
+	defer s.releaseTenants(items)
 	exclude := newExclusions()
 	var wd descWriter
 	for round := 0; round < 2 && len(items) > 0; round++ {

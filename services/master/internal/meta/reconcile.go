@@ -121,7 +121,7 @@ func (s *Store) Reconcile(ctx context.Context, agentID string, segments []cluste
 		}
 		g := groups[r]
 		if g == nil {
-			t, err := s.tenants.intern(r.Tenant)
+			t, err := s.tenants.acquire(r.Tenant) // released once adopted
 			if err != nil {
 				ref(k.seg, k.alloc)
 				continue
@@ -149,6 +149,9 @@ func (s *Store) Reconcile(ctx context.Context, agentID string, segments []cluste
 		m.commit()
 		shd.mu.Unlock()
 	})
+	for _, g := range list {
+		s.tenants.release(g.tenant)
+	}
 	cctx, cancel := cleanupCtx(ctx)
 	defer cancel()
 	s.sendReleases(cctx, rel)

@@ -3,6 +3,8 @@ package meta
 import (
 	"context"
 	"regexp"
+	"regexp/syntax"
+	"strconv"
 	"strings"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
@@ -77,20 +79,16 @@ func (s *Store) BatchRemove(ctx context.Context, specs []RemoveSpec) []error {
 	return res
 }
 
-// removeMatching removes the tenant's objects for which match is true,
-// skipping (and counting) those that may not be removed. It returns the
-// counts and whether the tenant held anything when the scan started.
-func (s *Store) removeMatching(ctx context.Context, t uint32, force bool, match func(key string) bool) (removed, skipped uint64) {
+// removeEvery removes every object of the tenant that may be removed,
+// skipping (and counting) the others, one shard lock at a time.
+func (s *Store) removeEvery(ctx context.Context, t uint32, force bool) (removed, skipped uint64) {
 	rel := &releases{}
 	name := s.tenants.get(t).name
 	for i := range s.shards {
 		shd := &s.shards[i]
 		shd.mu.Lock()
 		m := s.begin(shd, rel)
-		for key, o := range shd.tenants[t] {
-			if !match(key) {
-				continue
-			}
+		for _, o := range shd.tenants[t] {
 			if s.removableLocked(o, force, m.nowMs, name) != nil {
 				skipped++
 				continue
@@ -120,7 +118,7 @@ func (s *Store) RemoveAll(ctx context.Context, tenant string, force bool) (remov
 	if !ok {
 		return 0, 0, nil
 	}
-	removed, skipped = s.removeMatching(ctx, t, force, func(string) bool { return true })
+	removed, skipped = s.removeEvery(ctx, t, force)
 	if removed == 0 || skipped > 0 {
 		return removed, skipped, nil
 	}
@@ -143,40 +141,159 @@ func (s *Store) RemoveAll(ctx context.Context, tenant string, force bool) (remov
 	return removed, skipped, nil
 }
 
-// RemoveByPrefix removes the tenant's objects whose key starts with prefix.
-func (s *Store) RemoveByPrefix(ctx context.Context, tenant, prefix string, force bool) (removed, skipped uint64, err error) {
-	tenant = NormalizeTenant(tenant)
-	if len(tenant) > MaxTenantLen || len(prefix) > MaxKeyLen {
-		return 0, 0, errInvalid("tenant or prefix too long")
-	}
-	t, ok := s.tenants.lookup(tenant)
-	if !ok {
-		return 0, 0, nil
-	}
-	removed, skipped = s.removeMatching(ctx, t, force, func(k string) bool { return strings.HasPrefix(k, prefix) })
-	return removed, skipped, nil
-}
-
-// MaxRegexLen bounds RemoveByRegex patterns.
-const MaxRegexLen = 4096
-
-// RemoveByRegex removes the tenant's objects whose key matches re (RE2).
-func (s *Store) RemoveByRegex(ctx context.Context, tenant, re string, force bool) (removed, skipped uint64, err error) {
+// RemoveByPrefix removes the tenant's objects whose key starts with
+// prefix, one bounded page at a time (see scanRemove): pageToken is "" or
+// the previous call's next token, and next is "" once the scan is complete.
+func (s *Store) RemoveByPrefix(ctx context.Context, tenant, prefix string, force bool, pageToken string) (removed, skipped uint64, next string, err error) {
 	tenant = NormalizeTenant(tenant)
 	if len(tenant) > MaxTenantLen {
-		return 0, 0, errInvalid("tenant must be at most %d bytes", MaxTenantLen)
+		return 0, 0, "", errInvalid("tenant must be at most %d bytes, got %d", MaxTenantLen, len(tenant))
 	}
-	if re == "" || len(re) > MaxRegexLen {
-		return 0, 0, errInvalid("regex must be 1..%d bytes", MaxRegexLen)
+	if prefix == "" || len(prefix) > MaxKeyLen {
+		return 0, 0, "", errInvalid("prefix must be 1..%d bytes, got %d", MaxKeyLen, len(prefix))
 	}
-	rx, cerr := regexp.Compile(re)
-	if cerr != nil {
-		return 0, 0, errInvalid("regex: %v", cerr)
+	start, err := s.decodeScanToken(pageToken)
+	if err != nil {
+		return 0, 0, "", err
 	}
 	t, ok := s.tenants.lookup(tenant)
 	if !ok {
-		return 0, 0, nil
+		return 0, 0, "", nil
 	}
-	removed, skipped = s.removeMatching(ctx, t, force, rx.MatchString)
-	return removed, skipped, nil
+	return s.scanRemove(ctx, t, force, start, func(k string) bool { return strings.HasPrefix(k, prefix) }, nil)
+}
+
+// CompileKeyRegex compiles a RemoveByRegex pattern within MaxRegexLen and
+// MaxRegexInsts, so no pattern costs more than that per byte of key.
+func CompileKeyRegex(re string) (*regexp.Regexp, error) {
+	if re == "" || len(re) > MaxRegexLen {
+		return nil, errInvalid("regex must be 1..%d bytes, got %d", MaxRegexLen, len(re))
+	}
+	parsed, err := syntax.Parse(re, syntax.Perl)
+	if err != nil {
+		return nil, errInvalid("regex: %v", err)
+	}
+	prog, err := syntax.Compile(parsed.Simplify())
+	if err != nil {
+		return nil, errInvalid("regex: %v", err)
+	}
+	if len(prog.Inst) > MaxRegexInsts {
+		return nil, errInvalid("regex compiles to %d instructions, max %d", len(prog.Inst), MaxRegexInsts)
+	}
+	rx, err := regexp.Compile(re)
+	if err != nil {
+		return nil, errInvalid("regex: %v", err)
+	}
+	return rx, nil
+}
+
+// RemoveByRegex removes the tenant's objects whose key matches re (RE2,
+// limited by CompileKeyRegex), paged like RemoveByPrefix. Keys are matched
+// with no shard lock held.
+func (s *Store) RemoveByRegex(ctx context.Context, tenant, re string, force bool, pageToken string) (removed, skipped uint64, next string, err error) {
+	tenant = NormalizeTenant(tenant)
+	if len(tenant) > MaxTenantLen {
+		return 0, 0, "", errInvalid("tenant must be at most %d bytes, got %d", MaxTenantLen, len(tenant))
+	}
+	rx, err := CompileKeyRegex(re)
+	if err != nil {
+		return 0, 0, "", err
+	}
+	start, err := s.decodeScanToken(pageToken)
+	if err != nil {
+		return 0, 0, "", err
+	}
+	t, ok := s.tenants.lookup(tenant)
+	if !ok {
+		return 0, 0, "", nil
+	}
+	return s.scanRemove(ctx, t, force, start, nil, rx.MatchString)
+}
+
+// scanRemove removes the tenant's objects whose key passes pre and match,
+// scanning shards from start until it has examined ScanBudget keys (whole
+// shards); next is the page token to continue from, "" when the last shard
+// was scanned. Per shard, the keys that pass pre (a cheap test, run under
+// the lock) are copied out under the lock; match (the costly one) runs with
+// no lock held; then the matches are removed under the lock, each looked
+// up again and re-checked, so a key rewritten meanwhile is judged by its
+// current state.
+func (s *Store) scanRemove(ctx context.Context, t uint32, force bool, start int, pre, match func(string) bool) (removed, skipped uint64, next string, err error) {
+	rel := &releases{}
+	defer func() {
+		cctx, cancel := cleanupCtx(ctx)
+		defer cancel()
+		s.sendReleases(cctx, rel)
+	}()
+	name := s.tenants.get(t).name
+	var keys []string
+	examined := 0
+	for i := start; i < len(s.shards); i++ {
+		if examined >= ScanBudget {
+			return removed, skipped, encodeScanToken(i), nil
+		}
+		if err := ctx.Err(); err != nil {
+			return removed, skipped, "", err
+		}
+		shd := &s.shards[i]
+		keys = keys[:0]
+		shd.mu.Lock()
+		objs := shd.tenants[t]
+		examined += len(objs)
+		for key := range objs {
+			if pre == nil || pre(key) {
+				keys = append(keys, key)
+			}
+		}
+		shd.mu.Unlock()
+		if match != nil {
+			n := 0
+			for _, key := range keys {
+				if match(key) {
+					keys[n] = key
+					n++
+				}
+			}
+			keys = keys[:n]
+		}
+		if len(keys) == 0 {
+			continue
+		}
+		shd.mu.Lock()
+		m := s.begin(shd, rel)
+		for _, key := range keys {
+			o := shd.getLocked(t, key)
+			if o == nil {
+				continue // removed meanwhile
+			}
+			if s.removableLocked(o, force, m.nowMs, name) != nil {
+				skipped++
+				continue
+			}
+			m.removeAll(o, true)
+			removed++
+		}
+		m.commit()
+		shd.mu.Unlock()
+		clear(keys)
+	}
+	return removed, skipped, "", nil
+}
+
+// encodeScanToken and decodeScanToken turn the shard a scan continues from
+// into a page token and back.
+func encodeScanToken(shard int) string { return "s" + strconv.Itoa(shard) }
+
+func (s *Store) decodeScanToken(tok string) (int, error) {
+	if tok == "" {
+		return 0, nil
+	}
+	if len(tok) > 12 || tok[0] != 's' {
+		return 0, errInvalid("malformed page_token")
+	}
+	i, err := strconv.Atoi(tok[1:])
+	if err != nil || i <= 0 || i >= len(s.shards) || encodeScanToken(i) != tok {
+		return 0, errInvalid("malformed page_token")
+	}
+	return i, nil
 }

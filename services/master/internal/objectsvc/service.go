@@ -279,20 +279,20 @@ func (s *Service) RemoveByPrefix(ctx context.Context, r *masterv1.RemoveByPrefix
 	if r.GetPrefix() == "" {
 		return nil, invalid("prefix must not be empty (use RemoveAll)")
 	}
-	n, skipped, err := s.store.RemoveByPrefix(ctx, r.GetTenant(), r.GetPrefix(), r.GetForce())
+	n, skipped, next, err := s.store.RemoveByPrefix(ctx, r.GetTenant(), r.GetPrefix(), r.GetForce(), r.GetPageToken())
 	if err != nil {
 		return nil, rpcerr.Status(err)
 	}
-	return &masterv1.RemoveByPrefixResponse{Removed: n, Skipped: skipped}, nil
+	return &masterv1.RemoveByPrefixResponse{Removed: n, Skipped: skipped, NextPageToken: next}, nil
 }
 
 // RemoveByRegex implements ObjectService.RemoveByRegex.
 func (s *Service) RemoveByRegex(ctx context.Context, r *masterv1.RemoveByRegexRequest) (*masterv1.RemoveByRegexResponse, error) {
-	n, skipped, err := s.store.RemoveByRegex(ctx, r.GetTenant(), r.GetRegex(), r.GetForce())
+	n, skipped, next, err := s.store.RemoveByRegex(ctx, r.GetTenant(), r.GetRegex(), r.GetForce(), r.GetPageToken())
 	if err != nil {
 		return nil, rpcerr.Status(err)
 	}
-	return &masterv1.RemoveByRegexResponse{Removed: n, Skipped: skipped}, nil
+	return &masterv1.RemoveByRegexResponse{Removed: n, Skipped: skipped, NextPageToken: next}, nil
 }
 
 // okItem is shared by every OK item of every response: marshalling only
