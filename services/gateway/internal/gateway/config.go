@@ -44,6 +44,9 @@ type Config struct {
 	MaxSubscribers    int
 	SubWriteTimeout   time.Duration
 
+	ReplayMaxConnsPerPeer int
+	ReplayIdleTimeout     time.Duration
+
 	ReconnectMin    time.Duration
 	ReconnectMax    time.Duration
 	ShutdownTimeout time.Duration
@@ -73,6 +76,9 @@ func DefaultConfig() Config {
 		ReconnectMin:      s.BackoffMin,
 		ReconnectMax:      s.BackoffMax,
 		ShutdownTimeout:   10 * time.Second,
+
+		ReplayMaxConnsPerPeer: p.ReplayMaxConnsPerPeer,
+		ReplayIdleTimeout:     p.ReplayIdleTimeout,
 	}
 }
 
@@ -102,6 +108,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(&c.SubQueueBytes, "sub-queue-bytes", "bytes queued per subscriber before its oldest messages are dropped")
 	fs.IntVar(&c.MaxSubscribers, "max-subscribers", c.MaxSubscribers, "PUB (and replay) connections accepted")
 	fs.DurationVar(&c.SubWriteTimeout, "sub-write-timeout", c.SubWriteTimeout, "disconnect a subscriber whose socket accepts nothing for this long (0: never)")
+	fs.IntVar(&c.ReplayMaxConnsPerPeer, "replay-max-conns-per-peer", c.ReplayMaxConnsPerPeer, "replay connections accepted from one remote IP")
+	fs.DurationVar(&c.ReplayIdleTimeout, "replay-idle-timeout", c.ReplayIdleTimeout, "close a replay connection that sends no request for this long")
 	fs.DurationVar(&c.ReconnectMin, "reconnect-min", c.ReconnectMin, "first backoff before reconnecting to the master")
 	fs.DurationVar(&c.ReconnectMax, "reconnect-max", c.ReconnectMax, "longest backoff before reconnecting to the master")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "graceful shutdown limit before a hard stop")
@@ -148,6 +156,8 @@ func (c *Config) publisherConfig() publisher.Config {
 	p.SubQueueBytes = int(c.SubQueueBytes)
 	p.MaxSubscribers = c.MaxSubscribers
 	p.SubWriteTimeout = c.SubWriteTimeout
+	p.ReplayMaxConnsPerPeer = c.ReplayMaxConnsPerPeer
+	p.ReplayIdleTimeout = c.ReplayIdleTimeout
 	p.Encoder = kvevent.EncoderOptions{
 		Envelope: kvevent.Envelope{
 			BackendID: c.BackendID, ModelName: c.ModelName, AdditionalSalt: c.AdditionalSalt,

@@ -53,9 +53,17 @@ type Config struct {
 	// SubQueueBatches and SubQueueBytes bound each subscriber's send queue.
 	SubQueueBatches int
 	SubQueueBytes   int
-	// MaxSubscribers bounds PUB connections (and replay connections).
+	// MaxSubscribers bounds PUB connections (and replay connections),
+	// including those still handshaking.
 	MaxSubscribers int
-	// HandshakeTimeout bounds a ZMTP handshake.
+	// ReplayMaxConnsPerPeer bounds the replay connections from one remote
+	// IP (TCP only), so one host cannot take every replay slot.
+	ReplayMaxConnsPerPeer int
+	// ReplayIdleTimeout closes a replay connection that sends no request
+	// for this long (a DEALER reconnects on its own when it has one).
+	ReplayIdleTimeout time.Duration
+	// HandshakeTimeout bounds a ZMTP handshake (PUB and replay): a peer
+	// that connects and does not complete it is dropped.
 	HandshakeTimeout time.Duration
 	// SubWriteTimeout disconnects a subscriber whose write makes no
 	// progress for this long; 0 never does (its queue still drops).
@@ -69,19 +77,21 @@ type Config struct {
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
 	return Config{
-		PubEndpoint:        "tcp://*:5557",
-		ReplayEndpoint:     "tcp://*:5558",
-		QueueCapacity:      65536,
-		MaxBatch:           kvevent.MaxEventsPerBatch,
-		FlushInterval:      0,
-		ReplayBuffer:       10000,
-		ReplayBufferBytes:  64 << 20,
-		SubQueueBatches:    8192,
-		SubQueueBytes:      32 << 20,
-		MaxSubscribers:     1024,
-		HandshakeTimeout:   5 * time.Second,
-		ReplayWriteTimeout: 10 * time.Second,
-		Encoder:            kvevent.EncoderOptions{LegacyCompat: true, ObjectKey: true},
+		PubEndpoint:           "tcp://*:5557",
+		ReplayEndpoint:        "tcp://*:5558",
+		QueueCapacity:         65536,
+		MaxBatch:              kvevent.MaxEventsPerBatch,
+		FlushInterval:         0,
+		ReplayBuffer:          10000,
+		ReplayBufferBytes:     64 << 20,
+		SubQueueBatches:       8192,
+		SubQueueBytes:         32 << 20,
+		MaxSubscribers:        1024,
+		ReplayMaxConnsPerPeer: 32,
+		ReplayIdleTimeout:     time.Minute,
+		HandshakeTimeout:      5 * time.Second,
+		ReplayWriteTimeout:    10 * time.Second,
+		Encoder:               kvevent.EncoderOptions{LegacyCompat: true, ObjectKey: true},
 	}
 }
 
@@ -113,6 +123,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxSubscribers < 1 {
 		errs = append(errs, errors.New("max-subscribers must be >= 1"))
+	}
+	if c.ReplayMaxConnsPerPeer < 1 {
+		errs = append(errs, fmt.Errorf("replay-max-conns-per-peer must be >= 1, got %d", c.ReplayMaxConnsPerPeer))
+	}
+	if c.ReplayIdleTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("replay-idle-timeout must be > 0, got %v", c.ReplayIdleTimeout))
 	}
 	if c.HandshakeTimeout <= 0 || c.ReplayWriteTimeout <= 0 || c.SubWriteTimeout < 0 {
 		errs = append(errs, errors.New("handshake and replay write timeouts must be > 0, sub-write-timeout >= 0"))
@@ -148,6 +164,13 @@ type Stats struct {
 	// SubscriberDroppedBatches were discarded from slow subscribers' queues.
 	SubscriberDroppedBatches uint64
 	ReplayRequests           uint64
+	// PeersRefused are PUB and replay connections closed as they were
+	// accepted: over MaxSubscribers, or over ReplayMaxConnsPerPeer.
+	PeersRefused uint64
+	// PeersDropped are PUB and replay connections closed for what the peer
+	// did: a failed or timed-out handshake, an oversized or malformed frame,
+	// or (replay) no request within ReplayIdleTimeout.
+	PeersDropped uint64
 }
 
 // Publisher owns the event queue, the sequence and the sockets.
@@ -210,7 +233,7 @@ func (p *Publisher) Listen() error {
 		if err != nil {
 			return fmt.Errorf("replay listen %s: %w", p.cfg.ReplayEndpoint, err)
 		}
-		p.replay = newReplaySocket(p.lg, l, p.ring, p.cfg.ReplayLegacy, p.cfg.MaxSubscribers, p.cfg.HandshakeTimeout, p.cfg.ReplayWriteTimeout)
+		p.replay = newReplaySocket(p.lg, l, p.ring, p.cfg)
 	}
 	return nil
 }
@@ -436,9 +459,13 @@ func (p *Publisher) Stats() Stats {
 	if pub != nil {
 		s.Subscribers = pub.subscribers()
 		s.SubscriberDroppedBatches = pub.droppedBatches.Load()
+		s.PeersRefused += pub.refused.Load()
+		s.PeersDropped += pub.dropped.Load()
 	}
 	if replay != nil {
 		s.ReplayRequests = replay.requests.Load()
+		s.PeersRefused += replay.refused.Load()
+		s.PeersDropped += replay.dropped.Load()
 	}
 	return s
 }

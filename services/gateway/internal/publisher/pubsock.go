@@ -1,6 +1,7 @@
 package publisher
 
 import (
+	"errors"
 	"log/slog"
 	"net"
 	"sync"
@@ -28,6 +29,8 @@ type pubSocket struct {
 
 	droppedBatches atomic.Uint64 // messages dropped from subscriber queues
 	droppedBytes   atomic.Uint64
+	refused        atomic.Uint64 // connections refused at accept
+	dropped        atomic.Uint64 // connections dropped for a bad handshake or frame
 
 	wg sync.WaitGroup
 	// mu guards conns and closed.
@@ -66,6 +69,7 @@ func (p *pubSocket) serve() {
 		p.mu.Lock()
 		if p.closed || len(p.conns) >= p.maxConns {
 			p.mu.Unlock()
+			p.refused.Add(1)
 			p.lg.Warn("pub subscriber refused", "remote", nc.RemoteAddr().String(), "max_subscribers", p.maxConns)
 			nc.Close()
 			return
@@ -81,8 +85,9 @@ func (p *pubSocket) serve() {
 func (p *pubSocket) handle(sc *subConn, nc net.Conn) {
 	defer p.wg.Done()
 	defer p.remove(sc)
-	c, err := zmtp.Handshake(nc, zmq4.Pub, true, p.handshakeTimeout, zmtp.Limits{MaxFrame: 1024, MaxFrames: 4})
+	c, err := zmtp.Handshake(nc, zmq4.Pub, true, p.handshakeTimeout, subLimits)
 	if err != nil {
+		p.dropped.Add(1)
 		p.lg.Debug("pub handshake failed", "remote", nc.RemoteAddr().String(), "err", err)
 		nc.Close()
 		return
@@ -101,20 +106,34 @@ func (p *pubSocket) handle(sc *subConn, nc net.Conn) {
 		defer close(done)
 		sc.writeLoop(p)
 	}()
-	sc.readLoop()
+	if err := sc.readLoop(); isPeerFault(err) {
+		p.dropped.Add(1)
+		p.lg.Debug("subscriber dropped", "remote", c.RemoteAddr().String(), "err", err)
+	}
 	sc.close()
 	<-done
 	p.lg.Info("subscriber disconnected", "remote", c.RemoteAddr().String())
 }
 
-// readLoop tracks subscriptions until the connection fails. Subscriptions
-// are data messages \x01topic / \x00topic (ZMTP 3.0, what libzmq sends a
-// 3.0 peer) or SUBSCRIBE / CANCEL commands (ZMTP 3.1).
-func (sc *subConn) readLoop() {
+// subLimits bound what a SUB may send: subscriptions (\x01topic, and only
+// the empty topic matters), commands (READY, SUBSCRIBE, PING) of at most
+// zmtp.DefaultMaxCommand. Anything larger drops the connection.
+var subLimits = zmtp.Limits{MaxFrame: 1024, MaxFrames: 4}
+
+// isPeerFault reports whether a read error is the peer's doing (a protocol
+// violation or an oversized frame) rather than a closed connection.
+func isPeerFault(err error) bool {
+	return errors.Is(err, zmtp.ErrProtocol) || errors.Is(err, zmtp.ErrFrameTooLarge) || errors.Is(err, zmtp.ErrMessageTooLarge)
+}
+
+// readLoop tracks subscriptions until the connection fails, and returns
+// why. Subscriptions are data messages \x01topic / \x00topic (ZMTP 3.0,
+// what libzmq sends a 3.0 peer) or SUBSCRIBE / CANCEL commands (ZMTP 3.1).
+func (sc *subConn) readLoop() error {
 	for {
 		m, err := sc.c.ReadMessage()
 		if err != nil {
-			return
+			return err
 		}
 		var sub, topic []byte
 		switch {

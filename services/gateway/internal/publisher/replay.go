@@ -1,6 +1,7 @@
 package publisher
 
 import (
+	"errors"
 	"log/slog"
 	"net"
 	"sync"
@@ -27,61 +28,105 @@ var (
 // each connection has one goroutine that reads a request and writes its
 // replies, so it is that connection's only writer, and a slow requester
 // holds only its own goroutine (writes carry a deadline).
+//
+// Slots: at most maxConns connections (handshaking ones included), at most
+// maxPerPeer of them from one remote IP; a connection that does not finish
+// its handshake within handshakeTimeout, or then sends no request for
+// idleTimeout, is closed, so idle or half-open peers give their slots back.
 type replaySocket struct {
 	lg               *slog.Logger
 	l                net.Listener
 	ring             *ring
 	legacy           bool
 	maxConns         int
+	maxPerPeer       int
 	handshakeTimeout time.Duration
+	idleTimeout      time.Duration
 	writeTimeout     time.Duration
 
 	requests atomic.Uint64
 	invalid  atomic.Uint64
+	refused  atomic.Uint64 // connections refused at accept (total or per-peer cap)
+	dropped  atomic.Uint64 // dropped for a bad handshake or frame, or idleness
 
 	wg sync.WaitGroup
-	// mu guards conns and closed.
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool
+	// mu guards conns, perPeer and closed.
+	mu      sync.Mutex
+	conns   map[net.Conn]struct{}
+	perPeer map[string]int // open connections per remote IP (TCP peers only)
+	closed  bool
 }
 
-func newReplaySocket(lg *slog.Logger, l net.Listener, r *ring, legacy bool, maxConns int, handshakeTimeout, writeTimeout time.Duration) *replaySocket {
-	return &replaySocket{lg: lg, l: l, ring: r, legacy: legacy, maxConns: maxConns,
-		handshakeTimeout: handshakeTimeout, writeTimeout: writeTimeout, conns: map[net.Conn]struct{}{}}
+func newReplaySocket(lg *slog.Logger, l net.Listener, r *ring, cfg Config) *replaySocket {
+	return &replaySocket{lg: lg, l: l, ring: r, legacy: cfg.ReplayLegacy,
+		maxConns: cfg.MaxSubscribers, maxPerPeer: cfg.ReplayMaxConnsPerPeer,
+		handshakeTimeout: cfg.HandshakeTimeout, idleTimeout: cfg.ReplayIdleTimeout, writeTimeout: cfg.ReplayWriteTimeout,
+		conns: map[net.Conn]struct{}{}, perPeer: map[string]int{}}
+}
+
+// replayLimits bound what a DEALER may send: a request is [b"", 8 bytes].
+var replayLimits = zmtp.Limits{MaxFrame: 256, MaxFrames: 4}
+
+// peerKey is the remote IP of a TCP connection; ok is false for other
+// transports (ipc peers are local processes and share no IP to cap by).
+func peerKey(nc net.Conn) (key string, ok bool) {
+	a, ok := nc.RemoteAddr().(*net.TCPAddr)
+	if !ok {
+		return "", false
+	}
+	return a.IP.String(), true
 }
 
 func (s *replaySocket) serve() {
 	acceptEach(s.l, s.lg, "replay", func(nc net.Conn) {
+		peer, capped := peerKey(nc)
 		s.mu.Lock()
-		if s.closed || len(s.conns) >= s.maxConns {
+		if s.closed || len(s.conns) >= s.maxConns || (capped && s.perPeer[peer] >= s.maxPerPeer) {
 			s.mu.Unlock()
+			s.refused.Add(1)
+			s.lg.Debug("replay connection refused", "remote", nc.RemoteAddr().String(), "max_conns", s.maxConns, "max_conns_per_peer", s.maxPerPeer)
 			nc.Close()
 			return
 		}
 		s.conns[nc] = struct{}{}
+		if capped {
+			s.perPeer[peer]++
+		}
 		s.wg.Add(1)
 		s.mu.Unlock()
-		go s.handle(nc)
+		go s.handle(nc, peer, capped)
 	})
 }
 
-func (s *replaySocket) handle(nc net.Conn) {
+func (s *replaySocket) handle(nc net.Conn, peer string, capped bool) {
 	defer s.wg.Done()
 	defer func() {
 		nc.Close()
 		s.mu.Lock()
 		delete(s.conns, nc)
+		if capped {
+			if s.perPeer[peer]--; s.perPeer[peer] <= 0 {
+				delete(s.perPeer, peer)
+			}
+		}
 		s.mu.Unlock()
 	}()
-	c, err := zmtp.Handshake(nc, zmq4.Router, true, s.handshakeTimeout, zmtp.Limits{MaxFrame: 256, MaxFrames: 4})
+	c, err := zmtp.Handshake(nc, zmq4.Router, true, s.handshakeTimeout, replayLimits)
 	if err != nil {
-		s.lg.Debug("replay handshake failed", "err", err)
+		s.dropped.Add(1)
+		s.lg.Debug("replay handshake failed", "remote", nc.RemoteAddr().String(), "err", err)
 		return
 	}
 	for {
+		if err := c.SetReadDeadline(time.Now().Add(s.idleTimeout)); err != nil {
+			return
+		}
 		m, err := c.ReadMessage()
 		if err != nil {
+			if ne, ok := errors.AsType[net.Error](err); (ok && ne.Timeout()) || isPeerFault(err) {
+				s.dropped.Add(1)
+				s.lg.Debug("replay connection dropped", "remote", nc.RemoteAddr().String(), "err", err)
+			}
 			return
 		}
 		if m.Command != "" {

@@ -31,6 +31,8 @@ type Status struct {
 	SubscriberDroppedBatches uint64 `json:"subscriber_dropped_batches"`
 	ReplayBatches            int    `json:"replay_batches"`
 	ReplayRequests           uint64 `json:"replay_requests"`
+	PeersRefused             uint64 `json:"peers_refused"`
+	PeersDropped             uint64 `json:"peers_dropped"`
 	MasterEpoch              uint64 `json:"master_epoch"`
 	MasterRevision           uint64 `json:"master_revision"`
 	Resyncs                  uint64 `json:"resyncs"`
@@ -58,7 +60,7 @@ func (s *Service) Snapshot() Status {
 		DroppedEvents: p.DroppedEvents, SkippedKeylessEvents: p.SkippedKeylessEvents,
 		EnqueuedEvents: p.EnqueuedEvents, LastSequence: p.LastSequence, QueueDepth: p.QueueDepth, Subscribers: p.Subscribers,
 		SubscriberDroppedBatches: p.SubscriberDroppedBatches, ReplayBatches: p.ReplayBatches,
-		ReplayRequests: p.ReplayRequests, MasterEpoch: src.Epoch, MasterRevision: src.Revision,
+		ReplayRequests: p.ReplayRequests, PeersRefused: p.PeersRefused, PeersDropped: p.PeersDropped, MasterEpoch: src.Epoch, MasterRevision: src.Revision,
 		Resyncs: src.Resyncs, Watching: src.Watching, AnnouncedEntries: src.Announced,
 	}
 }
@@ -111,6 +113,8 @@ func (s *Service) Register(reg prometheus.Registerer) error {
 		counter("kv_events_subscriber_dropped_batches_total", "Messages discarded from slow subscribers' queues.", func(st Status) uint64 { return st.SubscriberDroppedBatches }),
 		gauge("kv_events_replay_batches", "Batches held in the replay ring.", func(st Status) float64 { return float64(st.ReplayBatches) }),
 		counter("kv_events_replay_requests_total", "Replay requests served.", func(st Status) uint64 { return st.ReplayRequests }),
+		counter("kv_events_peers_refused_total", "PUB and replay connections refused at accept (max-subscribers, replay-max-conns-per-peer).", func(st Status) uint64 { return st.PeersRefused }),
+		counter("kv_events_peers_dropped_total", "PUB and replay connections dropped for a failed handshake, an oversized or malformed frame, or replay idleness.", func(st Status) uint64 { return st.PeersDropped }),
 		gauge("master_epoch", "Epoch of the master change stream followed.", func(st Status) float64 { return float64(st.MasterEpoch) }),
 		gauge("master_revision", "Last master change revision applied.", func(st Status) float64 { return float64(st.MasterRevision) }),
 		counter("resyncs_total", "Snapshots taken from the master (initial, compaction, new epoch).", func(st Status) uint64 { return st.Resyncs }),
