@@ -15,6 +15,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/config"
 	"github.com/crescent-kv/crescent/pkg/obs"
 	"github.com/crescent-kv/crescent/pkg/rpcerr"
 	"github.com/crescent-kv/crescent/pkg/server"
@@ -50,6 +51,10 @@ type Config struct {
 	ChangelogRetention int
 	HighWatermark      float64
 	LowWatermark       float64
+
+	// MaxObjectSize is the largest object a PutStart may ask for; 0 means
+	// the largest registered segment. Never above meta.MaxObjectSizeCap.
+	MaxObjectSize config.ByteSize
 
 	// RecoveryGrace is how long after start ChangeService refuses with
 	// MASTER_RECOVERING: a restarted master starts empty and rebuilds its
@@ -100,7 +105,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ReservedGrace, "reserved-grace", c.ReservedGrace, "agents free RESERVED allocations nobody sealed after this long")
 	fs.DurationVar(&c.AgentTimeout, "agent-timeout", c.AgentTimeout, "timeout of one reserve/seal/release request to an agent")
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "read lease granted by GetReplicaList and Exist")
-	fs.DurationVar(&c.PutTimeout, "put-timeout", c.PutTimeout, "a PutStart older than this may be preempted")
+	fs.DurationVar(&c.PutTimeout, "put-timeout", c.PutTimeout, "a PutStart not ended within this is expired (its reservations released, its quota refunded) and may be preempted; below reserved-grace")
+	fs.Var(&c.MaxObjectSize, "max-object-size", "largest object a PutStart may ask for (e.g. 1GiB), larger ones fail with OBJECT_TOO_LARGE; 0 = the largest registered segment; at most 64GiB")
 	fs.IntVar(&c.ChangelogRetention, "changelog-retention", c.ChangelogRetention, "change records retained for Watch resumption")
 	fs.Float64Var(&c.HighWatermark, "high-watermark", c.HighWatermark, "segment use fraction that starts eviction")
 	fs.Float64Var(&c.LowWatermark, "low-watermark", c.LowWatermark, "segment use fraction eviction stops at")
@@ -129,6 +135,14 @@ func (c *Config) Validate() error {
 	}
 	if c.UnmountAfter <= c.SuspectAfter {
 		errs = append(errs, fmt.Errorf("unmount-after (%v) must exceed suspect-after (%v)", c.UnmountAfter, c.SuspectAfter))
+	}
+	if c.PutTimeout >= c.ReservedGrace {
+		// The master must release an abandoned put's reservations (and
+		// refund its quota) before agents reclaim them on their own.
+		errs = append(errs, fmt.Errorf("put-timeout (%v) must be below reserved-grace (%v)", c.PutTimeout, c.ReservedGrace))
+	}
+	if c.MaxObjectSize > meta.MaxObjectSizeCap {
+		errs = append(errs, fmt.Errorf("max-object-size (%d) must be at most %d (64GiB)", uint64(c.MaxObjectSize), uint64(meta.MaxObjectSizeCap)))
 	}
 	if c.RecoveryGrace < 0 {
 		errs = append(errs, fmt.Errorf("recovery-grace must be >= 0, got %v", c.RecoveryGrace))
@@ -192,6 +206,7 @@ func New(cfg Config, lg *slog.Logger) (*Master, error) {
 	store, err := meta.New(meta.Config{
 		LeaseTTL:        cfg.LeaseTTL,
 		PutPreemptAfter: cfg.PutTimeout,
+		MaxObjectSize:   uint64(cfg.MaxObjectSize),
 		HighWatermark:   cfg.HighWatermark,
 		LowWatermark:    cfg.LowWatermark,
 		ChangeRetention: cfg.ChangelogRetention,

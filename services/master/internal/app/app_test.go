@@ -31,6 +31,9 @@ func TestValidate(t *testing.T) {
 		{"zero lease", func(c *Config) { c.LeaseTTL = 0 }, false},
 		{"gc percent", func(c *Config) { c.GCPercent = 1 }, false},
 		{"negative recovery grace", func(c *Config) { c.RecoveryGrace = -time.Second }, false},
+		{"put timeout past reserved grace", func(c *Config) { c.PutTimeout = c.ReservedGrace }, false},
+		{"max object size at the cap", func(c *Config) { c.MaxObjectSize = 64 << 30 }, true},
+		{"max object size above the cap", func(c *Config) { c.MaxObjectSize = 64<<30 + 1 }, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
