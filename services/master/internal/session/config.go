@@ -37,6 +37,9 @@ type Config struct {
 	SendQueue int
 	// SweepInterval is how often liveness is checked. Default SuspectAfter/6.
 	SweepInterval time.Duration
+	// MaxSegmentsPerAgent caps the segments one agent may register or
+	// mount (default 256); more fail with LIMIT_EXCEEDED.
+	MaxSegmentsPerAgent int
 }
 
 // DefaultConfig returns the defaults of ARCHITECTURE.md §4.
@@ -53,6 +56,8 @@ func DefaultConfig() Config {
 		MaxBatchItems:     512,
 		MaxInFlight:       16,
 		SendQueue:         256,
+
+		MaxSegmentsPerAgent: DefaultMaxSegmentsPerAgent,
 	}
 }
 
@@ -81,6 +86,9 @@ func (c Config) withDefaults() Config {
 	if c.SendQueue == 0 {
 		c.SendQueue = d.SendQueue
 	}
+	if c.MaxSegmentsPerAgent == 0 {
+		c.MaxSegmentsPerAgent = d.MaxSegmentsPerAgent
+	}
 	if c.SweepInterval == 0 {
 		c.SweepInterval = max(c.SuspectAfter/6, time.Millisecond)
 	}
@@ -104,6 +112,9 @@ func (c Config) Validate() error {
 	}
 	if c.UnmountAfter <= c.SuspectAfter {
 		errs = append(errs, fmt.Errorf("unmount after (%v) must exceed suspect after (%v)", c.UnmountAfter, c.SuspectAfter))
+	}
+	if c.MaxSegmentsPerAgent < 1 {
+		errs = append(errs, fmt.Errorf("max segments per agent must be >= 1, got %d", c.MaxSegmentsPerAgent))
 	}
 	if c.MaxBatchItems < 1 || c.MaxInFlight < 1 || c.SendQueue < 1 {
 		errs = append(errs, fmt.Errorf("max batch items (%d), max in flight (%d) and send queue (%d) must be >= 1",

@@ -51,7 +51,7 @@ func FuzzRegister(f *testing.F) {
 			return
 		}
 		_ = msgName(&msg)
-		reg, err := validateRegister(msg.GetRegister(), testEpoch)
+		reg, err := validateRegister(msg.GetRegister(), testEpoch, DefaultMaxSegmentsPerAgent)
 		if err != nil {
 			return
 		}

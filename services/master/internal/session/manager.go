@@ -273,7 +273,7 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 	if err != nil {
 		return err
 	}
-	reg, err := validateRegister(first.GetRegister(), m.id.Epoch)
+	reg, err := validateRegister(first.GetRegister(), m.id.Epoch, m.cfg.MaxSegmentsPerAgent)
 	if err != nil {
 		m.met.registrations.WithLabelValues("rejected").Inc()
 		m.lg.Warn("agent registration rejected", "agent_id", first.GetRegister().GetAgentId(), "err", err)

@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -140,6 +141,9 @@ func (s *session) handle(msg *masterv1.ConnectRequest) error {
 		if err := validateInfos(u.GetMounted(), true); err != nil {
 			return err
 		}
+		if err := s.checkMountCap(u.GetMounted()); err != nil {
+			return err
+		}
 		if skipped := m.reg.Mount(s.agentID, s.gen, u.GetMounted()); len(skipped) > 0 {
 			m.lg.Warn("agent mounted segments the master cannot take", "agent_id", s.agentID, "segment_ids", skipped)
 		}
@@ -254,3 +258,26 @@ func (s *session) expire(now time.Time) (freed bool) {
 // forgetAfter (times the request timeout) is how long an unanswered request
 // is remembered so a late reserve result can still be released.
 const forgetAfter = 4
+
+// checkMountCap refuses a SegmentsUpdate that would take the agent past
+// MaxSegmentsPerAgent current segments.
+func (s *session) checkMountCap(mounted []*masterv1.SegmentInfo) error {
+	max := s.m.cfg.MaxSegmentsPerAgent
+	if len(mounted) > max {
+		return errTooManySegments(len(mounted), max)
+	}
+	if len(mounted) == 0 {
+		return nil
+	}
+	a, _ := s.m.reg.Agent(s.agentID)
+	n := len(a.SegmentIDs)
+	for _, info := range mounted {
+		if _, held := slices.BinarySearch(a.SegmentIDs, info.GetSegmentId()); !held {
+			n++
+		}
+	}
+	if n > max {
+		return errTooManySegments(n, max)
+	}
+	return nil
+}

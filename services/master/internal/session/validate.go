@@ -7,13 +7,23 @@ import (
 	"google.golang.org/grpc/codes"
 )
 
-// maxIDLen bounds agent, host and segment ids (bytes).
+// maxIDLen bounds agent, host and segment ids and endpoints (bytes).
 const maxIDLen = 256
 
-// validateRegister checks an agent's Register against the proto contract and
-// this master's epoch, and returns the registry's view of it. It never
-// panics, whatever the bytes decoded to.
-func validateRegister(r *masterv1.Register, epoch uint64) (segment.Registration, error) {
+// DefaultMaxSegmentsPerAgent is Config.MaxSegmentsPerAgent's default.
+const DefaultMaxSegmentsPerAgent = 256
+
+func errTooManySegments(n, max int) error {
+	return rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED,
+		"agent claims %d segments, max %d per agent (--max-segments-per-agent)", n, max)
+}
+
+// validateRegister checks an agent's Register against the proto contract,
+// this master's epoch and the cap of maxSegs segments per agent
+// (LIMIT_EXCEEDED, checked before anything is built from the list), and
+// returns the registry's view of it. It never panics, whatever the bytes
+// decoded to.
+func validateRegister(r *masterv1.Register, epoch uint64, maxSegs int) (segment.Registration, error) {
 	if r == nil {
 		return segment.Registration{}, invalid("first message must be Register")
 	}
@@ -32,6 +42,9 @@ func validateRegister(r *masterv1.Register, epoch uint64) (segment.Registration,
 	if r.GetKnownEpoch() > epoch {
 		return segment.Registration{}, rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_STALE_EPOCH,
 			"register: agent already accepted epoch %d; this master's epoch %d is older", r.GetKnownEpoch(), epoch)
+	}
+	if n := len(r.GetSegments()); n > maxSegs {
+		return segment.Registration{}, errTooManySegments(n, maxSegs)
 	}
 	if err := validateInfos(r.GetSegments(), true); err != nil {
 		return segment.Registration{}, err
