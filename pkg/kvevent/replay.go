@@ -16,6 +16,10 @@ type ReplayOptions struct {
 	Timeout time.Duration
 	// MaxFrame bounds one received frame (default 64 MiB).
 	MaxFrame int
+	// MaxMessage bounds one received message, its frames together (default
+	// 64 MiB). A larger one ends the exchange with an error wrapping
+	// zmtp.ErrFrameTooLarge or zmtp.ErrMessageTooLarge, before it is allocated.
+	MaxMessage int
 	// Decoder decodes the replayed payloads (strict by default).
 	Decoder Decoder
 }
@@ -37,9 +41,12 @@ func Replay(ctx context.Context, endpoint string, from uint64, opts ReplayOption
 	if opts.MaxFrame <= 0 {
 		opts.MaxFrame = 64 << 20
 	}
+	if opts.MaxMessage <= 0 {
+		opts.MaxMessage = 64 << 20
+	}
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
-	c, err := zmtp.Dial(ctx, endpoint, zmq4.Dealer, opts.Timeout, zmtp.Limits{MaxFrame: opts.MaxFrame, MaxFrames: 8})
+	c, err := zmtp.Dial(ctx, endpoint, zmq4.Dealer, opts.Timeout, zmtp.Limits{MaxFrame: opts.MaxFrame, MaxFrames: 8, MaxMessage: opts.MaxMessage})
 	if err != nil {
 		return fmt.Errorf("kvevent: replay dial %s: %w", endpoint, err)
 	}

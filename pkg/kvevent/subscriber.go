@@ -42,6 +42,13 @@ type Options struct {
 	ReconnectMin, ReconnectMax time.Duration
 	// MaxFrame bounds one received frame (default 64 MiB).
 	MaxFrame int
+	// MaxMessage bounds one received message, all its frames together
+	// (default 64 MiB). A publisher that announces a larger frame or message
+	// is disconnected before it is allocated (counted in
+	// Stats.ProtocolErrors) and the subscriber reconnects with backoff.
+	// Command frames from the publisher are capped at
+	// zmtp.DefaultMaxCommand.
+	MaxMessage int
 	// AllowUnknownKeys relaxes the strict decoder for forward compatibility.
 	AllowUnknownKeys bool
 	// DisableIndex skips maintaining the index (a consumer that only
@@ -77,6 +84,10 @@ type Stats struct {
 	// Resets counts detected publisher restarts; Reconnects, re-established
 	// connections; Malformed, messages the strict decoder rejected.
 	Resets, Reconnects, Malformed uint64
+	// ProtocolErrors counts connections dropped because the publisher broke
+	// ZMTP or a limit (MaxFrame, MaxMessage, the command cap), in the
+	// handshake or after it.
+	ProtocolErrors uint64
 	// LastSeq is the last sequence delivered.
 	LastSeq uint64
 }
@@ -93,6 +104,7 @@ type Subscriber struct {
 
 	batches, events, replayed, missing, unrepaired atomic.Uint64
 	resets, reconnects, malformedN, lastSeq        atomic.Uint64
+	protocolErrors                                 atomic.Uint64
 
 	// Owned by the run goroutine.
 	dec         Decoder
@@ -137,6 +149,9 @@ func Subscribe(ctx context.Context, endpoint string, opts Options) (*Subscriber,
 	if opts.MaxFrame <= 0 {
 		opts.MaxFrame = 64 << 20
 	}
+	if opts.MaxMessage <= 0 {
+		opts.MaxMessage = 64 << 20
+	}
 	lg := opts.Logger
 	if lg == nil {
 		lg = slog.Default()
@@ -164,7 +179,7 @@ func (s *Subscriber) Stats() Stats {
 		Batches: s.batches.Load(), Events: s.events.Load(), Replayed: s.replayed.Load(),
 		MissingSeqs: s.missing.Load(), Unrepaired: s.unrepaired.Load(),
 		Resets: s.resets.Load(), Reconnects: s.reconnects.Load(), Malformed: s.malformedN.Load(),
-		LastSeq: s.lastSeq.Load(),
+		ProtocolErrors: s.protocolErrors.Load(), LastSeq: s.lastSeq.Load(),
 	}
 }
 
@@ -192,8 +207,9 @@ func (s *Subscriber) Close() error {
 }
 
 func (s *Subscriber) dial(ctx context.Context) (*zmtp.Conn, error) {
-	c, err := zmtp.Dial(ctx, s.endpoint, zmq4.Sub, s.opts.DialTimeout, zmtp.Limits{MaxFrame: s.opts.MaxFrame, MaxFrames: 8})
+	c, err := zmtp.Dial(ctx, s.endpoint, zmq4.Sub, s.opts.DialTimeout, s.limits())
 	if err != nil {
+		s.countProtocolError(err)
 		return nil, fmt.Errorf("kvevent: subscribe %s: %w", s.endpoint, err)
 	}
 	// Subscribe to every topic (the contract's topic is always empty).
@@ -202,6 +218,23 @@ func (s *Subscriber) dial(ctx context.Context) (*zmtp.Conn, error) {
 		return nil, fmt.Errorf("kvevent: subscribe %s: %w", s.endpoint, err)
 	}
 	return c, nil
+}
+
+// limits bound what the subscriber accepts from the publisher: at most 8
+// frames (a message has 3), MaxFrame each, MaxMessage in all.
+func (s *Subscriber) limits() zmtp.Limits {
+	return zmtp.Limits{MaxFrame: s.opts.MaxFrame, MaxFrames: 8, MaxMessage: s.opts.MaxMessage}
+}
+
+// countProtocolError counts err when it is the publisher's fault.
+func (s *Subscriber) countProtocolError(err error) {
+	if isProtocolError(err) {
+		s.protocolErrors.Add(1)
+	}
+}
+
+func isProtocolError(err error) bool {
+	return errors.Is(err, zmtp.ErrProtocol) || errors.Is(err, zmtp.ErrFrameTooLarge) || errors.Is(err, zmtp.ErrMessageTooLarge)
 }
 
 func (s *Subscriber) run(ctx context.Context, conn *zmtp.Conn) {
@@ -215,6 +248,7 @@ func (s *Subscriber) run(ctx context.Context, conn *zmtp.Conn) {
 		healthy, err := s.readLoop(ctx, conn)
 		stop()
 		conn.Close()
+		s.countProtocolError(err)
 		if ctx.Err() != nil {
 			s.finish(ctx)
 			return
@@ -426,7 +460,7 @@ func (s *Subscriber) resume(ctx context.Context) {
 }
 
 func (s *Subscriber) replayOptions() ReplayOptions {
-	return ReplayOptions{Timeout: s.opts.ReplayTimeout, MaxFrame: s.opts.MaxFrame, Decoder: Decoder{AllowUnknownKeys: s.opts.AllowUnknownKeys}}
+	return ReplayOptions{Timeout: s.opts.ReplayTimeout, MaxFrame: s.opts.MaxFrame, MaxMessage: s.opts.MaxMessage, Decoder: Decoder{AllowUnknownKeys: s.opts.AllowUnknownKeys}}
 }
 
 func (s *Subscriber) deliver(b Batch) {
