@@ -76,7 +76,8 @@ func TestPutStart(t *testing.T) {
 		{name: "soft pin ttl above 24h", req: &masterv1.PutStartRequest{Key: "k", Size: 1, Config: &masterv1.ReplicateConfig{SoftPin: true, SoftPinTtl: durationpb.New(25 * time.Hour)}}, reason: "INVALID_PARAMS"},
 		{name: "more replicas than segments", req: &masterv1.PutStartRequest{Key: "k", Size: 1, Config: &masterv1.ReplicateConfig{ReplicaNum: 7}}, reason: "NO_AVAILABLE_HANDLE"},
 		{name: "no disk segments", req: &masterv1.PutStartRequest{Key: "k", Size: 1, Config: &masterv1.ReplicateConfig{Medium: masterv1.Medium_MEDIUM_DISK}}, reason: "NO_AVAILABLE_HANDLE"},
-		{name: "larger than any segment", req: &masterv1.PutStartRequest{Key: "k", Size: 1 << 20}, reason: "NO_AVAILABLE_HANDLE"},
+		{name: "larger than any segment", req: &masterv1.PutStartRequest{Key: "k", Size: 1 << 20}, reason: "OBJECT_TOO_LARGE"},
+		{name: "size 2^64-1", req: &masterv1.PutStartRequest{Key: "k", Size: 1<<64 - 1}, reason: "OBJECT_TOO_LARGE"},
 		{name: "exists", setup: func(t *testing.T, h *harness) { h.put(t, "", "k", 10, nil) },
 			req: &masterv1.PutStartRequest{Key: "k", Size: 10}, reason: "OBJECT_ALREADY_EXISTS"},
 		{name: "write in progress", setup: func(t *testing.T, h *harness) {
@@ -640,6 +641,10 @@ func TestErrorsCarryCodes(t *testing.T) {
 		t.Fatalf("code: got %v, want NotFound", got)
 	}
 	_, err = h.cli.PutStart(t.Context(), &masterv1.PutStartRequest{Key: "k", Size: 1 << 30})
+	if got := status.Code(err); got != codes.InvalidArgument {
+		t.Fatalf("code: got %v, want InvalidArgument (OBJECT_TOO_LARGE)", got)
+	}
+	_, err = h.cli.PutStart(t.Context(), &masterv1.PutStartRequest{Key: "k", Size: 1000, Config: &masterv1.ReplicateConfig{ReplicaNum: 2}})
 	if got := status.Code(err); got != codes.ResourceExhausted {
 		t.Fatalf("code: got %v, want ResourceExhausted", got)
 	}
