@@ -12,7 +12,9 @@ import (
 	"github.com/cespare/xxhash/v2"
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/pkg/rpcerr"
 	"github.com/crescent-kv/crescent/pkg/token"
+	"github.com/crescent-kv/crescent/pkg/xfer"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -155,6 +157,22 @@ func TestCorruptDiskObjectNotRegistered(t *testing.T) {
 	}
 	if status.Code(err) != codes.DataLoss {
 		t.Fatalf("Read of the corrupt allocation = %v, want DATA_LOSS", err)
+	}
+	// Nor through the bulk transfer listener.
+	pool := xfer.NewPool(xfer.Config{})
+	defer pool.Close()
+	res, err := pool.Read(t.Context(), c.reg.GetTransferEndpoint(), []*agentv1.TransferItem{
+		{SegmentId: bad.seg, AllocationId: bad.id, Token: tok(bad)},
+		{SegmentId: good.seg, AllocationId: good.id, Token: tok(good)},
+	}, [][]byte{make([]byte, len(bad.data)), make([]byte, len(good.data))})
+	if err != nil {
+		t.Fatalf("transfer Read: %v", err)
+	}
+	if status.Code(res[0].Err) != codes.DataLoss || rpcerr.Reason(res[0].Err) != "CHECKSUM_MISMATCH" {
+		t.Fatalf("transfer Read of the corrupt allocation = %v, want DATA_LOSS CHECKSUM_MISMATCH", res[0].Err)
+	}
+	if res[1].Err != nil || res[1].Checksum != xxhash.Sum64(good.data) {
+		t.Fatalf("transfer Read of the intact allocation = %+v", res[1])
 	}
 	r.stop(t)
 	<-c.done
