@@ -224,7 +224,7 @@ func CheckRequest(req *agentv1.TransferRequest) error {
 			return errMalformed("item %d is empty", i)
 		}
 		if sum += it.GetLength(); sum > math.MaxInt64 || it.GetLength() > math.MaxInt64 {
-			return errMalformed("the lengths of items 0 to %d add up past 2^63 bytes", i)
+			return errMalformed("item %d takes the sum of the items' lengths past 2^63 bytes", i)
 		}
 	}
 	return nil

@@ -95,6 +95,8 @@ type Server struct {
 	errs              *prometheus.CounterVec
 	// Bulk transfer listener: open connections and requests in progress.
 	xferConns, xferBusy prometheus.Gauge
+	// Bulk transfer connections refused at accept, by the limit reached.
+	xferRefused *prometheus.CounterVec
 }
 
 // New builds the server; it does no I/O.
@@ -111,6 +113,8 @@ func New(cfg Config, deps Deps, lg *slog.Logger) *Server {
 		errs:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "crescent_agent_data_errors_total", Help: "DataService operations refused, by method and reason."}, []string{"method", "reason"}),
 		xferConns: prometheus.NewGauge(prometheus.GaugeOpts{Name: "crescent_agent_transfer_connections", Help: "Open connections of the bulk transfer listener."}),
 		xferBusy:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "crescent_agent_transfer_requests_in_flight", Help: "Bulk transfer requests being served."}),
+		xferRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "crescent_agent_transfer_connections_refused_total",
+			Help: "Bulk transfer connections refused at accept, by limit (max_connections, max_connections_per_ip)."}, []string{"limit"}),
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -119,7 +123,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) *Server {
 		s.keys = &Keyring{}
 	}
 	if deps.Registerer != nil {
-		deps.Registerer.MustRegister(s.bytesIn, s.bytesOut, s.errs, s.xferConns, s.xferBusy)
+		deps.Registerer.MustRegister(s.bytesIn, s.bytesOut, s.errs, s.xferConns, s.xferBusy, s.xferRefused)
 	}
 	return s
 }

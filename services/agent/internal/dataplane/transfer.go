@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"sync"
 	"syscall"
 	"time"
@@ -26,6 +27,13 @@ const (
 	DefaultTransferIdleTimeout  = 5 * time.Minute
 	DefaultTransferIOTimeout    = 30 * time.Second
 	DefaultTransferDrainTimeout = 10 * time.Second
+	// DefaultTransferMaxConns and DefaultTransferMaxConnsPerIP leave room
+	// for many client processes per host (pkg/client opens up to its
+	// MaxConcurrency connections per agent and call) while bounding what
+	// connections can pin: about 70 KiB each at rest, up to
+	// MaxHeaderBytes plus the decoded items while a request is read.
+	DefaultTransferMaxConns      = 1024
+	DefaultTransferMaxConnsPerIP = 256
 )
 
 const (
@@ -49,6 +57,10 @@ const (
 	// maxKeptHeader is the largest header scratch buffer a connection
 	// keeps between requests.
 	maxKeptHeader = 64 << 10
+	// maxRejecting bounds the refused connections answered at once (each
+	// answer lingers up to lingerTime); beyond it a refused connection is
+	// closed without an answer.
+	maxRejecting = 32
 )
 
 // TransferConfig tunes the bulk transfer listener.
@@ -64,6 +76,14 @@ type TransferConfig struct {
 	// ServeTransfer's context ends before their connections are cut
 	// (default 10 s).
 	DrainTimeout time.Duration
+	// MaxConns bounds the open connections (default 1024), MaxConnsPerIP
+	// those from one remote IP address (default 256). A connection past
+	// either is answered RESOURCE_EXHAUSTED LIMIT_EXCEEDED and closed.
+	MaxConns, MaxConnsPerIP int
+	// MaxHeaderBytes bounds a request header (default and at most
+	// xfer.MaxHeaderBytes, 1 MiB); a larger one is refused with
+	// RESOURCE_EXHAUSTED LIMIT_EXCEEDED before it is read.
+	MaxHeaderBytes int
 }
 
 func (c TransferConfig) withDefaults() TransferConfig {
@@ -76,19 +96,30 @@ func (c TransferConfig) withDefaults() TransferConfig {
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = DefaultTransferDrainTimeout
 	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = DefaultTransferMaxConns
+	}
+	if c.MaxConnsPerIP <= 0 {
+		c.MaxConnsPerIP = DefaultTransferMaxConnsPerIP
+	}
+	if c.MaxHeaderBytes <= 0 || c.MaxHeaderBytes > xfer.MaxHeaderBytes {
+		c.MaxHeaderBytes = xfer.MaxHeaderBytes
+	}
 	return c
 }
 
 var diskBufs = sync.Pool{New: func() any { b := make([]byte, diskChunk); return &b }}
 
 // ServeTransfer serves the bulk transfer protocol (pkg/xfer) on lis until
-// ctx ends, one goroutine per connection, requests answered in order. Then
+// ctx ends, one goroutine per connection, requests answered in order, at
+// most TransferConfig.MaxConns connections (MaxConnsPerIP per remote
+// address): one more is answered LIMIT_EXCEEDED and closed. Then
 // it closes lis and the idle connections, lets requests in progress finish
 // for up to TransferConfig.DrainTimeout, cuts what remains and returns once
 // every connection goroutine has. It returns nil after ctx ended, or the
 // listener's error.
 func (s *Server) ServeTransfer(ctx context.Context, lis net.Listener) error {
-	t := &transferServer{s: s, cfg: s.cfg.Transfer, conns: map[*transferConn]struct{}{}}
+	t := newTransferServer(s)
 	stop := context.AfterFunc(ctx, func() { _ = lis.Close() })
 	defer stop()
 	var err error
@@ -114,7 +145,11 @@ func (s *Server) ServeTransfer(ctx context.Context, lis net.Listener) error {
 			break
 		}
 		delay = 0
-		c := t.add(nc)
+		c, rerr := t.add(nc)
+		if rerr != nil {
+			t.reject(nc, rerr)
+			continue
+		}
 		if c == nil {
 			_ = nc.Close()
 			continue
@@ -137,15 +172,28 @@ type transferServer struct {
 	cfg TransferConfig
 	wg  sync.WaitGroup
 
-	// mu guards conns, every conn's busy flag, and closing.
-	mu      sync.Mutex
-	conns   map[*transferConn]struct{}
-	closing bool
+	// mu guards conns, perIP, every conn's busy flag, rejecting and
+	// closing.
+	mu    sync.Mutex
+	conns map[*transferConn]struct{}
+	// perIP counts the open connections by remote address (the zero
+	// Addr for connections that are not TCP).
+	perIP map[netip.Addr]int
+	// rejecting counts refused connections still being answered.
+	rejecting int
+	closing   bool
+}
+
+func newTransferServer(s *Server) *transferServer {
+	return &transferServer{s: s, cfg: s.cfg.Transfer, conns: map[*transferConn]struct{}{}, perIP: map[netip.Addr]int{}}
 }
 
 // transferConn is one client connection, served by one goroutine.
 type transferConn struct {
-	nc   net.Conn
+	nc net.Conn
+	ip netip.Addr // the key of transferServer.perIP
+	// br buffers the connection once its preamble is in, so a connection
+	// that never gets that far costs no buffer.
 	br   *bufio.Reader
 	busy bool // a request is in progress; guarded by transferServer.mu
 	hbuf []byte
@@ -176,13 +224,36 @@ type transferConn struct {
 	rvErr error
 }
 
-func (t *transferServer) add(nc net.Conn) *transferConn {
+// remoteIP is the address connections are counted under for
+// MaxConnsPerIP: the remote IP of a TCP connection (an IPv4-mapped IPv6
+// address as IPv4), the zero Addr for anything else.
+func remoteIP(nc net.Conn) netip.Addr {
+	if a, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
+		return a.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
+}
+
+// add registers a new connection. It returns nil and no error when the
+// server is closing, and a LIMIT_EXCEEDED error when the connection is
+// one too many (counted in crescent_agent_transfer_connections_refused_total).
+func (t *transferServer) add(nc net.Conn) (*transferConn, error) {
+	ip := remoteIP(nc)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closing {
-		return nil
+		return nil, nil
 	}
-	c := &transferConn{nc: nc, br: bufio.NewReaderSize(nc, transferReadBuffer), req: transferRequest{ids: t.s.segs.SegmentID}}
+	if len(t.conns) >= t.cfg.MaxConns {
+		t.s.xferRefused.WithLabelValues("max_connections").Inc()
+		return nil, errConnLimit("the agent holds its maximum of %d transfer connections", t.cfg.MaxConns)
+	}
+	if t.perIP[ip] >= t.cfg.MaxConnsPerIP {
+		t.s.xferRefused.WithLabelValues("max_connections_per_ip").Inc()
+		return nil, errConnLimit("%s holds the maximum of %d transfer connections per remote address", ip, t.cfg.MaxConnsPerIP)
+	}
+	t.perIP[ip]++
+	c := &transferConn{nc: nc, ip: ip, req: transferRequest{ids: t.s.segs.SegmentID}}
 	if sc, ok := nc.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			c.rc = rc
@@ -191,12 +262,51 @@ func (t *transferServer) add(nc net.Conn) *transferConn {
 	}
 	t.conns[c] = struct{}{}
 	t.s.xferConns.Inc()
-	return c
+	return c, nil
+}
+
+func errConnLimit(format string, args ...any) error {
+	err := rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED, format+"; retry later", args...)
+	err.Metadata = map[string]string{"limit": "transfer_connections"}
+	return err
+}
+
+// reject answers a connection add refused with err, when fewer than
+// maxRejecting answers are under way (else it just closes it), the way
+// refuse answers a refused request: the client reads the error in place
+// of its first answer. It does not wait for the answer.
+func (t *transferServer) reject(nc net.Conn, err error) {
+	t.mu.Lock()
+	ok := !t.closing && t.rejecting < maxRejecting
+	if ok {
+		t.rejecting++
+	}
+	t.mu.Unlock()
+	if !ok {
+		_ = nc.Close()
+		return
+	}
+	t.wg.Go(func() {
+		defer func() {
+			_ = nc.Close()
+			t.mu.Lock()
+			t.rejecting--
+			t.mu.Unlock()
+		}()
+		b, merr := xfer.AppendFrame(nil, &agentv1.TransferResponse{Error: xfer.ItemResult(err)})
+		if merr != nil {
+			return
+		}
+		t.answer(nc, nil, b)
+	})
 }
 
 func (t *transferServer) remove(c *transferConn) {
 	t.mu.Lock()
 	delete(t.conns, c)
+	if t.perIP[c.ip]--; t.perIP[c.ip] <= 0 {
+		delete(t.perIP, c.ip)
+	}
 	if c.busy {
 		c.busy = false
 		t.s.xferBusy.Dec()
@@ -264,9 +374,10 @@ func (t *transferServer) serve(c *transferConn) {
 	s := t.s
 	_ = c.nc.SetReadDeadline(t.deadline(t.cfg.IOTimeout))
 	var pre [len(xfer.Preamble)]byte
-	if _, err := io.ReadFull(c.br, pre[:]); err != nil {
+	if _, err := io.ReadFull(c.nc, pre[:]); err != nil {
 		return
 	}
+	c.br = bufio.NewReaderSize(c.nc, transferReadBuffer)
 	if string(pre[:]) != xfer.Preamble {
 		t.refuse(c, "transfer", rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
 			"not a transfer connection: preamble %q, want %q", pre[:], xfer.Preamble))
@@ -287,7 +398,7 @@ func (t *transferServer) serve(c *transferConn) {
 		req := &agentv1.TransferRequest{}
 		c.req.TransferRequest = req
 		var err error
-		c.hbuf, err = xfer.ReadFrame(c.br, c.hbuf, &c.req)
+		c.hbuf, err = xfer.ReadFrameLimit(c.br, c.hbuf, &c.req, t.cfg.MaxHeaderBytes)
 		c.req.TransferRequest = nil
 		if cap(c.hbuf) > maxKeptHeader {
 			c.hbuf = nil
@@ -323,14 +434,24 @@ func (t *transferServer) refuse(c *transferConn, method string, err error) {
 	if merr != nil {
 		return
 	}
-	_ = c.nc.SetWriteDeadline(t.deadline(t.cfg.IOTimeout))
-	if _, werr := c.nc.Write(b); werr != nil {
+	t.answer(c.nc, c.br, b)
+}
+
+// answer writes a refusal frame b to nc, closes nc's writing side and
+// reads and drops what the client still sends (from r if set, else nc),
+// up to lingerBytes for at most lingerTime; the caller closes nc.
+func (t *transferServer) answer(nc net.Conn, r io.Reader, b []byte) {
+	_ = nc.SetWriteDeadline(t.deadline(min(lingerTime, t.cfg.IOTimeout)))
+	if _, werr := nc.Write(b); werr != nil {
 		return
 	}
-	if cw, ok := c.nc.(interface{ CloseWrite() error }); ok {
+	if cw, ok := nc.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
-		_ = c.nc.SetReadDeadline(t.deadline(min(lingerTime, t.cfg.IOTimeout)))
-		_, _ = io.CopyN(io.Discard, c.br, lingerBytes)
+		_ = nc.SetReadDeadline(t.deadline(min(lingerTime, t.cfg.IOTimeout)))
+		if r == nil {
+			r = nc
+		}
+		_, _ = io.CopyN(io.Discard, r, lingerBytes)
 	}
 }
 
@@ -678,7 +799,7 @@ func (s *Server) openRange(it *agentv1.TransferItem) (*segment.Handle, uint64, e
 	case length == 0:
 		length = size - off
 	case length > size-off:
-		err = rpcerr.New(codes.OutOfRange, masterv1.ErrorReason_ERROR_REASON_OUT_OF_BOUNDS, "bytes [%d, %d) lie outside the %d-byte object", off, off+length, size)
+		err = rpcerr.New(codes.OutOfRange, masterv1.ErrorReason_ERROR_REASON_OUT_OF_BOUNDS, "%d bytes from offset %d lie outside the %d-byte object", length, off, size)
 	}
 	if err != nil {
 		h.Close()

@@ -636,9 +636,12 @@ func FuzzTransferConn(f *testing.F) {
 	f.Add([]byte(xfer.Preamble + "\xff\xff\xff\xff"))
 	f.Add([]byte("CXF0"))
 	f.Fuzz(func(t *testing.T, in []byte) {
-		ts := &transferServer{s: srv, cfg: srv.cfg.Transfer, conns: map[*transferConn]struct{}{}}
+		ts := newTransferServer(srv)
 		client, server := net.Pipe()
-		c := ts.add(server)
+		c, err := ts.add(server)
+		if err != nil {
+			t.Fatal(err)
+		}
 		served := make(chan struct{})
 		go func() {
 			defer close(served)
