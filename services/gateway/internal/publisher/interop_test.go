@@ -1,0 +1,66 @@
+package publisher
+
+import (
+	"bytes"
+	"encoding/json"
+	"os/exec"
+	"slices"
+	"testing"
+)
+
+// TestInteropPyzmq runs scripts/sub.py (libzmq through pyzmq) against the
+// publisher: a libzmq DEALER replays through the handshake guard and the
+// ROUTER's limits, and a libzmq SUB (READY with Socket-Type and Identity,
+// then its subscription) receives the live stream. Skipped where python3
+// lacks zmq or msgpack (Debian: python3-zmq python3-msgpack).
+func TestInteropPyzmq(t *testing.T) {
+	python := ""
+	for _, py := range []string{"python3", "/usr/bin/python3"} { // the system one, if another shadows it
+		if exec.Command(py, "-c", "import zmq, msgpack").Run() == nil {
+			python = py
+			break
+		}
+	}
+	if python == "" {
+		t.Skip("no python3 with zmq and msgpack")
+	}
+	p := start(t, testConfig())
+	p.Enqueue(ev(0))
+	waitFor(t, "a retained batch", func() bool { return p.Stats().ReplayBatches == 1 })
+	cmd := exec.CommandContext(t.Context(), python, "../../scripts/sub.py",
+		"--endpoint", p.PubEndpoint(), "--replay", p.ReplayEndpoint(), "--from", "1", "--count", "2", "--timeout", "20")
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the libzmq SUB", func() bool { return p.Stats().Subscribers == 1 })
+	p.Enqueue(ev(1))
+	waitFor(t, "batch 2", func() bool { return p.Stats().LastSequence == 2 })
+	p.Enqueue(ev(2))
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("sub.py: %v\nstderr: %s", err, errOut.String())
+	}
+	var seqs []uint64
+	replayed := 0
+	dec := json.NewDecoder(&out)
+	for dec.More() {
+		var b struct {
+			Seq      uint64 `json:"seq"`
+			Replayed bool   `json:"replayed"`
+		}
+		if err := dec.Decode(&b); err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, b.Seq)
+		if b.Replayed {
+			replayed++
+		}
+	}
+	if want := []uint64{1, 2, 3}; !slices.Equal(seqs, want) || replayed != 1 {
+		t.Errorf("sub.py printed seqs %v (%d replayed), want %v with 1 replayed; stderr: %s", seqs, replayed, want, errOut.String())
+	}
+	if st := p.Stats(); st.PeersDropped != 0 || st.PeersRefused != 0 || st.ReplayRequests != 1 {
+		t.Errorf("stats %+v: want no peer dropped or refused, 1 replay request", st)
+	}
+}
