@@ -19,6 +19,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/pkg/config"
 	"github.com/crescent-kv/crescent/pkg/server"
+	"github.com/crescent-kv/crescent/pkg/xfer"
 	"github.com/crescent-kv/crescent/services/agent/internal/dataplane"
 	"github.com/crescent-kv/crescent/services/agent/internal/link"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
@@ -52,6 +53,12 @@ type Config struct {
 	// it (the gRPC host, an ephemeral port), "off" disables the listener.
 	TransferAddr          string
 	AdvertiseTransferAddr string
+	// Limits of the bulk transfer listener (dataplane.TransferConfig).
+	TransferMaxConns       int
+	TransferMaxConnsPerIP  int
+	TransferMaxHeaderBytes config.ByteSize
+	TransferIdleTimeout    time.Duration
+	TransferIOTimeout      time.Duration
 	// VerifyDisk checks every sealed allocation of a reopened disk
 	// segment against its checksum before registering (see
 	// segment.VerifySealed); corrupt ones are dropped and so reported
@@ -74,6 +81,12 @@ func DefaultConfig() Config {
 		ShutdownTimeout: 10 * time.Second,
 		ReadChunk:       dataplane.DefaultChunkSize,
 		LogLevel:        "info",
+
+		TransferMaxConns:       dataplane.DefaultTransferMaxConns,
+		TransferMaxConnsPerIP:  dataplane.DefaultTransferMaxConnsPerIP,
+		TransferMaxHeaderBytes: xfer.MaxHeaderBytes,
+		TransferIdleTimeout:    dataplane.DefaultTransferIdleTimeout,
+		TransferIOTimeout:      dataplane.DefaultTransferIOTimeout,
 	}
 }
 
@@ -85,6 +98,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.AdvertiseAddr, "advertise-addr", c.AdvertiseAddr, "host:port clients dial for DataService (default: the bound gRPC address, with the host name for an unspecified IP)")
 	fs.StringVar(&c.TransferAddr, "transfer-addr", c.TransferAddr, "bulk transfer listen address (the fast data path beside DataService; default: the gRPC host with an ephemeral port; \"off\" disables it)")
 	fs.StringVar(&c.AdvertiseTransferAddr, "advertise-transfer-addr", c.AdvertiseTransferAddr, "host:port clients dial for bulk transfers (default: the host of --advertise-addr if set, else the bound address with the host name for an unspecified IP, with the bound port)")
+	fs.IntVar(&c.TransferMaxConns, "transfer-max-connections", c.TransferMaxConns, "open bulk transfer connections at most; one more is refused with RESOURCE_EXHAUSTED LIMIT_EXCEEDED")
+	fs.IntVar(&c.TransferMaxConnsPerIP, "transfer-max-connections-per-ip", c.TransferMaxConnsPerIP, "open bulk transfer connections from one remote IP address at most")
+	fs.Var(&c.TransferMaxHeaderBytes, "transfer-max-header-bytes", "largest bulk transfer request header (at most 1MiB, the protocol's limit; 4096 items with 100-byte tokens need about 600KiB)")
+	fs.DurationVar(&c.TransferIdleTimeout, "transfer-idle-timeout", c.TransferIdleTimeout, "close a bulk transfer connection that starts no request for this long")
+	fs.DurationVar(&c.TransferIOTimeout, "transfer-io-timeout", c.TransferIOTimeout, "cut a bulk transfer request whose peer takes longer than this to send its header, or any 4MiB of payload, or to take the answer (the minimum progress asked of a peer)")
 	fs.StringVar(&c.HostID, "host-id", c.HostID, "host this agent runs on; replicas of one object are spread across hosts")
 	fs.StringVar(&c.AgentID, "agent-id", c.AgentID, "stable agent id (default: host-id:port)")
 	fs.Var(&c.Memory, "memory", "memory to contribute (e.g. 4GiB); 0 for none")
@@ -143,6 +161,15 @@ func (c *Config) Validate() error {
 	}
 	if c.ReadChunk < 4<<10 || c.ReadChunk > dataplane.MaxChunkSize {
 		errs = append(errs, fmt.Errorf("read-chunk must be within [4KiB, 64MiB], got %s", c.ReadChunk.String()))
+	}
+	if c.TransferMaxConns < 1 || c.TransferMaxConnsPerIP < 1 || c.TransferMaxConnsPerIP > c.TransferMaxConns {
+		errs = append(errs, fmt.Errorf("transfer-max-connections-per-ip must be within [1, transfer-max-connections], got %d and %d", c.TransferMaxConnsPerIP, c.TransferMaxConns))
+	}
+	if c.TransferMaxHeaderBytes < 4<<10 || c.TransferMaxHeaderBytes > xfer.MaxHeaderBytes {
+		errs = append(errs, fmt.Errorf("transfer-max-header-bytes must be within [4KiB, 1MiB], got %s", c.TransferMaxHeaderBytes.String()))
+	}
+	if c.TransferIdleTimeout <= 0 || c.TransferIOTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("transfer-idle-timeout and transfer-io-timeout must be > 0, got %v and %v", c.TransferIdleTimeout, c.TransferIOTimeout))
 	}
 	return errors.Join(errs...)
 }
@@ -229,7 +256,10 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	keys := &dataplane.Keyring{}
 	srv := server.New(server.Config{GRPCAddr: a.cfg.GRPCAddr, AdminAddr: a.cfg.AdminAddr, ShutdownTimeout: a.cfg.ShutdownTimeout}, a.lg, a.reg, dataplane.ServerOptions()...)
-	dp := dataplane.New(dataplane.Config{ChunkSize: int(a.cfg.ReadChunk), Transfer: dataplane.TransferConfig{DrainTimeout: a.cfg.ShutdownTimeout}},
+	dp := dataplane.New(dataplane.Config{ChunkSize: int(a.cfg.ReadChunk), Transfer: dataplane.TransferConfig{
+		DrainTimeout: a.cfg.ShutdownTimeout, IdleTimeout: a.cfg.TransferIdleTimeout, IOTimeout: a.cfg.TransferIOTimeout,
+		MaxConns: a.cfg.TransferMaxConns, MaxConnsPerIP: a.cfg.TransferMaxConnsPerIP, MaxHeaderBytes: int(a.cfg.TransferMaxHeaderBytes),
+	}},
 		dataplane.Deps{Segments: segs, Keys: keys, Registerer: a.reg}, a.lg)
 	agentv1.RegisterDataServiceServer(srv.GRPC, dp)
 	if err := srv.Listen(); err != nil {

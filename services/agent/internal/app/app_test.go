@@ -339,6 +339,12 @@ func TestConfigValidate(t *testing.T) {
 		{"transfer address without port", func(c *Config) { c.TransferAddr = "127.0.0.1" }, false},
 		{"advertised transfer without port", func(c *Config) { c.AdvertiseTransferAddr = "agent" }, false},
 		{"advertised transfer while off", func(c *Config) { c.TransferAddr, c.AdvertiseTransferAddr = "off", "agent:1" }, false},
+		{"no transfer connections", func(c *Config) { c.TransferMaxConns = 0 }, false},
+		{"more per IP than in all", func(c *Config) { c.TransferMaxConns, c.TransferMaxConnsPerIP = 10, 11 }, false},
+		{"transfer header over the protocol's", func(c *Config) { c.TransferMaxHeaderBytes = 1<<20 + 1 }, false},
+		{"tiny transfer header", func(c *Config) { c.TransferMaxHeaderBytes = 100 }, false},
+		{"no transfer io timeout", func(c *Config) { c.TransferIOTimeout = 0 }, false},
+		{"small transfer limits", func(c *Config) { c.TransferMaxConns, c.TransferMaxConnsPerIP, c.TransferMaxHeaderBytes = 1, 1, 4 << 10 }, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
