@@ -443,18 +443,18 @@ func (a *Agent) verifyDisk(ctx context.Context, s *segment.Segment, m *verifyMet
 	if err != nil {
 		return fmt.Errorf("verify disk segment %s: %w", s.Name(), err)
 	}
-	m.corrupt.Add(float64(len(rep.Corrupt)))
+	m.corrupt.Add(float64(rep.CorruptCount))
 	m.took.Set(rep.Took.Seconds())
 	for i, c := range rep.Corrupt {
 		if i == maxCorruptLogLines {
-			lg.Warn("more corrupt disk allocations dropped (not logged one by one)", "count", len(rep.Corrupt)-i)
+			lg.Warn("more corrupt disk allocations dropped (not logged one by one)", "count", rep.CorruptCount-i)
 			break
 		}
 		lg.Warn("corrupt disk allocation dropped: reported lost, never served", "allocation_id", c.ID, "tenant", c.Tenant, "key", c.Key,
 			"replica_id", c.ReplicaID, "offset", c.Offset, "size", c.Size,
 			"want_checksum", fmt.Sprintf("%#x", c.Want), "got_checksum", fmt.Sprintf("%#x", c.Got), "err", c.Err)
 	}
-	lg.Info("disk segment verified", "allocations", rep.Allocations, "bytes", rep.Bytes, "corrupt", len(rep.Corrupt),
+	lg.Info("disk segment verified", "allocations", rep.Allocations, "bytes", rep.Bytes, "corrupt", rep.CorruptCount,
 		"took", rep.Took.Round(time.Millisecond).String(), "rate_mib_s", mibPerSecond(rep.Bytes, rep.Took))
 	return nil
 }

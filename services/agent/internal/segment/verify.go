@@ -23,6 +23,9 @@ const (
 	DefaultVerifyBuffer = 4 << 20
 	// DefaultVerifyProgressEvery is how often VerifySealed reports progress.
 	DefaultVerifyProgressEvery = 5 * time.Second
+	// MaxCorruptDetails bounds VerifyReport.Corrupt, so a disk gone bad
+	// as a whole costs a count, not a record per object.
+	MaxCorruptDetails = 1000
 )
 
 // VerifyConfig tunes VerifySealed. The zero value uses the defaults.
@@ -69,8 +72,11 @@ type VerifyReport struct {
 	// and their object bytes).
 	Allocations int
 	Bytes       uint64
-	Corrupt     []CorruptAllocation
-	Took        time.Duration
+	// CorruptCount allocations were dropped; Corrupt describes the first
+	// MaxCorruptDetails of them.
+	CorruptCount int
+	Corrupt      []CorruptAllocation
+	Took         time.Duration
 }
 
 // VerifySealed reads every SEALED allocation's bytes, in offset order
@@ -145,11 +151,11 @@ func (s *Segment) VerifySealed(ctx context.Context, cfg VerifyConfig) (VerifyRep
 			return rep, fmt.Errorf("verify segment %s: read allocation %d: %w", s.id, e.id, rerr)
 		case rerr != nil:
 			bad = append(bad, e)
-			rep.Corrupt = append(rep.Corrupt, corruptOf(e, 0, rerr))
+			rep.addCorrupt(e, 0, rerr)
 		default:
 			if sum := h.Sum64(); sum != e.checksum {
 				bad = append(bad, e)
-				rep.Corrupt = append(rep.Corrupt, corruptOf(e, sum, nil))
+				rep.addCorrupt(e, sum, nil)
 			}
 		}
 		p.Corrupt = len(bad)
@@ -166,9 +172,12 @@ func (s *Segment) VerifySealed(ctx context.Context, cfg VerifyConfig) (VerifyRep
 	return rep, nil
 }
 
-func corruptOf(e *entry, got uint64, err error) CorruptAllocation {
-	return CorruptAllocation{ID: e.id, Offset: e.offset, Size: e.size, Tenant: e.tenant, Key: e.key,
-		ReplicaID: e.replica, Want: e.checksum, Got: got, Err: err}
+func (r *VerifyReport) addCorrupt(e *entry, got uint64, err error) {
+	r.CorruptCount++
+	if len(r.Corrupt) < MaxCorruptDetails {
+		r.Corrupt = append(r.Corrupt, CorruptAllocation{ID: e.id, Offset: e.offset, Size: e.size, Tenant: e.tenant, Key: e.key,
+			ReplicaID: e.replica, Want: e.checksum, Got: got, Err: err})
+	}
 }
 
 // dropCorrupt removes bad (sealed entries found corrupt) from the table,

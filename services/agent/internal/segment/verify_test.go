@@ -110,7 +110,7 @@ func TestVerifySealedDropsCorrupt(t *testing.T) {
 	for _, o := range objs {
 		total += uint64(len(o.data))
 	}
-	if rep.Allocations != len(objs) || rep.Bytes != total || len(rep.Corrupt) != 1 {
+	if rep.Allocations != len(objs) || rep.Bytes != total || rep.CorruptCount != 1 || len(rep.Corrupt) != 1 {
 		t.Fatalf("report = %+v, want %d allocations, %d bytes, 1 corrupt", rep, len(objs), total)
 	}
 	c := rep.Corrupt[0]
@@ -262,5 +262,42 @@ func BenchmarkVerifySealed(b *testing.B) {
 		if err != nil || len(rep.Corrupt) != 0 {
 			b.Fatalf("VerifySealed = %+v, %v", rep, err)
 		}
+	}
+}
+
+// TestVerifySealedWholeDiskBad: when every object is corrupt, every one is
+// dropped and counted, and the report's details stay bounded.
+func TestVerifySealedWholeDiskBad(t *testing.T) {
+	dir := t.TempDir()
+	const n = MaxCorruptDetails + 100
+	sizes := make([]int, n)
+	for i := range sizes {
+		sizes[i] = 100
+	}
+	objs := fillDisk(t, dir, 8<<20, sizes...)
+	f, err := os.OpenFile(filepath.Join(dir, dataName), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if _, err := f.WriteAt([]byte("!!"), int64(o.alloc.GetOffset())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = f.Close()
+	s, _, err := OpenDisk(dir, 8<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	rep, err := s.VerifySealed(t.Context(), VerifyConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.CorruptCount != n || len(rep.Corrupt) != MaxCorruptDetails {
+		t.Fatalf("CorruptCount %d with %d details, want %d with %d", rep.CorruptCount, len(rep.Corrupt), n, MaxCorruptDetails)
+	}
+	if len(s.Table()) != 0 || s.Info().GetUsed() != 0 {
+		t.Fatalf("after dropping all: %d rows, %d bytes used; want none", len(s.Table()), s.Info().GetUsed())
 	}
 }
