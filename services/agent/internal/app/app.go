@@ -450,9 +450,14 @@ func (a *Agent) verifyDisk(ctx context.Context, s *segment.Segment, m *verifyMet
 			lg.Warn("more corrupt disk allocations dropped (not logged one by one)", "count", rep.CorruptCount-i)
 			break
 		}
-		lg.Warn("corrupt disk allocation dropped: reported lost, never served", "allocation_id", c.ID, "tenant", c.Tenant, "key", c.Key,
-			"replica_id", c.ReplicaID, "offset", c.Offset, "size", c.Size,
-			"want_checksum", fmt.Sprintf("%#x", c.Want), "got_checksum", fmt.Sprintf("%#x", c.Got), "err", c.Err)
+		attrs := []any{"allocation_id", c.ID, "tenant", c.Tenant, "key", c.Key, "replica_id", c.ReplicaID,
+			"offset", c.Offset, "size", c.Size, "want_checksum", fmt.Sprintf("%#x", c.Want)}
+		if c.Err != nil {
+			attrs = append(attrs, "err", c.Err) // unreadable (EIO)
+		} else {
+			attrs = append(attrs, "got_checksum", fmt.Sprintf("%#x", c.Got))
+		}
+		lg.Warn("corrupt disk allocation dropped: reported lost, never served", attrs...)
 	}
 	lg.Info("disk segment verified", "allocations", rep.Allocations, "bytes", rep.Bytes, "corrupt", rep.CorruptCount,
 		"took", rep.Took.Round(time.Millisecond).String(), "rate_mib_s", mibPerSecond(rep.Bytes, rep.Took))
