@@ -150,9 +150,10 @@ func TestHandshakeAcceptsLibzmqReady(t *testing.T) {
 }
 
 // FuzzHandshake: whatever a peer sends from its first byte on, the
-// handshake as the gateway's PUB and ROUTER sockets run it (server side,
-// short deadline) never panics, and it succeeds only past a greeting and a
-// READY within the command limit.
+// handshake as the gateway's PUB and ROUTER sockets run it (server side)
+// and as kvevent's subscriber runs it (SUB, client side), with a short
+// deadline, never panics, and it succeeds only past a greeting and a READY
+// within the command limit.
 func FuzzHandshake(f *testing.F) {
 	ready := AppendCommand(nil, "READY", readyBody("Socket-Type", "SUB", "Identity", "")[6:])
 	f.Add(append(nullGreeting(), ready...))
@@ -162,7 +163,11 @@ func FuzzHandshake(f *testing.F) {
 	f.Add(append(nullGreeting(), AppendCommand(nil, "READY", []byte{200, 'S'})...))
 	f.Add(nullGreeting()[:10])
 	f.Fuzz(func(t *testing.T, in []byte) {
-		for _, typ := range []zmq4.SocketType{zmq4.Pub, zmq4.Router} {
+		for _, side := range []struct {
+			typ    zmq4.SocketType
+			server bool
+		}{{zmq4.Pub, true}, {zmq4.Router, true}, {zmq4.Sub, false}} {
+			typ := side.typ
 			a, b := net.Pipe()
 			done := make(chan struct{})
 			go func() {
@@ -171,7 +176,7 @@ func FuzzHandshake(f *testing.F) {
 				b.Write(in)
 				b.Close()
 			}()
-			c, err := Handshake(a, typ, true, 200*time.Millisecond, Limits{MaxCommand: 1024})
+			c, err := Handshake(a, typ, side.server, 200*time.Millisecond, Limits{MaxCommand: 1024})
 			a.Close()
 			<-done
 			if err != nil {

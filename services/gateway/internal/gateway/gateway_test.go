@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -312,6 +313,8 @@ func TestStatusEndpoints(t *testing.T) {
 		"crescent_gateway_kv_events_published_events_total 1",
 		"crescent_gateway_kv_events_skipped_keyless_events_total 2",
 		"crescent_gateway_kv_events_dropped_events_total 0",
+		"crescent_gateway_kv_events_peers_refused_total 0",
+		"crescent_gateway_kv_events_peers_dropped_total 0",
 	} {
 		if !strings.Contains(string(metrics), line+"\n") {
 			t.Errorf("metrics lack %q", line)
@@ -352,6 +355,8 @@ func TestConfigValidate(t *testing.T) {
 		{"max batch 0", func(c *Config) { c.MaxBatch = 0 }},
 		{"bad pub", func(c *Config) { c.Pub = "tcp:/x" }},
 		{"reconnect inverted", func(c *Config) { c.ReconnectMax = 0 }},
+		{"replay conns per peer 0", func(c *Config) { c.ReplayMaxConnsPerPeer = 0 }},
+		{"replay idle timeout 0", func(c *Config) { c.ReplayIdleTimeout = 0 }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -368,5 +373,13 @@ func TestConfigValidate(t *testing.T) {
 	c := testConfig("m:1")
 	if err := c.Validate(); err != nil {
 		t.Errorf("Validate(test config) = %v", err)
+	}
+	fs := flag.NewFlagSet("gw", flag.ContinueOnError)
+	c.RegisterFlags(fs)
+	if err := fs.Parse([]string{"--replay-max-conns-per-peer=7", "--replay-idle-timeout=3s"}); err != nil {
+		t.Fatal(err)
+	}
+	if p := c.publisherConfig(); p.ReplayMaxConnsPerPeer != 7 || p.ReplayIdleTimeout != 3*time.Second {
+		t.Errorf("publisher config from flags: %d per peer, idle %v; want 7, 3s", p.ReplayMaxConnsPerPeer, p.ReplayIdleTimeout)
 	}
 }

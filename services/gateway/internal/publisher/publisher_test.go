@@ -447,6 +447,8 @@ func TestConfigValidate(t *testing.T) {
 		{"batch above 64", func(c *Config) { c.MaxBatch = 65 }},
 		{"negative flush", func(c *Config) { c.FlushInterval = -1 }},
 		{"no backend id", func(c *Config) { c.Encoder.Envelope.BackendID = "" }},
+		{"no replay conns per peer", func(c *Config) { c.ReplayMaxConnsPerPeer = 0 }},
+		{"no replay idle timeout", func(c *Config) { c.ReplayIdleTimeout = 0 }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
