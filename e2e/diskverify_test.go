@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/pkg/client"
+	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"github.com/crescent-kv/crescent/pkg/rpcerr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -135,15 +137,26 @@ func checkCorruptGone(t *testing.T, ctx context.Context, c *Cluster, cl *client.
 // segment flips; it restarts within the master's unmount window. The agent
 // verifies its disk segment before registering and leaves the corrupt
 // allocation out of its table, so the master's Reconcile removes that
-// replica — recording `removed` for (tenant, key, disk) in the change log
-// the gateway publishes — while the intact object stays readable. A read
+// replica — recording `removed` for (tenant, key, disk) in the change log,
+// which the gateway publishes as a BlockRemoved event — while the intact
+// object stays readable. A read
 // of the corrupt allocation with a token obtained before the crash answers
 // DATA_LOSS CHECKSUM_MISMATCH, never OK.
 func TestCorruptDiskObjectRemovedOnAgentRestart(t *testing.T) {
-	c := StartCluster(t, Options{Agents: 1, Disk: true, UnmountAfter: time.Minute, MasterFlags: []string{"--lease-ttl", "1m"}})
+	c := StartCluster(t, Options{Agents: 1, Disk: true, Gateway: true, UnmountAfter: time.Minute, MasterFlags: []string{"--lease-ttl", "1m"}})
 	cl := c.GRPCDataClient("default")
 	ctx := ctxT(t, 2*time.Minute)
-	bad := putOnDisk(t, ctx, cl, "disk/corrupt", 300<<10)
+	const badKey = "disk/corrupt"
+	published := make(chan struct{})
+	var once sync.Once
+	sub := subscribe(t, c, func(b kvevent.Batch) {
+		for _, ev := range b.Events {
+			if ev.Type == kvevent.Removed && ev.Tenant == "default" && ev.Key == badKey && ev.Medium == kvevent.MediumDisk {
+				once.Do(func() { close(published) })
+			}
+		}
+	})
+	bad := putOnDisk(t, ctx, cl, badKey, 300<<10)
 	good := putOnDisk(t, ctx, cl, "disk/intact", 200<<10)
 
 	c.Agents[0].Kill()
@@ -155,6 +168,12 @@ func TestCorruptDiskObjectRemovedOnAgentRestart(t *testing.T) {
 
 	checkCorruptGone(t, ctx, c, cl, bad, good)
 	waitRemovedChange(t, cl, "default", bad.key, masterv1.Medium_MEDIUM_DISK)
+	select {
+	case <-published:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the gateway published no BlockRemoved for %s on disk", bad.key)
+	}
+	converge(t, c, sub)
 
 	// The old read token (still valid: one-minute lease) gets no bytes.
 	conn, err := grpc.NewClient(bad.desc.GetDataEndpoint(), grpc.WithTransportCredentials(insecure.NewCredentials()))
