@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"slices"
 	"strings"
@@ -79,7 +80,10 @@ func (lim Limits) withDefaults() Limits {
 		lim.MaxFrames = 16
 	}
 	if lim.MaxMessage <= 0 {
-		lim.MaxMessage = lim.MaxFrame * lim.MaxFrames
+		lim.MaxMessage = math.MaxInt
+		if lim.MaxFrame <= math.MaxInt/lim.MaxFrames {
+			lim.MaxMessage = lim.MaxFrame * lim.MaxFrames
+		}
 	}
 	if lim.MaxCommand <= 0 {
 		lim.MaxCommand = DefaultMaxCommand

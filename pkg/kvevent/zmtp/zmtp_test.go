@@ -247,6 +247,7 @@ func TestReaderLimits(t *testing.T) {
 		{"message at its limit", AppendMessage(nil, make([]byte, 200), make([]byte, 200)), Limits{MaxMessage: 400}, Message{Frames: [][]byte{make([]byte, 200), make([]byte, 200)}}, nil},
 		{"command too large", AppendCommand(nil, "PING", make([]byte, 100)), Limits{MaxCommand: 100}, Message{}, ErrFrameTooLarge},
 		{"huge command", []byte{flagCommand | flagLong, 0, 4, 0, 0, 0, 0, 0, 0}, Limits{MaxFrame: 1 << 60}, Message{}, ErrFrameTooLarge},
+		{"huge MaxFrame leaves MaxMessage unbounded", AppendMessage(nil, []byte("a")), Limits{MaxFrame: 1 << 60}, Message{Frames: [][]byte{[]byte("a")}}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
