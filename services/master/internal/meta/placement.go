@@ -43,9 +43,6 @@ func (v *segView) fits(need int64) bool {
 type placer struct {
 	// alloc lists the segments that can allocate, per medium.
 	alloc map[masterv1.Medium][]segView
-	// ex is what the snapshot skipped (a request's failed segments and
-	// agents); its retry adds to it.
-	ex *exclusions
 }
 
 // exclusions are segments and agents that failed during one request and
@@ -66,7 +63,7 @@ func (s *Store) newPlacer(ex *exclusions) *placer {
 
 // newPlacerFrom is newPlacer over a registry snapshot the caller took.
 func (s *Store) newPlacerFrom(segs []cluster.Segment, ex *exclusions) *placer {
-	p := &placer{alloc: make(map[masterv1.Medium][]segView), ex: ex}
+	p := &placer{alloc: make(map[masterv1.Medium][]segView)}
 	for _, sg := range segs {
 		if !sg.CanAllocate() || ex.agents[sg.AgentID] {
 			continue

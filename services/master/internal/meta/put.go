@@ -207,7 +207,7 @@ func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartRe
 		if round > 0 {
 			segs = s.reg.Segments() // after eviction and exclusions
 		}
-		s.putStartRound(ctx, specs, items, s.newPlacerFrom(segs, exclude))
+		s.putStartRound(ctx, specs, items, s.newPlacerFrom(segs, exclude), exclude)
 		wd.reset(items, s.now().Add(s.cfg.WriteTokenTTL))
 		var retry []*putItem
 		type want struct{ total, largest uint64 }
@@ -244,9 +244,10 @@ func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartRe
 	return res
 }
 
-// putStartRound runs the three phases for items, placing with p.
-func (s *Store) putStartRound(ctx context.Context, specs []PutSpec, items []*putItem, p *placer) {
-	exclude := p.ex
+// putStartRound runs the three phases for items, placing with p (built
+// without exclude's segments and agents; the failures of this round are
+// added to exclude).
+func (s *Store) putStartRound(ctx context.Context, specs []PutSpec, items []*putItem, p *placer, exclude *exclusions) {
 	rel := &releases{}
 	// Phase 1: per shard, under its lock, decide and record.
 	forShards(items, func(it *putItem) int { return it.shard }, func(sh int, group []*putItem) {
