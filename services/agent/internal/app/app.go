@@ -349,7 +349,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	return runErr
 }
 
-// mount creates the memory segments and opens the disk segment.
+// mount creates the memory segments and opens the disk segment; a reopened
+// one is verified (verifyDisk) before mount returns, so before anything is
+// served or registered.
 func (a *Agent) mount(ctx context.Context) (*segment.Set, error) {
 	var segs []*segment.Segment
 	fail := func(err error) (*segment.Set, error) {

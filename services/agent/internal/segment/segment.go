@@ -11,7 +11,10 @@
 // so an agent restarted on the same directory mounts the same segment id with
 // its sealed objects intact. RESERVED allocations are never persisted: they
 // are gone after a restart, and the master's Reconcile and put timeouts deal
-// with the replicas that pointed at them.
+// with the replicas that pointed at them. Before a reopened disk segment is
+// registered, VerifySealed checks every sealed object's bytes against its
+// checksum and drops the ones that went bad while the agent was down, so
+// they are reported lost rather than served.
 package segment
 
 import (
