@@ -20,6 +20,9 @@ func FuzzRequests(f *testing.F) {
 	for _, m := range []proto.Message{
 		&masterv1.PutStartRequest{Key: "k", Size: 10, Config: &masterv1.ReplicateConfig{ReplicaNum: 2, PreferredSegments: []string{"seg-0-0"}}},
 		&masterv1.BatchPutStartRequest{Items: []*masterv1.PutStartRequest{{Key: "a", Size: 1}, {Key: "", Size: 0}}},
+		// Sizes past any segment, past int64 (OBJECT_TOO_LARGE).
+		&masterv1.PutStartRequest{Key: "k", Size: 1<<64 - 1, Upsert: true, Config: &masterv1.ReplicateConfig{ReplicaNum: 16}},
+		&masterv1.BatchPutStartRequest{Items: []*masterv1.PutStartRequest{{Key: "a", Size: 1 << 63}, {Key: "b", Size: 1 << 62}, {Key: "c", Size: 1<<20 + 1}}},
 		&masterv1.RemoveByRegexRequest{Regex: "a(", Force: true},
 		&masterv1.ListObjectsRequest{PageToken: "!!", PageSize: 3},
 	} {
