@@ -77,11 +77,16 @@ func (sh *shard) endPutLocked(o *object) {
 	}
 }
 
+// expireBudget bounds the puts one sweep expires per shard, and so how
+// long it holds a shard lock; a larger backlog goes on the next ticks.
+const expireBudget = 1024
+
 // expirePuts expires every open put whose start is at least the put
-// timeout ago on the store's clock, and releases their allocations at the
-// agents. Puts still being placed or sealed are left to the RPC that is
-// at the agents for them (bounded by the agent timeout); it settles them
-// and they leave the list then. It returns the number expired.
+// timeout ago on the store's clock (up to expireBudget per shard), and
+// releases their allocations at the agents. Puts still being placed or
+// sealed are left to the RPC that is at the agents for them (bounded by
+// the agent timeout); it settles them and they leave the list then. It
+// returns the number expired.
 func (s *Store) expirePuts(ctx context.Context) int {
 	timeout := s.cfg.PutPreemptAfter.Milliseconds()
 	rel := &releases{}
@@ -94,7 +99,8 @@ func (s *Store) expirePuts(ctx context.Context) int {
 			continue
 		}
 		m := s.begin(shd, rel)
-		for ps := shd.puts.head; ps != nil && m.nowMs-ps.startMs >= timeout; {
+		budget := expireBudget
+		for ps := shd.puts.head; ps != nil && m.nowMs-ps.startMs >= timeout && budget > 0; budget-- {
 			next := ps.next
 			switch o := ps.obj; {
 			case o == nil || o.put != ps:
@@ -103,7 +109,7 @@ func (s *Store) expirePuts(ctx context.Context) int {
 				s.expireLocked(m, o)
 				n++
 			}
-			ps = next
+			ps = next // (a busy put costs budget too: the walk is bounded)
 		}
 		m.commit()
 		shd.mu.Unlock()

@@ -329,6 +329,33 @@ func TestRunExpiresPuts(t *testing.T) {
 	wantReason(t, e.s.PutEnd(ctx, PutEndSpec{Key: "k", ClientID: "w"}), codes.NotFound, "PUT_EXPIRED")
 }
 
+// TestExpireBudget: one sweep expires at most expireBudget puts per shard;
+// the next sweeps take the rest.
+func TestExpireBudget(t *testing.T) {
+	e := newEnv(t, 1, 1, 1<<30, Config{Shards: 1})
+	ctx := t.Context()
+	specs := make([]PutSpec, expireBudget+10)
+	for i := range specs {
+		specs[i] = PutSpec{Key: fmt.Sprintf("k%d", i), Size: 1, ClientID: "w"}
+	}
+	for _, r := range e.s.BatchPutStart(ctx, specs) {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	e.clk.Advance(time.Minute)
+	if n := e.s.expirePuts(ctx); n != expireBudget {
+		t.Fatalf("first sweep expired %d, want %d", n, expireBudget)
+	}
+	if n := e.s.expirePuts(ctx); n != 10 {
+		t.Fatalf("second sweep expired %d, want 10", n)
+	}
+	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
+	if len(e.c.Agents.Live()) != 0 {
+		t.Fatalf("%d allocations live after every put expired", len(e.c.Agents.Live()))
+	}
+}
+
 func TestExpiredSetForgetsOldest(t *testing.T) {
 	var s expiredSet
 	for i := range expiredRemembered + 10 {
