@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"math"
+	"strconv"
 	"testing"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
@@ -283,4 +284,31 @@ func FuzzCountItems(f *testing.F) {
 			}
 		}
 	})
+}
+
+// BenchmarkReadFrame decodes a request header of 128 and 4096 items, as
+// the agent does for every request (the raw item count included).
+func BenchmarkReadFrame(b *testing.B) {
+	for _, n := range []int{128, MaxItems} {
+		req := &agentv1.TransferRequest{Op: agentv1.TransferOp_TRANSFER_OP_WRITE}
+		for i := range n {
+			req.Items = append(req.Items, &agentv1.TransferItem{SegmentId: "6c3d1b7e-2f4a-4e8b-9c0d-1a2b3c4d5e6f", AllocationId: uint64(i), Token: make([]byte, 60), Length: 4096})
+		}
+		wire, err := AppendFrame(nil, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run("items="+strconv.Itoa(n), func(b *testing.B) {
+			r := bytes.NewReader(wire)
+			var scratch []byte
+			m := &agentv1.TransferRequest{}
+			b.SetBytes(int64(len(wire)))
+			for b.Loop() {
+				r.Reset(wire)
+				if scratch, err = ReadFrame(r, scratch, m); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

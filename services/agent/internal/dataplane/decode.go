@@ -18,6 +18,10 @@ import (
 // decoded again from the start by the generated UnmarshalVT, so every header
 // is accepted or refused, and decoded, exactly as before.
 //
+// xfer.ReadFrameLimit counts a header's items on the raw bytes and refuses
+// more than xfer.MaxItems before either decoder runs, so the arrays below
+// never hold more than that.
+//
 // A connection decodes one request at a time and is done with it before the
 // next, so the item arrays and the token buffer are reused from request to
 // request (up to maxKeptItems items).
