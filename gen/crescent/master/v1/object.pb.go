@@ -1964,10 +1964,11 @@ func (x *RemoveByPrefixRequest) GetPageToken() string {
 	return ""
 }
 
-// One call examines a bounded number of keys (the master's scan budget, in
-// whole metadata shards); when it stopped early, next_page_token is set and
-// the caller repeats the request with it to continue. Objects added behind
-// the scan may be missed, as in any paged listing.
+// One call examines a bounded number of keys (the master's scan budget, 64k
+// by default; for a regex also a bound on key bytes × program size); when it
+// stopped early, next_page_token is set and the caller repeats the request
+// with it to continue. Objects added behind the scan may be missed, as in
+// any paged listing.
 type RemoveByPrefixResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Removed uint64                 `protobuf:"varint,1,opt,name=removed,proto3" json:"removed,omitempty"`

@@ -136,6 +136,9 @@ func (s *Store) readIntoLocked(o *object, c *segCache, tenant, key string, v *re
 
 // Get is GetReplicaList for one object; see BatchGet.
 func (s *Store) Get(ctx context.Context, sp GetSpec) (*masterv1.GetReplicaListResponse, error) {
+	if len(sp.ClientHost) > MaxHostLen {
+		return nil, errClientHost(len(sp.ClientHost))
+	}
 	t, shard, err := s.locate(&sp.Tenant, sp.Key)
 	if err != nil {
 		return nil, err
@@ -157,6 +160,10 @@ func (s *Store) Get(ctx context.Context, sp GetSpec) (*masterv1.GetReplicaListRe
 	return s.readResponse(&v, &c, sp.ClientHost), nil
 }
 
+func errClientHost(n int) error {
+	return errInvalid("client_host must be at most %d bytes, got %d", MaxHostLen, n)
+}
+
 func (s *Store) grantLeaseLocked(sh *shard, o *object) {
 	sh.touchLocked(o, s.nowMs())
 	o.flags |= flagLeased
@@ -170,6 +177,13 @@ func (s *Store) BatchGet(ctx context.Context, specs []GetSpec) []GetResult {
 	items := s.locateAll(len(specs),
 		func(i int) (*string, string) { return &specs[i].Tenant, specs[i].Key },
 		func(i int, err error) { res[i].Err = err })
+	items = slices.DeleteFunc(items, func(it located) bool {
+		if n := len(specs[it.i].ClientHost); n > MaxHostLen {
+			res[it.i].Err = errClientHost(n)
+			return true
+		}
+		return false
+	})
 	c := segCache{s: s}
 	arena := make([]readRep, 0, len(items))
 	// One clock read per call, not per shard: time.Now was 4 % of the
@@ -376,6 +390,9 @@ func (s *Store) withObject(tenant, key string, f func(*object) error) error {
 // is the last key of the previous page, base64url-encoded.
 func (s *Store) ListObjects(ctx context.Context, tenant, prefix string, pageSize int, pageToken string) ([]*masterv1.ObjectInfo, string, error) {
 	tenant = NormalizeTenant(tenant)
+	if len(tenant) > MaxTenantLen || len(prefix) > MaxKeyLen {
+		return nil, "", errInvalid("tenant must be at most %d bytes and prefix at most %d, got %d and %d", MaxTenantLen, MaxKeyLen, len(tenant), len(prefix))
+	}
 	if pageSize <= 0 {
 		pageSize = 1000
 	}

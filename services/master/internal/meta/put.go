@@ -126,7 +126,7 @@ func (s *Store) checkSpec(sp *PutSpec, maxSize uint64) error {
 	if len(sp.Group) > MaxGroupLen {
 		return errInvalid("group_id must be at most %d bytes", MaxGroupLen)
 	}
-	return nil
+	return validatePutStrings(sp)
 }
 
 // PutStart starts one put; see BatchPutStart.
@@ -534,6 +534,10 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 	arena := make([]endItem, len(specs))
 	for i := range specs {
 		sp := &specs[i]
+		if err := ValidateClientID(sp.ClientID); err != nil {
+			res[i] = err
+			continue
+		}
 		t, shard, err := s.locate(&sp.Tenant, sp.Key)
 		if err != nil {
 			res[i] = s.notFoundOrExpired(err, sp.Tenant, sp.Key)
@@ -717,7 +721,15 @@ func (s *Store) BatchPutRevoke(ctx context.Context, specs []PutRevokeSpec) []err
 	res := make([]error, len(specs))
 	items := s.locateAll(len(specs),
 		func(i int) (*string, string) { return &specs[i].Tenant, specs[i].Key },
-		func(i int, err error) { res[i] = s.notFoundOrExpired(err, specs[i].Tenant, specs[i].Key) })
+		func(i int, err error) {
+			if res[i] = ValidateClientID(specs[i].ClientID); res[i] == nil {
+				res[i] = s.notFoundOrExpired(err, specs[i].Tenant, specs[i].Key)
+			}
+		})
+	items = slices.DeleteFunc(items, func(it located) bool {
+		res[it.i] = ValidateClientID(specs[it.i].ClientID)
+		return res[it.i] != nil
+	})
 	rel := &releases{}
 	forShards(items, located.shardOf, func(sh int, group []located) {
 		shd := &s.shards[sh]

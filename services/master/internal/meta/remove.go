@@ -2,8 +2,10 @@ package meta
 
 import (
 	"context"
+	"encoding/base64"
 	"regexp"
 	"regexp/syntax"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -160,31 +162,30 @@ func (s *Store) RemoveByPrefix(ctx context.Context, tenant, prefix string, force
 	if !ok {
 		return 0, 0, "", nil
 	}
-	return s.scanRemove(ctx, t, force, start, func(k string) bool { return strings.HasPrefix(k, prefix) }, nil)
+	return s.scanRemove(ctx, t, force, start, func(k string) bool { return strings.HasPrefix(k, prefix) }, nil, 0)
 }
 
 // CompileKeyRegex compiles a RemoveByRegex pattern within MaxRegexLen and
 // MaxRegexInsts, so no pattern costs more than that per byte of key.
-func CompileKeyRegex(re string) (*regexp.Regexp, error) {
+func CompileKeyRegex(re string) (rx *regexp.Regexp, insts int, err error) {
 	if re == "" || len(re) > MaxRegexLen {
-		return nil, errInvalid("regex must be 1..%d bytes, got %d", MaxRegexLen, len(re))
+		return nil, 0, errInvalid("regex must be 1..%d bytes, got %d", MaxRegexLen, len(re))
 	}
 	parsed, err := syntax.Parse(re, syntax.Perl)
 	if err != nil {
-		return nil, errInvalid("regex: %v", err)
+		return nil, 0, errInvalid("regex: %v", err)
 	}
 	prog, err := syntax.Compile(parsed.Simplify())
 	if err != nil {
-		return nil, errInvalid("regex: %v", err)
+		return nil, 0, errInvalid("regex: %v", err)
 	}
 	if len(prog.Inst) > MaxRegexInsts {
-		return nil, errInvalid("regex compiles to %d instructions, max %d", len(prog.Inst), MaxRegexInsts)
+		return nil, 0, errInvalid("regex compiles to %d instructions, max %d", len(prog.Inst), MaxRegexInsts)
 	}
-	rx, err := regexp.Compile(re)
-	if err != nil {
-		return nil, errInvalid("regex: %v", err)
+	if rx, err = regexp.Compile(re); err != nil {
+		return nil, 0, errInvalid("regex: %v", err)
 	}
-	return rx, nil
+	return rx, len(prog.Inst), nil
 }
 
 // RemoveByRegex removes the tenant's objects whose key matches re (RE2,
@@ -195,7 +196,7 @@ func (s *Store) RemoveByRegex(ctx context.Context, tenant, re string, force bool
 	if len(tenant) > MaxTenantLen {
 		return 0, 0, "", errInvalid("tenant must be at most %d bytes, got %d", MaxTenantLen, len(tenant))
 	}
-	rx, err := CompileKeyRegex(re)
+	rx, insts, err := CompileKeyRegex(re)
 	if err != nil {
 		return 0, 0, "", err
 	}
@@ -207,18 +208,32 @@ func (s *Store) RemoveByRegex(ctx context.Context, tenant, re string, force bool
 	if !ok {
 		return 0, 0, "", nil
 	}
-	return s.scanRemove(ctx, t, force, start, nil, rx.MatchString)
+	return s.scanRemove(ctx, t, force, start, nil, rx, insts)
 }
 
-// scanRemove removes the tenant's objects whose key passes pre and match,
-// scanning shards from start until it has examined ScanBudget keys (whole
-// shards); next is the page token to continue from, "" when the last shard
-// was scanned. Per shard, the keys that pass pre (a cheap test, run under
-// the lock) are copied out under the lock; match (the costly one) runs with
-// no lock held; then the matches are removed under the lock, each looked
-// up again and re-checked, so a key rewritten meanwhile is judged by its
+// matchBudget bounds the regex work of one RemoveByRegex call, in key
+// bytes × program instructions (a few hundred ms of CPU at the worst): with
+// MaxRegexInsts and MaxKeyLen one key costs at most 2^24 of it, so a call
+// matches at least 4 of the longest keys against the largest program.
+const matchBudget = 1 << 26
+
+// scanCursor is where a paged scan resumes: a shard and, within it, the
+// keys after `after` in byte order ("" = the whole shard).
+type scanCursor struct {
+	shard int
+	after string
+}
+
+// scanRemove removes the tenant's objects whose key passes pre and rx,
+// from cur on, until it has examined Config.ScanBudget keys or spent
+// matchBudget on regex matching; next is the page token to continue from,
+// "" once the last shard is done. Per shard, the keys past the cursor that
+// pass pre (a cheap test) are copied out under the shard's lock; they are
+// sorted (so a page can end inside a shard) and matched against rx with no
+// lock held; then the matches are removed under the lock, each looked up
+// again and re-checked, so a key rewritten meanwhile is judged by its
 // current state.
-func (s *Store) scanRemove(ctx context.Context, t uint32, force bool, start int, pre, match func(string) bool) (removed, skipped uint64, next string, err error) {
+func (s *Store) scanRemove(ctx context.Context, t uint32, force bool, cur scanCursor, pre func(string) bool, rx *regexp.Regexp, insts int) (removed, skipped uint64, next string, err error) {
 	rel := &releases{}
 	defer func() {
 		cctx, cancel := cleanupCtx(ctx)
@@ -227,73 +242,112 @@ func (s *Store) scanRemove(ctx context.Context, t uint32, force bool, start int,
 	}()
 	name := s.tenants.get(t).name
 	var keys []string
-	examined := 0
-	for i := start; i < len(s.shards); i++ {
-		if examined >= ScanBudget {
-			return removed, skipped, encodeScanToken(i), nil
+	examined, visited, work := 0, 0, 0
+	for i := cur.shard; i < len(s.shards); i++ {
+		if i > cur.shard && (examined >= s.cfg.ScanBudget || visited >= s.cfg.ScanBudget || work >= matchBudget) {
+			return removed, skipped, encodeScanToken(scanCursor{shard: i}), nil
 		}
 		if err := ctx.Err(); err != nil {
 			return removed, skipped, "", err
+		}
+		after := ""
+		if i == cur.shard {
+			after = cur.after
 		}
 		shd := &s.shards[i]
 		keys = keys[:0]
 		shd.mu.Lock()
 		objs := shd.tenants[t]
-		examined += len(objs)
+		visited += len(objs)
 		for key := range objs {
-			if pre == nil || pre(key) {
+			if (after == "" || key > after) && (pre == nil || pre(key)) {
 				keys = append(keys, key)
 			}
 		}
 		shd.mu.Unlock()
-		if match != nil {
-			n := 0
-			for _, key := range keys {
-				if match(key) {
-					keys[n] = key
-					n++
-				}
+		slices.Sort(keys)
+		matched, stop := 0, ""
+		for j, key := range keys {
+			examined++
+			ok := true
+			if rx != nil {
+				work += (len(key) + 1) * insts
+				ok = rx.MatchString(key)
 			}
-			keys = keys[:n]
-		}
-		if len(keys) == 0 {
-			continue
-		}
-		shd.mu.Lock()
-		m := s.begin(shd, rel)
-		for _, key := range keys {
-			o := shd.getLocked(t, key)
-			if o == nil {
-				continue // removed meanwhile
+			if ok {
+				keys[matched] = key
+				matched++
 			}
-			if s.removableLocked(o, force, m.nowMs, name) != nil {
-				skipped++
-				continue
+			if (examined >= s.cfg.ScanBudget || work >= matchBudget) && j < len(keys)-1 {
+				stop = key
+				break
 			}
-			m.removeAll(o, true)
-			removed++
 		}
-		m.commit()
-		shd.mu.Unlock()
+		removed, skipped = s.removeKeys(shd, rel, t, name, force, keys[:matched], removed, skipped)
 		clear(keys)
+		if stop != "" {
+			return removed, skipped, encodeScanToken(scanCursor{shard: i, after: stop}), nil
+		}
 	}
 	return removed, skipped, "", nil
 }
 
-// encodeScanToken and decodeScanToken turn the shard a scan continues from
-// into a page token and back.
-func encodeScanToken(shard int) string { return "s" + strconv.Itoa(shard) }
+// removeKeys removes the tenant's objects under keys from one shard, if
+// they are still there and removable, adding to the counts.
+func (s *Store) removeKeys(shd *shard, rel *releases, t uint32, name string, force bool, keys []string, removed, skipped uint64) (uint64, uint64) {
+	if len(keys) == 0 {
+		return removed, skipped
+	}
+	shd.mu.Lock()
+	defer shd.mu.Unlock()
+	m := s.begin(shd, rel)
+	for _, key := range keys {
+		o := shd.getLocked(t, key)
+		if o == nil {
+			continue // removed meanwhile
+		}
+		if s.removableLocked(o, force, m.nowMs, name) != nil {
+			skipped++
+			continue
+		}
+		m.removeAll(o, true)
+		removed++
+	}
+	m.commit()
+	return removed, skipped
+}
 
-func (s *Store) decodeScanToken(tok string) (int, error) {
+// encodeScanToken and decodeScanToken turn a scanCursor into a page token
+// ("s<shard>" or "s<shard>.<base64url of the last key>") and back.
+func encodeScanToken(c scanCursor) string {
+	tok := "s" + strconv.Itoa(c.shard)
+	if c.after != "" {
+		tok += "." + EncodePageToken(c.after)
+	}
+	return tok
+}
+
+func (s *Store) decodeScanToken(tok string) (scanCursor, error) {
 	if tok == "" {
-		return 0, nil
+		return scanCursor{}, nil
 	}
-	if len(tok) > 12 || tok[0] != 's' {
-		return 0, errInvalid("malformed page_token")
+	bad := errInvalid("malformed page_token")
+	if len(tok) > 16+base64.RawURLEncoding.EncodedLen(MaxKeyLen) || tok[0] != 's' {
+		return scanCursor{}, bad
 	}
-	i, err := strconv.Atoi(tok[1:])
-	if err != nil || i <= 0 || i >= len(s.shards) || encodeScanToken(i) != tok {
-		return 0, errInvalid("malformed page_token")
+	num, key, _ := strings.Cut(tok[1:], ".")
+	i, err := strconv.Atoi(num)
+	if err != nil || i < 0 || i >= len(s.shards) {
+		return scanCursor{}, bad
 	}
-	return i, nil
+	c := scanCursor{shard: i}
+	if key != "" {
+		if c.after, err = DecodePageToken(key); err != nil {
+			return scanCursor{}, bad
+		}
+	}
+	if encodeScanToken(c) != tok {
+		return scanCursor{}, bad
+	}
+	return c, nil
 }

@@ -53,7 +53,8 @@ const (
 	// MaxClientIDLen bounds PutStart's client_id (kept with the put until
 	// it ends) and the client_id of PutEnd and PutRevoke.
 	MaxClientIDLen = 256
-	// MaxHostLen bounds client_host and prefer_local_host.
+	// MaxHostLen bounds client_host, prefer_local_host and each preferred
+	// segment id (the agents' own ids are limited to 256 bytes too).
 	MaxHostLen = 256
 	// MaxRegexLen and MaxRegexInsts bound a RemoveByRegex pattern: its
 	// length in bytes, and its compiled program (regexp/syntax
@@ -61,9 +62,8 @@ const (
 	// program size bounds each key's cost.
 	MaxRegexLen   = 1024
 	MaxRegexInsts = 4096
-	// ScanBudget is how many keys one RemoveByPrefix/RemoveByRegex call
-	// examines (in whole shards) before it answers with a page token.
-	ScanBudget = 1 << 16
+	// DefaultScanBudget is Config.ScanBudget's default.
+	DefaultScanBudget = 1 << 16
 )
 
 // Config tunes the metadata. Zero values take the defaults listed.
@@ -103,8 +103,16 @@ type Config struct {
 	// ChangeRetention is the number of change records retained (default
 	// changelog.DefaultRetention).
 	ChangeRetention int
-	// MaxTenants bounds the number of distinct tenants (default 65536).
+	// MaxTenants bounds the number of tenants held at once (default 65536,
+	// at most MaxTenantsLimit); a new one beyond it fails with
+	// LIMIT_EXCEEDED. Tenants that hold nothing and have no quota are
+	// dropped, so this counts live ones.
 	MaxTenants int
+	// ScanBudget is how many keys one RemoveByPrefix/RemoveByRegex call
+	// examines before it answers with a page token (default
+	// DefaultScanBudget); a RemoveByRegex page also ends once its matching
+	// work reaches matchBudget.
+	ScanBudget int
 }
 
 func (c Config) withDefaults() Config {
@@ -143,6 +151,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxTenants <= 0 {
 		c.MaxTenants = 1 << 16
+	}
+	if c.ScanBudget <= 0 {
+		c.ScanBudget = DefaultScanBudget
 	}
 	return c
 }
@@ -978,6 +989,23 @@ func ValidateKey(tenant, key string) error {
 func ValidateClientID(id string) error {
 	if len(id) > MaxClientIDLen {
 		return errInvalid("client_id must be at most %d bytes, got %d", MaxClientIDLen, len(id))
+	}
+	return nil
+}
+
+// validatePutStrings checks the strings of a PutStart that ValidateKey and
+// the group check do not: client id, preferred host and segments.
+func validatePutStrings(sp *PutSpec) error {
+	if err := ValidateClientID(sp.ClientID); err != nil {
+		return err
+	}
+	if len(sp.PreferLocalHost) > MaxHostLen {
+		return errInvalid("prefer_local_host must be at most %d bytes, got %d", MaxHostLen, len(sp.PreferLocalHost))
+	}
+	for _, id := range sp.Preferred {
+		if len(id) > MaxHostLen {
+			return errInvalid("preferred segment ids must be at most %d bytes, got %d", MaxHostLen, len(id))
+		}
 	}
 	return nil
 }

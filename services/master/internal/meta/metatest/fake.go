@@ -86,7 +86,9 @@ func (r *Registry) SetLifecycle(id string, lc masterv1.SegmentLifecycle) error {
 	if !ok {
 		return rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "segment %s", id)
 	}
-	if lc < s.Lifecycle {
+	undrain := lc == masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_OK &&
+		(s.Lifecycle == masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINING || s.Lifecycle == masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINED)
+	if lc < s.Lifecycle && !undrain { // forward only, but for UndrainSegment's way back
 		return rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE, "segment %s: %v -> %v", id, s.Lifecycle, lc)
 	}
 	s.Lifecycle = lc
