@@ -82,16 +82,30 @@ func agentsCmd(e *env) *cobra.Command {
 }
 
 func drainCmd(e *env) *cobra.Command {
-	return &cobra.Command{
+	var undo bool
+	cmd := &cobra.Command{
 		Use:   "drain SEGMENT",
-		Short: "Move a segment's replicas elsewhere and stop allocating on it",
-		Args:  exactArgs(1),
+		Short: "Move a segment's replicas elsewhere and stop allocating on it (--undo: put it back in service)",
+		Long: "drain moves every replica off SEGMENT and marks it DRAINED; it takes no new allocations.\n" +
+			"drain --undo returns a DRAINING or DRAINED segment to OK (replicas already moved stay where they are)\n" +
+			"and stops a drain still in progress after the chunk it is copying.",
+		Args: exactArgs(1),
 		RunE: e.withClient(func(ctx context.Context, c *client.Client, args []string) error {
-			r, err := c.Admin().DrainSegment(ctx, &masterv1.DrainSegmentRequest{SegmentId: args[0]})
-			if err != nil {
-				return err
+			var seg *masterv1.Segment
+			if undo {
+				r, err := c.Admin().UndrainSegment(ctx, &masterv1.UndrainSegmentRequest{SegmentId: args[0]})
+				if err != nil {
+					return err
+				}
+				seg = r.GetSegment()
+			} else {
+				r, err := c.Admin().DrainSegment(ctx, &masterv1.DrainSegmentRequest{SegmentId: args[0]})
+				if err != nil {
+					return err
+				}
+				seg = r.GetSegment()
 			}
-			lc := strings.TrimPrefix(r.GetSegment().GetLifecycle().String(), "SEGMENT_LIFECYCLE_")
+			lc := strings.TrimPrefix(seg.GetLifecycle().String(), "SEGMENT_LIFECYCLE_")
 			if e.json() {
 				return e.printJSON(map[string]any{"segment_id": args[0], "lifecycle": lc})
 			}
@@ -99,6 +113,8 @@ func drainCmd(e *env) *cobra.Command {
 			return nil
 		}),
 	}
+	cmd.Flags().BoolVar(&undo, "undo", false, "undrain: return the segment to OK (UndrainSegment)")
+	return cmd
 }
 
 func quotaCmd(e *env) *cobra.Command {
