@@ -35,7 +35,8 @@ type allocKey struct {
 //     adopted, so a removed object does not come back on reconnect.
 //   - Allocations for an object with a write in progress are returned (the
 //     write replaces them, as an upsert would), as are allocations with an
-//     invalid tag.
+//     invalid tag or bounds no segment can have (a size or end past the
+//     segment's capacity, which would wrap the int64 accounting).
 //   - Unclaimed RESERVED allocations are left to the agent's grace.
 //
 // Adopted objects are charged to their tenant without a quota check (the
@@ -115,7 +116,8 @@ func (s *Store) Reconcile(ctx context.Context, agentID string, segments []cluste
 			continue
 		}
 		r := ObjectRef{Tenant: NormalizeTenant(a.GetTenant()), Key: a.GetKey()}
-		if ValidateKey(r.Tenant, r.Key) != nil || a.GetSize() == 0 {
+		if c := segSet[k.seg].Capacity; ValidateKey(r.Tenant, r.Key) != nil || a.GetSize() == 0 ||
+			a.GetSize() > c || a.GetOffset() > c-a.GetSize() {
 			ref(k.seg, k.alloc)
 			continue
 		}
