@@ -3,6 +3,7 @@ package alloc
 import (
 	"errors"
 	"math"
+	"math/big"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -444,4 +445,37 @@ func BenchmarkAllocFree(b *testing.B) {
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "pairs/s")
 		})
 	}
+}
+
+// FuzzExtentSize checks the rounding against exact arithmetic: the extent
+// is the size rounded up to the alignment, or MaxUint64 when that needs
+// more than 64 bits; Allocate refuses any size above the capacity.
+func FuzzExtentSize(f *testing.F) {
+	f.Add(uint64(1), uint8(6))
+	f.Add(uint64(math.MaxUint64), uint8(12))
+	f.Add(uint64(math.MaxUint64-4094), uint8(12))
+	var as [20]*Allocator // one per alignment; the checks change nothing
+	for i := range as {
+		as[i] = mustNew(f, 1<<21, 1<<i)
+	}
+	f.Fuzz(func(t *testing.T, size uint64, shift uint8) {
+		shift %= 20
+		a := as[shift]
+		want := new(big.Int).SetUint64(size)
+		align := big.NewInt(1 << shift)
+		want.Add(want, new(big.Int).Sub(align, big.NewInt(1)))
+		want.Div(want, align)
+		want.Mul(want, align)
+		if !want.IsUint64() {
+			want.SetUint64(math.MaxUint64)
+		}
+		if got := a.ExtentSize(size); got != want.Uint64() {
+			t.Fatalf("ExtentSize(%d) with alignment %d = %d, want %d", size, 1<<shift, got, want.Uint64())
+		}
+		if size > a.Capacity() {
+			if _, err := a.Allocate(size); !errors.Is(err, ErrTooLarge) {
+				t.Fatalf("Allocate(%d) over the capacity %d = %v, want ErrTooLarge", size, a.Capacity(), err)
+			}
+		}
+	})
 }
