@@ -23,7 +23,16 @@ type Config struct {
 	MaxChangesPerResponse int
 	// SnapshotPageSize bounds one SnapshotResponse (default 1000).
 	SnapshotPageSize int
+	// MaxSnapshots bounds the Snapshot streams served at once (default
+	// DefaultMaxSnapshots): each holds a copy of the readable set until its
+	// client has read it, so more fail with RESOURCE_EXHAUSTED /
+	// LIMIT_EXCEEDED instead of multiplying that memory.
+	MaxSnapshots int
 }
+
+// DefaultMaxSnapshots is Config.MaxSnapshots's default: a gateway or two,
+// each resyncing, and room for an operator's tool.
+const DefaultMaxSnapshots = 4
 
 // Source is what the service reads: the metadata store.
 type Source interface {
@@ -36,6 +45,8 @@ type Service struct {
 	masterv1.UnimplementedChangeServiceServer
 	src Source
 	cfg Config
+	// snapshots holds one token per Snapshot stream in progress.
+	snapshots chan struct{}
 }
 
 // New returns the adapter. It does no I/O.
@@ -46,7 +57,10 @@ func New(cfg Config, src Source) *Service {
 	if cfg.SnapshotPageSize <= 0 {
 		cfg.SnapshotPageSize = 1000
 	}
-	return &Service{src: src, cfg: cfg}
+	if cfg.MaxSnapshots <= 0 {
+		cfg.MaxSnapshots = DefaultMaxSnapshots
+	}
+	return &Service{src: src, cfg: cfg, snapshots: make(chan struct{}, cfg.MaxSnapshots)}
 }
 
 // Register registers the service on a gRPC server.
@@ -94,8 +108,16 @@ func (s *Service) Watch(req *masterv1.WatchRequest, stream grpc.ServerStreamingS
 	}
 }
 
-// Snapshot implements ChangeService.Snapshot.
+// Snapshot implements ChangeService.Snapshot: at most MaxSnapshots at once,
+// each sending pages of SnapshotPageSize entries.
 func (s *Service) Snapshot(req *masterv1.SnapshotRequest, stream grpc.ServerStreamingServer[masterv1.SnapshotResponse]) error {
+	select {
+	case s.snapshots <- struct{}{}:
+		defer func() { <-s.snapshots }()
+	default:
+		return rpcerr.Status(rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED,
+			"%d snapshots already in progress (max %d); retry later", s.cfg.MaxSnapshots, s.cfg.MaxSnapshots))
+	}
 	ctx := stream.Context()
 	rev, entries, err := s.src.Snapshot(ctx, req.GetTenant())
 	if err != nil {
