@@ -56,6 +56,14 @@ type Config struct {
 	// the largest registered segment. Never above meta.MaxObjectSizeCap.
 	MaxObjectSize config.ByteSize
 
+	// Table and scan limits (issue 11): tenants held at once, segments one
+	// agent may register, keys one RemoveByPrefix/Regex call examines,
+	// Snapshot streams served at once.
+	MaxTenants          int
+	MaxSegmentsPerAgent int
+	ScanBudget          int
+	MaxSnapshots        int
+
 	// RecoveryGrace is how long after start ChangeService refuses with
 	// MASTER_RECOVERING: a restarted master starts empty and rebuilds its
 	// objects as agents re-register, and a gateway that resynced in that
@@ -89,6 +97,11 @@ func DefaultConfig() Config {
 		LowWatermark:       0.80,
 		GCPercent:          400,
 		RecoveryGrace:      3 * time.Second,
+
+		MaxTenants:          1 << 16,
+		MaxSegmentsPerAgent: session.DefaultMaxSegmentsPerAgent,
+		ScanBudget:          meta.DefaultScanBudget,
+		MaxSnapshots:        changesvc.DefaultMaxSnapshots,
 	}
 }
 
@@ -107,6 +120,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "read lease granted by GetReplicaList and Exist")
 	fs.DurationVar(&c.PutTimeout, "put-timeout", c.PutTimeout, "a PutStart not ended within this is expired (its reservations released, its quota refunded) and may be preempted; below reserved-grace")
 	fs.Var(&c.MaxObjectSize, "max-object-size", "largest object a PutStart may ask for (e.g. 1GiB), larger ones fail with OBJECT_TOO_LARGE; 0 = the largest registered segment; at most 64GiB")
+	fs.IntVar(&c.MaxTenants, "max-tenants", c.MaxTenants, "tenants held at once (those with objects or a quota); a new one beyond this fails with LIMIT_EXCEEDED")
+	fs.IntVar(&c.MaxSegmentsPerAgent, "max-segments-per-agent", c.MaxSegmentsPerAgent, "segments one agent may register or mount; more are refused with LIMIT_EXCEEDED")
+	fs.IntVar(&c.ScanBudget, "scan-budget", c.ScanBudget, "keys one RemoveByPrefix/RemoveByRegex call examines before it returns a page token")
+	fs.IntVar(&c.MaxSnapshots, "max-snapshots", c.MaxSnapshots, "ChangeService Snapshot streams served at once; more fail with LIMIT_EXCEEDED")
 	fs.IntVar(&c.ChangelogRetention, "changelog-retention", c.ChangelogRetention, "change records retained for Watch resumption")
 	fs.Float64Var(&c.HighWatermark, "high-watermark", c.HighWatermark, "segment use fraction that starts eviction")
 	fs.Float64Var(&c.LowWatermark, "low-watermark", c.LowWatermark, "segment use fraction eviction stops at")
@@ -143,6 +160,14 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxObjectSize > meta.MaxObjectSizeCap {
 		errs = append(errs, fmt.Errorf("max-object-size (%d) must be at most %d (64GiB)", uint64(c.MaxObjectSize), uint64(meta.MaxObjectSizeCap)))
+	}
+	if c.MaxTenants < 1 || c.MaxTenants > meta.MaxTenantsLimit {
+		errs = append(errs, fmt.Errorf("max-tenants must be 1..%d, got %d", meta.MaxTenantsLimit, c.MaxTenants))
+	}
+	for name, v := range map[string]int{"max-segments-per-agent": c.MaxSegmentsPerAgent, "scan-budget": c.ScanBudget, "max-snapshots": c.MaxSnapshots} {
+		if v < 1 {
+			errs = append(errs, fmt.Errorf("%s must be >= 1, got %d", name, v))
+		}
 	}
 	if c.RecoveryGrace < 0 {
 		errs = append(errs, fmt.Errorf("recovery-grace must be >= 0, got %v", c.RecoveryGrace))
@@ -199,6 +224,8 @@ func New(cfg Config, lg *slog.Logger) (*Master, error) {
 		UnmountAfter:      cfg.UnmountAfter,
 		ReservedGrace:     cfg.ReservedGrace,
 		RequestTimeout:    cfg.AgentTimeout,
+
+		MaxSegmentsPerAgent: cfg.MaxSegmentsPerAgent,
 	}, session.Deps{Identity: id, Registry: registry, Metrics: reg}, lg.With("part", "sessions"))
 	if err != nil {
 		return nil, err
@@ -210,6 +237,8 @@ func New(cfg Config, lg *slog.Logger) (*Master, error) {
 		HighWatermark:   cfg.HighWatermark,
 		LowWatermark:    cfg.LowWatermark,
 		ChangeRetention: cfg.ChangelogRetention,
+		MaxTenants:      cfg.MaxTenants,
+		ScanBudget:      cfg.ScanBudget,
 	}, meta.Deps{Registry: registry, Agents: sessions, Identity: id, Metrics: reg}, lg.With("part", "meta"))
 	if err != nil {
 		return nil, err
@@ -226,7 +255,7 @@ func New(cfg Config, lg *slog.Logger) (*Master, error) {
 	srv := server.New(server.Config{GRPCAddr: cfg.GRPCAddr, AdminAddr: cfg.AdminAddr, ShutdownTimeout: cfg.ShutdownTimeout}, lg, reg,
 		grpc.ChainStreamInterceptor(rec.streamInterceptor))
 	objectsvc.New(objectsvc.Config{}, store).Register(srv.GRPC)
-	changesvc.New(changesvc.Config{}, store).Register(srv.GRPC)
+	changesvc.New(changesvc.Config{MaxSnapshots: cfg.MaxSnapshots}, store).Register(srv.GRPC)
 	masterv1.RegisterAdminServiceServer(srv.GRPC, admin)
 	masterv1.RegisterSegmentServiceServer(srv.GRPC, sessions)
 	return &Master{cfg: cfg, lg: lg, Server: srv, Store: store, Sessions: sessions, Registry: registry, Identity: id, rec: rec}, nil
