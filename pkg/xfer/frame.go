@@ -94,55 +94,74 @@ func ReadFrame(r io.Reader, buf []byte, m proto.Message) ([]byte, error) {
 const headerStep = 64 << 10
 
 // ReadFrameLimit reads one frame header from r into m, using buf as
-// scratch space (grown as needed and returned for reuse). limit (at most
-// MaxHeaderBytes; <= 0 means MaxHeaderBytes) is the largest header the
-// reader accepts.
+// scratch space (grown as needed and returned for reuse): ReadHeader, then
+// DecodeHeader.
+func ReadFrameLimit(r io.Reader, buf []byte, m proto.Message, limit int) ([]byte, error) {
+	hdr, _, buf, err := ReadHeader(r, buf, limit)
+	if err != nil {
+		return buf, err
+	}
+	return buf, DecodeHeader(hdr, m)
+}
+
+// ReadHeader reads one frame's header from r without decoding it, using
+// buf as scratch space (grown as needed and returned for reuse), and
+// returns it with the number of its items (TransferRequest.items,
+// TransferResponse.results: field 2), counted on the raw bytes. limit (at
+// most MaxHeaderBytes; <= 0 means MaxHeaderBytes) is the largest header
+// the reader accepts.
 //
 // Nothing is allocated on the strength of the length prefix alone: a
 // length over MaxHeaderBytes is refused with INVALID_PARAMS, one over limit
 // with RESOURCE_EXHAUSTED LIMIT_EXCEEDED, and a header larger than buf is
-// read into a buffer grown as its bytes arrive. Before unmarshalling, the
-// header's top-level fields are scanned without decoding them and a header
-// with more than MaxItems entries in field 2 (TransferRequest.items,
-// TransferResponse.results) is refused with INVALID_PARAMS, so an oversized
-// array is never decoded.
+// read into a buffer grown as its bytes arrive. A header of more than
+// MaxItems items is refused with INVALID_PARAMS as soon as they are seen,
+// so an oversized array is never decoded.
 //
 // It returns io.EOF when r ends cleanly before the frame,
 // io.ErrUnexpectedEOF when it ends inside it, and an error wrapping
-// ErrProtocol for the refusals above or bytes that do not unmarshal into
-// m; the frame's payload, if any, is left unread in r.
-func ReadFrameLimit(r io.Reader, buf []byte, m proto.Message, limit int) ([]byte, error) {
+// ErrProtocol for the refusals above; the frame's payload, if any, is left
+// unread in r.
+func ReadHeader(r io.Reader, buf []byte, limit int) (hdr []byte, items int, scratch []byte, err error) {
 	if cap(buf) < lenSize {
 		buf = make([]byte, 0, 512)
 	}
 	if _, err := io.ReadFull(r, buf[:lenSize]); err != nil {
-		return buf, err
+		return nil, 0, buf, err
 	}
 	n := binary.LittleEndian.Uint32(buf[:lenSize])
 	if n > MaxHeaderBytes {
-		return buf, errMalformed("transfer header of %d bytes exceeds the %d-byte limit", n, MaxHeaderBytes)
+		return nil, 0, buf, errMalformed("transfer header of %d bytes exceeds the %d-byte limit", n, MaxHeaderBytes)
 	}
 	if limit > 0 && int64(n) > int64(limit) {
-		return buf, fmt.Errorf("%w: %w", rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED,
+		return nil, 0, buf, fmt.Errorf("%w: %w", rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED,
 			"transfer header of %d bytes exceeds this agent's %d-byte limit (send fewer items per request)", n, limit), ErrProtocol)
 	}
 	b, buf, err := readHeader(r, buf, int(n))
 	if err != nil {
 		if err == errTooManyItems {
-			return buf, err
+			return nil, 0, buf, err
 		}
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
-		return buf, err
+		return nil, 0, buf, err
 	}
-	if countItems(b) > MaxItems {
-		return buf, errTooManyItems
+	k := countItems(b)
+	if k > MaxItems {
+		return nil, 0, buf, errTooManyItems
 	}
-	if err := rpccodec.Unmarshal(b, m); err != nil {
-		return buf, errMalformed("transfer header does not decode: %v", err)
+	return b, k, buf, nil
+}
+
+// DecodeHeader unmarshals a header ReadHeader returned into m; bytes that
+// do not decode are refused with an error wrapping ErrProtocol
+// (INVALID_PARAMS).
+func DecodeHeader(hdr []byte, m proto.Message) error {
+	if err := rpccodec.Unmarshal(hdr, m); err != nil {
+		return errMalformed("transfer header does not decode: %v", err)
 	}
-	return buf, nil
+	return nil
 }
 
 // readHeader reads n bytes from r into buf, or, when buf is too small,
