@@ -97,6 +97,8 @@ type Server struct {
 	xferConns, xferBusy prometheus.Gauge
 	// Bulk transfer connections refused at accept, by the limit reached.
 	xferRefused *prometheus.CounterVec
+	// Items of the bulk transfer requests being served.
+	xferItems prometheus.Gauge
 }
 
 // New builds the server; it does no I/O.
@@ -115,6 +117,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) *Server {
 		xferBusy:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "crescent_agent_transfer_requests_in_flight", Help: "Bulk transfer requests being served."}),
 		xferRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "crescent_agent_transfer_connections_refused_total",
 			Help: "Bulk transfer connections refused at accept, by limit (max_connections, max_connections_per_ip)."}, []string{"limit"}),
+		xferItems: prometheus.NewGauge(prometheus.GaugeOpts{Name: "crescent_agent_transfer_items_in_flight", Help: "Items of the bulk transfer requests being served (bounded by --transfer-max-items-in-flight)."}),
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -123,7 +126,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) *Server {
 		s.keys = &Keyring{}
 	}
 	if deps.Registerer != nil {
-		deps.Registerer.MustRegister(s.bytesIn, s.bytesOut, s.errs, s.xferConns, s.xferBusy, s.xferRefused)
+		deps.Registerer.MustRegister(s.bytesIn, s.bytesOut, s.errs, s.xferConns, s.xferBusy, s.xferRefused, s.xferItems)
 	}
 	return s
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -34,6 +35,8 @@ const (
 	// MaxHeaderBytes plus the decoded items while a request is read.
 	DefaultTransferMaxConns      = 1024
 	DefaultTransferMaxConnsPerIP = 256
+	// DefaultTransferMaxItemsInFlight is 32 requests of xfer.MaxItems.
+	DefaultTransferMaxItemsInFlight = 32 * xfer.MaxItems
 )
 
 const (
@@ -61,6 +64,9 @@ const (
 	// answer lingers up to lingerTime); beyond it a refused connection is
 	// closed without an answer.
 	maxRejecting = 32
+	// idleTrim is how long a connection waits for its next request before
+	// it gives back what it keeps from request to request (trim).
+	idleTrim = time.Second
 )
 
 // TransferConfig tunes the bulk transfer listener.
@@ -84,6 +90,15 @@ type TransferConfig struct {
 	// xfer.MaxHeaderBytes, 1 MiB); a larger one is refused with
 	// RESOURCE_EXHAUSTED LIMIT_EXCEEDED before it is read.
 	MaxHeaderBytes int
+	// MaxItemsInFlight bounds the items of the requests being served at
+	// once, over all connections (default 131072, 32 requests of
+	// xfer.MaxItems; at least xfer.MaxItems). What a request holds grows
+	// with its items (about 250 bytes each besides its header) while its
+	// header can be tiny, so this, not the header size, bounds that
+	// memory. A request that would pass it waits up to IOTimeout for
+	// others to finish, then is refused with RESOURCE_EXHAUSTED
+	// LIMIT_EXCEEDED.
+	MaxItemsInFlight int
 }
 
 func (c TransferConfig) withDefaults() TransferConfig {
@@ -105,6 +120,10 @@ func (c TransferConfig) withDefaults() TransferConfig {
 	if c.MaxHeaderBytes <= 0 || c.MaxHeaderBytes > xfer.MaxHeaderBytes {
 		c.MaxHeaderBytes = xfer.MaxHeaderBytes
 	}
+	if c.MaxItemsInFlight <= 0 {
+		c.MaxItemsInFlight = DefaultTransferMaxItemsInFlight
+	}
+	c.MaxItemsInFlight = max(c.MaxItemsInFlight, xfer.MaxItems)
 	return c
 }
 
@@ -172,8 +191,8 @@ type transferServer struct {
 	cfg TransferConfig
 	wg  sync.WaitGroup
 
-	// mu guards conns, perIP, every conn's busy flag, rejecting and
-	// closing.
+	// mu guards conns, perIP, every conn's busy flag, rejecting, items,
+	// freed and closing.
 	mu    sync.Mutex
 	conns map[*transferConn]struct{}
 	// perIP counts the open connections by remote address (the zero
@@ -181,7 +200,11 @@ type transferServer struct {
 	perIP map[netip.Addr]int
 	// rejecting counts refused connections still being answered.
 	rejecting int
-	closing   bool
+	// items counts the items of the requests being served (acquire);
+	// freed, when set, is closed as soon as some are given back.
+	items   int
+	freed   chan struct{}
+	closing bool
 }
 
 func newTransferServer(s *Server) *transferServer {
@@ -337,6 +360,10 @@ func (t *transferServer) setBusy(c *transferConn, busy bool) bool {
 func (t *transferServer) shutdown() {
 	t.mu.Lock()
 	t.closing = true
+	if t.freed != nil {
+		close(t.freed)
+		t.freed = nil
+	}
 	for c := range t.conns {
 		if !c.busy {
 			_ = c.nc.Close()
@@ -388,41 +415,143 @@ func (t *transferServer) serve(c *transferConn) {
 			return
 		}
 		// Idle until the next request starts, then IOTimeout for the rest.
-		_ = c.nc.SetReadDeadline(t.deadline(t.cfg.IdleTimeout))
-		if _, err := c.br.Peek(1); err != nil {
+		if !t.await(c) {
 			return
 		}
 		t.setBusy(c, true)
 		_ = c.nc.SetReadDeadline(t.deadline(t.cfg.IOTimeout))
 		c.rdLeft = ioStep
-		req := &agentv1.TransferRequest{}
-		c.req.TransferRequest = req
-		var err error
-		c.hbuf, err = xfer.ReadFrameLimit(c.br, c.hbuf, &c.req, t.cfg.MaxHeaderBytes)
-		c.req.TransferRequest = nil
-		if cap(c.hbuf) > maxKeptHeader {
-			c.hbuf = nil
-		}
+		hdr, n, hbuf, err := xfer.ReadHeader(c.br, c.hbuf, t.cfg.MaxHeaderBytes)
+		c.hbuf = hbuf
 		if err != nil {
 			if errors.Is(err, xfer.ErrProtocol) {
 				t.refuse(c, "transfer", err)
 			}
 			return
 		}
-		if err := xfer.CheckRequest(req); err != nil {
-			t.refuse(c, "transfer", err)
+		// Items are budgeted before they are decoded.
+		if !t.acquire(n) {
+			t.refuse(c, "transfer", t.errBusy())
 			return
 		}
-		if req.GetOp() == agentv1.TransferOp_TRANSFER_OP_WRITE {
-			err = t.write(c, req.GetItems())
-		} else {
-			err = t.read(c, req.GetItems())
+		err = t.request(c, hdr)
+		t.release(n)
+		if cap(c.hbuf) > maxKeptHeader {
+			c.hbuf = nil
 		}
 		if err != nil {
-			s.lg.Debug("transfer connection ended", "remote", c.nc.RemoteAddr().String(), "op", req.GetOp().String(), "err", err)
+			s.lg.Debug("transfer connection ended", "remote", c.nc.RemoteAddr().String(), "err", err)
 			return
 		}
 	}
+}
+
+// request decodes and serves one request whose header is hdr; an error
+// ends the connection (a refused request was answered).
+func (t *transferServer) request(c *transferConn, hdr []byte) error {
+	req := &agentv1.TransferRequest{}
+	c.req.TransferRequest = req
+	err := xfer.DecodeHeader(hdr, &c.req)
+	c.req.TransferRequest = nil
+	if err == nil {
+		err = xfer.CheckRequest(req)
+	}
+	if err != nil {
+		t.refuse(c, "transfer", err)
+		return err
+	}
+	if req.GetOp() == agentv1.TransferOp_TRANSFER_OP_WRITE {
+		return t.write(c, req.GetItems())
+	}
+	return t.read(c, req.GetItems())
+}
+
+// await waits for the next request to start, up to IdleTimeout; false
+// when it did not. A connection idle for more than idleTrim first gives
+// back the per-request arrays and scratch buffers it keeps, so idle
+// connections hold little more than their read buffer.
+func (t *transferServer) await(c *transferConn) bool {
+	if c.br.Buffered() > 0 {
+		return true
+	}
+	start := time.Now()
+	_ = c.nc.SetReadDeadline(start.Add(min(idleTrim, t.cfg.IdleTimeout)))
+	_, err := c.br.Peek(1)
+	if err == nil {
+		return true
+	}
+	if !errors.Is(err, os.ErrDeadlineExceeded) || t.cfg.IdleTimeout <= idleTrim {
+		return false
+	}
+	c.trim()
+	_ = c.nc.SetReadDeadline(start.Add(t.cfg.IdleTimeout))
+	_, err = c.br.Peek(1)
+	return err == nil
+}
+
+// trim drops what c keeps from request to request.
+func (c *transferConn) trim() {
+	c.hbuf, c.wbuf, c.iov, c.run, c.vec = nil, nil, nil, nil, nil
+	c.req.arr, c.req.ptrs, c.req.tokens = nil, nil, nil
+	c.handles, c.hs, c.errs, c.results, c.rptrs = nil, nil, nil, nil, nil
+}
+
+// acquire takes n items of MaxItemsInFlight for a request, waiting up to
+// IOTimeout for other requests to give theirs back; false when they did
+// not, or the server is closing.
+func (t *transferServer) acquire(n int) bool {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		t.mu.Lock()
+		if t.items+n <= t.cfg.MaxItemsInFlight {
+			t.items += n
+			t.mu.Unlock()
+			t.s.xferItems.Add(float64(n))
+			return true
+		}
+		if t.closing {
+			t.mu.Unlock()
+			return false
+		}
+		if t.freed == nil {
+			t.freed = make(chan struct{})
+		}
+		freed := t.freed
+		t.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(t.cfg.IOTimeout)
+		}
+		select {
+		case <-freed:
+		case <-timer.C:
+			return false
+		}
+	}
+}
+
+// release gives back n items acquire took and wakes the requests waiting
+// for them.
+func (t *transferServer) release(n int) {
+	t.mu.Lock()
+	t.items -= n
+	if t.freed != nil {
+		close(t.freed)
+		t.freed = nil
+	}
+	t.mu.Unlock()
+	t.s.xferItems.Sub(float64(n))
+}
+
+func (t *transferServer) errBusy() error {
+	err := rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED,
+		"the agent serves its maximum of %d transfer items at once and none were freed for %v; retry later", t.cfg.MaxItemsInFlight, t.cfg.IOTimeout)
+	err.Metadata = map[string]string{"limit": "transfer_items_in_flight"}
+	return err
 }
 
 // refuse answers a request refused whole with its error, then lingers

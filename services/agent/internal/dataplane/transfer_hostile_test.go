@@ -371,3 +371,115 @@ func TestTransferConnectionLimits(t *testing.T) {
 		t.Fatalf("refused = %v, want 3 (the later connections were accepted)", got)
 	}
 }
+
+// TestTransferItemsInFlight: requests of thousands of tiny items hold
+// memory out of proportion to their headers; MaxItemsInFlight bounds them
+// over all connections. A request past it waits for items to be given
+// back, then is refused with RESOURCE_EXHAUSTED LIMIT_EXCEEDED; waiting
+// requests hold no decoded items.
+func TestTransferItemsInFlight(t *testing.T) {
+	e := startTransfer(t, TransferConfig{MaxItemsInFlight: xfer.MaxItems, IOTimeout: time.Second})
+	items := func() float64 { return testutil.ToFloat64(e.srv.xferItems) }
+	// A holds the whole budget: 4096 failing items, the first draining
+	// 256 MiB that A sends 4 MiB at a time, fast enough to stay alive.
+	big := &agentv1.TransferItem{SegmentId: e.mem.ID(), AllocationId: 1, Length: xfer.MaxDrainBytes}
+	req := &agentv1.TransferRequest{Op: agentv1.TransferOp_TRANSFER_OP_WRITE, Items: []*agentv1.TransferItem{big}}
+	for range xfer.MaxItems - 1 {
+		req.Items = append(req.Items, &agentv1.TransferItem{})
+	}
+	a := rawConn(t, e.addr)
+	if _, err := a.Write(append([]byte(xfer.Preamble), frame(t, req)...)); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		chunk := make([]byte, 4<<20)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				if _, err := a.Write(chunk); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	waitFor(t, "A to hold the budget", func() bool { return items() == xfer.MaxItems })
+
+	// Waiting requests hold their header, not decoded items.
+	const waiting = 20
+	base := heapInUse()
+	ws := make([]net.Conn, waiting)
+	for i := range ws {
+		ws[i] = rawConn(t, e.addr)
+		if _, err := ws[i].Write(append([]byte(xfer.Preamble), frame(t, req)...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the others to wait", func() bool { return testutil.ToFloat64(e.srv.xferBusy) == waiting+1 })
+	held := int64(heapInUse()) - int64(base)
+	t.Logf("%d requests of %d items waiting for the budget hold %d KiB", waiting, xfer.MaxItems, held>>10)
+	if held > waiting*xfer.MaxItems*250/4 {
+		t.Fatalf("%d waiting requests hold %d bytes; want far less than their decoded items", waiting, held)
+	}
+	start := time.Now()
+	for _, c := range ws {
+		wantRefusal(t, c, codes.ResourceExhausted, "LIMIT_EXCEEDED")
+	}
+	if d := time.Since(start); d < 500*time.Millisecond {
+		t.Fatalf("refused after %v; want a wait of about IOTimeout (1s) first", d)
+	}
+	if got := items(); got != xfer.MaxItems {
+		t.Fatalf("%v items in flight, want A's %d", got, xfer.MaxItems)
+	}
+
+	// A normal client waits for A to go, then is served.
+	gone := make(chan struct{})
+	time.AfterFunc(100*time.Millisecond, func() {
+		defer close(gone)
+		close(stop)
+		<-sent
+		_ = a.Close()
+	})
+	e.roundTrip(t)
+	<-gone
+	waitFor(t, "the budget to be given back", func() bool { return items() == 0 })
+}
+
+// TestTransferIdleConnectionsTrim: connections that served a request of a
+// thousand items and then idle give back the arrays they keep for the
+// next one, after idleTrim.
+func TestTransferIdleConnectionsTrim(t *testing.T) {
+	e := startTransfer(t, TransferConfig{})
+	const conns, n = 40, 1000
+	req := &agentv1.TransferRequest{Op: agentv1.TransferOp_TRANSFER_OP_WRITE}
+	for range n {
+		req.Items = append(req.Items, &agentv1.TransferItem{}) // no token: each fails, no payload
+	}
+	wire := append([]byte(xfer.Preamble), frame(t, req)...)
+	base := heapInUse()
+	for range conns {
+		c := rawConn(t, e.addr)
+		if _, err := c.Write(wire); err != nil {
+			t.Fatal(err)
+		}
+		resp := &agentv1.TransferResponse{}
+		if _, err := xfer.ReadFrame(c, nil, resp); err != nil || len(resp.GetResults()) != n {
+			t.Fatalf("answer: %d results, %v", len(resp.GetResults()), err)
+		}
+	}
+	waitFor(t, "the requests to end", func() bool { return testutil.ToFloat64(e.srv.xferBusy) == 0 })
+	kept := int64(heapInUse()) - int64(base)
+	time.Sleep(idleTrim + 500*time.Millisecond)
+	trimmed := int64(heapInUse()) - int64(base)
+	t.Logf("%d idle connections after a %d-item request: %d KiB kept, %d KiB after %v", conns, n, kept>>10, trimmed>>10, idleTrim)
+	if trimmed > kept/2 || trimmed > conns*2*transferReadBuffer {
+		t.Fatalf("idle connections hold %d bytes after the trim (%d before); want about their read buffers", trimmed, kept)
+	}
+	e.roundTrip(t)
+}
