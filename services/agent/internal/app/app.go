@@ -57,6 +57,7 @@ type Config struct {
 	TransferMaxConns       int
 	TransferMaxConnsPerIP  int
 	TransferMaxHeaderBytes config.ByteSize
+	TransferMaxItems       int
 	TransferIdleTimeout    time.Duration
 	TransferIOTimeout      time.Duration
 	// VerifyDisk checks every sealed allocation of a reopened disk
@@ -85,6 +86,7 @@ func DefaultConfig() Config {
 		TransferMaxConns:       dataplane.DefaultTransferMaxConns,
 		TransferMaxConnsPerIP:  dataplane.DefaultTransferMaxConnsPerIP,
 		TransferMaxHeaderBytes: xfer.MaxHeaderBytes,
+		TransferMaxItems:       dataplane.DefaultTransferMaxItemsInFlight,
 		TransferIdleTimeout:    dataplane.DefaultTransferIdleTimeout,
 		TransferIOTimeout:      dataplane.DefaultTransferIOTimeout,
 	}
@@ -101,6 +103,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.TransferMaxConns, "transfer-max-connections", c.TransferMaxConns, "open bulk transfer connections at most; one more is refused with RESOURCE_EXHAUSTED LIMIT_EXCEEDED")
 	fs.IntVar(&c.TransferMaxConnsPerIP, "transfer-max-connections-per-ip", c.TransferMaxConnsPerIP, "open bulk transfer connections from one remote IP address at most")
 	fs.Var(&c.TransferMaxHeaderBytes, "transfer-max-header-bytes", "largest bulk transfer request header (at most 1MiB, the protocol's limit; 4096 items with 100-byte tokens need about 600KiB)")
+	fs.IntVar(&c.TransferMaxItems, "transfer-max-items-in-flight", c.TransferMaxItems, "items of the bulk transfer requests served at once, over all connections (at least 4096, one full request); a request past it waits up to --transfer-io-timeout, then is refused with RESOURCE_EXHAUSTED LIMIT_EXCEEDED")
 	fs.DurationVar(&c.TransferIdleTimeout, "transfer-idle-timeout", c.TransferIdleTimeout, "close a bulk transfer connection that starts no request for this long")
 	fs.DurationVar(&c.TransferIOTimeout, "transfer-io-timeout", c.TransferIOTimeout, "cut a bulk transfer request whose peer takes longer than this to send its header, or any 4MiB of payload, or to take the answer (the minimum progress asked of a peer)")
 	fs.StringVar(&c.HostID, "host-id", c.HostID, "host this agent runs on; replicas of one object are spread across hosts")
@@ -167,6 +170,9 @@ func (c *Config) Validate() error {
 	}
 	if c.TransferMaxHeaderBytes < 4<<10 || c.TransferMaxHeaderBytes > xfer.MaxHeaderBytes {
 		errs = append(errs, fmt.Errorf("transfer-max-header-bytes must be within [4KiB, 1MiB], got %s", c.TransferMaxHeaderBytes.String()))
+	}
+	if c.TransferMaxItems < xfer.MaxItems {
+		errs = append(errs, fmt.Errorf("transfer-max-items-in-flight must be at least %d (one full request), got %d", xfer.MaxItems, c.TransferMaxItems))
 	}
 	if c.TransferIdleTimeout <= 0 || c.TransferIOTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("transfer-idle-timeout and transfer-io-timeout must be > 0, got %v and %v", c.TransferIdleTimeout, c.TransferIOTimeout))
@@ -259,6 +265,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	dp := dataplane.New(dataplane.Config{ChunkSize: int(a.cfg.ReadChunk), Transfer: dataplane.TransferConfig{
 		DrainTimeout: a.cfg.ShutdownTimeout, IdleTimeout: a.cfg.TransferIdleTimeout, IOTimeout: a.cfg.TransferIOTimeout,
 		MaxConns: a.cfg.TransferMaxConns, MaxConnsPerIP: a.cfg.TransferMaxConnsPerIP, MaxHeaderBytes: int(a.cfg.TransferMaxHeaderBytes),
+		MaxItemsInFlight: a.cfg.TransferMaxItems,
 	}},
 		dataplane.Deps{Segments: segs, Keys: keys, Registerer: a.reg}, a.lg)
 	agentv1.RegisterDataServiceServer(srv.GRPC, dp)

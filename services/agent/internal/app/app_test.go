@@ -344,7 +344,8 @@ func TestConfigValidate(t *testing.T) {
 		{"transfer header over the protocol's", func(c *Config) { c.TransferMaxHeaderBytes = 1<<20 + 1 }, false},
 		{"tiny transfer header", func(c *Config) { c.TransferMaxHeaderBytes = 100 }, false},
 		{"no transfer io timeout", func(c *Config) { c.TransferIOTimeout = 0 }, false},
-		{"small transfer limits", func(c *Config) { c.TransferMaxConns, c.TransferMaxConnsPerIP, c.TransferMaxHeaderBytes = 1, 1, 4 << 10 }, true},
+		{"transfer items below one request", func(c *Config) { c.TransferMaxItems = 4095 }, false},
+		{"small transfer limits", func(c *Config) { c.TransferMaxConns, c.TransferMaxConnsPerIP, c.TransferMaxHeaderBytes = 1, 1, 4<<10 }, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
