@@ -12,7 +12,8 @@
 // decide which events to apply.
 //
 // Lock order: metadata shard → segment registry (cluster.Registry, in-memory
-// reads only) → tenant → change log. A task locks one shard at a time, once
+// reads only) → tenant table (adding and retiring tenants) → tenant →
+// change log. A task locks one shard at a time, once
 // per batch. No agent I/O happens under a shard lock: work that must talk to
 // agents records its intent, unlocks, does the I/O, then re-locks and
 // re-looks-up by (tenant, key, put sequence / replica id).
@@ -481,7 +482,8 @@ func (o *object) replicaIndex(id uint32) int {
 type shard struct {
 	// mu guards tenants, the recency list and every object reachable from
 	// them, including the objects' replicas and put states. Lock order:
-	// shard → registry → tenant → change log. Never held across agent I/O.
+	// shard → registry → tenant table → tenant → change log. Never held
+	// across agent I/O.
 	mu         sync.Mutex
 	tenants    map[uint32]map[string]*object
 	head, tail *object // recency list: least and most recent access
