@@ -84,3 +84,36 @@ func TestRegisterSegmentCap(t *testing.T) {
 		}
 	})
 }
+
+// TestRegisterStringLimits: every string of a registration that the
+// registry keeps is bounded; past its limit the registration is refused
+// with INVALID_PARAMS and nothing is registered.
+func TestRegisterStringLimits(t *testing.T) {
+	h := newHarness(t, fastConfig(), harnessOpts{tcp: true})
+	long := strings.Repeat("x", maxNameLen+1)
+	for name, opt := range map[string]agentOpt{
+		"agent_id":          func(r *masterv1.Register) { r.AgentId = long },
+		"host_id":           func(r *masterv1.Register) { r.HostId = long },
+		"data_endpoint":     func(r *masterv1.Register) { r.DataEndpoint = long },
+		"transfer_endpoint": func(r *masterv1.Register) { r.TransferEndpoint = long },
+		"version":           func(r *masterv1.Register) { r.Version = long },
+		"segment_id":        func(r *masterv1.Register) { r.Segments[0].SegmentId = long },
+		"segment name":      func(r *masterv1.Register) { r.Segments[0].Name = long },
+	} {
+		t.Run(name, func(t *testing.T) {
+			conn, stream, cancel := h.open(&masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: registerMsg("s", opt)}})
+			defer conn.Close()
+			defer cancel()
+			_, err := stream.Recv()
+			if status.Code(err) != codes.InvalidArgument || rpcerr.Reason(err) != "INVALID_PARAMS" {
+				t.Fatalf("got %v, want INVALID_ARGUMENT / INVALID_PARAMS", err)
+			}
+		})
+	}
+	if got := len(h.reg.Segments()); got != 0 {
+		t.Fatalf("registry segments after refused registrations: got %d, want 0", got)
+	}
+	a := h.connectAgent("fine")
+	defer a.stop()
+	waitState(t, h, "fine-mem-0", "ok/healthy", time.Second)
+}

@@ -7,8 +7,13 @@ import (
 	"google.golang.org/grpc/codes"
 )
 
-// maxIDLen bounds agent, host and segment ids and endpoints (bytes).
-const maxIDLen = 256
+// maxIDLen bounds agent, host and segment ids, endpoints and the agent's
+// version string (bytes); maxNameLen bounds a segment's name (a disk
+// segment's is its file path). The registry keeps all of them.
+const (
+	maxIDLen   = 256
+	maxNameLen = 4096
+)
 
 // DefaultMaxSegmentsPerAgent is Config.MaxSegmentsPerAgent's default.
 const DefaultMaxSegmentsPerAgent = 256
@@ -38,6 +43,8 @@ func validateRegister(r *masterv1.Register, epoch uint64, maxSegs int) (segment.
 		return segment.Registration{}, invalid("register: data_endpoint is required")
 	case len(r.GetDataEndpoint()) > maxIDLen || len(r.GetTransferEndpoint()) > maxIDLen:
 		return segment.Registration{}, invalid("register: endpoints are limited to %d bytes", maxIDLen)
+	case len(r.GetVersion()) > maxIDLen:
+		return segment.Registration{}, invalid("register: version longer than %d bytes", maxIDLen)
 	}
 	if r.GetKnownEpoch() > epoch {
 		return segment.Registration{}, rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_STALE_EPOCH,
@@ -95,6 +102,8 @@ func validateInfos(infos []*masterv1.SegmentInfo, mount bool) error {
 			return invalid("segment %d: segment_id is required", i)
 		case len(id) > maxIDLen:
 			return invalid("segment %d: segment_id longer than %d bytes", i, maxIDLen)
+		case len(s.GetName()) > maxNameLen:
+			return invalid("segment %q: name longer than %d bytes", id, maxNameLen)
 		case seen[id]:
 			return invalid("segment %q listed twice", id)
 		case s.GetUsed() > s.GetCapacity():
