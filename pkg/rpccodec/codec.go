@@ -43,6 +43,8 @@ type vtMessage interface {
 // Codec implements encoding.CodecV2.
 type Codec struct {
 	fallback encoding.CodecV2
+	// limited: decode only messages within MessageBudget (servers).
+	limited bool
 }
 
 // New returns the codec.
@@ -54,10 +56,44 @@ func New() *Codec {
 	return &Codec{fallback: fb}
 }
 
-var codec = New()
+// NewServer returns the codec a server decodes requests with: New's, but a
+// message holding more nested messages than MessageBudget allows for its
+// size is refused before anything is decoded (ErrTooManyMessages).
+func NewServer() *Codec {
+	c := New()
+	c.limited = true
+	return c
+}
 
-// ServerOption makes a gRPC server use the codec for every method.
-func ServerOption() grpc.ServerOption { return grpc.ForceServerCodecV2(codec) }
+var (
+	codec       = New()
+	serverCodec = NewServer()
+)
+
+// ServerOption makes a gRPC server use the codec for every method, with
+// requests held to MessageBudget.
+func ServerOption() grpc.ServerOption { return grpc.ForceServerCodecV2(serverCodec) }
+
+// Nested messages are what a hostile request can multiply: an empty one is
+// two bytes on the wire and a struct of up to ~200 bytes (plus its pointer)
+// once decoded, so a 256 MiB request of them would decode into ~25 GiB
+// before any handler could count its items. A server therefore decodes a
+// request only if it holds at most FreeMessages nested messages plus one
+// per BytesPerMessage bytes of its size: a 10,000-item batch of anything
+// and an agent's Register of millions of allocations (each well over 32
+// bytes) pass, and decoding costs at most a few times the request's size.
+const (
+	FreeMessages    = 1 << 16
+	BytesPerMessage = 32
+)
+
+// MessageBudget is the number of nested messages a server accepts in a
+// request of n bytes.
+func MessageBudget(n int) int { return FreeMessages + n/BytesPerMessage }
+
+// ErrTooManyMessages refuses a request past MessageBudget. gRPC reports a
+// request its codec refuses as INTERNAL, with this text in the message.
+var ErrTooManyMessages = errors.New("rpccodec: request holds more nested messages than its size allows")
 
 // DialOption makes every call on a client connection use the codec.
 func DialOption() grpc.DialOption {
@@ -101,11 +137,18 @@ func (c *Codec) Unmarshal(data mem.BufferSlice, v any) error {
 		return c.fallback.Unmarshal(data, v)
 	}
 	if len(data) == 1 {
-		return Unmarshal(data[0].ReadOnlyData(), m)
+		return c.unmarshal(data[0].ReadOnlyData(), m)
 	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
-	return Unmarshal(buf.ReadOnlyData(), m)
+	return c.unmarshal(buf.ReadOnlyData(), m)
+}
+
+func (c *Codec) unmarshal(b []byte, m proto.Message) error {
+	if c.limited {
+		return UnmarshalLimited(b, m)
+	}
+	return Unmarshal(b, m)
 }
 
 // errInvalidUTF8 is proto.Unmarshal's refusal, word for word.
@@ -140,16 +183,28 @@ func AppendMarshal(b []byte, m proto.Message) ([]byte, error) {
 // conforming peers never take). Unknown fields are kept as their raw bytes
 // (proto.Unmarshal re-encodes their tags; known fields decode the same), and
 // vtprotobuf's well-known types drop theirs.
-func Unmarshal(b []byte, m proto.Message) error {
+func Unmarshal(b []byte, m proto.Message) error { return unmarshal(b, m, unlimited) }
+
+// UnmarshalLimited is Unmarshal for a request a server received: it also
+// refuses, with ErrTooManyMessages and before decoding anything, b that holds
+// more than MessageBudget(len(b)) nested messages. Messages without
+// generated code are decoded by proto.Unmarshal, unchecked.
+func UnmarshalLimited(b []byte, m proto.Message) error {
+	return unmarshal(b, m, MessageBudget(len(b)))
+}
+
+func unmarshal(b []byte, m proto.Message, budget int) error {
 	vm, ok := m.(vtMessage)
 	if !ok {
 		return proto.Unmarshal(b, m)
 	}
-	switch shapeOf(m.ProtoReflect().Descriptor()).check(b) {
+	switch shapeOf(m.ProtoReflect().Descriptor()).check(b, &budget) {
 	case badUTF8:
 		return errInvalidUTF8
 	case badWireFmt:
 		return proto.Unmarshal(b, m)
+	case tooMany:
+		return fmt.Errorf("%w: more than %d in %d bytes", ErrTooManyMessages, MessageBudget(len(b)), len(b))
 	}
 	// UnmarshalVT merges into the message; proto.Unmarshal (and gRPC's
 	// contract) replaces it.

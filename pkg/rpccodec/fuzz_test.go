@@ -1,6 +1,7 @@
 package rpccodec
 
 import (
+	"errors"
 	"testing"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
@@ -36,7 +37,8 @@ func FuzzUnmarshal(f *testing.F) {
 		func() proto.Message { return new(masterv1.ConnectRequest) },
 		func() proto.Message { return new(masterv1.ConnectResponse) },
 	}
-	c := New()
+	f.Add(hostileRegister(FreeMessages + 1))
+	c, sc := New(), NewServer()
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, newMsg := range types {
 			want, got := newMsg(), newMsg()
@@ -47,6 +49,16 @@ func FuzzUnmarshal(f *testing.F) {
 			}
 			if werr == nil && !proto.Equal(known(t, want), known(t, got)) {
 				t.Fatalf("%T: decoded differently:\nproto %v\ncodec %v", want, want, got)
+			}
+			// The server's codec refuses what is over its budget, and
+			// otherwise agrees with proto.Unmarshal.
+			limited := newMsg()
+			lerr := sc.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, limited)
+			if errors.Is(lerr, ErrTooManyMessages) {
+				continue
+			}
+			if (werr == nil) != (lerr == nil) || werr == nil && !proto.Equal(known(t, want), known(t, limited)) {
+				t.Fatalf("%T: server codec: %v (%v); proto.Unmarshal: %v", want, lerr, limited, werr)
 			}
 		}
 	})

@@ -83,13 +83,19 @@ const (
 	valid      verdict = iota
 	badUTF8            // a string field is not UTF-8
 	badWireFmt         // malformed wire data (the decoder words the error)
+	tooMany            // more nested messages than the budget allows
 )
+
+// unlimited is a message budget no input can exhaust.
+const unlimited = int(^uint(0) >> 1)
 
 // check walks b, a message of shape s, and every message field in it, at
 // any depth: each string field must be valid UTF-8, and the wire format
 // must be well formed (the generated decoder skips unknown groups without
 // matching their ends; proto.Unmarshal refuses a mismatched end group).
-func (s *shape) check(b []byte) verdict {
+// Each message field found costs one from *budget; check answers tooMany
+// once it goes negative.
+func (s *shape) check(b []byte, budget *int) verdict {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 || num > protowire.MaxValidNumber {
@@ -118,7 +124,10 @@ func (s *shape) check(b []byte) verdict {
 				return badUTF8
 			}
 		case msg:
-			if r := s.msgs[num].check(v); r != valid {
+			if *budget--; *budget < 0 {
+				return tooMany
+			}
+			if r := s.msgs[num].check(v, budget); r != valid {
 				return r
 			}
 		}

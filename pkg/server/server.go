@@ -38,6 +38,12 @@ import (
 // enough for 64 MiB data-plane chunks and big batch responses.
 const MaxMessageBytes = 256 << 20
 
+// MaxConcurrentStreams caps the calls one client connection may have open at
+// once (grpc-go's default is unlimited: every stream a peer opens is a
+// goroutine and buffers). Calls past it wait in the client for a free slot;
+// nothing Crescent runs needs more than a few dozen per connection.
+const MaxConcurrentStreams = 1024
+
 // Config is the listening side of a process.
 type Config struct {
 	// GRPCAddr is host:port for gRPC; empty disables the gRPC server.
@@ -101,6 +107,7 @@ func New(cfg Config, lg *slog.Logger, reg *prometheus.Registry, opts ...grpc.Ser
 		rpccodec.ServerOption(),
 		grpc.MaxRecvMsgSize(MaxMessageBytes),
 		grpc.MaxSendMsgSize(MaxMessageBytes),
+		grpc.MaxConcurrentStreams(MaxConcurrentStreams),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(
 			metrics.UnaryServerInterceptor(),

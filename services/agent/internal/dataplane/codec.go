@@ -33,7 +33,7 @@ type codec struct {
 	base encoding.CodecV2
 }
 
-func newCodec() *codec { return &codec{base: rpccodec.New()} }
+func newCodec() *codec { return &codec{base: rpccodec.NewServer()} }
 
 func (c *codec) Name() string { return "proto" }
 
