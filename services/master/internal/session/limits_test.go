@@ -99,6 +99,7 @@ func TestRegisterStringLimits(t *testing.T) {
 		"version":           func(r *masterv1.Register) { r.Version = long },
 		"segment_id":        func(r *masterv1.Register) { r.Segments[0].SegmentId = long },
 		"segment name":      func(r *masterv1.Register) { r.Segments[0].Name = long },
+		"capacity 2^63":     func(r *masterv1.Register) { r.Segments[0].Capacity = 1 << 63 },
 	} {
 		t.Run(name, func(t *testing.T) {
 			conn, stream, cancel := h.open(&masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: registerMsg("s", opt)}})

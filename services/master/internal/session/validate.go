@@ -15,6 +15,11 @@ const (
 	maxNameLen = 4096
 )
 
+// maxSegmentCapacity bounds a segment's claimed capacity (1 PiB, far past
+// any host's memory or disk): the master sums capacities and free bytes
+// as int64, which a claim near 2^64 would turn negative.
+const maxSegmentCapacity = 1 << 50
+
 // DefaultMaxSegmentsPerAgent is Config.MaxSegmentsPerAgent's default.
 const DefaultMaxSegmentsPerAgent = 256
 
@@ -106,6 +111,8 @@ func validateInfos(infos []*masterv1.SegmentInfo, mount bool) error {
 			return invalid("segment %q: name longer than %d bytes", id, maxNameLen)
 		case seen[id]:
 			return invalid("segment %q listed twice", id)
+		case s.GetCapacity() > maxSegmentCapacity:
+			return invalid("segment %q: capacity %d exceeds %d", id, s.GetCapacity(), uint64(maxSegmentCapacity))
 		case s.GetUsed() > s.GetCapacity():
 			return invalid("segment %q: used %d exceeds capacity %d", id, s.GetUsed(), s.GetCapacity())
 		}
