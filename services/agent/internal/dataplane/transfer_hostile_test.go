@@ -186,7 +186,7 @@ func totalAlloc() uint64 {
 // connections that announce a megabyte and stall, stay far below the
 // volume sent.
 func TestTransferHostileMemory(t *testing.T) {
-	e := startTransfer(t, TransferConfig{IOTimeout: 500 * time.Millisecond})
+	e := startTransfer(t, TransferConfig{IOTimeout: 3 * time.Second})
 	const conns = 40
 	wire := append([]byte(xfer.Preamble), tinyItemsHeader(xfer.MaxHeaderBytes/2)...)
 	volume := uint64(conns * len(wire))
