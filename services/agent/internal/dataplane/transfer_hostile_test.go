@@ -483,3 +483,45 @@ func TestTransferIdleConnectionsTrim(t *testing.T) {
 	}
 	e.roundTrip(t)
 }
+
+// TestTransferRefusalFlood: a flood of connections past MaxConns costs
+// the agent at most maxRejecting goroutines answering refusals; the rest
+// are closed at once.
+func TestTransferRefusalFlood(t *testing.T) {
+	e := startTransfer(t, TransferConfig{MaxConns: 1})
+	holder := rawConn(t, e.addr)
+	if _, err := holder.Write([]byte(xfer.Preamble)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the holder's connection", func() bool { return testutil.ToFloat64(e.srv.xferConns) == 1 })
+	base := runtime.NumGoroutine()
+	const flood = 200
+	cs := make([]net.Conn, flood)
+	for i := range cs {
+		cs[i] = rawConn(t, e.addr) // sends nothing, reads nothing: each answer lingers
+	}
+	waitFor(t, "the flood to be refused", func() bool {
+		return testutil.ToFloat64(e.srv.xferRefused.WithLabelValues("max_connections")) == flood
+	})
+	if extra := runtime.NumGoroutine() - base; extra > maxRejecting+5 {
+		t.Fatalf("%d more goroutines for %d refused connections; want at most %d answering", extra, flood, maxRejecting)
+	}
+	// Every one of them ends, answered or not.
+	answered := 0
+	for _, c := range cs {
+		resp := &agentv1.TransferResponse{}
+		if _, err := xfer.ReadFrame(c, nil, resp); err == nil {
+			answered++
+			wantErr(t, xfer.ItemError(resp.GetError()), codes.ResourceExhausted, "LIMIT_EXCEEDED")
+		}
+		_, _ = io.Copy(io.Discard, c)
+		_ = c.Close()
+	}
+	t.Logf("%d of %d refused connections answered", answered, flood)
+	if answered == 0 || answered > flood {
+		t.Fatalf("%d refused connections answered", answered)
+	}
+	_ = holder.Close()
+	waitFor(t, "the holder to go", func() bool { return testutil.ToFloat64(e.srv.xferConns) == 0 })
+	e.roundTrip(t)
+}
