@@ -58,8 +58,8 @@ type Proc struct {
 	log   string
 	admin string
 
-	mu  sync.Mutex // guards cmd, done
-	cmd *exec.Cmd
+	mu   sync.Mutex // guards cmd, done
+	cmd  *exec.Cmd
 	done chan struct{}
 }
 
@@ -167,15 +167,15 @@ type Cluster struct {
 
 // Options shape a test cluster.
 type Options struct {
-	Agents        int
-	AgentMemory   string
-	Disk          bool
-	Gateway       bool
-	MasterFlags   []string
-	AgentFlags    []string
-	GatewayFlags  []string
-	SuspectAfter  time.Duration
-	UnmountAfter  time.Duration
+	Agents       int
+	AgentMemory  string
+	Disk         bool
+	Gateway      bool
+	MasterFlags  []string
+	AgentFlags   []string
+	GatewayFlags []string
+	SuspectAfter time.Duration
+	UnmountAfter time.Duration
 }
 
 // StartCluster starts a cluster and waits until every agent's segments are
