@@ -4,8 +4,10 @@
 
 SHELL        := /usr/bin/env bash
 GO           ?= go
-MODULES      := gen pkg services/master services/agent services/gateway cli e2e
-PKGS         := $(foreach m,$(MODULES),./$(m)/...)
+# One module for the product (the repository root); tools/ is the second
+# module of the workspace, for pinned `go tool` dependencies only.
+PKGS         := ./...
+UNIT_PKGS     = $(shell $(GO) list ./... | grep -v /e2e)
 BINARIES     := crescent-master crescent-agent crescent-gateway crescentctl
 BIN          := bin
 GOFLAGS_BUILD := -trimpath -ldflags "-s -w"
@@ -29,8 +31,10 @@ check-gen: gen
 	fi
 	@echo "gen/ is up to date"
 
-## lint: buf lint + breaking-safe proto style, go vet, staticcheck
+## lint: gofmt, buf lint, go vet, staticcheck
 lint:
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$unformatted" ]; then echo "not gofmt'd (run gofmt -w):"; echo "$$unformatted"; exit 1; fi
 	$(GO) tool buf lint
 	$(GO) vet $(PKGS)
 	$(GO) tool staticcheck $(PKGS)
@@ -48,7 +52,7 @@ build:
 test: test-unit test-e2e
 
 test-unit:
-	$(GO) test -race -timeout $(TEST_TIMEOUT) $(TESTFLAGS) $(foreach m,$(filter-out e2e,$(MODULES)),./$(m)/...)
+	$(GO) test -race -timeout $(TEST_TIMEOUT) $(TESTFLAGS) $(UNIT_PKGS)
 
 test-e2e: build
 	CRESCENT_BIN=$(CURDIR)/$(BIN) $(GO) test -race -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./e2e/...
@@ -69,7 +73,7 @@ down:
 
 ## bench: the benchmarks recorded in BENCHMARKS.md
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -count 1 -timeout 60m $(foreach m,$(filter-out e2e,$(MODULES)),./$(m)/...)
+	$(GO) test -run '^$$' -bench . -benchmem -count 1 -timeout 60m $(UNIT_PKGS)
 
 ## fuzz: run every fuzz target briefly (FUZZTIME=30s for longer)
 FUZZTIME ?= 10s
@@ -81,7 +85,8 @@ fuzz:
 	done
 
 tidy:
-	@for m in $(MODULES) tools; do (cd $$m && $(GO) mod tidy) || exit 1; done
+	$(GO) mod tidy
+	cd tools && $(GO) mod tidy
 
 clean:
 	rm -rf $(BIN) .run
