@@ -13,8 +13,8 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/pkg/client"
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
 )
 
 func randBytes(t testing.TB, n int) []byte {

@@ -9,7 +9,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"google.golang.org/grpc/codes"
 )
 

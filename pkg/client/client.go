@@ -25,10 +25,10 @@ import (
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/retry"
-	"github.com/crescent-kv/crescent/pkg/rpccodec"
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
-	"github.com/crescent-kv/crescent/pkg/xfer"
+	"github.com/crescent-kv/crescent/internal/retry"
+	"github.com/crescent-kv/crescent/internal/rpccodec"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/xfer"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -75,7 +75,7 @@ type Config struct {
 	Backoff time.Duration
 	// DisableTransfer moves every byte through the agents' gRPC
 	// DataService, ignoring the bulk transfer endpoints they advertise
-	// (pkg/xfer), which are otherwise preferred.
+	// (internal/xfer), which are otherwise preferred.
 	DisableTransfer bool
 	// DialOptions are added to every connection (TLS, interceptors...).
 	// Without transport credentials the connections are insecure.
@@ -131,7 +131,7 @@ type Client struct {
 	tenant string
 }
 
-// maxMsg is the largest gRPC message either side sends (pkg/server's limit).
+// maxMsg is the largest gRPC message either side sends (internal/server's limit).
 const maxMsg = 256 << 20
 
 func (s *shared) dialOpts() []grpc.DialOption {

@@ -10,7 +10,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 )
 
-// Bytes travel on an agent's bulk transfer listener (pkg/xfer) when the
+// Bytes travel on an agent's bulk transfer listener (internal/xfer) when the
 // master's descriptor names one and Config.DisableTransfer is unset; gRPC
 // DataService is the fallback for agents without one. One transfer request
 // carries at most xferChunk bytes of one object, so a file put or a streamed

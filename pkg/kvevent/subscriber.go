@@ -9,8 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/pkg/kvevent/zmtp"
-	"github.com/crescent-kv/crescent/pkg/retry"
 	"github.com/go-zeromq/zmq4"
 )
 

@@ -12,8 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/crescent-kv/crescent/internal/config"
 	"github.com/crescent-kv/crescent/pkg/client"
-	"github.com/crescent-kv/crescent/pkg/config"
 	"github.com/spf13/cobra"
 )
 

@@ -11,8 +11,8 @@ import (
 	"testing"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/rpccodec"
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/internal/rpccodec"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 )

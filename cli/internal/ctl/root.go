@@ -10,8 +10,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/pkg/client"
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 )

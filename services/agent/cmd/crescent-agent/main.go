@@ -8,8 +8,8 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/crescent-kv/crescent/pkg/obs"
-	"github.com/crescent-kv/crescent/pkg/server"
+	"github.com/crescent-kv/crescent/internal/obs"
+	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/crescent-kv/crescent/services/agent/internal/app"
 )
 

@@ -17,9 +17,9 @@ import (
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/config"
-	"github.com/crescent-kv/crescent/pkg/server"
-	"github.com/crescent-kv/crescent/pkg/xfer"
+	"github.com/crescent-kv/crescent/internal/config"
+	"github.com/crescent-kv/crescent/internal/server"
+	"github.com/crescent-kv/crescent/internal/xfer"
 	"github.com/crescent-kv/crescent/services/agent/internal/dataplane"
 	"github.com/crescent-kv/crescent/services/agent/internal/link"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"

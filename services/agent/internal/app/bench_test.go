@@ -23,11 +23,11 @@ import (
 	"github.com/cespare/xxhash/v2"
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/config"
-	"github.com/crescent-kv/crescent/pkg/obs"
-	"github.com/crescent-kv/crescent/pkg/rpccodec"
-	"github.com/crescent-kv/crescent/pkg/token"
-	"github.com/crescent-kv/crescent/pkg/xfer"
+	"github.com/crescent-kv/crescent/internal/config"
+	"github.com/crescent-kv/crescent/internal/obs"
+	"github.com/crescent-kv/crescent/internal/rpccodec"
+	"github.com/crescent-kv/crescent/internal/token"
+	"github.com/crescent-kv/crescent/internal/xfer"
 	"google.golang.org/grpc"
 )
 
@@ -251,7 +251,7 @@ func (c *benchChild) stop() error {
 // BenchmarkPutCycle measures the agent's cost per object of the put cycle of
 // `crescentctl bench --mode put --size 4KiB --batch 128`: the master's
 // batched Reserve of 128 × 4 KiB over the Connect stream, the client's
-// transfer WRITE of the 128 objects (pkg/xfer over loopback TCP), and the
+// transfer WRITE of the 128 objects (internal/xfer over loopback TCP), and the
 // master's batched Seal (hash verification). Each worker keeps its last
 // benchWindow batches and releases the oldest one per cycle (a cache in
 // steady state), so the loop also pays one Release per object. Before timing,

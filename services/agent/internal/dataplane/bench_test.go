@@ -16,10 +16,10 @@ import (
 	"github.com/cespare/xxhash/v2"
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/obs"
-	"github.com/crescent-kv/crescent/pkg/server"
-	"github.com/crescent-kv/crescent/pkg/token"
-	"github.com/crescent-kv/crescent/pkg/xfer"
+	"github.com/crescent-kv/crescent/internal/obs"
+	"github.com/crescent-kv/crescent/internal/server"
+	"github.com/crescent-kv/crescent/internal/token"
+	"github.com/crescent-kv/crescent/internal/xfer"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -43,8 +43,8 @@ var benchSizes = []struct {
 }
 
 // BenchmarkDataPlane measures DataService Write and Read over loopback TCP
-// through the production server bootstrap (pkg/server, with its
-// interceptors), and the bulk transfer protocol (pkg/xfer.Pool against
+// through the production server bootstrap (internal/server, with its
+// interceptors), and the bulk transfer protocol (internal/xfer.Pool against
 // ServeTransfer), against a raw TCP stream copy of the same bytes. Each raw
 // op sends size bytes, the receiver reads them into a buffer and answers one
 // byte, like the unary answer that ends a Write. Every non-raw op is paired
@@ -314,7 +314,7 @@ func benchGRPC(b *testing.B, size int, write, direct bool) {
 }
 
 // benchXfer measures one bulk transfer Write or Read of one object per op
-// (pkg/xfer.Pool against ServeTransfer over loopback TCP, memory segment).
+// (internal/xfer.Pool against ServeTransfer over loopback TCP, memory segment).
 func benchXfer(b *testing.B, size int, write bool) {
 	mem, err := segment.NewMemory("bench", uint64(size)+4096)
 	if err != nil {

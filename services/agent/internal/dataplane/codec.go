@@ -6,7 +6,7 @@ import (
 	"time"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
-	"github.com/crescent-kv/crescent/pkg/rpccodec"
+	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"google.golang.org/grpc/encoding"
 	_ "google.golang.org/grpc/encoding/proto" // registers the standard codec we delegate to
 	"google.golang.org/grpc/mem"

@@ -1,6 +1,6 @@
 // Package dataplane serves DataService: clients write the bytes of RESERVED
 // allocations and read SEALED ones, each call carrying a token the master
-// signed (pkg/token) with the key it last sent this agent in Settings.
+// signed (internal/token) with the key it last sent this agent in Settings.
 //
 // The hot path copies as little as it can: a Write copies each received
 // message's data straight into the segment (memory: the mapping; disk:
@@ -9,7 +9,7 @@
 // preads into one buffer reused for the whole stream. Nothing buffers a whole
 // object: streams move chunks of at most ChunkSize.
 //
-// The same Server also speaks the bulk transfer protocol (pkg/xfer) on a
+// The same Server also speaks the bulk transfer protocol (internal/xfer) on a
 // listener of its own (ServeTransfer, transfer.go): the same tokens, checks
 // and metrics, without gRPC's framing, so payloads move between the socket
 // and a memory segment's mapping with no user-space copy.
@@ -25,8 +25,8 @@ import (
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
-	"github.com/crescent-kv/crescent/pkg/token"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
@@ -37,7 +37,7 @@ import (
 const (
 	DefaultChunkSize = 1 << 20
 	// MaxChunkSize bounds a client's ReadRequest.chunk_size: well under the
-	// 256 MiB message limit of pkg/server.
+	// 256 MiB message limit of internal/server.
 	MaxChunkSize = 64 << 20
 	// MaxBatchReadBytes bounds the data of one BatchRead response.
 	MaxBatchReadBytes = 192 << 20

@@ -12,7 +12,7 @@ import (
 // path allocates the items as one array and the tokens as one buffer, and
 // takes segment ids from the mounted segments.
 //
-// pkg/rpccodec still checks UTF-8 and the wire format before UnmarshalVT and
+// internal/rpccodec still checks UTF-8 and the wire format before UnmarshalVT and
 // falls back to proto.Unmarshal after a failure, and the fast path only
 // handles fields it knows with their declared wire types: anything else is
 // decoded again from the start by the generated UnmarshalVT, so every header

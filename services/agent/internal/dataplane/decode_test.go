@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
-	"github.com/crescent-kv/crescent/pkg/rpccodec"
+	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
@@ -19,7 +19,7 @@ func testIDs(b []byte) (string, bool) {
 	return "", false
 }
 
-// checkSameTransfer decodes b as pkg/xfer does (rpccodec.Unmarshal) into a
+// checkSameTransfer decodes b as internal/xfer does (rpccodec.Unmarshal) into a
 // plain TransferRequest and through the fast path, and compares.
 func checkSameTransfer(t *testing.T, b []byte) {
 	t.Helper()

@@ -15,9 +15,9 @@ import (
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
-	"github.com/crescent-kv/crescent/pkg/token"
-	"github.com/crescent-kv/crescent/pkg/xfer"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/token"
+	"github.com/crescent-kv/crescent/internal/xfer"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -129,7 +129,7 @@ func (c TransferConfig) withDefaults() TransferConfig {
 
 var diskBufs = sync.Pool{New: func() any { b := make([]byte, diskChunk); return &b }}
 
-// ServeTransfer serves the bulk transfer protocol (pkg/xfer) on lis until
+// ServeTransfer serves the bulk transfer protocol (internal/xfer) on lis until
 // ctx ends, one goroutine per connection, requests answered in order, at
 // most TransferConfig.MaxConns connections (MaxConnsPerIP per remote
 // address): one more is answered LIMIT_EXCEEDED and closed. Then

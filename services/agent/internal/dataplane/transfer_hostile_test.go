@@ -14,9 +14,9 @@ import (
 	"time"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
-	"github.com/crescent-kv/crescent/pkg/token"
-	"github.com/crescent-kv/crescent/pkg/xfer"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/token"
+	"github.com/crescent-kv/crescent/internal/xfer"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"

@@ -1,12 +1,12 @@
 package link
 
 import (
-	"github.com/crescent-kv/crescent/pkg/rpccodec"
+	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 )
 
-// connectCodec is the codec of the Connect stream: pkg/rpccodec, with one
+// connectCodec is the codec of the Connect stream: internal/rpccodec, with one
 // shortcut. A master message received into a connectResponse (recvLoop)
 // first takes its fast path (decode.go) with that path's own UTF-8 check of
 // the strings it decodes; only when the path declines does rpccodec decode

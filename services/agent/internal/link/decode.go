@@ -20,7 +20,7 @@ import (
 // (they are nearly always one of them), reuses the previous item's tenant
 // and group when they repeat, and so allocates only each key.
 //
-// The codec (pkg/rpccodec) still runs its UTF-8 and wire-format check
+// The codec (internal/rpccodec) still runs its UTF-8 and wire-format check
 // before UnmarshalVT and falls back to proto.Unmarshal after a failure, and
 // the fast path handles only what it fully understands: one oneof field
 // holding one of the three commands, whose fields all have their declared
@@ -97,7 +97,7 @@ const (
 // fast decodes b into the (reset) message when it is one of the three
 // commands in their plain form, and reports whether it did; it leaves m
 // partly filled when not. With checkUTF8 it also refuses (false) a string
-// field that is not UTF-8, so an accepted b is one pkg/rpccodec's check
+// field that is not UTF-8, so an accepted b is one internal/rpccodec's check
 // accepts.
 func (m *connectResponse) fast(b []byte, checkUTF8 bool) bool {
 	m.held = nil

@@ -27,10 +27,10 @@ import (
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/retry"
-	"github.com/crescent-kv/crescent/pkg/rpccodec"
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
-	"github.com/crescent-kv/crescent/pkg/server"
+	"github.com/crescent-kv/crescent/internal/retry"
+	"github.com/crescent-kv/crescent/internal/rpccodec"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -50,7 +50,7 @@ type Config struct {
 	// DataEndpoint is host:port of this agent's DataService as clients dial it.
 	DataEndpoint string
 	// TransferEndpoint is host:port of this agent's bulk transfer listener
-	// (pkg/xfer) as clients dial it; empty when it is off.
+	// (internal/xfer) as clients dial it; empty when it is off.
 	TransferEndpoint string
 	Version          string
 

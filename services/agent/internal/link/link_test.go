@@ -3,7 +3,7 @@ package link
 import (
 	"bytes"
 	"context"
-	"github.com/crescent-kv/crescent/pkg/retry"
+	"github.com/crescent-kv/crescent/internal/retry"
 	"io"
 	"log/slog"
 	"net"
@@ -14,7 +14,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/token"
+	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/crescent-kv/crescent/services/agent/internal/dataplane"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
 	"go.uber.org/goleak"

@@ -12,7 +12,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"go.uber.org/goleak"
 )
 

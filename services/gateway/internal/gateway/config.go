@@ -7,7 +7,7 @@ import (
 	"math"
 	"time"
 
-	"github.com/crescent-kv/crescent/pkg/config"
+	"github.com/crescent-kv/crescent/internal/config"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"github.com/crescent-kv/crescent/services/gateway/internal/publisher"
 	"github.com/crescent-kv/crescent/services/gateway/internal/source"

@@ -1,6 +1,6 @@
 // Package gateway wires crescent-gateway: the master change source, the
 // KV event publisher (PUB + replay ROUTER), and the status on the admin
-// HTTP port and the gRPC port (pkg/server).
+// HTTP port and the gRPC port (internal/server).
 package gateway
 
 import (
@@ -12,9 +12,9 @@ import (
 
 	gatewayv1 "github.com/crescent-kv/crescent/gen/crescent/gateway/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/obs"
-	"github.com/crescent-kv/crescent/pkg/rpccodec"
-	"github.com/crescent-kv/crescent/pkg/server"
+	"github.com/crescent-kv/crescent/internal/obs"
+	"github.com/crescent-kv/crescent/internal/rpccodec"
+	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/crescent-kv/crescent/services/gateway/internal/publisher"
 	"github.com/crescent-kv/crescent/services/gateway/internal/source"
 	"github.com/crescent-kv/crescent/services/gateway/internal/status"

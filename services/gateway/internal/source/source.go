@@ -25,9 +25,9 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/retry"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
-	"github.com/crescent-kv/crescent/pkg/retry"
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
 	"google.golang.org/grpc"
 )
 

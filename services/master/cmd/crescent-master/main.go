@@ -8,7 +8,7 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/crescent-kv/crescent/pkg/server"
+	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/crescent-kv/crescent/services/master/internal/app"
 )
 

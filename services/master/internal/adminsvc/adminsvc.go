@@ -1,7 +1,7 @@
 // Package adminsvc is the gRPC adapter of crescent.master.v1.AdminService:
 // it validates requests, asks the segment registry (segments, agents) or the
 // metadata (drain, tenant quotas, totals), and maps errors to statuses
-// through pkg/rpcerr. It holds no state of its own.
+// through internal/rpcerr. It holds no state of its own.
 package adminsvc
 
 import (
@@ -10,7 +10,7 @@ import (
 	"log/slog"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
 	"github.com/crescent-kv/crescent/services/master/internal/segment"
 	"google.golang.org/grpc/codes"

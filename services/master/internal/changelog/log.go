@@ -15,7 +15,7 @@ import (
 	"sync"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"google.golang.org/grpc/codes"
 )
 

@@ -10,7 +10,7 @@ import (
 	"context"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/services/master/internal/changelog"
 	"github.com/crescent-kv/crescent/services/master/internal/meta"
 	"google.golang.org/grpc"

@@ -30,7 +30,7 @@ type Identity struct {
 	// terms; commands carry it and agents reject older ones; the change log
 	// restarts its revisions at 1 in every epoch.
 	Epoch uint64
-	// TokenKey signs DataService tokens (pkg/token); agents receive it in
+	// TokenKey signs DataService tokens (internal/token); agents receive it in
 	// Settings.
 	TokenKey []byte
 }

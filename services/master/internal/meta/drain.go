@@ -6,8 +6,8 @@ import (
 	"sync/atomic"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
-	"github.com/crescent-kv/crescent/pkg/token"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/token"
 	"google.golang.org/grpc/codes"
 )
 

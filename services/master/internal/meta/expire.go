@@ -7,7 +7,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 )
 
 // Abandoned puts. A PutStart that never sees its PutEnd (or PutRevoke)

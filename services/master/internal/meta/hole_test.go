@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 )
 
 func TestCheapestRun(t *testing.T) {

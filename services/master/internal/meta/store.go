@@ -32,8 +32,8 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
-	"github.com/crescent-kv/crescent/pkg/token"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/crescent-kv/crescent/services/master/internal/changelog"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
 	"github.com/prometheus/client_golang/prometheus"

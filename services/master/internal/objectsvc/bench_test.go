@@ -9,8 +9,8 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/obs"
-	"github.com/crescent-kv/crescent/pkg/server"
+	"github.com/crescent-kv/crescent/internal/obs"
+	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
 	"github.com/crescent-kv/crescent/services/master/internal/meta"
 	"github.com/crescent-kv/crescent/services/master/internal/meta/metatest"
@@ -19,7 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
-// benchServer runs the production server bootstrap (pkg/server: health,
+// benchServer runs the production server bootstrap (internal/server: health,
 // reflection, recovery, logging and metrics interceptors) on loopback with
 // an ObjectService over fake agents that keep their allocation tables.
 func benchServer(b *testing.B) (*grpc.ClientConn, *meta.Store) {

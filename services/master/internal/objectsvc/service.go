@@ -1,14 +1,14 @@
 // Package objectsvc adapts crescent.master.v1.ObjectService to the object
 // metadata (internal/meta): it checks the request envelope, converts
 // messages to domain specs, calls the store, and maps errors to a gRPC
-// status with an ErrorInfo reason (pkg/rpcerr) — nothing else.
+// status with an ErrorInfo reason (internal/rpcerr) — nothing else.
 package objectsvc
 
 import (
 	"context"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/services/master/internal/meta"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"

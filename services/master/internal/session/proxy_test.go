@@ -11,7 +11,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )

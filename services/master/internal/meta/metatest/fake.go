@@ -13,7 +13,7 @@ import (
 	"sync"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
 	"google.golang.org/grpc/codes"
 )

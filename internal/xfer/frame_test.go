@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
-	"github.com/crescent-kv/crescent/pkg/rpcerr"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/crescent-kv/crescent/pkg/obs"
+	"github.com/crescent-kv/crescent/internal/obs"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"

@@ -10,8 +10,8 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/crescent-kv/crescent/pkg/config"
-	"github.com/crescent-kv/crescent/pkg/obs"
+	"github.com/crescent-kv/crescent/internal/config"
+	"github.com/crescent-kv/crescent/internal/obs"
 )
 
 // Process describes one Crescent binary for Main: the part every main.go

@@ -156,7 +156,7 @@ var errInvalidUTF8 = errors.New("proto: string field contains invalid UTF-8")
 
 // AppendMarshal appends m's encoding to b, like proto.MarshalOptions's
 // MarshalAppend, through the generated code when m has it. The bulk
-// transfer protocol (pkg/xfer) frames its headers with it.
+// transfer protocol (internal/xfer) frames its headers with it.
 func AppendMarshal(b []byte, m proto.Message) ([]byte, error) {
 	vm, ok := m.(vtMessage)
 	if !ok {
