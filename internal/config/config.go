@@ -4,6 +4,9 @@
 // environment names derive from flag names: flag "suspect-after" is YAML key
 // "suspect-after" and env CRESCENT_SUSPECT_AFTER. The caller validates the
 // result (each service's Config has a Validate method).
+//
+// Internal to the Crescent module: the services, the CLI and pkg/client
+// import it; other modules cannot, so it may change in any release.
 package config
 
 import (

@@ -1,6 +1,9 @@
 // Package obs sets up the observability every Crescent process shares: a
 // log/slog JSON logger and a Prometheus registry with the Go and process
 // collectors.
+//
+// Internal to the Crescent module: the services, the CLI and pkg/client
+// import it; other modules cannot, so it may change in any release.
 package obs
 
 import (

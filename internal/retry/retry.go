@@ -3,6 +3,9 @@
 // KV-event subscribers to the gateway, the SDK's retries): the delay doubles
 // from Min to Max, each wait is drawn uniformly from [d/2, d], and every wait
 // honours its context. Reset after a healthy session.
+//
+// Internal to the Crescent module: the services, the CLI and pkg/client
+// import it; other modules cannot, so it may change in any release.
 package retry
 
 import (

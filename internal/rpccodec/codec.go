@@ -13,6 +13,9 @@
 // The codec is scoped, not registered globally: servers take [ServerOption],
 // clients [DialOption], so an application that embeds the SDK keeps its own
 // codec for its own connections.
+//
+// Internal to the Crescent module: the services, the CLI and pkg/client
+// import it; other modules cannot, so it may change in any release.
 package rpccodec
 
 import (

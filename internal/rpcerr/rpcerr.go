@@ -2,6 +2,9 @@
 // status carrying a machine-readable reason (google.rpc.ErrorInfo), and back.
 // Reasons are the names of masterv1.ErrorReason without their prefix; each
 // reason has a fixed gRPC code, documented in errors.proto.
+//
+// Internal to the Crescent module: the services, the CLI and pkg/client
+// import it; other modules cannot, so it may change in any release.
 package rpcerr
 
 import (

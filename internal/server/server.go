@@ -4,6 +4,9 @@
 // /healthz, /readyz and /metrics. New starts nothing; Run serves until its
 // context ends, then stops gracefully with a hard-stop timeout (open bidi
 // streams would otherwise block GracefulStop forever).
+//
+// Internal to the Crescent module: the services, the CLI and pkg/client
+// import it; other modules cannot, so it may change in any release.
 package server
 
 import (

@@ -8,6 +8,9 @@
 //
 //	version u8 (1) | mode u8 | allocation u64 | expiry_unix_ms i64 |
 //	segment_len u8 | segment bytes | HMAC-SHA256 over everything before it (32 bytes)
+//
+// Internal to the Crescent module: the services, the CLI and pkg/client
+// import it; other modules cannot, so it may change in any release.
 package token
 
 import (

@@ -55,4 +55,7 @@
 // breaks the protocol is an INTERNAL error that wraps ErrProtocol; a caller's
 // invalid arguments are INVALID_ARGUMENT INVALID_PARAMS. A cancelled or
 // expired context makes a call return ctx.Err() itself.
+//
+// Internal to the Crescent module: the services, the CLI and pkg/client
+// import it; other modules cannot, so it may change in any release.
 package xfer

@@ -11,6 +11,10 @@
 //	c, err := client.New(ctx, client.Config{Master: "localhost:50051"})
 //	err = c.Put(ctx, "prefix/block-0", data, client.WithReplicas(2))
 //	got, err := c.Get(ctx, "prefix/block-0")
+//
+// This package and pkg/kvevent are Crescent's public Go API: the only
+// packages of the module meant to be imported by other modules (everything
+// else is internal/).
 package client
 
 import (

@@ -1,5 +1,5 @@
 // Package kvevent is the Mooncake-compatible KV event wire format
-// (shared/kv-events-contract.md): the encoder the gateway publishes with, a
+// (docs/kv-events-contract.md): the encoder the gateway publishes with, a
 // strict decoder that rejects every contract violation, and a subscriber
 // library (Subscribe) that connects a SUB socket, detects sequence gaps,
 // optionally repairs them through the replay ROUTER, and maintains the
@@ -14,6 +14,9 @@
 // The encoder writes msgpack by hand (no reflection, one pass, reusable
 // buffers); the decoder is a one-pass strict reader. Tests cross-check both
 // against github.com/shamaton/msgpack/v2 as an independent msgpack oracle.
+//
+// Public API of the Crescent module, with pkg/client (and pkg/kvevent/zmtp,
+// whose errors it wraps).
 package kvevent
 
 import (
