@@ -12,7 +12,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
-	"github.com/crescent-kv/crescent/services/master/internal/segment"
+	"github.com/crescent-kv/crescent/services/master/internal/registry"
 	"google.golang.org/grpc/codes"
 )
 
@@ -38,11 +38,11 @@ type Meta interface {
 }
 
 // Registry is what AdminService needs from the segment registry
-// (*segment.Registry implements it).
+// (*registry.Registry implements it).
 type Registry interface {
-	Details() []segment.Detail
-	Detail(id string) (segment.Detail, bool)
-	Agents() []segment.Agent
+	Details() []registry.Detail
+	Detail(id string) (registry.Detail, bool)
+	Agents() []registry.Agent
 }
 
 // Deps are the service's collaborators.
@@ -79,11 +79,11 @@ func New(deps Deps, lg *slog.Logger) (*Service, error) {
 }
 
 func invalid(format string, args ...any) error {
-	return rpcerr.Status(rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, format, args...))
+	return rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, format, args...))
 }
 
 func notFound(id string) error {
-	return rpcerr.Status(rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "no segment %q", id))
+	return rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "no segment %q", id))
 }
 
 func checkSegmentID(id string) error {
@@ -104,7 +104,7 @@ func checkTenant(tenant string) error {
 }
 
 // segmentPB is the wire view of one registry entry.
-func segmentPB(d segment.Detail, replicas uint64) *masterv1.Segment {
+func segmentPB(d registry.Detail, replicas uint64) *masterv1.Segment {
 	s := d.Segment
 	return &masterv1.Segment{
 		Info: &masterv1.SegmentInfo{
@@ -177,7 +177,7 @@ func (s *Service) DrainSegment(ctx context.Context, req *masterv1.DrainSegmentRe
 	if !ok {
 		return nil, notFound(id)
 	}
-	s.lg.Info("segment drained", "segment_id", id, "lifecycle", segment.LifecycleLabel(d.Lifecycle))
+	s.lg.Info("segment drained", "segment_id", id, "lifecycle", registry.LifecycleLabel(d.Lifecycle))
 	return &masterv1.DrainSegmentResponse{Segment: segmentPB(d, s.deps.Meta.SegmentReplicaCounts()[id])}, nil
 }
 
@@ -195,7 +195,7 @@ func (s *Service) UndrainSegment(ctx context.Context, req *masterv1.UndrainSegme
 	if !ok {
 		return nil, notFound(id)
 	}
-	s.lg.Info("segment undrained", "segment_id", id, "lifecycle", segment.LifecycleLabel(d.Lifecycle))
+	s.lg.Info("segment undrained", "segment_id", id, "lifecycle", registry.LifecycleLabel(d.Lifecycle))
 	return &masterv1.UndrainSegmentResponse{Segment: segmentPB(d, s.deps.Meta.SegmentReplicaCounts()[id])}, nil
 }
 

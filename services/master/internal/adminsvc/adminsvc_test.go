@@ -12,7 +12,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
-	"github.com/crescent-kv/crescent/services/master/internal/segment"
+	"github.com/crescent-kv/crescent/services/master/internal/registry"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 
 // fakeMeta is a hand-written Meta.
 type fakeMeta struct {
-	reg *segment.Registry
+	reg *registry.Registry
 
 	mu      sync.Mutex
 	quotas  map[string]*masterv1.TenantQuota
@@ -49,7 +49,7 @@ func (f *fakeMeta) DrainSegment(ctx context.Context, id string) error {
 func (f *fakeMeta) UndrainSegment(_ context.Context, id string) error {
 	d, ok := f.reg.Detail(id)
 	if !ok {
-		return rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "segment %q not found", id)
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "segment %q not found", id)
 	}
 	if d.Lifecycle == masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_OK {
 		return nil
@@ -59,7 +59,7 @@ func (f *fakeMeta) UndrainSegment(_ context.Context, id string) error {
 
 func (f *fakeMeta) SetTenantQuota(_ context.Context, tenant string, maxBytes, maxObjects uint64) (*masterv1.TenantQuota, error) {
 	if tenant == "bad" {
-		return nil, rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "bad tenant")
+		return nil, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "bad tenant")
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -95,21 +95,21 @@ func (f *fakeMeta) SegmentReplicaCounts() map[string]uint64 {
 
 type fixture struct {
 	client masterv1.AdminServiceClient
-	reg    *segment.Registry
+	reg    *registry.Registry
 	meta   *fakeMeta
 }
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	lg := slog.New(slog.DiscardHandler)
-	reg, err := segment.New(segment.Config{}, segment.Deps{}, lg)
+	reg, err := registry.New(registry.Config{}, registry.Deps{}, lg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Agent a: one memory and one disk segment, healthy. Agent b: one
 	// memory segment, lost and unmounted.
 	register := func(agent string, infos ...*masterv1.SegmentInfo) uint64 {
-		gen, _, err := reg.Register(segment.Registration{AgentID: agent, HostID: "host-" + agent, DataEndpoint: agent + ":50052", Version: "v1", Segments: infos})
+		gen, _, err := reg.Register(registry.Registration{AgentID: agent, HostID: "host-" + agent, DataEndpoint: agent + ":50052", Version: "v1", Segments: infos})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,7 +11,7 @@ import (
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
 	"github.com/crescent-kv/crescent/services/master/internal/meta"
 	"github.com/crescent-kv/crescent/services/master/internal/meta/metatest"
-	"github.com/crescent-kv/crescent/services/master/internal/segment"
+	"github.com/crescent-kv/crescent/services/master/internal/registry"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -24,11 +24,11 @@ import (
 // and an unknown segment, and the service still answering afterwards.
 func TestUndrainSegmentRoundTrip(t *testing.T) {
 	lg := slog.New(slog.DiscardHandler)
-	reg, err := segment.New(segment.Config{}, segment.Deps{}, lg)
+	reg, err := registry.New(registry.Config{}, registry.Deps{}, lg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gen, _, err := reg.Register(segment.Registration{AgentID: "a", HostID: "h", DataEndpoint: "a:1", Segments: []*masterv1.SegmentInfo{
+	gen, _, err := reg.Register(registry.Registration{AgentID: "a", HostID: "h", DataEndpoint: "a:1", Segments: []*masterv1.SegmentInfo{
 		{SegmentId: "mem-a", Medium: masterv1.Medium_MEDIUM_MEMORY, Capacity: 1000},
 		{SegmentId: "mem-b", Medium: masterv1.Medium_MEDIUM_MEMORY, Capacity: 1000},
 	}})

@@ -25,7 +25,7 @@ import (
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
 	"github.com/crescent-kv/crescent/services/master/internal/meta"
 	"github.com/crescent-kv/crescent/services/master/internal/objectsvc"
-	"github.com/crescent-kv/crescent/services/master/internal/segment"
+	"github.com/crescent-kv/crescent/services/master/internal/registry"
 	"github.com/crescent-kv/crescent/services/master/internal/session"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -192,7 +192,7 @@ type Master struct {
 	Server   *server.Server
 	Store    *meta.Store
 	Sessions *session.Manager
-	Registry *segment.Registry
+	Registry *registry.Registry
 	Identity cluster.Identity
 
 	rec *recovery
@@ -214,7 +214,7 @@ func New(cfg Config, lg *slog.Logger) (*Master, error) {
 	if id.MasterID == "" {
 		id.MasterID = cfg.GRPCAddr
 	}
-	registry, err := segment.New(segment.Config{}, segment.Deps{Metrics: reg}, lg.With("part", "registry"))
+	segReg, err := registry.New(registry.Config{}, registry.Deps{Metrics: reg}, lg.With("part", "registry"))
 	if err != nil {
 		return nil, err
 	}
@@ -226,7 +226,7 @@ func New(cfg Config, lg *slog.Logger) (*Master, error) {
 		RequestTimeout:    cfg.AgentTimeout,
 
 		MaxSegmentsPerAgent: cfg.MaxSegmentsPerAgent,
-	}, session.Deps{Identity: id, Registry: registry, Metrics: reg}, lg.With("part", "sessions"))
+	}, session.Deps{Identity: id, Registry: segReg, Metrics: reg}, lg.With("part", "sessions"))
 	if err != nil {
 		return nil, err
 	}
@@ -239,7 +239,7 @@ func New(cfg Config, lg *slog.Logger) (*Master, error) {
 		ChangeRetention: cfg.ChangelogRetention,
 		MaxTenants:      cfg.MaxTenants,
 		ScanBudget:      cfg.ScanBudget,
-	}, meta.Deps{Registry: registry, Agents: sessions, Identity: id, Metrics: reg}, lg.With("part", "meta"))
+	}, meta.Deps{Registry: segReg, Agents: sessions, Identity: id, Metrics: reg}, lg.With("part", "meta"))
 	if err != nil {
 		return nil, err
 	}
@@ -247,7 +247,7 @@ func New(cfg Config, lg *slog.Logger) (*Master, error) {
 	// metadata needs the sessions to reach agents. Close the cycle before
 	// anything runs.
 	sessions.SetMetadata(store)
-	admin, err := adminsvc.New(adminsvc.Deps{Identity: id, Registry: registry, Meta: store}, lg.With("part", "admin"))
+	admin, err := adminsvc.New(adminsvc.Deps{Identity: id, Registry: segReg, Meta: store}, lg.With("part", "admin"))
 	if err != nil {
 		return nil, err
 	}
@@ -258,7 +258,7 @@ func New(cfg Config, lg *slog.Logger) (*Master, error) {
 	changesvc.New(changesvc.Config{MaxSnapshots: cfg.MaxSnapshots}, store).Register(srv.GRPC)
 	masterv1.RegisterAdminServiceServer(srv.GRPC, admin)
 	masterv1.RegisterSegmentServiceServer(srv.GRPC, sessions)
-	return &Master{cfg: cfg, lg: lg, Server: srv, Store: store, Sessions: sessions, Registry: registry, Identity: id, rec: rec}, nil
+	return &Master{cfg: cfg, lg: lg, Server: srv, Store: store, Sessions: sessions, Registry: segReg, Identity: id, rec: rec}, nil
 }
 
 // recovery gates ChangeService for RecoveryGrace after Run starts.
@@ -269,7 +269,7 @@ type recovery struct {
 func (r *recovery) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	if strings.HasPrefix(info.FullMethod, "/"+masterv1.ChangeService_ServiceDesc.ServiceName+"/") {
 		if left := time.Until(time.Unix(0, r.until.Load())); left > 0 {
-			return rpcerr.Status(rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_MASTER_RECOVERING,
+			return rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_MASTER_RECOVERING,
 				"master started moments ago; agents are re-registering (retry in %v)", left.Round(time.Millisecond)))
 		}
 	}

@@ -2,7 +2,7 @@
 //
 //   - the object metadata (internal/meta and friends): objects, replicas,
 //     placement, quotas, eviction, the change log — it owns decisions;
-//   - the agent side (internal/segment, internal/session): the segment
+//   - the agent side (internal/registry, internal/session): the segment
 //     registry, one session per agent on SegmentService.Connect, liveness,
 //     and the batched command channel to agents.
 //

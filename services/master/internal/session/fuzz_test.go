@@ -8,7 +8,7 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
-	"github.com/crescent-kv/crescent/services/master/internal/segment"
+	"github.com/crescent-kv/crescent/services/master/internal/registry"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -23,7 +23,7 @@ func mustMarshal(f *testing.F, m proto.Message) []byte {
 
 func fuzzManager(tb testing.TB) *Manager {
 	lg := slog.New(slog.DiscardHandler)
-	reg, err := segment.New(segment.Config{}, segment.Deps{}, lg)
+	reg, err := registry.New(registry.Config{}, registry.Deps{}, lg)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -96,7 +96,7 @@ func FuzzHandle(f *testing.F) {
 		if proto.Unmarshal(data, &msg) != nil {
 			return
 		}
-		gen, _, err := m.reg.Register(segment.Registration{AgentID: "a1", HostID: "h", DataEndpoint: "e:1",
+		gen, _, err := m.reg.Register(registry.Registration{AgentID: "a1", HostID: "h", DataEndpoint: "e:1",
 			Segments: []*masterv1.SegmentInfo{{SegmentId: "s1", Medium: masterv1.Medium_MEDIUM_MEMORY, Capacity: 100}}})
 		if err != nil {
 			t.Fatalf("Register: %v", err)

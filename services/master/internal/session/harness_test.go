@@ -15,7 +15,7 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
-	"github.com/crescent-kv/crescent/services/master/internal/segment"
+	"github.com/crescent-kv/crescent/services/master/internal/registry"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
@@ -33,7 +33,7 @@ type fakeMeta struct {
 	reconciles []reconcileCall
 	drops      [][]string
 	dropStates []masterv1.SegmentLifecycle
-	reg        *segment.Registry // to observe segment states during drops
+	reg        *registry.Registry // to observe segment states during drops
 
 	// release, when set, is what Reconcile returns.
 	release func(agentID string, allocs []*masterv1.Allocation) []*masterv1.AllocationRef
@@ -106,7 +106,7 @@ type harness struct {
 	t     testing.TB
 	clock *fakeClock // nil with a real clock
 	m     *Manager
-	reg   *segment.Registry
+	reg   *registry.Registry
 	meta  *fakeMeta
 	prom  *prometheus.Registry
 	dial  func(ctx context.Context) (*grpc.ClientConn, error)
@@ -153,12 +153,12 @@ func newHarness(t testing.TB, cfg Config, opts harnessOpts) *harness {
 	lg := slog.New(slog.DiscardHandler)
 	prom := prometheus.NewRegistry()
 	var clock *fakeClock
-	deps := segment.Deps{Metrics: prom}
+	deps := registry.Deps{Metrics: prom}
 	if !opts.realClock {
 		clock = &fakeClock{now: time.Unix(1_700_000_000, 0)}
 		deps.Clock = clock.Now
 	}
-	reg, err := segment.New(segment.Config{DefaultGrace: time.Second}, deps, lg)
+	reg, err := registry.New(registry.Config{DefaultGrace: time.Second}, deps, lg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -539,7 +539,7 @@ func segState(h *harness, id string) string {
 	if !ok {
 		return "absent"
 	}
-	return fmt.Sprintf("%s/%s", segment.LifecycleLabel(s.Lifecycle), segment.HealthLabel(s.Health))
+	return fmt.Sprintf("%s/%s", registry.LifecycleLabel(s.Lifecycle), registry.HealthLabel(s.Health))
 }
 
 func waitState(t testing.TB, h *harness, id, want string, d time.Duration) {

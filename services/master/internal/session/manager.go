@@ -27,7 +27,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
-	"github.com/crescent-kv/crescent/services/master/internal/segment"
+	"github.com/crescent-kv/crescent/services/master/internal/registry"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -41,7 +41,7 @@ type Deps struct {
 	Identity cluster.Identity
 	// Registry is the segment registry the sessions drive. Liveness uses the
 	// registry's clock.
-	Registry *segment.Registry
+	Registry *registry.Registry
 	// Metadata is reconciled on every registration and told to drop the
 	// replicas of unmounting segments. It may be nil at New and set with
 	// SetMetadata before serving, because the metadata needs the Manager
@@ -67,7 +67,7 @@ type Manager struct {
 
 	cfg  Config
 	id   cluster.Identity
-	reg  *segment.Registry
+	reg  *registry.Registry
 	meta atomic.Pointer[metaRef]
 	lg   *slog.Logger
 	met  *metrics
@@ -414,11 +414,11 @@ func causeStatus(ctx context.Context) error {
 }
 
 func invalid(format string, args ...any) *rpcerr.Error {
-	return rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, format, args...)
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, format, args...)
 }
 
 func unavailable(format string, args ...any) *rpcerr.Error {
-	return rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, format, args...)
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, format, args...)
 }
 
 // msgName names the oneof case a ConnectRequest carries ("heartbeat").

@@ -3,7 +3,7 @@ package session
 import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
-	"github.com/crescent-kv/crescent/services/master/internal/segment"
+	"github.com/crescent-kv/crescent/services/master/internal/registry"
 	"google.golang.org/grpc/codes"
 )
 
@@ -24,7 +24,7 @@ const maxSegmentCapacity = 1 << 50
 const DefaultMaxSegmentsPerAgent = 256
 
 func errTooManySegments(n, max int) error {
-	return rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED,
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED,
 		"agent claims %d segments, max %d per agent (--max-segments-per-agent)", n, max)
 }
 
@@ -33,33 +33,33 @@ func errTooManySegments(n, max int) error {
 // (LIMIT_EXCEEDED, checked before anything is built from the list), and
 // returns the registry's view of it. It never panics, whatever the bytes
 // decoded to.
-func validateRegister(r *masterv1.Register, epoch uint64, maxSegs int) (segment.Registration, error) {
+func validateRegister(r *masterv1.Register, epoch uint64, maxSegs int) (registry.Registration, error) {
 	if r == nil {
-		return segment.Registration{}, invalid("first message must be Register")
+		return registry.Registration{}, invalid("first message must be Register")
 	}
 	switch {
 	case r.GetAgentId() == "":
-		return segment.Registration{}, invalid("register: agent_id is required")
+		return registry.Registration{}, invalid("register: agent_id is required")
 	case len(r.GetAgentId()) > maxIDLen:
-		return segment.Registration{}, invalid("register: agent_id longer than %d bytes", maxIDLen)
+		return registry.Registration{}, invalid("register: agent_id longer than %d bytes", maxIDLen)
 	case len(r.GetHostId()) > maxIDLen:
-		return segment.Registration{}, invalid("register: host_id longer than %d bytes", maxIDLen)
+		return registry.Registration{}, invalid("register: host_id longer than %d bytes", maxIDLen)
 	case r.GetDataEndpoint() == "":
-		return segment.Registration{}, invalid("register: data_endpoint is required")
+		return registry.Registration{}, invalid("register: data_endpoint is required")
 	case len(r.GetDataEndpoint()) > maxIDLen || len(r.GetTransferEndpoint()) > maxIDLen:
-		return segment.Registration{}, invalid("register: endpoints are limited to %d bytes", maxIDLen)
+		return registry.Registration{}, invalid("register: endpoints are limited to %d bytes", maxIDLen)
 	case len(r.GetVersion()) > maxIDLen:
-		return segment.Registration{}, invalid("register: version longer than %d bytes", maxIDLen)
+		return registry.Registration{}, invalid("register: version longer than %d bytes", maxIDLen)
 	}
 	if r.GetKnownEpoch() > epoch {
-		return segment.Registration{}, rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_STALE_EPOCH,
+		return registry.Registration{}, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_STALE_EPOCH,
 			"register: agent already accepted epoch %d; this master's epoch %d is older", r.GetKnownEpoch(), epoch)
 	}
 	if n := len(r.GetSegments()); n > maxSegs {
-		return segment.Registration{}, errTooManySegments(n, maxSegs)
+		return registry.Registration{}, errTooManySegments(n, maxSegs)
 	}
 	if err := validateInfos(r.GetSegments(), true); err != nil {
-		return segment.Registration{}, err
+		return registry.Registration{}, err
 	}
 	listed := make(map[string]bool, len(r.GetSegments()))
 	for _, s := range r.GetSegments() {
@@ -74,15 +74,15 @@ func validateRegister(r *masterv1.Register, epoch uint64, maxSegs int) (segment.
 		k := allocKey{a.GetSegmentId(), a.GetAllocationId()}
 		switch {
 		case a == nil:
-			return segment.Registration{}, invalid("register: allocation %d is empty", i)
+			return registry.Registration{}, invalid("register: allocation %d is empty", i)
 		case !listed[a.GetSegmentId()]:
-			return segment.Registration{}, invalid("register: allocation %d names segment %q the agent did not list", i, a.GetSegmentId())
+			return registry.Registration{}, invalid("register: allocation %d names segment %q the agent did not list", i, a.GetSegmentId())
 		case seen[k]:
-			return segment.Registration{}, invalid("register: allocation %d of segment %q listed twice", a.GetAllocationId(), a.GetSegmentId())
+			return registry.Registration{}, invalid("register: allocation %d of segment %q listed twice", a.GetAllocationId(), a.GetSegmentId())
 		case a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_RESERVED && a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_SEALED:
-			return segment.Registration{}, invalid("register: allocation %d of segment %q has state %v", a.GetAllocationId(), a.GetSegmentId(), a.GetState())
+			return registry.Registration{}, invalid("register: allocation %d of segment %q has state %v", a.GetAllocationId(), a.GetSegmentId(), a.GetState())
 		case a.GetKey() == "":
-			return segment.Registration{}, invalid("register: allocation %d of segment %q has no key", a.GetAllocationId(), a.GetSegmentId())
+			return registry.Registration{}, invalid("register: allocation %d of segment %q has no key", a.GetAllocationId(), a.GetSegmentId())
 		}
 		seen[k] = true
 	}
@@ -90,7 +90,7 @@ func validateRegister(r *masterv1.Register, epoch uint64, maxSegs int) (segment.
 	if host == "" {
 		host = r.GetAgentId()
 	}
-	return segment.Registration{
+	return registry.Registration{
 		AgentID: r.GetAgentId(), HostID: host, DataEndpoint: r.GetDataEndpoint(), TransferEndpoint: r.GetTransferEndpoint(), Version: r.GetVersion(),
 		Segments: r.GetSegments(), Graceful: r.GetGracefulUnmount(),
 	}, nil

@@ -1,4 +1,4 @@
-// Package segment is the master's segment registry: every segment agents
+// Package registry is the master's segment registry: every segment agents
 // have mounted, with its lifecycle (OK, DRAINING, DRAINED,
 // GRACEFULLY_UNMOUNTING, UNMOUNTING, UNMOUNTED) and its health overlay
 // (HEALTHY, SUSPECTED), and the agents that own them.
@@ -10,7 +10,7 @@
 // cluster.Metadata) the registry asks for in its return values. Callers ask
 // the predicates on cluster.Segment (CanAllocate, CanServeRead,
 // CanContinueCleanup) instead of switching on the lifecycle/health pair.
-package segment
+package registry
 
 import (
 	"log/slog"

@@ -1,4 +1,4 @@
-package segment
+package registry
 
 import (
 	"log/slog"
