@@ -1,10 +1,19 @@
 // Package rpcerr is the one place where Crescent turns a failure into a gRPC
 // status carrying a machine-readable reason (google.rpc.ErrorInfo), and back.
-// Reasons are the names of masterv1.ErrorReason without their prefix; each
-// reason has a fixed gRPC code, documented in errors.proto.
 //
-// Internal to the Crescent module: the services, the CLI and pkg/client
-// import it; other modules cannot, so it may change in any release.
+// Domain packages never choose a gRPC code: they return an *Error built with
+// Errorf or Wrap, which carries only a reason (a masterv1.ErrorReason), a
+// message and optional metadata, and keeps the error it wraps (errors.Is and
+// errors.As see through it). The gRPC code of each reason is fixed by one
+// table, Code, which agrees with the comments in errors.proto. The server edge
+// (the gRPC adapters) converts with Status and Item; the SDK and other
+// receivers convert back with FromStatus and FromItem, so errors.Is against a
+// reason sentinel works on both sides of the wire.
+//
+// Reasons are the names of masterv1.ErrorReason without their prefix.
+//
+// Only Crescent's own packages import rpcerr (it is internal); SDK users see
+// its errors through pkg/client's sentinels and status.Code.
 package rpcerr
 
 import (
@@ -21,6 +30,48 @@ import (
 // Domain is ErrorInfo.domain on every Crescent error.
 const Domain = "crescent.dev"
 
+// codeOf is the one table from reason to gRPC code. Every value of
+// masterv1.ErrorReason but UNSPECIFIED has exactly one entry (a test walks
+// the enum), and errors.proto documents the same code next to each reason.
+var codeOf = map[masterv1.ErrorReason]codes.Code{
+	masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND:      codes.NotFound,
+	masterv1.ErrorReason_ERROR_REASON_OBJECT_ALREADY_EXISTS: codes.AlreadyExists,
+	masterv1.ErrorReason_ERROR_REASON_OBJECT_HAS_LEASE:      codes.FailedPrecondition,
+	masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY:  codes.Unavailable,
+	masterv1.ErrorReason_ERROR_REASON_NO_AVAILABLE_HANDLE:   codes.ResourceExhausted,
+	masterv1.ErrorReason_ERROR_REASON_TENANT_QUOTA_EXCEEDED: codes.ResourceExhausted,
+	masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS:        codes.InvalidArgument,
+	masterv1.ErrorReason_ERROR_REASON_NOT_LEADER:            codes.Unavailable,
+	masterv1.ErrorReason_ERROR_REASON_ILLEGAL_CLIENT:        codes.PermissionDenied,
+	masterv1.ErrorReason_ERROR_REASON_OBJECT_BUSY:           codes.FailedPrecondition,
+	masterv1.ErrorReason_ERROR_REASON_REVISION_COMPACTED:    codes.OutOfRange,
+	masterv1.ErrorReason_ERROR_REASON_EPOCH_MISMATCH:        codes.FailedPrecondition,
+	masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND:     codes.NotFound,
+	masterv1.ErrorReason_ERROR_REASON_ALLOCATION_NOT_FOUND:  codes.NotFound,
+	masterv1.ErrorReason_ERROR_REASON_INVALID_TOKEN:         codes.PermissionDenied,
+	masterv1.ErrorReason_ERROR_REASON_ALLOCATION_STATE:      codes.FailedPrecondition,
+	masterv1.ErrorReason_ERROR_REASON_OUT_OF_BOUNDS:         codes.OutOfRange,
+	masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH:     codes.DataLoss,
+	masterv1.ErrorReason_ERROR_REASON_STALE_EPOCH:           codes.FailedPrecondition,
+	masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE:     codes.Unavailable,
+	masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE:   codes.FailedPrecondition,
+	masterv1.ErrorReason_ERROR_REASON_PUT_EXPIRED:           codes.NotFound,
+	masterv1.ErrorReason_ERROR_REASON_INTERNAL:              codes.Internal,
+	masterv1.ErrorReason_ERROR_REASON_MASTER_RECOVERING:     codes.Unavailable,
+	masterv1.ErrorReason_ERROR_REASON_OBJECT_TOO_LARGE:      codes.InvalidArgument,
+	masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED:        codes.ResourceExhausted,
+}
+
+// Code is the gRPC code that goes with reason r: the one place Crescent
+// chooses a code for a domain failure. UNSPECIFIED and reasons this build does
+// not know are UNKNOWN.
+func Code(r masterv1.ErrorReason) codes.Code {
+	if c, ok := codeOf[r]; ok {
+		return c
+	}
+	return codes.Unknown
+}
+
 // ReasonName returns the wire reason for r ("OBJECT_NOT_FOUND").
 func ReasonName(r masterv1.ErrorReason) string {
 	if r == masterv1.ErrorReason_ERROR_REASON_UNSPECIFIED {
@@ -29,13 +80,53 @@ func ReasonName(r masterv1.ErrorReason) string {
 	return strings.TrimPrefix(r.String(), "ERROR_REASON_")
 }
 
-// Error is a domain error with its gRPC code and reason. Domain packages
-// return (or wrap) these; adapters turn them into statuses with Status.
+// parseReason is ReasonName's inverse; UNSPECIFIED for "" and for reasons
+// this build does not know.
+func parseReason(name string) masterv1.ErrorReason {
+	if name == "" {
+		return masterv1.ErrorReason_ERROR_REASON_UNSPECIFIED
+	}
+	return masterv1.ErrorReason(masterv1.ErrorReason_value["ERROR_REASON_"+name])
+}
+
+// Error is a domain error: a reason, a message, optional ErrorInfo metadata
+// and the error it wraps, if any. Domain packages return (or wrap) these;
+// the edge turns them into statuses with Status and Item.
+//
+// A *Error made by FromStatus or FromItem also remembers the code it
+// arrived with, so a failure that carried no reason (a transport error, a
+// cancelled call) keeps its code on the receiving side.
 type Error struct {
-	Code     codes.Code
 	Reason   masterv1.ErrorReason
 	Msg      string
 	Metadata map[string]string
+
+	cause error      // the wrapped error (Wrap); nil for Errorf
+	wire  codes.Code // the code received on the wire; OK for local errors
+}
+
+// Errorf builds an *Error with reason r and a formatted message.
+func Errorf(r masterv1.ErrorReason, format string, args ...any) *Error {
+	return &Error{Reason: r, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Wrap builds an *Error with reason r whose message is the formatted text,
+// ": " and cause's text, and which unwraps to cause (errors.Is and
+// errors.As see through it; the outer reason decides the code).
+func Wrap(r masterv1.ErrorReason, cause error, format string, args ...any) *Error {
+	msg := fmt.Sprintf(format, args...)
+	if cause != nil {
+		msg += ": " + cause.Error()
+	}
+	return &Error{Reason: r, Msg: msg, cause: cause}
+}
+
+// New builds an *Error like Errorf; the code argument is ignored (Code
+// decides it from the reason).
+//
+// Deprecated: use Errorf or Wrap. Kept only while call sites are converted.
+func New(_ codes.Code, r masterv1.ErrorReason, format string, args ...any) *Error {
+	return Errorf(r, format, args...)
 }
 
 func (e *Error) Error() string {
@@ -43,6 +134,18 @@ func (e *Error) Error() string {
 		return r + ": " + e.Msg
 	}
 	return e.Msg
+}
+
+// Unwrap returns the error e wraps (nil unless built by Wrap).
+func (e *Error) Unwrap() error { return e.cause }
+
+// Code is e's gRPC code: the one it arrived with when it came from the wire,
+// else the table's code for its reason.
+func (e *Error) Code() codes.Code {
+	if e.wire != codes.OK {
+		return e.wire
+	}
+	return Code(e.Reason)
 }
 
 // Is makes errors.Is(err, sentinel) match on the reason, so sentinels like
@@ -57,16 +160,18 @@ func (e *Error) Is(target error) bool {
 
 // GRPCStatus lets status.FromError and grpc handlers see the code and reason.
 func (e *Error) GRPCStatus() *status.Status {
-	st := status.New(e.Code, e.Msg)
+	return e.status(e.Msg)
+}
+
+func (e *Error) status(msg string) *status.Status {
+	st := status.New(e.Code(), msg)
+	if e.Reason == masterv1.ErrorReason_ERROR_REASON_UNSPECIFIED {
+		return st
+	}
 	if ds, err := st.WithDetails(&errdetails.ErrorInfo{Reason: ReasonName(e.Reason), Domain: Domain, Metadata: e.Metadata}); err == nil {
 		return ds
 	}
 	return st
-}
-
-// New builds an *Error with a formatted message.
-func New(code codes.Code, reason masterv1.ErrorReason, format string, args ...any) *Error {
-	return &Error{Code: code, Reason: reason, Msg: fmt.Sprintf(format, args...)}
 }
 
 // Reason extracts the reason of err, whether it is an *Error, wraps one, or is
@@ -79,14 +184,8 @@ func Reason(err error) string {
 	if errors.As(err, &e) {
 		return ReasonName(e.Reason)
 	}
-	st, ok := status.FromError(err)
-	if !ok {
-		return ""
-	}
-	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok {
-			return info.GetReason()
-		}
+	if info := errorInfo(err); info != nil {
+		return info.GetReason()
 	}
 	return ""
 }
@@ -97,20 +196,30 @@ func Metadata(err error) map[string]string {
 	if errors.As(err, &e) {
 		return e.Metadata
 	}
+	if info := errorInfo(err); info != nil {
+		return info.GetMetadata()
+	}
+	return nil
+}
+
+// errorInfo is the ErrorInfo detail of a status error, or nil.
+func errorInfo(err error) *errdetails.ErrorInfo {
 	st, ok := status.FromError(err)
 	if !ok {
 		return nil
 	}
 	for _, d := range st.Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok {
-			return info.GetMetadata()
+			return info
 		}
 	}
 	return nil
 }
 
-// Status converts any error to a gRPC status error. Errors that carry no code
-// become INTERNAL with reason INTERNAL; context errors keep their codes.
+// Status converts any error to a gRPC status error: the edge. An *Error
+// anywhere in err's chain gets its reason's code (Code) and an ErrorInfo;
+// errors that already are statuses pass unchanged; context errors keep their
+// codes (CANCELLED, DEADLINE_EXCEEDED); anything else is UNKNOWN.
 func Status(err error) error {
 	if err == nil {
 		return nil
@@ -119,12 +228,7 @@ func Status(err error) error {
 	if errors.As(err, &e) {
 		// The reason travels in ErrorInfo; keep it out of the message so a
 		// receiver that prefixes it (Error.Error) does not print it twice.
-		msg := strings.Replace(err.Error(), e.Error(), e.Msg, 1)
-		st := status.New(e.Code, msg)
-		if ds, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: ReasonName(e.Reason), Domain: Domain, Metadata: e.Metadata}); derr == nil {
-			return ds.Err()
-		}
-		return st.Err()
+		return e.status(strings.Replace(err.Error(), e.Error(), e.Msg, 1)).Err()
 	}
 	if _, ok := status.FromError(err); ok {
 		return err
@@ -132,7 +236,8 @@ func Status(err error) error {
 	return status.FromContextError(err).Err()
 }
 
-// Item converts an error to a batch ItemStatus (OK for nil).
+// Item converts an error to a batch ItemStatus (OK for nil), with the same
+// code, reason and message Status gives it.
 func Item(err error) *masterv1.ItemStatus {
 	if err == nil {
 		return &masterv1.ItemStatus{}
@@ -147,8 +252,7 @@ func FromItem(it *masterv1.ItemStatus) error {
 	if it == nil || codes.Code(it.GetCode()) == codes.OK {
 		return nil
 	}
-	r := masterv1.ErrorReason(masterv1.ErrorReason_value["ERROR_REASON_"+it.GetReason()])
-	return &Error{Code: codes.Code(it.GetCode()), Reason: r, Msg: it.GetMessage()}
+	return &Error{Reason: parseReason(it.GetReason()), Msg: it.GetMessage(), wire: codes.Code(it.GetCode())}
 }
 
 // FromStatus converts an error received from the network into an *Error
@@ -166,12 +270,10 @@ func FromStatus(err error) error {
 	if !ok {
 		return err
 	}
-	out := &Error{Code: st.Code(), Msg: st.Message()}
-	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok {
-			out.Reason = masterv1.ErrorReason(masterv1.ErrorReason_value["ERROR_REASON_"+info.GetReason()])
-			out.Metadata = info.GetMetadata()
-		}
+	out := &Error{Msg: st.Message(), wire: st.Code()}
+	if info := errorInfo(err); info != nil {
+		out.Reason = parseReason(info.GetReason())
+		out.Metadata = info.GetMetadata()
 	}
 	return out
 }
