@@ -17,8 +17,8 @@ func TestRoundTrip(t *testing.T) {
 		code   codes.Code
 		reason string
 	}{
-		{"domain", New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND, "no %q", "k"), codes.NotFound, "OBJECT_NOT_FOUND"},
-		{"wrapped", fmt.Errorf("ctx: %w", New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_OBJECT_HAS_LEASE, "leased")), codes.FailedPrecondition, "OBJECT_HAS_LEASE"},
+		{"domain", Errorf(masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND, "no %q", "k"), codes.NotFound, "OBJECT_NOT_FOUND"},
+		{"wrapped", fmt.Errorf("ctx: %w", Errorf(masterv1.ErrorReason_ERROR_REASON_OBJECT_HAS_LEASE, "leased")), codes.FailedPrecondition, "OBJECT_HAS_LEASE"},
 		{"plain", errors.New("boom"), codes.Unknown, ""},
 	}
 	for _, tt := range tests {
@@ -40,11 +40,11 @@ func TestRoundTrip(t *testing.T) {
 	if Item(nil).GetCode() != 0 || FromItem(Item(nil)) != nil {
 		t.Fatal("nil error must round-trip as OK")
 	}
-	if got := FromStatus(Status(fmt.Errorf("put: %w", New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND, "no k")))).Error(); got != "OBJECT_NOT_FOUND: put: no k" {
+	if got := FromStatus(Status(fmt.Errorf("put: %w", Errorf(masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND, "no k")))).Error(); got != "OBJECT_NOT_FOUND: put: no k" {
 		t.Fatalf("round-tripped message: got %q", got)
 	}
 	sentinel := &Error{Reason: masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND}
-	if !errors.Is(fmt.Errorf("x: %w", New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND, "")), sentinel) {
+	if !errors.Is(fmt.Errorf("x: %w", Errorf(masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND, "")), sentinel) {
 		t.Fatal("errors.Is must match on reason")
 	}
 }
