@@ -16,7 +16,6 @@ import (
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
-	"google.golang.org/grpc/codes"
 )
 
 // Defaults for Config.
@@ -42,8 +41,14 @@ const (
 )
 
 // ErrClosed is returned by calls on a closed Pool and by calls in flight
-// when it closed (errors.Is works on it).
-var ErrClosed error = &rpcerr.Error{Code: codes.Canceled, Msg: "xfer: transfer pool is closed"}
+// when it closed (errors.Is works on it). It wraps context.Canceled, so its
+// status is CANCELLED, like a call whose context ended.
+var ErrClosed error = closedError{}
+
+type closedError struct{}
+
+func (closedError) Error() string { return "xfer: transfer pool is closed" }
+func (closedError) Unwrap() error { return context.Canceled }
 
 // aLongTimeAgo is a deadline in the past: setting it unblocks a connection's
 // pending I/O at once.
@@ -424,7 +429,7 @@ func (c *conn) refused(st *agentv1.ItemResult) error {
 
 func (c *conn) violation(format string, args ...any) error {
 	return fmt.Errorf("xfer %s: %w: %w", c.endpoint,
-		rpcerr.New(codes.Internal, masterv1.ErrorReason_ERROR_REASON_INTERNAL, "agent broke the transfer protocol: "+format, args...), ErrProtocol)
+		rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INTERNAL, "agent broke the transfer protocol: "+format, args...), ErrProtocol)
 }
 
 // write runs one WRITE exchange of at most MaxItems items.
@@ -485,12 +490,12 @@ func (c *conn) read(items []*agentv1.TransferItem, dst [][]byte, res []ReadResul
 }
 
 func errInvalid(format string, args ...any) error {
-	return rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "xfer: "+format, args...)
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "xfer: "+format, args...)
 }
 
 // unavailable wraps a connection failure: UNAVAILABLE AGENT_UNAVAILABLE
 // for status and reason, and the network error for errors.Is.
 func unavailable(endpoint string, err error) error {
 	return fmt.Errorf("xfer %s: %w: %w", endpoint,
-		rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, "transfer connection failed"), err)
+		rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, "transfer connection failed"), err)
 }

@@ -123,12 +123,12 @@ func (s *store) handle(c net.Conn, br *bufio.Reader) error {
 		obj, ok := s.objs[it.GetAllocationId()]
 		switch {
 		case it.GetAllocationId() == 0:
-			r.Status = ItemResult(rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_ALLOCATION_NOT_FOUND, "no allocation 0"))
+			r.Status = ItemResult(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_ALLOCATION_NOT_FOUND, "no allocation 0"))
 		case req.GetOp() == agentv1.TransferOp_TRANSFER_OP_WRITE:
 			s.objs[it.GetAllocationId()] = payload[i]
 			r.Length = uint64(len(payload[i]))
 		case !ok:
-			r.Status = ItemResult(rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_ALLOCATION_STATE, "not sealed"))
+			r.Status = ItemResult(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_ALLOCATION_STATE, "not sealed"))
 		default:
 			n := it.GetLength()
 			if n == 0 {
@@ -336,7 +336,7 @@ func TestProtocolViolations(t *testing.T) {
 		{"garbage header", false, func(c net.Conn) error { _, err := c.Write([]byte{2, 0, 0, 0, 0xff, 0xff}); return err }, "INTERNAL"},
 		{"refusal with code OK", false, func(c net.Conn) error { return respond(c, &agentv1.TransferResponse{Error: &agentv1.ItemResult{}}) }, "INTERNAL"},
 		{"refusal", false, func(c net.Conn) error {
-			return respond(c, &agentv1.TransferResponse{Error: ItemResult(rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "no"))})
+			return respond(c, &agentv1.TransferResponse{Error: ItemResult(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "no"))})
 		}, "INVALID_PARAMS"},
 		{"payload cut short", false, func(c net.Conn) error {
 			if err := respond(c, &agentv1.TransferResponse{Results: []*agentv1.TransferResult{{Length: 4, ObjectSize: 4}}}, []byte("ab")); err != nil {

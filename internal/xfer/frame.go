@@ -12,7 +12,6 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
@@ -40,7 +39,7 @@ var ErrProtocol = errors.New("xfer: protocol violation")
 // errMalformed builds a protocol error a refusing side reports on the wire:
 // INVALID_ARGUMENT INVALID_PARAMS that also wraps ErrProtocol.
 func errMalformed(format string, args ...any) error {
-	return fmt.Errorf("%w: %w", rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, format, args...), ErrProtocol)
+	return fmt.Errorf("%w: %w", rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, format, args...), ErrProtocol)
 }
 
 // AppendFrame appends one frame header to b: u32le(len) and m marshalled.
@@ -51,11 +50,11 @@ func AppendFrame(b []byte, m proto.Message) ([]byte, error) {
 	b = append(b, 0, 0, 0, 0)
 	b, err := rpccodec.AppendMarshal(b, m)
 	if err != nil {
-		return b[:start], rpcerr.New(codes.Internal, masterv1.ErrorReason_ERROR_REASON_INTERNAL, "marshal transfer header: %v", err)
+		return b[:start], rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, err, "marshal transfer header")
 	}
 	n := len(b) - start - lenSize
 	if n > MaxHeaderBytes {
-		return b[:start], rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
+		return b[:start], rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
 			"transfer header of %d bytes exceeds the %d-byte limit (fewer items or shorter tokens)", n, MaxHeaderBytes)
 	}
 	binary.LittleEndian.PutUint32(b[start:], uint32(n))
@@ -134,7 +133,7 @@ func ReadHeader(r io.Reader, buf []byte, limit int) (hdr []byte, items int, scra
 		return nil, 0, buf, errMalformed("transfer header of %d bytes exceeds the %d-byte limit", n, MaxHeaderBytes)
 	}
 	if limit > 0 && int64(n) > int64(limit) {
-		return nil, 0, buf, fmt.Errorf("%w: %w", rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED,
+		return nil, 0, buf, fmt.Errorf("%w: %w", rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED,
 			"transfer header of %d bytes exceeds this agent's %d-byte limit (send fewer items per request)", n, limit), ErrProtocol)
 	}
 	b, buf, err := readHeader(r, buf, int(n))
