@@ -10,7 +10,6 @@ import (
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
-	"google.golang.org/grpc/codes"
 )
 
 // Item is one object of a BatchPut.
@@ -281,7 +280,7 @@ func (c *Client) BatchGetInto(ctx context.Context, keys []string, bufs [][]byte)
 	sizes := make([]int, len(keys))
 	errs := make([]error, len(keys))
 	if len(bufs) != len(keys) {
-		err := rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "%d buffers for %d keys", len(bufs), len(keys))
+		err := rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "%d buffers for %d keys", len(bufs), len(keys))
 		for i := range errs {
 			errs[i] = err
 		}
@@ -348,13 +347,13 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 		rl := r.GetReplicaList()
 		c.orderReplicas(rl.GetReplicas())
 		if len(rl.GetReplicas()) == 0 {
-			errs[i] = fmt.Errorf("get %q: %w", keys[i], rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY, "no readable replica"))
+			errs[i] = fmt.Errorf("get %q: %w", keys[i], rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY, "no readable replica"))
 			continue
 		}
 		rd := read{item: i, rl: rl}
 		if into != nil {
 			if uint64(len(into[i])) < rl.GetSize() {
-				errs[i] = fmt.Errorf("get %q: %w", keys[i], rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "buffer of %d bytes is smaller than the %d-byte object", len(into[i]), rl.GetSize()))
+				errs[i] = fmt.Errorf("get %q: %w", keys[i], rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "buffer of %d bytes is smaller than the %d-byte object", len(into[i]), rl.GetSize()))
 				continue
 			}
 			rd.dst = into[i][:rl.GetSize()]

@@ -283,7 +283,7 @@ func retryable(err error) bool {
 	case masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, masterv1.ErrorReason_ERROR_REASON_NOT_LEADER:
 		return true
 	case masterv1.ErrorReason_ERROR_REASON_UNSPECIFIED:
-		return e.Code == codes.Unavailable
+		return e.Code() == codes.Unavailable
 	}
 	return false
 }

@@ -60,7 +60,7 @@ func TestOrderReplicasLocalFirst(t *testing.T) {
 }
 
 func TestErrorsMatchReasons(t *testing.T) {
-	wire := rpcerr.Status(rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_OBJECT_HAS_LEASE, "leased"))
+	wire := rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_OBJECT_HAS_LEASE, "leased"))
 	err := rpcerr.FromStatus(wire)
 	if !errors.Is(err, ErrLeased) || errors.Is(err, ErrNotFound) {
 		t.Fatalf("errors.Is: leased=%v notfound=%v", errors.Is(err, ErrLeased), errors.Is(err, ErrNotFound))
@@ -70,9 +70,9 @@ func TestErrorsMatchReasons(t *testing.T) {
 		want bool
 	}{
 		{rpcerr.FromStatus(status.Error(codes.Unavailable, "transport")), true},
-		{rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, "x"), true},
-		{rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY, "x"), false},
-		{rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND, "x"), false},
+		{rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, "x"), true},
+		{rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY, "x"), false},
+		{rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND, "x"), false},
 		{errors.New("plain"), false},
 	}
 	for _, tt := range tests {
@@ -125,7 +125,7 @@ func TestAbandoned(t *testing.T) {
 		{context.DeadlineExceeded, true},
 		{rpcerr.FromStatus(status.Error(codes.DeadlineExceeded, "x")), true},
 		{rpcerr.FromStatus(status.Error(codes.Canceled, "x")), true},
-		{rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND, "x"), false},
+		{rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND, "x"), false},
 		{errors.New("plain"), false},
 	}
 	for _, tt := range tests {

@@ -98,7 +98,7 @@ func abandoned(err error) bool {
 		return true
 	}
 	var e *rpcerr.Error
-	return errors.As(err, &e) && (e.Code == codes.Canceled || e.Code == codes.DeadlineExceeded)
+	return errors.As(err, &e) && (e.Code() == codes.Canceled || e.Code() == codes.DeadlineExceeded)
 }
 
 // revoke abandons a started put even when ctx is already cancelled.
@@ -211,7 +211,7 @@ func (c *Client) GetInto(ctx context.Context, key string, buf []byte) (int, erro
 	var n int
 	err := c.get(ctx, key, func(size uint64) ([]byte, error) {
 		if uint64(len(buf)) < size {
-			return nil, rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "buffer of %d bytes is smaller than object %q of %d bytes", len(buf), key, size)
+			return nil, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "buffer of %d bytes is smaller than object %q of %d bytes", len(buf), key, size)
 		}
 		n = int(size)
 		return buf[:size], nil
@@ -276,13 +276,13 @@ func (c *Client) orderReplicas(reps []*masterv1.ReplicaDescriptor) {
 // checksum.
 func (c *Client) readAny(ctx context.Context, rl *masterv1.GetReplicaListResponse, reps []*masterv1.ReplicaDescriptor, buf []byte) error {
 	if len(reps) == 0 {
-		return rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY, "no readable replica")
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY, "no readable replica")
 	}
 	var errs []error
 	for _, d := range reps {
 		err := c.readOne(ctx, d, buf)
 		if err == nil && xxhash.Sum64(buf) != rl.GetChecksum() {
-			err = rpcerr.New(codes.DataLoss, masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "replica %d on %s: checksum mismatch", d.GetReplicaId(), d.GetDataEndpoint())
+			err = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "replica %d on %s: checksum mismatch", d.GetReplicaId(), d.GetDataEndpoint())
 		}
 		if err == nil {
 			return nil
@@ -409,7 +409,7 @@ func (c *Client) GetTo(ctx context.Context, key string, w io.Writer, progress fu
 			return err
 		}, size)
 		if err == nil && h.Sum64() != rl.GetChecksum() {
-			return written, fmt.Errorf("get %q: %w", key, rpcerr.New(codes.DataLoss, masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "replica %d: checksum mismatch", d.GetReplicaId()))
+			return written, fmt.Errorf("get %q: %w", key, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "replica %d: checksum mismatch", d.GetReplicaId()))
 		}
 		if err == nil {
 			return written, nil
@@ -420,7 +420,7 @@ func (c *Client) GetTo(ctx context.Context, key string, w io.Writer, progress fu
 		errs = append(errs, err)
 	}
 	if len(errs) == 0 {
-		errs = append(errs, rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY, "no readable replica"))
+		errs = append(errs, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY, "no readable replica"))
 	}
 	return 0, fmt.Errorf("get %q: %w", key, errors.Join(errs...))
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 )
 
 // fakeMaster is a hand-written master for crescentctl's tests (the real
@@ -41,7 +40,7 @@ func (f *fakeMaster) DrainSegment(_ context.Context, r *masterv1.DrainSegmentReq
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.segs[r.GetSegmentId()]; !ok {
-		return nil, rpcerr.Status(rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "segment %q not found", r.GetSegmentId()))
+		return nil, rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "segment %q not found", r.GetSegmentId()))
 	}
 	f.segs[r.GetSegmentId()] = masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINED
 	return &masterv1.DrainSegmentResponse{Segment: f.segment(r.GetSegmentId())}, nil
@@ -53,9 +52,9 @@ func (f *fakeMaster) UndrainSegment(_ context.Context, r *masterv1.UndrainSegmen
 	lc, ok := f.segs[r.GetSegmentId()]
 	switch {
 	case !ok:
-		return nil, rpcerr.Status(rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "segment %q not found", r.GetSegmentId()))
+		return nil, rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "segment %q not found", r.GetSegmentId()))
 	case lc == masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_UNMOUNTING:
-		return nil, rpcerr.Status(rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE, "segment %q is unmounting", r.GetSegmentId()))
+		return nil, rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE, "segment %q is unmounting", r.GetSegmentId()))
 	}
 	f.segs[r.GetSegmentId()] = masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_OK
 	return &masterv1.UndrainSegmentResponse{Segment: f.segment(r.GetSegmentId())}, nil

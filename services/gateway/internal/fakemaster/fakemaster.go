@@ -267,19 +267,19 @@ func (m *Master) Watch(req *masterv1.WatchRequest, stream grpc.ServerStreamingSe
 		if first && !m.ignoreEpoch && req.GetEpoch() != 0 && req.GetEpoch() != m.epoch {
 			epoch := m.epoch // read under mu: Restart changes it
 			m.mu.Unlock()
-			return rpcerr.Status(rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_EPOCH_MISMATCH,
+			return rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_EPOCH_MISMATCH,
 				"epoch %d is not the current epoch %d", req.GetEpoch(), epoch))
 		}
 		head := m.base + uint64(len(m.log))
 		if next > head {
 			m.mu.Unlock()
-			return rpcerr.Status(rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
+			return rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
 				"from_revision %d is beyond head %d", next, head))
 		}
 		if next < m.base {
 			oldest := m.base + 1 // read under mu: Compact moves it
 			m.mu.Unlock()
-			return rpcerr.Status(rpcerr.New(codes.OutOfRange, masterv1.ErrorReason_ERROR_REASON_REVISION_COMPACTED,
+			return rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_REVISION_COMPACTED,
 				"revision %d compacted; oldest retained is %d", next, oldest))
 		}
 		visible := head
