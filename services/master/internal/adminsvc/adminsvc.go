@@ -13,7 +13,6 @@ import (
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
 	"github.com/crescent-kv/crescent/services/master/internal/registry"
-	"google.golang.org/grpc/codes"
 )
 
 // Meta is what AdminService needs from the object metadata.

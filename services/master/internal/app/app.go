@@ -28,7 +28,6 @@ import (
 	"github.com/crescent-kv/crescent/services/master/internal/registry"
 	"github.com/crescent-kv/crescent/services/master/internal/session"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 )
 
 // Config is the master's configuration. Flag names are YAML keys; each flag

@@ -16,7 +16,6 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
-	"google.golang.org/grpc/codes"
 )
 
 // DefaultRetention is the number of records kept when Config.Retention is 0.
@@ -180,7 +179,7 @@ func (l *Log) compactLocked() uint64 {
 
 // CompactedError is the error for a read from before the retained window.
 func CompactedError(from, compact uint64) error {
-	e := rpcerr.New(codes.OutOfRange, masterv1.ErrorReason_ERROR_REASON_REVISION_COMPACTED,
+	e := rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_REVISION_COMPACTED,
 		"revision %d is compacted; oldest retained is %d: resync with Snapshot", from, compact)
 	e.Metadata = map[string]string{"compact_revision": strconv.FormatUint(compact, 10)}
 	return e
@@ -198,7 +197,7 @@ func (l *Log) Read(from uint64, max int, dst []Record) (recs []Record, head, com
 		return dst, l.head, compact, CompactedError(from, compact)
 	}
 	if from > l.head {
-		return dst, l.head, compact, rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
+		return dst, l.head, compact, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
 			"revision %d is beyond the head %d of epoch %d", from, l.head, l.epoch)
 	}
 	for r := from + 1; r <= l.head && (max <= 0 || len(dst) < max); r++ {

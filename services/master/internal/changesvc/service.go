@@ -14,7 +14,6 @@ import (
 	"github.com/crescent-kv/crescent/services/master/internal/changelog"
 	"github.com/crescent-kv/crescent/services/master/internal/meta"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 )
 
 // Config tunes the adapter.
@@ -70,7 +69,7 @@ func (s *Service) Register(r grpc.ServiceRegistrar) { masterv1.RegisterChangeSer
 func (s *Service) Watch(req *masterv1.WatchRequest, stream grpc.ServerStreamingServer[masterv1.WatchResponse]) error {
 	l := s.src.Log()
 	if e := req.GetEpoch(); e != 0 && e != l.Epoch() {
-		return rpcerr.Status(rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_EPOCH_MISMATCH,
+		return rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_EPOCH_MISMATCH,
 			"epoch %d is not the master's current epoch %d: resync with Snapshot", e, l.Epoch()))
 	}
 	ctx := stream.Context()
@@ -115,7 +114,7 @@ func (s *Service) Snapshot(req *masterv1.SnapshotRequest, stream grpc.ServerStre
 	case s.snapshots <- struct{}{}:
 		defer func() { <-s.snapshots }()
 	default:
-		return rpcerr.Status(rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED,
+		return rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED,
 			"%d snapshots already in progress (max %d); retry later", s.cfg.MaxSnapshots, s.cfg.MaxSnapshots))
 	}
 	ctx := stream.Context()

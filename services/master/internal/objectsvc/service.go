@@ -11,7 +11,6 @@ import (
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/services/master/internal/meta"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 )
 
 // DefaultMaxBatch bounds the items of one batch RPC.
@@ -42,7 +41,7 @@ func New(cfg Config, store *meta.Store) *Service {
 func (s *Service) Register(r grpc.ServiceRegistrar) { masterv1.RegisterObjectServiceServer(r, s) }
 
 func invalid(format string, args ...any) error {
-	return rpcerr.Status(rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, format, args...))
+	return rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, format, args...))
 }
 
 func (s *Service) checkBatch(n int) error {
@@ -66,16 +65,16 @@ func putSpec(r *masterv1.PutStartRequest) (meta.PutSpec, error) {
 		ClientID: r.GetClientId(), Upsert: r.GetUpsert(),
 	}
 	if c.GetReplicaNum() > meta.MaxReplicaNum {
-		return sp, rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
+		return sp, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
 			"replica_num must be at most %d, got %d", meta.MaxReplicaNum, c.GetReplicaNum())
 	}
 	if len(c.GetPreferredSegments()) > meta.MaxReplicaNum*4 {
-		return sp, rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
+		return sp, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
 			"too many preferred_segments (%d)", len(c.GetPreferredSegments()))
 	}
 	if d := c.GetSoftPinTtl(); d != nil {
 		if err := d.CheckValid(); err != nil || d.AsDuration() < 0 {
-			return sp, rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "soft_pin_ttl is not a valid non-negative duration")
+			return sp, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "soft_pin_ttl is not a valid non-negative duration")
 		}
 		sp.SoftPinTTL = d.AsDuration()
 	}

@@ -184,7 +184,7 @@ func (s *session) complete(k kind, id uint64, n int, split func(c *call, off, n 
 		return
 	}
 	if n != f.items {
-		err := rpcerr.New(codes.Internal, masterv1.ErrorReason_ERROR_REASON_INTERNAL,
+		err := rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INTERNAL,
 			"agent %q answered %s request %d with %d items for %d", s.agentID, k, id, n, f.items)
 		s.m.lg.Error("agent result malformed", "agent_id", s.agentID, "kind", k.String(), "request_id", id, "got", n, "want", f.items)
 		for _, c := range f.calls {

@@ -4,7 +4,6 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/services/master/internal/registry"
-	"google.golang.org/grpc/codes"
 )
 
 // maxIDLen bounds agent, host and segment ids, endpoints and the agent's
