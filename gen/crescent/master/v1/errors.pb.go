@@ -26,7 +26,9 @@ const (
 // reason equal to the value name without the "ERROR_REASON_" prefix (for
 // example "OBJECT_NOT_FOUND"); batch items carry the same string in
 // ItemStatus.reason. The gRPC code that goes with each reason is fixed and
-// listed below. Clients branch on the reason, never on message text.
+// listed below: exactly one code per reason, the same in the servers' table
+// (internal/rpcerr) and in the SDK. Clients branch on the reason, never on
+// message text.
 type ErrorReason int32
 
 const (
@@ -76,17 +78,22 @@ const (
 	ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH ErrorReason = 18
 	// FAILED_PRECONDITION: an agent command from an older master epoch.
 	ErrorReason_ERROR_REASON_STALE_EPOCH ErrorReason = 19
-	// UNAVAILABLE: the agent owning a segment did not answer in time.
+	// UNAVAILABLE: the agent owning a segment did not answer in time, a
+	// transfer connection to it failed, or (SegmentService Connect) the master
+	// ended the session of an agent whose heartbeats stopped.
 	ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE ErrorReason = 20
 	// FAILED_PRECONDITION: the segment's lifecycle or health forbids the operation.
 	ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE ErrorReason = 21
-	// DEADLINE_EXCEEDED or NOT_FOUND: the PutStart was preempted or timed out.
+	// NOT_FOUND: the PutStart was preempted or timed out, so the put no longer
+	// exists (PutEnd or PutRevoke of it). Not DEADLINE_EXCEEDED, which means
+	// the caller's own deadline.
 	ErrorReason_ERROR_REASON_PUT_EXPIRED ErrorReason = 22
 	// INTERNAL: an invariant failed; the message says which. Always a bug.
 	ErrorReason_ERROR_REASON_INTERNAL ErrorReason = 23
 	// UNAVAILABLE: the master started moments ago and agents are still
 	// re-registering, so its readable set is not yet whole; ChangeService
-	// answers this until the recovery grace has passed. Retry with backoff.
+	// answers this until the recovery grace has passed, and SegmentService
+	// Connect until the metadata is loaded. Retry with backoff.
 	ErrorReason_ERROR_REASON_MASTER_RECOVERING ErrorReason = 24
 	// INVALID_ARGUMENT: the object is larger than the master's
 	// --max-object-size; refused before any placement or eviction.
@@ -94,6 +101,12 @@ const (
 	// RESOURCE_EXHAUSTED: a per-call, per-peer or per-table cap was reached
 	// (segments per agent, tenants, items per scan); metadata names the limit.
 	ErrorReason_ERROR_REASON_LIMIT_EXCEEDED ErrorReason = 26
+	// UNAVAILABLE: the master is shutting down and ends every agent session;
+	// reconnect with backoff.
+	ErrorReason_ERROR_REASON_MASTER_SHUTTING_DOWN ErrorReason = 27
+	// ABORTED: the agent session was replaced by a newer Connect with the same
+	// agent_id; the newer session stands.
+	ErrorReason_ERROR_REASON_SESSION_REPLACED ErrorReason = 28
 )
 
 // Enum value maps for ErrorReason.
@@ -126,6 +139,8 @@ var (
 		24: "ERROR_REASON_MASTER_RECOVERING",
 		25: "ERROR_REASON_OBJECT_TOO_LARGE",
 		26: "ERROR_REASON_LIMIT_EXCEEDED",
+		27: "ERROR_REASON_MASTER_SHUTTING_DOWN",
+		28: "ERROR_REASON_SESSION_REPLACED",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":           0,
@@ -155,6 +170,8 @@ var (
 		"ERROR_REASON_MASTER_RECOVERING":     24,
 		"ERROR_REASON_OBJECT_TOO_LARGE":      25,
 		"ERROR_REASON_LIMIT_EXCEEDED":        26,
+		"ERROR_REASON_MASTER_SHUTTING_DOWN":  27,
+		"ERROR_REASON_SESSION_REPLACED":      28,
 	}
 )
 
@@ -189,7 +206,7 @@ var File_crescent_master_v1_errors_proto protoreflect.FileDescriptor
 
 const file_crescent_master_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1fcrescent/master/v1/errors.proto\x12\x12crescent.master.v1*\xac\a\n" +
+	"\x1fcrescent/master/v1/errors.proto\x12\x12crescent.master.v1*\xf6\a\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dERROR_REASON_OBJECT_NOT_FOUND\x10\x01\x12&\n" +
@@ -218,7 +235,9 @@ const file_crescent_master_v1_errors_proto_rawDesc = "" +
 	"\x15ERROR_REASON_INTERNAL\x10\x17\x12\"\n" +
 	"\x1eERROR_REASON_MASTER_RECOVERING\x10\x18\x12!\n" +
 	"\x1dERROR_REASON_OBJECT_TOO_LARGE\x10\x19\x12\x1f\n" +
-	"\x1bERROR_REASON_LIMIT_EXCEEDED\x10\x1aB\xd0\x01\n" +
+	"\x1bERROR_REASON_LIMIT_EXCEEDED\x10\x1a\x12%\n" +
+	"!ERROR_REASON_MASTER_SHUTTING_DOWN\x10\x1b\x12!\n" +
+	"\x1dERROR_REASON_SESSION_REPLACED\x10\x1cB\xd0\x01\n" +
 	"\x16com.crescent.master.v1B\vErrorsProtoP\x01Z?github.com/crescent-kv/crescent/gen/crescent/master/v1;masterv1\xa2\x02\x03CMX\xaa\x02\x12Crescent.Master.V1\xca\x02\x12Crescent\\Master\\V1\xe2\x02\x1eCrescent\\Master\\V1\\GPBMetadata\xea\x02\x14Crescent::Master::V1b\x06proto3"
 
 var (

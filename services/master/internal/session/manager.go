@@ -29,7 +29,6 @@ import (
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
 	"github.com/crescent-kv/crescent/services/master/internal/registry"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -53,11 +52,11 @@ type Deps struct {
 
 // Causes that end a session; the handler returns them as its status.
 var (
-	errClosing  = status.Error(codes.Unavailable, "master is shutting down")
-	errReplaced = status.Error(codes.Aborted, "session replaced by a newer Connect for the same agent_id")
-	errLost     = status.Error(codes.Unavailable, "agent unmounted: no heartbeat within unmount_after or graceful deadline passed")
-	errEnded    = errors.New("session ended")
-	errNotReady = status.Error(codes.Unavailable, "master is starting: metadata not ready")
+	errClosing  error = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_MASTER_SHUTTING_DOWN, "master is shutting down")
+	errReplaced error = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SESSION_REPLACED, "session replaced by a newer Connect for the same agent_id")
+	errLost     error = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, "agent unmounted: no heartbeat within unmount_after or graceful deadline passed")
+	errEnded          = errors.New("session ended")
+	errNotReady error = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_MASTER_RECOVERING, "master is starting: metadata not ready")
 )
 
 // Manager owns every agent session and implements
