@@ -50,6 +50,11 @@ var (
 	ErrQuotaExceeded error = &rpcerr.Error{Reason: masterv1.ErrorReason_ERROR_REASON_TENANT_QUOTA_EXCEEDED}
 	ErrInvalid       error = &rpcerr.Error{Reason: masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS}
 	ErrChecksum      error = &rpcerr.Error{Reason: masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH}
+	// ErrTooLarge: the object exceeds the master's --max-object-size.
+	ErrTooLarge error = &rpcerr.Error{Reason: masterv1.ErrorReason_ERROR_REASON_OBJECT_TOO_LARGE}
+	// ErrPutExpired: the put was preempted or timed out before PutEnd, so
+	// its bytes are gone; start it again.
+	ErrPutExpired error = &rpcerr.Error{Reason: masterv1.ErrorReason_ERROR_REASON_PUT_EXPIRED}
 )
 
 // Config configures a Client.
@@ -273,7 +278,10 @@ func (c *Client) redirect(leader string) bool {
 }
 
 // retryable reports whether a master call that failed with err may be tried
-// again unchanged.
+// again unchanged. An error that carries a reason is judged by its reason
+// alone (each reason has one code, so no reason is retried under one code
+// and refused under another); only a failure without a reason (the
+// connection, not the master, failed) is judged by its code.
 func retryable(err error) bool {
 	e := new(rpcerr.Error)
 	if !errors.As(err, &e) {
