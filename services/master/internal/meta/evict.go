@@ -174,6 +174,41 @@ func (s *Store) evict(ctx context.Context, targets []evictTarget) int {
 	if len(targets) > 64 {
 		targets = targets[:64]
 	}
+	p := s.newEvictPass(targets)
+	if p == nil {
+		return 0
+	}
+	p.selectRuns()
+	ranks := p.union()
+	if len(ranks) == 0 {
+		return 0
+	}
+	n := s.evictVictimsLocked(ctx, p.victimsByShard(ranks))
+	if n > 0 {
+		s.lg.Debug("evicted objects", "objects", n, "segments", len(targets),
+			"walked", s.lastPass.walked, "rounds", s.lastPass.rounds)
+	}
+	return n
+}
+
+// evictPass is one eviction pass's state (see evict): one selection heap
+// per target and the candidates the heaps refer to.
+type evictPass struct {
+	s      *Store
+	heaps  []evictHeap
+	segs   []uint32       // the targets' segments, by target
+	pos    map[uint32]int // segment → target, when a linear search is slower
+	active int            // targets in need
+	// cands holds, in offer order, every candidate some heap took in; the
+	// heaps refer to them by index.
+	cands  candList
+	budget []int64 // per shard, per round
+	got    []int64 // this shard's unpinned bytes, up to budget
+}
+
+// newEvictPass sets up a pass over targets (at most 64), or returns nil
+// when no target needs anything.
+func (s *Store) newEvictPass(targets []evictTarget) *evictPass {
 	// A segment named twice counts as its last entry (the earlier one gets
 	// no candidates: its need stays unmet and frees nothing).
 	heaps := make([]evictHeap, len(targets))
@@ -194,20 +229,26 @@ func (s *Store) evict(ctx context.Context, targets []evictTarget) int {
 		}
 	}
 	if active == 0 {
-		return 0
+		return nil
 	}
-	var pos map[uint32]int // segment → target, when a linear search is slower
+	var pos map[uint32]int
 	if len(targets) > 8 {
 		pos = make(map[uint32]int, len(targets))
 		for i, sg := range segs {
 			pos[sg] = i
 		}
 	}
-	// cands holds, in offer order, every candidate some heap took in; the
-	// heaps refer to them by index.
-	var cands candList
-	budget := make([]int64, len(targets)) // per shard, per round
-	got := make([]int64, len(targets))    // this shard's unpinned bytes, up to budget
+	return &evictPass{
+		s: s, heaps: heaps, segs: segs, pos: pos, active: active,
+		budget: make([]int64, len(targets)),
+		got:    make([]int64, len(targets)),
+	}
+}
+
+// selectRuns offers candidates to the heaps, round after round, until each
+// heap holds its target's run (see evict for the rounds).
+func (p *evictPass) selectRuns() {
+	s := p.s
 	shards := int64(len(s.shards))
 	scale := int64(2)
 	// byLimit: this round walks every shard up to access limit, not by
@@ -216,93 +257,17 @@ func (s *Store) evict(ctx context.Context, targets []evictTarget) int {
 	var limit int64
 	for {
 		last := !byLimit && scale >= shards
-		for i := range heaps {
-			h := &heaps[i]
-			h.items, h.bytes = h.items[:0], 0
-			switch {
-			case h.need <= 0:
-				budget[i] = 0
-			case last:
-				budget[i] = h.need
-			default: // ⌈need·scale/shards⌉ without overflow, ≥ 1
-				budget[i] = h.need/shards*scale + (h.need%shards*scale+shards-1)/shards
-			}
-		}
-		cands.reset()
+		p.setBudgets(last, scale, shards)
+		p.cands.reset()
 		tau := int64(math.MaxInt64)
 		for sh := range s.shards {
-			shd := &s.shards[sh]
-			shd.mu.Lock()
-			now := s.nowMs()
-			clear(got)
-			unmet := active
-			o := shd.head
-			for ; o != nil; o = o.next {
-				if byLimit {
-					if o.accessMs > limit {
-						break
-					}
-				} else if unmet == 0 {
-					break // every budget met
-				}
-				s.lastPass.walked++
-				var mask uint64
-				for i := range o.replicas {
-					seg := o.replicas[i].seg
-					if pos != nil {
-						if p, ok := pos[seg]; ok {
-							mask |= 1 << p
-						}
-						continue
-					}
-					for p, ts := range segs {
-						if ts == seg {
-							mask |= 1 << p
-						}
-					}
-				}
-				if mask == 0 {
-					continue
-				}
-				ok, pinned := s.evictableLocked(o, now)
-				if !ok {
-					continue
-				}
-				r := evictRank{access: o.accessMs, size: o.size, idx: cands.n, pinned: pinned}
-				took := false
-				for ; mask != 0; mask &= mask - 1 {
-					p := bits.TrailingZeros64(mask)
-					h := &heaps[p]
-					if h.need <= 0 {
-						continue
-					}
-					if h.offer(r) {
-						took = true
-					}
-					if !pinned && got[p] < budget[p] {
-						if got[p] += int64(o.size); got[p] >= budget[p] {
-							unmet--
-						}
-					}
-				}
-				if took {
-					cands.add(evictCand{key: o.key, access: o.accessMs, size: o.size, tenant: o.tenant, shard: uint16(sh), pinned: pinned})
-				}
-			}
-			if o != nil { // stopped early, having walked every access below:
-				if byLimit {
-					tau = min(tau, limit)
-				} else {
-					tau = min(tau, o.prev.accessMs)
-				}
-			}
-			shd.mu.Unlock()
+			tau = min(tau, p.walkShard(sh, byLimit, limit))
 		}
 		s.lastPass.rounds++
 		// Every candidate with an access below tau (and some with tau) was
 		// offered, so each heap holds its run when its top is unpinned with
 		// an access up to tau.
-		end, ok := runsEnd(heaps)
+		end, ok := runsEnd(p.heaps)
 		if last || tau == math.MaxInt64 || ok && end <= tau {
 			break
 		}
@@ -314,35 +279,143 @@ func (s *Store) evict(ctx context.Context, targets []evictTarget) int {
 			s.lastPass.byLimit = true
 		}
 	}
-	// The union of the heaps (a candidate taken for several targets once),
-	// by shard, each shard's in eviction order.
-	var ranks []evictRank
-	if active == 1 {
-		for i := range heaps {
-			if heaps[i].need > 0 {
-				ranks = heaps[i].items
+}
+
+// setBudgets empties the heaps for a new round and sets each target's
+// per-shard budget: the whole need in the last round, else
+// ⌈need·scale/shards⌉.
+func (p *evictPass) setBudgets(last bool, scale, shards int64) {
+	for i := range p.heaps {
+		h := &p.heaps[i]
+		h.items, h.bytes = h.items[:0], 0
+		switch {
+		case h.need <= 0:
+			p.budget[i] = 0
+		case last:
+			p.budget[i] = h.need
+		default: // ⌈need·scale/shards⌉ without overflow, ≥ 1
+			p.budget[i] = h.need/shards*scale + (h.need%shards*scale+shards-1)/shards
+		}
+	}
+}
+
+// walkShard walks shard sh's recency list from its head under its lock,
+// offering every evictable object with a replica on a target, until every
+// budget is met (or, byLimit, past access limit). It returns the walk's
+// tau_S: every access below it was walked (math.MaxInt64 when the walk
+// reached the end).
+func (p *evictPass) walkShard(sh int, byLimit bool, limit int64) int64 {
+	s := p.s
+	tau := int64(math.MaxInt64)
+	shd := &s.shards[sh]
+	shd.mu.Lock()
+	now := s.nowMs()
+	clear(p.got)
+	unmet := p.active
+	o := shd.head
+	for ; o != nil; o = o.next {
+		if byLimit {
+			if o.accessMs > limit {
+				break
 			}
+		} else if unmet == 0 {
+			break // every budget met
 		}
-	} else {
-		total := 0
-		for i := range heaps {
-			total += len(heaps[i].items)
+		s.lastPass.walked++
+		mask := p.targetMask(o)
+		if mask == 0 {
+			continue
 		}
-		ranks = make([]evictRank, 0, total)
-		seen := make([]bool, cands.n)
-		for i := range heaps {
-			for _, r := range heaps[i].items {
-				if !seen[r.idx] {
-					seen[r.idx] = true
-					ranks = append(ranks, r)
+		ok, pinned := s.evictableLocked(o, now)
+		if !ok {
+			continue
+		}
+		r := evictRank{access: o.accessMs, size: o.size, idx: p.cands.n, pinned: pinned}
+		took := false
+		for ; mask != 0; mask &= mask - 1 {
+			i := bits.TrailingZeros64(mask)
+			h := &p.heaps[i]
+			if h.need <= 0 {
+				continue
+			}
+			if h.offer(r) {
+				took = true
+			}
+			if !pinned && p.got[i] < p.budget[i] {
+				if p.got[i] += int64(o.size); p.got[i] >= p.budget[i] {
+					unmet--
 				}
 			}
 		}
+		if took {
+			p.cands.add(evictCand{key: o.key, access: o.accessMs, size: o.size, tenant: o.tenant, shard: uint16(sh), pinned: pinned})
+		}
 	}
-	if len(ranks) == 0 {
-		return 0
+	if o != nil { // stopped early, having walked every access below:
+		if byLimit {
+			tau = limit
+		} else {
+			tau = o.prev.accessMs
+		}
 	}
-	runs := groupByShard(ranks, len(s.shards), func(r *evictRank) int { return int(cands.at(r.idx).shard) })
+	shd.mu.Unlock()
+	return tau
+}
+
+// targetMask returns the set of targets (bit i for target i) o has a
+// replica on.
+func (p *evictPass) targetMask(o *object) uint64 {
+	var mask uint64
+	for i := range o.replicas {
+		seg := o.replicas[i].seg
+		if p.pos != nil {
+			if t, ok := p.pos[seg]; ok {
+				mask |= 1 << t
+			}
+			continue
+		}
+		for t, ts := range p.segs {
+			if ts == seg {
+				mask |= 1 << t
+			}
+		}
+	}
+	return mask
+}
+
+// union returns the union of the heaps (a candidate taken for several
+// targets once).
+func (p *evictPass) union() []evictRank {
+	var ranks []evictRank
+	if p.active == 1 {
+		for i := range p.heaps {
+			if p.heaps[i].need > 0 {
+				ranks = p.heaps[i].items
+			}
+		}
+		return ranks
+	}
+	total := 0
+	for i := range p.heaps {
+		total += len(p.heaps[i].items)
+	}
+	ranks = make([]evictRank, 0, total)
+	seen := make([]bool, p.cands.n)
+	for i := range p.heaps {
+		for _, r := range p.heaps[i].items {
+			if !seen[r.idx] {
+				seen[r.idx] = true
+				ranks = append(ranks, r)
+			}
+		}
+	}
+	return ranks
+}
+
+// victimsByShard returns the candidates of ranks in runs of one shard
+// each, each run in eviction order.
+func (p *evictPass) victimsByShard(ranks []evictRank) [][]evictCand {
+	runs := groupByShard(ranks, len(p.s.shards), func(r *evictRank) int { return int(p.cands.at(r.idx).shard) })
 	victims := make([]evictCand, 0, len(ranks))
 	groups := make([][]evictCand, 0, len(runs))
 	for _, run := range runs {
@@ -357,16 +430,11 @@ func (s *Store) evict(ctx context.Context, targets []evictTarget) int {
 		})
 		lo := len(victims)
 		for _, r := range run {
-			victims = append(victims, *cands.at(r.idx))
+			victims = append(victims, *p.cands.at(r.idx))
 		}
 		groups = append(groups, victims[lo:])
 	}
-	n := s.evictVictimsLocked(ctx, groups)
-	if n > 0 {
-		s.lg.Debug("evicted objects", "objects", n, "segments", len(targets),
-			"walked", s.lastPass.walked, "rounds", s.lastPass.rounds)
-	}
-	return n
+	return groups
 }
 
 // evictPassStats describes the last eviction pass (guarded by evictMu).
