@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/kvevent/zmtp"
 	"github.com/go-zeromq/zmq4"
 	"go.uber.org/goleak"
@@ -234,21 +235,14 @@ func (r *recorder) opts(o Options) Options {
 
 func (r *recorder) waitSeqs(t *testing.T, n int) []uint64 {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	var got []uint64
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		r.mu.Lock()
-		if len(r.seqs) >= n {
-			got := slices.Clone(r.seqs)
-			r.mu.Unlock()
-			return got
-		}
-		r.mu.Unlock()
-		time.Sleep(5 * time.Millisecond)
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	t.Fatalf("delivered %v, want %d batches", r.seqs, n)
-	return nil
+		defer r.mu.Unlock()
+		got = slices.Clone(r.seqs)
+		return len(got) >= n
+	}, "%d batches (delivered %v)", n, &got)
+	return got
 }
 
 func (r *recorder) gapList() []Gap {
