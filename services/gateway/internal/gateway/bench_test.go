@@ -11,6 +11,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"github.com/crescent-kv/crescent/services/gateway/internal/fakemaster"
 )
@@ -34,9 +35,9 @@ func newPipeline(b *testing.B, onEvent func(kvevent.Event, time.Time)) *pipeline
 		cfg.FlushInterval = d
 	}
 	p.gw = startGateway(b, cfg)
-	waitFor(b, "the initial snapshot", func() bool { return p.gw.g.Status().Watching })
+	testutil.Eventually(b, 30*time.Second, func() bool { return p.gw.g.Status().Watching }, "the initial snapshot")
 	sub, err := kvevent.Subscribe(b.Context(), p.gw.g.PubEndpoint(), kvevent.Options{
-		Logger: quiet(), DisableIndex: true,
+		Logger: testutil.Logger(), DisableIndex: true,
 		OnBatch: func(bt kvevent.Batch) {
 			if p.onEvent != nil {
 				now := time.Now()
@@ -52,7 +53,7 @@ func newPipeline(b *testing.B, onEvent func(kvevent.Event, time.Time)) *pipeline
 	}
 	b.Cleanup(func() { sub.Close() })
 	p.sub = sub
-	waitFor(b, "the subscriber", func() bool { return p.gw.g.Status().Subscribers == 1 })
+	testutil.Eventually(b, 30*time.Second, func() bool { return p.gw.g.Status().Subscribers == 1 }, "the subscriber")
 	return p
 }
 
@@ -102,7 +103,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 		p.op(i)
 		p.throttle(b, i)
 	}
-	waitFor(b, "every event", func() bool { return p.received.Load() >= int64(b.N) })
+	testutil.Eventually(b, 30*time.Second, func() bool { return p.received.Load() >= int64(b.N) }, "every event")
 	elapsed := time.Since(start)
 	b.StopTimer()
 	st := p.gw.g.Status()
@@ -143,7 +144,7 @@ func BenchmarkLatency50k(b *testing.B) {
 			i++
 		}
 	}
-	waitFor(b, "every event", func() bool { return p.received.Load() >= int64(b.N) })
+	testutil.Eventually(b, 30*time.Second, func() bool { return p.received.Load() >= int64(b.N) }, "every event")
 	b.StopTimer()
 	latMu.Store(1)
 	p.sub.Close() // no more callbacks: lat is ours

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -20,6 +19,7 @@ import (
 
 	gatewayv1 "github.com/crescent-kv/crescent/gen/crescent/gateway/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"github.com/crescent-kv/crescent/services/gateway/internal/fakemaster"
 	"go.uber.org/goleak"
@@ -38,8 +38,6 @@ func TestMain(m *testing.M) {
 	}
 	goleak.VerifyTestMain(m)
 }
-
-func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 func testConfig(master string) Config {
 	c := DefaultConfig()
@@ -74,7 +72,7 @@ type running struct {
 // startGateway runs a gateway; stop ends it (also at cleanup).
 func startGateway(t testing.TB, cfg Config) *running {
 	t.Helper()
-	g, err := New(cfg, Deps{}, quiet())
+	g, err := New(cfg, Deps{}, testutil.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,17 +97,6 @@ func startGateway(t testing.TB, cfg Config) *running {
 	return r
 }
 
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 func wireMedium(m masterv1.Medium) kvevent.Medium {
 	if m == masterv1.Medium_MEDIUM_DISK {
 		return kvevent.MediumDisk
@@ -132,19 +119,15 @@ func masterKeys(m *fakemaster.Master) []kvevent.Key {
 // everything, and the subscriber received the last sequence.
 func settled(t testing.TB, m *fakemaster.Master, g *Gateway, sub *kvevent.Subscriber) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testutil.EventuallyNoError(t, 30*time.Second, func() error {
 		st := g.Status()
 		if st.MasterEpoch == m.Epoch() && st.MasterRevision == m.Head() &&
 			st.EnqueuedEvents == st.PublishedEvents+st.DroppedEvents &&
 			st.LastSequence > 0 && sub.Stats().LastSeq == st.LastSequence {
-			return
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pipeline did not settle: gateway %+v subscriber %+v master epoch %d head %d", st, sub.Stats(), m.Epoch(), m.Head())
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return fmt.Errorf("pipeline did not settle: gateway %+v subscriber %+v master epoch %d head %d", st, sub.Stats(), m.Epoch(), m.Head())
+	})
 }
 
 // randomWorkload mutates the master like a cache under load: puts on both
@@ -185,13 +168,13 @@ func TestEndToEnd(t *testing.T) {
 	m.Put("alpha", "preexisting", masterv1.Medium_MEDIUM_MEMORY, "g")
 	gw := startGateway(t, testConfig(startMaster(t, m)))
 	sub, err := kvevent.Subscribe(t.Context(), gw.g.PubEndpoint(), kvevent.Options{
-		ReplayEndpoint: gw.g.ReplayEndpoint(), FromSeq: 1, Logger: quiet(),
+		ReplayEndpoint: gw.g.ReplayEndpoint(), FromSeq: 1, Logger: testutil.Logger(),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sub.Close()
-	waitFor(t, "subscriber", func() bool { return gw.g.Status().Subscribers == 1 })
+	testutil.Eventually(t, 30*time.Second, func() bool { return gw.g.Status().Subscribers == 1 }, "subscriber")
 
 	rng := rand.New(rand.NewPCG(1, 2))
 	for round := range 3 {
@@ -227,7 +210,7 @@ func TestGatewayRestart(t *testing.T) {
 		gaps []kvevent.Gap
 	)
 	sub, err := kvevent.Subscribe(t.Context(), gw1.g.PubEndpoint(), kvevent.Options{
-		ReplayEndpoint: gw1.g.ReplayEndpoint(), FromSeq: 1, Logger: quiet(),
+		ReplayEndpoint: gw1.g.ReplayEndpoint(), FromSeq: 1, Logger: testutil.Logger(),
 		OnGap:        func(g kvevent.Gap) { gaps = append(gaps, g) },
 		ReconnectMin: time.Millisecond, ReconnectMax: 20 * time.Millisecond,
 	})
@@ -243,19 +226,18 @@ func TestGatewayRestart(t *testing.T) {
 	gw1.stop()
 	randomWorkload(t, m, rng, 200, false)
 	gw2 := startGateway(t, cfg)
-	waitFor(t, "the subscriber to reconnect", func() bool { return gw2.g.Status().Subscribers == 1 })
+	testutil.Eventually(t, 30*time.Second, func() bool { return gw2.g.Status().Subscribers == 1 }, "the subscriber to reconnect")
 	randomWorkload(t, m, rng, 50, false)
 	m.Put("alpha", "after-restart", masterv1.Medium_MEDIUM_MEMORY, "") // at least one live event
 	// Sequence numbers restarted, so "same last sequence" proves nothing
 	// here: wait for the index to converge on the master's set.
-	deadline := time.Now().Add(30 * time.Second)
-	for !slices.Equal(sub.Index().Keys(), masterKeys(m)) {
-		if time.Now().After(deadline) {
-			t.Fatalf("after a gateway restart the index (%d) never matched the master set (%d); subscriber %+v gateway %+v",
-				sub.Index().Len(), len(masterKeys(m)), sub.Stats(), gw2.g.Status())
+	testutil.EventuallyNoError(t, 30*time.Second, func() error {
+		if slices.Equal(sub.Index().Keys(), masterKeys(m)) {
+			return nil
 		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return fmt.Errorf("after a gateway restart the index (%d) never matched the master set (%d); subscriber %+v gateway %+v",
+			sub.Index().Len(), len(masterKeys(m)), sub.Stats(), gw2.g.Status())
+	})
 	settled(t, m, gw2.g, sub)
 	if ss := sub.Stats(); ss.Resets != 1 || ss.Unrepaired != 0 {
 		t.Errorf("subscriber stats %+v, want one reset, nothing unrepaired", ss)
@@ -272,11 +254,11 @@ func TestStatusEndpoints(t *testing.T) {
 	cfg := testConfig(startMaster(t, m))
 	cfg.EmitObjectKey = false
 	gw := startGateway(t, cfg)
-	waitFor(t, "the initial snapshot", func() bool { return gw.g.Status().Watching })
+	testutil.Eventually(t, 30*time.Second, func() bool { return gw.g.Status().Watching }, "the initial snapshot")
 	m.Put("t", "a", masterv1.Medium_MEDIUM_MEMORY, "")
 	m.Put("t", "b", masterv1.Medium_MEDIUM_DISK, "")
 	m.RemoveAll("t")
-	waitFor(t, "the cleared event", func() bool { return gw.g.Status().PublishedEvents == 1 })
+	testutil.Eventually(t, 30*time.Second, func() bool { return gw.g.Status().PublishedEvents == 1 }, "the cleared event")
 
 	resp, err := http.Get("http://" + gw.g.AdminAddr() + "/kv_events/status")
 	if err != nil {
@@ -365,7 +347,7 @@ func TestConfigValidate(t *testing.T) {
 			if err := c.Validate(); err == nil {
 				t.Error("Validate() = nil, want an error")
 			}
-			if _, err := New(c, Deps{}, quiet()); err == nil {
+			if _, err := New(c, Deps{}, testutil.Logger()); err == nil {
 				t.Error("New accepted an invalid config")
 			}
 		})

@@ -14,6 +14,7 @@ import (
 	"unsafe"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/kvevent/zmtp"
 	"github.com/crescent-kv/crescent/services/gateway/internal/fakemaster"
 	"github.com/go-zeromq/zmq4"
@@ -61,7 +62,7 @@ func BenchmarkPipeline(b *testing.B) {
 func benchPipeline(b *testing.B, resp int, rate float64, subscribe bool) {
 	m := startBenchMaster(b, resp)
 	gw := startGateway(b, testConfig(m.addr))
-	waitFor(b, "the initial snapshot", func() bool { return gw.g.Status().Watching })
+	testutil.Eventually(b, 30*time.Second, func() bool { return gw.g.Status().Watching }, "the initial snapshot")
 	var got atomic.Uint64 // messages the subscriber read
 	if subscribe {
 		c, err := zmtp.Dial(b.Context(), gw.g.PubEndpoint(), zmq4.Sub, 5*time.Second, zmtp.Limits{MaxFrame: 1 << 20, MaxFrames: 4})
@@ -85,7 +86,7 @@ func benchPipeline(b *testing.B, resp int, rate float64, subscribe bool) {
 			}
 		}()
 		b.Cleanup(func() { c.Close(); <-done })
-		waitFor(b, "the subscriber", func() bool { return gw.g.Status().Subscribers == 1 })
+		testutil.Eventually(b, 30*time.Second, func() bool { return gw.g.Status().Subscribers == 1 }, "the subscriber")
 	}
 
 	var cpu time.Duration

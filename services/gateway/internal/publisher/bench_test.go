@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 )
 
@@ -14,7 +15,7 @@ import (
 // events handed to the publisher (as the source does, a watch response at
 // a time) until decoded by a kvevent subscriber over loopback TCP.
 func BenchmarkPublishToSubscriber(b *testing.B) {
-	p, err := New(testConfig(), quiet())
+	p, err := New(testConfig(), testutil.Logger())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -27,15 +28,13 @@ func BenchmarkPublishToSubscriber(b *testing.B) {
 	go func() { done <- p.Run(runCtx) }()
 	defer func() { stop(); <-done }()
 	var got atomic.Int64
-	sub, err := kvevent.Subscribe(ctx, p.PubEndpoint(), kvevent.Options{Logger: quiet(), DisableIndex: true,
+	sub, err := kvevent.Subscribe(ctx, p.PubEndpoint(), kvevent.Options{Logger: testutil.Logger(), DisableIndex: true,
 		OnBatch: func(bt kvevent.Batch) { got.Add(int64(len(bt.Events))) }})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer sub.Close()
-	for p.Stats().Subscribers == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Eventually(b, 20*time.Second, func() bool { return p.Stats().Subscribers > 0 }, "the subscriber")
 	const chunk = 1024
 	evs := make([]kvevent.Event, 0, chunk)
 	b.ResetTimer()

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"github.com/crescent-kv/crescent/pkg/kvevent/zmtp"
 	"github.com/go-zeromq/zmq4"
@@ -131,7 +132,7 @@ func TestHostilePeersDropped(t *testing.T) {
 					t.Fatal("the gateway kept the connection open")
 				}
 				attempts++
-				waitFor(t, "the drop to be counted", func() bool { return p.Stats().PeersDropped == dropped+1 })
+				testutil.Eventually(t, 20*time.Second, func() bool { return p.Stats().PeersDropped == dropped+1 }, "the drop to be counted")
 			})
 		}
 	}
@@ -147,7 +148,7 @@ func TestHostilePeersDropped(t *testing.T) {
 
 	// Still serving: live delivery and replay.
 	p.Enqueue(ev(1))
-	waitFor(t, "the event after the hostile peers", func() bool { return good.events() == 1 })
+	testutil.Eventually(t, 20*time.Second, func() bool { return good.events() == 1 }, "the event after the hostile peers")
 	n := 0
 	if err := kvevent.Replay(t.Context(), p.ReplayEndpoint(), 1, kvevent.ReplayOptions{}, func(kvevent.Batch) error { n++; return nil }); err != nil || n != 1 {
 		t.Errorf("Replay after the hostile peers = %d batches, %v; want 1, nil", n, err)
@@ -183,7 +184,7 @@ func TestHandshakeTimeoutFreesSlots(t *testing.T) {
 			t.Errorf("%s: half-open peers dropped after %v, want about the 200ms handshake timeout", ep, d)
 		}
 	}
-	waitFor(t, "4 drops", func() bool { return p.Stats().PeersDropped == 4 })
+	testutil.Eventually(t, 20*time.Second, func() bool { return p.Stats().PeersDropped == 4 }, "4 drops")
 	// Both slots are free again.
 	collect(t, p, kvevent.Options{})
 	collect(t, p, kvevent.Options{})
@@ -203,7 +204,7 @@ func TestReplaySlotsPerPeerAndIdle(t *testing.T) {
 	cfg.ReplayIdleTimeout = 500 * time.Millisecond
 	p := start(t, cfg)
 	p.Enqueue(ev(1))
-	waitFor(t, "a batch", func() bool { return p.Stats().ReplayBatches == 1 })
+	testutil.Eventually(t, 20*time.Second, func() bool { return p.Stats().ReplayBatches == 1 }, "a batch")
 	ep := p.ReplayEndpoint()
 
 	// Three idle DEALERs from 127.0.0.1 take that IP's slots.
@@ -212,12 +213,12 @@ func TestReplaySlotsPerPeerAndIdle(t *testing.T) {
 		idle[i] = handshake(t, dialFrom(t, ep, "127.0.0.1"))
 		defer idle[i].Close()
 	}
-	waitFor(t, "3 replay connections", func() bool { return replayConns(p) == 3 })
+	testutil.Eventually(t, 20*time.Second, func() bool { return replayConns(p) == 3 }, "3 replay connections")
 	// A fourth from the same IP is refused at once.
 	if !closedByPeer(dialFrom(t, ep, "127.0.0.1"), 5*time.Second) {
 		t.Fatal("a fourth replay connection from one IP was kept")
 	}
-	waitFor(t, "the refusal to be counted", func() bool { return p.Stats().PeersRefused == 1 })
+	testutil.Eventually(t, 20*time.Second, func() bool { return p.Stats().PeersRefused == 1 }, "the refusal to be counted")
 	// Another IP is served meanwhile.
 	other := handshake(t, dialFrom(t, ep, "127.0.0.2"))
 	defer other.Close()
@@ -235,7 +236,7 @@ func TestReplaySlotsPerPeerAndIdle(t *testing.T) {
 			t.Fatalf("idle connection %d: read = %v, want the gateway to close it", i, err)
 		}
 	}
-	waitFor(t, "the idle drops to be counted", func() bool { return p.Stats().PeersDropped >= 3 })
+	testutil.Eventually(t, 20*time.Second, func() bool { return p.Stats().PeersDropped >= 3 }, "the idle drops to be counted")
 	// The IP's slots are back.
 	if err := kvevent.Replay(t.Context(), ep, 1, kvevent.ReplayOptions{}, func(kvevent.Batch) error { return nil }); err != nil {
 		t.Errorf("Replay after the idle peers were dropped: %v", err)

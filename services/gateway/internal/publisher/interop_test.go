@@ -6,6 +6,9 @@ import (
 	"os/exec"
 	"slices"
 	"testing"
+	"time"
+
+	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
 // TestInteropPyzmq runs scripts/sub.py (libzmq through pyzmq) against the
@@ -26,7 +29,7 @@ func TestInteropPyzmq(t *testing.T) {
 	}
 	p := start(t, testConfig())
 	p.Enqueue(ev(0))
-	waitFor(t, "a retained batch", func() bool { return p.Stats().ReplayBatches == 1 })
+	testutil.Eventually(t, 20*time.Second, func() bool { return p.Stats().ReplayBatches == 1 }, "a retained batch")
 	cmd := exec.CommandContext(t.Context(), python, "../../scripts/sub.py",
 		"--endpoint", p.PubEndpoint(), "--replay", p.ReplayEndpoint(), "--from", "1", "--count", "2", "--timeout", "20")
 	var out, errOut bytes.Buffer
@@ -37,12 +40,12 @@ func TestInteropPyzmq(t *testing.T) {
 	// The SUB connects and the DEALER replays concurrently (libzmq connects
 	// in the background), so the replay may come before or after batch 2
 	// is retained: sub.py prints batch 2 from whichever it sees first.
-	waitFor(t, "the libzmq SUB and its replay", func() bool {
+	testutil.Eventually(t, 20*time.Second, func() bool {
 		st := p.Stats()
 		return st.Subscribers == 1 && st.ReplayRequests == 1
-	})
+	}, "the libzmq SUB and its replay")
 	p.Enqueue(ev(1))
-	waitFor(t, "batch 2", func() bool { return p.Stats().LastSequence == 2 })
+	testutil.Eventually(t, 20*time.Second, func() bool { return p.Stats().LastSequence == 2 }, "batch 2")
 	p.Enqueue(ev(2))
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("sub.py: %v\nstderr: %s", err, errOut.String())

@@ -3,8 +3,6 @@ package publisher
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"runtime"
 	"slices"
 	"strings"
@@ -12,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"github.com/crescent-kv/crescent/pkg/kvevent/zmtp"
 	"github.com/go-zeromq/zmq4"
@@ -19,8 +18,6 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 func testConfig() Config {
 	c := DefaultConfig()
@@ -33,7 +30,7 @@ func testConfig() Config {
 // start runs a publisher until the test ends.
 func start(t *testing.T, cfg Config) *Publisher {
 	t.Helper()
-	p, err := New(cfg, quiet())
+	p, err := New(cfg, testutil.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,17 +47,6 @@ func start(t *testing.T, cfg Config) *Publisher {
 		}
 	})
 	return p
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 // collector subscribes with the kvevent library and records batches.
@@ -87,7 +73,7 @@ func collectKeep(t *testing.T, p *Publisher, opts kvevent.Options, keep bool) *c
 			c.batches = append(c.batches, b)
 		}
 	}
-	opts.Logger = quiet()
+	opts.Logger = testutil.Logger()
 	before := p.Stats().Subscribers
 	sub, err := kvevent.Subscribe(t.Context(), p.PubEndpoint(), opts)
 	if err != nil {
@@ -95,7 +81,7 @@ func collectKeep(t *testing.T, p *Publisher, opts kvevent.Options, keep bool) *c
 	}
 	t.Cleanup(func() { sub.Close() })
 	c.sub = sub
-	waitFor(t, "subscription", func() bool { return p.Stats().Subscribers > before })
+	testutil.Eventually(t, 20*time.Second, func() bool { return p.Stats().Subscribers > before }, "subscription")
 	return c
 }
 
@@ -122,7 +108,7 @@ func TestSequenceBatchingAndEventIDs(t *testing.T) {
 	for i := range n {
 		p.Enqueue(ev(i))
 	}
-	waitFor(t, "all events", func() bool { return c.events() == n })
+	testutil.Eventually(t, 20*time.Second, func() bool { return c.events() == n }, "all events")
 	var wantID uint64 = 1
 	for i, b := range c.snapshot() {
 		if got, want := b.Seq, uint64(i+1); got != want {
@@ -154,7 +140,7 @@ func TestFlush(t *testing.T) {
 		p := start(t, cfg)
 		c := collect(t, p, kvevent.Options{})
 		p.Enqueue(ev(1))
-		waitFor(t, "the lone event", func() bool { return c.events() == 1 })
+		testutil.Eventually(t, 20*time.Second, func() bool { return c.events() == 1 }, "the lone event")
 	})
 	t.Run("full batch flushed without waiting", func(t *testing.T) {
 		cfg := testConfig()
@@ -166,7 +152,7 @@ func TestFlush(t *testing.T) {
 			evs[i] = ev(i)
 		}
 		p.Enqueue(evs...)
-		waitFor(t, "the full batch", func() bool { return c.events() == 64 })
+		testutil.Eventually(t, 20*time.Second, func() bool { return c.events() == 64 }, "the full batch")
 		if b := c.snapshot(); len(b) != 1 || len(b[0].Events) != 64 {
 			t.Errorf("got %d batches, want one of 64 events", len(b))
 		}
@@ -184,7 +170,7 @@ func TestQueueDropsOldestAndBurnsSequences(t *testing.T) {
 	sub := c.sub
 
 	p.Enqueue(ev(0)) // seq 1
-	waitFor(t, "first event", func() bool { return c.events() == 1 })
+	testutil.Eventually(t, 20*time.Second, func() bool { return c.events() == 1 }, "first event")
 	// One push of 100 into a queue of 10: the 90 oldest are dropped while
 	// the push holds the queue, deterministically.
 	burst := make([]kvevent.Event, 100)
@@ -192,7 +178,7 @@ func TestQueueDropsOldestAndBurnsSequences(t *testing.T) {
 		burst[i] = ev(1 + i)
 	}
 	p.Enqueue(burst...)
-	waitFor(t, "survivors", func() bool { return c.events() == 1+10 })
+	testutil.Eventually(t, 20*time.Second, func() bool { return c.events() == 1+10 }, "survivors")
 
 	s := p.Stats()
 	if s.DroppedEvents != 90 {
@@ -228,7 +214,7 @@ func TestObjectKeyOffPublishesOnlyCleared(t *testing.T) {
 	p := start(t, cfg)
 	c := collect(t, p, kvevent.Options{})
 	p.Enqueue(ev(1), kvevent.Event{Type: kvevent.Removed, Tenant: "t", Key: "k", Medium: kvevent.MediumDisk}, kvevent.Event{Type: kvevent.Cleared, Tenant: "t"})
-	waitFor(t, "cleared", func() bool { return c.events() == 1 })
+	testutil.Eventually(t, 20*time.Second, func() bool { return c.events() == 1 }, "cleared")
 	if b := c.snapshot(); b[0].Events[0].Type != kvevent.Cleared {
 		t.Errorf("published %v, want only cleared", b[0].Events[0].Type)
 	}
@@ -241,7 +227,7 @@ func TestInvalidEventsSkipped(t *testing.T) {
 	p := start(t, testConfig())
 	c := collect(t, p, kvevent.Options{})
 	p.Enqueue(kvevent.Event{Type: kvevent.Stored, Tenant: "t", Key: "k"}, kvevent.Event{Tenant: "t"}, ev(1))
-	waitFor(t, "the valid event", func() bool { return c.events() == 1 })
+	testutil.Eventually(t, 20*time.Second, func() bool { return c.events() == 1 }, "the valid event")
 }
 
 func TestReplay(t *testing.T) {
@@ -255,7 +241,7 @@ func TestReplay(t *testing.T) {
 			c := collect(t, p, kvevent.Options{})
 			for i := range 10 {
 				p.Enqueue(ev(i))
-				waitFor(t, "batch", func() bool { return c.events() == i+1 }) // one batch each
+				testutil.Eventually(t, 20*time.Second, func() bool { return c.events() == i+1 }, "batch") // one batch each
 			}
 			// Raw DEALER: frame layout of each dialect and the end marker.
 			d, err := zmtp.Dial(t.Context(), p.ReplayEndpoint(), zmq4.Dealer, 5*time.Second, zmtp.Limits{MaxFrame: 1 << 20})
@@ -360,7 +346,7 @@ func TestSlowSubscriber(t *testing.T) {
 	if err := slow.Write(zmtp.AppendMessage(nil, []byte{1}), time.Second); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "both subscribers", func() bool { return p.Stats().Subscribers == 2 })
+	testutil.Eventually(t, 20*time.Second, func() bool { return p.Stats().Subscribers == 2 }, "both subscribers")
 
 	heap := func() uint64 {
 		runtime.GC()
@@ -386,13 +372,13 @@ func TestSlowSubscriber(t *testing.T) {
 			chunk = chunk[:0]
 			// The fast subscriber keeps up (the test paces itself on it);
 			// the slow one reads nothing.
-			waitFor(t, "the fast subscriber", func() bool { return fast.events() == i+1 })
+			testutil.Eventually(t, 20*time.Second, func() bool { return fast.events() == i+1 }, "the fast subscriber")
 		}
 		if i%(n/8) == 0 {
 			peak = max(peak, heap())
 		}
 	}
-	waitFor(t, "the fast subscriber to receive everything", func() bool { return fast.events() == n })
+	testutil.Eventually(t, 20*time.Second, func() bool { return fast.events() == n }, "the fast subscriber to receive everything")
 	peak = max(peak, heap())
 	growth := int64(peak) - int64(before)
 	t.Logf("pushed %d MiB; heap before %d KiB, peak %d KiB (growth %d KiB); subscriber queue dropped %d batches",

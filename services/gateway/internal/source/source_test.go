@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"log/slog"
 	"maps"
 	"slices"
 	"sync"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"github.com/crescent-kv/crescent/services/gateway/internal/fakemaster"
 	"go.uber.org/goleak"
@@ -20,8 +20,6 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // sink records events and applies them to an index.
 type sink struct {
@@ -75,7 +73,7 @@ func run(t *testing.T, m *fakemaster.Master) *harness {
 		t.Fatal(err)
 	}
 	h := &harness{m: m, sink: newSink()}
-	h.src = New(Config{BackoffMin: time.Millisecond, BackoffMax: 20 * time.Millisecond}, masterv1.NewChangeServiceClient(cc), h.sink, quiet())
+	h.src = New(Config{BackoffMin: time.Millisecond, BackoffMax: 20 * time.Millisecond}, masterv1.NewChangeServiceClient(cc), h.sink, testutil.Logger())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- h.src.Run(ctx) }()
@@ -90,24 +88,13 @@ func run(t *testing.T, m *fakemaster.Master) *harness {
 	return h
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // caughtUp waits until the source applied the master's head in its epoch.
 func (h *harness) caughtUp(t *testing.T) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("the source to catch up (master epoch %d head %d)", h.m.Epoch(), h.m.Head()), func() bool {
+	testutil.Eventually(t, 20*time.Second, func() bool {
 		s := h.src.Status()
 		return s.Epoch == h.m.Epoch() && s.Revision == h.m.Head()
-	})
+	}, "the source to catch up (master epoch %d head %d)", h.m.Epoch(), h.m.Head())
 }
 
 // indexMatches asserts that applying every published event yields the master's readable set.
@@ -192,7 +179,7 @@ func TestResumeAfterStreamDrops(t *testing.T) {
 		}
 		if i%40 == 0 {
 			// Drop a live stream: wait for the reconnect after the previous drop.
-			waitFor(t, "a new watch", func() bool { return m.WatchCalls.Load() > drops })
+			testutil.Eventually(t, 20*time.Second, func() bool { return m.WatchCalls.Load() > drops }, "a new watch")
 			m.DropStreams()
 			drops++
 		}
@@ -232,7 +219,7 @@ func TestResyncAfterCompaction(t *testing.T) {
 	h.caughtUp(t)
 	before := m.Readable()
 	m.SetDown(true) // the gateway loses the master...
-	waitFor(t, "the stream to stop", func() bool { return !h.src.Status().Watching })
+	testutil.Eventually(t, 20*time.Second, func() bool { return !h.src.Status().Watching }, "the stream to stop")
 	h.sink.reset()
 	// ...while the master changes a lot and compacts its log.
 	for i := range 10 {
@@ -320,7 +307,7 @@ func TestClearedForgetsTenant(t *testing.T) {
 	}
 	// A resync now must not re-announce t's objects as removed.
 	m.SetDown(true)
-	waitFor(t, "the stream to stop", func() bool { return !h.src.Status().Watching })
+	testutil.Eventually(t, 20*time.Second, func() bool { return !h.src.Status().Watching }, "the stream to stop")
 	h.sink.reset()
 	m.Compact(0)
 	m.Put("u", "d", mem, "")
@@ -339,7 +326,7 @@ func TestRunReturnsWhenMasterUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cc.Close()
-	src := New(Config{BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond}, masterv1.NewChangeServiceClient(cc), newSink(), quiet())
+	src := New(Config{BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond}, masterv1.NewChangeServiceClient(cc), newSink(), testutil.Logger())
 	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 	defer cancel()
 	if err := src.Run(ctx); err != nil {
