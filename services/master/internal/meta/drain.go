@@ -8,7 +8,6 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/token"
-	"google.golang.org/grpc/codes"
 )
 
 // drainChunk bounds how many moves one drain step handles at once.
@@ -47,7 +46,7 @@ type move struct {
 func (s *Store) DrainSegment(ctx context.Context, segmentID string) error {
 	sv, ok := s.reg.Segment(segmentID)
 	if !ok {
-		return rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "segment %q not found", segmentID)
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "segment %q not found", segmentID)
 	}
 	if sv.Lifecycle != masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINING {
 		if err := s.reg.SetLifecycle(segmentID, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINING); err != nil {
@@ -111,7 +110,7 @@ func (s *Store) DrainSegment(ctx context.Context, segmentID string) error {
 func (s *Store) UndrainSegment(ctx context.Context, segmentID string) error {
 	sv, ok := s.reg.Segment(segmentID)
 	if !ok {
-		return rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "segment %q not found", segmentID)
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "segment %q not found", segmentID)
 	}
 	if sv.Lifecycle == masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_OK {
 		return nil
@@ -134,7 +133,7 @@ func (s *Store) undrainCount(segmentID string) *atomic.Uint64 {
 }
 
 func errUndrained(id string, moved, dropped int) error {
-	return rpcerr.New(codes.Aborted, masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE,
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE,
 		"drain of segment %q stopped: it left DRAINING (UndrainSegment or unmount); %d replicas moved, %d removed", id, moved, dropped)
 }
 
@@ -143,7 +142,7 @@ func asSegmentErr(err error, id string) error {
 	if errors.As(err, &e) {
 		return err
 	}
-	return rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE, "segment %q: %v", id, err)
+	return rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE, err, "segment %q", id)
 }
 
 // drainStep moves one chunk of replicas; it returns (moved, removed).

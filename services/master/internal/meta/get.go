@@ -12,7 +12,6 @@ import (
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -30,7 +29,7 @@ type GetResult struct {
 }
 
 func errNotReady(tenant, key, why string) error {
-	return rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY,
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY,
 		"object %q/%q is not readable yet: %s", tenant, key, why)
 }
 

@@ -75,7 +75,7 @@ func TestUndrainStopsDrain(t *testing.T) {
 		t.Fatalf("undrain during the drain: %v", err)
 	}
 	close(g.release)
-	wantStatus(t, <-drained, codes.Aborted, "SEGMENT_UNAVAILABLE")
+	wantStatus(t, <-drained, codes.FailedPrecondition, "SEGMENT_UNAVAILABLE")
 	if sg, _ := c.Reg.Segment("seg-0-0"); sg.Lifecycle != masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_OK {
 		t.Fatalf("lifecycle after undrain: got %v, want OK", sg.Lifecycle)
 	}

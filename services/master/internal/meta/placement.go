@@ -6,7 +6,6 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
-	"google.golang.org/grpc/codes"
 )
 
 // segView is one registry segment with its metadata index.
@@ -80,7 +79,7 @@ func (s *Store) newPlacerFrom(segs []cluster.Segment, ex *exclusions) *placer {
 // errNoSpace is NO_AVAILABLE_HANDLE; space reports whether eviction could
 // help (enough segments large enough exist, they are just full).
 func errNoSpace(space bool, format string, args ...any) *placeErr {
-	return &placeErr{err: rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_NO_AVAILABLE_HANDLE, format, args...), space: space}
+	return &placeErr{err: rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_NO_AVAILABLE_HANDLE, format, args...), space: space}
 }
 
 type placeErr struct {

@@ -9,7 +9,6 @@ import (
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
-	"google.golang.org/grpc/codes"
 )
 
 // PutSpec is one PutStart, already validated for shape by the adapter (New
@@ -62,7 +61,7 @@ func cleanupCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 func errPutExpired(tenant, key string) error {
-	return rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_PUT_EXPIRED,
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_PUT_EXPIRED,
 		"no put in progress for %q/%q (ended, revoked, preempted or expired)", tenant, key)
 }
 
@@ -92,12 +91,12 @@ func (s *Store) maxObjectSize(segs []cluster.Segment) uint64 {
 }
 
 func errTooLarge(size, limit uint64) error {
-	return rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_OBJECT_TOO_LARGE,
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_OBJECT_TOO_LARGE,
 		"object of %d bytes exceeds the maximum object size, %d bytes (--max-object-size, default the largest segment)", size, limit)
 }
 
 func errIllegalClient(tenant, key string) error {
-	return rpcerr.New(codes.PermissionDenied, masterv1.ErrorReason_ERROR_REASON_ILLEGAL_CLIENT,
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_ILLEGAL_CLIENT,
 		"put of %q/%q was started by another client", tenant, key)
 }
 
@@ -326,15 +325,15 @@ func (s *Store) placeLocked(m *mut, p *placer, sp *PutSpec, it *putItem) {
 	if o != nil {
 		switch {
 		case o.put != nil && m.nowMs-o.put.startMs < s.cfg.PutPreemptAfter.Milliseconds():
-			it.err = rpcerr.New(codes.AlreadyExists, masterv1.ErrorReason_ERROR_REASON_OBJECT_ALREADY_EXISTS,
+			it.err = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_OBJECT_ALREADY_EXISTS,
 				"object %q/%q has a write in progress", sp.Tenant, sp.Key)
 			return
 		case o.put == nil && len(o.replicas) > 0 && !sp.Upsert:
-			it.err = rpcerr.New(codes.AlreadyExists, masterv1.ErrorReason_ERROR_REASON_OBJECT_ALREADY_EXISTS,
+			it.err = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_OBJECT_ALREADY_EXISTS,
 				"object %q/%q exists", sp.Tenant, sp.Key)
 			return
 		case o.put == nil && o.leased(m.nowMs, s.cfg.LeaseTTL):
-			it.err = rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_OBJECT_HAS_LEASE,
+			it.err = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_OBJECT_HAS_LEASE,
 				"object %q/%q is being read; upsert after its lease", sp.Tenant, sp.Key)
 			return
 		}
@@ -413,7 +412,7 @@ func (s *Store) settleReservationsLocked(m *mut, sp *PutSpec, it *putItem, exclu
 				m.rel.add(rp.v.idx, rp.allocID)
 			}
 			if firstErr == nil {
-				firstErr = rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE,
+				firstErr = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE,
 					"segment %s went away during placement", rp.v.seg.ID)
 				it.retry = true
 			}
@@ -572,7 +571,7 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 				it.err, it.settled = errIllegalClient(sp.Tenant, sp.Key), true
 				continue
 			case o.put.phase == phasePlacing:
-				it.err, it.settled = rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY,
+				it.err, it.settled = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY,
 					"put of %q/%q is still being placed", sp.Tenant, sp.Key), true
 				continue
 			}
@@ -599,7 +598,7 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 			e := s.segs.get(rp.seg)
 			sv, ok := s.reg.Segment(e.id)
 			if !ok || !sv.CanContinueCleanup() {
-				rp.err = rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE,
+				rp.err = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE,
 					"segment %s cannot seal now", e.id)
 				continue
 			}

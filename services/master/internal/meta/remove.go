@@ -12,7 +12,6 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/services/master/internal/changelog"
-	"google.golang.org/grpc/codes"
 )
 
 // RemoveSpec is one Remove.
@@ -25,18 +24,18 @@ type RemoveSpec struct {
 // in progress; not while leased or hard-pinned unless force.
 func (s *Store) removableLocked(o *object, force bool, nowMs int64, tenant string) error {
 	if o.put != nil {
-		return rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_OBJECT_BUSY,
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_OBJECT_BUSY,
 			"object %q/%q has a write in progress", tenant, o.key)
 	}
 	if force {
 		return nil
 	}
 	if o.leased(nowMs, s.cfg.LeaseTTL) {
-		return rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_OBJECT_HAS_LEASE,
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_OBJECT_HAS_LEASE,
 			"object %q/%q holds a read lease", tenant, o.key)
 	}
 	if o.flags&flagHardPin != 0 {
-		return rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_OBJECT_BUSY,
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_OBJECT_BUSY,
 			"object %q/%q is hard-pinned; remove with force", tenant, o.key)
 	}
 	return nil

@@ -6,7 +6,6 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
-	"google.golang.org/grpc/codes"
 )
 
 // A tenant id's low tenantIdxBits bits index its slot in the table; the
@@ -59,11 +58,11 @@ func (t *tenant) charge(dBytes, dObjects int64, force bool) error {
 	no := uint64(int64(t.usedObjects) + dObjects)
 	if !force {
 		if dBytes > 0 && t.maxBytes > 0 && nb > t.maxBytes {
-			return rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_TENANT_QUOTA_EXCEEDED,
+			return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_TENANT_QUOTA_EXCEEDED,
 				"tenant %q: %d bytes used + %d > max_bytes %d", t.name, t.usedBytes, dBytes, t.maxBytes)
 		}
 		if dObjects > 0 && t.maxObjects > 0 && no > t.maxObjects {
-			return rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_TENANT_QUOTA_EXCEEDED,
+			return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_TENANT_QUOTA_EXCEEDED,
 				"tenant %q: %d objects used + %d > max_objects %d", t.name, t.usedObjects, dObjects, t.maxObjects)
 		}
 	}
@@ -173,7 +172,7 @@ func (t *tenantTable) acquire(name string) (uint32, error) {
 		}
 	}
 	if t.live >= t.max {
-		return 0, rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED,
+		return 0, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED,
 			"too many tenants (max %d); remove a tenant's objects and quota to free one", t.max)
 	}
 	var id uint32

@@ -3,7 +3,6 @@ package meta
 import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
-	"google.golang.org/grpc/codes"
 )
 
 // DefaultTenant is the tenant of requests that name none.
@@ -33,15 +32,15 @@ const (
 )
 
 func errNotFound(tenant, key string) error {
-	return rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND, "object %q/%q not found", tenant, key)
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND, "object %q/%q not found", tenant, key)
 }
 
 func errInvalid(format string, args ...any) error {
-	return rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, format, args...)
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, format, args...)
 }
 
 func errInternal(format string, args ...any) error {
-	return rpcerr.New(codes.Internal, masterv1.ErrorReason_ERROR_REASON_INTERNAL, format, args...)
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INTERNAL, format, args...)
 }
 
 // NormalizeTenant maps "" to DefaultTenant.

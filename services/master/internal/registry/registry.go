@@ -23,7 +23,6 @@ import (
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc/codes"
 )
 
 // Config tunes the registry.
@@ -174,7 +173,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Registry, error) {
 }
 
 func notFound(id string) error {
-	return rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "no segment %q", id)
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "no segment %q", id)
 }
 
 // Segments returns every segment that is not UNMOUNTED, sorted by id.
@@ -269,11 +268,11 @@ func (r *Registry) SetLifecycle(id string, lc masterv1.SegmentLifecycle) error {
 		return nil
 	}
 	if !operatorLifecycle[lc] {
-		return rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
 			"segment %q: lifecycle %s is driven by the agent session, not set directly", id, lc)
 	}
 	if !CanTransition(from, lc) {
-		return rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE,
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE,
 			"segment %q: illegal lifecycle transition %s → %s", id, from, lc)
 	}
 	e.seg.Lifecycle = lc
@@ -347,12 +346,12 @@ func (r *Registry) Register(reg Registration) (gen uint64, gone []string, err er
 			continue
 		}
 		if e.seg.Lifecycle == lcUnmounting {
-			return 0, nil, rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE,
+			return 0, nil, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE,
 				"segment %q is being unmounted; retry once it is unmounted", e.seg.ID)
 		}
 		if e.seg.AgentID != reg.AgentID && e.seg.Lifecycle != lcUnmounted {
 			if other := r.agents[e.seg.AgentID]; other != nil && other.connected {
-				return 0, nil, rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE,
+				return 0, nil, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE,
 					"segment %q is mounted by connected agent %q", e.seg.ID, e.seg.AgentID)
 			}
 		}

@@ -301,8 +301,8 @@ func TestRegisterConflicts(t *testing.T) {
 		t.Fatalf("unmounting: got %v", x.Unmounting)
 	}
 	_, _, err = r2.Register(registration("a1", mem("s1", 1<<20)))
-	if got := status.Code(rpcerr.Status(err)); got != codes.Unavailable {
-		t.Fatalf("register during unmount: got %v, want Unavailable", got)
+	if got := status.Code(rpcerr.Status(err)); got != codes.FailedPrecondition || rpcerr.Reason(err) != "SEGMENT_UNAVAILABLE" {
+		t.Fatalf("register during unmount: got %v %q, want FailedPrecondition SEGMENT_UNAVAILABLE", got, rpcerr.Reason(err))
 	}
 	r2.MarkUnmounted(x.Unmounting)
 	// A disk segment coming back after it was unmounted is mounted afresh,

@@ -15,7 +15,6 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
-	"google.golang.org/grpc/codes"
 )
 
 // Registry is a fake segment registry.
@@ -84,12 +83,12 @@ func (r *Registry) SetLifecycle(id string, lc masterv1.SegmentLifecycle) error {
 	defer r.mu.Unlock()
 	s, ok := r.segs[id]
 	if !ok {
-		return rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "segment %s", id)
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "segment %s", id)
 	}
 	undrain := lc == masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_OK &&
 		(s.Lifecycle == masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINING || s.Lifecycle == masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINED)
 	if lc < s.Lifecycle && !undrain { // forward only, but for UndrainSegment's way back
-		return rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE, "segment %s: %v -> %v", id, s.Lifecycle, lc)
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE, "segment %s: %v -> %v", id, s.Lifecycle, lc)
 	}
 	s.Lifecycle = lc
 	r.segs[id] = s
@@ -224,7 +223,7 @@ func (a *Agents) BadChecksum(key string) {
 
 func (a *Agents) check(agent string) error {
 	if a.down[agent] {
-		return rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, "agent %s is down", agent)
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, "agent %s is down", agent)
 	}
 	return nil
 }
@@ -245,15 +244,15 @@ func (a *Agents) Reserve(ctx context.Context, agent string, items []*masterv1.Re
 		seg, ok := a.Reg.Segment(it.GetSegmentId())
 		switch {
 		case !ok || seg.AgentID != agent || a.gone[seg.ID]:
-			out[i] = &masterv1.ReserveItemResult{Status: rpcerr.Item(rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "no segment %s at %s", it.GetSegmentId(), agent))}
+			out[i] = &masterv1.ReserveItemResult{Status: rpcerr.Item(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "no segment %s at %s", it.GetSegmentId(), agent))}
 		case a.used[seg.ID]+it.GetSize() > seg.Capacity:
-			out[i] = &masterv1.ReserveItemResult{Status: rpcerr.Item(rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_NO_AVAILABLE_HANDLE, "segment %s full", seg.ID))}
+			out[i] = &masterv1.ReserveItemResult{Status: rpcerr.Item(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_NO_AVAILABLE_HANDLE, "segment %s full", seg.ID))}
 		default:
 			off := a.next * 64
 			if a.Extents {
 				o, ok := a.fitLocked(seg.ID, seg.Capacity, it.GetSize())
 				if !ok {
-					out[i] = &masterv1.ReserveItemResult{Status: rpcerr.Item(rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_NO_AVAILABLE_HANDLE, "segment %s: no free extent of %d bytes", seg.ID, it.GetSize()))}
+					out[i] = &masterv1.ReserveItemResult{Status: rpcerr.Item(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_NO_AVAILABLE_HANDLE, "segment %s: no free extent of %d bytes", seg.ID, it.GetSize()))}
 					continue
 				}
 				off = o
@@ -286,11 +285,11 @@ func (a *Agents) Seal(ctx context.Context, agent string, items []*masterv1.SealI
 		al := a.live[Ref{it.GetSegmentId(), it.GetAllocationId()}]
 		switch {
 		case al == nil:
-			out[i] = rpcerr.Item(rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_ALLOCATION_NOT_FOUND, "no allocation %d", it.GetAllocationId()))
+			out[i] = rpcerr.Item(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_ALLOCATION_NOT_FOUND, "no allocation %d", it.GetAllocationId()))
 		case a.badSum[al.Key]:
-			out[i] = rpcerr.Item(rpcerr.New(codes.DataLoss, masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "checksum mismatch"))
+			out[i] = rpcerr.Item(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "checksum mismatch"))
 		case al.Sealed && al.Checksum != it.GetChecksum():
-			out[i] = rpcerr.Item(rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_ALLOCATION_STATE, "sealed with another checksum"))
+			out[i] = rpcerr.Item(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_ALLOCATION_STATE, "sealed with another checksum"))
 		default:
 			al.Sealed, al.Checksum, al.SoftPinMs = true, it.GetChecksum(), it.GetSoftPinUntilUnixMs()
 			if a.NowMs != nil {
@@ -349,7 +348,7 @@ func (a *Agents) Copy(ctx context.Context, agent string, req *masterv1.CopyReque
 	src := a.live[Ref{req.GetSource().GetSegmentId(), req.GetSource().GetAllocationId()}]
 	dst := a.live[Ref{req.GetTarget().GetSegmentId(), req.GetTarget().GetAllocationId()}]
 	if src == nil || dst == nil || !src.Sealed || dst.Sealed {
-		return rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_ALLOCATION_STATE, "copy %v -> %v: bad allocations", req.GetSource(), req.GetTarget())
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_ALLOCATION_STATE, "copy %v -> %v: bad allocations", req.GetSource(), req.GetTarget())
 	}
 	return nil
 }
