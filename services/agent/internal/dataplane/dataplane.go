@@ -29,7 +29,6 @@ import (
 	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
@@ -132,11 +131,11 @@ func New(cfg Config, deps Deps, lg *slog.Logger) *Server {
 }
 
 func errInvalid(format string, args ...any) error {
-	return rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, format, args...)
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, format, args...)
 }
 
 func errToken(format string, args ...any) error {
-	return rpcerr.New(codes.PermissionDenied, masterv1.ErrorReason_ERROR_REASON_INVALID_TOKEN, format, args...)
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_TOKEN, format, args...)
 }
 
 // open checks the token, then opens the allocation for mode.
@@ -183,7 +182,7 @@ func (s *Server) check(segID string, allocID uint64, tok []byte, mode token.Mode
 	}
 	seg, ok := s.segs.Get(segID)
 	if !ok {
-		return nil, rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "no segment %q at this agent", segID)
+		return nil, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "no segment %q at this agent", segID)
 	}
 	return seg, nil
 }
@@ -263,13 +262,13 @@ func (s *Server) Read(req *agentv1.ReadRequest, stream agentv1.DataService_ReadS
 	defer p.done()
 	size, off, length := h.Size(), req.GetOffset(), req.GetLength()
 	if off > size {
-		return s.fail("read", rpcerr.New(codes.OutOfRange, masterv1.ErrorReason_ERROR_REASON_OUT_OF_BOUNDS, "offset %d is past the end of the %d-byte object", off, size))
+		return s.fail("read", rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_OUT_OF_BOUNDS, "offset %d is past the end of the %d-byte object", off, size))
 	}
 	if length == 0 {
 		length = size - off
 	}
 	if length > size-off {
-		return s.fail("read", rpcerr.New(codes.OutOfRange, masterv1.ErrorReason_ERROR_REASON_OUT_OF_BOUNDS, "bytes [%d, %d) lie outside the %d-byte object", off, off+length, size))
+		return s.fail("read", rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_OUT_OF_BOUNDS, "bytes [%d, %d) lie outside the %d-byte object", off, off+length, size))
 	}
 	chunk := uint64(s.cfg.ChunkSize)
 	if c := req.GetChunkSize(); c != 0 {

@@ -20,7 +20,6 @@ import (
 	"github.com/crescent-kv/crescent/internal/xfer"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/codes"
 )
 
 // Defaults for TransferConfig.
@@ -289,7 +288,7 @@ func (t *transferServer) add(nc net.Conn) (*transferConn, error) {
 }
 
 func errConnLimit(format string, args ...any) error {
-	err := rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED, format+"; retry later", args...)
+	err := rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED, format+"; retry later", args...)
 	err.Metadata = map[string]string{"limit": "transfer_connections"}
 	return err
 }
@@ -406,7 +405,7 @@ func (t *transferServer) serve(c *transferConn) {
 	}
 	c.br = bufio.NewReaderSize(c.nc, transferReadBuffer)
 	if string(pre[:]) != xfer.Preamble {
-		t.refuse(c, "transfer", rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
+		t.refuse(c, "transfer", rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
 			"not a transfer connection: preamble %q, want %q", pre[:], xfer.Preamble))
 		return
 	}
@@ -548,7 +547,7 @@ func (t *transferServer) release(n int) {
 }
 
 func (t *transferServer) errBusy() error {
-	err := rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED,
+	err := rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED,
 		"the agent serves its maximum of %d transfer items at once and none were freed for %v; retry later", t.cfg.MaxItemsInFlight, t.cfg.IOTimeout)
 	err.Metadata = map[string]string{"limit": "transfer_items_in_flight"}
 	return err
@@ -716,7 +715,7 @@ func (t *transferServer) receive(c *transferConn, h *segment.Handle, off, n uint
 		}
 		if itemErr == nil {
 			if err := h.WriteAt(buf[:k], off); err != nil {
-				itemErr = rpcerr.New(codes.Internal, masterv1.ErrorReason_ERROR_REASON_INTERNAL, "write allocation %d: %v", h.ID(), err)
+				itemErr = rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, err, "write allocation %d", h.ID())
 			}
 		}
 		off += k
@@ -924,11 +923,11 @@ func (s *Server) openRange(it *agentv1.TransferItem) (*segment.Handle, uint64, e
 	size, off, length := h.Size(), it.GetOffset(), it.GetLength()
 	switch {
 	case off > size:
-		err = rpcerr.New(codes.OutOfRange, masterv1.ErrorReason_ERROR_REASON_OUT_OF_BOUNDS, "offset %d is past the end of the %d-byte object", off, size)
+		err = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_OUT_OF_BOUNDS, "offset %d is past the end of the %d-byte object", off, size)
 	case length == 0:
 		length = size - off
 	case length > size-off:
-		err = rpcerr.New(codes.OutOfRange, masterv1.ErrorReason_ERROR_REASON_OUT_OF_BOUNDS, "%d bytes from offset %d lie outside the %d-byte object", length, off, size)
+		err = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_OUT_OF_BOUNDS, "%d bytes from offset %d lie outside the %d-byte object", length, off, size)
 	}
 	if err != nil {
 		h.Close()

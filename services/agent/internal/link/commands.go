@@ -5,12 +5,11 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
-	"google.golang.org/grpc/codes"
 )
 
 // errEpoch is a command's answer when its epoch is stale.
 func errEpoch(got, highest uint64) error {
-	return rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_STALE_EPOCH,
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_STALE_EPOCH,
 		"command from master epoch %d; this agent has accepted epoch %d", got, highest)
 }
 

@@ -8,7 +8,6 @@ import (
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
@@ -17,11 +16,11 @@ import (
 func (l *Link) copy(ctx context.Context, r *masterv1.CopyRequest) error {
 	src, dst := r.GetSource(), r.GetTarget()
 	if src == nil || dst == nil || r.GetTargetEndpoint() == "" {
-		return rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "copy needs a source, a target and a target endpoint")
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "copy needs a source, a target and a target endpoint")
 	}
 	seg, ok := l.deps.Segments.Get(src.GetSegmentId())
 	if !ok {
-		return rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "no segment %q at this agent", src.GetSegmentId())
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "no segment %q at this agent", src.GetSegmentId())
 	}
 	h, err := seg.OpenRead(src.GetAllocationId())
 	if err != nil {
@@ -52,7 +51,7 @@ func (l *Link) copy(ctx context.Context, r *masterv1.CopyRequest) error {
 			}
 			data = buf[:n]
 			if err := h.ReadAt(data, off); err != nil {
-				return rpcerr.New(codes.Internal, masterv1.ErrorReason_ERROR_REASON_INTERNAL, "read allocation %d: %v", src.GetAllocationId(), err)
+				return rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, err, "read allocation %d", src.GetAllocationId())
 			}
 		}
 		req := &agentv1.WriteRequest{Data: data}
@@ -69,7 +68,7 @@ func (l *Link) copy(ctx context.Context, r *masterv1.CopyRequest) error {
 		return rpcerr.FromStatus(err)
 	}
 	if resp.GetBytesWritten() != size {
-		return rpcerr.New(codes.Internal, masterv1.ErrorReason_ERROR_REASON_INTERNAL, "target wrote %d of %d bytes", resp.GetBytesWritten(), size)
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INTERNAL, "target wrote %d of %d bytes", resp.GetBytesWritten(), size)
 	}
 	l.met.copiedBytes.Add(float64(size))
 	return nil
@@ -80,7 +79,7 @@ func (l *Link) conn(endpoint string) (*grpc.ClientConn, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
-		return nil, rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, "agent is shutting down")
+		return nil, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, "agent is shutting down")
 	}
 	if c, ok := l.conns[endpoint]; ok {
 		return c, nil
@@ -92,7 +91,7 @@ func (l *Link) conn(endpoint string) (*grpc.ClientConn, error) {
 	}, l.deps.CopyDialOptions...)
 	c, err := grpc.NewClient(endpoint, opts...)
 	if err != nil {
-		return nil, rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "target endpoint %q: %v", endpoint, err)
+		return nil, rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, err, "target endpoint %q", endpoint)
 	}
 	l.conns[endpoint] = c
 	return c, nil

@@ -26,7 +26,6 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/services/agent/internal/alloc"
-	"google.golang.org/grpc/codes"
 )
 
 // backing is where a segment's bytes live.
@@ -163,14 +162,14 @@ func (s *Segment) Lookup(id uint64) (*masterv1.Allocation, bool) {
 
 // Errors of this package carry their wire code and reason.
 func errNotFound(seg string, id uint64) error {
-	return rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_ALLOCATION_NOT_FOUND, "no allocation %d in segment %s", id, seg)
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_ALLOCATION_NOT_FOUND, "no allocation %d in segment %s", id, seg)
 }
 
 func errState(format string, args ...any) error {
-	return rpcerr.New(codes.FailedPrecondition, masterv1.ErrorReason_ERROR_REASON_ALLOCATION_STATE, format, args...)
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_ALLOCATION_STATE, format, args...)
 }
 
-var errClosed = rpcerr.New(codes.Unavailable, masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE, "segment is closed")
+var errClosed = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE, "segment is closed")
 
 // Reserve allocates space for one replica and records it RESERVED.
 func (s *Segment) Reserve(it *masterv1.ReserveItem, now time.Time) (*masterv1.Allocation, error) {
@@ -193,10 +192,10 @@ func (s *Segment) reserveLocked(it *masterv1.ReserveItem, nowMs int64) (*entry, 
 	if err != nil {
 		if errors.Is(err, alloc.ErrNoSpace) {
 			st := s.alloc.Stats()
-			return nil, rpcerr.New(codes.ResourceExhausted, masterv1.ErrorReason_ERROR_REASON_NO_AVAILABLE_HANDLE,
+			return nil, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_NO_AVAILABLE_HANDLE,
 				"segment %s cannot hold %d bytes (free %d, largest free extent %d)", s.id, it.GetSize(), st.Free, st.LargestFree)
 		}
-		return nil, rpcerr.New(codes.InvalidArgument, masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "reserve %d bytes: %v", it.GetSize(), err)
+		return nil, rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, err, "reserve %d bytes", it.GetSize())
 	}
 	if err := s.takeIDLocked(); err != nil {
 		_ = s.alloc.Free(ext)
@@ -239,7 +238,7 @@ func (s *Segment) Release(id uint64) error {
 		// Journal the release before the extent can be reused, so a later
 		// seal of the same extent always follows it in the journal.
 		if err := s.jrn.appendRelease(id); err != nil {
-			return rpcerr.New(codes.Internal, masterv1.ErrorReason_ERROR_REASON_INTERNAL, "journal release of %d: %v", id, err)
+			return rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, err, "journal release of %d", id)
 		}
 	}
 	s.table.del(id)
@@ -286,7 +285,7 @@ func (s *Segment) Seal(args []SealArg, now time.Time) []error {
 			errs[i] = errNotFound(s.id, a.ID)
 		case e.state == masterv1.AllocationState_ALLOCATION_STATE_SEALED:
 			if e.checksum != a.Checksum {
-				errs[i] = rpcerr.New(codes.DataLoss, masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH,
+				errs[i] = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH,
 					"allocation %d is sealed with checksum %#x, not %#x", a.ID, e.checksum, a.Checksum)
 			}
 		case e.sealing:
@@ -310,9 +309,9 @@ func (s *Segment) Seal(args []SealArg, now time.Time) []error {
 		sum, err := s.store.hash(j.e.offset, j.e.size)
 		switch {
 		case err != nil:
-			errs[j.i] = rpcerr.New(codes.Internal, masterv1.ErrorReason_ERROR_REASON_INTERNAL, "hash allocation %d: %v", j.e.id, err)
+			errs[j.i] = rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, err, "hash allocation %d", j.e.id)
 		case sum != args[j.i].Checksum:
-			errs[j.i] = rpcerr.New(codes.DataLoss, masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH,
+			errs[j.i] = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH,
 				"allocation %d holds bytes with checksum %#x, want %#x", j.e.id, sum, args[j.i].Checksum)
 		default:
 			ok[k], anyOK = true, true
@@ -329,7 +328,7 @@ func (s *Segment) Seal(args []SealArg, now time.Time) []error {
 		e.sealing = false
 		if !ok[k] || durErr != nil {
 			if ok[k] {
-				errs[j.i] = rpcerr.New(codes.Internal, masterv1.ErrorReason_ERROR_REASON_INTERNAL, "sync segment data: %v", durErr)
+				errs[j.i] = rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, durErr, "sync segment data")
 			}
 			s.freeIfIdleLocked(e)
 			continue
@@ -350,7 +349,7 @@ func (s *Segment) Seal(args []SealArg, now time.Time) []error {
 			if err := s.jrn.appendSeal(e); err != nil {
 				e.state = masterv1.AllocationState_ALLOCATION_STATE_RESERVED
 				e.checksum, e.sealed = 0, 0
-				errs[j.i] = rpcerr.New(codes.Internal, masterv1.ErrorReason_ERROR_REASON_INTERNAL, "journal seal of %d: %v", e.id, err)
+				errs[j.i] = rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, err, "journal seal of %d", e.id)
 			}
 		}
 	}
@@ -359,7 +358,7 @@ func (s *Segment) Seal(args []SealArg, now time.Time) []error {
 		if err := s.jrn.sync(); err != nil {
 			for k, j := range jobs {
 				if ok[k] && errs[j.i] == nil {
-					errs[j.i] = rpcerr.New(codes.Internal, masterv1.ErrorReason_ERROR_REASON_INTERNAL, "sync journal: %v", err)
+					errs[j.i] = rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, err, "sync journal")
 				}
 			}
 		}
@@ -505,7 +504,7 @@ func (h *Handle) CheckBounds(off, n uint64) error { return h.bounds(off, n) }
 
 func (h *Handle) bounds(off, n uint64) error {
 	if off > h.e.size || n > h.e.size-off {
-		return rpcerr.New(codes.OutOfRange, masterv1.ErrorReason_ERROR_REASON_OUT_OF_BOUNDS,
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_OUT_OF_BOUNDS,
 			"bytes [%d, %d) lie outside allocation %d of %d bytes", off, off+n, h.e.id, h.e.size)
 	}
 	return nil

@@ -7,7 +7,6 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
-	"google.golang.org/grpc/codes"
 )
 
 // Set is the agent's mounted segments, looked up by id. It applies the
@@ -93,7 +92,7 @@ func (s *Set) Table() []*masterv1.Allocation {
 }
 
 func errNoSegment(id string) error {
-	return rpcerr.New(codes.NotFound, masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "no segment %q at this agent", id)
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "no segment %q at this agent", id)
 }
 
 // Reserve applies a batch of reservations; results are in items order.
@@ -142,7 +141,7 @@ func (s *Set) Release(refs []*masterv1.AllocationRef) []*masterv1.ItemStatus {
 	}
 	for sg, idx := range touched {
 		if err := sg.SyncJournal(); err != nil && !errors.Is(err, os.ErrClosed) {
-			st := rpcerr.Item(rpcerr.New(codes.Internal, masterv1.ErrorReason_ERROR_REASON_INTERNAL, "sync journal of %s: %v", sg.ID(), err))
+			st := rpcerr.Item(rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, err, "sync journal of %s", sg.ID()))
 			for _, i := range idx {
 				if out[i].GetCode() == 0 {
 					out[i] = st

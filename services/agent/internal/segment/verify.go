@@ -12,7 +12,6 @@ import (
 	"github.com/cespare/xxhash/v2"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
-	"google.golang.org/grpc/codes"
 )
 
 // Defaults of VerifyConfig.
@@ -222,6 +221,6 @@ func (s *Segment) dropCorrupt(bad []*entry) error {
 
 // errCorruptAllocation answers a read of an allocation VerifySealed dropped.
 func errCorruptAllocation(seg string, id uint64) error {
-	return rpcerr.New(codes.DataLoss, masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH,
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH,
 		"allocation %d of segment %s failed its checksum check when the segment was reopened; its bytes are not served", id, seg)
 }
