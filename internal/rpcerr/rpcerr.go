@@ -123,17 +123,6 @@ func Wrap(r masterv1.ErrorReason, cause error, format string, args ...any) *Erro
 	return &Error{Reason: r, Msg: msg, cause: cause}
 }
 
-// New builds an *Error like Errorf that keeps the code its caller chose,
-// so call sites not yet converted behave as before.
-//
-// Deprecated: use Errorf or Wrap, whose code comes from the table. Kept
-// only while call sites are converted.
-func New(code codes.Code, r masterv1.ErrorReason, format string, args ...any) *Error {
-	e := Errorf(r, format, args...)
-	e.wire = code
-	return e
-}
-
 func (e *Error) Error() string {
 	if r := ReasonName(e.Reason); r != "" {
 		return r + ": " + e.Msg
