@@ -296,11 +296,11 @@ func TestBench(t *testing.T) {
 	addr := f.Addr()
 	prof := filepath.Join(t.TempDir(), "cpu.pprof")
 	for _, args := range [][]string{
-		{"-o", "json", "bench", "--mode", "put", "--size", "1KiB", "--concurrency", "2", "--duration", "100ms"},
-		{"-o", "json", "bench", "--mode", "put", "--batch", "4", "--concurrency", "1", "--duration", "100ms", "--cpuprofile", prof},
-		{"-o", "json", "bench", "--mode", "get", "--keys", "8", "--batch", "4", "--duration", "100ms"},
-		{"-o", "json", "bench", "--mode", "get", "--keys", "8", "--duration", "100ms", "--alloc-get"},
-		{"-o", "json", "bench", "--mode", "mixed", "--keys", "8", "--batch", "2", "--duration", "100ms", "--alloc-get", "--prefix", "mine/", "--keep"},
+		{"-o", "json", "bench", "--mode", "put", "--size", "1KiB", "--concurrency", "2", "--duration", "250ms"},
+		{"-o", "json", "bench", "--mode", "put", "--batch", "4", "--concurrency", "1", "--duration", "250ms", "--cpuprofile", prof},
+		{"-o", "json", "bench", "--mode", "get", "--keys", "8", "--batch", "4", "--duration", "250ms"},
+		{"-o", "json", "bench", "--mode", "get", "--keys", "8", "--duration", "250ms", "--alloc-get"},
+		{"-o", "json", "bench", "--mode", "mixed", "--keys", "8", "--batch", "2", "--duration", "250ms", "--alloc-get", "--prefix", "mine/", "--keep"},
 	} {
 		code, out, errOut := run(t, addr, args...)
 		rows := jsonLines(t, out)
@@ -320,7 +320,7 @@ func TestBench(t *testing.T) {
 			t.Fatalf("bench left %q behind", k)
 		}
 	}
-	code, out, _ := run(t, addr, "bench", "--duration", "50ms", "--concurrency", "1")
+	code, out, _ := run(t, addr, "bench", "--duration", "200ms", "--concurrency", "1")
 	if code != ExitOK || !strings.Contains(out, "mode=put size=4KiB batch=1 concurrency=1") || !strings.Contains(out, "latency per call: p50") {
 		t.Fatalf("bench text: exit %d, stdout %q", code, out)
 	}
@@ -328,7 +328,7 @@ func TestBench(t *testing.T) {
 	f.SetHook(func(string) error {
 		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_NO_AVAILABLE_HANDLE, "full")
 	})
-	code, out, errOut := run(t, addr, "bench", "--duration", "50ms", "--concurrency", "1")
+	code, out, errOut := run(t, addr, "bench", "--duration", "200ms", "--concurrency", "1")
 	if code != ExitError || !strings.Contains(out, "first error: put") || !strings.Contains(errOut, "every call failed") {
 		t.Fatalf("bench with every call failing: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
