@@ -1,0 +1,165 @@
+package xfer
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"time"
+
+	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+)
+
+// conn is one client connection. Only the goroutine that took it from the
+// pool touches it.
+type conn struct {
+	nc       net.Conn
+	br       *bufio.Reader
+	endpoint string
+	greeted  bool      // the preamble went out
+	reused   bool      // an earlier call completed on it
+	lastUsed time.Time // when it went back to the pool
+	wbuf     []byte    // request header scratch
+	rbuf     []byte    // response header scratch
+
+	// Per call.
+	dirty    bool // bytes were sent: an error now leaves the stream unframed
+	answered bool // the first byte of a response arrived
+}
+
+// send writes one request frame (with the preamble on a fresh connection)
+// followed by payload.
+func (c *conn) send(op agentv1.TransferOp, items []*agentv1.TransferItem, payload [][]byte) error {
+	b := c.wbuf[:0]
+	if !c.greeted {
+		b = append(b, Preamble...)
+	}
+	b, err := AppendFrame(b, &agentv1.TransferRequest{Op: op, Items: items})
+	if err != nil {
+		return err // nothing sent: the connection stays usable
+	}
+	c.wbuf = b
+	c.dirty, c.greeted = true, true
+	if err := WriteFrame(c.nc, b, payload); err != nil {
+		// The agent may have refused the request and closed the
+		// connection; its answer says more than the broken pipe.
+		if resp, rerr := c.response(); rerr == nil && resp.GetError() != nil {
+			return c.refused(resp.GetError())
+		}
+		return unavailable(c.endpoint, err)
+	}
+	return nil
+}
+
+// response reads one response header and checks its envelope: no request
+// error and one result per item.
+func (c *conn) response() (*agentv1.TransferResponse, error) {
+	if _, err := c.br.Peek(1); err != nil {
+		return nil, unavailable(c.endpoint, err)
+	}
+	c.answered = true
+	resp := &agentv1.TransferResponse{}
+	buf, err := ReadFrame(c.br, c.rbuf, resp)
+	c.rbuf = buf
+	switch {
+	case errors.Is(err, ErrProtocol):
+		return nil, c.violation("bad response frame: %v", err)
+	case err != nil:
+		return nil, unavailable(c.endpoint, err)
+	}
+	return resp, nil
+}
+
+// exchange sends one request and returns its per-item results (a READ's
+// payloads follow on the connection).
+func (c *conn) exchange(op agentv1.TransferOp, items []*agentv1.TransferItem, payload [][]byte) ([]*agentv1.TransferResult, error) {
+	if err := c.send(op, items, payload); err != nil {
+		return nil, err
+	}
+	resp, err := c.response()
+	if err != nil {
+		return nil, err
+	}
+	if e := resp.GetError(); e != nil {
+		return nil, c.refused(e)
+	}
+	if len(resp.GetResults()) != len(items) {
+		return nil, c.violation("%d results for %d items", len(resp.GetResults()), len(items))
+	}
+	return resp.GetResults(), nil
+}
+
+// refused is the error for a request the agent refused whole.
+func (c *conn) refused(st *agentv1.ItemResult) error {
+	err := ItemError(st)
+	if err == nil {
+		return c.violation("request refused with code OK")
+	}
+	return fmt.Errorf("xfer %s: request refused: %w", c.endpoint, err)
+}
+
+func (c *conn) violation(format string, args ...any) error {
+	return fmt.Errorf("xfer %s: %w: %w", c.endpoint,
+		rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INTERNAL, "agent broke the transfer protocol: "+format, args...), ErrProtocol)
+}
+
+// write runs one WRITE exchange of at most MaxItems items.
+func (c *conn) write(items []*agentv1.TransferItem, src [][]byte, errs []error) error {
+	rs, err := c.exchange(agentv1.TransferOp_TRANSFER_OP_WRITE, items, src)
+	if err != nil {
+		return err
+	}
+	for i, r := range rs {
+		err := ItemError(r.GetStatus())
+		if err == nil && r.GetLength() != items[i].GetLength() {
+			return c.violation("item %d: %d bytes written of %d sent", i, r.GetLength(), items[i].GetLength())
+		}
+		errs[i] = err
+	}
+	return nil
+}
+
+// read runs one READ exchange of at most MaxItems items.
+func (c *conn) read(items []*agentv1.TransferItem, dst [][]byte, res []ReadResult) error {
+	rs, err := c.exchange(agentv1.TransferOp_TRANSFER_OP_READ, items, nil)
+	if err != nil {
+		return err
+	}
+	for i, r := range rs {
+		if err := ItemError(r.GetStatus()); err != nil {
+			res[i] = ReadResult{Err: err} // no payload follows a failed item
+			continue
+		}
+		n, want, off, size := r.GetLength(), uint64(len(dst[i])), items[i].GetOffset(), r.GetObjectSize()
+		if off > size || n > size-off {
+			return c.violation("item %d: %d bytes from offset %d of a %d-byte object", i, n, off, size)
+		}
+		if n != want {
+			if want != 0 {
+				return c.violation("item %d: %d payload bytes for a %d-byte read", i, n, want)
+			}
+			// An empty dst asked for the rest of the object: drop it.
+			if n > math.MaxInt64 {
+				return c.violation("item %d: %d payload bytes", i, n)
+			}
+			if _, err := io.CopyN(io.Discard, c.br, int64(n)); err != nil {
+				return unavailable(c.endpoint, err)
+			}
+			res[i] = ReadResult{ObjectSize: size, Checksum: r.GetChecksum(),
+				Err: errInvalid("item %d: the destination buffer is empty but the object has %d bytes from offset %d", i, n, off)}
+			continue
+		}
+		if _, err := io.ReadFull(c.br, dst[i]); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return unavailable(c.endpoint, err)
+		}
+		res[i] = ReadResult{N: len(dst[i]), ObjectSize: size, Checksum: r.GetChecksum()}
+	}
+	return nil
+}
