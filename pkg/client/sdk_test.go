@@ -660,14 +660,8 @@ func TestRetries(t *testing.T) {
 	if _, err := c.Stat(t.Context(), "k"); !errors.Is(err, client.ErrInvalid) || f.Calls("QueryRoute") != before+1 {
 		t.Fatalf("Stat: %v after %d calls; a permanent error is not retried", err, f.Calls("QueryRoute"))
 	}
-	// A cancelled context ends the backoff.
-	f.SetHook(func(string) error { return status.Error(codes.Unavailable, "down") })
-	slow := newClient(t, f, client.Config{Attempts: 10, Backoff: time.Hour})
-	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
-	defer cancel()
-	if _, err := slow.Exist(ctx, "k"); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Exist during a 1 h backoff: %v, want the context's deadline", err)
-	}
+	// The backoff's schedule and its context are TestCallBackoff's, on a
+	// fake clock.
 }
 
 // TestNotLeaderRedirect: a master that is not the leader answers
