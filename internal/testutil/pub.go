@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync"
 	"time"
@@ -81,17 +82,28 @@ func (p *Publisher) WaitSubscriber(ctx context.Context) error {
 	}
 }
 
-// Send writes one message of frames to every subscriber.
+// Send writes one message of frames to every subscriber and returns the
+// write errors, if any.
 func (p *Publisher) Send(frames ...[]byte) error {
 	msg := zmtp.AppendMessage(nil, frames...)
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	var errs []error
 	for _, c := range p.conns {
-		if err := c.Write(msg, 5*time.Second); err != nil {
-			return err
-		}
+		errs = append(errs, c.Write(msg, 5*time.Second))
 	}
-	return nil
+	return errors.Join(errs...)
+}
+
+// DropConns closes every subscriber connection (the listener stays, so
+// subscribers reconnect).
+func (p *Publisher) DropConns() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = nil
 }
 
 // Close stops listening and closes every connection.

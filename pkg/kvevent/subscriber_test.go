@@ -17,98 +17,39 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// fakePub is a scripted PUB endpoint: it writes whatever the test sends to
-// every subscribed connection.
+// fakePub is the shared scripted PUB endpoint (testutil.Publisher) with
+// this file's test-failing helpers.
 type fakePub struct {
-	t  *testing.T
-	l  net.Listener
-	wg sync.WaitGroup
-
-	mu    sync.Mutex // guards conns
-	conns []*zmtp.Conn
-	subs  chan struct{}
+	*testutil.Publisher
+	t *testing.T
 }
 
 func newFakePub(t *testing.T) *fakePub {
-	l, err := zmtp.Listen("tcp://127.0.0.1:0")
+	p, err := testutil.StartPublisher()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &fakePub{t: t, l: l, subs: make(chan struct{}, 16)}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(p.close)
-	return p
+	t.Cleanup(p.Close)
+	return &fakePub{Publisher: p, t: t}
 }
 
-func (p *fakePub) endpoint() string { return zmtp.Endpoint(p.l) }
-
-func (p *fakePub) accept() {
-	defer p.wg.Done()
-	for {
-		nc, err := p.l.Accept()
-		if err != nil {
-			return
-		}
-		c, err := zmtp.Handshake(nc, zmq4.Pub, true, 5*time.Second, zmtp.Limits{})
-		if err != nil {
-			nc.Close()
-			continue
-		}
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			m, err := c.ReadMessage() // the subscription
-			if err != nil || len(m.Frames) != 1 || m.Frames[0][0] != 1 {
-				c.Close()
-				return
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, c)
-			p.mu.Unlock()
-			p.subs <- struct{}{}
-			for {
-				if _, err := c.ReadMessage(); err != nil {
-					return
-				}
-			}
-		}()
-	}
-}
+func (p *fakePub) endpoint() string { return p.Endpoint() }
 
 func (p *fakePub) waitSub() {
-	select {
-	case <-p.subs:
-	case <-time.After(10 * time.Second):
+	ctx, cancel := context.WithTimeout(p.t.Context(), 10*time.Second)
+	defer cancel()
+	if err := p.WaitSubscriber(ctx); err != nil {
 		p.t.Fatal("no subscriber arrived")
 	}
 }
 
 func (p *fakePub) send(frames ...[]byte) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		if err := c.Write(zmtp.AppendMessage(nil, frames...), 5*time.Second); err != nil {
-			p.t.Errorf("fake pub write: %v", err)
-		}
+	if err := p.Send(frames...); err != nil {
+		p.t.Errorf("fake pub write: %v", err)
 	}
 }
 
-// dropConns closes every subscriber connection (the listener stays).
-func (p *fakePub) dropConns() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.conns = nil
-}
-
-func (p *fakePub) close() {
-	p.l.Close()
-	p.dropConns()
-	p.wg.Wait()
-}
+func (p *fakePub) dropConns() { p.DropConns() }
 
 // fakeRouter serves replay requests from a fixed set of batches.
 type fakeRouter struct {
