@@ -14,6 +14,14 @@ package source
 // splits in two by the next bit of the hash, so growing never moves more
 // than one subtable (64 KiB) at a time.
 //
+// Measured against Go maps (issue 12; interleaved runs in one sitting,
+// benchstat medians ± their 95% interval): the announced set as
+// tenant → medium → map[key]group, keys cloned, costs
+// BenchmarkPipeline/resp=1024/subs=0 1,473 ± 12% against 723 ± 13% cpu-ns
+// per event here (+104%, n=8; +92% in a second sitting), live50k/subs=1
+// 3.58µs ± 13% against 2.78µs ± 22% (n=6), and one allocation per event
+// against none. So the tables and the arena stay.
+//
 // Several keys may share a hash (slots with equal h); lookups compare the
 // key in the arena.
 type table struct {

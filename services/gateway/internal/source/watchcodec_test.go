@@ -1,9 +1,12 @@
 package source
 
 import (
+	"fmt"
 	"testing"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/rpccodec"
+	"google.golang.org/grpc/encoding"
 	grpcmem "google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -118,4 +121,39 @@ func FuzzWatchCodec(f *testing.F) {
 	f.Add([]byte{})
 	f.Add(protowire.AppendVarint(protowire.AppendTag(nil, 2, protowire.VarintType), 1<<63))
 	f.Fuzz(func(t *testing.T, b []byte) { checkLikeProto(t, b) })
+}
+
+// BenchmarkWatchDecode decodes, into a reused response, what the master
+// sends in BenchmarkPipeline (stored changes of one tenant, 21-byte keys,
+// no group) with watchCodec and with the generated decoder behind rpccodec.
+// Issue 12 compared it with vtprotobuf's pool and unmarshal_unsafe options
+// too (see watchCodec), which gen/ does not enable:
+//
+//	go test -run '^$' -bench WatchDecode -count 10 ./services/gateway/internal/source/
+func BenchmarkWatchDecode(b *testing.B) {
+	for _, n := range []int{1024, 128} {
+		r := &masterv1.WatchResponse{Epoch: 1, HeadRevision: 1 << 30}
+		for i := range n {
+			r.Changes = append(r.Changes, &masterv1.Change{Revision: uint64(1<<20 + i), Type: masterv1.ChangeType_CHANGE_TYPE_STORED,
+				Tenant: "default", Key: fmt.Sprintf("bench/61f148/%08d", i), Medium: masterv1.Medium_MEDIUM_MEMORY, TimestampUnixMs: 1795957503682})
+		}
+		msg := mustMarshal(b, r)
+		for _, v := range []struct {
+			name  string
+			codec encoding.CodecV2
+		}{{"hand", newWatchCodec()}, {"generated", rpccodec.New()}} {
+			b.Run(fmt.Sprintf("changes=%d/%s", n, v.name), func(b *testing.B) {
+				resp := &masterv1.WatchResponse{}
+				data := grpcmem.BufferSlice{grpcmem.SliceBuffer(msg)}
+				b.SetBytes(int64(len(msg)))
+				b.ReportAllocs()
+				for b.Loop() {
+					if err := v.codec.Unmarshal(data, resp); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/change")
+			})
+		}
+	}
 }
