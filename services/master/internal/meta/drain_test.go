@@ -1,0 +1,65 @@
+package meta
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+)
+
+func TestDrainMovesReplicas(t *testing.T) {
+	e := newEnv(t, 3, 1, 1000, Config{Shards: 4})
+	ctx := t.Context()
+	for i := range 5 {
+		e.put(t, PutSpec{Key: fmt.Sprintf("k%d", i), Size: 50, Preferred: []string{"seg-0-0"}, HardPin: i == 0})
+	}
+	e.put(t, PutSpec{Key: "two", Size: 50, ReplicaNum: 2, Preferred: []string{"seg-0-0", "seg-1-0"}})
+	if err := e.s.DrainSegment(ctx, "seg-0-0"); err != nil {
+		t.Fatal(err)
+	}
+	sg, _ := e.c.Reg.Segment("seg-0-0")
+	if sg.Lifecycle != masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINED {
+		t.Fatalf("lifecycle: got %v, want DRAINED", sg.Lifecycle)
+	}
+	if n := e.s.SegmentReplicaCounts()["seg-0-0"]; n != 0 {
+		t.Fatalf("replicas left on the drained segment: %d", n)
+	}
+	for _, r := range e.records(t) {
+		if r[:7] == "removed" {
+			t.Fatalf("drain with room recorded %s; want no visibility change", r)
+		}
+	}
+	v := views(e.s)
+	if got := v[ObjectRef{DefaultTenant, "two"}].readableOnSegs; got != "[seg-1-0 seg-2-0]" {
+		t.Fatalf("two: readable on %s, want seg-1-0 and seg-2-0", got)
+	}
+	if !v[ObjectRef{DefaultTenant, "k0"}].hard {
+		t.Fatal("k0 lost its hard pin in the move")
+	}
+	for r, al := range e.c.Agents.Live() {
+		if !al.Sealed || al.Checksum != 350 {
+			t.Fatalf("allocation %v: sealed %v checksum %d, want sealed with 350", r, al.Sealed, al.Checksum)
+		}
+	}
+	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
+
+	_ = e.s.DrainSegment(ctx, "nope")
+	if err := e.s.DrainSegment(ctx, "nope"); rpcerr.Reason(err) != "SEGMENT_NOT_FOUND" {
+		t.Fatalf("drain unknown: got %v, want SEGMENT_NOT_FOUND", err)
+	}
+}
+
+func TestDrainWithoutRoomRemoves(t *testing.T) {
+	e := newEnv(t, 2, 1, 100, Config{Shards: 4})
+	e.put(t, PutSpec{Key: "a", Size: 60, Preferred: []string{"seg-0-0"}})
+	e.put(t, PutSpec{Key: "b", Size: 60, Preferred: []string{"seg-1-0"}})
+	if err := e.s.DrainSegment(t.Context(), "seg-0-0"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := e.records(t), []string{"stored:default/a", "stored:default/b", "removed:default/a"}; !slices.Equal(got, want) {
+		t.Fatalf("changes: got %v, want %v", got, want)
+	}
+	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
+}
