@@ -344,6 +344,6 @@ func (t *transferServer) await(c *transferConn) bool {
 // trim drops what c keeps from request to request.
 func (c *transferConn) trim() {
 	c.hbuf, c.wbuf, c.iov, c.run, c.vec = nil, nil, nil, nil, nil
-	c.req.arr, c.req.ptrs, c.req.tokens = nil, nil, nil
+	c.req.items = nil
 	c.handles, c.hs, c.errs, c.results, c.rptrs = nil, nil, nil, nil, nil
 }

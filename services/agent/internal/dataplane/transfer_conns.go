@@ -42,7 +42,7 @@ func (t *transferServer) add(nc net.Conn) (*transferConn, error) {
 		return nil, errConnLimit("%s holds the maximum of %d transfer connections per remote address", ip, t.cfg.MaxConnsPerIP)
 	}
 	t.perIP[ip]++
-	c := &transferConn{nc: nc, ip: ip, req: transferRequest{ids: t.s.segs.SegmentID}}
+	c := &transferConn{nc: nc, ip: ip}
 	if sc, ok := nc.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			c.rc = rc

@@ -48,7 +48,7 @@ func dialFrom(t *testing.T, src, addr string) net.Conn {
 func tinyItemsHeader(n int) []byte {
 	b := binary.LittleEndian.AppendUint32(nil, uint32(2*n))
 	for range n {
-		b = protowire.AppendTag(b, fieldItems, protowire.BytesType)
+		b = protowire.AppendTag(b, 2 /* TransferRequest.items */, protowire.BytesType)
 		b = protowire.AppendVarint(b, 0)
 	}
 	return b
