@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
 func TestEvictionOrder(t *testing.T) {
@@ -87,13 +88,8 @@ func TestRunEvictsInBackground(t *testing.T) {
 	for i := range 10 {
 		e.put(t, PutSpec{Key: fmt.Sprintf("k%d", i), Size: 95})
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for e.c.Agents.Used("seg-0-0") > 800 {
-		if time.Now().After(deadline) {
-			t.Fatalf("background eviction did not run: use %d", e.c.Agents.Used("seg-0-0"))
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return e.c.Agents.Used("seg-0-0") <= 800 },
+		"background eviction to bring seg-0-0 to 800 bytes")
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)

@@ -5,11 +5,11 @@ import (
 	"maps"
 	"slices"
 	"sort"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/services/master/internal/changelog"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
 	"github.com/crescent-kv/crescent/services/master/internal/meta/metatest"
@@ -18,29 +18,22 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// clock is a settable test clock.
-type clock struct{ ms atomic.Int64 }
-
-func newClock() *clock {
-	c := &clock{}
-	c.ms.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli())
-	return c
+// newClock is the tests' fake clock, reading 2026-01-01 until advanced.
+func newClock() *testutil.Clock {
+	return testutil.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 }
-
-func (c *clock) Now() time.Time          { return time.UnixMilli(c.ms.Load()) }
-func (c *clock) Advance(d time.Duration) { c.ms.Add(d.Milliseconds()) }
 
 type env struct {
 	s   *Store
 	c   *metatest.Cluster
-	clk *clock
+	clk *testutil.Clock
 }
 
 func newEnv(t testing.TB, hosts, segs int, capacity uint64, cfg Config) *env {
 	t.Helper()
 	c := metatest.NewCluster(hosts, segs, capacity)
 	clk := newClock()
-	c.Agents.NowMs = func() int64 { return clk.ms.Load() }
+	c.Agents.NowMs = func() int64 { return clk.Now().UnixMilli() }
 	s, err := New(cfg, Deps{
 		Registry: c.Reg, Agents: c.Agents, Now: clk.Now,
 		Identity: cluster.Identity{MasterID: "m1", Epoch: 42, TokenKey: []byte("0123456789abcdef0123456789abcdef")},

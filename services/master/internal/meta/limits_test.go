@@ -50,7 +50,7 @@ func wantStatus(t testing.TB, err error, code codes.Code, reason string) {
 func TestUndrainStopsDrain(t *testing.T) {
 	c := metatest.NewCluster(2, 1, 1<<20)
 	clk := newClock()
-	c.Agents.NowMs = func() int64 { return clk.ms.Load() }
+	c.Agents.NowMs = func() int64 { return clk.Now().UnixMilli() }
 	g := &gatedAgents{Agents: c.Agents, copying: make(chan struct{}), release: make(chan struct{})}
 	s, err := New(Config{Shards: 4}, Deps{
 		Registry: c.Reg, Agents: g, Now: clk.Now,

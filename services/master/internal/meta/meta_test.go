@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -12,6 +13,7 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/services/master/internal/adminsvc"
 	"github.com/crescent-kv/crescent/services/master/internal/changelog"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
@@ -93,10 +95,10 @@ func TestSoftPinTTL(t *testing.T) {
 	e := newEnv(t, 1, 1, 1000, Config{Shards: 4})
 	e.put(t, PutSpec{Key: "k", SoftPin: true, SoftPinTTL: time.Minute})
 	_ = e.s.withObject(DefaultTenant, "k", func(o *object) error {
-		if !o.softPinned(e.clk.ms.Load()) {
+		if !o.softPinned(e.clk.Now().UnixMilli()) {
 			t.Fatal("want soft-pinned right after PutEnd")
 		}
-		if !o.softPinned(e.clk.ms.Load()+59_000) || o.softPinned(e.clk.ms.Load()+61_000) {
+		if !o.softPinned(e.clk.Now().UnixMilli()+59_000) || o.softPinned(e.clk.Now().UnixMilli()+61_000) {
 			t.Fatal("soft pin must last one minute from completion")
 		}
 		return nil
@@ -151,9 +153,13 @@ func TestConcurrentOverlappingKeys(t *testing.T) {
 	wg.Go(func() {
 		// Drains race with everything else.
 		for _, seg := range []string{"seg-0-0", "seg-1-1"} {
-			for deadline := time.Now().Add(10 * time.Second); e.s.log.Head() < 100 && time.Now().Before(deadline); {
-				time.Sleep(time.Millisecond)
-			}
+			// Not a failure if the others finish first: drain anyway.
+			_ = testutil.Poll(t, 10*time.Second, func() error {
+				if e.s.log.Head() < 100 {
+					return errors.New("fewer than 100 changes yet")
+				}
+				return nil
+			})
 			if err := e.s.DrainSegment(ctx, seg); err != nil {
 				t.Errorf("drain %s: %v", seg, err)
 			}

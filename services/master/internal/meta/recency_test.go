@@ -60,7 +60,7 @@ func TestRecencyListReadsAndReconcile(t *testing.T) {
 	}
 	// The clock steps back to between k4's and k5's completion: a read
 	// then lands before k5, a completion too.
-	e.clk.Advance(-time.Duration(e.clk.ms.Load()-sealedOf(t, e.s, "k4")-500) * time.Millisecond)
+	e.clk.Advance(-time.Duration(e.clk.Now().UnixMilli()-sealedOf(t, e.s, "k4")-500) * time.Millisecond)
 	if _, err := e.s.Get(ctx, GetSpec{Key: "k0"}); err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func TestRecencyListRebuildAtScale(t *testing.T) {
 	ctx := t.Context()
 	rng := rand.New(rand.NewPCG(3, 4))
 	e := newEnv(t, 3, 2, 1<<30, Config{Shards: 8})
-	base := e.clk.ms.Load()
+	base := e.clk.Now().UnixMilli()
 	// Each agent's table: its own objects, and for some of the others' the
 	// same version (a second replica) or a newer one, which wins.
 	tables := make([][]*masterv1.Allocation, 3)
