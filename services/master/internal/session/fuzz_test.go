@@ -2,11 +2,11 @@ package session
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
 	"github.com/crescent-kv/crescent/services/master/internal/registry"
 	"google.golang.org/protobuf/proto"
@@ -22,7 +22,7 @@ func mustMarshal(f *testing.F, m proto.Message) []byte {
 }
 
 func fuzzManager(tb testing.TB) *Manager {
-	lg := slog.New(slog.DiscardHandler)
+	lg := testutil.Logger()
 	reg, err := registry.New(registry.Config{}, registry.Deps{}, lg)
 	if err != nil {
 		tb.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"slices"
 	"sync"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
 	"github.com/crescent-kv/crescent/services/master/internal/registry"
 	"github.com/prometheus/client_golang/prometheus"
@@ -104,7 +104,7 @@ func (f *fakeMeta) dropped() []string {
 // bufconn listener, or on a loopback port when tcp is set.
 type harness struct {
 	t     testing.TB
-	clock *fakeClock // nil with a real clock
+	clock *testutil.Clock // nil with a real clock
 	m     *Manager
 	reg   *registry.Registry
 	meta  *fakeMeta
@@ -131,18 +131,6 @@ func fastConfig() Config {
 	}
 }
 
-// fakeClock is a settable clock for the registry.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
 type harnessOpts struct {
 	tcp       bool // loopback TCP instead of bufconn
 	realClock bool // liveness on the wall clock
@@ -150,12 +138,12 @@ type harnessOpts struct {
 
 func newHarness(t testing.TB, cfg Config, opts harnessOpts) *harness {
 	t.Helper()
-	lg := slog.New(slog.DiscardHandler)
+	lg := testutil.Logger()
 	prom := prometheus.NewRegistry()
-	var clock *fakeClock
+	var clock *testutil.Clock
 	deps := registry.Deps{Metrics: prom}
 	if !opts.realClock {
-		clock = &fakeClock{now: time.Unix(1_700_000_000, 0)}
+		clock = testutil.NewClock(time.Unix(1_700_000_000, 0))
 		deps.Clock = clock.Now
 	}
 	reg, err := registry.New(registry.Config{DefaultGrace: time.Second}, deps, lg)
@@ -214,9 +202,7 @@ func (h *harness) advance(d time.Duration) {
 	if h.clock == nil {
 		h.t.Fatal("advance needs the fake clock")
 	}
-	h.clock.mu.Lock()
-	h.clock.now = h.clock.now.Add(d)
-	h.clock.mu.Unlock()
+	h.clock.Advance(d)
 	h.m.sweep()
 }
 
@@ -225,10 +211,10 @@ func (h *harness) advance(d time.Duration) {
 func (h *harness) beatAfter(agentID string) {
 	h.t.Helper()
 	now := h.clock.Now()
-	eventually(h.t, 5*time.Second, "a heartbeat from "+agentID, func() bool {
+	testutil.Eventually(h.t, 5*time.Second, func() bool {
 		a, ok := h.reg.Agent(agentID)
 		return ok && !a.LastHeartbeat.Before(now)
-	})
+	}, "a heartbeat from %s", agentID)
 }
 
 // quiesce stops the agent's heartbeats and makes sure the master has
@@ -522,18 +508,6 @@ func (a *fakeAgent) stop() {
 	_ = a.conn.Close()
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 func segState(h *harness, id string) string {
 	s, ok := h.reg.Segment(id)
 	if !ok {
@@ -544,5 +518,5 @@ func segState(h *harness, id string) string {
 
 func waitState(t testing.TB, h *harness, id, want string, d time.Duration) {
 	t.Helper()
-	eventually(t, d, "segment "+id+" "+want, func() bool { return segState(h, id) == want })
+	testutil.Eventually(t, d, func() bool { return segState(h, id) == want }, "segment %s %s", id, want)
 }

@@ -8,7 +8,8 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/crescent-kv/crescent/internal/testutil"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -51,7 +52,7 @@ func TestRegisterSegmentCap(t *testing.T) {
 		if got := len(h.reg.Segments()); got != 0 {
 			t.Fatalf("registry segments after refused registrations: got %d, want 0", got)
 		}
-		if got := testutil.ToFloat64(h.m.met.registrations.WithLabelValues("rejected")); got != 2 {
+		if got := promtest.ToFloat64(h.m.met.registrations.WithLabelValues("rejected")); got != 2 {
 			t.Fatalf("rejected registrations: got %v, want 2", got)
 		}
 	})
@@ -63,7 +64,7 @@ func TestRegisterSegmentCap(t *testing.T) {
 		ok := &masterv1.SegmentInfo{SegmentId: "mounter-mem-3", Medium: masterv1.Medium_MEDIUM_MEMORY, Capacity: 1 << 20}
 		held := &masterv1.SegmentInfo{SegmentId: "mounter-mem-0", Medium: masterv1.Medium_MEDIUM_MEMORY, Capacity: 1 << 30}
 		a.send(&masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_SegmentsUpdate{SegmentsUpdate: &masterv1.SegmentsUpdate{Mounted: []*masterv1.SegmentInfo{held, ok}}}})
-		eventually(t, time.Second, "fourth segment mounted", func() bool { _, found := h.reg.Segment("mounter-mem-3"); return found })
+		testutil.Eventually(t, time.Second, func() bool { _, found := h.reg.Segment("mounter-mem-3"); return found }, "fourth segment mounted")
 		one := &masterv1.SegmentInfo{SegmentId: "mounter-mem-4", Medium: masterv1.Medium_MEDIUM_MEMORY, Capacity: 1 << 20}
 		a.send(&masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_SegmentsUpdate{SegmentsUpdate: &masterv1.SegmentsUpdate{Mounted: []*masterv1.SegmentInfo{one}}}})
 		err := a.waitEnded(2 * time.Second)

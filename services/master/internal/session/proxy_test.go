@@ -12,6 +12,7 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -124,7 +125,7 @@ func TestNetworkCutBlackhole(t *testing.T) {
 	if got := h.meta.dropped(); !slices.Equal(got, []string{"cut-0", "cut-1"}) {
 		t.Fatalf("dropped: got %v, want [cut-0 cut-1]", got)
 	}
-	eventually(t, 5*time.Second, "the cut agent's session closed", func() bool { return !h.m.Connected("cut") })
+	testutil.Eventually(t, 5*time.Second, func() bool { return !h.m.Connected("cut") }, "the cut agent's session closed")
 	waitState(t, h, "direct-mem-0", "ok/healthy", 5*time.Second)
 	if d, ok := h.reg.Segment("direct-mem-0"); !ok || d.Lifecycle != masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_OK {
 		t.Fatalf("other agent's segment: got %+v", d)

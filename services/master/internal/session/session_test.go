@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -11,7 +12,8 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/crescent-kv/crescent/internal/testutil"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -54,7 +56,7 @@ func TestRegisterSettingsFirst(t *testing.T) {
 	if !h.m.Connected("a1") {
 		t.Fatal("Connected(a1): got false, want true")
 	}
-	if got := testutil.ToFloat64(h.m.met.sessions); got != 1 {
+	if got := promtest.ToFloat64(h.m.met.sessions); got != 1 {
 		t.Fatalf("sessions gauge: got %v, want 1", got)
 	}
 }
@@ -177,7 +179,7 @@ func TestMissedHeartbeatsSuspectThenUnmount(t *testing.T) {
 	if got := status.Code(err); got != codes.Unavailable {
 		t.Fatalf("lost agent's stream: got %v, want Unavailable", err)
 	}
-	eventually(t, time.Second, "agent disconnected", func() bool { return !h.m.Connected("a1") })
+	testutil.Eventually(t, time.Second, func() bool { return !h.m.Connected("a1") }, "agent disconnected")
 	if _, err := h.m.Reserve(t.Context(), "a1", []*masterv1.ReserveItem{{SegmentId: "s1", Size: 1}}); rpcerr.Reason(err) != "AGENT_UNAVAILABLE" {
 		t.Fatalf("reserve at a lost agent: got %v, want AGENT_UNAVAILABLE", err)
 	}
@@ -318,7 +320,7 @@ func TestBatchingRoutesResults(t *testing.T) {
 		}
 	}
 	a.mu.Unlock()
-	if got := testutil.ToFloat64(h.m.met.batches.WithLabelValues("reserve")); got < 1 {
+	if got := promtest.ToFloat64(h.m.met.batches.WithLabelValues("reserve")); got < 1 {
 		t.Errorf("batches metric: got %v, want >= 1", got)
 	}
 }
@@ -338,7 +340,7 @@ func TestMaxBatchItemsSplits(t *testing.T) {
 		_, err := h.m.Reserve(t.Context(), "a1", []*masterv1.ReserveItem{{SegmentId: "a1-mem-0", Size: 1, Key: "first"}})
 		first <- err
 	}()
-	eventually(t, time.Second, "first reserve sent", func() bool { m, _ := a.counts("reserve"); return m == 1 })
+	testutil.Eventually(t, time.Second, func() bool { m, _ := a.counts("reserve"); return m == 1 }, "first reserve sent")
 	a.answer.Store(true)
 	var wg sync.WaitGroup
 	for i := range 8 {
@@ -388,7 +390,7 @@ func TestDeadAgentTimesOutWithoutBlockingOthers(t *testing.T) {
 			t.Fatalf("dead agent reserve: got %v, want UNAVAILABLE/AGENT_UNAVAILABLE", err)
 		}
 	}
-	if got := testutil.ToFloat64(h.m.met.timeouts.WithLabelValues("reserve")); got != 20 {
+	if got := promtest.ToFloat64(h.m.met.timeouts.WithLabelValues("reserve")); got != 20 {
 		t.Fatalf("timeouts metric: got %v, want 20", got)
 	}
 }
@@ -404,7 +406,7 @@ func TestLateReservationsReleased(t *testing.T) {
 		t.Fatalf("slow reserve: got %v, want AGENT_UNAVAILABLE", err)
 	}
 	a.delay.Store(0)
-	eventually(t, 2*time.Second, "late reservations released", func() bool { return len(a.releasedRefs()) == 2 })
+	testutil.Eventually(t, 2*time.Second, func() bool { return len(a.releasedRefs()) == 2 }, "late reservations released")
 	for _, r := range a.releasedRefs() {
 		if r.GetSegmentId() != "a1-mem-0" || r.GetAllocationId() == 0 {
 			t.Fatalf("released ref: got %v", r)
@@ -417,7 +419,16 @@ func TestCallerContext(t *testing.T) {
 	a := h.connectAgent("a1")
 	a.answer.Store(false)
 	ctx, cancel := context.WithCancel(t.Context())
-	go func() { time.Sleep(20 * time.Millisecond); cancel() }()
+	go func() {
+		// Cancel once the reserve is pending on the agent.
+		_ = testutil.Poll(t, time.Second, func() error {
+			if m, _ := a.counts("reserve"); m == 0 {
+				return errors.New("reserve not sent yet")
+			}
+			return nil
+		})
+		cancel()
+	}()
 	if _, err := h.m.Reserve(ctx, "a1", []*masterv1.ReserveItem{{SegmentId: "a1-mem-0", Size: 1, Key: "k"}}); err != context.Canceled {
 		t.Fatalf("cancelled caller: got %v, want context.Canceled", err)
 	}
@@ -443,7 +454,7 @@ func TestSessionEndFailsPending(t *testing.T) {
 		_, err := h.m.Reserve(t.Context(), "a1", []*masterv1.ReserveItem{{SegmentId: "a1-mem-0", Size: 1, Key: "k"}})
 		done <- err
 	}()
-	eventually(t, time.Second, "reserve sent", func() bool { m, _ := a.counts("reserve"); return m == 1 })
+	testutil.Eventually(t, time.Second, func() bool { m, _ := a.counts("reserve"); return m == 1 }, "reserve sent")
 	a.stop()
 	select {
 	case err := <-done:
