@@ -1,44 +1,25 @@
 package registry
 
 import (
-	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
-// fakeClock is a settable clock.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
-func newTestRegistry(t *testing.T) (*Registry, *fakeClock, *prometheus.Registry) {
+func newTestRegistry(t *testing.T) (*Registry, *testutil.Clock, *prometheus.Registry) {
 	t.Helper()
-	clk := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	clk := testutil.NewClock(time.Unix(1_700_000_000, 0))
 	reg := prometheus.NewRegistry()
-	r, err := New(Config{Retention: time.Minute, DefaultGrace: 10 * time.Second}, Deps{Clock: clk.Now, Metrics: reg}, slog.New(slog.DiscardHandler))
+	r, err := New(Config{Retention: time.Minute, DefaultGrace: 10 * time.Second}, Deps{Clock: clk.Now, Metrics: reg}, testutil.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -451,7 +432,7 @@ func TestSegmentsMetric(t *testing.T) {
 crescent_master_segments{health="suspected",lifecycle="draining"} 1
 crescent_master_segments{health="suspected",lifecycle="ok"} 1
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "crescent_master_segments"); err != nil {
+	if err := promtest.GatherAndCompare(reg, strings.NewReader(want), "crescent_master_segments"); err != nil {
 		t.Fatal(err)
 	}
 }
