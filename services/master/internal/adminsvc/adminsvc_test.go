@@ -2,7 +2,6 @@ package adminsvc
 
 import (
 	"context"
-	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -11,6 +10,7 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
 	"github.com/crescent-kv/crescent/services/master/internal/registry"
 	"go.uber.org/goleak"
@@ -101,7 +101,7 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	lg := slog.New(slog.DiscardHandler)
+	lg := testutil.Logger()
 	reg, err := registry.New(registry.Config{}, registry.Deps{}, lg)
 	if err != nil {
 		t.Fatal(err)
@@ -307,7 +307,7 @@ func TestGetClusterStatus(t *testing.T) {
 }
 
 func TestNewRequiresDeps(t *testing.T) {
-	if _, err := New(Deps{}, slog.New(slog.DiscardHandler)); err == nil {
+	if _, err := New(Deps{}, testutil.Logger()); err == nil {
 		t.Fatal("New without deps: got nil error")
 	}
 }

@@ -1,13 +1,13 @@
 package adminsvc
 
 import (
-	"log/slog"
 	"net"
 	"testing"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
 	"github.com/crescent-kv/crescent/services/master/internal/meta"
 	"github.com/crescent-kv/crescent/services/master/internal/meta/metatest"
@@ -23,7 +23,7 @@ import (
 // OK → DRAINED → OK (and OK again, idempotent), refusals for an unmounted
 // and an unknown segment, and the service still answering afterwards.
 func TestUndrainSegmentRoundTrip(t *testing.T) {
-	lg := slog.New(slog.DiscardHandler)
+	lg := testutil.Logger()
 	reg, err := registry.New(registry.Config{}, registry.Deps{}, lg)
 	if err != nil {
 		t.Fatal(err)
