@@ -13,6 +13,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
 	"github.com/crescent-kv/crescent/services/master/internal/meta"
 	"github.com/crescent-kv/crescent/services/master/internal/meta/metatest"
@@ -84,19 +85,17 @@ func TestSnapshotConcurrencyCap(t *testing.T) {
 
 	stalled[0]()
 	// The slot frees when the cancelled handler returns; poll until then.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		got, pages, err := readSnapshot(t, cli)
-		if err == nil {
-			if got != n || pages != n/100 {
-				t.Fatalf("snapshot after a stalled client left: %d entries in %d pages, want %d in %d", got, pages, n, n/100)
-			}
-			break
-		}
-		if rpcerr.Reason(err) != "LIMIT_EXCEEDED" || time.Now().After(deadline) {
+	var got, pages int
+	testutil.EventuallyNoError(t, 5*time.Second, func() error {
+		var err error
+		got, pages, err = readSnapshot(t, cli)
+		if err != nil && rpcerr.Reason(err) != "LIMIT_EXCEEDED" {
 			t.Fatalf("snapshot after a stalled client left: %v", err)
 		}
-		time.Sleep(10 * time.Millisecond)
+		return err
+	})
+	if got != n || pages != n/100 {
+		t.Fatalf("snapshot after a stalled client left: %d entries in %d pages, want %d in %d", got, pages, n, n/100)
 	}
 }
 

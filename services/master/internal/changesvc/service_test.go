@@ -6,13 +6,13 @@ import (
 	"io"
 	"maps"
 	"net"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
 	"github.com/crescent-kv/crescent/services/master/internal/meta"
 	"github.com/crescent-kv/crescent/services/master/internal/meta/metatest"
@@ -220,12 +220,8 @@ func TestSnapshotThenWatchIsExact(t *testing.T) {
 		t.Fatalf("pages: got %d, want several of 5 entries", pages)
 	}
 	// Let the writers make changes after the snapshot.
-	for deadline := time.Now().Add(10 * time.Second); h.store.Log().Head() < rev+50; {
-		if time.Now().After(deadline) {
-			t.Fatal("writers made no progress")
-		}
-		runtime.Gosched()
-	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return h.store.Log().Head() >= rev+50 },
+		"the writers to make 50 changes after the snapshot")
 	close(stop)
 	wg.Wait()
 	head := h.store.Log().Head()
