@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"strconv"
@@ -18,6 +17,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/obs"
 	"github.com/crescent-kv/crescent/internal/server"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/crescent-kv/crescent/internal/xfer"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
@@ -203,7 +203,7 @@ func benchGRPC(b *testing.B, size int, write, direct bool) {
 	keys := &Keyring{}
 	key := token.NewKey()
 	keys.Set(key)
-	lg := slog.New(slog.DiscardHandler)
+	lg := testutil.Logger()
 	reg := obs.NewRegistry()
 	opts := ServerOptions()
 	if os.Getenv("CRESCENT_BENCH_CODEC") == "standard" {
@@ -324,7 +324,7 @@ func benchXfer(b *testing.B, size int, write bool) {
 	keys := &Keyring{}
 	key := token.NewKey()
 	keys.Set(key)
-	lg := slog.New(slog.DiscardHandler)
+	lg := testutil.Logger()
 	srv := New(Config{}, Deps{Segments: segment.NewSet(mem), Keys: keys, Registerer: obs.NewRegistry()}, lg)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"testing"
@@ -15,6 +14,7 @@ import (
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,7 +53,7 @@ func newTestServer(t testing.TB, cfg Config) (mem, disk *segment.Segment, set *s
 	keys = &Keyring{}
 	key = token.NewKey()
 	keys.Set(key)
-	srv = New(cfg, Deps{Segments: set, Keys: keys, Registerer: prometheus.NewRegistry(), Now: func() time.Time { return now }}, slog.New(slog.DiscardHandler))
+	srv = New(cfg, Deps{Segments: set, Keys: keys, Registerer: prometheus.NewRegistry(), Now: func() time.Time { return now }}, testutil.Logger())
 	return mem, disk, set, keys, key, srv
 }
 

@@ -15,10 +15,11 @@ import (
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/crescent-kv/crescent/internal/xfer"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -214,7 +215,7 @@ func TestTransferHostileMemory(t *testing.T) {
 	e.roundTrip(t)
 
 	// Connections that announce a megabyte of header and stall.
-	waitFor(t, "the refused connections to go", func() bool { return testutil.ToFloat64(e.srv.xferConns) <= 1 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return promtest.ToFloat64(e.srv.xferConns) <= 1 }, "the refused connections to go")
 	base := heapInUse()
 	for i := range cs {
 		cs[i] = rawConn(t, e.addr)
@@ -222,7 +223,7 @@ func TestTransferHostileMemory(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "the stalled requests to start", func() bool { return testutil.ToFloat64(e.srv.xferBusy) == conns })
+	testutil.Eventually(t, 10*time.Second, func() bool { return promtest.ToFloat64(e.srv.xferBusy) == conns }, "the stalled requests to start")
 	held := int64(heapInUse()) - int64(base)
 	t.Logf("%d stalled headers of a declared megabyte hold %d KiB", conns, held>>10)
 	if held > int64(volume/4) {
@@ -234,7 +235,7 @@ func TestTransferHostileMemory(t *testing.T) {
 			t.Fatalf("stalled connection: %d bytes, %v; want EOF", n, err)
 		}
 	}
-	waitFor(t, "the stalled connections to go", func() bool { return testutil.ToFloat64(e.srv.xferConns) <= 1 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return promtest.ToFloat64(e.srv.xferConns) <= 1 }, "the stalled connections to go")
 	e.roundTrip(t)
 }
 
@@ -278,10 +279,10 @@ func TestTransferSlowLoris(t *testing.T) {
 					if d := time.Since(start); d > 5*time.Second {
 						t.Fatalf("cut after %v with a 300ms IOTimeout", d)
 					}
-					waitFor(t, "the write handle to close", func() bool {
+					testutil.Eventually(t, 10*time.Second, func() bool {
 						err := e.mem.Seal([]segment.SealArg{{ID: id}}, now)[0]
 						return rpcerr.Reason(err) == "CHECKSUM_MISMATCH" // not "write in progress"
-					})
+					}, "the write handle to close")
 					e.roundTrip(t)
 					return
 				case <-tick.C:
@@ -315,11 +316,11 @@ func TestTransferConnectionLimits(t *testing.T) {
 		}
 		return cs
 	}
-	conns := func() float64 { return testutil.ToFloat64(e.srv.xferConns) }
-	refused := func(limit string) float64 { return testutil.ToFloat64(e.srv.xferRefused.WithLabelValues(limit)) }
+	conns := func() float64 { return promtest.ToFloat64(e.srv.xferConns) }
+	refused := func(limit string) float64 { return promtest.ToFloat64(e.srv.xferRefused.WithLabelValues(limit)) }
 
 	peer := idle("127.0.0.2", 4)
-	waitFor(t, "the peer's connections", func() bool { return conns() == 5 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return conns() == 5 }, "the peer's connections")
 	extra := dialFrom(t, "127.0.0.2", e.addr)
 	// A client sends its preamble and first request, then reads the
 	// refusal in place of the answer.
@@ -333,7 +334,7 @@ func TestTransferConnectionLimits(t *testing.T) {
 	e.roundTrip(t)
 
 	others := idle("127.0.0.3", 3)
-	waitFor(t, "the other peer's connections", func() bool { return conns() == 8 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return conns() == 8 }, "the other peer's connections")
 	full := dialFrom(t, "127.0.0.4", e.addr)
 	wantRefusal(t, full, codes.ResourceExhausted, "LIMIT_EXCEEDED")
 	if got := refused("max_connections"); got != 1 {
@@ -347,9 +348,9 @@ func TestTransferConnectionLimits(t *testing.T) {
 
 	// The pool reports a refused connection as its call's error.
 	_ = e.pool.Close()
-	waitFor(t, "the pool's connection to go", func() bool { return conns() == 7 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return conns() == 7 }, "the pool's connection to go")
 	last := idle("127.0.0.5", 1)
-	waitFor(t, "the last place to be taken", func() bool { return conns() == 8 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return conns() == 8 }, "the last place to be taken")
 	e.pool = xfer.NewPool(xfer.Config{})
 	_, err := e.pool.Write(t.Context(), e.addr, []*agentv1.TransferItem{e.item(e.mem, 1, token.Write)}, [][]byte{{1}})
 	if rpcerr.Reason(err) != "LIMIT_EXCEEDED" || status.Code(rpcerr.Status(err)) != codes.ResourceExhausted {
@@ -360,7 +361,7 @@ func TestTransferConnectionLimits(t *testing.T) {
 	for _, c := range append(append(peer, others...), last...) {
 		_ = c.Close()
 	}
-	waitFor(t, "the closed connections to go", func() bool { return conns() == 0 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return conns() == 0 }, "the closed connections to go")
 	e.roundTrip(t)
 	for range 3 {
 		c := dialFrom(t, "127.0.0.2", e.addr)
@@ -379,7 +380,7 @@ func TestTransferConnectionLimits(t *testing.T) {
 // requests hold no decoded items.
 func TestTransferItemsInFlight(t *testing.T) {
 	e := startTransfer(t, TransferConfig{MaxItemsInFlight: xfer.MaxItems, IOTimeout: time.Second})
-	items := func() float64 { return testutil.ToFloat64(e.srv.xferItems) }
+	items := func() float64 { return promtest.ToFloat64(e.srv.xferItems) }
 	// A holds the whole budget: 4096 failing items, the first draining
 	// 256 MiB that A sends 4 MiB at a time, fast enough to stay alive.
 	big := &agentv1.TransferItem{SegmentId: e.mem.ID(), AllocationId: 1, Length: xfer.MaxDrainBytes}
@@ -409,7 +410,7 @@ func TestTransferItemsInFlight(t *testing.T) {
 			}
 		}
 	}()
-	waitFor(t, "A to hold the budget", func() bool { return items() == xfer.MaxItems })
+	testutil.Eventually(t, 10*time.Second, func() bool { return items() == xfer.MaxItems }, "A to hold the budget")
 
 	// Waiting requests hold their header, not decoded items.
 	const waiting = 20
@@ -421,7 +422,7 @@ func TestTransferItemsInFlight(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "the others to wait", func() bool { return testutil.ToFloat64(e.srv.xferBusy) == waiting+1 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return promtest.ToFloat64(e.srv.xferBusy) == waiting+1 }, "the others to wait")
 	held := int64(heapInUse()) - int64(base)
 	t.Logf("%d requests of %d items waiting for the budget hold %d KiB", waiting, xfer.MaxItems, held>>10)
 	if held > waiting*xfer.MaxItems*250/4 {
@@ -448,7 +449,7 @@ func TestTransferItemsInFlight(t *testing.T) {
 	})
 	e.roundTrip(t)
 	<-gone
-	waitFor(t, "the budget to be given back", func() bool { return items() == 0 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return items() == 0 }, "the budget to be given back")
 }
 
 // TestTransferIdleConnectionsTrim: connections that served a request of a
@@ -473,7 +474,7 @@ func TestTransferIdleConnectionsTrim(t *testing.T) {
 			t.Fatalf("answer: %d results, %v", len(resp.GetResults()), err)
 		}
 	}
-	waitFor(t, "the requests to end", func() bool { return testutil.ToFloat64(e.srv.xferBusy) == 0 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return promtest.ToFloat64(e.srv.xferBusy) == 0 }, "the requests to end")
 	kept := int64(heapInUse()) - int64(base)
 	time.Sleep(idleTrim + 500*time.Millisecond)
 	trimmed := int64(heapInUse()) - int64(base)
@@ -493,16 +494,16 @@ func TestTransferRefusalFlood(t *testing.T) {
 	if _, err := holder.Write([]byte(xfer.Preamble)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the holder's connection", func() bool { return testutil.ToFloat64(e.srv.xferConns) == 1 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return promtest.ToFloat64(e.srv.xferConns) == 1 }, "the holder's connection")
 	base := runtime.NumGoroutine()
 	const flood = 200
 	cs := make([]net.Conn, flood)
 	for i := range cs {
 		cs[i] = rawConn(t, e.addr) // sends nothing, reads nothing: each answer lingers
 	}
-	waitFor(t, "the flood to be refused", func() bool {
-		return testutil.ToFloat64(e.srv.xferRefused.WithLabelValues("max_connections")) == flood
-	})
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		return promtest.ToFloat64(e.srv.xferRefused.WithLabelValues("max_connections")) == flood
+	}, "the flood to be refused")
 	if extra := runtime.NumGoroutine() - base; extra > maxRejecting+5 {
 		t.Fatalf("%d more goroutines for %d refused connections; want at most %d answering", extra, flood, maxRejecting)
 	}
@@ -522,6 +523,6 @@ func TestTransferRefusalFlood(t *testing.T) {
 		t.Fatalf("%d refused connections answered", answered)
 	}
 	_ = holder.Close()
-	waitFor(t, "the holder to go", func() bool { return testutil.ToFloat64(e.srv.xferConns) == 0 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return promtest.ToFloat64(e.srv.xferConns) == 0 }, "the holder to go")
 	e.roundTrip(t)
 }

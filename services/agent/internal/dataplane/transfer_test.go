@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"strconv"
@@ -18,10 +17,11 @@ import (
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/crescent-kv/crescent/internal/xfer"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 )
@@ -141,7 +141,7 @@ func TestTransferRoundTrip(t *testing.T) {
 			})
 		}
 	}
-	if got := testutil.ToFloat64(e.srv.bytesIn); got == 0 {
+	if got := promtest.ToFloat64(e.srv.bytesIn); got == 0 {
 		t.Fatal("bytes_in not counted")
 	}
 }
@@ -188,7 +188,7 @@ func TestTransferItemFailuresStayFramed(t *testing.T) {
 		}
 		seal(t, segs[i], ids[i], data[i])
 	}
-	if got := testutil.ToFloat64(e.srv.errs.WithLabelValues("transfer_write", "OUT_OF_BOUNDS")); got != 1 {
+	if got := promtest.ToFloat64(e.srv.errs.WithLabelValues("transfer_write", "OUT_OF_BOUNDS")); got != 1 {
 		t.Fatalf("transfer_write OUT_OF_BOUNDS errors = %v, want 1", got)
 	}
 
@@ -372,17 +372,14 @@ func TestTransferClientGoneMidPayload(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = c.Close()
-	waitFor(t, "the write handle to close", func() bool {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		err := e.mem.Seal([]segment.SealArg{{ID: id, Checksum: xxhash.Sum64(data)}}, now)[0]
 		return rpcerr.Reason(err) == "CHECKSUM_MISMATCH" // not "write in progress"
-	})
+	}, "the write handle to close")
 
 	// A cancelled pool call returns ctx.Err() and the agent carries on.
 	ctx, cancel := context.WithCancel(t.Context())
-	go func() {
-		time.Sleep(time.Millisecond)
-		cancel()
-	}()
+	time.AfterFunc(time.Millisecond, cancel)
 	big := randBytes(32 << 20)
 	bid := e.reserve(t, e.mem, uint64(len(big)))
 	if _, err := e.pool.Write(ctx, e.addr, []*agentv1.TransferItem{e.item(e.mem, bid, token.Write)}, [][]byte{big}); err != nil && !errors.Is(err, context.Canceled) {
@@ -469,17 +466,6 @@ func TestTransferManySmallItems(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestTransferShutdown(t *testing.T) {
 	e := startTransfer(t, TransferConfig{DrainTimeout: 5 * time.Second})
 	ctx := t.Context()
@@ -489,7 +475,7 @@ func TestTransferShutdown(t *testing.T) {
 	if errs, err := e.pool.Write(ctx, e.addr, []*agentv1.TransferItem{e.item(e.mem, id, token.Write)}, [][]byte{data}); err != nil || errs[0] != nil {
 		t.Fatal(errs, err)
 	}
-	waitFor(t, "the pooled connection to idle", func() bool { return testutil.ToFloat64(e.srv.xferBusy) == 0 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return promtest.ToFloat64(e.srv.xferBusy) == 0 }, "the pooled connection to idle")
 	// ... a connection that sent nothing yet, and one in the middle of a
 	// request.
 	quiet := rawConn(t, e.addr)
@@ -500,7 +486,7 @@ func TestTransferShutdown(t *testing.T) {
 	if _, err := busy.Write(append(wire, data[:1000]...)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the request to start", func() bool { return testutil.ToFloat64(e.srv.xferBusy) == 1 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return promtest.ToFloat64(e.srv.xferBusy) == 1 }, "the request to start")
 	e.cancel()
 	// The quiet connection is closed at once; the busy request may finish.
 	if n, err := io.Copy(io.Discard, quiet); n != 0 || err != nil {
@@ -517,7 +503,7 @@ func TestTransferShutdown(t *testing.T) {
 		t.Fatalf("busy connection after its request: %d bytes, %v; want EOF", n, err)
 	}
 	e.stop(t)
-	if c, b := testutil.ToFloat64(e.srv.xferConns), testutil.ToFloat64(e.srv.xferBusy); c != 0 || b != 0 {
+	if c, b := promtest.ToFloat64(e.srv.xferConns), promtest.ToFloat64(e.srv.xferBusy); c != 0 || b != 0 {
 		t.Fatalf("after shutdown: %v connections, %v requests in flight; want 0, 0", c, b)
 	}
 	seal(t, e.mem, id, data)
@@ -536,7 +522,7 @@ func TestTransferShutdownCutsStalledRequests(t *testing.T) {
 	if _, err := c.Write(append([]byte(xfer.Preamble), frame(t, &agentv1.TransferRequest{Op: agentv1.TransferOp_TRANSFER_OP_WRITE, Items: []*agentv1.TransferItem{it}})...)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the request to start", func() bool { return testutil.ToFloat64(e.srv.xferBusy) == 1 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return promtest.ToFloat64(e.srv.xferBusy) == 1 }, "the request to start")
 	start := time.Now()
 	e.stop(t)
 	if d := time.Since(start); d > 5*time.Second {
@@ -611,7 +597,7 @@ func FuzzTransferConn(f *testing.F) {
 	keys := &Keyring{}
 	keys.Set(key)
 	srv := New(Config{Transfer: TransferConfig{IOTimeout: time.Second, IdleTimeout: time.Second}},
-		Deps{Segments: segment.NewSet(mem), Keys: keys, Now: func() time.Time { return now }}, slog.New(slog.DiscardHandler))
+		Deps{Segments: segment.NewSet(mem), Keys: keys, Now: func() time.Time { return now }}, testutil.Logger())
 	wid, err := mem.Reserve(&masterv1.ReserveItem{SegmentId: mem.ID(), Size: 64, Key: "k"}, now)
 	if err != nil {
 		f.Fatal(err)
