@@ -2,13 +2,12 @@ package app
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -52,7 +51,7 @@ func TestRunServesAndStops(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.GRPCAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.RecoveryGrace = 500 * time.Millisecond
-	m, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	m, err := New(cfg, testutil.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,13 +85,7 @@ func TestRunServesAndStops(t *testing.T) {
 	if err := snapshot(); rpcerr.Reason(err) != "MASTER_RECOVERING" {
 		t.Fatalf("Snapshot right after start: got %v, want MASTER_RECOVERING", err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for err := snapshot(); err != nil; err = snapshot() {
-		if time.Now().After(deadline) {
-			t.Fatalf("Snapshot after the grace: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testutil.EventuallyNoError(t, 5*time.Second, snapshot)
 	cc.Close()
 	start := time.Now()
 	cancel()
