@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -167,7 +167,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 		},
 		MasterDialOptions: dial,
 		Registerer:        prometheus.NewRegistry(),
-	}, slog.New(slog.DiscardHandler))
+	}, testutil.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,18 +286,6 @@ func (s *fakeSession) heartbeat(t *testing.T) *masterv1.Heartbeat {
 			t.Fatal("no heartbeat from the agent")
 			return nil
 		}
-	}
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -3,9 +3,7 @@ package link
 import (
 	"bytes"
 	"context"
-	"github.com/crescent-kv/crescent/internal/retry"
 	"io"
-	"log/slog"
 	"net"
 	"slices"
 	"testing"
@@ -14,6 +12,8 @@ import (
 	"github.com/cespare/xxhash/v2"
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/retry"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/crescent-kv/crescent/services/agent/internal/dataplane"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
@@ -77,7 +77,7 @@ func TestRegisterSettingsHeartbeat(t *testing.T) {
 	if hb2.GetSeq() != hb1.GetSeq()+1 || len(hb1.GetSegments()) != 1 || hb1.GetSegments()[0].GetUsed() == 0 {
 		t.Fatalf("heartbeats %v then %v", hb1, hb2)
 	}
-	waitFor(t, "connected state", func() bool { return h.link.State() == StateConnected })
+	testutil.Eventually(t, 5*time.Second, func() bool { return h.link.State() == StateConnected }, "connected state")
 	if got := h.link.Epoch(); got != 5 {
 		t.Fatalf("Epoch = %d, want 5", got)
 	}
@@ -94,7 +94,7 @@ func connected(t *testing.T, h *harness, epoch uint64) *fakeSession {
 	h.start()
 	s := h.session()
 	s.send <- settings(epoch)
-	waitFor(t, "connected", func() bool { return h.link.State() == StateConnected })
+	testutil.Eventually(t, 5*time.Second, func() bool { return h.link.State() == StateConnected }, "connected")
 	return s
 }
 
@@ -240,7 +240,7 @@ func TestCopyToAnotherAgent(t *testing.T) {
 	keys := &dataplane.Keyring{}
 	key := token.NewKey()
 	keys.Set(key)
-	h.link.deps.CopyDialOptions = []grpc.DialOption{serveData(t, dataplane.New(dataplane.Config{}, dataplane.Deps{Segments: tset, Keys: keys}, slog.New(slog.DiscardHandler)))}
+	h.link.deps.CopyDialOptions = []grpc.DialOption{serveData(t, dataplane.New(dataplane.Config{}, dataplane.Deps{Segments: tset, Keys: keys}, testutil.Logger()))}
 
 	data := make([]byte, 3<<20+7)
 	for i := range data {
@@ -355,7 +355,7 @@ func TestReconnectReregistersFullTable(t *testing.T) {
 		t.Fatalf("re-registered row = %v", a)
 	}
 	s.send <- settings(9)
-	waitFor(t, "reconnected", func() bool { return h.link.State() == StateConnected })
+	testutil.Eventually(t, 5*time.Second, func() bool { return h.link.State() == StateConnected }, "reconnected")
 	s.heartbeat(t)
 }
 
@@ -371,7 +371,7 @@ func TestSettingsTimeoutReconnects(t *testing.T) {
 		t.Fatal("the first session never ended")
 	}
 	s2.send <- settings(1)
-	waitFor(t, "connected", func() bool { return h.link.State() == StateConnected })
+	testutil.Eventually(t, 5*time.Second, func() bool { return h.link.State() == StateConnected }, "connected")
 }
 
 func TestSettingsReleaseAndReservedGrace(t *testing.T) {
@@ -388,12 +388,12 @@ func TestSettingsReleaseAndReservedGrace(t *testing.T) {
 	st.GetSettings().ReleaseAllocations = []*masterv1.AllocationRef{{SegmentId: h.mem.ID(), AllocationId: drop.GetAllocationId()}}
 	st.GetSettings().ReservedGrace = durationpb.New(30 * time.Millisecond)
 	s.send <- st
-	waitFor(t, "unclaimed allocations released", func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		_, k := h.mem.Lookup(keep.GetAllocationId())
 		_, d := h.mem.Lookup(drop.GetAllocationId())
 		_, p := h.mem.Lookup(pending.GetAllocationId())
 		return k && !d && !p
-	})
+	}, "unclaimed allocations released")
 }
 
 func TestGracefulDeregister(t *testing.T) {
@@ -409,7 +409,7 @@ func TestGracefulDeregister(t *testing.T) {
 	if g := d.GetGrace().AsDuration(); g <= 0 || g > 300*time.Millisecond {
 		t.Fatalf("Deregister grace %v, want (0, 300ms]", g)
 	}
-	waitFor(t, "deregistering state", func() bool { return h.link.State() == StateDeregistering })
+	testutil.Eventually(t, 5*time.Second, func() bool { return h.link.State() == StateDeregistering }, "deregistering state")
 	// Still serving during the grace: heartbeats and commands.
 	s.heartbeat(t)
 	s.send <- &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Release{Release: &masterv1.ReleaseRequest{RequestId: 1, Epoch: 1, Items: []*masterv1.AllocationRef{{SegmentId: h.mem.ID(), AllocationId: 5}}}}}
@@ -492,7 +492,7 @@ func TestBlackholedNetworkReconnects(t *testing.T) {
 		t.Fatalf("re-Register known_epoch = %d", s2.reg.GetKnownEpoch())
 	}
 	s2.send <- settings(1)
-	waitFor(t, "reconnected", func() bool { return h.link.State() == StateConnected })
+	testutil.Eventually(t, 5*time.Second, func() bool { return h.link.State() == StateConnected }, "reconnected")
 }
 
 func TestReconnectsPromptlyAfterMasterOutage(t *testing.T) {
@@ -508,7 +508,7 @@ func TestReconnectsPromptlyAfterMasterOutage(t *testing.T) {
 		t.Fatalf("reconnected %v after the master came back, want about BackoffMax", el)
 	}
 	s2.send <- settings(1)
-	waitFor(t, "reconnected", func() bool { return h.link.State() == StateConnected })
+	testutil.Eventually(t, 5*time.Second, func() bool { return h.link.State() == StateConnected }, "reconnected")
 }
 
 func TestBackoff(t *testing.T) {
@@ -553,7 +553,7 @@ func TestConfigValidate(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := New(tc.cfg, Deps{Segments: segment.NewSet()}, slog.New(slog.DiscardHandler))
+			_, err := New(tc.cfg, Deps{Segments: segment.NewSet()}, testutil.Logger())
 			if (err == nil) != tc.ok {
 				t.Fatalf("New err = %v, want ok=%v", err, tc.ok)
 			}
