@@ -3,7 +3,6 @@ package objectsvc
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/obs"
 	"github.com/crescent-kv/crescent/internal/server"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
 	"github.com/crescent-kv/crescent/services/master/internal/meta"
 	"github.com/crescent-kv/crescent/services/master/internal/meta/metatest"
@@ -30,7 +30,7 @@ func benchServer(b *testing.B) (*grpc.ClientConn, *meta.Store) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	lg := slog.New(slog.DiscardHandler)
+	lg := testutil.Logger()
 	srv := server.New(server.Config{GRPCAddr: "127.0.0.1:0", ShutdownTimeout: time.Second}, lg, obs.NewRegistry())
 	New(Config{}, store).Register(srv.GRPC)
 	if err := srv.Listen(); err != nil {

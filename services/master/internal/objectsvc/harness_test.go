@@ -3,12 +3,12 @@ package objectsvc
 import (
 	"context"
 	"net"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/services/master/internal/changelog"
 	"github.com/crescent-kv/crescent/services/master/internal/cluster"
 	"github.com/crescent-kv/crescent/services/master/internal/meta"
@@ -24,16 +24,15 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var tokenKey = []byte("0123456789abcdef0123456789abcdef")
 
-type testClock struct{ ms atomic.Int64 }
-
-func (c *testClock) Now() time.Time          { return time.UnixMilli(c.ms.Load()) }
-func (c *testClock) Advance(d time.Duration) { c.ms.Add(d.Milliseconds()) }
+// newClock is a fake clock reading the wall time, to the millisecond, until
+// advanced.
+func newClock() *testutil.Clock { return testutil.NewClock(time.UnixMilli(time.Now().UnixMilli())) }
 
 type harness struct {
 	cli   masterv1.ObjectServiceClient
 	store *meta.Store
 	c     *metatest.Cluster
-	clk   *testClock
+	clk   *testutil.Clock
 }
 
 // start serves an ObjectService over bufconn backed by a fake cluster of
@@ -41,9 +40,8 @@ type harness struct {
 func start(t testing.TB, hosts, segs int, capacity uint64) *harness {
 	t.Helper()
 	c := metatest.NewCluster(hosts, segs, capacity)
-	clk := &testClock{}
-	clk.ms.Store(time.Now().UnixMilli())
-	c.Agents.NowMs = func() int64 { return clk.ms.Load() }
+	clk := newClock()
+	c.Agents.NowMs = func() int64 { return clk.Now().UnixMilli() }
 	store, err := meta.New(meta.Config{Shards: 16}, meta.Deps{
 		Registry: c.Reg, Agents: c.Agents, Now: clk.Now,
 		Identity: cluster.Identity{MasterID: "m", Epoch: 9, TokenKey: tokenKey},

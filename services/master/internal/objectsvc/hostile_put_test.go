@@ -29,9 +29,8 @@ type tcpHarness struct {
 func startTCP(t *testing.T, hosts, segs int, capacity uint64, cfg meta.Config) *tcpHarness {
 	t.Helper()
 	c := metatest.NewCluster(hosts, segs, capacity)
-	clk := &testClock{}
-	clk.ms.Store(time.Now().UnixMilli())
-	c.Agents.NowMs = func() int64 { return clk.ms.Load() }
+	clk := newClock()
+	c.Agents.NowMs = func() int64 { return clk.Now().UnixMilli() }
 	prom := prometheus.NewRegistry()
 	cfg.Shards = 16
 	store, err := meta.New(cfg, meta.Deps{

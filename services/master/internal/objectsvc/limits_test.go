@@ -27,9 +27,8 @@ import (
 func startLimits(t testing.TB, cfg meta.Config, segs int, capacity uint64) *harness {
 	t.Helper()
 	c := metatest.NewCluster(1, segs, capacity)
-	clk := &testClock{}
-	clk.ms.Store(time.Now().UnixMilli())
-	c.Agents.NowMs = func() int64 { return clk.ms.Load() }
+	clk := newClock()
+	c.Agents.NowMs = func() int64 { return clk.Now().UnixMilli() }
 	if cfg.Shards == 0 {
 		cfg.Shards = 16
 	}
