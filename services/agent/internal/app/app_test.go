@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -18,6 +17,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/config"
 	"github.com/crescent-kv/crescent/internal/obs"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/crescent-kv/crescent/internal/xfer"
 	"go.uber.org/goleak"
@@ -134,7 +134,7 @@ func startAgentWith(t *testing.T, masterAddr, diskDir string, mutate func(*Confi
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	a := New(cfg, slog.New(slog.DiscardHandler), obs.NewRegistry())
+	a := New(cfg, testutil.Logger(), obs.NewRegistry())
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{agent: a, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- a.Run(ctx) }()
@@ -195,16 +195,10 @@ func TestAgentEndToEnd(t *testing.T) {
 		t.Fatalf("/readyz before Settings = %d, want 503", code)
 	}
 	c.out <- settingsMsg()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if code, _ := get(t, "http://"+r.agent.AdminAddr()+"/readyz"); code == http.StatusOK {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("never ready")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		code, _ := get(t, "http://"+r.agent.AdminAddr()+"/readyz")
+		return code == http.StatusOK
+	}, "/readyz to answer 200")
 
 	var disk *masterv1.SegmentInfo
 	for _, s := range c.reg.GetSegments() {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -26,6 +25,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/config"
 	"github.com/crescent-kv/crescent/internal/obs"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/crescent-kv/crescent/internal/xfer"
 	"google.golang.org/grpc"
@@ -83,7 +83,7 @@ func benchAgentChild(master string) int {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- New(cfg, slog.New(slog.DiscardHandler), obs.NewRegistry()).Run(ctx) }()
+	go func() { done <- New(cfg, testutil.Logger(), obs.NewRegistry()).Run(ctx) }()
 	var prof *os.File
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {

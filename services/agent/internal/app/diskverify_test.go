@@ -13,6 +13,7 @@ import (
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/crescent-kv/crescent/internal/xfer"
 	"github.com/crescent-kv/crescent/services/agent/internal/segment"
@@ -130,9 +131,8 @@ func TestCorruptDiskObjectNotRegistered(t *testing.T) {
 		return token.Sign(key, token.Claims{Mode: token.Read, SegmentID: o.seg, AllocationID: o.id, Expiry: time.Now().Add(time.Minute)})
 	}
 	var resp *agentv1.BatchReadResponse
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		// Until Settings arrive the agent has no token key.
+	// Until Settings arrive the agent has no token key.
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		resp, err = dc.BatchRead(t.Context(), &agentv1.BatchReadRequest{Items: []*agentv1.BatchReadItem{
 			{SegmentId: bad.seg, AllocationId: bad.id, Token: tok(bad)},
 			{SegmentId: good.seg, AllocationId: good.id, Token: tok(good)},
@@ -140,11 +140,8 @@ func TestCorruptDiskObjectNotRegistered(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if resp.GetResults()[0].GetStatus().GetReason() != "INVALID_TOKEN" || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return resp.GetResults()[0].GetStatus().GetReason() != "INVALID_TOKEN"
+	}, "the agent's token key")
 	if st := resp.GetResults()[0].GetStatus(); codes.Code(st.GetCode()) != codes.DataLoss || st.GetReason() != "CHECKSUM_MISMATCH" || len(resp.GetResults()[0].GetData()) != 0 {
 		t.Fatalf("BatchRead of the corrupt allocation = %v, want DATA_LOSS CHECKSUM_MISMATCH and no bytes", st)
 	}

@@ -15,6 +15,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/config"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/crescent-kv/crescent/internal/xfer"
 	"google.golang.org/grpc/codes"
@@ -83,15 +84,10 @@ func TestAgentTransferLimits(t *testing.T) {
 	wantLimit(refused(dial("127.0.0.2"), pre))
 	for _, want := range []string{`crescent_agent_transfer_connections_refused_total{limit="max_connections_per_ip"} 1`, "crescent_agent_transfer_connections 2\n"} {
 		// The refused connections close as the agent sees the client go.
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		testutil.Eventually(t, 5*time.Second, func() bool {
 			_, metrics := get(t, "http://"+r.agent.AdminAddr()+"/metrics")
-			if strings.Contains(metrics, want) {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("/metrics lacks %q", want)
-			}
-		}
+			return strings.Contains(metrics, want)
+		}, "/metrics to hold %q", want)
 	}
 
 	// Reservations of sizes near 2^64 are refused, not wrapped.
