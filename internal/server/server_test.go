@@ -2,13 +2,12 @@ package server
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"net/http"
 	"testing"
 	"time"
 
 	"github.com/crescent-kv/crescent/internal/obs"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -18,7 +17,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestRunServesHealthAndAdmin(t *testing.T) {
-	lg := slog.New(slog.NewTextHandler(io.Discard, nil))
+	lg := testutil.Logger()
 	s := New(Config{GRPCAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", ShutdownTimeout: time.Second}, lg, obs.NewRegistry())
 	if err := s.Listen(); err != nil {
 		t.Fatal(err)
