@@ -13,6 +13,7 @@ import (
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/client"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"google.golang.org/grpc"
@@ -47,7 +48,7 @@ func waitRemovedChange(t *testing.T, cl *client.Client, tenant, key string, medi
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	Eventually(t, 20*time.Second, func() error {
+	testutil.EventuallyNoError(t, 20*time.Second, func() error {
 		ws, err := cl.Changes().Watch(ctx, &masterv1.WatchRequest{})
 		if err != nil {
 			return err
@@ -94,7 +95,7 @@ func putOnDisk(t *testing.T, ctx context.Context, cl *client.Client, key string,
 // a normal put and get still work.
 func checkCorruptGone(t *testing.T, ctx context.Context, c *Cluster, cl *client.Client, bad, good diskPut) {
 	t.Helper()
-	Eventually(t, 20*time.Second, func() error {
+	testutil.EventuallyNoError(t, 20*time.Second, func() error {
 		rl, err := cl.Objects().GetReplicaList(ctx, &masterv1.GetReplicaListRequest{Tenant: "default", Key: bad.key})
 		switch {
 		case err == nil:
@@ -113,7 +114,7 @@ func checkCorruptGone(t *testing.T, ctx context.Context, c *Cluster, cl *client.
 	if n := c.metric(t, c.Agents[0], "crescent_agent_disk_verify_bytes_total"); n != float64(len(bad.data)+len(good.data)) {
 		t.Fatalf("crescent_agent_disk_verify_bytes_total = %v, want %d", n, len(bad.data)+len(good.data))
 	}
-	Eventually(t, 20*time.Second, func() error {
+	testutil.EventuallyNoError(t, 20*time.Second, func() error {
 		got, err := cl.Get(ctx, good.key)
 		if err != nil {
 			return err

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/client"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 )
@@ -106,7 +107,7 @@ func subscribe(t *testing.T, c *Cluster, onBatch ...func(kvevent.Batch)) *kveven
 func converge(t *testing.T, c *Cluster, sub *kvevent.Subscriber) {
 	t.Helper()
 	ctx := ctxT(t, 30*time.Second)
-	Eventually(t, 20*time.Second, func() error {
+	testutil.EventuallyNoError(t, 20*time.Second, func() error {
 		m, err := c.readable(ctx)
 		if err != nil {
 			return err
@@ -212,7 +213,7 @@ func TestEventsMatchMaster(t *testing.T) {
 
 	// Kill an agent: its replicas go, by unmount, with removed events.
 	c.Agents[2].Kill()
-	Eventually(t, 20*time.Second, func() error {
+	testutil.EventuallyNoError(t, 20*time.Second, func() error {
 		for _, s := range c.Segments() {
 			if s.GetHostId() == "host-c" && s.GetLifecycle() != masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_UNMOUNTED {
 				return fmt.Errorf("host-c segment %s still %v", s.GetInfo().GetSegmentId(), s.GetLifecycle())

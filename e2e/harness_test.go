@@ -20,6 +20,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/client"
 )
 
@@ -127,18 +128,20 @@ func (p *Proc) Logs() string {
 
 func waitReady(t testing.TB, p *Proc) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
+	err := testutil.Poll(t, 20*time.Second, func() error {
 		resp, err := http.Get("http://" + p.admin + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
+		if err != nil {
+			return err
 		}
-		time.Sleep(50 * time.Millisecond)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/readyz = %d", resp.StatusCode)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("%s not ready after 20s; logs:\n%s", p.Name, tail(p.Logs(), 40))
 	}
-	t.Fatalf("%s not ready after 20s; logs:\n%s", p.Name, tail(p.Logs(), 40))
 }
 
 func tail(s string, n int) string {
@@ -306,7 +309,7 @@ func (c *Cluster) Segments() []*masterv1.Segment {
 // WaitSegments waits until n segments can allocate.
 func (c *Cluster) WaitSegments(n int) {
 	c.t.Helper()
-	Eventually(c.t, 20*time.Second, func() error {
+	testutil.EventuallyNoError(c.t, 20*time.Second, func() error {
 		ok := 0
 		for _, s := range c.Segments() {
 			if s.GetCanAllocate() {
@@ -338,20 +341,6 @@ func (c *Cluster) Ctl(stdin []byte, args ...string) (string, string, int) {
 		c.t.Fatalf("crescentctl: %v", err)
 	}
 	return out.String(), errb.String(), code
-}
-
-// Eventually polls f until it returns nil or d passes.
-func Eventually(t testing.TB, d time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("condition not met after %v: %v", d, err)
 }
 
 // metric returns the value of an unlabelled counter or gauge from a

@@ -14,6 +14,7 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/client"
 )
 
@@ -133,7 +134,7 @@ func TestRemoveLeaseForce(t *testing.T) {
 		t.Fatalf("Remove of leased object: got %v, want ErrLeased", err)
 	}
 	// The lease expires (1s here); then Remove works without force.
-	Eventually(t, 5*time.Second, func() error { return cl.Remove(ctx, "k", false) })
+	testutil.EventuallyNoError(t, 5*time.Second, func() error { return cl.Remove(ctx, "k", false) })
 	if _, err := cl.Get(ctx, "k"); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("Get after Remove: got %v, want ErrNotFound", err)
 	}
@@ -315,7 +316,7 @@ func TestAgentLossFailover(t *testing.T) {
 		}
 	}
 	seen := map[masterv1.SegmentHealth]bool{}
-	Eventually(t, 20*time.Second, func() error {
+	testutil.EventuallyNoError(t, 20*time.Second, func() error {
 		for _, s := range c.Segments() {
 			if !deadSegs[s.GetInfo().GetSegmentId()] {
 				continue
@@ -363,7 +364,7 @@ func TestMasterRestartRebuilds(t *testing.T) {
 	c.Master.Kill()
 	c.Master.Restart()
 	c.WaitSegments(2)
-	Eventually(t, 20*time.Second, func() error {
+	testutil.EventuallyNoError(t, 20*time.Second, func() error {
 		for k, want := range data {
 			got, err := cl.Get(ctx, k)
 			if err != nil {
@@ -398,7 +399,7 @@ func TestDiskSegmentSurvivesAgentRestart(t *testing.T) {
 	seg := info.Replicas[0].GetSegmentId()
 	c.Agents[0].Stop()
 	c.Agents[0].Restart()
-	Eventually(t, 20*time.Second, func() error {
+	testutil.EventuallyNoError(t, 20*time.Second, func() error {
 		got, err := cl.Get(ctx, "on-disk")
 		if err != nil {
 			return err
