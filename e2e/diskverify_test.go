@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -21,25 +20,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
-
-// flipDiskByte inverts one byte of an agent's disk segment data file, as a
-// bad sector or a stray write would while the agent is down.
-func (c *Cluster) flipDiskByte(t *testing.T, agent string, off uint64) {
-	t.Helper()
-	f, err := os.OpenFile(filepath.Join(c.dir, agent+"-disk", "segment.data"), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	b := make([]byte, 1)
-	if _, err := f.ReadAt(b, int64(off)); err != nil {
-		t.Fatal(err)
-	}
-	b[0] ^= 0xff
-	if _, err := f.WriteAt(b, int64(off)); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // waitRemovedChange watches the master's change log from its oldest record
 // until a REMOVED change of (tenant, key, medium) appears. A master in its
@@ -161,7 +141,7 @@ func TestCorruptDiskObjectRemovedOnAgentRestart(t *testing.T) {
 	good := putOnDisk(t, ctx, cl, "disk/intact", 200<<10)
 
 	c.Agents[0].Kill()
-	c.flipDiskByte(t, "agent-a", bad.desc.GetOffset()+150<<10)
+	testutil.FlipByte(t, filepath.Join(c.dir, "agent-a-disk", "segment.data"), bad.desc.GetOffset()+150<<10)
 	c.Agents[0].Restart()
 	if lg := c.Agents[0].Logs(); !bytes.Contains([]byte(lg), []byte("corrupt disk allocation dropped")) {
 		t.Fatalf("agent log has no WARN for the dropped allocation:\n%s", tail(lg, 30))
@@ -206,7 +186,7 @@ func TestCorruptDiskObjectNotAdoptedByFreshMaster(t *testing.T) {
 
 	c.Agents[0].Kill()
 	c.Master.Kill()
-	c.flipDiskByte(t, "agent-a", bad.desc.GetOffset())
+	testutil.FlipByte(t, filepath.Join(c.dir, "agent-a-disk", "segment.data"), bad.desc.GetOffset())
 	c.Master.Restart()
 	c.Agents[0].Restart()
 	c.WaitSegments(2)

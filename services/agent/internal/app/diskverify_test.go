@@ -2,7 +2,6 @@ package app
 
 import (
 	"bytes"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -61,23 +60,6 @@ func sealOnDisk(t *testing.T, dir string, datas ...[]byte) []diskObj {
 	return out
 }
 
-func flipByte(t *testing.T, dir string, off uint64) {
-	t.Helper()
-	f, err := os.OpenFile(filepath.Join(dir, "segment.data"), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	b := make([]byte, 1)
-	if _, err := f.ReadAt(b, int64(off)); err != nil {
-		t.Fatal(err)
-	}
-	b[0] ^= 0x5a
-	if _, err := f.WriteAt(b, int64(off)); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func metricValue(t *testing.T, metrics, name string) string {
 	t.Helper()
 	for line := range strings.Lines(metrics) {
@@ -99,7 +81,7 @@ func TestCorruptDiskObjectNotRegistered(t *testing.T) {
 	dir := t.TempDir()
 	objs := sealOnDisk(t, dir, bytes.Repeat([]byte("good"), 50_000), bytes.Repeat([]byte("lost"), 70_000))
 	good, bad := objs[0], objs[1]
-	flipByte(t, dir, bad.off+123_456)
+	testutil.FlipByte(t, filepath.Join(dir, "segment.data"), bad.off+123_456)
 
 	r := startAgent(t, addr, dir)
 	c := <-m.conns
@@ -195,7 +177,7 @@ func TestVerifyDiskOff(t *testing.T) {
 	m, addr := startMaster(t)
 	dir := t.TempDir()
 	objs := sealOnDisk(t, dir, bytes.Repeat([]byte("x"), 10_000))
-	flipByte(t, dir, objs[0].off)
+	testutil.FlipByte(t, filepath.Join(dir, "segment.data"), objs[0].off)
 	r := startAgentWith(t, addr, dir, func(c *Config) { c.VerifyDisk = false })
 	c := <-m.conns
 	found := false

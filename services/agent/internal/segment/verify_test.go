@@ -14,6 +14,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -58,25 +59,6 @@ func fillDisk(t testing.TB, dir string, capacity uint64, sizes ...int) []sealedO
 	return out
 }
 
-// flip inverts one byte of the data file at off, as a bad sector or a
-// stray write would while the agent is down.
-func flip(t testing.TB, dir string, off uint64) {
-	t.Helper()
-	f, err := os.OpenFile(filepath.Join(dir, dataName), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	b := make([]byte, 1)
-	if _, err := f.ReadAt(b, int64(off)); err != nil {
-		t.Fatal(err)
-	}
-	b[0] ^= 0xff
-	if _, err := f.WriteAt(b, int64(off)); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestVerifySealedDropsCorrupt: a byte flipped in one sealed object while
 // the segment was closed is found on reopen; that allocation leaves the
 // table (and the journal), its extent is freed, reads of it answer
@@ -86,7 +68,7 @@ func TestVerifySealedDropsCorrupt(t *testing.T) {
 	// The middle object spans many verify buffers.
 	objs := fillDisk(t, dir, 8<<20, 10_000, 3<<20, 0, 70_000)
 	bad := objs[1]
-	flip(t, dir, bad.alloc.GetOffset()+2<<20+17)
+	testutil.FlipByte(t, filepath.Join(dir, dataName), bad.alloc.GetOffset()+2<<20+17)
 
 	s, _, err := OpenDisk(dir, 8<<20)
 	if err != nil {
@@ -215,7 +197,7 @@ func TestVerifySealedBoundedMemory(t *testing.T) {
 func TestVerifySealedHonoursContext(t *testing.T) {
 	dir := t.TempDir()
 	objs := fillDisk(t, dir, 4<<20, 1<<20, 1<<20)
-	flip(t, dir, objs[1].alloc.GetOffset())
+	testutil.FlipByte(t, filepath.Join(dir, dataName), objs[1].alloc.GetOffset())
 	s, _, err := OpenDisk(dir, 4<<20)
 	if err != nil {
 		t.Fatal(err)
