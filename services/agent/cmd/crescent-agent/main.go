@@ -8,9 +8,9 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/crescent-kv/crescent/internal/agent/app"
 	"github.com/crescent-kv/crescent/internal/obs"
 	"github.com/crescent-kv/crescent/internal/server"
-	"github.com/crescent-kv/crescent/services/agent/internal/app"
 )
 
 func main() {

@@ -8,8 +8,8 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/crescent-kv/crescent/internal/gateway/gateway"
 	"github.com/crescent-kv/crescent/internal/server"
-	"github.com/crescent-kv/crescent/services/gateway/internal/gateway"
 )
 
 func main() {

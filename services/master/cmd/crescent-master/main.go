@@ -8,8 +8,8 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/crescent-kv/crescent/internal/master/app"
 	"github.com/crescent-kv/crescent/internal/server"
-	"github.com/crescent-kv/crescent/services/master/internal/app"
 )
 
 func main() {

@@ -1,0 +1,168 @@
+package app
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"github.com/crescent-kv/crescent/internal/agent/dataplane"
+	"github.com/crescent-kv/crescent/internal/config"
+	"github.com/crescent-kv/crescent/internal/xfer"
+)
+
+// Config is the agent's configuration. Flag names are YAML keys; each flag
+// is also read from CRESCENT_<FLAG>.
+type Config struct {
+	Master         string
+	GRPCAddr       string
+	AdminAddr      string
+	AdvertiseAddr  string
+	HostID         string
+	AgentID        string
+	Memory         config.ByteSize
+	MemorySegments int
+	// Prefault writes every page of the memory segments at start (see
+	// segment.Prefault), so puts never pay first-touch page faults.
+	Prefault        bool
+	DiskDir         string
+	DiskSize        config.ByteSize
+	ShutdownGrace   time.Duration
+	ShutdownTimeout time.Duration
+	ReadChunk       config.ByteSize
+	LogLevel        string
+	// TransferAddr is the bulk transfer listener's address; "" derives
+	// it (the gRPC host, an ephemeral port), "off" disables the listener.
+	TransferAddr          string
+	AdvertiseTransferAddr string
+	// Limits of the bulk transfer listener (dataplane.TransferConfig).
+	TransferMaxConns       int
+	TransferMaxConnsPerIP  int
+	TransferMaxHeaderBytes config.ByteSize
+	TransferMaxItems       int
+	TransferIdleTimeout    time.Duration
+	TransferIOTimeout      time.Duration
+	// VerifyDisk checks every sealed allocation of a reopened disk
+	// segment against its checksum before registering (see
+	// segment.VerifySealed); corrupt ones are dropped and so reported
+	// lost to the master.
+	VerifyDisk bool
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		GRPCAddr:        ":50052",
+		AdminAddr:       ":9004",
+		HostID:          host,
+		Memory:          1 << 30,
+		MemorySegments:  1,
+		Prefault:        true,
+		VerifyDisk:      true,
+		ShutdownGrace:   5 * time.Second,
+		ShutdownTimeout: 10 * time.Second,
+		ReadChunk:       dataplane.DefaultChunkSize,
+		LogLevel:        "info",
+
+		TransferMaxConns:       dataplane.DefaultTransferMaxConns,
+		TransferMaxConnsPerIP:  dataplane.DefaultTransferMaxConnsPerIP,
+		TransferMaxHeaderBytes: xfer.MaxHeaderBytes,
+		TransferMaxItems:       dataplane.DefaultTransferMaxItemsInFlight,
+		TransferIdleTimeout:    dataplane.DefaultTransferIdleTimeout,
+		TransferIOTimeout:      dataplane.DefaultTransferIOTimeout,
+	}
+}
+
+// RegisterFlags binds every field to fs with its current value as default.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Master, "master", c.Master, "master gRPC address (host:port)")
+	fs.StringVar(&c.GRPCAddr, "grpc-addr", c.GRPCAddr, "gRPC listen address (DataService)")
+	fs.StringVar(&c.AdminAddr, "admin-addr", c.AdminAddr, "admin HTTP listen address (/healthz, /readyz, /metrics)")
+	fs.StringVar(&c.AdvertiseAddr, "advertise-addr", c.AdvertiseAddr, "host:port clients dial for DataService (default: the bound gRPC address, with the host name for an unspecified IP)")
+	fs.StringVar(&c.TransferAddr, "transfer-addr", c.TransferAddr, "bulk transfer listen address (the fast data path beside DataService; default: the gRPC host with an ephemeral port; \"off\" disables it)")
+	fs.StringVar(&c.AdvertiseTransferAddr, "advertise-transfer-addr", c.AdvertiseTransferAddr, "host:port clients dial for bulk transfers (default: the host of --advertise-addr if set, else the bound address with the host name for an unspecified IP, with the bound port)")
+	fs.IntVar(&c.TransferMaxConns, "transfer-max-connections", c.TransferMaxConns, "open bulk transfer connections at most; one more is refused with RESOURCE_EXHAUSTED LIMIT_EXCEEDED")
+	fs.IntVar(&c.TransferMaxConnsPerIP, "transfer-max-connections-per-ip", c.TransferMaxConnsPerIP, "open bulk transfer connections from one remote IP address at most")
+	fs.Var(&c.TransferMaxHeaderBytes, "transfer-max-header-bytes", "largest bulk transfer request header (at most 1MiB, the protocol's limit; 4096 items with 100-byte tokens need about 600KiB)")
+	fs.IntVar(&c.TransferMaxItems, "transfer-max-items-in-flight", c.TransferMaxItems, "items of the bulk transfer requests served at once, over all connections (at least 4096, one full request); a request past it waits up to --transfer-io-timeout, then is refused with RESOURCE_EXHAUSTED LIMIT_EXCEEDED")
+	fs.DurationVar(&c.TransferIdleTimeout, "transfer-idle-timeout", c.TransferIdleTimeout, "close a bulk transfer connection that starts no request for this long")
+	fs.DurationVar(&c.TransferIOTimeout, "transfer-io-timeout", c.TransferIOTimeout, "cut a bulk transfer request whose peer takes longer than this to send its header, or any 4MiB of payload, or to take the answer (the minimum progress asked of a peer)")
+	fs.StringVar(&c.HostID, "host-id", c.HostID, "host this agent runs on; replicas of one object are spread across hosts")
+	fs.StringVar(&c.AgentID, "agent-id", c.AgentID, "stable agent id (default: host-id:port)")
+	fs.Var(&c.Memory, "memory", "memory to contribute (e.g. 4GiB); 0 for none")
+	fs.IntVar(&c.MemorySegments, "memory-segments", c.MemorySegments, "split --memory into this many segments")
+	fs.BoolVar(&c.Prefault, "prefault", c.Prefault, "touch every page of --memory at start, before registering, so puts never pay first-touch page faults (start-up takes longer, memory is committed at once)")
+	fs.StringVar(&c.DiskDir, "disk-dir", c.DiskDir, "directory of the disk segment (empty: no disk segment)")
+	fs.Var(&c.DiskSize, "disk-size", "size of the disk segment (e.g. 64GiB)")
+	fs.BoolVar(&c.VerifyDisk, "verify-disk", c.VerifyDisk, "on restart, read every sealed object of the disk segment and check its checksum before registering; corrupt objects are dropped (reported lost) instead of served (start-up reads the whole used part of the segment)")
+	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", c.ShutdownGrace, "after SIGTERM, keep serving reads this long after announcing the unmount")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "graceful gRPC stop limit before a hard stop")
+	fs.Var(&c.ReadChunk, "read-chunk", "DataService.Read chunk size when the client does not choose")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn, error")
+}
+
+// Validate reports every invalid field.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Master == "" {
+		errs = append(errs, errors.New("master must be set (the master's gRPC host:port)"))
+	}
+	if c.GRPCAddr == "" {
+		errs = append(errs, errors.New("grpc-addr must be set"))
+	}
+	if c.HostID == "" {
+		errs = append(errs, errors.New("host-id must be set (the host name is unknown)"))
+	}
+	if c.TransferAddr != "" && c.TransferAddr != TransferOff {
+		if _, _, err := net.SplitHostPort(c.TransferAddr); err != nil {
+			errs = append(errs, fmt.Errorf("transfer-addr %q: %w (or %q to disable)", c.TransferAddr, err, TransferOff))
+		}
+	}
+	if c.AdvertiseTransferAddr != "" {
+		if c.TransferAddr == TransferOff {
+			errs = append(errs, errors.New("advertise-transfer-addr is set but transfer-addr is off"))
+		} else if _, _, err := net.SplitHostPort(c.AdvertiseTransferAddr); err != nil {
+			errs = append(errs, fmt.Errorf("advertise-transfer-addr %q: %w", c.AdvertiseTransferAddr, err))
+		}
+	}
+	if c.MemorySegments < 1 {
+		errs = append(errs, fmt.Errorf("memory-segments must be >= 1, got %d", c.MemorySegments))
+	}
+	if c.Memory > 0 && uint64(c.Memory)/uint64(max(c.MemorySegments, 1)) < 1<<20 {
+		errs = append(errs, fmt.Errorf("each memory segment must be at least 1MiB (memory %s over %d segments)", c.Memory.String(), c.MemorySegments))
+	}
+	switch {
+	case c.DiskDir != "" && c.DiskSize < 1<<20:
+		errs = append(errs, fmt.Errorf("disk-size must be at least 1MiB with disk-dir, got %s", c.DiskSize.String()))
+	case c.DiskDir == "" && c.DiskSize > 0:
+		errs = append(errs, errors.New("disk-size needs disk-dir"))
+	}
+	if c.Memory == 0 && c.DiskDir == "" {
+		errs = append(errs, errors.New("nothing to contribute: set memory or disk-dir"))
+	}
+	if c.ShutdownGrace < 0 || c.ShutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("shutdown-grace must be >= 0 and shutdown-timeout > 0, got %v and %v", c.ShutdownGrace, c.ShutdownTimeout))
+	}
+	if c.ReadChunk < 4<<10 || c.ReadChunk > dataplane.MaxChunkSize {
+		errs = append(errs, fmt.Errorf("read-chunk must be within [4KiB, 64MiB], got %s", c.ReadChunk.String()))
+	}
+	if c.TransferMaxConns < 1 || c.TransferMaxConnsPerIP < 1 || c.TransferMaxConnsPerIP > c.TransferMaxConns {
+		errs = append(errs, fmt.Errorf("transfer-max-connections-per-ip must be within [1, transfer-max-connections], got %d and %d", c.TransferMaxConnsPerIP, c.TransferMaxConns))
+	}
+	if c.TransferMaxHeaderBytes < 4<<10 || c.TransferMaxHeaderBytes > xfer.MaxHeaderBytes {
+		errs = append(errs, fmt.Errorf("transfer-max-header-bytes must be within [4KiB, 1MiB], got %s", c.TransferMaxHeaderBytes.String()))
+	}
+	if c.TransferMaxItems < xfer.MaxItems {
+		errs = append(errs, fmt.Errorf("transfer-max-items-in-flight must be at least %d (one full request), got %d", xfer.MaxItems, c.TransferMaxItems))
+	}
+	if c.TransferIdleTimeout <= 0 || c.TransferIOTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("transfer-idle-timeout and transfer-io-timeout must be > 0, got %v and %v", c.TransferIdleTimeout, c.TransferIOTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+// TransferOff as --transfer-addr disables the bulk transfer listener.
+const TransferOff = "off"

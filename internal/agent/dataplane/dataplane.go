@@ -1,0 +1,385 @@
+// Package dataplane serves DataService: clients write the bytes of RESERVED
+// allocations and read SEALED ones, each call carrying a token the master
+// signed (internal/token) with the key it last sent this agent in Settings.
+//
+// The hot path copies as little as it can: a Write copies each received
+// message's data straight into the segment (memory: the mapping; disk:
+// pwrite), a Read of a memory segment sends slices of the mapping itself (the
+// only copy is gRPC's encoding into the transport), a Read of a disk segment
+// preads into one buffer reused for the whole stream. Nothing buffers a whole
+// object: streams move chunks of at most ChunkSize.
+//
+// The same Server also speaks the bulk transfer protocol (internal/xfer) on a
+// listener of its own (ServeTransfer, transfer.go): the same tokens, checks
+// and metrics, without gRPC's framing, so payloads move between the socket
+// and a memory segment's mapping with no user-space copy.
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/token"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/status"
+)
+
+// Defaults for Config.
+const (
+	DefaultChunkSize = 1 << 20
+	// MaxChunkSize bounds a client's ReadRequest.chunk_size: well under the
+	// 256 MiB message limit of internal/server.
+	MaxChunkSize = 64 << 20
+	// MaxBatchReadBytes bounds the data of one BatchRead response.
+	MaxBatchReadBytes = 192 << 20
+)
+
+// Config tunes the data plane.
+type Config struct {
+	// ChunkSize is the Read chunk when the client does not choose one.
+	ChunkSize int
+	// Transfer tunes the bulk transfer listener (ServeTransfer).
+	Transfer TransferConfig
+}
+
+// Keyring holds a token.Verifier for the key from the master's latest
+// Settings.
+type Keyring struct {
+	v atomic.Pointer[token.Verifier]
+}
+
+// Set installs a new key (nil or empty clears it: an empty HMAC key would
+// let anyone forge tokens). The Verifier keeps its own copy of key.
+func (k *Keyring) Set(key []byte) {
+	if len(key) == 0 {
+		k.v.Store(nil)
+		return
+	}
+	k.v.Store(token.NewVerifier(key))
+}
+
+// verifier returns the current key's Verifier, or nil before the first
+// Settings.
+func (k *Keyring) verifier() *token.Verifier { return k.v.Load() }
+
+// Deps are the data plane's collaborators.
+type Deps struct {
+	Segments *segment.Set
+	Keys     *Keyring
+	// Registerer receives the data plane metrics; nil skips them.
+	Registerer prometheus.Registerer
+	// Now is the clock for token expiry; nil means time.Now.
+	Now func() time.Time
+}
+
+// Server implements agentv1.DataServiceServer.
+type Server struct {
+	agentv1.UnimplementedDataServiceServer
+
+	cfg  Config
+	segs *segment.Set
+	keys *Keyring
+	now  func() time.Time
+	lg   *slog.Logger
+
+	bytesIn, bytesOut prometheus.Counter
+	errs              *prometheus.CounterVec
+	// Bulk transfer listener: open connections and requests in progress.
+	xferConns, xferBusy prometheus.Gauge
+	// Bulk transfer connections refused at accept, by the limit reached.
+	xferRefused *prometheus.CounterVec
+	// Items of the bulk transfer requests being served.
+	xferItems prometheus.Gauge
+}
+
+// New builds the server; it does no I/O.
+func New(cfg Config, deps Deps, lg *slog.Logger) *Server {
+	if cfg.ChunkSize <= 0 {
+		cfg.ChunkSize = DefaultChunkSize
+	}
+	cfg.ChunkSize = min(cfg.ChunkSize, MaxChunkSize)
+	cfg.Transfer = cfg.Transfer.withDefaults()
+	s := &Server{
+		cfg: cfg, segs: deps.Segments, keys: deps.Keys, now: deps.Now, lg: lg,
+		bytesIn:   prometheus.NewCounter(prometheus.CounterOpts{Name: "crescent_agent_data_bytes_in_total", Help: "Object bytes written into segments by DataService and the bulk transfer listener."}),
+		bytesOut:  prometheus.NewCounter(prometheus.CounterOpts{Name: "crescent_agent_data_bytes_out_total", Help: "Object bytes read out of segments by DataService and the bulk transfer listener."}),
+		errs:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "crescent_agent_data_errors_total", Help: "DataService operations refused, by method and reason."}, []string{"method", "reason"}),
+		xferConns: prometheus.NewGauge(prometheus.GaugeOpts{Name: "crescent_agent_transfer_connections", Help: "Open connections of the bulk transfer listener."}),
+		xferBusy:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "crescent_agent_transfer_requests_in_flight", Help: "Bulk transfer requests being served."}),
+		xferRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "crescent_agent_transfer_connections_refused_total",
+			Help: "Bulk transfer connections refused at accept, by limit (max_connections, max_connections_per_ip)."}, []string{"limit"}),
+		xferItems: prometheus.NewGauge(prometheus.GaugeOpts{Name: "crescent_agent_transfer_items_in_flight", Help: "Items of the bulk transfer requests being served (bounded by --transfer-max-items-in-flight)."}),
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.keys == nil {
+		s.keys = &Keyring{}
+	}
+	if deps.Registerer != nil {
+		deps.Registerer.MustRegister(s.bytesIn, s.bytesOut, s.errs, s.xferConns, s.xferBusy, s.xferRefused, s.xferItems)
+	}
+	return s
+}
+
+func errInvalid(format string, args ...any) error {
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, format, args...)
+}
+
+func errToken(format string, args ...any) error {
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_TOKEN, format, args...)
+}
+
+// open checks the token, then opens the allocation for mode.
+func (s *Server) open(segID string, allocID uint64, tok []byte, mode token.Mode) (*segment.Handle, error) {
+	seg, err := s.check(segID, allocID, tok, mode, s.now())
+	if err != nil {
+		return nil, err
+	}
+	if mode == token.Write {
+		return seg.OpenWrite(allocID)
+	}
+	return seg.OpenRead(allocID)
+}
+
+// openWriteTo is open for writing into h (segment.OpenWriteTo), with the
+// token checked at now.
+func (s *Server) openWriteTo(h *segment.Handle, segID string, allocID uint64, tok []byte, now time.Time) error {
+	seg, err := s.check(segID, allocID, tok, token.Write, now)
+	if err != nil {
+		return err
+	}
+	return seg.OpenWriteTo(h, allocID)
+}
+
+// check verifies that tok allows mode on the allocation at now and returns
+// its segment.
+func (s *Server) check(segID string, allocID uint64, tok []byte, mode token.Mode, now time.Time) (*segment.Segment, error) {
+	v := s.keys.verifier()
+	if v == nil {
+		return nil, errToken("agent has no token key yet (not registered with a master)")
+	}
+	if len(tok) == 0 {
+		return nil, errToken("missing token")
+	}
+	if err := v.Verify(tok, mode, segID, allocID, now); err != nil {
+		switch {
+		case errors.Is(err, token.ErrExpired):
+			return nil, errToken("token expired")
+		case errors.Is(err, token.ErrMismatch):
+			return nil, errToken("token is not a %s token for allocation %d of segment %s", modeName(mode), allocID, segID)
+		default:
+			return nil, errToken("token rejected: %v", err)
+		}
+	}
+	seg, ok := s.segs.Get(segID)
+	if !ok {
+		return nil, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "no segment %q at this agent", segID)
+	}
+	return seg, nil
+}
+
+func modeName(m token.Mode) string {
+	if m == token.Write {
+		return "write"
+	}
+	return "read"
+}
+
+func (s *Server) fail(method string, err error) error {
+	s.errs.WithLabelValues(method, rpcerr.Reason(err)).Inc()
+	return rpcerr.Status(err)
+}
+
+// Write streams bytes into a RESERVED allocation. Each message is bounds
+// checked whole, then its data is copied from the received buffers into the
+// segment (with the data plane codec, straight from the transport's buffers).
+func (s *Server) Write(stream agentv1.DataService_WriteServer) error {
+	msg := newWriteMsg()
+	defer msg.free()
+	err := stream.RecvMsg(msg)
+	if errors.Is(err, io.EOF) {
+		return s.fail("write", errInvalid("empty write stream: the first message must carry a header"))
+	}
+	if err != nil {
+		return err
+	}
+	hdr := msg.hdr()
+	if hdr == nil {
+		return s.fail("write", errInvalid("the first write message must carry a header"))
+	}
+	h, err := s.open(hdr.GetSegmentId(), hdr.GetAllocationId(), hdr.GetToken(), token.Write)
+	if err != nil {
+		return s.fail("write", err)
+	}
+	defer h.Close()
+	off, written := hdr.GetOffset(), uint64(0)
+	for {
+		n := uint64(msg.dataLen())
+		if err := h.CheckBounds(off, n); err != nil {
+			return s.fail("write", err)
+		}
+		for _, p := range msg.dataPieces() {
+			if err := h.WriteAt(p, off); err != nil {
+				return s.fail("write", err)
+			}
+			off += uint64(len(p))
+		}
+		written += n
+		s.bytesIn.Add(float64(n))
+		msg.free()
+		err = stream.RecvMsg(msg)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+	}
+	// Close before answering: a Seal that follows the client's return must
+	// not find this write still open.
+	h.Close()
+	return stream.SendAndClose(&agentv1.WriteResponse{BytesWritten: written})
+}
+
+// Read streams a SEALED allocation (or a range of it) in chunks. Chunks of a
+// memory segment alias the mapping; the allocation stays pinned until the
+// transport has sent them.
+func (s *Server) Read(req *agentv1.ReadRequest, stream agentv1.DataService_ReadServer) error {
+	h, err := s.open(req.GetSegmentId(), req.GetAllocationId(), req.GetToken(), token.Read)
+	if err != nil {
+		return s.fail("read", err)
+	}
+	p := newPin(h.Close)
+	defer p.done()
+	size, off, length := h.Size(), req.GetOffset(), req.GetLength()
+	if off > size {
+		return s.fail("read", rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_OUT_OF_BOUNDS, "offset %d is past the end of the %d-byte object", off, size))
+	}
+	if length == 0 {
+		length = size - off
+	}
+	if length > size-off {
+		return s.fail("read", rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_OUT_OF_BOUNDS, "bytes [%d, %d) lie outside the %d-byte object", off, off+length, size))
+	}
+	chunk := uint64(s.cfg.ChunkSize)
+	if c := req.GetChunkSize(); c != 0 {
+		chunk = uint64(min(int(c), MaxChunkSize))
+	}
+	var buf []byte // disk segments: one buffer for the whole stream
+	for sent, first := uint64(0), true; first || sent < length; first = false {
+		if err := stream.Context().Err(); err != nil {
+			return status.FromContextError(err).Err()
+		}
+		n := min(chunk, length-sent)
+		data, err := h.Bytes(off+sent, n)
+		if err != nil {
+			return s.fail("read", err)
+		}
+		rc := &readChunk{ReadResponse: &agentv1.ReadResponse{}}
+		if data != nil {
+			rc.pin = p
+		} else if n > 0 {
+			// Disk: the standard marshalling copies, so buf is reusable.
+			if uint64(cap(buf)) < n {
+				buf = make([]byte, n)
+			}
+			data = buf[:n]
+			if err := h.ReadAt(data, off+sent); err != nil {
+				return s.fail("read", err)
+			}
+		}
+		rc.Data = data
+		if first {
+			rc.ObjectSize, rc.Checksum = size, h.Checksum()
+		}
+		if err := stream.SendMsg(rc); err != nil {
+			return err
+		}
+		s.bytesOut.Add(float64(n))
+		sent += n
+	}
+	return nil
+}
+
+func itemResult(err error) *agentv1.ItemResult {
+	st := rpcerr.Item(err)
+	return &agentv1.ItemResult{Code: st.GetCode(), Reason: st.GetReason(), Message: st.GetMessage()}
+}
+
+// BatchWrite writes many small objects, each whole into its allocation.
+func (s *Server) BatchWrite(ctx context.Context, req *agentv1.BatchWriteRequest) (*agentv1.BatchWriteResponse, error) {
+	out := &agentv1.BatchWriteResponse{Results: make([]*agentv1.ItemResult, len(req.GetItems()))}
+	for i, it := range req.GetItems() {
+		err := ctx.Err()
+		if err == nil {
+			err = s.writeItem(it)
+		}
+		if err != nil {
+			s.errs.WithLabelValues("batch_write", rpcerr.Reason(err)).Inc()
+		}
+		out.Results[i] = itemResult(err)
+	}
+	return out, nil
+}
+
+func (s *Server) writeItem(it *agentv1.BatchWriteItem) error {
+	h, err := s.open(it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), token.Write)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	if err := h.WriteAt(it.GetData(), 0); err != nil {
+		return err
+	}
+	s.bytesIn.Add(float64(len(it.GetData())))
+	return nil
+}
+
+// BatchRead reads many small SEALED objects whole.
+func (s *Server) BatchRead(ctx context.Context, req *agentv1.BatchReadRequest) (*agentv1.BatchReadResponse, error) {
+	out := &agentv1.BatchReadResponse{Results: make([]*agentv1.BatchReadResult, len(req.GetItems()))}
+	var total uint64
+	for i, it := range req.GetItems() {
+		err := ctx.Err()
+		var r *agentv1.BatchReadResult
+		if err == nil {
+			r, err = s.readItem(it, &total)
+		}
+		if err != nil {
+			s.errs.WithLabelValues("batch_read", rpcerr.Reason(err)).Inc()
+			r = &agentv1.BatchReadResult{}
+		}
+		r.Status = itemResult(err)
+		out.Results[i] = r
+	}
+	return out, nil
+}
+
+func (s *Server) readItem(it *agentv1.BatchReadItem, total *uint64) (*agentv1.BatchReadResult, error) {
+	h, err := s.open(it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), token.Read)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	if *total+h.Size() > MaxBatchReadBytes {
+		return nil, errInvalid("batch response would exceed %d bytes; read allocation %d with Read", MaxBatchReadBytes, it.GetAllocationId())
+	}
+	// The response is encoded after the handler returns, when the handle is
+	// closed and the extent may be reused: copy.
+	data := make([]byte, h.Size())
+	if err := h.ReadAt(data, 0); err != nil {
+		return nil, err
+	}
+	*total += h.Size()
+	s.bytesOut.Add(float64(len(data)))
+	return &agentv1.BatchReadResult{Data: data, Checksum: h.Checksum()}, nil
+}

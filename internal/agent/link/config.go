@@ -1,0 +1,132 @@
+package link
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+)
+
+// Config tunes the link. Zero fields take the defaults of DefaultConfig.
+type Config struct {
+	// MasterAddr is the master's gRPC address (host:port or a gRPC target).
+	MasterAddr string
+	AgentID    string
+	HostID     string
+	// DataEndpoint is host:port of this agent's DataService as clients dial it.
+	DataEndpoint string
+	// TransferEndpoint is host:port of this agent's bulk transfer listener
+	// (internal/xfer) as clients dial it; empty when it is off.
+	TransferEndpoint string
+	Version          string
+
+	// BackoffBase and BackoffMax bound the reconnect delay; each failed
+	// attempt doubles it, with jitter; a session that registered resets it.
+	BackoffBase time.Duration
+	BackoffMax  time.Duration
+	// SettingsTimeout bounds the wait for Settings after Register.
+	SettingsTimeout time.Duration
+	// ShutdownGrace is announced in Deregister and is how long the agent
+	// keeps serving after the shutdown signal.
+	ShutdownGrace time.Duration
+	// CloseTimeout bounds the wait for the master to end the stream after
+	// the agent closed its send side.
+	CloseTimeout time.Duration
+	// MaxInFlight bounds the commands handled concurrently.
+	MaxInFlight int
+	// SendQueue is the capacity of the outgoing queue.
+	SendQueue int
+	// ReservedGrace is used until Settings carry one.
+	ReservedGrace time.Duration
+	// KeepaliveTime and KeepaliveTimeout detect a dead master connection
+	// (a blackholed network never errors a Recv on its own).
+	KeepaliveTime    time.Duration
+	KeepaliveTimeout time.Duration
+	// CopyChunk is the message size of a Copy to another agent.
+	CopyChunk int
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{
+		BackoffBase:      250 * time.Millisecond,
+		BackoffMax:       5 * time.Second,
+		SettingsTimeout:  10 * time.Second,
+		ShutdownGrace:    5 * time.Second,
+		CloseTimeout:     2 * time.Second,
+		MaxInFlight:      16,
+		SendQueue:        256,
+		ReservedGrace:    60 * time.Second,
+		KeepaliveTime:    10 * time.Second,
+		KeepaliveTimeout: 5 * time.Second,
+		CopyChunk:        1 << 20,
+	}
+}
+
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	dur := func(v *time.Duration, def time.Duration) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	dur(&c.BackoffBase, d.BackoffBase)
+	dur(&c.BackoffMax, d.BackoffMax)
+	dur(&c.SettingsTimeout, d.SettingsTimeout)
+	dur(&c.CloseTimeout, d.CloseTimeout)
+	dur(&c.ReservedGrace, d.ReservedGrace)
+	dur(&c.KeepaliveTime, d.KeepaliveTime)
+	dur(&c.KeepaliveTimeout, d.KeepaliveTimeout)
+	if c.ShutdownGrace < 0 {
+		c.ShutdownGrace = 0
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = d.MaxInFlight
+	}
+	if c.SendQueue <= 0 {
+		c.SendQueue = d.SendQueue
+	}
+	if c.CopyChunk <= 0 {
+		c.CopyChunk = d.CopyChunk
+	}
+	return c
+}
+
+// Validate reports every invalid field.
+func (c Config) Validate() error {
+	var errs []error
+	if c.MasterAddr == "" {
+		errs = append(errs, errors.New("master address is required"))
+	}
+	if c.AgentID == "" {
+		errs = append(errs, errors.New("agent id is required"))
+	}
+	if c.DataEndpoint == "" {
+		errs = append(errs, errors.New("data endpoint is required"))
+	}
+	if c.BackoffMax < c.BackoffBase {
+		errs = append(errs, fmt.Errorf("backoff max %v is below backoff base %v", c.BackoffMax, c.BackoffBase))
+	}
+	return errors.Join(errs...)
+}
+
+// Deps are the link's collaborators.
+type Deps struct {
+	Segments *segment.Set
+	// OnSettings is called with every Settings the master sends (the data
+	// plane takes its token key from it). It must not block.
+	OnSettings func(*masterv1.Settings)
+	// MasterDialOptions are added to the master connection's options
+	// (tests dial bufconn). Insecure credentials unless overridden.
+	MasterDialOptions []grpc.DialOption
+	// CopyDialOptions are added to connections to other agents for Copy.
+	CopyDialOptions []grpc.DialOption
+	// Registerer receives the link metrics; nil skips them.
+	Registerer prometheus.Registerer
+	// Now is the clock for allocation times; nil means time.Now.
+	Now func() time.Time
+}

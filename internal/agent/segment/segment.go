@@ -1,0 +1,439 @@
+// Package segment holds an agent's segments: ranges of real memory (anonymous
+// mmap) or of a preallocated disk file, each with its offset allocator and
+// its allocation table. The table is the agent's authoritative record of
+// which bytes exist: allocation id → (tenant, key, replica id, size, state
+// RESERVED|SEALED, checksum, group, pins, times). Reserve, Release and Seal
+// from the master apply to it; the data plane reads and writes through
+// Handles that keep an allocation's extent alive while bytes move, so a
+// concurrent Release never frees memory that is being copied.
+//
+// A disk segment also journals its SEALED allocations next to the data file,
+// so an agent restarted on the same directory mounts the same segment id with
+// its sealed objects intact. RESERVED allocations are never persisted: they
+// are gone after a restart, and the master's Reconcile and put timeouts deal
+// with the replicas that pointed at them. Before a reopened disk segment is
+// registered, VerifySealed checks every sealed object's bytes against its
+// checksum and drops the ones that went bad while the agent was down, so
+// they are reported lost rather than served.
+package segment
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/agent/alloc"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+)
+
+// backing is where a segment's bytes live.
+type backing interface {
+	readAt(p []byte, off uint64) error
+	writeAt(p []byte, off uint64) error
+	// slice returns the bytes [off, off+n) in place, or nil when the
+	// backing is not addressable memory.
+	slice(off, n uint64) []byte
+	// hash returns the xxhash64 of [off, off+n).
+	hash(off, n uint64) (uint64, error)
+	// sync makes written bytes durable (a no-op for memory).
+	sync() error
+	close() error
+}
+
+// entry is one row of the allocation table.
+type entry struct {
+	id       uint64
+	offset   uint64
+	size     uint64       // object bytes
+	ext      alloc.Extent // allocated bytes (size rounded up to the alignment)
+	state    masterv1.AllocationState
+	tenant   string
+	key      string
+	replica  uint32
+	checksum uint64
+	group    string
+	hardPin  bool
+	softPin  int64 // unix ms
+	created  int64 // unix ms
+	sealed   int64 // unix ms
+
+	// Runtime only, guarded by Segment.mu.
+	writers  int  // open write handles
+	readers  int  // open read handles
+	sealing  bool // a Seal is hashing the bytes; no writes
+	released bool // removed from the table; extent freed when refs reach 0
+}
+
+func (e *entry) proto(segID string) *masterv1.Allocation {
+	return &masterv1.Allocation{
+		SegmentId: segID, AllocationId: e.id, Offset: e.offset, Size: e.size, State: e.state,
+		Tenant: e.tenant, Key: e.key, ReplicaId: e.replica, Checksum: e.checksum, GroupId: e.group,
+		HardPin: e.hardPin, SoftPinUntilUnixMs: e.softPin, CreatedUnixMs: e.created, SealedUnixMs: e.sealed,
+	}
+}
+
+// Segment is one mounted segment.
+type Segment struct {
+	id     string
+	name   string
+	medium masterv1.Medium
+	store  backing
+	jrn    *journal // disk segments only
+
+	// mu guards every field below. Lock order: Segment.mu → journal.mu.
+	// No blocking I/O under mu except journal appends (page-cache writes)
+	// and the rare journal compaction.
+	mu     sync.Mutex
+	alloc  *alloc.Allocator
+	table  table
+	nextID uint64
+	refs   int // open handles of any allocation, released ones included
+	closed bool
+	// corrupt holds the ids VerifySealed dropped because their bytes did
+	// not match their sealed checksum: opening one answers DATA_LOSS
+	// CHECKSUM_MISMATCH instead of ALLOCATION_NOT_FOUND. Bounded by the
+	// sealed allocations at the reopen; ids are never reused.
+	corrupt map[uint64]struct{}
+}
+
+func newSegment(id, name string, medium masterv1.Medium, store backing, a *alloc.Allocator) *Segment {
+	return &Segment{id: id, name: name, medium: medium, store: store, alloc: a, table: newTable(), nextID: 1}
+}
+
+// ID is the segment's UUID.
+func (s *Segment) ID() string { return s.id }
+
+// Name is a human-readable name ("mem-0", or the disk directory).
+func (s *Segment) Name() string { return s.name }
+
+// Medium is memory or disk.
+func (s *Segment) Medium() masterv1.Medium { return s.medium }
+
+// Info describes the segment with its current usage.
+func (s *Segment) Info() *masterv1.SegmentInfo {
+	s.mu.Lock()
+	st := s.alloc.Stats()
+	s.mu.Unlock()
+	return &masterv1.SegmentInfo{
+		SegmentId: s.id, Medium: s.medium, Capacity: st.Capacity, Used: st.Used,
+		LargestFreeExtent: st.LargestFree, Alignment: st.Alignment, Name: s.name,
+	}
+}
+
+// Stats returns the allocator accounting and the number of allocations per
+// state.
+func (s *Segment) Stats() (alloc.Stats, int, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var reserved, sealed int
+	for e := range s.table.all() {
+		if e.state == masterv1.AllocationState_ALLOCATION_STATE_SEALED {
+			sealed++
+		} else {
+			reserved++
+		}
+	}
+	return s.alloc.Stats(), reserved, sealed
+}
+
+// Table returns a copy of the allocation table.
+func (s *Segment) Table() []*masterv1.Allocation {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*masterv1.Allocation, 0, s.table.len())
+	for e := range s.table.all() {
+		out = append(out, e.proto(s.id))
+	}
+	return out
+}
+
+// Lookup returns one allocation.
+func (s *Segment) Lookup(id uint64) (*masterv1.Allocation, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.table.get(id)
+	if !ok {
+		return nil, false
+	}
+	return e.proto(s.id), true
+}
+
+// Errors of this package carry their wire code and reason.
+func errNotFound(seg string, id uint64) error {
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_ALLOCATION_NOT_FOUND, "no allocation %d in segment %s", id, seg)
+}
+
+func errState(format string, args ...any) error {
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_ALLOCATION_STATE, format, args...)
+}
+
+var errClosed = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE, "segment is closed")
+
+// Reserve allocates space for one replica and records it RESERVED.
+func (s *Segment) Reserve(it *masterv1.ReserveItem, now time.Time) (*masterv1.Allocation, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, err := s.reserveLocked(it, now.UnixMilli())
+	if err != nil {
+		return nil, err
+	}
+	return e.proto(s.id), nil
+}
+
+// reserveLocked is Reserve; it returns the new table entry.
+func (s *Segment) reserveLocked(it *masterv1.ReserveItem, nowMs int64) (*entry, error) {
+	if s.closed {
+		return nil, errClosed
+	}
+	// An empty object still gets one aligned unit so it has an identity.
+	ext, err := s.alloc.Allocate(max(it.GetSize(), 1))
+	if err != nil {
+		if errors.Is(err, alloc.ErrNoSpace) {
+			st := s.alloc.Stats()
+			return nil, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_NO_AVAILABLE_HANDLE,
+				"segment %s cannot hold %d bytes (free %d, largest free extent %d)", s.id, it.GetSize(), st.Free, st.LargestFree)
+		}
+		return nil, rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, err, "reserve %d bytes", it.GetSize())
+	}
+	if err := s.takeIDLocked(); err != nil {
+		_ = s.alloc.Free(ext)
+		return nil, err
+	}
+	e := &entry{
+		id: s.nextID, offset: ext.Offset, size: it.GetSize(), ext: ext,
+		state:  masterv1.AllocationState_ALLOCATION_STATE_RESERVED,
+		tenant: it.GetTenant(), key: it.GetKey(), replica: it.GetReplicaId(), group: it.GetGroupId(),
+		hardPin: it.GetHardPin(), softPin: it.GetSoftPinUntilUnixMs(), created: nowMs,
+	}
+	s.nextID++
+	s.table.put(e)
+	return e, nil
+}
+
+// takeIDLocked makes sure s.nextID may be handed out: disk segments journal
+// a high-water mark ahead of use so ids are never reused across restarts
+// (a master may still name a RESERVED allocation that a restart dropped).
+func (s *Segment) takeIDLocked() error {
+	if s.jrn == nil {
+		return nil
+	}
+	return s.jrn.ensureID(s.nextID)
+}
+
+// Release frees an allocation. Unknown ids are a no-op. Bytes being read or
+// written through open handles stay valid until those handles close.
+func (s *Segment) Release(id uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errClosed
+	}
+	e, ok := s.table.get(id)
+	if !ok {
+		return nil
+	}
+	if s.jrn != nil && e.state == masterv1.AllocationState_ALLOCATION_STATE_SEALED {
+		// Journal the release before the extent can be reused, so a later
+		// seal of the same extent always follows it in the journal.
+		if err := s.jrn.appendRelease(id); err != nil {
+			return rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, err, "journal release of %d", id)
+		}
+	}
+	s.table.del(id)
+	e.released = true
+	s.freeIfIdleLocked(e)
+	return nil
+}
+
+func (s *Segment) freeIfIdleLocked(e *entry) {
+	if e.released && e.readers == 0 && e.writers == 0 && !e.sealing {
+		// The allocator is the authority; a failure here is a bug.
+		_ = s.alloc.Free(e.ext)
+	}
+}
+
+// SealArg is one allocation to seal.
+type SealArg struct {
+	ID       uint64
+	Checksum uint64
+	// SoftPinUntilMs, when non-zero, replaces the soft pin expiry.
+	SoftPinUntilMs int64
+}
+
+// Seal verifies each allocation's bytes against its checksum and marks the
+// matching ones SEALED; for a disk segment it makes the bytes and the table
+// durable (one fsync of each for the whole batch) before it returns. A
+// mismatch answers DATA_LOSS CHECKSUM_MISMATCH and leaves the allocation
+// RESERVED. Sealing an allocation already sealed with the same checksum is OK
+// (the master may retry). Results are in args order.
+func (s *Segment) Seal(args []SealArg, now time.Time) []error {
+	errs := make([]error, len(args))
+	type job struct {
+		i int
+		e *entry
+	}
+	jobs := make([]job, 0, len(args))
+	s.mu.Lock()
+	for i, a := range args {
+		e, ok := s.table.get(a.ID)
+		switch {
+		case s.closed:
+			errs[i] = errClosed
+		case !ok:
+			errs[i] = errNotFound(s.id, a.ID)
+		case e.state == masterv1.AllocationState_ALLOCATION_STATE_SEALED:
+			if e.checksum != a.Checksum {
+				errs[i] = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH,
+					"allocation %d is sealed with checksum %#x, not %#x", a.ID, e.checksum, a.Checksum)
+			}
+		case e.sealing:
+			errs[i] = errState("allocation %d is being sealed", a.ID)
+		case e.writers > 0:
+			errs[i] = errState("allocation %d has a write in progress", a.ID)
+		default:
+			e.sealing = true
+			jobs = append(jobs, job{i, e})
+		}
+	}
+	s.mu.Unlock()
+	if len(jobs) == 0 {
+		return errs
+	}
+
+	// Hash outside the lock: writes are refused while sealing is set.
+	ok := make([]bool, len(jobs))
+	anyOK := false
+	for k, j := range jobs {
+		sum, err := s.store.hash(j.e.offset, j.e.size)
+		switch {
+		case err != nil:
+			errs[j.i] = rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, err, "hash allocation %d", j.e.id)
+		case sum != args[j.i].Checksum:
+			errs[j.i] = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH,
+				"allocation %d holds bytes with checksum %#x, want %#x", j.e.id, sum, args[j.i].Checksum)
+		default:
+			ok[k], anyOK = true, true
+		}
+	}
+	var durErr error
+	if anyOK && s.jrn != nil {
+		durErr = s.store.sync()
+	}
+
+	s.mu.Lock()
+	for k, j := range jobs {
+		e := j.e
+		e.sealing = false
+		if !ok[k] || durErr != nil {
+			if ok[k] {
+				errs[j.i] = rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, durErr, "sync segment data")
+			}
+			s.freeIfIdleLocked(e)
+			continue
+		}
+		if e.released {
+			// Released while hashing: the master no longer wants it.
+			errs[j.i] = errNotFound(s.id, e.id)
+			s.freeIfIdleLocked(e)
+			continue
+		}
+		e.state = masterv1.AllocationState_ALLOCATION_STATE_SEALED
+		e.checksum = args[j.i].Checksum
+		e.sealed = now.UnixMilli()
+		if p := args[j.i].SoftPinUntilMs; p != 0 {
+			e.softPin = p
+		}
+		if s.jrn != nil {
+			if err := s.jrn.appendSeal(e); err != nil {
+				e.state = masterv1.AllocationState_ALLOCATION_STATE_RESERVED
+				e.checksum, e.sealed = 0, 0
+				errs[j.i] = rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, err, "journal seal of %d", e.id)
+			}
+		}
+	}
+	s.mu.Unlock()
+	if anyOK && s.jrn != nil && durErr == nil {
+		if err := s.jrn.sync(); err != nil {
+			for k, j := range jobs {
+				if ok[k] && errs[j.i] == nil {
+					errs[j.i] = rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, err, "sync journal")
+				}
+			}
+		}
+		s.maybeCompact()
+	}
+	return errs
+}
+
+// SyncJournal makes journaled releases durable (seals sync themselves).
+func (s *Segment) SyncJournal() error {
+	if s.jrn == nil {
+		return nil
+	}
+	return s.jrn.sync()
+}
+
+func (s *Segment) maybeCompact() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || !s.jrn.needsCompaction(s.table.len()) {
+		return
+	}
+	// Best effort: a failed compaction leaves the old journal in place.
+	_ = s.jrn.compact(s.sealedLocked(), s.nextID)
+}
+
+func (s *Segment) sealedLocked() []*entry {
+	out := make([]*entry, 0, s.table.len())
+	for e := range s.table.all() {
+		if e.state == masterv1.AllocationState_ALLOCATION_STATE_SEALED {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// ExpireReserved releases RESERVED allocations created before cutoff that
+// nobody is writing or sealing, and returns their ids.
+func (s *Segment) ExpireReserved(cutoff time.Time) []uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var expired []*entry
+	for e := range s.table.all() {
+		if e.state == masterv1.AllocationState_ALLOCATION_STATE_RESERVED && !e.sealing && e.writers == 0 && e.created < cutoff.UnixMilli() {
+			expired = append(expired, e)
+		}
+	}
+	out := make([]uint64, len(expired))
+	for i, e := range expired {
+		s.table.del(e.id)
+		e.released = true
+		s.freeIfIdleLocked(e)
+		out[i] = e.id
+	}
+	return out
+}
+
+// Close unmounts the segment: new operations fail; the backing is unmapped
+// or closed once the last open handle closes. It is idempotent.
+func (s *Segment) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	var err error
+	if s.jrn != nil {
+		err = s.jrn.close()
+	}
+	if s.refs == 0 {
+		err = errors.Join(err, s.store.close())
+	}
+	if err != nil {
+		return fmt.Errorf("close segment %s: %w", s.id, err)
+	}
+	return nil
+}

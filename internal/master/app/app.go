@@ -1,0 +1,331 @@
+// Package app wires the master: configuration, the metadata core, the agent
+// sessions and segment registry, and the gRPC services on one port.
+package app
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/config"
+	"github.com/crescent-kv/crescent/internal/master/adminsvc"
+	"github.com/crescent-kv/crescent/internal/master/changesvc"
+	"github.com/crescent-kv/crescent/internal/master/cluster"
+	"github.com/crescent-kv/crescent/internal/master/meta"
+	"github.com/crescent-kv/crescent/internal/master/objectsvc"
+	"github.com/crescent-kv/crescent/internal/master/registry"
+	"github.com/crescent-kv/crescent/internal/master/session"
+	"github.com/crescent-kv/crescent/internal/obs"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/server"
+	"github.com/crescent-kv/crescent/internal/token"
+	"google.golang.org/grpc"
+)
+
+// Config is the master's configuration. Flag names are YAML keys; each flag
+// is also read from CRESCENT_<FLAG>.
+type Config struct {
+	GRPCAddr        string
+	AdminAddr       string
+	LogLevel        string
+	MasterID        string
+	ShutdownTimeout time.Duration
+
+	HeartbeatInterval time.Duration
+	SuspectAfter      time.Duration
+	UnmountAfter      time.Duration
+	ReservedGrace     time.Duration
+	AgentTimeout      time.Duration
+
+	LeaseTTL           time.Duration
+	PutTimeout         time.Duration
+	ChangelogRetention int
+	HighWatermark      float64
+	LowWatermark       float64
+
+	// MaxObjectSize is the largest object a PutStart may ask for; 0 means
+	// the largest registered segment. Never above meta.MaxObjectSizeCap.
+	MaxObjectSize config.ByteSize
+
+	// Table and scan limits (issue 11): tenants held at once, segments one
+	// agent may register, keys one RemoveByPrefix/Regex call examines,
+	// Snapshot streams served at once.
+	MaxTenants          int
+	MaxSegmentsPerAgent int
+	ScanBudget          int
+	MaxSnapshots        int
+
+	// RecoveryGrace is how long after start ChangeService refuses with
+	// MASTER_RECOVERING: a restarted master starts empty and rebuilds its
+	// objects as agents re-register, and a gateway that resynced in that
+	// window would publish `removed` for objects that are about to come
+	// back, then `stored` again.
+	RecoveryGrace time.Duration
+
+	// GCPercent is the Go GC target (debug.SetGCPercent). The master's heap
+	// is mostly long-lived metadata and short-lived RPC garbage; collecting
+	// at 100 % growth spends a third of the CPU of a batch get in the GC.
+	// Bound memory with GOMEMLIMIT instead.
+	GCPercent int
+}
+
+// DefaultConfig returns the defaults of ARCHITECTURE.md.
+func DefaultConfig() Config {
+	return Config{
+		GRPCAddr:           ":50051",
+		AdminAddr:          ":9003",
+		LogLevel:           "info",
+		ShutdownTimeout:    10 * time.Second,
+		HeartbeatInterval:  time.Second,
+		SuspectAfter:       3 * time.Second,
+		UnmountAfter:       30 * time.Second,
+		ReservedGrace:      60 * time.Second,
+		AgentTimeout:       5 * time.Second,
+		LeaseTTL:           10 * time.Second,
+		PutTimeout:         30 * time.Second,
+		ChangelogRetention: 1 << 20,
+		HighWatermark:      0.90,
+		LowWatermark:       0.80,
+		GCPercent:          400,
+		RecoveryGrace:      3 * time.Second,
+
+		MaxTenants:          1 << 16,
+		MaxSegmentsPerAgent: session.DefaultMaxSegmentsPerAgent,
+		ScanBudget:          meta.DefaultScanBudget,
+		MaxSnapshots:        changesvc.DefaultMaxSnapshots,
+	}
+}
+
+// RegisterFlags binds every field to fs with its current value as default.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.GRPCAddr, "grpc-addr", c.GRPCAddr, "gRPC listen address (ObjectService, ChangeService, AdminService, SegmentService)")
+	fs.StringVar(&c.AdminAddr, "admin-addr", c.AdminAddr, "admin HTTP listen address (/healthz, /readyz, /metrics)")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn, error")
+	fs.StringVar(&c.MasterID, "master-id", c.MasterID, "name of this master (default: the gRPC address)")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "graceful shutdown limit before a hard stop")
+	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", c.HeartbeatInterval, "how often agents heartbeat")
+	fs.DurationVar(&c.SuspectAfter, "suspect-after", c.SuspectAfter, "missed heartbeats for this long mark an agent's segments SUSPECTED")
+	fs.DurationVar(&c.UnmountAfter, "unmount-after", c.UnmountAfter, "missed heartbeats for this long unmount an agent's segments and remove their replicas")
+	fs.DurationVar(&c.ReservedGrace, "reserved-grace", c.ReservedGrace, "agents free RESERVED allocations nobody sealed after this long")
+	fs.DurationVar(&c.AgentTimeout, "agent-timeout", c.AgentTimeout, "timeout of one reserve/seal/release request to an agent")
+	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "read lease granted by GetReplicaList and Exist")
+	fs.DurationVar(&c.PutTimeout, "put-timeout", c.PutTimeout, "a PutStart not ended within this is expired (its reservations released, its quota refunded) and may be preempted; below reserved-grace")
+	fs.Var(&c.MaxObjectSize, "max-object-size", "largest object a PutStart may ask for (e.g. 1GiB), larger ones fail with OBJECT_TOO_LARGE; 0 = the largest registered segment; at most 64GiB")
+	fs.IntVar(&c.MaxTenants, "max-tenants", c.MaxTenants, "tenants held at once (those with objects or a quota); a new one beyond this fails with LIMIT_EXCEEDED")
+	fs.IntVar(&c.MaxSegmentsPerAgent, "max-segments-per-agent", c.MaxSegmentsPerAgent, "segments one agent may register or mount; more are refused with LIMIT_EXCEEDED")
+	fs.IntVar(&c.ScanBudget, "scan-budget", c.ScanBudget, "keys one RemoveByPrefix/RemoveByRegex call examines before it returns a page token")
+	fs.IntVar(&c.MaxSnapshots, "max-snapshots", c.MaxSnapshots, "ChangeService Snapshot streams served at once; more fail with LIMIT_EXCEEDED")
+	fs.IntVar(&c.ChangelogRetention, "changelog-retention", c.ChangelogRetention, "change records retained for Watch resumption")
+	fs.Float64Var(&c.HighWatermark, "high-watermark", c.HighWatermark, "segment use fraction that starts eviction")
+	fs.Float64Var(&c.LowWatermark, "low-watermark", c.LowWatermark, "segment use fraction eviction stops at")
+	fs.DurationVar(&c.RecoveryGrace, "recovery-grace", c.RecoveryGrace, "after start, ChangeService waits this long for agents to re-register before serving (0 disables)")
+	fs.IntVar(&c.GCPercent, "gc-percent", c.GCPercent, "Go GC target percentage (GOGC); bound memory with the GOMEMLIMIT environment variable")
+}
+
+// Validate reports every invalid field.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.GRPCAddr == "" {
+		errs = append(errs, errors.New("grpc-addr must be set"))
+	}
+	pos := map[string]time.Duration{
+		"heartbeat-interval": c.HeartbeatInterval, "suspect-after": c.SuspectAfter, "unmount-after": c.UnmountAfter,
+		"reserved-grace": c.ReservedGrace, "agent-timeout": c.AgentTimeout, "lease-ttl": c.LeaseTTL, "put-timeout": c.PutTimeout,
+		"shutdown-timeout": c.ShutdownTimeout,
+	}
+	for name, d := range pos {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be > 0, got %v", name, d))
+		}
+	}
+	if c.SuspectAfter <= c.HeartbeatInterval {
+		errs = append(errs, fmt.Errorf("suspect-after (%v) must exceed heartbeat-interval (%v)", c.SuspectAfter, c.HeartbeatInterval))
+	}
+	if c.UnmountAfter <= c.SuspectAfter {
+		errs = append(errs, fmt.Errorf("unmount-after (%v) must exceed suspect-after (%v)", c.UnmountAfter, c.SuspectAfter))
+	}
+	if c.PutTimeout >= c.ReservedGrace {
+		// The master must release an abandoned put's reservations (and
+		// refund its quota) before agents reclaim them on their own.
+		errs = append(errs, fmt.Errorf("put-timeout (%v) must be below reserved-grace (%v)", c.PutTimeout, c.ReservedGrace))
+	}
+	if c.MaxObjectSize > meta.MaxObjectSizeCap {
+		errs = append(errs, fmt.Errorf("max-object-size (%d) must be at most %d (64GiB)", uint64(c.MaxObjectSize), uint64(meta.MaxObjectSizeCap)))
+	}
+	if c.MaxTenants < 1 || c.MaxTenants > meta.MaxTenantsLimit {
+		errs = append(errs, fmt.Errorf("max-tenants must be 1..%d, got %d", meta.MaxTenantsLimit, c.MaxTenants))
+	}
+	for name, v := range map[string]int{"max-segments-per-agent": c.MaxSegmentsPerAgent, "scan-budget": c.ScanBudget, "max-snapshots": c.MaxSnapshots} {
+		if v < 1 {
+			errs = append(errs, fmt.Errorf("%s must be >= 1, got %d", name, v))
+		}
+	}
+	if c.RecoveryGrace < 0 {
+		errs = append(errs, fmt.Errorf("recovery-grace must be >= 0, got %v", c.RecoveryGrace))
+	}
+	if c.GCPercent < 25 {
+		errs = append(errs, fmt.Errorf("gc-percent must be >= 25, got %d", c.GCPercent))
+	}
+	if c.ChangelogRetention < 1024 {
+		errs = append(errs, fmt.Errorf("changelog-retention must be >= 1024, got %d", c.ChangelogRetention))
+	}
+	if !(c.LowWatermark > 0 && c.LowWatermark < c.HighWatermark && c.HighWatermark <= 1) {
+		errs = append(errs, fmt.Errorf("want 0 < low-watermark (%v) < high-watermark (%v) <= 1", c.LowWatermark, c.HighWatermark))
+	}
+	return errors.Join(errs...)
+}
+
+// Master is a wired master: the metadata store, the segment registry and
+// agent sessions, and the gRPC services, on one server.
+type Master struct {
+	cfg      Config
+	lg       *slog.Logger
+	Server   *server.Server
+	Store    *meta.Store
+	Sessions *session.Manager
+	Registry *registry.Registry
+	Identity cluster.Identity
+
+	rec *recovery
+}
+
+// New builds the master. It does no I/O and starts nothing. opts are added
+// to the gRPC server's options (tests install interceptors).
+func New(cfg Config, lg *slog.Logger, opts ...grpc.ServerOption) (*Master, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	reg := obs.NewRegistry()
+	id := cluster.Identity{
+		MasterID: cfg.MasterID,
+		// A fresh epoch per process lifetime: agents fence older masters'
+		// commands by it and the change log's revisions restart under it.
+		Epoch:    uint64(time.Now().UnixNano()),
+		TokenKey: token.NewKey(),
+	}
+	if id.MasterID == "" {
+		id.MasterID = cfg.GRPCAddr
+	}
+	segReg, err := registry.New(registry.Config{}, registry.Deps{Metrics: reg}, lg.With("part", "registry"))
+	if err != nil {
+		return nil, err
+	}
+	sessions, err := session.New(session.Config{
+		HeartbeatInterval: cfg.HeartbeatInterval,
+		SuspectAfter:      cfg.SuspectAfter,
+		UnmountAfter:      cfg.UnmountAfter,
+		ReservedGrace:     cfg.ReservedGrace,
+		RequestTimeout:    cfg.AgentTimeout,
+
+		MaxSegmentsPerAgent: cfg.MaxSegmentsPerAgent,
+	}, session.Deps{Identity: id, Registry: segReg, Metrics: reg}, lg.With("part", "sessions"))
+	if err != nil {
+		return nil, err
+	}
+	store, err := meta.New(meta.Config{
+		LeaseTTL:        cfg.LeaseTTL,
+		PutPreemptAfter: cfg.PutTimeout,
+		MaxObjectSize:   uint64(cfg.MaxObjectSize),
+		HighWatermark:   cfg.HighWatermark,
+		LowWatermark:    cfg.LowWatermark,
+		ChangeRetention: cfg.ChangelogRetention,
+		MaxTenants:      cfg.MaxTenants,
+		ScanBudget:      cfg.ScanBudget,
+	}, meta.Deps{Registry: segReg, Agents: sessions, Identity: id, Metrics: reg}, lg.With("part", "meta"))
+	if err != nil {
+		return nil, err
+	}
+	// The sessions call back into the metadata on registration; the
+	// metadata needs the sessions to reach agents. Close the cycle before
+	// anything runs.
+	sessions.SetMetadata(store)
+	admin, err := adminsvc.New(adminsvc.Deps{Identity: id, Registry: segReg, Meta: store}, lg.With("part", "admin"))
+	if err != nil {
+		return nil, err
+	}
+	rec := &recovery{}
+	srv := server.New(server.Config{GRPCAddr: cfg.GRPCAddr, AdminAddr: cfg.AdminAddr, ShutdownTimeout: cfg.ShutdownTimeout}, lg, reg,
+		append([]grpc.ServerOption{grpc.ChainStreamInterceptor(rec.streamInterceptor)}, opts...)...)
+	objectsvc.New(objectsvc.Config{}, store).Register(srv.GRPC)
+	changesvc.New(changesvc.Config{MaxSnapshots: cfg.MaxSnapshots}, store).Register(srv.GRPC)
+	masterv1.RegisterAdminServiceServer(srv.GRPC, admin)
+	masterv1.RegisterSegmentServiceServer(srv.GRPC, sessions)
+	return &Master{cfg: cfg, lg: lg, Server: srv, Store: store, Sessions: sessions, Registry: segReg, Identity: id, rec: rec}, nil
+}
+
+// recovery gates ChangeService for RecoveryGrace after Run starts.
+type recovery struct {
+	until atomic.Int64 // Unix ns; 0 before Run
+}
+
+func (r *recovery) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if strings.HasPrefix(info.FullMethod, "/"+masterv1.ChangeService_ServiceDesc.ServiceName+"/") {
+		if left := time.Until(time.Unix(0, r.until.Load())); left > 0 {
+			return rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_MASTER_RECOVERING,
+				"master started moments ago; agents are re-registering (retry in %v)", left.Round(time.Millisecond)))
+		}
+	}
+	return handler(srv, ss)
+}
+
+// Run serves until ctx ends, then stops the server (which ends the agent
+// sessions), the sessions and the store.
+func (m *Master) Run(ctx context.Context) error {
+	if err := m.Server.Listen(); err != nil {
+		return err
+	}
+	debug.SetGCPercent(m.cfg.GCPercent)
+	m.rec.until.Store(time.Now().Add(m.cfg.RecoveryGrace).UnixNano())
+	m.lg.Info("master starting", "master_id", m.Identity.MasterID, "epoch", m.Identity.Epoch, "grpc", m.Server.GRPCAddr())
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errc := make(chan error, 3)
+	for name, run := range map[string]func(context.Context) error{"store": m.Store.Run, "sessions": m.Sessions.Run} {
+		wg.Go(func() {
+			if err := run(ctx); err != nil && ctx.Err() == nil {
+				errc <- fmt.Errorf("%s: %w", name, err)
+				cancel()
+			}
+		})
+	}
+	// Agent Connect streams never end on their own, so GracefulStop would
+	// wait them out until its hard-stop timer. End the sessions first, then
+	// stop the server.
+	srvCtx, srvCancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer srvCancel()
+	go func() {
+		<-ctx.Done()
+		_ = m.Sessions.Close()
+		srvCancel()
+	}()
+	err := m.Server.Run(srvCtx)
+	cancel()
+	wg.Wait()
+	_ = m.Sessions.Close()
+	_ = m.Store.Close()
+	if err == nil {
+		select {
+		case err = <-errc:
+		default:
+		}
+	}
+	return err
+}
+
+// Run builds the master and serves until ctx ends.
+func Run(ctx context.Context, cfg Config, lg *slog.Logger) error {
+	m, err := New(cfg, lg)
+	if err != nil {
+		return err
+	}
+	return m.Run(ctx)
+}

@@ -1,0 +1,293 @@
+package meta
+
+import (
+	"context"
+	"sync"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/master/changelog"
+)
+
+// mut is the one mutation path. A task opens one on a shard it has locked,
+// applies primitive events to that shard's objects, and commits before it
+// unlocks. Everything else — change records, per-segment accounting, tenant
+// usage, releases owed to agents — is derived here from the events, so no
+// caller writes side effects of its own.
+type mut struct {
+	s     *Store
+	sh    *shard
+	nowMs int64
+	recs  []changelog.Record
+	// rel collects allocations to release at agents after unlock.
+	rel *releases
+	// relink holds objects whose access clock touchLater set, out of the
+	// shard's recency list until commit places them all in one merge.
+	relink []*object
+}
+
+// mutPool recycles mutation sessions (and their record buffers).
+var mutPool = sync.Pool{New: func() any { return &mut{} }}
+
+func (s *Store) begin(sh *shard, rel *releases) *mut {
+	m := mutPool.Get().(*mut)
+	m.s, m.sh, m.nowMs, m.rel = s, sh, s.nowMs(), rel
+	return m
+}
+
+// commit appends the derived change records and ends the session (m must
+// not be used afterwards). Call it before unlocking the shard so that
+// revision order matches state order.
+func (m *mut) commit() {
+	if len(m.relink) > 0 {
+		m.sh.relinkLocked(m.relink)
+		clear(m.relink)
+		m.relink = m.relink[:0]
+	}
+	if len(m.recs) > 0 {
+		m.s.log.Append(m.recs)
+		m.s.changes.Add(float64(len(m.recs)))
+		clear(m.recs)
+		m.recs = m.recs[:0]
+	}
+	m.s, m.sh, m.rel = nil, nil, nil
+	mutPool.Put(m)
+}
+
+func (m *mut) record(typ changelog.Type, o *object, medium uint8) {
+	r := changelog.Record{
+		Type:   typ,
+		Tenant: m.s.tenants.get(o.tenant).name,
+		Key:    o.key,
+		Medium: masterv1.Medium(medium),
+		TimeMs: m.nowMs,
+	}
+	if typ == changelog.Stored {
+		r.Group = o.group
+	}
+	m.recs = append(m.recs, r)
+}
+
+// touchLater sets o's access clock like shard.touchLocked, but leaves
+// placing o in the recency list to commit, which places every object so
+// touched in one merge. For clocks that arrive in no particular order
+// (Reconcile adopting sealed times), where placing them one by one would
+// walk the list once each.
+func (m *mut) touchLater(o *object, ms int64) {
+	o.accessMs = ms
+	if m.sh.linkedLocked(o) {
+		m.sh.unlinkLocked(o)
+		m.relink = append(m.relink, o)
+	}
+}
+
+// ---- tenant events ----
+
+// newObject creates an object in the shard, charging its tenant (the
+// object-created tenant event). force skips the quota check (adoption of
+// bytes that already exist).
+func (m *mut) newObject(tenant uint32, key string, size uint64, force bool) (*object, error) {
+	if err := m.s.tenants.get(tenant).charge(int64(size), 1, force); err != nil {
+		return nil, err
+	}
+	o := &object{key: key, tenant: tenant, size: size, nextRID: 1}
+	m.sh.insertLocked(o)
+	return o, nil
+}
+
+// dropIfEmpty erases an object that has no replicas left and refunds its
+// tenant (the object-erased tenant event), retiring the tenant when that
+// left it idle. It reports whether it did.
+func (m *mut) dropIfEmpty(o *object) bool {
+	if len(o.replicas) > 0 {
+		return false
+	}
+	m.sh.deleteLocked(o)
+	if t := m.s.tenants.get(o.tenant); t.refund(o.size) && t.pins.Load() == 0 {
+		m.s.tenants.retire(t) // its last object: an idle tenant leaves the table
+	}
+	// Cleared so that a put phase holding o (putItem.obj, endItem.obj)
+	// sees it gone without a lookup.
+	m.sh.endPutLocked(o)
+	return true
+}
+
+// ---- replica events ----
+
+// create is REPLICA_CREATE: a PROCESSING replica on segment seg.
+func (m *mut) create(o *object, seg uint32, medium uint8, pending bool, allocID uint64) uint32 {
+	// Ids come from a store-wide counter (kept monotonic per object), so a
+	// stale task's (tenant, key, replica id) never matches a replica of a
+	// later incarnation of the same key.
+	id := max(o.nextRID, m.s.ridSeq.Add(1))
+	o.nextRID = id + 1
+	o.replicas = append(o.replicas, replica{allocID: allocID, seg: seg, id: id, status: stProcessing, medium: medium, pending: pending})
+	e := m.s.segs.get(seg)
+	e.placed.Add(int64(o.size))
+	e.replicas.Add(1)
+	m.s.reserved.Inc()
+	return id
+}
+
+// adopt is REPLICA_CREATE followed by REPLICA_COMPLETE for a replica whose
+// bytes are already sealed at an agent (Reconcile).
+func (m *mut) adopt(o *object, seg uint32, medium uint8, allocID, offset uint64, id uint32) {
+	if id == 0 || o.replicaIndex(id) >= 0 {
+		id = o.nextRID
+	}
+	if id >= o.nextRID {
+		o.nextRID = id + 1
+	}
+	o.replicas = append(o.replicas, replica{allocID: allocID, offset: offset, seg: seg, id: id, status: stProcessing, medium: medium})
+	e := m.s.segs.get(seg)
+	e.placed.Add(int64(o.size))
+	e.replicas.Add(1)
+	m.complete(o, len(o.replicas)-1)
+}
+
+// complete is REPLICA_COMPLETE. The first COMPLETE replica on a medium
+// records `stored`.
+func (m *mut) complete(o *object, i int) {
+	r := &o.replicas[i]
+	if r.status != stProcessing {
+		return
+	}
+	if !o.hasCompleteOn(r.medium, i) {
+		m.record(changelog.Stored, o, r.medium)
+	}
+	r.status = stComplete
+}
+
+// fail is REPLICA_FAILED (the caller removes the replica next).
+func (m *mut) fail(o *object, i int) {
+	if o.replicas[i].status == stProcessing {
+		o.replicas[i].status = stFailed
+	}
+}
+
+// remove is REPLICA_REMOVE: the replica leaves the object; when it was the
+// last COMPLETE one on its medium, `removed` is recorded. With release, its
+// allocation is owed back to its agent (sent after unlock).
+func (m *mut) remove(o *object, i int, release bool) {
+	r := o.replicas[i]
+	if r.status == stComplete && !o.hasCompleteOn(r.medium, i) {
+		m.record(changelog.Removed, o, r.medium)
+	}
+	e := m.s.segs.get(r.seg)
+	e.placed.Add(-int64(o.size))
+	e.replicas.Add(-1)
+	e.freedMs.Store(m.nowMs)
+	if release && !r.pending && m.rel != nil {
+		m.rel.add(r.seg, r.allocID)
+	}
+	last := len(o.replicas) - 1
+	copy(o.replicas[i:], o.replicas[i+1:])
+	o.replicas[last] = replica{}
+	o.replicas = o.replicas[:last]
+	if len(o.replicas) == 0 {
+		o.replicas = nil
+	}
+}
+
+// removeAll removes every replica of o (releasing them when release) and
+// erases it.
+func (m *mut) removeAll(o *object, release bool) {
+	for i := len(o.replicas) - 1; i >= 0; i-- {
+		m.remove(o, i, release)
+	}
+	m.dropIfEmpty(o)
+}
+
+// ---- releases owed to agents ----
+
+// releases collects allocations to free at agents once no shard lock is held.
+type releases struct {
+	mu    sync.Mutex
+	items map[uint32][]uint64 // segment index → allocation ids
+}
+
+func (r *releases) add(seg uint32, alloc uint64) {
+	r.mu.Lock()
+	if r.items == nil {
+		r.items = make(map[uint32][]uint64)
+	}
+	r.items[seg] = append(r.items[seg], alloc)
+	r.mu.Unlock()
+}
+
+// send releases the collected allocations, batched per agent and in
+// parallel across agents. Segments that are gone or whose agent cannot be
+// reached are skipped: the agent's own reconcile (or its unmount) frees
+// them. Must be called with no shard lock held.
+func (s *Store) sendReleases(ctx context.Context, r *releases) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	items := r.items
+	r.items = nil
+	r.mu.Unlock()
+	if len(items) == 0 {
+		return
+	}
+	per := make(map[string][]*masterv1.AllocationRef)
+	for seg, allocs := range items {
+		e := s.segs.get(seg)
+		sv, ok := s.reg.Segment(e.id)
+		if !ok || sv.Lifecycle == masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_UNMOUNTED {
+			continue // the segment is gone, and its allocations with it
+		}
+		if !sv.CanContinueCleanup() {
+			s.owe(seg, allocs)
+			continue
+		}
+		for _, a := range allocs {
+			per[sv.AgentID] = append(per[sv.AgentID], &masterv1.AllocationRef{SegmentId: e.id, AllocationId: a})
+		}
+	}
+	fanOut(per, func(agent string, refs []*masterv1.AllocationRef) {
+		if err := s.agents.Release(ctx, agent, refs); err != nil {
+			s.lg.Warn("release at agent failed; owed until the agent reconciles", "agent_id", agent, "allocations", len(refs), "err", err)
+			for _, r := range refs {
+				if idx, ok := s.segs.lookup(r.SegmentId); ok {
+					s.owe(idx, []uint64{r.AllocationId})
+				}
+			}
+		}
+	})
+}
+
+// owe remembers allocations whose release could not be delivered, so that
+// the agent's next Reconcile returns them for release instead of adopting
+// them back (which would resurrect removed objects).
+func (s *Store) owe(seg uint32, allocs []uint64) {
+	s.owedMu.Lock()
+	defer s.owedMu.Unlock()
+	for _, a := range allocs {
+		s.owed[allocKey{seg, a}] = struct{}{}
+	}
+}
+
+// takeOwed reports whether k was owed, forgetting it.
+func (s *Store) takeOwed(k allocKey) bool {
+	s.owedMu.Lock()
+	defer s.owedMu.Unlock()
+	_, ok := s.owed[k]
+	delete(s.owed, k)
+	return ok
+}
+
+// fanOut calls f once per key, concurrently when there are several, and
+// waits for all of them.
+func fanOut[T any](per map[string]T, f func(string, T)) {
+	if len(per) == 1 {
+		for k, v := range per {
+			f(k, v)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	for k, v := range per {
+		wg.Go(func() { f(k, v) })
+	}
+	wg.Wait()
+}

@@ -1,0 +1,220 @@
+package meta
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/master/cluster"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"pgregory.net/rapid"
+)
+
+// TestPropertyInvariants drives random sequences of put / get / remove /
+// upsert / remove-all / evict / revoke / segment loss / clock steps over a
+// few tenants and keys, and checks after every step that (a) the change
+// log applied to an empty set gives exactly the readable set, (b) quota
+// usage equals the sum of live object sizes, (c) no allocation is leaked
+// or double-released at the fake agents, (d) every shard's recency list
+// holds exactly its objects, in access order.
+func TestPropertyInvariants(t *testing.T) {
+	tenants := []string{"", "t1", "t2"}
+	keys := []string{"a", "b", "c", "d", "e", "f"}
+	rapid.Check(t, func(rt *rapid.T) {
+		e := newEnv(t, 3, 2, 4096, Config{Shards: 4})
+		f := &follower{set: map[rkey]bool{}}
+		ctx := t.Context()
+		nextSeg := 0
+		// open puts: (tenant,key) → client id
+		open := map[ObjectRef]string{}
+		pickRef := func(rt *rapid.T) ObjectRef {
+			return ObjectRef{Tenant: rapid.SampledFrom(tenants).Draw(rt, "tenant"), Key: rapid.SampledFrom(keys).Draw(rt, "key")}
+		}
+		spec := func(rt *rapid.T, r ObjectRef, upsert bool) PutSpec {
+			medium := masterv1.Medium_MEDIUM_MEMORY
+			return PutSpec{
+				Tenant: r.Tenant, Key: r.Key,
+				Size:       rapid.Uint64Range(1, 1500).Draw(rt, "size"),
+				ReplicaNum: rapid.IntRange(1, 3).Draw(rt, "replicas"),
+				Medium:     medium,
+				SoftPin:    rapid.Bool().Draw(rt, "softpin"),
+				HardPin:    rapid.IntRange(0, 9).Draw(rt, "hardpin") == 0,
+				ClientID:   "c",
+				Upsert:     upsert,
+			}
+		}
+		norm := func(r ObjectRef) ObjectRef { r.Tenant = NormalizeTenant(r.Tenant); return r }
+		rt.Repeat(map[string]func(*rapid.T){
+			"put": func(rt *rapid.T) {
+				r := pickRef(rt)
+				sp := spec(rt, r, rapid.Bool().Draw(rt, "upsert"))
+				if _, err := e.s.PutStart(ctx, sp); err != nil {
+					return
+				}
+				delete(open, norm(r))
+				if err := e.s.PutEnd(ctx, PutEndSpec{Tenant: r.Tenant, Key: r.Key, ClientID: "c", Checksum: sp.Size}); err != nil {
+					rt.Fatalf("PutEnd after PutStart: %v", err)
+				}
+			},
+			"putStartOnly": func(rt *rapid.T) {
+				r := pickRef(rt)
+				client := rapid.SampledFrom([]string{"c", "d"}).Draw(rt, "client")
+				sp := spec(rt, r, rapid.Bool().Draw(rt, "upsert"))
+				sp.ClientID = client
+				if _, err := e.s.PutStart(ctx, sp); err == nil {
+					open[norm(r)] = client
+				}
+			},
+			"putEndOpen": func(rt *rapid.T) {
+				r := norm(pickRef(rt))
+				client, ok := open[r]
+				if !ok {
+					return
+				}
+				err := e.s.PutEnd(ctx, PutEndSpec{Tenant: r.Tenant, Key: r.Key, ClientID: client, Checksum: 7})
+				if err == nil || rpcerr.Reason(err) == "PUT_EXPIRED" || rpcerr.Reason(err) == "OBJECT_NOT_FOUND" {
+					delete(open, r)
+				}
+			},
+			"revoke": func(rt *rapid.T) {
+				r := norm(pickRef(rt))
+				client, ok := open[r]
+				if !ok {
+					client = "c"
+				}
+				_ = e.s.PutRevoke(ctx, PutRevokeSpec{Tenant: r.Tenant, Key: r.Key, ClientID: client})
+				delete(open, r)
+			},
+			"batchPut": func(rt *rapid.T) {
+				n := rapid.IntRange(1, 6).Draw(rt, "n")
+				specs := make([]PutSpec, n)
+				for i := range specs {
+					specs[i] = spec(rt, pickRef(rt), rapid.Bool().Draw(rt, "upsert"))
+				}
+				res := e.s.BatchPutStart(ctx, specs)
+				var ends []PutEndSpec
+				for i, r := range res {
+					if r.Err == nil {
+						delete(open, norm(ObjectRef{specs[i].Tenant, specs[i].Key}))
+						ends = append(ends, PutEndSpec{Tenant: specs[i].Tenant, Key: specs[i].Key, ClientID: "c", Checksum: 1})
+					}
+				}
+				e.s.BatchPutEnd(ctx, ends)
+			},
+			"get": func(rt *rapid.T) {
+				r := pickRef(rt)
+				_, _ = e.s.Get(ctx, GetSpec{Tenant: r.Tenant, Key: r.Key})
+			},
+			"batchGet": func(rt *rapid.T) {
+				specs := []GetSpec{{Tenant: "t1", Key: "a"}, {Tenant: "", Key: "b"}, {Tenant: "t2", Key: "c"}}
+				e.s.BatchGet(ctx, specs)
+			},
+			"expirePuts": func(rt *rapid.T) {
+				// Puts older than the put timeout (30 s) are expired; their
+				// PutEnd (putEndOpen) then answers PUT_EXPIRED.
+				e.s.expirePuts(ctx)
+			},
+			"advance": func(rt *rapid.T) {
+				e.clk.Advance(time.Duration(rapid.IntRange(1, 40).Draw(rt, "secs")) * time.Second)
+			},
+			"stepBack": func(rt *rapid.T) {
+				// The clock steps backwards: reads and completions then
+				// carry clocks older than the recency lists' tails.
+				e.clk.Advance(-time.Duration(rapid.IntRange(1, 60).Draw(rt, "secs")) * time.Second)
+			},
+			"remove": func(rt *rapid.T) {
+				r := pickRef(rt)
+				_ = e.s.Remove(ctx, RemoveSpec{Tenant: r.Tenant, Key: r.Key, Force: rapid.Bool().Draw(rt, "force")})
+			},
+			"batchRemove": func(rt *rapid.T) {
+				specs := []RemoveSpec{{Tenant: "t1", Key: "a"}, {Tenant: "t1", Key: "b", Force: true}, {Tenant: "", Key: "a"}}
+				e.s.BatchRemove(ctx, specs)
+			},
+			"removeAll": func(rt *rapid.T) {
+				_, _, _ = e.s.RemoveAll(ctx, rapid.SampledFrom(tenants).Draw(rt, "tenant"), rapid.Bool().Draw(rt, "force"))
+			},
+			"removeByPrefix": func(rt *rapid.T) {
+				_, _, _, _ = e.s.RemoveByPrefix(ctx, rapid.SampledFrom(tenants).Draw(rt, "tenant"), rapid.SampledFrom(keys).Draw(rt, "prefix"), true, "")
+			},
+			"evict": func(rt *rapid.T) {
+				e.s.evictFor(ctx, masterv1.Medium_MEDIUM_MEMORY, rapid.Uint64Range(1, 4096).Draw(rt, "need"), rapid.Uint64Range(1, 1500).Draw(rt, "largest"))
+			},
+			"evictOverHigh": func(rt *rapid.T) {
+				e.s.evictOverHigh(ctx)
+			},
+			"loseSegment": func(rt *rapid.T) {
+				segs := e.c.Reg.Segments()
+				if len(segs) <= 3 {
+					return
+				}
+				sg := rapid.SampledFrom(segs).Draw(rt, "segment")
+				_ = e.c.Reg.SetLifecycle(sg.ID, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_UNMOUNTING)
+				e.s.DropSegments(ctx, []string{sg.ID})
+				e.c.Agents.Unmount(sg.ID)
+				_ = e.c.Reg.SetLifecycle(sg.ID, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_UNMOUNTED)
+				nextSeg++
+				e.c.Reg.Add(cluster.Segment{ID: fmt.Sprintf("new-%d", nextSeg), AgentID: sg.AgentID, HostID: sg.HostID, Capacity: 4096})
+			},
+			"drain": func(rt *rapid.T) {
+				var ok []cluster.Segment
+				for _, sg := range e.c.Reg.Segments() {
+					if sg.CanAllocate() {
+						ok = append(ok, sg)
+					}
+				}
+				if len(ok) <= 3 {
+					return
+				}
+				sg := rapid.SampledFrom(ok).Draw(rt, "segment")
+				if err := e.s.DrainSegment(ctx, sg.ID); err != nil {
+					rt.Fatalf("drain %s: %v", sg.ID, err)
+				}
+				// Only writes in progress may stay behind.
+				if n := completeOn(e.s, sg.ID); n != 0 {
+					rt.Fatalf("drained segment %s still holds %d COMPLETE replicas", sg.ID, n)
+				}
+				nextSeg++
+				e.c.Reg.Add(cluster.Segment{ID: fmt.Sprintf("new-%d", nextSeg), AgentID: sg.AgentID, HostID: sg.HostID, Capacity: 4096})
+			},
+			"agentBlip": func(rt *rapid.T) {
+				// An agent is unreachable during one removal-type operation,
+				// then reconnects and reconciles; it releases what the
+				// master hands back.
+				agent := fmt.Sprintf("agent-%d", rapid.IntRange(0, 2).Draw(rt, "agent"))
+				e.c.Agents.SetDown(agent, true)
+				r := pickRef(rt)
+				switch rapid.IntRange(0, 3).Draw(rt, "op") {
+				case 0:
+					_ = e.s.Remove(ctx, RemoveSpec{Tenant: r.Tenant, Key: r.Key, Force: true})
+				case 1:
+					_, _, _ = e.s.RemoveAll(ctx, r.Tenant, true)
+				case 2:
+					sp := spec(rt, r, true)
+					if _, err := e.s.PutStart(ctx, sp); err == nil {
+						delete(open, norm(r))
+						_ = e.s.PutEnd(ctx, PutEndSpec{Tenant: r.Tenant, Key: r.Key, ClientID: "c", Checksum: 3})
+					}
+				case 3:
+					e.s.evictFor(ctx, masterv1.Medium_MEDIUM_MEMORY, 2048, 1024)
+				}
+				e.c.Agents.SetDown(agent, false)
+				var segs []cluster.Segment
+				for _, sg := range e.c.Reg.Segments() {
+					if sg.AgentID == agent {
+						segs = append(segs, sg)
+					}
+				}
+				back := e.s.Reconcile(ctx, agent, segs, e.c.Agents.Table(agent))
+				if len(back) > 0 {
+					if err := e.c.Agents.Release(ctx, agent, back); err != nil {
+						rt.Fatalf("agent release: %v", err)
+					}
+				}
+			},
+			"": func(rt *rapid.T) {
+				checkInvariants(rt, e, f)
+			},
+		})
+	})
+}

@@ -1,0 +1,204 @@
+// Package meta is the master's object metadata: objects, their replicas,
+// placement, tenant quotas, leases and pins, eviction, and the change log
+// derived from them (ARCHITECTURE.md §3, §5, §6).
+//
+// Ownership is a tree: a shard owns its objects, an object owns its replicas,
+// a replica names one allocation at one segment by (segment index,
+// allocation id). Every state change goes through the mutation path in
+// mutation.go, which applies primitive replica events (REPLICA_CREATE,
+// REPLICA_COMPLETE, REPLICA_FAILED, REPLICA_REMOVE) plus tenant accounting,
+// and derives the change records, segment accounting and releases from
+// them. Put, Upsert, Remove, Evict, DropSegments, Reconcile and Drain only
+// decide which events to apply.
+//
+// Lock order: metadata shard → segment registry (cluster.Registry, in-memory
+// reads only) → tenant table (adding and retiring tenants) → tenant →
+// change log. A task locks one shard at a time, once
+// per batch. No agent I/O happens under a shard lock: work that must talk to
+// agents records its intent, unlocks, does the I/O, then re-locks and
+// re-looks-up by (tenant, key, put sequence / replica id).
+package meta
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/crescent-kv/crescent/internal/master/changelog"
+	"github.com/crescent-kv/crescent/internal/master/cluster"
+	"github.com/crescent-kv/crescent/internal/token"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// cluster.Metadata.
+type Store struct {
+	cfg    Config
+	reg    cluster.Registry
+	agents cluster.Agents
+	id     cluster.Identity
+	now    func() time.Time
+	lg     *slog.Logger
+
+	shards    []shard
+	shardMask uint64
+	segs      segTable
+	tenants   tenantTable
+	log       *changelog.Log
+	signer    *token.Signer
+	// leaseTTL is shared by every GetReplicaList answer (only read).
+	leaseTTL *durationpb.Duration
+	putSeq   atomic.Uint64
+	ridSeq   atomic.Uint32
+
+	// evictKick wakes Run's eviction check (capacity 1, never blocks).
+	evictKick chan struct{}
+	// evictMu serialises eviction runs.
+	evictMu  sync.Mutex
+	lastPass evictPassStats // guarded by evictMu
+
+	// undrains maps a segment id to its *atomic.Uint64 count of
+	// UndrainSegment calls; a running drain stops when it changes.
+	undrains sync.Map
+
+	// owedMu guards owed: releases that could not be delivered (leaf lock).
+	owedMu sync.Mutex
+	owed   map[allocKey]struct{}
+
+	closeOnce sync.Once
+	closed    chan struct{}
+
+	// expiredPuts remembers the puts the sweep expired lately, so that
+	// their PutEnd answers PUT_EXPIRED (see expire.go).
+	expiredPuts expiredSet
+
+	evicted  prometheus.Counter
+	changes  prometheus.Counter
+	reserved prometheus.Counter
+	expired  prometheus.Counter
+}
+
+var _ cluster.Metadata = (*Store)(nil)
+
+// New builds a Store. It does no I/O and starts nothing.
+func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if deps.Registry == nil || deps.Agents == nil {
+		return nil, errors.New("meta: Registry and Agents are required")
+	}
+	if len(deps.Identity.TokenKey) == 0 {
+		return nil, errors.New("meta: Identity.TokenKey is required")
+	}
+	if deps.Now == nil {
+		deps.Now = time.Now
+	}
+	if lg == nil {
+		lg = slog.New(slog.DiscardHandler)
+	}
+	s := &Store{
+		cfg:       cfg,
+		reg:       deps.Registry,
+		agents:    deps.Agents,
+		id:        deps.Identity,
+		now:       deps.Now,
+		lg:        lg,
+		shards:    make([]shard, cfg.Shards),
+		shardMask: uint64(cfg.Shards - 1),
+		log:       changelog.New(cfg.ChangeRetention, deps.Identity.Epoch),
+		signer:    token.NewSigner(deps.Identity.TokenKey),
+		leaseTTL:  durationpb.New(cfg.LeaseTTL),
+		evictKick: make(chan struct{}, 1),
+		closed:    make(chan struct{}),
+		owed:      make(map[allocKey]struct{}),
+		evicted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "crescent_master_evicted_objects_total", Help: "Objects evicted under segment pressure.",
+		}),
+		changes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "crescent_master_change_records_total", Help: "Change records appended to the change log.",
+		}),
+		reserved: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "crescent_master_replicas_created_total", Help: "Replicas created (REPLICA_CREATE events).",
+		}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "crescent_master_expired_puts_total", Help: "PutStarts expired for want of a PutEnd within the put timeout.",
+		}),
+	}
+	for i := range s.shards {
+		s.shards[i].tenants = make(map[uint32]map[string]*object)
+	}
+	s.segs.init()
+	s.tenants.init(cfg.MaxTenants)
+	if deps.Metrics != nil {
+		objects := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "crescent_master_objects", Help: "Objects held, including puts in progress.",
+		}, func() float64 { o, _, _ := s.Stats(); return float64(o) })
+		bytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "crescent_master_object_bytes", Help: "Logical bytes of objects held (once per object).",
+		}, func() float64 { _, b, _ := s.Stats(); return float64(b) })
+		rev := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "crescent_master_change_revision", Help: "Head revision of the change log.",
+		}, func() float64 { return float64(s.log.Head()) })
+		for _, c := range []prometheus.Collector{s.evicted, s.changes, s.reserved, s.expired, objects, bytes, rev} {
+			if err := deps.Metrics.Register(c); err != nil {
+				return nil, fmt.Errorf("meta: register metrics: %w", err)
+			}
+		}
+	}
+	return s, nil
+}
+
+// Log is the change log, for ChangeService.
+func (s *Store) Log() *changelog.Log { return s.log }
+
+// Epoch is the epoch of this master term.
+func (s *Store) Epoch() uint64 { return s.id.Epoch }
+
+// LeaseTTL is the read lease granted by Get and Exist.
+func (s *Store) LeaseTTL() time.Duration { return s.cfg.LeaseTTL }
+
+// Run runs the background work until ctx ends: the periodic and triggered
+// eviction check, and the sweep that expires puts past the put timeout
+// (on the store's clock, every PutSweepInterval). Leases and pins expire
+// lazily and need no loop.
+func (s *Store) Run(ctx context.Context) error {
+	t := time.NewTicker(s.cfg.EvictInterval)
+	defer t.Stop()
+	sweep := time.NewTicker(s.cfg.PutSweepInterval)
+	defer sweep.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.closed:
+			return nil
+		case <-sweep.C:
+			s.expirePuts(ctx)
+			continue
+		case <-t.C:
+		case <-s.evictKick:
+		}
+		s.evictOverHigh(ctx)
+	}
+}
+
+// Close stops Run. Idempotent.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() { close(s.closed) })
+	return nil
+}
+
+func (s *Store) kickEviction() {
+	select {
+	case s.evictKick <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Store) nowMs() int64 { return s.now().UnixMilli() }

@@ -1,0 +1,433 @@
+// Package session is the master's end of SegmentService.Connect: one session
+// per agent (a second Connect for the same agent_id replaces the first), the
+// registration handshake (Register in, Reconcile, Settings out), heartbeats,
+// the liveness monitor, graceful unmount, and the batched command channel
+// (Reserve, Seal, Release, Copy) the metadata uses through cluster.Agents.
+//
+// Per session exactly one goroutine (sendLoop) calls Send; the handshake and
+// the batcher enqueue on a bounded channel. Another goroutine (recvLoop) only
+// receives and hands messages to the handler goroutine, which owns the
+// session's protocol state. Concurrent calls for one agent are coalesced by
+// a per-session batcher into shared messages, several in flight, correlated
+// by request id; every call has its own timeout, so a slow or dead agent
+// never blocks another agent's traffic.
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/master/cluster"
+	"github.com/crescent-kv/crescent/internal/master/registry"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Deps are the Manager's collaborators.
+type Deps struct {
+	// Identity is this master's id, epoch and token key (sent in Settings
+	// and stamped on every command).
+	Identity cluster.Identity
+	// Registry is the segment registry the sessions drive. Liveness uses the
+	// registry's clock.
+	Registry *registry.Registry
+	// Metadata is reconciled on every registration and told to drop the
+	// replicas of unmounting segments. It may be nil at New and set with
+	// SetMetadata before serving, because the metadata needs the Manager
+	// (as cluster.Agents) to be built.
+	Metadata cluster.Metadata
+	// Metrics receives the session metrics; nil skips them.
+	Metrics prometheus.Registerer
+}
+
+// Causes that end a session; the handler returns them as its status.
+var (
+	errClosing  error = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_MASTER_SHUTTING_DOWN, "master is shutting down")
+	errReplaced error = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SESSION_REPLACED, "session replaced by a newer Connect for the same agent_id")
+	errLost     error = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, "agent unmounted: no heartbeat within unmount_after or graceful deadline passed")
+	errEnded          = errors.New("session ended")
+	errNotReady error = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_MASTER_RECOVERING, "master is starting: metadata not ready")
+)
+
+// Manager owns every agent session and implements
+// masterv1.SegmentServiceServer and cluster.Agents.
+type Manager struct {
+	masterv1.UnimplementedSegmentServiceServer
+
+	cfg  Config
+	id   cluster.Identity
+	reg  *registry.Registry
+	meta atomic.Pointer[metaRef]
+	lg   *slog.Logger
+	met  *metrics
+
+	// base is cancelled by Close; every session and Run derive from it.
+	base       context.Context
+	cancelBase context.CancelCauseFunc
+	closeOnce  sync.Once
+	// wg counts Connect handlers and every goroutine a session starts.
+	wg sync.WaitGroup
+
+	// mu guards sessions and closed. Lock order: segment registry → mu →
+	// session.mu; the registry is never called with mu held.
+	mu       sync.Mutex
+	sessions map[string]*session
+	closed   bool
+}
+
+var (
+	_ masterv1.SegmentServiceServer = (*Manager)(nil)
+	_ cluster.Agents                = (*Manager)(nil)
+)
+
+// New builds the manager. It does no I/O and starts nothing.
+func New(cfg Config, deps Deps, lg *slog.Logger) (*Manager, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("session config: %w", err)
+	}
+	if deps.Registry == nil {
+		return nil, errors.New("session: Registry is required")
+	}
+	met, err := newMetrics(deps.Metrics)
+	if err != nil {
+		return nil, err
+	}
+	base, cancel := context.WithCancelCause(context.Background())
+	m := &Manager{
+		cfg: cfg, id: deps.Identity, reg: deps.Registry, lg: lg, met: met,
+		base: base, cancelBase: cancel, sessions: map[string]*session{},
+	}
+	if deps.Metadata != nil {
+		m.SetMetadata(deps.Metadata)
+	}
+	return m, nil
+}
+
+type metaRef struct{ cluster.Metadata }
+
+// SetMetadata installs the metadata when it could not be given to New (it
+// needs this Manager as its cluster.Agents). Call it before serving
+// Connect and before Run; until then Connect answers UNAVAILABLE and
+// liveness passes are skipped.
+func (m *Manager) SetMetadata(md cluster.Metadata) {
+	if md != nil {
+		m.meta.Store(&metaRef{md})
+	}
+}
+
+func (m *Manager) metadata() cluster.Metadata {
+	if r := m.meta.Load(); r != nil {
+		return r.Metadata
+	}
+	return nil
+}
+
+// Config returns the effective configuration (defaults applied).
+func (m *Manager) Config() Config { return m.cfg }
+
+// Run runs the liveness monitor until ctx ends or Close is called. It
+// returns nil on a clean stop.
+func (m *Manager) Run(ctx context.Context) error {
+	t := time.NewTicker(m.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-m.base.Done():
+			return nil
+		case <-t.C:
+			m.sweep()
+		}
+	}
+}
+
+// sweep is one liveness pass: suspect, unmount (dropping replicas through
+// the metadata) and close the sessions of lost agents.
+func (m *Manager) sweep() {
+	if m.metadata() == nil {
+		return
+	}
+	x := m.reg.Expire(m.cfg.SuspectAfter, m.cfg.UnmountAfter)
+	for _, aid := range x.Lost {
+		m.lg.Warn("agent lost", "agent_id", aid, "unmount_after", m.cfg.UnmountAfter)
+		m.closeSession(aid, errLost)
+	}
+	if len(x.Unmounting) > 0 {
+		m.unmount(x.Unmounting)
+	}
+}
+
+// unmount drops the replicas of segments that just became UNMOUNTING, then
+// marks them UNMOUNTED. No lock of ours is held.
+func (m *Manager) unmount(ids []string) {
+	m.lg.Info("unmounting segments", "segment_ids", ids)
+	m.metadata().DropSegments(m.base, ids)
+	m.reg.MarkUnmounted(ids)
+}
+
+// Close ends every session and waits for their goroutines. It is idempotent.
+func (m *Manager) Close() error {
+	m.closeOnce.Do(func() {
+		m.mu.Lock()
+		m.closed = true
+		m.mu.Unlock()
+		m.cancelBase(errClosing)
+		m.wg.Wait()
+	})
+	return nil
+}
+
+// enter counts a new handler unless the manager is closed.
+func (m *Manager) enter() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return false
+	}
+	m.wg.Add(1)
+	return true
+}
+
+func (m *Manager) session(agentID string) *session {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.sessions[agentID]
+}
+
+// install makes s the agent's session, ending the one it replaces. It fails
+// when a newer registration already won.
+func (m *Manager) install(s *session) bool {
+	m.mu.Lock()
+	old := m.sessions[s.agentID]
+	if old != nil && old.gen > s.gen {
+		m.mu.Unlock()
+		return false
+	}
+	m.sessions[s.agentID] = s
+	n := len(m.sessions)
+	m.mu.Unlock()
+	if old != nil {
+		m.lg.Info("agent session replaced", "agent_id", s.agentID, "old_gen", old.gen, "new_gen", s.gen)
+		old.cancel(errReplaced)
+	}
+	m.met.sessions.Set(float64(n))
+	return true
+}
+
+// uninstall removes s if it is still the agent's session.
+func (m *Manager) uninstall(s *session) {
+	m.mu.Lock()
+	if m.sessions[s.agentID] == s {
+		delete(m.sessions, s.agentID)
+	}
+	n := len(m.sessions)
+	m.mu.Unlock()
+	m.met.sessions.Set(float64(n))
+}
+
+func (m *Manager) closeSession(agentID string, cause error) {
+	if s := m.session(agentID); s != nil {
+		s.cancel(cause)
+	}
+}
+
+// Connected reports whether the agent has a live session.
+func (m *Manager) Connected(agentID string) bool { return m.session(agentID) != nil }
+
+// Connect serves one agent stream (SegmentService.Connect).
+func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
+	if !m.enter() {
+		return errClosing
+	}
+	defer m.wg.Done()
+	if m.metadata() == nil {
+		return errNotReady
+	}
+	ctx, cancel := context.WithCancelCause(stream.Context())
+	defer cancel(errEnded)
+	stop := context.AfterFunc(m.base, func() { cancel(errClosing) })
+	defer stop()
+
+	recvc := make(chan *masterv1.ConnectRequest)
+	recvErr := make(chan error, 1)
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		recvLoop(ctx, stream, recvc, recvErr)
+	}()
+
+	first, err := m.awaitRegister(ctx, recvc, recvErr)
+	if err != nil {
+		return err
+	}
+	reg, err := validateRegister(first.GetRegister(), m.id.Epoch, m.cfg.MaxSegmentsPerAgent)
+	if err != nil {
+		m.met.registrations.WithLabelValues("rejected").Inc()
+		m.lg.Warn("agent registration rejected", "agent_id", first.GetRegister().GetAgentId(), "err", err)
+		return rpcerr.Status(err)
+	}
+	gen, gone, err := m.reg.Register(reg)
+	if err != nil {
+		m.met.registrations.WithLabelValues("rejected").Inc()
+		m.lg.Warn("agent registration rejected", "agent_id", reg.AgentID, "err", err)
+		return rpcerr.Status(err)
+	}
+	s := newSession(m, reg.AgentID, gen, ctx, cancel, stream)
+	if !m.install(s) {
+		return errReplaced
+	}
+	defer m.end(s)
+	m.wg.Add(2)
+	go s.sendLoop()
+	go s.batchLoop()
+
+	if len(gone) > 0 {
+		m.unmount(gone)
+	}
+	segs := make([]cluster.Segment, 0, len(reg.Segments))
+	for _, info := range reg.Segments {
+		if sg, ok := m.reg.Segment(info.GetSegmentId()); ok {
+			segs = append(segs, sg)
+		}
+	}
+	release := m.metadata().Reconcile(ctx, reg.AgentID, segs, first.GetRegister().GetAllocations())
+	settings := m.settings(release)
+	select {
+	case s.sendq <- &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Settings{Settings: settings}}:
+	case <-ctx.Done():
+		return causeStatus(ctx)
+	}
+	if _, ok := m.reg.Activate(reg.AgentID, gen); !ok {
+		return errReplaced
+	}
+	close(s.ready)
+	m.met.registrations.WithLabelValues("accepted").Inc()
+	m.lg.Info("agent registered", "agent_id", reg.AgentID, "host_id", reg.HostID, "data_endpoint", reg.DataEndpoint,
+		"gen", gen, "segments", len(reg.Segments), "allocations", len(first.GetRegister().GetAllocations()),
+		"released", len(release), "graceful", reg.Graceful)
+
+	for {
+		select {
+		case msg := <-recvc:
+			if err := s.handle(msg); err != nil {
+				m.lg.Warn("agent protocol error", "agent_id", s.agentID, "err", err)
+				return rpcerr.Status(err)
+			}
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) {
+				m.lg.Info("agent stream closed", "agent_id", s.agentID)
+				return nil
+			}
+			m.lg.Info("agent stream ended", "agent_id", s.agentID, "err", err)
+			return nil
+		case <-ctx.Done():
+			return causeStatus(ctx)
+		}
+	}
+}
+
+// awaitRegister waits for the stream's first message.
+func (m *Manager) awaitRegister(ctx context.Context, recvc <-chan *masterv1.ConnectRequest, recvErr <-chan error) (*masterv1.ConnectRequest, error) {
+	t := time.NewTimer(m.cfg.RegisterTimeout)
+	defer t.Stop()
+	select {
+	case msg := <-recvc:
+		if msg.GetRegister() == nil {
+			m.met.registrations.WithLabelValues("rejected").Inc()
+			return nil, rpcerr.Status(invalid("first message must be Register, got %s", msgName(msg)))
+		}
+		return msg, nil
+	case err := <-recvErr:
+		if errors.Is(err, io.EOF) {
+			return nil, invalid("stream closed before Register")
+		}
+		return nil, err
+	case <-t.C:
+		m.met.registrations.WithLabelValues("rejected").Inc()
+		return nil, rpcerr.Status(invalid("first message must be Register; none within %v", m.cfg.RegisterTimeout))
+	case <-ctx.Done():
+		return nil, causeStatus(ctx)
+	}
+}
+
+// end tears a session down after its handler decided to return: stops the
+// sender and batcher, fails requests in flight, and records the disconnect
+// (unmounting a gracefully stopping agent's segments at once).
+func (m *Manager) end(s *session) {
+	s.cancel(errEnded)
+	s.stopSend()
+	s.failPending(unavailable("session to agent %q ended", s.agentID))
+	m.uninstall(s)
+	if ids := m.reg.Disconnect(s.agentID, s.gen); len(ids) > 0 {
+		m.unmount(ids)
+	}
+}
+
+func (m *Manager) settings(release []*masterv1.AllocationRef) *masterv1.Settings {
+	return &masterv1.Settings{
+		Epoch:              m.id.Epoch,
+		HeartbeatInterval:  durationpb.New(m.cfg.HeartbeatInterval),
+		SuspectAfter:       durationpb.New(m.cfg.SuspectAfter),
+		UnmountAfter:       durationpb.New(m.cfg.UnmountAfter),
+		ReservedGrace:      durationpb.New(m.cfg.ReservedGrace),
+		TokenKey:           slices.Clone(m.id.TokenKey),
+		MasterId:           m.id.MasterID,
+		ReleaseAllocations: release,
+	}
+}
+
+func recvLoop(ctx context.Context, stream masterv1.SegmentService_ConnectServer, out chan<- *masterv1.ConnectRequest, errc chan<- error) {
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			errc <- err
+			return
+		}
+		select {
+		case out <- msg:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// causeStatus is the status a handler returns when its context ended.
+func causeStatus(ctx context.Context) error {
+	cause := context.Cause(ctx)
+	if _, ok := status.FromError(cause); ok {
+		return cause
+	}
+	return status.FromContextError(ctx.Err()).Err()
+}
+
+func invalid(format string, args ...any) *rpcerr.Error {
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, format, args...)
+}
+
+func unavailable(format string, args ...any) *rpcerr.Error {
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, format, args...)
+}
+
+// msgName names the oneof case a ConnectRequest carries ("heartbeat").
+func msgName(msg *masterv1.ConnectRequest) string {
+	pr := msg.ProtoReflect()
+	if fd := pr.WhichOneof(pr.Descriptor().Oneofs().ByName("msg")); fd != nil {
+		return string(fd.Name())
+	}
+	if len(pr.GetUnknown()) > 0 {
+		return "a message unknown to this master"
+	}
+	return "an empty message"
+}

@@ -1,0 +1,128 @@
+package session
+
+import (
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/master/registry"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+)
+
+// maxIDLen bounds agent, host and segment ids, endpoints and the agent's
+// version string (bytes); maxNameLen bounds a segment's name (a disk
+// segment's is its file path). The registry keeps all of them.
+const (
+	maxIDLen   = 256
+	maxNameLen = 4096
+)
+
+// maxSegmentCapacity bounds a segment's claimed capacity (1 PiB, far past
+// any host's memory or disk): the master sums capacities and free bytes
+// as int64, which a claim near 2^64 would turn negative.
+const maxSegmentCapacity = 1 << 50
+
+// DefaultMaxSegmentsPerAgent is Config.MaxSegmentsPerAgent's default.
+const DefaultMaxSegmentsPerAgent = 256
+
+func errTooManySegments(n, max int) error {
+	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED,
+		"agent claims %d segments, max %d per agent (--max-segments-per-agent)", n, max)
+}
+
+// validateRegister checks an agent's Register against the proto contract,
+// this master's epoch and the cap of maxSegs segments per agent
+// (LIMIT_EXCEEDED, checked before anything is built from the list), and
+// returns the registry's view of it. It never panics, whatever the bytes
+// decoded to.
+func validateRegister(r *masterv1.Register, epoch uint64, maxSegs int) (registry.Registration, error) {
+	if r == nil {
+		return registry.Registration{}, invalid("first message must be Register")
+	}
+	switch {
+	case r.GetAgentId() == "":
+		return registry.Registration{}, invalid("register: agent_id is required")
+	case len(r.GetAgentId()) > maxIDLen:
+		return registry.Registration{}, invalid("register: agent_id longer than %d bytes", maxIDLen)
+	case len(r.GetHostId()) > maxIDLen:
+		return registry.Registration{}, invalid("register: host_id longer than %d bytes", maxIDLen)
+	case r.GetDataEndpoint() == "":
+		return registry.Registration{}, invalid("register: data_endpoint is required")
+	case len(r.GetDataEndpoint()) > maxIDLen || len(r.GetTransferEndpoint()) > maxIDLen:
+		return registry.Registration{}, invalid("register: endpoints are limited to %d bytes", maxIDLen)
+	case len(r.GetVersion()) > maxIDLen:
+		return registry.Registration{}, invalid("register: version longer than %d bytes", maxIDLen)
+	}
+	if r.GetKnownEpoch() > epoch {
+		return registry.Registration{}, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_STALE_EPOCH,
+			"register: agent already accepted epoch %d; this master's epoch %d is older", r.GetKnownEpoch(), epoch)
+	}
+	if n := len(r.GetSegments()); n > maxSegs {
+		return registry.Registration{}, errTooManySegments(n, maxSegs)
+	}
+	if err := validateInfos(r.GetSegments(), true); err != nil {
+		return registry.Registration{}, err
+	}
+	listed := make(map[string]bool, len(r.GetSegments()))
+	for _, s := range r.GetSegments() {
+		listed[s.GetSegmentId()] = true
+	}
+	type allocKey struct {
+		seg string
+		id  uint64
+	}
+	seen := make(map[allocKey]bool, len(r.GetAllocations()))
+	for i, a := range r.GetAllocations() {
+		k := allocKey{a.GetSegmentId(), a.GetAllocationId()}
+		switch {
+		case a == nil:
+			return registry.Registration{}, invalid("register: allocation %d is empty", i)
+		case !listed[a.GetSegmentId()]:
+			return registry.Registration{}, invalid("register: allocation %d names segment %q the agent did not list", i, a.GetSegmentId())
+		case seen[k]:
+			return registry.Registration{}, invalid("register: allocation %d of segment %q listed twice", a.GetAllocationId(), a.GetSegmentId())
+		case a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_RESERVED && a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_SEALED:
+			return registry.Registration{}, invalid("register: allocation %d of segment %q has state %v", a.GetAllocationId(), a.GetSegmentId(), a.GetState())
+		case a.GetKey() == "":
+			return registry.Registration{}, invalid("register: allocation %d of segment %q has no key", a.GetAllocationId(), a.GetSegmentId())
+		}
+		seen[k] = true
+	}
+	host := r.GetHostId()
+	if host == "" {
+		host = r.GetAgentId()
+	}
+	return registry.Registration{
+		AgentID: r.GetAgentId(), HostID: host, DataEndpoint: r.GetDataEndpoint(), TransferEndpoint: r.GetTransferEndpoint(), Version: r.GetVersion(),
+		Segments: r.GetSegments(), Graceful: r.GetGracefulUnmount(),
+	}, nil
+}
+
+// validateInfos checks segment descriptions. Heartbeats may omit the medium
+// (they only refresh usage); mounts must give it.
+func validateInfos(infos []*masterv1.SegmentInfo, mount bool) error {
+	seen := make(map[string]bool, len(infos))
+	for i, s := range infos {
+		id := s.GetSegmentId()
+		switch {
+		case s == nil || id == "":
+			return invalid("segment %d: segment_id is required", i)
+		case len(id) > maxIDLen:
+			return invalid("segment %d: segment_id longer than %d bytes", i, maxIDLen)
+		case len(s.GetName()) > maxNameLen:
+			return invalid("segment %q: name longer than %d bytes", id, maxNameLen)
+		case seen[id]:
+			return invalid("segment %q listed twice", id)
+		case s.GetCapacity() > maxSegmentCapacity:
+			return invalid("segment %q: capacity %d exceeds %d", id, s.GetCapacity(), uint64(maxSegmentCapacity))
+		case s.GetUsed() > s.GetCapacity():
+			return invalid("segment %q: used %d exceeds capacity %d", id, s.GetUsed(), s.GetCapacity())
+		}
+		if mount {
+			switch s.GetMedium() {
+			case masterv1.Medium_MEDIUM_MEMORY, masterv1.Medium_MEDIUM_DISK:
+			default:
+				return invalid("segment %q: medium %v is not memory or disk", id, s.GetMedium())
+			}
+		}
+		seen[id] = true
+	}
+	return nil
+}
