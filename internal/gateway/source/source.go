@@ -25,6 +25,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/gateway/announced"
 	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
@@ -79,7 +80,7 @@ type Source struct {
 	// Owned by Run.
 	codec     watchCodec
 	resp      *masterv1.WatchResponse // reused by every Watch receive
-	announced *announcedSet
+	announced *announced.Set
 	rev, ep   uint64
 	synced    bool
 }
@@ -96,7 +97,7 @@ func New(cfg Config, client masterv1.ChangeServiceClient, sink Sink, lg *slog.Lo
 	if cfg.ResyncChunk <= 0 {
 		cfg.ResyncChunk = def.ResyncChunk
 	}
-	return &Source{cfg: cfg, client: client, sink: sink, lg: lg, codec: newWatchCodec(), resp: &masterv1.WatchResponse{}, announced: newAnnouncedSet()}
+	return &Source{cfg: cfg, client: client, sink: sink, lg: lg, codec: newWatchCodec(), resp: &masterv1.WatchResponse{}, announced: announced.New()}
 }
 
 // Status returns the current position.
@@ -195,7 +196,7 @@ func (s *Source) watch(ctx context.Context) (healthy bool, err error) {
 			return healthy, fmt.Errorf("%w: master epoch changed from %d to %d", errResync, s.ep, resp.GetEpoch())
 		}
 		evs = evs[:0]
-		s.announced.prefetch(resp.GetChanges())
+		s.announced.Prefetch(resp.GetChanges())
 		for _, ch := range resp.GetChanges() {
 			r := ch.GetRevision()
 			if r <= s.rev {
@@ -219,7 +220,7 @@ func (s *Source) flush(evs []kvevent.Event) {
 		s.sink.Enqueue(evs...)
 	}
 	s.revision.Store(s.rev)
-	s.announcedN.Store(int64(s.announced.size()))
+	s.announcedN.Store(int64(s.announced.Len()))
 }
 
 // apply folds one change into the announced set and returns its event.
@@ -227,30 +228,19 @@ func (s *Source) apply(ch *masterv1.Change) (kvevent.Event, bool) {
 	t := ch.GetTenant()
 	switch ch.GetType() {
 	case masterv1.ChangeType_CHANGE_TYPE_STORED:
-		key, med, group := ch.GetKey(), medium(ch.GetMedium()), ch.GetGroupId()
-		s.announced.store(t, key, med, group)
+		key, med, group := ch.GetKey(), announced.Medium(ch.GetMedium()), ch.GetGroupId()
+		s.announced.Store(t, key, med, group)
 		return kvevent.Event{Type: kvevent.Stored, Tenant: t, Key: key, Medium: med, GroupID: group}, true
 	case masterv1.ChangeType_CHANGE_TYPE_REMOVED:
-		key, med := ch.GetKey(), medium(ch.GetMedium())
-		group := s.announced.remove(t, key, med)
+		key, med := ch.GetKey(), announced.Medium(ch.GetMedium())
+		group := s.announced.Remove(t, key, med)
 		return kvevent.Event{Type: kvevent.Removed, Tenant: t, Key: key, Medium: med, GroupID: group}, true
 	case masterv1.ChangeType_CHANGE_TYPE_CLEARED:
-		s.announced.clear(t)
+		s.announced.Clear(t)
 		return kvevent.Event{Type: kvevent.Cleared, Tenant: t}, true
 	default:
 		s.lg.Warn("unknown change type skipped", "revision", ch.GetRevision(), "type", int32(ch.GetType()))
 		return kvevent.Event{}, false
-	}
-}
-
-// medium maps a master medium to the wire's two tiers: memory is cpu, every
-// other class is disk.
-func medium(m masterv1.Medium) kvevent.Medium {
-	switch m {
-	case masterv1.Medium_MEDIUM_MEMORY, masterv1.Medium_MEDIUM_UNSPECIFIED:
-		return kvevent.MediumCPU
-	default:
-		return kvevent.MediumDisk
 	}
 }
 
@@ -263,7 +253,7 @@ func (s *Source) resync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	next := newAnnouncedSet()
+	next := announced.New()
 	var rev, epoch uint64
 	for page := 0; ; page++ {
 		resp, err := stream.Recv()
@@ -279,14 +269,14 @@ func (s *Source) resync(ctx context.Context) error {
 			return fmt.Errorf("snapshot page %d at revision %d epoch %d, first page at %d/%d", page, resp.GetRevision(), resp.GetEpoch(), rev, epoch)
 		}
 		for _, e := range resp.GetEntries() {
-			next.store(e.GetTenant(), e.GetKey(), medium(e.GetMedium()), e.GetGroupId())
+			next.Store(e.GetTenant(), e.GetKey(), announced.Medium(e.GetMedium()), e.GetGroupId())
 		}
 		if resp.GetLast() {
 			break
 		}
 	}
 	cancel()
-	diff := diffSets(s.announced, next)
+	diff := announced.Diff(s.announced, next)
 	for chunk := range slices.Chunk(diff, s.cfg.ResyncChunk) {
 		if err := s.sink.EnqueueWait(ctx, chunk...); err != nil {
 			return err
@@ -298,12 +288,12 @@ func (s *Source) resync(ctx context.Context) error {
 			removed++
 		}
 	}
-	s.lg.Info("resynced from master snapshot", "epoch", epoch, "revision", rev, "entries", next.size(),
+	s.lg.Info("resynced from master snapshot", "epoch", epoch, "revision", rev, "entries", next.Len(),
 		"stored", len(diff)-removed, "removed", removed, "previous_epoch", s.ep, "previous_revision", s.rev)
 	s.announced, s.rev, s.ep, s.synced = next, rev, epoch, true
 	s.epoch.Store(epoch)
 	s.revision.Store(rev)
 	s.resyncs.Add(1)
-	s.announcedN.Store(int64(next.size()))
+	s.announcedN.Store(int64(next.Len()))
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/gateway/announced"
 	"github.com/crescent-kv/crescent/internal/gateway/fakemaster"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
@@ -102,7 +103,7 @@ func (h *harness) indexMatches(t *testing.T) {
 	t.Helper()
 	var want []kvevent.Key
 	for k := range h.m.Readable() {
-		want = append(want, kvevent.Key{Tenant: k.Tenant, Key: k.Key, Medium: medium(k.Medium)})
+		want = append(want, kvevent.Key{Tenant: k.Tenant, Key: k.Key, Medium: announced.Medium(k.Medium)})
 	}
 	slices.SortFunc(want, func(a, b kvevent.Key) int {
 		return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.Key, b.Key), cmp.Compare(a.Medium, b.Medium))
@@ -199,14 +200,14 @@ func TestResumeAfterStreamDrops(t *testing.T) {
 
 // diffSince returns the events that turn set a into set b, as the source must publish them.
 func diffOf(a, b map[fakemaster.Key]string) []kvevent.Event {
-	conv := func(s map[fakemaster.Key]string) *announcedSet {
-		out := newAnnouncedSet()
+	conv := func(s map[fakemaster.Key]string) *announced.Set {
+		out := announced.New()
 		for k, g := range s {
-			out.store(k.Tenant, k.Key, medium(k.Medium), g)
+			out.Store(k.Tenant, k.Key, announced.Medium(k.Medium), g)
 		}
 		return out
 	}
-	return diffSets(conv(a), conv(b))
+	return announced.Diff(conv(a), conv(b))
 }
 
 func TestResyncAfterCompaction(t *testing.T) {

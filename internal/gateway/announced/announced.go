@@ -1,4 +1,9 @@
-package source
+// Package announced holds the set of objects the gateway has announced to
+// subscribers: (tenant, key, medium) → group, built for millions of
+// entries (see Set). The source keeps one to turn the master's changes into
+// events and to diff a resync; the snapshot recorder keeps one of what was
+// published, to serve snapshots and to persist.
+package announced
 
 import (
 	"cmp"
@@ -11,7 +16,7 @@ import (
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 )
 
-// announcedSet is what the source has announced to subscribers: tenant →
+// Set is what the source has announced to subscribers: tenant →
 // (key, medium) → group. Owned by one goroutine.
 //
 // It grows to millions of entries, and its layout is most of what a
@@ -30,7 +35,7 @@ import (
 //
 // Changes arrive in long runs of one tenant, so the last tenant's tables
 // are kept at hand instead of hashing its name for every change.
-type announcedSet struct {
+type Set struct {
 	tenants map[string]*tenantSet
 	n       int // entries over all tenants
 	ar      arena
@@ -47,8 +52,8 @@ type tenantSet struct {
 
 func (ts *tenantSet) len() int { return ts.byMedium[0].len() + ts.byMedium[1].len() }
 
-func newAnnouncedSet() *announcedSet {
-	return &announcedSet{tenants: map[string]*tenantSet{}}
+func New() *Set {
+	return &Set{tenants: map[string]*tenantSet{}}
 }
 
 // mediumIndex is the byMedium index of a wire medium (MediumCPU or MediumDisk).
@@ -60,7 +65,7 @@ func mediumIndex(m kvevent.Medium) int {
 }
 
 // tenant returns t's set, creating it when create is set (else nil if absent).
-func (a *announcedSet) tenant(t string, create bool) *tenantSet {
+func (a *Set) tenant(t string, create bool) *tenantSet {
 	if a.last != nil && a.last.name == t {
 		return a.last
 	}
@@ -76,12 +81,12 @@ func (a *announcedSet) tenant(t string, create bool) *tenantSet {
 	return ts
 }
 
-// prefetch touches the table slots (and, where the hash matches, the
+// Prefetch touches the table slots (and, where the hash matches, the
 // records) that applying chs will read, one change after another without
 // waiting for each: the loads are independent, so the processor overlaps
 // their cache misses, and applying the changes then finds them cached.
 // It changes nothing.
-func (a *announcedSet) prefetch(chs []*masterv1.Change) {
+func (a *Set) Prefetch(chs []*masterv1.Change) {
 	var sum uint64
 	for _, ch := range chs {
 		if t := ch.GetType(); t != masterv1.ChangeType_CHANGE_TYPE_STORED && t != masterv1.ChangeType_CHANGE_TYPE_REMOVED {
@@ -91,20 +96,20 @@ func (a *announcedSet) prefetch(chs []*masterv1.Change) {
 		if ts == nil {
 			continue
 		}
-		sum += ts.byMedium[mediumIndex(medium(ch.GetMedium()))].byHash.peek(&a.ar, slotHash(hashKey(ch.GetKey())))
+		sum += ts.byMedium[mediumIndex(Medium(ch.GetMedium()))].byHash.peek(&a.ar, slotHash(hashKey(ch.GetKey())))
 	}
 	a.sink = sum
 }
 
-// store announces (t, key, m) in group.
-func (a *announcedSet) store(t, key string, m kvevent.Medium, group string) {
+// Store announces (t, key, m) in group.
+func (a *Set) Store(t, key string, m kvevent.Medium, group string) {
 	if a.tenant(t, true).byMedium[mediumIndex(m)].set(&a.ar, hashKey(key), key, group) {
 		a.n++
 	}
 }
 
-// remove forgets (t, key, m) and returns its group ("" if it was not announced).
-func (a *announcedSet) remove(t, key string, m kvevent.Medium) string {
+// Remove forgets (t, key, m) and returns its group ("" if it was not announced).
+func (a *Set) Remove(t, key string, m kvevent.Medium) string {
 	ts := a.tenant(t, false)
 	if ts == nil {
 		return ""
@@ -115,13 +120,13 @@ func (a *announcedSet) remove(t, key string, m kvevent.Medium) string {
 	}
 	a.n--
 	if ts.len() == 0 {
-		a.clear(t)
+		a.Clear(t)
 	}
 	return group
 }
 
-// clear forgets every object of t.
-func (a *announcedSet) clear(t string) {
+// Clear forgets every object of t.
+func (a *Set) Clear(t string) {
 	if ts := a.tenants[t]; ts != nil {
 		a.n -= ts.len()
 		for i := range ts.byMedium {
@@ -136,10 +141,10 @@ func (a *announcedSet) clear(t string) {
 	}
 }
 
-func (a *announcedSet) size() int { return a.n }
+func (a *Set) Len() int { return a.n }
 
 // get returns the group of (key, m) in ts and whether it is announced.
-func (a *announcedSet) get(ts *tenantSet, key string, m kvevent.Medium) (string, bool) {
+func (a *Set) get(ts *tenantSet, key string, m kvevent.Medium) (string, bool) {
 	if ts == nil {
 		return "", false
 	}
@@ -375,9 +380,9 @@ func (ar *arena) push(ref uint64, size int) {
 
 var media = [2]kvevent.Medium{kvevent.MediumCPU, kvevent.MediumDisk}
 
-// diffSets returns removed events for what old has and next lacks, then
+// Diff returns removed events for what old has and next lacks, then
 // stored events for what next has new or with another group, each sorted.
-func diffSets(old, next *announcedSet) []kvevent.Event {
+func Diff(old, next *Set) []kvevent.Event {
 	var removed, stored []kvevent.Event
 	for t, ts := range old.tenants {
 		nts := next.tenants[t]
@@ -405,4 +410,36 @@ func diffSets(old, next *announcedSet) []kvevent.Event {
 	slices.SortFunc(removed, byKey)
 	slices.SortFunc(stored, byKey)
 	return append(removed, stored...)
+}
+
+// Medium maps a master medium to the wire's two tiers: memory is cpu, every
+// other class is disk.
+func Medium(m masterv1.Medium) kvevent.Medium {
+	switch m {
+	case masterv1.Medium_MEDIUM_MEMORY, masterv1.Medium_MEDIUM_UNSPECIFIED:
+		return kvevent.MediumCPU
+	default:
+		return kvevent.MediumDisk
+	}
+}
+
+// Get returns the group of (t, key, m) and whether it is announced.
+func (a *Set) Get(t, key string, m kvevent.Medium) (string, bool) {
+	return a.get(a.tenant(t, false), key, m)
+}
+
+// All yields every entry as a stored event (ID and timestamp unset), tenant
+// by tenant in no particular order. The set must not change while All runs.
+func (a *Set) All() func(yield func(kvevent.Event) bool) {
+	return func(yield func(kvevent.Event) bool) {
+		for t, ts := range a.tenants {
+			for i := range ts.byMedium {
+				for k, g := range ts.byMedium[i].all(&a.ar) {
+					if !yield(kvevent.Event{Type: kvevent.Stored, Tenant: t, Key: k, Medium: media[i], GroupID: g}) {
+						return
+					}
+				}
+			}
+		}
+	}
 }

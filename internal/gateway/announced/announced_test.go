@@ -1,4 +1,4 @@
-package source
+package announced
 
 import (
 	"fmt"
@@ -17,31 +17,31 @@ func TestAnnouncedSetMatchesModel(t *testing.T) {
 		medium      kvevent.Medium
 	}
 	rng := rand.New(rand.NewPCG(3, 4))
-	a := newAnnouncedSet()
+	a := New()
 	model := map[key]string{}
 	for i := range 5000 {
 		k := key{fmt.Sprint("t", rng.IntN(3)), fmt.Sprint("k", rng.IntN(40)), media[rng.IntN(2)]}
 		switch r := rng.IntN(100); {
 		case r < 50:
 			g := fmt.Sprint("g", rng.IntN(3))
-			a.store(k.tenant, k.key, k.medium, g)
+			a.Store(k.tenant, k.key, k.medium, g)
 			model[k] = g
 		case r < 98:
 			want := model[k]
-			if got := a.remove(k.tenant, k.key, k.medium); got != want {
+			if got := a.Remove(k.tenant, k.key, k.medium); got != want {
 				t.Fatalf("op %d: remove %v = %q, want %q", i, k, got, want)
 			}
 			delete(model, k)
 		default:
-			a.clear(k.tenant)
+			a.Clear(k.tenant)
 			for mk := range model {
 				if mk.tenant == k.tenant {
 					delete(model, mk)
 				}
 			}
 		}
-		if a.size() != len(model) {
-			t.Fatalf("op %d: size %d, want %d", i, a.size(), len(model))
+		if a.Len() != len(model) {
+			t.Fatalf("op %d: size %d, want %d", i, a.Len(), len(model))
 		}
 		n := 0
 		for tn, ts := range a.tenants {
@@ -144,17 +144,17 @@ func TestObjectsModel(t *testing.T) {
 // TestArenaReuse: records released are reused by records of their size,
 // so a set that stores and removes keys of one size does not grow.
 func TestArenaReuse(t *testing.T) {
-	a := newAnnouncedSet()
+	a := New()
 	for round := range 10 {
 		for i := range 5000 {
-			a.store("t", fmt.Sprintf("bench/%06d/%08d", round, i), kvevent.MediumCPU, "")
+			a.Store("t", fmt.Sprintf("bench/%06d/%08d", round, i), kvevent.MediumCPU, "")
 		}
 		for i := range 5000 {
-			a.remove("t", fmt.Sprintf("bench/%06d/%08d", round, i), kvevent.MediumCPU)
+			a.Remove("t", fmt.Sprintf("bench/%06d/%08d", round, i), kvevent.MediumCPU)
 		}
 	}
-	if a.size() != 0 || len(a.tenants) != 0 {
-		t.Fatalf("size %d, %d tenants after removing everything", a.size(), len(a.tenants))
+	if a.Len() != 0 || len(a.tenants) != 0 {
+		t.Fatalf("size %d, %d tenants after removing everything", a.Len(), len(a.tenants))
 	}
 	if want := 5000*recordSize(21, 0)/chunkSize + 1; len(a.ar.chunks) > want {
 		t.Errorf("arena has %d chunks after 10 rounds of 5000 records, want at most %d", len(a.ar.chunks), want)

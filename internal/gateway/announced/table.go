@@ -1,4 +1,4 @@
-package source
+package announced
 
 // table maps a key's 64-bit hash to the arena ref of its record: an
 // extendible hash table of linear-probing subtables, without pointers in
