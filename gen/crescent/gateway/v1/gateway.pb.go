@@ -78,6 +78,26 @@ type GetStatusResponse struct {
 	Resyncs uint64 `protobuf:"varint,9,opt,name=resyncs,proto3" json:"resyncs,omitempty"`
 	// Batches held in the replay ring.
 	ReplayBatches uint64 `protobuf:"varint,10,opt,name=replay_batches,json=replayBatches,proto3" json:"replay_batches,omitempty"`
+	// Publisher epoch: 16 bytes, hex; the same across restarts that kept the
+	// state directory (docs/gateway-state.md).
+	PublisherEpoch string `protobuf:"bytes,11,opt,name=publisher_epoch,json=publisherEpoch,proto3" json:"publisher_epoch,omitempty"`
+	// Stream format: "mooncake" or "snapshot".
+	StreamFormat string `protobuf:"bytes,12,opt,name=stream_format,json=streamFormat,proto3" json:"stream_format,omitempty"`
+	// Persisted state: "off" (no --state-dir), "new" (first start),
+	// "restored" (continued from the state directory) or "reset" (state was
+	// lost or unreadable; a new publisher epoch was started).
+	State string `protobuf:"bytes,13,opt,name=state,proto3" json:"state,omitempty"`
+	// Why the state was reset, or the last persistence error ("" if none).
+	StateError string `protobuf:"bytes,14,opt,name=state_error,json=stateError,proto3" json:"state_error,omitempty"`
+	// Idle heartbeats published (snapshot format).
+	HeartbeatsSent uint64 `protobuf:"varint,15,opt,name=heartbeats_sent,json=heartbeatsSent,proto3" json:"heartbeats_sent,omitempty"`
+	// Snapshot requests answered with a snapshot, and with "unavailable".
+	SnapshotsServed uint64 `protobuf:"varint,16,opt,name=snapshots_served,json=snapshotsServed,proto3" json:"snapshots_served,omitempty"`
+	SnapshotErrors  uint64 `protobuf:"varint,17,opt,name=snapshot_errors,json=snapshotErrors,proto3" json:"snapshot_errors,omitempty"`
+	// Checkpoints written to the state directory.
+	Checkpoints uint64 `protobuf:"varint,18,opt,name=checkpoints,proto3" json:"checkpoints,omitempty"`
+	// Journal appends that failed (the state is then marked invalid).
+	JournalErrors uint64 `protobuf:"varint,19,opt,name=journal_errors,json=journalErrors,proto3" json:"journal_errors,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -182,12 +202,75 @@ func (x *GetStatusResponse) GetReplayBatches() uint64 {
 	return 0
 }
 
+func (x *GetStatusResponse) GetPublisherEpoch() string {
+	if x != nil {
+		return x.PublisherEpoch
+	}
+	return ""
+}
+
+func (x *GetStatusResponse) GetStreamFormat() string {
+	if x != nil {
+		return x.StreamFormat
+	}
+	return ""
+}
+
+func (x *GetStatusResponse) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *GetStatusResponse) GetStateError() string {
+	if x != nil {
+		return x.StateError
+	}
+	return ""
+}
+
+func (x *GetStatusResponse) GetHeartbeatsSent() uint64 {
+	if x != nil {
+		return x.HeartbeatsSent
+	}
+	return 0
+}
+
+func (x *GetStatusResponse) GetSnapshotsServed() uint64 {
+	if x != nil {
+		return x.SnapshotsServed
+	}
+	return 0
+}
+
+func (x *GetStatusResponse) GetSnapshotErrors() uint64 {
+	if x != nil {
+		return x.SnapshotErrors
+	}
+	return 0
+}
+
+func (x *GetStatusResponse) GetCheckpoints() uint64 {
+	if x != nil {
+		return x.Checkpoints
+	}
+	return 0
+}
+
+func (x *GetStatusResponse) GetJournalErrors() uint64 {
+	if x != nil {
+		return x.JournalErrors
+	}
+	return 0
+}
+
 var File_crescent_gateway_v1_gateway_proto protoreflect.FileDescriptor
 
 const file_crescent_gateway_v1_gateway_proto_rawDesc = "" +
 	"\n" +
 	"!crescent/gateway/v1/gateway.proto\x12\x13crescent.gateway.v1\"\x12\n" +
-	"\x10GetStatusRequest\"\x94\x03\n" +
+	"\x10GetStatusRequest\"\xdf\x05\n" +
 	"\x11GetStatusResponse\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12+\n" +
 	"\x11published_batches\x18\x02 \x01(\x04R\x10publishedBatches\x12)\n" +
@@ -199,7 +282,17 @@ const file_crescent_gateway_v1_gateway_proto_rawDesc = "" +
 	"\x0fmaster_revision\x18\b \x01(\x04R\x0emasterRevision\x12\x18\n" +
 	"\aresyncs\x18\t \x01(\x04R\aresyncs\x12%\n" +
 	"\x0ereplay_batches\x18\n" +
-	" \x01(\x04R\rreplayBatches2l\n" +
+	" \x01(\x04R\rreplayBatches\x12'\n" +
+	"\x0fpublisher_epoch\x18\v \x01(\tR\x0epublisherEpoch\x12#\n" +
+	"\rstream_format\x18\f \x01(\tR\fstreamFormat\x12\x14\n" +
+	"\x05state\x18\r \x01(\tR\x05state\x12\x1f\n" +
+	"\vstate_error\x18\x0e \x01(\tR\n" +
+	"stateError\x12'\n" +
+	"\x0fheartbeats_sent\x18\x0f \x01(\x04R\x0eheartbeatsSent\x12)\n" +
+	"\x10snapshots_served\x18\x10 \x01(\x04R\x0fsnapshotsServed\x12'\n" +
+	"\x0fsnapshot_errors\x18\x11 \x01(\x04R\x0esnapshotErrors\x12 \n" +
+	"\vcheckpoints\x18\x12 \x01(\x04R\vcheckpoints\x12%\n" +
+	"\x0ejournal_errors\x18\x13 \x01(\x04R\rjournalErrors2l\n" +
 	"\x0eGatewayService\x12Z\n" +
 	"\tGetStatus\x12%.crescent.gateway.v1.GetStatusRequest\x1a&.crescent.gateway.v1.GetStatusResponseB\xd8\x01\n" +
 	"\x17com.crescent.gateway.v1B\fGatewayProtoP\x01ZAgithub.com/crescent-kv/crescent/gen/crescent/gateway/v1;gatewayv1\xa2\x02\x03CGX\xaa\x02\x13Crescent.Gateway.V1\xca\x02\x13Crescent\\Gateway\\V1\xe2\x02\x1fCrescent\\Gateway\\V1\\GPBMetadata\xea\x02\x15Crescent::Gateway::V1b\x06proto3"
