@@ -3,21 +3,25 @@ package ctl
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	masterapp "github.com/crescent-kv/crescent/internal/master/app"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testcluster"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/client"
-	"github.com/crescent-kv/crescent/pkg/kvevent"
 )
 
 // crescentctl's commands through Main (cobra root, flags, exit codes,
-// stdout and stderr) against the shared fake cluster.
+// stdout and stderr) against a real in-process cluster (testcluster).
 
 // runIn is run with stdin.
 func runIn(t *testing.T, addr, stdin string, args ...string) (code int, stdout, stderr string) {
@@ -45,14 +49,21 @@ func jsonLines(t *testing.T, out string) []map[string]any {
 }
 
 func TestPutGetStat(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Options{})
+	addr := c.MasterAddr()
+	// The agents' gRPC DataService calls: --grpc-data moves every byte
+	// through them, the default moves none (the bulk transfer listeners
+	// are not counted).
+	dataCalls := func() int { return c.Calls("Write") + c.Calls("Read") + c.Calls("BatchWrite") + c.Calls("BatchRead") }
 	for _, grpcData := range []bool{false, true} {
-		t.Run(map[bool]string{false: "transfer", true: "grpc-data"}[grpcData], func(t *testing.T) {
-			f := newFake(t, testutil.FakeConfig{Transfer: true})
-			addr := f.Addr()
-			var global []string
+		name := map[bool]string{false: "transfer", true: "grpc-data"}[grpcData]
+		t.Run(name, func(t *testing.T) {
+			// A tenant per subtest: the same keys, in a cluster they share.
+			global := []string{"--tenant", name}
 			if grpcData {
-				global = []string{"--grpc-data"}
+				global = append(global, "--grpc-data")
 			}
+			before := dataCalls()
 			dir := t.TempDir()
 			src := filepath.Join(dir, "in")
 			data := bytes.Repeat([]byte("0123456789abcdef"), 40<<10) // 640 KiB: streamed
@@ -63,8 +74,8 @@ func TestPutGetStat(t *testing.T) {
 			if code, out, errOut := run(t, addr, args...); code != ExitOK || out != "" || !strings.Contains(errOut, "stored big (655360 bytes)") {
 				t.Fatalf("put file: exit %d, stdout %q, stderr %q", code, out, errOut)
 			}
-			if got, _ := f.Object("default", "big"); !bytes.Equal(got, data) {
-				t.Fatalf("the fake holds %d bytes, want %d", len(got), len(data))
+			if got, err := tenantClient(t, c, name).Get(t.Context(), "big"); err != nil || !bytes.Equal(got, data) {
+				t.Fatalf("the cluster holds %d bytes (%v), want %d", len(got), err, len(data))
 			}
 			code, out, errOut := runIn(t, addr, "from stdin", append(global, "-o", "json", "put", "--soft-pin=2h", "--medium", "memory", "small", "-")...)
 			if rows := jsonLines(t, out); code != ExitOK || len(rows) != 1 || rows[0]["key"] != "small" || rows[0]["size"] != 10.0 {
@@ -98,10 +109,18 @@ func TestPutGetStat(t *testing.T) {
 				t.Fatalf("get into an impossible path: exit %d", code)
 			}
 
+			// Two replicas on two hosts (the master spreads them), in either
+			// order; replica ids are the master's, unique across objects.
 			code, out, _ = run(t, addr, append(global, "stat", "big")...)
-			for _, want := range []string{"key:      big\n", "size:     655360\n", "media:    cpu\n", "group:    g7\n", "replica 1: COMPLETE on host-0", "replica 2: COMPLETE on host-1"} {
+			for _, want := range []string{"key:      big\n", "size:     655360\n", "media:    cpu\n", "group:    g7\n"} {
 				if code != ExitOK || !strings.Contains(out, want) {
 					t.Fatalf("stat: exit %d, stdout %q, want %q in it", code, out, want)
+				}
+			}
+			for _, host := range []string{"host-0", "host-1"} {
+				re := regexp.MustCompile(`(?m)^replica [1-9][0-9]*: COMPLETE on ` + host + ` \(127\.0\.0\.1:[0-9]+, transfer 127\.0\.0\.1:[0-9]+, segment [0-9a-f-]{36}\) cpu$`)
+				if n := len(re.FindAllString(out, -1)); n != 1 {
+					t.Fatalf("stat: stdout %q has %d replica lines on %s, want 1", out, n, host)
 				}
 			}
 			code, out, _ = run(t, addr, append(global, "-o", "json", "stat", "big")...)
@@ -109,15 +128,33 @@ func TestPutGetStat(t *testing.T) {
 			if code != ExitOK || len(rows) != 1 || rows[0]["group_id"] != "g7" || len(rows[0]["replicas"].([]any)) != 2 {
 				t.Fatalf("stat -o json: exit %d, stdout %q", code, out)
 			}
+			hosts, ids := map[any]bool{}, map[any]bool{}
+			for _, r := range rows[0]["replicas"].([]any) {
+				r := r.(map[string]any)
+				if r["status"] != "COMPLETE" || r["medium"] != "cpu" || r["transfer_endpoint"] == "" || r["replica_id"] == 0.0 {
+					t.Fatalf("stat -o json: replica %v", r)
+				}
+				hosts[r["host_id"]], ids[r["replica_id"]] = true, true
+			}
+			if !hosts["host-0"] || !hosts["host-1"] || len(ids) != 2 {
+				t.Fatalf("stat -o json: replicas %v on %v, want two on host-0 and host-1", ids, hosts)
+			}
 			if code, _, _ := run(t, addr, append(global, "stat", "missing")...); code != ExitNotFound {
 				t.Fatalf("stat missing: exit %d, want %d", code, ExitNotFound)
+			}
+
+			if n := dataCalls() - before; grpcData && n == 0 {
+				t.Fatal("--grpc-data moved no bytes through the agents' DataService")
+			} else if !grpcData && n != 0 {
+				t.Fatalf("without --grpc-data, %d DataService calls; want every byte over the transfer listeners", n)
 			}
 		})
 	}
 }
 
 func TestUsageErrors(t *testing.T) {
-	f := newFake(t, testutil.FakeConfig{})
+	// No command here gets as far as moving bytes: a master is enough.
+	c := testcluster.Start(t, testcluster.Options{Agents: -1})
 	dir := t.TempDir()
 	for _, args := range [][]string{
 		{"put", "k"},
@@ -134,20 +171,21 @@ func TestUsageErrors(t *testing.T) {
 		{"bench", "--batch", "0"},
 		{"bench", "--mode", "sideways"},
 	} {
-		if code, _, errOut := run(t, f.Addr(), args...); code != ExitUsage || !strings.HasPrefix(errOut, "crescentctl: ") {
+		if code, _, errOut := run(t, c.MasterAddr(), args...); code != ExitUsage || !strings.HasPrefix(errOut, "crescentctl: ") {
 			t.Errorf("crescentctl %v: exit %d, stderr %q; want %d", args, code, errOut, ExitUsage)
 		}
 	}
-	if code, _, _ := run(t, f.Addr(), "put", "k", filepath.Join(dir, "missing")); code != ExitError {
+	if code, _, _ := run(t, c.MasterAddr(), "put", "k", filepath.Join(dir, "missing")); code != ExitError {
 		t.Errorf("put of a missing file: exit %d, want %d", code, ExitError)
 	}
 }
 
 func TestRemoveAndList(t *testing.T) {
-	clk := testutil.NewClock(time.Unix(1000, 0))
-	f := newFake(t, testutil.FakeConfig{Now: clk.Now})
-	addr := f.Addr()
-	seed(t, f,
+	// The read lease that makes rm skip d must outlast the test on a
+	// loaded machine.
+	c := testcluster.Start(t, testcluster.Options{Master: func(cfg *masterapp.Config) { cfg.LeaseTTL = 5 * time.Minute }})
+	addr := c.MasterAddr()
+	seed(t, c,
 		client.Item{Key: "a/1", Data: []byte("1")}, client.Item{Key: "a/2", Data: []byte("22")},
 		client.Item{Key: "b/1", Data: []byte("333")}, client.Item{Key: "b/2", Data: []byte("4444")},
 		client.Item{Key: "c/1", Data: []byte("5")}, client.Item{Key: "c/2", Data: []byte("6")}, client.Item{Key: "d", Data: []byte("7")})
@@ -188,7 +226,7 @@ func TestRemoveAndList(t *testing.T) {
 	if code, _, errOut := run(t, addr, "rm", "--all", "--force"); code != ExitOK || errOut != "removed 1, skipped 0\n" {
 		t.Fatalf("rm --all --force: exit %d, stderr %q", code, errOut)
 	}
-	if keys := f.Keys("default"); len(keys) != 0 {
+	if keys := c.Keys("default"); len(keys) != 0 {
 		t.Fatalf("left %v", keys)
 	}
 	if code, _, _ := run(t, addr, "rm", "--regex", "("); code != ExitError {
@@ -197,103 +235,227 @@ func TestRemoveAndList(t *testing.T) {
 }
 
 func TestAdminCommands(t *testing.T) {
-	f := newFake(t, testutil.FakeConfig{Transfer: true})
-	addr := f.Addr()
-	seed(t, f, client.Item{Key: "k", Data: []byte("hello")})
+	c := testcluster.Start(t, testcluster.Options{Master: func(cfg *masterapp.Config) { cfg.MasterID = "cli-master" }})
+	addr := c.MasterAddr()
+	seed(t, c, client.Item{Key: "k", Data: []byte("hello")})
+	// Agents report their segments' use in heartbeats: wait for the one
+	// holding k's replica to count it.
+	holder := ""
+	testutil.EventuallyNoError(t, 20*time.Second, func() error {
+		for _, s := range segments(t, c) {
+			if s.GetReplicas() == 1 && s.GetInfo().GetUsed() > 0 {
+				holder = s.GetInfo().GetSegmentId()
+				return nil
+			}
+		}
+		return fmt.Errorf("no segment reports k's replica in use yet")
+	})
+	want := map[string]*masterv1.Segment{}
+	for _, s := range segments(t, c) {
+		want[s.GetInfo().GetSegmentId()] = s
+	}
 
 	code, out, _ := run(t, addr, "segments")
-	if code != ExitOK || !strings.HasPrefix(out, "SEGMENT") || !strings.Contains(out, "seg-0") || !strings.Contains(out, "HEALTHY") {
+	if code != ExitOK || !strings.HasPrefix(out, "SEGMENT") || strings.Count(out, " OK ") != 2 || strings.Count(out, "HEALTHY") != 2 {
 		t.Fatalf("segments: exit %d, stdout %q", code, out)
+	}
+	for id := range want {
+		if !strings.Contains(out, id) {
+			t.Fatalf("segments: stdout %q lacks %s", out, id)
+		}
 	}
 	code, out, _ = run(t, addr, "-o", "json", "segments")
 	rows := jsonLines(t, out)
-	if code != ExitOK || len(rows) != 2 || rows[0]["lifecycle"] != "OK" || rows[0]["used"] != 5.0 || rows[0]["can_allocate"] != true {
+	if code != ExitOK || len(rows) != 2 {
 		t.Fatalf("segments -o json: exit %d, stdout %q", code, out)
+	}
+	for _, r := range rows {
+		// What the master lists, and k's one replica on holder alone.
+		s := want[r["segment_id"].(string)]
+		replicas := map[bool]float64{false: 0, true: 1}[r["segment_id"] == holder]
+		if s == nil || r["agent_id"] != s.GetAgentId() || r["host_id"] != s.GetHostId() || r["medium"] != "cpu" || r["lifecycle"] != "OK" || r["health"] != "HEALTHY" ||
+			r["used"] != float64(s.GetInfo().GetUsed()) || (r["used"] == 0.0) != (replicas == 0) || r["capacity"] != float64(32<<20) || r["replicas"] != replicas ||
+			r["can_allocate"] != true || r["can_serve_read"] != true {
+			t.Fatalf("segments -o json: row %v; the master lists %v (k's replica on %s)", r, s, holder)
+		}
 	}
 
 	code, out, _ = run(t, addr, "agents")
-	if code != ExitOK || !strings.HasPrefix(out, "AGENT") || !strings.Contains(out, "agent-1") || !strings.Contains(out, f.Agent(1).TransferAddr()) {
+	if code != ExitOK || !strings.HasPrefix(out, "AGENT") || !strings.Contains(out, "agent-1") || !strings.Contains(out, c.Agent(1).TransferEndpoint()) {
 		t.Fatalf("agents: exit %d, stdout %q", code, out)
 	}
 	code, out, _ = run(t, addr, "-o", "json", "agents")
 	rows = jsonLines(t, out)
-	if code != ExitOK || len(rows) != 2 || rows[1]["endpoint"] != f.Agent(1).Addr() || rows[1]["connected"] != true {
+	if code != ExitOK || len(rows) != 2 {
 		t.Fatalf("agents -o json: exit %d, stdout %q", code, out)
+	}
+	for _, r := range rows {
+		i := map[any]int{"agent-0": 0, "agent-1": 1}[r["agent_id"]]
+		segs, _ := r["segments"].([]any)
+		if r["agent_id"] != fmt.Sprintf("agent-%d", i) || r["host_id"] != fmt.Sprintf("host-%d", i) || r["endpoint"] != c.Agent(i).DataEndpoint() ||
+			r["transfer_endpoint"] != c.Agent(i).TransferEndpoint() || r["connected"] != true || r["last_heartbeat_unix_ms"] == 0.0 ||
+			len(segs) != 1 || want[segs[0].(string)].GetAgentId() != r["agent_id"] {
+			t.Fatalf("agents -o json: row %v", r)
+		}
 	}
 
 	code, out, _ = run(t, addr, "--tenant", "t9", "quota", "set", "--max-bytes", "1000", "--max-objects", "3")
 	if code != ExitOK || out != "tenant t9: bytes 0/1000 objects 0/3 (0 = unlimited)\n" {
 		t.Fatalf("quota set: exit %d, stdout %q", code, out)
 	}
+	code, out, _ = run(t, addr, "--tenant", "t9", "quota", "get")
+	if code != ExitOK || out != "tenant t9: bytes 0/1000 objects 0/3 (0 = unlimited)\n" {
+		t.Fatalf("quota get of the quota just set: exit %d, stdout %q", code, out)
+	}
 	code, out, _ = run(t, addr, "-o", "json", "quota", "get")
-	if rows := jsonLines(t, out); code != ExitOK || rows[0]["tenant"] != "default" || rows[0]["used_bytes"] != 5.0 || rows[0]["used_objects"] != 1.0 {
+	if rows := jsonLines(t, out); code != ExitOK || len(rows) != 1 || rows[0]["tenant"] != "default" || rows[0]["used_bytes"] != 5.0 || rows[0]["used_objects"] != 1.0 ||
+		rows[0]["max_bytes"] != 0.0 || rows[0]["max_objects"] != 0.0 {
 		t.Fatalf("quota get -o json: exit %d, stdout %q", code, out)
 	}
 
+	epoch := c.Master().Identity.Epoch
 	code, out, _ = run(t, addr, "status")
-	if code != ExitOK || !strings.Contains(out, "master fake-master epoch 1 leader=true\nobjects 1 (5 bytes)") || !strings.Contains(out, "agents 2, segments 2") {
+	if code != ExitOK || !strings.HasPrefix(out, fmt.Sprintf("master cli-master epoch %d leader=true\nobjects 1 (5 bytes), revision ", epoch)) ||
+		!strings.Contains(out, fmt.Sprintf("agents 2, segments 2, used %d of %d bytes\n", want[holder].GetInfo().GetUsed(), 64<<20)) {
 		t.Fatalf("status: exit %d, stdout %q", code, out)
 	}
 	code, out, _ = run(t, addr, "-o", "json", "status")
-	if rows := jsonLines(t, out); code != ExitOK || rows[0]["objects"] != 1.0 || rows[0]["agents_connected"] != 2.0 {
-		t.Fatalf("status -o json: exit %d, stdout %q", code, out)
+	var st struct {
+		MasterID        string `json:"master_id"`
+		Epoch           uint64 `json:"epoch"` // beyond float64's exact integers
+		Leader          bool   `json:"leader"`
+		Objects         uint64 `json:"objects"`
+		Bytes           uint64 `json:"bytes"`
+		AgentsConnected uint64 `json:"agents_connected"`
+		Segments        uint64 `json:"segments"`
+		CapacityBytes   uint64 `json:"capacity_bytes"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); code != ExitOK || err != nil || st.MasterID != "cli-master" || st.Epoch != epoch || !st.Leader ||
+		st.Objects != 1 || st.Bytes != 5 || st.AgentsConnected != 2 || st.Segments != 2 || st.CapacityBytes != 64<<20 {
+		t.Fatalf("status -o json: exit %d, stdout %q (%v)", code, out, err)
 	}
 
 	// A master that is down: every command fails with exit 1.
-	f.Close()
-	for _, args := range [][]string{{"segments"}, {"agents"}, {"status"}, {"quota", "get"}, {"quota", "set"}, {"ls"}, {"drain", "seg-0"}, {"drain", "--undo", "seg-0"}} {
-		if code, _, _ := run(t, addr, append([]string{"--timeout", "2s"}, args...)...); code != ExitError {
+	down := deadAddr(t)
+	for _, args := range [][]string{{"segments"}, {"agents"}, {"status"}, {"quota", "get"}, {"quota", "set"}, {"ls"}, {"drain", holder}, {"drain", "--undo", holder}} {
+		if code, _, _ := run(t, down, append([]string{"--timeout", "2s"}, args...)...); code != ExitError {
 			t.Errorf("crescentctl %v against a stopped master: exit %d, want %d", args, code, ExitError)
 		}
 	}
 }
 
+// deadAddr is a loopback address nobody listens on any more.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return addr
+}
+
+// TestWatch prints the events of the real gateway: the retained batches
+// replayed from --from-seq, then live ones.
 func TestWatch(t *testing.T) {
-	pub, err := testutil.StartPublisher()
-	if err != nil {
-		t.Fatal(err)
+	c := testcluster.Start(t, testcluster.Options{Gateway: true, AgentDisk: 8 << 20})
+	addr, gw := c.MasterAddr(), c.Gateway()
+	start := time.Now().UnixMilli()
+	// Every kind of event, through crescentctl: stored on both media (one
+	// with a group), removed, and a tenant cleared by rm --all.
+	for _, step := range []struct {
+		stdin string
+		args  []string
+	}{
+		{"one", []string{"--tenant", "t", "put", "--group", "g", "k1", "-"}},
+		{"zero", []string{"--tenant", "t", "put", "--medium", "disk", "k0", "-"}},
+		{"", []string{"--tenant", "t", "rm", "k0"}},
+		{"x", []string{"--tenant", "u", "put", "x", "-"}},
+		{"", []string{"--tenant", "u", "rm", "--all"}},
+	} {
+		if code, _, errOut := runIn(t, addr, step.stdin, step.args...); code != ExitOK {
+			t.Fatalf("crescentctl %v: exit %d, stderr %q", step.args, code, errOut)
+		}
 	}
-	t.Cleanup(pub.Close)
-	enc := kvevent.NewEncoder(kvevent.EncoderOptions{Envelope: kvevent.Envelope{BackendID: "gw-1"}, ObjectKey: true})
-	payload, err := enc.AppendBatch(nil, 1700000000000, []kvevent.Event{
-		{ID: 1, Type: kvevent.Stored, Tenant: "t", Key: "k1", Medium: kvevent.MediumCPU, GroupID: "g"},
-		{ID: 2, Type: kvevent.Removed, Tenant: "t", Key: "k0", Medium: kvevent.MediumDisk},
-		{ID: 3, Type: kvevent.Cleared, Tenant: "u"},
-	})
-	if err != nil {
-		t.Fatal(err)
+	testutil.Eventually(t, 20*time.Second, func() bool { return gw.Status().PublishedEvents >= 6 }, "the gateway to publish 6 events")
+	end := time.Now().UnixMilli()
+
+	code, out, errOut := run(t, addr, "--timeout", "30s", "watch", "--gateway", gw.PubEndpoint(), "--replay", gw.ReplayEndpoint(), "--from-seq", "1", "--count", "6")
+	if code != ExitOK || errOut != "" {
+		t.Fatalf("watch --from-seq 1: exit %d, stderr %q, stdout\n%s", code, errOut, out)
 	}
+	want := []string{
+		`"event_type":"stored","tenant_id":"t","backend_id":"testcluster","object_key":"k1","medium":"cpu","group_id":"g","replayed":true}`,
+		`"event_type":"stored","tenant_id":"t","backend_id":"testcluster","object_key":"k0","medium":"disk","replayed":true}`,
+		`"event_type":"removed","tenant_id":"t","backend_id":"testcluster","object_key":"k0","medium":"disk","replayed":true}`,
+		`"event_type":"stored","tenant_id":"u","backend_id":"testcluster","object_key":"x","medium":"cpu","replayed":true}`,
+		`"event_type":"removed","tenant_id":"u","backend_id":"testcluster","object_key":"x","medium":"cpu","replayed":true}`,
+		`"event_type":"cleared","tenant_id":"u","backend_id":"testcluster","medium":null,"replayed":true}`,
+	}
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != len(want) {
+		t.Fatalf("watch --from-seq 1 printed %d lines, want %d:\n%s", len(lines), len(want), out)
+	}
+	// The gateway batches as events arrive: the sequence numbers and times
+	// vary, the events and their order do not.
+	prevSeq := uint64(1)
+	for i, line := range lines {
+		var head struct {
+			Seq       uint64 `json:"seq"`
+			EventID   uint64 `json:"event_id"`
+			Timestamp int64  `json:"timestamp"`
+		}
+		if err := json.Unmarshal([]byte(line), &head); err != nil {
+			t.Fatalf("line %d %q: %v", i, line, err)
+		}
+		prefix := fmt.Sprintf(`{"seq":%d,"event_id":%d,"timestamp":%d,`, head.Seq, i+1, head.Timestamp)
+		if line != prefix+want[i] || head.Seq < prevSeq || head.Seq > uint64(i+1) || head.Timestamp < start || head.Timestamp > end {
+			t.Fatalf("line %d:\n%s\nwant\n%s\n(seq from %d, time in [%d, %d])", i, line, prefix+want[i], prevSeq, start, end)
+		}
+		prevSeq = head.Seq
+	}
+
+	// Live: without --replay (a --gateway of its own disables the default
+	// one) watch prints what is published after it subscribed. Keep
+	// storing until it has seen one.
 	type result struct {
 		code        int
 		out, errOut string
 	}
 	done := make(chan result, 1)
 	go func() {
-		code, out, errOut := run(t, "127.0.0.1:1", "--timeout", "30s", "watch", "--gateway", pub.Endpoint(), "--count", "3")
+		code, out, errOut := run(t, addr, "--timeout", "30s", "watch", "--gateway", gw.PubEndpoint(), "--count", "1")
 		done <- result{code, out, errOut}
 	}()
-	if err := pub.WaitSubscriber(t.Context()); err != nil {
-		t.Fatal(err)
+	cl := tenantClient(t, c, "live")
+	var r result
+	for i, finished := 0, false; !finished; i++ {
+		if err := cl.Put(t.Context(), fmt.Sprintf("live/%d", i), []byte("v")); err != nil {
+			t.Fatalf("put live/%d: %v", i, err)
+		}
+		select {
+		case r = <-done:
+			finished = true
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
-	if err := pub.Send(nil, kvevent.PutSeq(1), payload); err != nil {
-		t.Fatal(err)
+	var ev map[string]any
+	if err := json.Unmarshal([]byte(r.out), &ev); err != nil || r.code != ExitOK || r.errOut != "" || strings.Count(r.out, "\n") != 1 ||
+		ev["event_type"] != "stored" || ev["tenant_id"] != "live" || !strings.HasPrefix(ev["object_key"].(string), "live/") || ev["medium"] != "cpu" || ev["replayed"] != nil {
+		t.Fatalf("live watch: exit %d, stderr %q, stdout %q", r.code, r.errOut, r.out)
 	}
-	r := <-done
-	want := `{"seq":1,"event_id":1,"timestamp":1700000000000,"event_type":"stored","tenant_id":"t","backend_id":"gw-1","object_key":"k1","medium":"cpu","group_id":"g"}
-{"seq":1,"event_id":2,"timestamp":1700000000000,"event_type":"removed","tenant_id":"t","backend_id":"gw-1","object_key":"k0","medium":"disk"}
-{"seq":1,"event_id":3,"timestamp":1700000000000,"event_type":"cleared","tenant_id":"u","backend_id":"gw-1","medium":null}
-`
-	if r.code != ExitOK || r.out != want {
-		t.Fatalf("watch: exit %d, stderr %q, stdout\n%s\nwant\n%s", r.code, r.errOut, r.out, want)
-	}
-	if code, _, errOut := run(t, "127.0.0.1:1", "watch", "--gateway", "udp://nowhere"); code != ExitError || !strings.Contains(errOut, "subscribe udp://nowhere") {
+
+	if code, _, errOut := run(t, addr, "watch", "--gateway", "udp://nowhere"); code != ExitError || !strings.Contains(errOut, "subscribe udp://nowhere") {
 		t.Fatalf("watch of a bad endpoint: exit %d, stderr %q", code, errOut)
 	}
 }
 
 func TestBench(t *testing.T) {
-	f := newFake(t, testutil.FakeConfig{Transfer: true})
-	addr := f.Addr()
+	c := testcluster.Start(t, testcluster.Options{})
+	addr := c.MasterAddr()
 	prof := filepath.Join(t.TempDir(), "cpu.pprof")
 	for _, args := range [][]string{
 		{"-o", "json", "bench", "--mode", "put", "--size", "1KiB", "--concurrency", "2", "--duration", "250ms"},
@@ -315,7 +477,7 @@ func TestBench(t *testing.T) {
 		t.Fatalf("--cpuprofile wrote nothing: %v", err)
 	}
 	// Without --keep the run's objects go; --keep left mine/.
-	for _, k := range f.Keys("default") {
+	for _, k := range c.Keys("default") {
 		if !strings.HasPrefix(k, "mine/") {
 			t.Fatalf("bench left %q behind", k)
 		}
@@ -325,16 +487,14 @@ func TestBench(t *testing.T) {
 		t.Fatalf("bench text: exit %d, stdout %q", code, out)
 	}
 	// Every call failing: exit 1 and the first error reported.
-	f.SetHook(func(string) error {
+	c.SetMasterHook(func(string) error {
 		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_NO_AVAILABLE_HANDLE, "full")
 	})
+	defer c.SetMasterHook(nil)
 	code, out, errOut := run(t, addr, "bench", "--duration", "200ms", "--concurrency", "1")
-	if code != ExitError || !strings.Contains(out, "first error: put") || !strings.Contains(errOut, "every call failed") {
+	if code != ExitError || !strings.Contains(out, "first error: put") || !strings.Contains(out, "NO_AVAILABLE_HANDLE") || !strings.Contains(errOut, "every call failed") {
 		t.Fatalf("bench with every call failing: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
-	f.SetHook(func(string) error {
-		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_NO_AVAILABLE_HANDLE, "full")
-	})
 	if code, _, errOut := run(t, addr, "bench", "--mode", "get", "--keys", "2"); code != ExitError || !strings.Contains(errOut, "populate") {
 		t.Fatalf("bench get whose populate fails: exit %d, stderr %q", code, errOut)
 	}

@@ -5,18 +5,18 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	masterapp "github.com/crescent-kv/crescent/internal/master/app"
+	"github.com/crescent-kv/crescent/internal/testcluster"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/client"
 )
 
-// newFake starts the shared fake cluster (internal/testutil) that the
-// SDK's tests use too.
-func newFake(t *testing.T, cfg testutil.FakeConfig) *testutil.Fake {
-	t.Helper()
-	return testutil.NewFake(t, cfg)
-}
+// The tests run crescentctl against a real cluster started in-process by
+// internal/testcluster: the master, agents and gateway the binaries run,
+// on loopback ports. One cluster per top-level test; its subtests share it.
 
 func run(t *testing.T, addr string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
@@ -25,21 +25,102 @@ func run(t *testing.T, addr string, args ...string) (code int, stdout, stderr st
 	return code, out.String(), errb.String()
 }
 
+// tenantClient is an SDK client of the cluster addressing tenant.
+func tenantClient(t *testing.T, c *testcluster.Cluster, tenant string) *client.Client {
+	t.Helper()
+	return c.Client(t, func(cfg *client.Config) { cfg.Tenant = tenant })
+}
+
+// seed stores items in the default tenant through the SDK.
+func seed(t *testing.T, c *testcluster.Cluster, items ...client.Item) {
+	t.Helper()
+	for i, err := range c.Client(t).BatchPut(t.Context(), items) {
+		if err != nil {
+			t.Fatalf("seed %s: %v", items[i].Key, err)
+		}
+	}
+}
+
+// segments lists the master's segments through the real AdminService.
+func segments(t *testing.T, c *testcluster.Cluster) []*masterv1.Segment {
+	t.Helper()
+	resp, err := masterv1.NewAdminServiceClient(c.Conn()).ListSegments(t.Context(), &masterv1.ListSegmentsRequest{})
+	if err != nil {
+		t.Fatalf("ListSegments: %v", err)
+	}
+	return resp.GetSegments()
+}
+
+// segmentOf returns the id of agent's only segment.
+func segmentOf(t *testing.T, c *testcluster.Cluster, agent string) string {
+	t.Helper()
+	var ids []string
+	for _, s := range segments(t, c) {
+		if s.GetAgentId() == agent {
+			ids = append(ids, s.GetInfo().GetSegmentId())
+		}
+	}
+	if len(ids) != 1 {
+		t.Fatalf("%s has segments %v, want one", agent, ids)
+	}
+	return ids[0]
+}
+
+// waitLifecycle waits until the master reports segment id in lifecycle lc.
+func waitLifecycle(t *testing.T, c *testcluster.Cluster, id string, lc masterv1.SegmentLifecycle) {
+	t.Helper()
+	testutil.EventuallyNoError(t, 20*time.Second, func() error {
+		for _, s := range segments(t, c) {
+			if s.GetInfo().GetSegmentId() == id {
+				if s.GetLifecycle() != lc {
+					return fmt.Errorf("segment %s is %v, want %v", id, s.GetLifecycle(), lc)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("segment %s is not listed", id)
+	})
+}
+
+// TestDrainUndo drains a segment that holds a replica (the master moves it
+// to the other agent's segment and the object stays readable), undrains it,
+// and checks the refusals: a segment whose agent left (UNMOUNTED) and an
+// unknown one.
 func TestDrainUndo(t *testing.T) {
-	f := newFake(t, testutil.FakeConfig{})
-	f.SetLifecycle("seg-1", masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_UNMOUNTING)
-	addr := f.Addr()
+	c := testcluster.Start(t, testcluster.Options{})
+	addr := c.MasterAddr()
+	seg0, seg1 := segmentOf(t, c, "agent-0"), segmentOf(t, c, "agent-1")
+
+	// The drain needs a replica to move: put single-replica objects until
+	// one lands on seg0 (the master places them; it spreads new objects).
+	cl := c.Client(t)
+	var onSeg0 string
+	for i := 0; onSeg0 == "" && i < 64; i++ {
+		k := fmt.Sprintf("d/%d", i)
+		if err := cl.Put(t.Context(), k, []byte("drain me")); err != nil {
+			t.Fatalf("put %s: %v", k, err)
+		}
+		info, err := cl.Stat(t.Context(), k)
+		if err != nil {
+			t.Fatalf("stat %s: %v", k, err)
+		}
+		if info.Replicas[0].GetSegmentId() == seg0 {
+			onSeg0 = k
+		}
+	}
+	if onSeg0 == "" {
+		t.Fatalf("no put of 64 landed on %s", seg0)
+	}
+
 	for _, tc := range []struct {
 		args     []string
 		code     int
 		out, err string
 	}{
-		{[]string{"drain", "seg-0"}, ExitOK, "segment seg-0: DRAINED\n", ""},
-		{[]string{"drain", "--undo", "seg-0"}, ExitOK, "segment seg-0: OK\n", ""},
-		{[]string{"drain", "--undo", "seg-0"}, ExitOK, "segment seg-0: OK\n", ""},
-		{[]string{"-o", "json", "drain", "--undo", "seg-0"}, ExitOK, `{"lifecycle":"OK","segment_id":"seg-0"}` + "\n", ""},
-		{[]string{"drain", "--undo", "seg-1"}, ExitError, "", "SEGMENT_UNAVAILABLE"},
-		{[]string{"drain", "seg-1"}, ExitError, "", "SEGMENT_UNAVAILABLE"},
+		{[]string{"drain", seg0}, ExitOK, "segment " + seg0 + ": DRAINED\n", ""},
+		{[]string{"drain", "--undo", seg0}, ExitOK, "segment " + seg0 + ": OK\n", ""},
+		{[]string{"drain", "--undo", seg0}, ExitOK, "segment " + seg0 + ": OK\n", ""},
+		{[]string{"-o", "json", "drain", "--undo", seg0}, ExitOK, `{"lifecycle":"OK","segment_id":"` + seg0 + `"}` + "\n", ""},
 		{[]string{"drain", "--undo", "nope"}, ExitError, "", "SEGMENT_NOT_FOUND"},
 		{[]string{"drain", "nope"}, ExitError, "", "SEGMENT_NOT_FOUND"},
 	} {
@@ -48,37 +129,51 @@ func TestDrainUndo(t *testing.T) {
 			t.Errorf("crescentctl %v: got exit %d, stdout %q, stderr %q; want %d, %q, stderr containing %q", tc.args, code, out, errOut, tc.code, tc.out, tc.err)
 		}
 	}
+	// The drain moved the replica to agent-1's segment; the bytes followed.
+	info, err := cl.Stat(t.Context(), onSeg0)
+	if err != nil || len(info.Replicas) != 1 || info.Replicas[0].GetSegmentId() != seg1 {
+		t.Fatalf("after the drain, %s: %+v, %v; want its one replica on %s", onSeg0, info, err, seg1)
+	}
+	if got, err := cl.Get(t.Context(), onSeg0); err != nil || string(got) != "drain me" {
+		t.Fatalf("get %s after the drain: %q, %v", onSeg0, got, err)
+	}
+
+	// A segment whose agent left is past both drain and undrain.
+	c.StopAgent(1)
+	waitLifecycle(t, c, seg1, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_UNMOUNTED)
+	for _, args := range [][]string{{"drain", "--undo", seg1}, {"drain", seg1}} {
+		code, out, errOut := run(t, addr, args...)
+		if code != ExitError || out != "" || !strings.Contains(errOut, "SEGMENT_UNAVAILABLE") {
+			t.Errorf("crescentctl %v of an unmounted segment: got exit %d, stdout %q, stderr %q; want %d and SEGMENT_UNAVAILABLE", args, code, out, errOut, ExitError)
+		}
+	}
 }
 
 // TestRemovePrefixFollowsPages: the master answers a prefix removal in
-// pages; crescentctl rm --prefix follows them and reports the total.
+// pages (at most its scan budget of matching keys each); crescentctl rm
+// --prefix follows them and reports the total.
 func TestRemovePrefixFollowsPages(t *testing.T) {
-	f := newFake(t, testutil.FakeConfig{PageSize: 7})
+	const budget = 7
+	c := testcluster.Start(t, testcluster.Options{Agents: 1, Master: func(cfg *masterapp.Config) { cfg.ScanBudget = budget }})
 	var items []client.Item
 	for i := range 50 {
-		items = append(items, client.Item{Key: fmt.Sprintf("p/%04d", i)}, client.Item{Key: fmt.Sprintf("q/%04d", i)})
+		// The master refuses empty objects: a byte each.
+		items = append(items, client.Item{Key: fmt.Sprintf("p/%04d", i), Data: []byte("p")}, client.Item{Key: fmt.Sprintf("q/%04d", i), Data: []byte("q")})
 	}
-	seed(t, f, items...)
-	code, out, errOut := run(t, f.Addr(), "-o", "json", "rm", "--prefix", "p/")
+	seed(t, c, items...)
+	code, out, errOut := run(t, c.MasterAddr(), "-o", "json", "rm", "--prefix", "p/")
 	if code != ExitOK || out != `{"removed":50,"skipped":0}`+"\n" {
 		t.Fatalf("rm --prefix: exit %d, stdout %q, stderr %q; want 0 and 50 removed", code, out, errOut)
 	}
-	if calls, left := f.Calls("RemoveByPrefix"), len(f.Keys("default")); calls != 8 || left != 50 {
-		t.Fatalf("master saw %d calls and kept %d keys, want 8 pages and the 50 q/ keys", calls, left)
+	// A page examines at most budget matching keys, so 50 take at least
+	// ceil(50/7) = 8 calls.
+	keys := c.Keys("default")
+	if calls := c.Calls("RemoveByPrefix"); calls < (50+budget-1)/budget || len(keys) != 50 {
+		t.Fatalf("master saw %d calls and kept %d keys, want at least 8 pages and the 50 q/ keys", calls, len(keys))
 	}
-}
-
-// seed stores items in the default tenant through the SDK.
-func seed(t *testing.T, f *testutil.Fake, items ...client.Item) {
-	t.Helper()
-	c, err := client.New(t.Context(), client.Config{Master: f.Addr()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	for i, err := range c.BatchPut(t.Context(), items) {
-		if err != nil {
-			t.Fatalf("seed %s: %v", items[i].Key, err)
+	for _, k := range keys {
+		if !strings.HasPrefix(k, "q/") {
+			t.Fatalf("rm --prefix p/ left %q", k)
 		}
 	}
 }
