@@ -7,22 +7,19 @@ import (
 	"log"
 	"time"
 
-	"github.com/crescent-kv/crescent/internal/testutil"
+	"github.com/crescent-kv/crescent/internal/testcluster"
 	"github.com/crescent-kv/crescent/pkg/client"
 )
 
-// The examples run against an in-memory fake cluster on loopback ports
-// (internal/testutil), so `go test` runs them and checks their output.
-// Against a real cluster, Master is the master's address, e.g.
-// "localhost:50051" after `make run`.
+// The examples run against a real cluster started in-process on loopback
+// ports (internal/testcluster: a master and two agents), so `go test` runs
+// them and checks their output. Against a cluster of your own, Master is
+// the master's address, e.g. "localhost:50051" after `make run`.
 
-// startCluster starts the fake and returns its master address.
+// startCluster starts the cluster and returns its master address.
 func startCluster() (addr string, stop func()) {
-	fake, err := testutil.StartFake(testutil.FakeConfig{Agents: 2, Transfer: true})
-	if err != nil {
-		log.Fatal(err)
-	}
-	return fake.Addr(), fake.Close
+	c, stop := testcluster.StartExample(testcluster.Options{Agents: 2})
+	return c.MasterAddr(), stop
 }
 
 // A connector storing and fetching KV blocks: put a batch, read it back

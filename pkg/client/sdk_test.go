@@ -12,49 +12,19 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	masterapp "github.com/crescent-kv/crescent/internal/master/app"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
-	"github.com/crescent-kv/crescent/internal/testutil"
+	"github.com/crescent-kv/crescent/internal/testcluster"
 	"github.com/crescent-kv/crescent/pkg/client"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
-// The SDK against testutil.Fake: a master and agents on loopback ports,
-// reached through real gRPC connections and the bulk transfer protocol.
-
-// paths runs f once with the bulk transfer path and once with gRPC
-// DataService only.
-func paths(t *testing.T, f func(t *testing.T, transfer bool)) {
-	for _, transfer := range []bool{true, false} {
-		name := "grpc"
-		if transfer {
-			name = "transfer"
-		}
-		t.Run(name, func(t *testing.T) { f(t, transfer) })
-	}
-}
-
-func newClient(t *testing.T, f *testutil.Fake, cfg client.Config) *client.Client {
-	t.Helper()
-	cfg.Master = f.Addr()
-	if cfg.Backoff == 0 {
-		cfg.Backoff = time.Millisecond
-	}
-	c, err := client.New(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
-// setup starts a fake with two agents and a client for it.
-func setup(t *testing.T, transfer bool, fc testutil.FakeConfig) (*testutil.Fake, *client.Client) {
-	t.Helper()
-	fc.Transfer = transfer
-	f := testutil.NewFake(t, fc)
-	return f, newClient(t, f, client.Config{DisableTransfer: !transfer, ChunkSize: 64 << 10, SmallObject: 8 << 10})
-}
+// The SDK against a real in-process cluster (harness_test.go): two agents
+// of 32 MiB unless a test asks otherwise. Tests that share a cluster
+// between the two data paths give each path its own tenant.
 
 func pattern(n int, seed byte) []byte {
 	b := make([]byte, n)
@@ -64,13 +34,29 @@ func pattern(n int, seed byte) []byte {
 	return b
 }
 
+// sameReplicas fails the test unless the cluster holds n replicas of key,
+// each exactly data.
+func sameReplicas(t *testing.T, h *harness, tenant, key string, n int, data []byte) {
+	t.Helper()
+	reps := h.Replicas(tenant, key)
+	if len(reps) != n {
+		t.Fatalf("%q: %d replicas, want %d", key, len(reps), n)
+	}
+	for i, r := range reps {
+		if !bytes.Equal(r, data) {
+			t.Fatalf("%q: replica %d holds %d bytes that differ from the %d put", key, i, len(r), len(data))
+		}
+	}
+}
+
 func TestPutGetRoundTrip(t *testing.T) {
+	h := start(t, testcluster.Options{})
 	paths(t, func(t *testing.T, transfer bool) {
-		f, c := setup(t, transfer, testutil.FakeConfig{})
+		c := h.pathClient(t, transfer)
 		ctx := t.Context()
-		// Empty, small (unary BatchWrite/BatchRead), streamed in several
-		// chunks.
-		for _, size := range []int{0, 100, 8 << 10, 8<<10 + 1, 300 << 10} {
+		// The smallest, small (unary BatchWrite/BatchRead), streamed in
+		// several chunks.
+		for _, size := range []int{1, 100, 8 << 10, 8<<10 + 1, 300 << 10} {
 			key := fmt.Sprintf("obj-%d", size)
 			data := pattern(size, byte(size))
 			var progressed atomic.Int64
@@ -81,9 +67,7 @@ func TestPutGetRoundTrip(t *testing.T) {
 			if got, want := progressed.Load(), int64(2*size); got != want {
 				t.Errorf("size %d: progress reached %d, want %d", size, got, want)
 			}
-			if got, ok := f.Object("default", key); !ok || !bytes.Equal(got, data) {
-				t.Fatalf("size %d: the fake holds %d bytes (stored %v)", size, len(got), ok)
-			}
+			sameReplicas(t, h, c.TenantName(), key, 2, data)
 			got, err := c.Get(ctx, key)
 			if err != nil || !bytes.Equal(got, data) {
 				t.Fatalf("Get %d bytes: got %d bytes, err %v", size, len(got), err)
@@ -101,7 +85,7 @@ func TestPutGetRoundTrip(t *testing.T) {
 				}
 				last = done
 			})
-			if err != nil || wn != int64(size) || !bytes.Equal(w.Bytes(), data) || (size > 0 && last != int64(size)) {
+			if err != nil || wn != int64(size) || !bytes.Equal(w.Bytes(), data) || last != int64(size) {
 				t.Fatalf("GetTo %d bytes: wrote %d (progress %d), err %v", size, wn, last, err)
 			}
 			info, err := c.Stat(ctx, key)
@@ -116,40 +100,54 @@ func TestPutGetRoundTrip(t *testing.T) {
 		if ok, err := c.Exist(ctx, "missing"); ok || err != nil {
 			t.Fatalf("Exist of a missing key: %v, %v", ok, err)
 		}
+		// The master refuses empty objects (PutStartRequest.size is > 0).
+		if err := c.Put(ctx, "empty", nil); !errors.Is(err, client.ErrInvalid) {
+			t.Fatalf("Put of 0 bytes: %v, want ErrInvalid", err)
+		}
+		if ok, err := c.Exist(ctx, "empty"); ok || err != nil {
+			t.Fatalf("Exist after the refused empty put: %v, %v", ok, err)
+		}
 	})
 }
 
 // TestLargeTransferObject: an object larger than one transfer request
 // travels in several, into the caller's buffer and through a reused one.
 func TestLargeTransferObject(t *testing.T) {
-	f, c := setup(t, true, testutil.FakeConfig{Agents: 1})
+	h := start(t, testcluster.Options{Agents: 1})
+	n := h.countTransfers(t)
+	c := h.pathClient(t, true)
 	ctx := t.Context()
 	data := pattern(16<<20+5, 7)
 	if err := c.PutFrom(ctx, "big", bytes.NewReader(data), int64(len(data))); err != nil {
 		t.Fatal(err)
 	}
+	if got := n.writes.Load(); got != 2 {
+		t.Errorf("the put took %d transfer requests, want 2", got)
+	}
 	if got, err := c.Get(ctx, "big"); err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("Get: %d bytes, %v", len(got), err)
+	}
+	if got := n.reads.Load(); got != 2 {
+		t.Errorf("the get took %d transfer requests, want 2", got)
 	}
 	var w bytes.Buffer
 	if n, err := c.GetTo(ctx, "big", &w, nil); err != nil || n != int64(len(data)) || !bytes.Equal(w.Bytes(), data) {
 		t.Fatalf("GetTo: %d bytes, %v", n, err)
 	}
-	if got := f.Calls("TransferWrite"); got != 2 {
-		t.Errorf("the put took %d transfer requests, want 2", got)
+	if got := n.reads.Load() - 2; got != 2 {
+		t.Errorf("GetTo took %d transfer requests, want 2", got)
 	}
 }
 
 func TestPutFrom(t *testing.T) {
+	h := start(t, testcluster.Options{})
 	paths(t, func(t *testing.T, transfer bool) {
-		f, c := setup(t, transfer, testutil.FakeConfig{})
+		c := h.pathClient(t, transfer)
 		data := pattern(200<<10, 3)
 		if err := c.PutFrom(t.Context(), "file", bytes.NewReader(data), int64(len(data)), client.WithReplicas(2)); err != nil {
 			t.Fatal(err)
 		}
-		if got, _ := f.Object("default", "file"); !bytes.Equal(got, data) {
-			t.Fatalf("stored %d bytes, want %d", len(got), len(data))
-		}
+		sameReplicas(t, h, c.TenantName(), "file", 2, data)
 		if err := c.PutFrom(t.Context(), "bad", failingReader{}, 10); err == nil {
 			t.Fatal("PutFrom of a failing reader must fail")
 		}
@@ -161,8 +159,9 @@ type failingReader struct{}
 func (failingReader) ReadAt([]byte, int64) (int, error) { return 0, errors.New("disk on fire") }
 
 func TestPutErrors(t *testing.T) {
+	h := start(t, testcluster.Options{})
 	paths(t, func(t *testing.T, transfer bool) {
-		f, c := setup(t, transfer, testutil.FakeConfig{})
+		c := h.pathClient(t, transfer)
 		ctx := t.Context()
 		if err := c.Put(ctx, "k", []byte("one")); err != nil {
 			t.Fatal(err)
@@ -179,10 +178,11 @@ func TestPutErrors(t *testing.T) {
 		if err := c.Put(ctx, "k3", []byte("x"), client.WithReplicas(3)); !errors.Is(err, client.ErrNoSpace) {
 			t.Fatalf("3 replicas on 2 segments: %v, want ErrNoSpace", err)
 		}
-		if _, err := c.Admin().SetTenantQuota(ctx, &masterv1.SetTenantQuotaRequest{Tenant: "small", MaxObjects: 1}); err != nil {
+		quota := "small-" + c.TenantName()
+		if _, err := c.Admin().SetTenantQuota(ctx, &masterv1.SetTenantQuotaRequest{Tenant: quota, MaxObjects: 1}); err != nil {
 			t.Fatal(err)
 		}
-		small := c.Tenant("small")
+		small := c.Tenant(quota)
 		if err := small.Put(ctx, "a", []byte("a")); err != nil {
 			t.Fatal(err)
 		}
@@ -191,73 +191,111 @@ func TestPutErrors(t *testing.T) {
 		}
 
 		// A failed replica write revokes the put: nothing stays behind.
-		f.SetAgentHook(func(agent int, _ string) error {
-			if agent == 1 {
-				return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, "agent 1 is gone")
+		for _, fault := range []struct {
+			name   string
+			inject func() (heal func())
+		}{
+			{"failing", func() func() { return h.failAgents(t, 1) }},
+			{"refusing", func() func() { return h.refuseAgents(t, 1) }},
+		} {
+			heal := fault.inject()
+			for _, size := range []int{10, 100 << 10} {
+				key := fmt.Sprintf("%s-%d", fault.name, size)
+				revokes := h.Calls("PutRevoke")
+				if err := c.Put(ctx, key, pattern(size, 1), client.WithReplicas(2)); err == nil {
+					t.Fatalf("Put of %d bytes with agent 1 %s succeeded", size, fault.name)
+				}
+				if got := h.Calls("PutRevoke"); got != revokes+1 {
+					t.Fatalf("agent 1 %s: %d PutRevoke calls after the failed put, want 1", fault.name, got-revokes)
+				}
+				if ok, _ := c.Exist(ctx, key); ok {
+					t.Fatalf("%q exists after its put failed", key)
+				}
 			}
-			return nil
-		})
-		for _, size := range []int{10, 100 << 10} {
-			key := fmt.Sprintf("w-%d", size)
-			revokes := f.Calls("PutRevoke")
-			if err := c.Put(ctx, key, pattern(size, 1), client.WithReplicas(2)); err == nil {
-				t.Fatalf("Put of %d bytes with a failing replica succeeded", size)
-			}
-			if got := f.Calls("PutRevoke"); got != revokes+1 {
-				t.Fatalf("%d PutRevoke calls after the failed put, want %d", got, revokes+1)
-			}
-			if ok, _ := c.Exist(ctx, key); ok {
-				t.Fatalf("%q exists after its put failed", key)
-			}
+			heal()
 		}
 	})
+}
+
+// changingReader serves data on the first pass (PutFrom's checksum) and
+// other bytes afterwards, like a file rewritten during its upload.
+type changingReader struct {
+	data []byte
+	read atomic.Int64
+}
+
+func (r *changingReader) ReadAt(p []byte, off int64) (int, error) {
+	n := copy(p, r.data[off:])
+	if r.read.Add(int64(n)) > int64(len(r.data)) {
+		for i := range p[:n] {
+			p[i] ^= 0xff
+		}
+	}
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
 }
 
 // TestPutChecksumMismatch: a PutEnd the master refuses for its checksum is
 // not revoked by the client (the master already failed the put).
 func TestPutChecksumMismatch(t *testing.T) {
-	f, c := setup(t, false, testutil.FakeConfig{})
-	f.SetHook(func(method string) error {
-		if method == "PutEnd" {
-			return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "replica 1 does not match")
-		}
-		return nil
-	})
-	if err := c.Put(t.Context(), "k", []byte("v")); !errors.Is(err, client.ErrChecksum) {
+	h := start(t, testcluster.Options{})
+	c := h.client(t, client.Config{DisableTransfer: true})
+	ctx := t.Context()
+	revokes := h.Calls("PutRevoke")
+	// The agents refuse to seal bytes that do not match PutEnd's checksum.
+	err := c.PutFrom(ctx, "k", &changingReader{data: pattern(1000, 5)}, 1000, client.WithReplicas(2))
+	if !errors.Is(err, client.ErrChecksum) {
 		t.Fatalf("Put: %v, want ErrChecksum", err)
 	}
-	if n := f.Calls("PutRevoke"); n != 0 {
+	if n := h.Calls("PutRevoke") - revokes; n != 0 {
 		t.Fatalf("%d PutRevoke calls after a checksum refusal, want 0", n)
 	}
-	f.SetHook(func(method string) error {
+	if ok, err := c.Exist(ctx, "k"); ok || err != nil {
+		t.Fatalf("Exist after the refused put: %v, %v", ok, err)
+	}
+	if err := c.Put(ctx, "k", []byte("v")); err != nil {
+		t.Fatalf("Put after the refused put: %v", err)
+	}
+
+	h.SetMasterHook(func(method string) error {
 		if method == "PutEnd" {
 			return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INTERNAL, "boom")
 		}
 		return nil
 	})
-	if err := c.Put(t.Context(), "k2", []byte("v")); err == nil {
+	t.Cleanup(func() { h.SetMasterHook(nil) })
+	if err := c.Put(ctx, "k2", []byte("v")); err == nil {
 		t.Fatal("Put with a failing PutEnd succeeded")
 	}
-	if n := f.Calls("PutRevoke"); n != 1 {
+	if n := h.Calls("PutRevoke") - revokes; n != 1 {
 		t.Fatalf("%d PutRevoke calls after a failed PutEnd, want 1", n)
+	}
+	h.SetMasterHook(nil)
+	// The revoke freed the key at once (no put left to time out).
+	if err := c.Put(ctx, "k2", []byte("v")); err != nil {
+		t.Fatalf("Put after the revoked put: %v", err)
 	}
 }
 
 func TestGetFallsBack(t *testing.T) {
+	h := start(t, testcluster.Options{})
 	paths(t, func(t *testing.T, transfer bool) {
-		f, c := setup(t, transfer, testutil.FakeConfig{})
+		c := h.pathClient(t, transfer)
+		tenant := c.TenantName()
 		ctx := t.Context()
 		small, large := pattern(100, 1), pattern(100<<10, 2)
 		for key, data := range map[string][]byte{"small": small, "large": large} {
 			if err := c.Put(ctx, key, data, client.WithReplicas(2)); err != nil {
 				t.Fatal(err)
 			}
-			f.Corrupt("default", key, 0)
+			h.Corrupt(tenant, key, h.replicaOn(t, tenant, key, "host-0")) // read first
 			got, err := c.Get(ctx, key)
 			if err != nil || !bytes.Equal(got, data) {
-				t.Fatalf("Get %s with replica 0 corrupt: %d bytes, %v", key, len(got), err)
+				t.Fatalf("Get %s with agent 0's replica corrupt: %d bytes, %v", key, len(got), err)
 			}
-			f.Corrupt("default", key, 1)
+			h.Corrupt(tenant, key, h.replicaOn(t, tenant, key, "host-1"))
 			if _, err := c.Get(ctx, key); !errors.Is(err, client.ErrChecksum) {
 				t.Fatalf("Get %s with both replicas corrupt: %v, want ErrChecksum", key, err)
 			}
@@ -266,69 +304,106 @@ func TestGetFallsBack(t *testing.T) {
 				t.Fatalf("GetTo %s with both replicas corrupt: %v, want ErrChecksum", key, err)
 			}
 		}
-		// An agent that fails every read: the other replica answers.
-		if err := c.Put(ctx, "k", large, client.WithReplicas(2)); err != nil {
-			t.Fatal(err)
-		}
-		f.SetAgentHook(func(agent int, _ string) error {
-			if agent == 0 {
-				return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, "agent 0 is gone")
+		// An agent that fails or refuses every read: the other replica
+		// answers.
+		for key, data := range map[string][]byte{"k-small": small, "k-large": large} {
+			if err := c.Put(ctx, key, data, client.WithReplicas(2)); err != nil {
+				t.Fatal(err)
 			}
-			return nil
-		})
-		if got, err := c.Get(ctx, "k"); err != nil || !bytes.Equal(got, large) {
-			t.Fatalf("Get with agent 0 failing: %d bytes, %v", len(got), err)
 		}
-		var w bytes.Buffer
-		if n, err := c.GetTo(ctx, "k", &w, nil); err != nil || n != int64(len(large)) {
-			t.Fatalf("GetTo with agent 0 failing: %d bytes, %v", n, err)
-		}
-		f.SetAgentHook(func(int, string) error {
-			return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, "all gone")
-		})
-		if _, err := c.GetTo(ctx, "k", &w, nil); err == nil {
-			t.Fatal("GetTo with every agent failing succeeded")
+		for _, fault := range []struct {
+			name   string
+			inject func(agents ...int) (heal func())
+		}{
+			{"failing", func(agents ...int) func() { return h.failAgents(t, agents...) }},
+			{"refusing", func(agents ...int) func() { return h.refuseAgents(t, agents...) }},
+		} {
+			heal := fault.inject(0)
+			for key, data := range map[string][]byte{"k-small": small, "k-large": large} {
+				if got, err := c.Get(ctx, key); err != nil || !bytes.Equal(got, data) {
+					t.Fatalf("Get %s with agent 0 %s: %d bytes, %v", key, fault.name, len(got), err)
+				}
+				var w bytes.Buffer
+				if n, err := c.GetTo(ctx, key, &w, nil); err != nil || !bytes.Equal(w.Bytes(), data) {
+					t.Fatalf("GetTo %s with agent 0 %s: %d bytes, %v", key, fault.name, n, err)
+				}
+			}
+			heal()
+			heal = fault.inject(0, 1)
+			var w bytes.Buffer
+			if _, err := c.GetTo(ctx, "k-large", &w, nil); err == nil {
+				t.Fatalf("GetTo with every agent %s succeeded", fault.name)
+			}
+			if _, err := c.Get(ctx, "k-small"); err == nil {
+				t.Fatalf("Get with every agent %s succeeded", fault.name)
+			}
+			heal()
 		}
 	})
 }
 
-// TestGetStoppedAgent: a replica on an agent that is down (connection
-// refused) is skipped, on either path.
+// TestGetStoppedAgent: a replica on an agent that cannot be reached (connection
+// refused) is skipped, on either path; once the master knows the agent is
+// gone, reads and puts use the agents left.
 func TestGetStoppedAgent(t *testing.T) {
 	paths(t, func(t *testing.T, transfer bool) {
-		f, c := setup(t, transfer, testutil.FakeConfig{})
+		h := start(t, testcluster.Options{})
+		c := h.pathClient(t, transfer)
+		ctx := t.Context()
 		data := pattern(50<<10, 9)
-		if err := c.Put(t.Context(), "k", data, client.WithReplicas(2)); err != nil {
+		if err := c.Put(ctx, "k", data, client.WithReplicas(2)); err != nil {
 			t.Fatal(err)
 		}
-		f.Agent(0).Stop()
-		if got, err := c.Get(t.Context(), "k"); err != nil || !bytes.Equal(got, data) {
-			t.Fatalf("Get with agent 0 down: %d bytes, %v", len(got), err)
+		// Unreachable, while the master still lists agent 0's replica.
+		heal := h.cutAgent(t, 0)
+		if got, err := c.Get(ctx, "k"); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("Get with agent 0 unreachable: %d bytes, %v", len(got), err)
 		}
-		if err := c.Put(t.Context(), "k2", data, client.WithReplicas(2)); err == nil {
-			t.Fatal("Put to a stopped agent succeeded")
+		if err := c.Put(ctx, "k2", data, client.WithReplicas(2)); err == nil {
+			t.Fatal("Put to an unreachable agent succeeded")
+		}
+		if ok, _ := c.Exist(ctx, "k2"); ok {
+			t.Fatal("k2 exists after its put failed")
+		}
+		heal()
+
+		// Stopped: the agent deregistered, the master dropped its replicas.
+		h.StopAgent(0)
+		h.waitSegmentsOK(t, 1)
+		if got, err := c.Get(ctx, "k"); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("Get with agent 0 stopped: %d bytes, %v", len(got), err)
+		}
+		if info, err := c.Stat(ctx, "k"); err != nil || len(info.Replicas) != 1 || info.Replicas[0].GetAgentId() != "agent-1" {
+			t.Fatalf("Stat with agent 0 stopped: %+v, %v; want the replica on agent-1 alone", info, err)
+		}
+		if err := c.Put(ctx, "k2", data, client.WithReplicas(2)); !errors.Is(err, client.ErrNoSpace) {
+			t.Fatalf("Put of 2 replicas with one agent left: %v, want ErrNoSpace", err)
+		}
+		if err := c.Put(ctx, "k2", data); err != nil {
+			t.Fatalf("Put of 1 replica with one agent left: %v", err)
 		}
 	})
 }
 
 // TestLocalReplicaFirst: a client on host-1 reads the replica there.
 func TestLocalReplicaFirst(t *testing.T) {
-	f := testutil.NewFake(t, testutil.FakeConfig{})
-	c := newClient(t, f, client.Config{HostID: "host-1", DisableTransfer: true})
+	h := start(t, testcluster.Options{})
+	c := h.client(t, client.Config{HostID: "host-1", DisableTransfer: true})
 	if err := c.Put(t.Context(), "k", []byte("local"), client.WithReplicas(2)); err != nil {
 		t.Fatal(err)
 	}
-	f.Corrupt("default", "k", 0) // host-0's copy: never read
+	h.Corrupt("default", "k", h.replicaOn(t, "default", "k", "host-0")) // never read
 	if _, err := c.Get(t.Context(), "k"); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := c.BatchGet(t.Context(), []string{"k"}); string(got[0]) != "local" {
-		t.Fatalf("BatchGet read %q", got[0])
+	if got, errs := c.BatchGet(t.Context(), []string{"k"}); string(got[0]) != "local" {
+		t.Fatalf("BatchGet read %q, %v", got[0], errs[0])
 	}
 }
 
 func TestGetErrors(t *testing.T) {
-	_, c := setup(t, true, testutil.FakeConfig{})
+	h := start(t, testcluster.Options{})
+	c := h.pathClient(t, true)
 	ctx := t.Context()
 	if _, err := c.Get(ctx, "missing"); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("Get: %v, want ErrNotFound", err)
@@ -348,8 +423,11 @@ func TestGetErrors(t *testing.T) {
 }
 
 func TestRemove(t *testing.T) {
-	clk := testutil.NewClock(time.Unix(1000, 0))
-	f, c := setup(t, false, testutil.FakeConfig{Now: clk.Now})
+	// A short read lease, waited out for real (the master's clock is the
+	// wall clock).
+	const lease = time.Second
+	h := start(t, testcluster.Options{Master: func(c *masterapp.Config) { c.LeaseTTL = lease }})
+	c := h.client(t, client.Config{DisableTransfer: true})
 	ctx := t.Context()
 	if err := c.Put(ctx, "k", []byte("v")); err != nil {
 		t.Fatal(err)
@@ -360,7 +438,7 @@ func TestRemove(t *testing.T) {
 	if err := c.Remove(ctx, "k", false); !errors.Is(err, client.ErrLeased) {
 		t.Fatalf("Remove of a leased object: %v, want ErrLeased", err)
 	}
-	clk.Advance(11 * time.Second) // past the 10 s lease
+	time.Sleep(lease + 50*time.Millisecond)
 	if err := c.Remove(ctx, "k", false); err != nil {
 		t.Fatalf("Remove after the lease: %v", err)
 	}
@@ -376,14 +454,15 @@ func TestRemove(t *testing.T) {
 	if err := c.Remove(ctx, "pinned", true); err != nil {
 		t.Fatalf("forced Remove: %v", err)
 	}
-	if keys := f.Keys("default"); len(keys) != 0 {
+	if keys := h.Keys("default"); len(keys) != 0 {
 		t.Fatalf("left %v", keys)
 	}
 }
 
 func TestRemoveScansFollowPages(t *testing.T) {
-	clk := testutil.NewClock(time.Unix(1000, 0))
-	f, c := setup(t, false, testutil.FakeConfig{PageSize: 7, Now: clk.Now})
+	// The master examines at most 7 keys per RemoveByPrefix/Regex call.
+	h := start(t, testcluster.Options{Master: func(c *masterapp.Config) { c.ScanBudget = 7 }})
+	c := h.client(t, client.Config{DisableTransfer: true})
 	ctx := t.Context()
 	var items []client.Item
 	for i := range 30 {
@@ -397,16 +476,21 @@ func TestRemoveScansFollowPages(t *testing.T) {
 	if _, err := c.Get(ctx, "p/005"); err != nil { // leased: skipped without force
 		t.Fatal(err)
 	}
+	calls := h.Calls("RemoveByPrefix")
 	removed, skipped, err := c.RemoveByPrefix(ctx, "p/", false)
 	if err != nil || removed != 29 || skipped != 1 {
 		t.Fatalf("RemoveByPrefix: removed %d skipped %d, %v; want 29, 1", removed, skipped, err)
 	}
-	if got := f.Calls("RemoveByPrefix"); got < 5 {
+	if got := h.Calls("RemoveByPrefix") - calls; got < 5 {
 		t.Fatalf("%d RemoveByPrefix calls for 30 keys in pages of 7", got)
 	}
+	calls = h.Calls("RemoveByRegex")
 	removed, skipped, err = c.RemoveByRegex(ctx, `^q/00[0-9]$`, false)
 	if err != nil || removed != 10 || skipped != 0 {
 		t.Fatalf("RemoveByRegex: removed %d skipped %d, %v; want 10, 0", removed, skipped, err)
+	}
+	if got := h.Calls("RemoveByRegex") - calls; got < 2 {
+		t.Fatalf("%d RemoveByRegex calls for 30 q/ keys in pages of 7", got)
 	}
 	if _, _, err := c.RemoveByRegex(ctx, `(`, false); !errors.Is(err, client.ErrInvalid) {
 		t.Fatalf("RemoveByRegex of a bad regex: %v, want ErrInvalid", err)
@@ -420,29 +504,44 @@ func TestRemoveScansFollowPages(t *testing.T) {
 	}
 }
 
+// pageSize makes the client's ListObjects calls ask for pages of n (the SDK
+// leaves the page size to the master, 1000 by default).
+func pageSize(n uint32) grpc.DialOption {
+	return grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if r, ok := req.(*masterv1.ListObjectsRequest); ok {
+			r = proto.Clone(r).(*masterv1.ListObjectsRequest)
+			r.PageSize = n
+			req = r
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
+}
+
 func TestList(t *testing.T) {
-	f, c := setup(t, false, testutil.FakeConfig{PageSize: 4})
+	h := start(t, testcluster.Options{})
+	c := h.client(t, client.Config{DisableTransfer: true, DialOptions: []grpc.DialOption{pageSize(4)}})
 	ctx := t.Context()
 	var items []client.Item
 	for i := range 10 {
-		items = append(items, client.Item{Key: fmt.Sprintf("a/%02d", i), Data: pattern(i, 0)})
+		items = append(items, client.Item{Key: fmt.Sprintf("a/%02d", i), Data: pattern(i+1, 0)})
 	}
 	items = append(items, client.Item{Key: "b/0", Data: []byte("x")})
 	if err := errors.Join(c.BatchPut(ctx, items, client.WithGroup("g"))...); err != nil {
 		t.Fatal(err)
 	}
+	calls := h.Calls("ListObjects")
 	var keys []string
 	for o, err := range c.List(ctx, "a/") {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if o.GetGroupId() != "g" || o.GetSize() != uint64(len(keys)) {
+		if o.GetGroupId() != "g" || o.GetSize() != uint64(len(keys)+1) {
 			t.Fatalf("object %v", o)
 		}
 		keys = append(keys, o.GetKey())
 	}
-	if len(keys) != 10 || !slices.IsSorted(keys) || f.Calls("ListObjects") != 3 {
-		t.Fatalf("listed %v in %d calls, want the 10 a/ keys in 3 pages", keys, f.Calls("ListObjects"))
+	if n := h.Calls("ListObjects") - calls; len(keys) != 10 || !slices.IsSorted(keys) || n != 3 {
+		t.Fatalf("listed %v in %d calls, want the 10 a/ keys in 3 pages", keys, n)
 	}
 	n := 0
 	for range c.List(ctx, "") {
@@ -450,7 +549,8 @@ func TestList(t *testing.T) {
 			break
 		}
 	}
-	f.SetHook(func(string) error { return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INTERNAL, "boom") })
+	h.SetMasterHook(func(string) error { return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INTERNAL, "boom") })
+	t.Cleanup(func() { h.SetMasterHook(nil) })
 	for _, err := range c.List(ctx, "") {
 		if err == nil {
 			t.Fatal("List against a failing master yielded an object")
@@ -459,8 +559,9 @@ func TestList(t *testing.T) {
 }
 
 func TestBatch(t *testing.T) {
+	h := start(t, testcluster.Options{})
 	paths(t, func(t *testing.T, transfer bool) {
-		f, c := setup(t, transfer, testutil.FakeConfig{})
+		c := h.pathClient(t, transfer)
 		ctx := t.Context()
 		// More items than one data-plane batch holds, a few streamed.
 		var items []client.Item
@@ -527,7 +628,7 @@ func TestBatch(t *testing.T) {
 		if rerrs[0] != nil || !errors.Is(rerrs[1], client.ErrNotFound) {
 			t.Fatalf("BatchRemove: %v", rerrs)
 		}
-		if n := len(f.Keys("default")); n != 299 {
+		if n := len(h.Keys(c.TenantName())); n != 299 {
 			t.Fatalf("%d keys left, want 299", n)
 		}
 	})
@@ -537,7 +638,9 @@ func TestBatch(t *testing.T) {
 // read from the other one.
 func TestBatchFallsBack(t *testing.T) {
 	paths(t, func(t *testing.T, transfer bool) {
-		f, c := setup(t, transfer, testutil.FakeConfig{})
+		h := start(t, testcluster.Options{})
+		c := h.pathClient(t, transfer)
+		tenant := c.TenantName()
 		ctx := t.Context()
 		var items []client.Item
 		for i := range 10 {
@@ -546,7 +649,8 @@ func TestBatchFallsBack(t *testing.T) {
 		if err := errors.Join(c.BatchPut(ctx, items, client.WithReplicas(2))...); err != nil {
 			t.Fatal(err)
 		}
-		f.Corrupt("default", "k3", 0)
+		corrupt := func(key, host string) { h.Corrupt(tenant, key, h.replicaOn(t, tenant, key, host)) }
+		corrupt("k3", "host-0")
 		keys := []string{"k0", "k1", "k2", "k3"}
 		check := func(what string) {
 			t.Helper()
@@ -557,43 +661,47 @@ func TestBatchFallsBack(t *testing.T) {
 				}
 			}
 		}
-		check("replica 0 of k3 corrupt")
-		f.SetAgentHook(func(agent int, _ string) error {
-			if agent == 0 {
-				return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, "agent 0 is gone")
-			}
-			return nil
-		})
+		check("k3's replica on agent 0 corrupt")
+		heal := h.refuseAgents(t, 0)
+		check("agent 0 refusing its items")
+		heal()
+		heal = h.failAgents(t, 0)
 		check("agent 0 failing")
-		f.Corrupt("default", "k3", 1)
+		corrupt("k3", "host-1")
 		if _, errs := c.BatchGet(ctx, keys); errs[3] == nil {
 			t.Fatal("BatchGet of an object with no good replica succeeded")
 		}
-		f.Agent(0).Stop()
-		f.Corrupt("default", "k3", 1) // heal replica 1
-		check("agent 0 down")
+		corrupt("k3", "host-1") // heal it
+		heal()
+		h.cutAgent(t, 0)
+		check("agent 0 unreachable, still listed")
+		h.StopAgent(0)
+		h.waitSegmentsOK(t, 1)
+		check("agent 0 stopped")
 	})
 }
 
 func TestBatchPutFailures(t *testing.T) {
+	h := start(t, testcluster.Options{})
 	paths(t, func(t *testing.T, transfer bool) {
-		f, c := setup(t, transfer, testutil.FakeConfig{})
+		c := h.pathClient(t, transfer)
+		tenant := c.TenantName()
 		ctx := t.Context()
 		items := []client.Item{{Key: "a", Data: []byte("a")}, {Key: "b", Data: pattern(20<<10, 1)}}
-		f.SetAgentHook(func(int, string) error {
-			return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, "down")
-		})
+		heal := h.failAgents(t, 0, 1)
+		revokes := h.Calls("BatchPutRevoke")
 		for i, err := range c.BatchPut(ctx, items) {
 			if err == nil {
 				t.Fatalf("item %d stored with every agent failing", i)
 			}
 		}
-		if f.Calls("BatchPutRevoke") != 1 || len(f.Keys("default")) != 0 {
-			t.Fatalf("%d BatchPutRevoke calls, keys %v; want 1 and none", f.Calls("BatchPutRevoke"), f.Keys("default"))
+		if n := h.Calls("BatchPutRevoke") - revokes; n != 1 || len(h.Keys(tenant)) != 0 {
+			t.Fatalf("%d BatchPutRevoke calls, keys %v; want 1 and none", n, h.Keys(tenant))
 		}
-		f.SetAgentHook(nil)
+		heal()
+		t.Cleanup(func() { h.SetMasterHook(nil) })
 		for _, method := range []string{"BatchPutStart", "BatchPutEnd"} {
-			f.SetHook(func(m string) error {
+			h.SetMasterHook(func(m string) error {
 				if m == method {
 					return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INTERNAL, "boom")
 				}
@@ -605,12 +713,12 @@ func TestBatchPutFailures(t *testing.T) {
 				}
 			}
 		}
-		f.SetHook(nil)
+		h.SetMasterHook(nil)
 		if err := errors.Join(c.BatchPut(ctx, items)...); err != nil {
 			t.Fatal(err)
 		}
 		for _, method := range []string{"BatchGetReplicaList", "BatchRemove", "BatchExist"} {
-			f.SetHook(func(m string) error {
+			h.SetMasterHook(func(m string) error {
 				if m == method {
 					return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INTERNAL, "boom")
 				}
@@ -632,19 +740,21 @@ func TestBatchPutFailures(t *testing.T) {
 				t.Fatalf("%s failing: the batch call succeeded", method)
 			}
 		}
+		h.SetMasterHook(nil)
 	})
 }
 
 func TestRetries(t *testing.T) {
-	f := testutil.NewFake(t, testutil.FakeConfig{})
-	c := newClient(t, f, client.Config{Attempts: 3})
+	h := start(t, testcluster.Options{})
+	c := h.client(t, client.Config{Attempts: 3})
 	var fails atomic.Int32
-	f.SetHook(func(m string) error {
+	h.SetMasterHook(func(m string) error {
 		if m == "Exist" && fails.Add(-1) >= 0 {
 			return status.Error(codes.Unavailable, "connection reset")
 		}
 		return nil
 	})
+	t.Cleanup(func() { h.SetMasterHook(nil) })
 	fails.Store(2)
 	if _, err := c.Exist(t.Context(), "k"); err != nil {
 		t.Fatalf("Exist after 2 transient failures, 3 attempts: %v", err)
@@ -653,12 +763,12 @@ func TestRetries(t *testing.T) {
 	if _, err := c.Exist(t.Context(), "k"); err == nil {
 		t.Fatalf("Exist after 3 transient failures: %v, want the failure", err)
 	}
-	before := f.Calls("QueryRoute")
-	f.SetHook(func(string) error {
+	before := h.Calls("QueryRoute")
+	h.SetMasterHook(func(string) error {
 		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "no")
 	})
-	if _, err := c.Stat(t.Context(), "k"); !errors.Is(err, client.ErrInvalid) || f.Calls("QueryRoute") != before+1 {
-		t.Fatalf("Stat: %v after %d calls; a permanent error is not retried", err, f.Calls("QueryRoute"))
+	if _, err := c.Stat(t.Context(), "k"); !errors.Is(err, client.ErrInvalid) || h.Calls("QueryRoute") != before+1 {
+		t.Fatalf("Stat: %v after %d calls; a permanent error is not retried", err, h.Calls("QueryRoute")-before)
 	}
 	// The backoff's schedule and its context are TestCallBackoff's, on a
 	// fake clock.
@@ -666,45 +776,51 @@ func TestRetries(t *testing.T) {
 
 // TestNotLeaderRedirect: a master that is not the leader answers
 // NOT_LEADER naming the leader; the client switches to it and retries.
+// The follower is a master of its own (no agents) whose hook answers every
+// call with NOT_LEADER, as a follower of a replicated master does.
 func TestNotLeaderRedirect(t *testing.T) {
-	leader := testutil.NewFake(t, testutil.FakeConfig{})
-	follower := testutil.NewFake(t, testutil.FakeConfig{})
-	follower.SetHook(func(string) error {
-		return &rpcerr.Error{Reason: masterv1.ErrorReason_ERROR_REASON_NOT_LEADER, Msg: "not the leader", Metadata: map[string]string{"leader": leader.Addr()}}
+	leader := start(t, testcluster.Options{})
+	follower := start(t, testcluster.Options{Agents: -1})
+	follower.SetMasterHook(func(string) error {
+		return &rpcerr.Error{Reason: masterv1.ErrorReason_ERROR_REASON_NOT_LEADER, Msg: "not the leader", Metadata: map[string]string{"leader": leader.MasterAddr()}}
 	})
-	c := newClient(t, follower, client.Config{})
+	t.Cleanup(func() { follower.SetMasterHook(nil) })
+	c := follower.client(t, client.Config{})
 	if err := c.Put(t.Context(), "k", []byte("v")); err != nil {
 		t.Fatalf("Put through a follower: %v", err)
 	}
-	if got, ok := leader.Object("default", "k"); !ok || string(got) != "v" {
-		t.Fatalf("the leader holds %q, %v", got, ok)
+	sameReplicas(t, leader, "default", "k", 1, []byte("v"))
+	if n := follower.Calls("PutStart"); n != 1 {
+		t.Fatalf("the follower saw %d PutStart calls, want 1", n)
 	}
-	if follower.Calls("PutStart") != 1 {
-		t.Fatalf("the follower saw %d PutStart calls, want 1", follower.Calls("PutStart"))
+	if n := follower.Calls("PutEnd"); n != 0 {
+		t.Fatalf("the follower saw %d PutEnd calls after the redirect, want 0", n)
 	}
 }
 
 // TestCancelledPutRevokes: a put whose caller gave up is revoked, since
 // the master may have started it.
 func TestCancelledPutRevokes(t *testing.T) {
-	f := testutil.NewFake(t, testutil.FakeConfig{})
-	c := newClient(t, f, client.Config{})
+	h := start(t, testcluster.Options{})
+	c := h.client(t, client.Config{})
+	revokes, batchRevokes := h.Calls("PutRevoke"), h.Calls("BatchPutRevoke")
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	if err := c.Put(ctx, "k", []byte("v")); !errors.Is(err, context.Canceled) && status.Code(err) != codes.Canceled {
 		t.Fatalf("Put with a cancelled context: %v", err)
 	}
-	if f.Calls("PutRevoke") != 1 {
-		t.Fatalf("%d PutRevoke calls, want 1", f.Calls("PutRevoke"))
+	if n := h.Calls("PutRevoke") - revokes; n != 1 {
+		t.Fatalf("%d PutRevoke calls, want 1", n)
 	}
-	if errs := c.BatchPut(ctx, []client.Item{{Key: "a"}}); errs[0] == nil || f.Calls("BatchPutRevoke") != 1 {
-		t.Fatalf("BatchPut with a cancelled context: %v, %d revokes", errs[0], f.Calls("BatchPutRevoke"))
+	errs := c.BatchPut(ctx, []client.Item{{Key: "a"}})
+	if n := h.Calls("BatchPutRevoke") - batchRevokes; errs[0] == nil || n != 1 {
+		t.Fatalf("BatchPut with a cancelled context: %v, %d revokes", errs[0], n)
 	}
 }
 
 func TestTenantsAndRawClients(t *testing.T) {
-	f := testutil.NewFake(t, testutil.FakeConfig{})
-	c := newClient(t, f, client.Config{Tenant: "t1"})
+	h := start(t, testcluster.Options{})
+	c := h.client(t, client.Config{Tenant: "t1"})
 	ctx := t.Context()
 	if err := c.Put(ctx, "k", []byte("one")); err != nil {
 		t.Fatal(err)
@@ -722,12 +838,24 @@ func TestTenantsAndRawClients(t *testing.T) {
 	if r, err := c.Admin().ListSegments(ctx, &masterv1.ListSegmentsRequest{}); err != nil || len(r.GetSegments()) != 2 {
 		t.Fatalf("ListSegments: %v, %v", r, err)
 	}
-	snap, err := c.Changes().Snapshot(ctx, &masterv1.SnapshotRequest{})
-	if err == nil {
-		_, err = snap.Recv()
+	// The master serves ChangeService: t1's snapshot holds k alone.
+	snap, err := c.Changes().Snapshot(ctx, &masterv1.SnapshotRequest{Tenant: "t1"})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if status.Code(err) != codes.Unimplemented {
-		t.Fatalf("Snapshot on a master without ChangeService: %v", err)
+	var entries []*masterv1.SnapshotEntry
+	for {
+		page, err := snap.Recv()
+		if err != nil {
+			t.Fatalf("Snapshot: %v", err)
+		}
+		entries = append(entries, page.GetEntries()...)
+		if page.GetLast() {
+			break
+		}
+	}
+	if len(entries) != 1 || entries[0].GetTenant() != "t1" || entries[0].GetKey() != "k" || entries[0].GetMedium() != masterv1.Medium_MEDIUM_MEMORY {
+		t.Fatalf("Snapshot of t1: %v, want k alone, in memory", entries)
 	}
 	if err := other.Close(); err != nil {
 		t.Fatal(err)
