@@ -1,9 +1,3 @@
-// Package statedir is the gateway's persisted publisher state (issue 13):
-// a checkpoint of the announced set at a sequence number, and a journal
-// of every batch published since, each written before the batch is sent.
-// Together they let a restarted gateway continue its sequence, keep its
-// publisher epoch, restore its replay ring, and publish only the
-// difference from the master. See docs/gateway-state.md.
 package statedir
 
 import "errors"
