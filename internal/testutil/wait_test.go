@@ -72,16 +72,7 @@ func TestClock(t *testing.T) {
 	Logger().Info("discarded")
 }
 
-func TestFakeCloseIsIdempotent(t *testing.T) {
-	f, err := StartFake(FakeConfig{Transfer: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(f.Segments()) != 2 || f.Agent(1).TransferAddr() == "" || f.Agent(0).HostID() != "host-0" {
-		t.Fatalf("segments %v, agent 1 transfer %q", f.Segments(), f.Agent(1).TransferAddr())
-	}
-	f.Close()
-	f.Close()
+func TestPublisherEndpoint(t *testing.T) {
 	p, err := StartPublisher()
 	if err != nil {
 		t.Fatal(err)
