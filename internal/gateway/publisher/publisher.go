@@ -10,12 +10,19 @@
 // (dropped_events) at the place they were dropped. Messages a slow
 // subscriber's own queue discards leave a gap of one number each in that
 // subscriber's stream and are counted separately (subscriber_dropped_batches).
+//
+// Restarts (docs/gateway-state.md): a publisher continues a persisted
+// sequence (Config.Epoch, StartSeq, StartEventID, RestoreRing), hands every
+// batch to a Journal before sending it and to a Recorder after, carries the
+// master position of the events it publishes (EnqueueAt), holds publication
+// after a restart until its subscribers are back (ResumeSubscribers), and
+// serves the Recorder's snapshots on a ROUTER socket (SnapshotEndpoint).
 package publisher
 
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,6 +30,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/crescent-kv/crescent/internal/gateway/statedir"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"github.com/crescent-kv/crescent/pkg/kvevent/zmtp"
 )
@@ -72,7 +80,42 @@ type Config struct {
 	ReplayWriteTimeout time.Duration
 	// Encoder is the envelope and the contract's switches.
 	Encoder kvevent.EncoderOptions
+
+	// Format is the stream's framing: FormatMooncake (the default, the
+	// contract byte for byte) or FormatSnapshot (24-byte sequence frames
+	// carrying the epoch, heartbeats).
+	Format Format
+	// Epoch is the publisher epoch, the identity of one unbroken sequence
+	// (restored state keeps it). Zero: New draws a random one.
+	Epoch statedir.Epoch
+	// StartSeq is the last sequence number already used (restored state):
+	// the first batch takes StartSeq+1.
+	StartSeq uint64
+	// StartEventID is the last event_id already used.
+	StartEventID uint64
+	// HeartbeatInterval (FormatSnapshot only): when nothing was published
+	// for this long, a batch with no events is (1s; 0 means 1s).
+	HeartbeatInterval time.Duration
+	// ResumeSubscribers > 0 holds publication (events queue meanwhile)
+	// until that many PUB subscribers are connected and subscribed, or
+	// ResumeHold has passed since Run started: a restored publisher gives
+	// the subscribers it had a chance to reconnect first.
+	ResumeSubscribers int
+	ResumeHold        time.Duration
+	// SnapshotEndpoint is the snapshot ROUTER bind endpoint (tcp://*:5559);
+	// "" disables it. It shares the replay socket's limits, per-peer cap,
+	// idle and write timeouts.
+	SnapshotEndpoint string
+	// SnapshotTimeout bounds the wait for one snapshot to be built (30s;
+	// 0 means 30s).
+	SnapshotTimeout time.Duration
 }
+
+// Defaults of the fields whose zero value means "the default".
+const (
+	DefaultHeartbeatInterval = time.Second
+	DefaultSnapshotTimeout   = 30 * time.Second
+)
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
@@ -92,6 +135,9 @@ func DefaultConfig() Config {
 		HandshakeTimeout:      5 * time.Second,
 		ReplayWriteTimeout:    10 * time.Second,
 		Encoder:               kvevent.EncoderOptions{LegacyCompat: true, ObjectKey: true},
+		HeartbeatInterval:     DefaultHeartbeatInterval,
+		ResumeHold:            2 * time.Second,
+		SnapshotTimeout:       DefaultSnapshotTimeout,
 	}
 }
 
@@ -105,6 +151,20 @@ func (c Config) Validate() error {
 		if _, _, err := zmtp.SplitEndpoint(c.ReplayEndpoint); err != nil {
 			errs = append(errs, fmt.Errorf("replay: %w", err))
 		}
+	}
+	if c.SnapshotEndpoint != "" {
+		if _, _, err := zmtp.SplitEndpoint(c.SnapshotEndpoint); err != nil {
+			errs = append(errs, fmt.Errorf("snapshot: %w", err))
+		}
+	}
+	if c.Format != FormatMooncake && c.Format != FormatSnapshot {
+		errs = append(errs, fmt.Errorf("unknown stream format %v", c.Format))
+	}
+	if c.HeartbeatInterval < 0 || c.ResumeHold < 0 || c.SnapshotTimeout < 0 {
+		errs = append(errs, errors.New("heartbeat-interval, resume-hold and snapshot-timeout must be >= 0"))
+	}
+	if c.ResumeSubscribers < 0 {
+		errs = append(errs, fmt.Errorf("resume-subscribers must be >= 0, got %d", c.ResumeSubscribers))
 	}
 	if c.QueueCapacity < 1 {
 		errs = append(errs, fmt.Errorf("queue-capacity must be >= 1, got %d", c.QueueCapacity))
@@ -143,9 +203,11 @@ func (c Config) Validate() error {
 type Stats struct {
 	// Enabled: the PUB socket is bound and the publishing goroutine runs.
 	Enabled bool
-	// PublishedBatches are messages handed to the PUB socket;
-	// PublishedEvents the events inside them.
+	// PublishedBatches are messages handed to the PUB socket (heartbeats
+	// included); PublishedEvents the events inside them.
 	PublishedBatches, PublishedEvents uint64
+	// HeartbeatsSent are the batches without events (FormatSnapshot).
+	HeartbeatsSent uint64
 	// DroppedEvents were dropped by the full queue, each burning a sequence number.
 	DroppedEvents uint64
 	// SkippedKeylessEvents are stored/removed events suppressed by ObjectKey=false.
@@ -154,9 +216,20 @@ type Stats struct {
 	// published or dropped (Enqueued = Published + Dropped + QueueDepth,
 	// except for the batch being encoded).
 	EnqueuedEvents uint64
-	// LastSequence is the last sequence number assigned (burned or sent).
-	LastSequence uint64
-	QueueDepth   int
+	// LastSequence is the last sequence number assigned (burned or sent);
+	// NextSequence = LastSequence+1 is the one the next batch takes.
+	LastSequence, NextSequence uint64
+	QueueDepth                 int
+	// Format is the stream format; Epoch the publisher epoch.
+	Format Format
+	Epoch  statedir.Epoch
+	// Position is the master position of the last batch published.
+	Position statedir.Position
+	// Holding: the resume hold keeps the publisher from publishing.
+	Holding bool
+	// JournalErrors are batches the Journal failed to append (each was
+	// published all the same).
+	JournalErrors uint64
 	// ReplayBatches are batches held by the replay ring.
 	ReplayBatches int
 	// Subscribers are connections subscribed to the stream.
@@ -164,13 +237,33 @@ type Stats struct {
 	// SubscriberDroppedBatches were discarded from slow subscribers' queues.
 	SubscriberDroppedBatches uint64
 	ReplayRequests           uint64
-	// PeersRefused are PUB and replay connections closed as they were
-	// accepted: over MaxSubscribers, or over ReplayMaxConnsPerPeer.
+	// SnapshotRequests were received on the snapshot socket;
+	// SnapshotsServed answered with a snapshot, SnapshotErrors with -2.
+	SnapshotRequests, SnapshotsServed, SnapshotErrors uint64
+	// PeersRefused are PUB, replay and snapshot connections closed as they
+	// were accepted: over MaxSubscribers, or over ReplayMaxConnsPerPeer.
 	PeersRefused uint64
-	// PeersDropped are PUB and replay connections closed for what the peer
-	// did: a failed or timed-out handshake, an oversized or malformed frame,
-	// or (replay) no request within ReplayIdleTimeout.
+	// PeersDropped are PUB, replay and snapshot connections closed for
+	// what the peer did: a failed or timed-out handshake, an oversized or
+	// malformed frame, or (ROUTER) no request within ReplayIdleTimeout.
 	PeersDropped uint64
+}
+
+// Journal persists every batch before it is sent (statedir's journal).
+// Append is called on the publishing goroutine, before the batch is handed
+// to the PUB socket; the record's Payload is immutable and may be kept. An
+// error is counted (JournalErrors) and the batch is published anyway.
+type Journal interface {
+	Append(statedir.Record) error
+}
+
+// Recorder folds every published batch into the announced set that
+// snapshots and checkpoints are made of (internal/gateway/snapshot).
+// Record is called on the publishing goroutine after the batch was handed
+// to the PUB socket, heartbeats included (no events); evs is valid only
+// during the call. It must not block.
+type Recorder interface {
+	Record(seq uint64, pos statedir.Position, lastEventID uint64, evs []kvevent.Event)
 }
 
 // Publisher owns the event queue, the sequence and the sockets.
@@ -182,24 +275,43 @@ type Publisher struct {
 	ring *ring
 	now  func() time.Time
 
-	batches, events, skipped, encodeDrops, lastSeq atomic.Uint64
-	enabled                                        atomic.Bool
+	epoch  statedir.Epoch
+	suffix []byte // after the 8-byte sequence in the sequence frame: epoch[:] in FormatSnapshot
 
-	// mu guards pub, replay.
-	mu     sync.Mutex
-	pub    *pubSocket
-	replay *replaySocket
+	batches, events, skipped, encodeDrops, lastSeq atomic.Uint64
+	heartbeats, journalErrs                        atomic.Uint64
+	enabled, holding                               atomic.Bool
+
+	// mu guards pub, replay, snapshot, journal, recorder, snapSrc and ringLast.
+	mu       sync.Mutex
+	pub      *pubSocket
+	replay   *replaySocket
+	snapshot *snapshotSocket
+	journal  Journal
+	recorder Recorder
+	snapSrc  SnapshotSource
+	ringLast uint64 // the last sequence RestoreRing added
+
+	// posMu guards lastPos, the Stats copy of pos.
+	posMu   sync.Mutex
+	lastPos statedir.Position
 
 	// enqMu guards enqBuf, the items of one Enqueue call.
 	enqMu  sync.Mutex
 	enqBuf []item
 
-	// Owned by the publishing goroutine.
-	seq     uint64
-	nextID  uint64
-	items   []item
-	evs     []kvevent.Event
-	scratch []byte // a message is encoded here, then copied out at its size
+	// Owned by the publishing goroutine (journal and recorder are Run's
+	// copies of the fields mu guards).
+	seq          uint64
+	nextID       uint64
+	pos          statedir.Position // of the last batch
+	items        []item
+	evs          []kvevent.Event
+	scratch      []byte // a message is encoded here, then copied out at its size
+	lastSend     time.Time
+	runJournal   Journal
+	runRecorder  Recorder
+	journalBurst uint64 // consecutive journal errors
 
 	running atomic.Bool
 }
@@ -209,15 +321,80 @@ func New(cfg Config, lg *slog.Logger) (*Publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Publisher{
+	if cfg.Epoch == (statedir.Epoch{}) {
+		rand.Read(cfg.Epoch[:]) // never fails (crypto/rand)
+	}
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if cfg.SnapshotTimeout == 0 {
+		cfg.SnapshotTimeout = DefaultSnapshotTimeout
+	}
+	p := &Publisher{
 		cfg: cfg, lg: lg, enc: kvevent.NewEncoder(cfg.Encoder),
 		q: newQueue(cfg.QueueCapacity), ring: newRing(cfg.ReplayBuffer, cfg.ReplayBufferBytes),
 		now: time.Now, scratch: make([]byte, 0, 32<<10),
-	}, nil
+		epoch: cfg.Epoch, seq: cfg.StartSeq, nextID: cfg.StartEventID,
+	}
+	if cfg.Format == FormatSnapshot {
+		p.suffix = p.epoch[:]
+	}
+	p.lastSeq.Store(cfg.StartSeq)
+	return p, nil
 }
 
-// Listen binds the PUB and replay sockets (Run calls it when needed), so
-// callers and tests learn the bound endpoints first.
+// SetJournal sets the journal every batch is appended to before it is
+// sent. Call it before Run.
+func (p *Publisher) SetJournal(j Journal) { p.beforeRun("SetJournal", func() { p.journal = j }) }
+
+// SetRecorder sets the recorder every published batch is handed to. Call
+// it before Run.
+func (p *Publisher) SetRecorder(r Recorder) { p.beforeRun("SetRecorder", func() { p.recorder = r }) }
+
+// SetSnapshotSource sets what the snapshot socket serves (without one it
+// answers every request with -2). Call it before Run.
+func (p *Publisher) SetSnapshotSource(s SnapshotSource) {
+	p.beforeRun("SetSnapshotSource", func() { p.snapSrc = s })
+}
+
+// beforeRun runs set under mu; calling a setter after Run is a bug.
+func (p *Publisher) beforeRun(what string, set func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.running.Load() {
+		panic("publisher: " + what + " called after Run")
+	}
+	set()
+}
+
+// RestoreRing puts journaled batches (oldest first) into the replay ring,
+// framed exactly as they were published, so a replay after a restart
+// serves batches from before it. Sequence numbers must increase and none
+// may exceed Config.StartSeq. Call it before Run.
+func (p *Publisher) RestoreRing(recs []statedir.Record) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.running.Load() {
+		return errors.New("publisher: RestoreRing called after Run")
+	}
+	last := p.ringLast
+	for _, r := range recs {
+		if r.Seq <= last || r.Seq > p.cfg.StartSeq {
+			return fmt.Errorf("publisher: restored batch %d after %d (start sequence %d): out of order", r.Seq, last, p.cfg.StartSeq)
+		}
+		last = r.Seq
+	}
+	for _, r := range recs {
+		buf := make([]byte, wireHeadroom+len(r.Payload))
+		copy(buf[wireHeadroom:], r.Payload)
+		p.ring.add(r.Seq, frameSeq(buf, r.Seq, p.suffix))
+	}
+	p.ringLast = last
+	return nil
+}
+
+// Listen binds the PUB, replay and snapshot sockets (Run calls it when
+// needed), so callers and tests learn the bound endpoints first.
 func (p *Publisher) Listen() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -234,6 +411,13 @@ func (p *Publisher) Listen() error {
 			return fmt.Errorf("replay listen %s: %w", p.cfg.ReplayEndpoint, err)
 		}
 		p.replay = newReplaySocket(p.lg, l, p.ring, p.cfg)
+	}
+	if p.snapshot == nil && p.cfg.SnapshotEndpoint != "" {
+		l, err := zmtp.Listen(p.cfg.SnapshotEndpoint)
+		if err != nil {
+			return fmt.Errorf("snapshot listen %s: %w", p.cfg.SnapshotEndpoint, err)
+		}
+		p.snapshot = newSnapshotSocket(p.lg, l, p.epoch, p.cfg)
 	}
 	return nil
 }
@@ -258,6 +442,16 @@ func (p *Publisher) ReplayEndpoint() string {
 	return zmtp.Endpoint(p.replay.l)
 }
 
+// SnapshotEndpoint is the dialable snapshot endpoint after Listen ("" when disabled).
+func (p *Publisher) SnapshotEndpoint() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.snapshot == nil {
+		return ""
+	}
+	return zmtp.Endpoint(p.snapshot.l)
+}
+
 // Run binds (if needed), serves the sockets and publishes until ctx ends;
 // then it publishes what is still queued and closes the sockets. It may be
 // called once.
@@ -265,20 +459,31 @@ func (p *Publisher) Run(ctx context.Context) error {
 	if !p.running.CompareAndSwap(false, true) {
 		return errors.New("publisher: Run called twice")
 	}
+	start := time.Now()
 	if err := p.Listen(); err != nil {
 		return err
 	}
 	p.mu.Lock()
-	pub, replay := p.pub, p.replay
+	pub, replay, snapshot := p.pub, p.replay, p.snapshot
+	p.runJournal, p.runRecorder = p.journal, p.recorder
+	if snapshot != nil {
+		snapshot.src = p.snapSrc
+	}
 	p.mu.Unlock()
 	var wg sync.WaitGroup
 	wg.Go(pub.serve)
 	if replay != nil {
 		wg.Go(replay.serve)
 	}
+	if snapshot != nil {
+		wg.Go(snapshot.serve)
+	}
 	p.enabled.Store(true)
-	p.lg.Info("kv event publisher running", "pub", p.PubEndpoint(), "replay", p.ReplayEndpoint())
-	p.loop(ctx, pub)
+	p.lg.Info("kv event publisher running", "pub", p.PubEndpoint(), "replay", p.ReplayEndpoint(), "snapshot", p.SnapshotEndpoint(),
+		"format", p.cfg.Format.String(), "epoch", fmt.Sprintf("%x", p.epoch[:]), "next_seq", p.seq+1)
+	if p.hold(ctx, pub, start) {
+		p.loop(ctx, pub)
+	}
 	// Publish what the source already handed us, then stop.
 	for p.q.len() > 0 {
 		p.publishNext(pub)
@@ -288,8 +493,40 @@ func (p *Publisher) Run(ctx context.Context) error {
 	if replay != nil {
 		replay.close()
 	}
+	if snapshot != nil {
+		snapshot.close()
+	}
 	wg.Wait()
 	return nil
+}
+
+// hold waits, when ResumeSubscribers is set, until that many subscribers
+// are connected or ResumeHold has passed since start; false when ctx ended
+// first.
+func (p *Publisher) hold(ctx context.Context, pub *pubSocket, start time.Time) bool {
+	want := p.cfg.ResumeSubscribers
+	if want <= 0 {
+		return true
+	}
+	p.holding.Store(true)
+	defer p.holding.Store(false)
+	deadline := time.NewTimer(p.cfg.ResumeHold - time.Since(start))
+	defer deadline.Stop()
+	for {
+		if n := pub.subscribers(); n >= want {
+			p.lg.Info("resume hold ended: the subscribers reconnected", "subscribers", n, "want", want, "waited", time.Since(start))
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			p.lg.Info("resume hold ended: stopping", "subscribers", pub.subscribers(), "want", want)
+			return false
+		case <-deadline.C:
+			p.lg.Info("resume hold ended: the hold time passed", "subscribers", pub.subscribers(), "want", want, "hold", p.cfg.ResumeHold)
+			return true
+		case <-pub.subsChanged:
+		}
+	}
 }
 
 // loop is the only goroutine that numbers, encodes and sends batches.
@@ -297,13 +534,16 @@ func (p *Publisher) loop(ctx context.Context, pub *pubSocket) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+	var idle *time.Timer // heartbeats, FormatSnapshot only
+	if p.cfg.Format == FormatSnapshot {
+		idle = time.NewTimer(time.Hour)
+		idle.Stop()
+		defer idle.Stop()
+	}
+	p.lastSend = time.Now()
 	for {
-		for p.q.len() == 0 {
-			select {
-			case <-ctx.Done():
-				return
-			case <-p.q.notify:
-			}
+		if !p.waitEvents(ctx, pub, idle) {
+			return
 		}
 		if p.cfg.FlushInterval > 0 && p.q.len() < p.cfg.MaxBatch {
 			timer.Reset(p.cfg.FlushInterval)
@@ -323,11 +563,50 @@ func (p *Publisher) loop(ctx context.Context, pub *pubSocket) {
 	}
 }
 
+// waitEvents waits until events are queued, publishing a heartbeat
+// whenever nothing was published for HeartbeatInterval (idle not nil); it
+// returns false when ctx ends first.
+func (p *Publisher) waitEvents(ctx context.Context, pub *pubSocket, idle *time.Timer) bool {
+	for p.q.len() == 0 {
+		var beat <-chan time.Time
+		if idle != nil {
+			d := p.cfg.HeartbeatInterval - time.Since(p.lastSend)
+			if d <= 0 {
+				p.heartbeat(pub)
+				continue
+			}
+			idle.Reset(d)
+			beat = idle.C
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-p.q.notify:
+		case <-beat:
+		}
+	}
+	return true
+}
+
+// advance takes pos (when not zero) as the master position of what is
+// published from now on.
+func (p *Publisher) advance(pos statedir.Position) {
+	if pos == (statedir.Position{}) || pos == p.pos {
+		return
+	}
+	p.pos = pos
+	p.posMu.Lock()
+	p.lastPos = pos
+	p.posMu.Unlock()
+}
+
 // publishNext takes up to MaxBatch events and publishes them as one message.
 func (p *Publisher) publishNext(pub *pubSocket) {
 	var burned uint64
-	p.items, burned = p.q.take(p.items[:0], p.cfg.MaxBatch)
+	var pos statedir.Position
+	p.items, burned, pos = p.q.take(p.items[:0], p.cfg.MaxBatch)
 	p.seq += burned
+	p.advance(pos)
 	if len(p.items) == 0 {
 		p.lastSeq.Store(p.seq)
 		return
@@ -337,7 +616,7 @@ func (p *Publisher) publishNext(pub *pubSocket) {
 	p.evs = p.evs[:0]
 	for _, it := range p.items {
 		p.nextID++
-		p.evs = append(p.evs, kvevent.Event{ID: p.nextID, Type: it.typ, Tenant: it.tenant, Key: it.key, Medium: it.medium, GroupID: it.group})
+		p.evs = append(p.evs, kvevent.Event{ID: p.nextID, Timestamp: ts, Type: it.typ, Tenant: it.tenant, Key: it.key, Medium: it.medium, GroupID: it.group})
 	}
 	clear(p.items)
 	// Encode into the reused scratch buffer, after room for the longest
@@ -347,55 +626,81 @@ func (p *Publisher) publishNext(pub *pubSocket) {
 	// be sized by guess (the last size + 25%), all of it zeroed and kept.
 	buf, err := p.enc.AppendBatch(p.scratch[:wireHeadroom], ts, p.evs)
 	p.scratch = buf[:0]
-	clear(p.evs)
 	if err != nil {
 		// Enqueue validated every event, so this is a bug; the sequence
 		// number stays burned so the loss is visible.
 		p.encodeDrops.Add(uint64(len(p.items)))
 		p.lastSeq.Store(p.seq)
+		clear(p.evs)
 		p.lg.Error("kv event batch failed to encode", "seq", p.seq, "err", err)
 		return
 	}
-	wire := bytes.Clone(frameInPlace(buf, p.seq))
+	p.send(pub, buf, ts, p.evs)
+	clear(p.evs) // keep no strings alive
+}
+
+// heartbeat publishes a batch with no events (FormatSnapshot): it takes
+// the next sequence number and a pending master position, and is
+// journaled, retained and recorded like any batch.
+func (p *Publisher) heartbeat(pub *pubSocket) {
+	_, burned, pos := p.q.take(nil, 0)
+	p.seq += burned + 1
+	p.advance(pos)
+	ts := p.now().UnixMilli()
+	buf := appendHeartbeat(p.scratch[:wireHeadroom], ts, p.cfg.Encoder.Envelope.DPRank)
+	p.scratch = buf[:0]
+	p.heartbeats.Add(1)
+	p.send(pub, buf, ts, nil)
+}
+
+// send frames the payload at buf[wireHeadroom:] as batch p.seq, journals
+// it, hands it to the subscribers and the replay ring, and records it.
+func (p *Publisher) send(pub *pubSocket, buf []byte, ts int64, evs []kvevent.Event) {
+	wire := bytes.Clone(frameSeq(buf, p.seq, p.suffix))
+	if p.runJournal != nil {
+		payload := wire[len(wire)-(len(buf)-wireHeadroom):]
+		p.appendJournal(statedir.Record{Seq: p.seq, Master: p.pos, LastEventID: p.nextID, UnixMilli: ts, Payload: payload})
+	}
 	pub.broadcast(wire)
 	p.ring.add(p.seq, wire)
 	// lastSeq first: whoever sees the event count sees its sequence too.
 	p.lastSeq.Store(p.seq)
 	p.batches.Add(1)
-	p.events.Add(uint64(len(p.items)))
+	p.events.Add(uint64(len(evs)))
+	p.lastSend = time.Now() // not p.now: heartbeats follow the clock, whatever the timestamps
+	if p.runRecorder != nil {
+		p.runRecorder.Record(p.seq, p.pos, p.nextID, evs)
+	}
 }
 
-// wireHeadroom fits the frame headers of [topic, seq, payload]: 2 for the
-// empty topic, 2+8 for the sequence, 9 for a long payload header.
-const wireHeadroom = 2 + 2 + 8 + 9
-
-// frameInPlace writes the ZMTP headers of [b"", seq, payload] in front of
-// the payload at buf[wireHeadroom:] and returns the message's wire bytes
-// (identical to zmtp.AppendMessage(nil, nil, seq8, payload)).
-func frameInPlace(buf []byte, seq uint64) []byte {
-	n := len(buf) - wireHeadroom
-	start := 0
-	if n <= 255 {
-		start = 7 // a short payload header takes 2 bytes, not 9
+// appendJournal appends rec; a failure is counted and logged once per run
+// of failures, and the batch is published all the same (availability
+// first: the journal marks the persisted state invalid itself).
+func (p *Publisher) appendJournal(rec statedir.Record) {
+	err := p.runJournal.Append(rec)
+	switch {
+	case err != nil:
+		p.journalErrs.Add(1)
+		if p.journalBurst++; p.journalBurst == 1 {
+			p.lg.Error("journal append failed; publishing without it", "seq", rec.Seq, "err", err)
+		}
+	case p.journalBurst > 0:
+		p.lg.Warn("journal appends succeed again", "seq", rec.Seq, "failed", p.journalBurst)
+		p.journalBurst = 0
 	}
-	w := buf[start:wireHeadroom]
-	w[0], w[1] = 0x01, 0 // topic: MORE, empty
-	w[2], w[3] = 0x01, 8 // sequence: MORE, 8 bytes
-	binary.BigEndian.PutUint64(w[4:12], seq)
-	if n <= 255 {
-		w[12], w[13] = 0, byte(n)
-	} else {
-		w[12] = 0x02 // LONG
-		binary.BigEndian.PutUint64(w[13:21], uint64(n))
-	}
-	return buf[start:]
 }
 
 // Enqueue queues events for publishing. It never blocks: when the queue is
 // full the oldest events are dropped (see the package doc). Per-object
 // events are counted and skipped when ObjectKey is off; invalid events
 // (unknown type, per-object without medium) are logged and skipped.
-func (p *Publisher) Enqueue(evs ...kvevent.Event) {
+func (p *Publisher) Enqueue(evs ...kvevent.Event) { p.EnqueueAt(statedir.Position{}, evs...) }
+
+// EnqueueAt is Enqueue with pos, the master position after these events
+// (zero: none). The batch that publishes the last of them carries pos; a
+// call without events (or whose events are all skipped) still advances the
+// position of the next batch (or heartbeat).
+func (p *Publisher) EnqueueAt(pos statedir.Position, evs ...kvevent.Event) {
 	p.enqMu.Lock()
 	defer p.enqMu.Unlock()
 	items := p.enqBuf[:0]
@@ -405,7 +710,7 @@ func (p *Publisher) Enqueue(evs ...kvevent.Event) {
 		}
 	}
 	// One push: the events of one call are queued (or dropped) together.
-	p.q.push(items)
+	p.q.push(items, pos)
 	clear(items) // keep no strings alive
 	p.enqBuf = items[:0]
 }
@@ -414,13 +719,19 @@ func (p *Publisher) Enqueue(evs ...kvevent.Event) {
 // ctx. A bulk producer (a resync diff) uses it so it cannot overrun the
 // queue and drop the live events before it.
 func (p *Publisher) EnqueueWait(ctx context.Context, evs ...kvevent.Event) error {
+	return p.EnqueueWaitAt(ctx, statedir.Position{}, evs...)
+}
+
+// EnqueueWaitAt is EnqueueWait with pos, the master position after these
+// events, as EnqueueAt. When ctx ends first, pos is not taken.
+func (p *Publisher) EnqueueWaitAt(ctx context.Context, pos statedir.Position, evs ...kvevent.Event) error {
 	items := make([]item, 0, len(evs))
 	for i := range evs {
 		if it, ok := p.item(&evs[i]); ok {
 			items = append(items, it)
 		}
 	}
-	return p.q.pushWait(ctx, items)
+	return p.q.pushWait(ctx, items, pos)
 }
 
 func (p *Publisher) item(ev *kvevent.Event) (item, bool) {
@@ -449,12 +760,21 @@ func (p *Publisher) Stats() Stats {
 		DroppedEvents:        dropped + p.encodeDrops.Load(),
 		SkippedKeylessEvents: p.skipped.Load(),
 		EnqueuedEvents:       pushed,
+		HeartbeatsSent:       p.heartbeats.Load(),
 		LastSequence:         p.lastSeq.Load(),
 		QueueDepth:           depth,
+		Format:               p.cfg.Format,
+		Epoch:                p.epoch,
+		Holding:              p.holding.Load(),
+		JournalErrors:        p.journalErrs.Load(),
 		ReplayBatches:        p.ring.len(),
 	}
+	s.NextSequence = s.LastSequence + 1
+	p.posMu.Lock()
+	s.Position = p.lastPos
+	p.posMu.Unlock()
 	p.mu.Lock()
-	pub, replay := p.pub, p.replay
+	pub, replay, snapshot := p.pub, p.replay, p.snapshot
 	p.mu.Unlock()
 	if pub != nil {
 		s.Subscribers = pub.subscribers()
@@ -466,6 +786,13 @@ func (p *Publisher) Stats() Stats {
 		s.ReplayRequests = replay.requests.Load()
 		s.PeersRefused += replay.refused.Load()
 		s.PeersDropped += replay.dropped.Load()
+	}
+	if snapshot != nil {
+		s.SnapshotRequests = snapshot.requests.Load()
+		s.SnapshotsServed = snapshot.served.Load()
+		s.SnapshotErrors = snapshot.errors.Load()
+		s.PeersRefused += snapshot.refused.Load()
+		s.PeersDropped += snapshot.dropped.Load()
 	}
 	return s
 }
@@ -482,5 +809,8 @@ func (p *Publisher) Close() {
 	}
 	if p.replay != nil {
 		p.replay.l.Close()
+	}
+	if p.snapshot != nil {
+		p.snapshot.l.Close()
 	}
 }

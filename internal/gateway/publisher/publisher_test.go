@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/crescent-kv/crescent/internal/gateway/statedir"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"github.com/crescent-kv/crescent/pkg/kvevent/zmtp"
@@ -459,19 +460,19 @@ func TestQueueBurnAccounting(t *testing.T) {
 		}
 		return out
 	}
-	q.push(mk(5)) // drops 0, 1
-	got, burned := q.take(nil, 2)
+	q.push(mk(5), statedir.Position{}) // drops 0, 1
+	got, burned, _ := q.take(nil, 2)
 	if burned != 2 || len(got) != 2 || got[0].key != "2" {
 		t.Fatalf("take = %v burned %d, want [2 3] burned 2", got, burned)
 	}
-	_, burned = q.take(nil, 2)
+	_, burned, _ = q.take(nil, 2)
 	if burned != 0 {
 		t.Errorf("second take burned %d, want 0", burned)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
 	defer cancel()
-	q.push(mk(3))
-	if err := q.pushWait(ctx, mk(1)); err == nil {
+	q.push(mk(3), statedir.Position{})
+	if err := q.pushWait(ctx, mk(1), statedir.Position{}); err == nil {
 		t.Error("pushWait into a full queue returned nil before its context ended")
 	}
 	if _, dropped, _ := q.counts(); dropped != 2 {

@@ -31,6 +31,7 @@ type pubSocket struct {
 	droppedBytes   atomic.Uint64
 	refused        atomic.Uint64 // connections refused at accept
 	dropped        atomic.Uint64 // connections dropped for a bad handshake or frame
+	subsChanged    chan struct{} // cap 1: a connection subscribed or unsubscribed
 
 	wg sync.WaitGroup
 	// mu guards conns and closed.
@@ -60,6 +61,7 @@ func newPubSocket(lg *slog.Logger, l net.Listener, queueBatches, queueBytes, max
 	return &pubSocket{
 		lg: lg, l: l, queueBatches: queueBatches, queueBytes: queueBytes, maxConns: maxConns,
 		handshakeTimeout: handshakeTimeout, writeTimeout: writeTimeout, conns: map[*subConn]struct{}{},
+		subsChanged: make(chan struct{}, 1),
 	}
 }
 
@@ -106,7 +108,7 @@ func (p *pubSocket) handle(sc *subConn, nc net.Conn) {
 		defer close(done)
 		sc.writeLoop(p)
 	}()
-	if err := sc.readLoop(); isPeerFault(err) {
+	if err := sc.readLoop(p); isPeerFault(err) {
 		p.dropped.Add(1)
 		p.lg.Debug("subscriber dropped", "remote", c.RemoteAddr().String(), "err", err)
 	}
@@ -129,7 +131,8 @@ func isPeerFault(err error) bool {
 // readLoop tracks subscriptions until the connection fails, and returns
 // why. Subscriptions are data messages \x01topic / \x00topic (ZMTP 3.0,
 // what libzmq sends a 3.0 peer) or SUBSCRIBE / CANCEL commands (ZMTP 3.1).
-func (sc *subConn) readLoop() error {
+// Each change is signalled on p.subsChanged.
+func (sc *subConn) readLoop(p *pubSocket) error {
 	for {
 		m, err := sc.c.ReadMessage()
 		if err != nil {
@@ -156,6 +159,10 @@ func (sc *subConn) readLoop() error {
 			if sc.subs.Add(-1) < 0 {
 				sc.subs.Store(0)
 			}
+		}
+		select {
+		case p.subsChanged <- struct{}{}:
+		default:
 		}
 	}
 }

@@ -4,15 +4,21 @@ import (
 	"context"
 	"sync"
 
+	"github.com/crescent-kv/crescent/internal/gateway/statedir"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 )
 
 // item is one queued event: only what varies per event (the envelope, id
-// and timestamp are filled in when the batch is built). 56 bytes.
+// and timestamp are filled in when the batch is built). 56 bytes: marked
+// fits in the padding, and the master position it announces is kept aside
+// (queue.pos), since only the last item of an EnqueueAt call has one.
 type item struct {
 	tenant, key, group string
 	typ                kvevent.EventType
 	medium             kvevent.Medium
+	// marked: queue.pos holds the master position after this item (it
+	// ends an EnqueueAt call); unmarked items inherit the previous one.
+	marked bool
 }
 
 // queue is the bounded event queue between the source and the publishing
@@ -21,12 +27,22 @@ type item struct {
 // the next batch taken, so the gap appears in the stream exactly where the
 // dropped events were (after every batch already taken, before the events
 // that outlived them).
+//
+// Master positions: a push with a non-zero position marks its last item
+// with it; a take returns the last position among the items it takes. A
+// push with no items marks the last queued item or, when the queue is
+// empty, becomes the pending position the next take returns (a heartbeat
+// takes no items and still picks it up). A dropped item's position is
+// dropped with it: the whole call it ended was dropped, and the positions
+// of the events that survive are later ones.
 type queue struct {
 	notify chan struct{} // cap 1: "the queue changed"
 
 	// mu guards every field below.
 	mu      sync.Mutex
-	buf     []item // ring of capacity len(buf)
+	buf     []item              // ring of capacity len(buf)
+	pos     []statedir.Position // pos[i] is buf[i]'s position when buf[i].marked; allocated at the first mark
+	pending statedir.Position   // a position with no queued item to mark (zero: none)
 	head, n int
 	burned  uint64 // drops not yet charged to a batch
 	dropped uint64 // drops ever
@@ -38,9 +54,27 @@ func newQueue(capacity int) *queue {
 	return &queue{buf: make([]item, capacity), notify: make(chan struct{}, 1), room: make(chan struct{})}
 }
 
-// push appends items, dropping the oldest ones when full.
-func (q *queue) push(items []item) {
-	if len(items) == 0 {
+// mark attaches pos to the last queued item, or makes it pending. q.mu is held.
+func (q *queue) mark(pos statedir.Position) {
+	if pos == (statedir.Position{}) {
+		return
+	}
+	if q.n == 0 {
+		q.pending = pos
+		return
+	}
+	if q.pos == nil {
+		q.pos = make([]statedir.Position, len(q.buf))
+	}
+	i := (q.head + q.n - 1) % len(q.buf)
+	q.buf[i].marked = true
+	q.pos[i] = pos
+}
+
+// push appends items, dropping the oldest ones when full; pos (if not
+// zero) is the master position after them.
+func (q *queue) push(items []item, pos statedir.Position) {
+	if len(items) == 0 && pos == (statedir.Position{}) {
 		return
 	}
 	q.mu.Lock()
@@ -55,8 +89,15 @@ func (q *queue) push(items []item) {
 		q.buf[(q.head+q.n)%len(q.buf)] = it
 		q.n++
 	}
+	q.mark(pos)
 	q.pushed += uint64(len(items))
 	q.mu.Unlock()
+	if len(items) > 0 {
+		q.signal()
+	}
+}
+
+func (q *queue) signal() {
 	select {
 	case q.notify <- struct{}{}:
 	default:
@@ -64,8 +105,13 @@ func (q *queue) push(items []item) {
 }
 
 // pushWait appends items without dropping: it waits, honouring ctx, until
-// the queue has room for each chunk. Bulk producers (a resync diff) use it.
-func (q *queue) pushWait(ctx context.Context, items []item) error {
+// the queue has room for each chunk. Bulk producers (a resync diff) use
+// it. pos (if not zero) marks the last item, once it is queued.
+func (q *queue) pushWait(ctx context.Context, items []item, pos statedir.Position) error {
+	if len(items) == 0 {
+		q.push(nil, pos)
+		return nil
+	}
 	for len(items) > 0 {
 		q.mu.Lock()
 		free := len(q.buf) - q.n
@@ -85,23 +131,29 @@ func (q *queue) pushWait(ctx context.Context, items []item) error {
 			q.n++
 		}
 		q.pushed += uint64(k)
-		q.mu.Unlock()
 		items = items[k:]
-		select {
-		case q.notify <- struct{}{}:
-		default:
+		if len(items) == 0 {
+			q.mark(pos)
 		}
+		q.mu.Unlock()
+		q.signal()
 	}
 	return nil
 }
 
 // take moves up to max items into dst and returns the sequence numbers
-// burned since the last take.
-func (q *queue) take(dst []item, max int) ([]item, uint64) {
+// burned since the last take and the last master position among the
+// items taken (or pending), zero when there is none.
+func (q *queue) take(dst []item, max int) ([]item, uint64, statedir.Position) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	pos := q.pending
+	q.pending = statedir.Position{}
 	k := min(q.n, max)
 	for range k {
+		if q.buf[q.head].marked {
+			pos = q.pos[q.head]
+		}
 		dst = append(dst, q.buf[q.head])
 		q.buf[q.head] = item{}
 		q.head = (q.head + 1) % len(q.buf)
@@ -113,7 +165,7 @@ func (q *queue) take(dst []item, max int) ([]item, uint64) {
 		close(q.room)
 		q.room = make(chan struct{})
 	}
-	return dst, b
+	return dst, b, pos
 }
 
 func (q *queue) len() int {

@@ -1,0 +1,127 @@
+package publisher
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/crescent-kv/crescent/internal/gateway/statedir"
+)
+
+// Format is the stream's framing dialect.
+type Format uint8
+
+const (
+	// FormatMooncake is the contract's stream: an 8-byte sequence frame,
+	// no heartbeats.
+	FormatMooncake Format = iota
+	// FormatSnapshot is the dialect of vLLM's state snapshots (PR #57789,
+	// consumed by llm-d's snapshot recovery): the sequence frame is the
+	// 8-byte sequence followed by the 16-byte publisher epoch, and an idle
+	// publisher sends heartbeats (batches with no events). The payload is
+	// the contract's, unchanged.
+	FormatSnapshot
+)
+
+// String is the format's flag spelling.
+func (f Format) String() string {
+	switch f {
+	case FormatMooncake:
+		return "mooncake"
+	case FormatSnapshot:
+		return "snapshot"
+	default:
+		return fmt.Sprintf("Format(%d)", uint8(f))
+	}
+}
+
+// MarshalText makes the status JSON say "mooncake" or "snapshot".
+func (f Format) MarshalText() ([]byte, error) { return []byte(f.String()), nil }
+
+// ParseFormat parses "mooncake" or "snapshot".
+func ParseFormat(s string) (Format, error) {
+	switch s {
+	case "mooncake":
+		return FormatMooncake, nil
+	case "snapshot":
+		return FormatSnapshot, nil
+	}
+	return 0, fmt.Errorf("stream format %q: want mooncake or snapshot", s)
+}
+
+// seqSuffix is the bytes after the 8-byte sequence in a sequence frame.
+func (f Format) seqSuffix() int {
+	if f == FormatSnapshot {
+		return statedir.EpochLen
+	}
+	return 0
+}
+
+// wireHeadroom fits the frame headers of [topic, seq, payload] in either
+// format: 2 for the empty topic, 2+8+16 for the longest sequence frame, 9
+// for a long payload header.
+const wireHeadroom = 2 + 2 + 8 + statedir.EpochLen + 9
+
+// frameInPlace writes the ZMTP headers of [b"", seq, payload] in front of
+// the payload at buf[wireHeadroom:] and returns the message's wire bytes
+// (identical to zmtp.AppendMessage(nil, nil, seq8, payload)).
+func frameInPlace(buf []byte, seq uint64) []byte { return frameSeq(buf, seq, nil) }
+
+// frameSeq is frameInPlace with suffix after the 8-byte sequence (the
+// epoch in FormatSnapshot: [b"", seq8 || suffix, payload]).
+func frameSeq(buf []byte, seq uint64, suffix []byte) []byte {
+	n := len(buf) - wireHeadroom
+	seqLen := 8 + len(suffix)
+	start := wireHeadroom - (2 + 2 + seqLen + frameHeaderLen(n))
+	w := append(buf[start:start], 0x01, 0) // topic: MORE, empty
+	w = appendFrameHeader(w, true, seqLen)
+	w = binary.BigEndian.AppendUint64(w, seq)
+	w = append(w, suffix...)
+	appendFrameHeader(w, false, n) // fills buf up to wireHeadroom, in place
+	return buf[start:]
+}
+
+// frameHeaderLen is the size of a data frame header for an n-byte body.
+func frameHeaderLen(n int) int {
+	if n > 255 {
+		return 9
+	}
+	return 2
+}
+
+// appendFrameHeader appends a data frame's header (ZMTP 3: flags, then a
+// 1- or 8-byte size).
+func appendFrameHeader(dst []byte, more bool, n int) []byte {
+	var flags byte
+	if more {
+		flags = 0x01
+	}
+	if n > 255 {
+		return binary.BigEndian.AppendUint64(append(dst, flags|0x02), uint64(n))
+	}
+	return append(dst, flags, byte(n))
+}
+
+// appendHeartbeat appends the payload of a heartbeat: [ts_ms, [], dp_rank],
+// the contract's batch with no events (msgpack, shortest forms, as
+// kvevent.Encoder writes the same fields).
+func appendHeartbeat(dst []byte, ts int64, dpRank uint32) []byte {
+	dst = append(dst, 0x93) // fixarray of 3
+	dst = appendMsgpackUint(dst, uint64(max(ts, 0)))
+	dst = append(dst, 0x90) // fixarray of 0
+	return appendMsgpackUint(dst, uint64(dpRank))
+}
+
+func appendMsgpackUint(b []byte, v uint64) []byte {
+	switch {
+	case v <= 0x7f:
+		return append(b, byte(v))
+	case v <= 0xff:
+		return append(b, 0xcc, byte(v))
+	case v <= 0xffff:
+		return binary.BigEndian.AppendUint16(append(b, 0xcd), uint16(v))
+	case v <= 0xffffffff:
+		return binary.BigEndian.AppendUint32(append(b, 0xce), uint32(v))
+	default:
+		return binary.BigEndian.AppendUint64(append(b, 0xcf), v)
+	}
+}
