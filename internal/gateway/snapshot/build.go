@@ -13,17 +13,16 @@ import (
 // each allocation moderate and need no copying when the estimate is short.
 const segmentBytes = 4 << 20
 
-// chunkEventID is the event_id of every event in a chunk: chunks are not
+// build encodes the reply of the current set: the cut, the epoch, then the
+// set in chunks of at most MaxEventsPerBatch stored events. It runs on
+// Run's goroutine, which owns the set; Record keeps queueing meanwhile.
+//
+// Every event of a chunk has event_id 0 (ID is never set): chunks are not
 // live events, and 0 is below every live event_id (they count from 1), so a
 // consumer cannot mistake one for the other. Decoding a chunk takes a
 // decoder that knows this: pkg/kvevent's DecodePayload, the live rules,
 // requires event_ids to rise within a payload and rejects a chunk of two or
 // more events (see TestChunkEventIDs).
-const chunkEventID = 0
-
-// build encodes the reply of the current set: the cut, the epoch, then the
-// set in chunks of at most MaxEventsPerBatch stored events. It runs on
-// Run's goroutine, which owns the set; Record keeps queueing meanwhile.
 func (r *Recorder) build() ([][]byte, error) {
 	n := r.set.Len()
 	frames := make([][]byte, 2, 2+(n+kvevent.MaxEventsPerBatch-1)/kvevent.MaxEventsPerBatch)
@@ -45,14 +44,19 @@ func (r *Recorder) build() ([][]byte, error) {
 	}
 	seg := make([]byte, 0, min(hint+hint/16+1024, segmentBytes))
 
-	batch := r.batch[:0]
+	// batch's events hold only what the encoder reads of them (and
+	// event_id 0): filled field by field, not copied whole.
+	batch := r.batch[:kvevent.MaxEventsPerBatch]
+	nb := 0
 	var err error
 	flush := func() bool {
-		if bound := r.chunkBound(batch); cap(seg)-len(seg) < bound {
+		evs := batch[:nb]
+		nb = 0
+		if bound := r.chunkBound(evs); cap(seg)-len(seg) < bound {
 			seg = make([]byte, 0, max(bound, min(segmentBytes, r.cfg.MaxReplyBytes-total+1024)))
 		}
 		var out []byte
-		out, err = r.enc.AppendBatch(seg, ts, batch)
+		out, err = r.enc.AppendBatch(seg, ts, evs)
 		if err != nil {
 			err = fmt.Errorf("snapshot: encode: %w", err)
 			return false
@@ -65,22 +69,19 @@ func (r *Recorder) build() ([][]byte, error) {
 			return false
 		}
 		frames = append(frames, chunk)
-		clear(batch) // drop the strings
-		batch = batch[:0]
 		return true
 	}
 	for ev := range r.set.All() {
-		ev.ID = chunkEventID
-		batch = append(batch, ev)
-		if len(batch) == kvevent.MaxEventsPerBatch && !flush() {
+		e := &batch[nb]
+		e.Type, e.Tenant, e.Key, e.Medium, e.GroupID = kvevent.Stored, ev.Tenant, ev.Key, ev.Medium, ev.GroupID
+		if nb++; nb == kvevent.MaxEventsPerBatch && !flush() {
 			break
 		}
 	}
-	if err == nil && len(batch) > 0 {
+	if err == nil && nb > 0 {
 		flush()
 	}
-	clear(batch)
-	r.batch = batch[:0]
+	clear(batch) // drop the strings
 	if err != nil {
 		return nil, err
 	}
