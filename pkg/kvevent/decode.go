@@ -1,6 +1,7 @@
 package kvevent
 
 import (
+	"bytes"
 	"encoding/binary"
 	"math"
 	"strings"
@@ -14,10 +15,31 @@ type Decoder struct {
 	// AllowUnknownKeys accepts (and skips) event map keys the contract does
 	// not define, for forward compatibility. Off by default: strict.
 	AllowUnknownKeys bool
+	// AllowEmpty makes DecodePayload (and Replay) accept an empty event
+	// array, a heartbeat of the snapshot stream format, for payloads whose
+	// format no sequence frame tells: journal records, and replayed
+	// batches, whose sequence frame is 8 bytes in either format (vLLM's,
+	// the gateway's). DecodeMessage accepts a heartbeat exactly when its
+	// sequence frame carries an epoch, whatever this field says.
+	AllowEmpty bool
 
 	// last values seen, reused when the next event repeats them.
 	backend, model, salt, lora, tenant, group string
+	// epoch is the last epoch seen, shared by the batches that repeat it.
+	epoch []byte
 }
+
+// payloadKind selects the rules DecodePayload applies to the event array.
+type payloadKind uint8
+
+const (
+	// kindLive: 1..64 events with increasing event ids (the contract).
+	kindLive payloadKind = iota
+	// kindHeartbeatOK: kindLive, or no events at all (snapshot format).
+	kindHeartbeatOK
+	// kindChunk: a snapshot chunk, 1..64 stored events with event_id 0.
+	kindChunk
+)
 
 // DecodeMessage decodes one PUB message with the package's strict Decoder.
 func DecodeMessage(frames [][]byte) (Batch, error) {
@@ -26,8 +48,15 @@ func DecodeMessage(frames [][]byte) (Batch, error) {
 }
 
 // DecodeMessage decodes the three frames of one PUB message: an empty topic,
-// an 8-byte big-endian sequence (neither 0 nor the replay end marker) and a
-// payload (see DecodePayload).
+// a sequence frame (see DecodeSeqFrame) and a payload (see DecodePayload).
+//
+// Mooncake format (8-byte sequence frame): the sequence is neither 0 nor
+// the replay end marker and the payload holds 1 to 64 events.
+//
+// Snapshot format (24-byte frame: sequence and publisher epoch): the
+// sequence is not the end marker (0 is allowed: vLLM's publisher counts
+// from 0), the payload may hold no events (a heartbeat), and Batch.Epoch is
+// set.
 func (d *Decoder) DecodeMessage(frames [][]byte) (Batch, error) {
 	if len(frames) != 3 {
 		return Batch{}, malformed("got %d frames, want 3 (topic, seq, payload)", len(frames))
@@ -35,17 +64,38 @@ func (d *Decoder) DecodeMessage(frames [][]byte) (Batch, error) {
 	if len(frames[0]) != 0 {
 		return Batch{}, malformed("topic frame has %d bytes, want 0", len(frames[0]))
 	}
-	seq, err := DecodeSeq(frames[1])
+	seq, epoch, err := DecodeSeqFrame(frames[1])
 	if err != nil {
 		return Batch{}, err
 	}
-	if seq == 0 || seq == EndSeq {
+	if seq == EndSeq || (seq == 0 && epoch == nil) {
 		return Batch{}, malformed("sequence %#x is not a publishable sequence", seq)
 	}
-	return d.DecodePayload(seq, frames[2])
+	kind := kindLive
+	if epoch != nil {
+		kind = kindHeartbeatOK
+	}
+	b, err := d.decodePayload(seq, frames[2], kind)
+	if err != nil {
+		return Batch{}, err
+	}
+	if epoch != nil {
+		b.Epoch = d.internEpoch(epoch)
+	}
+	return b, nil
 }
 
-// DecodeSeq decodes a sequence frame: exactly 8 bytes, big-endian.
+// internEpoch returns a copy of epoch that does not alias the frame,
+// shared with the previous batch's when it is the same epoch.
+func (d *Decoder) internEpoch(epoch []byte) []byte {
+	if !bytes.Equal(d.epoch, epoch) {
+		d.epoch = bytes.Clone(epoch)
+	}
+	return d.epoch
+}
+
+// DecodeSeq decodes a sequence frame of the Mooncake format: exactly 8
+// bytes, big-endian.
 func DecodeSeq(b []byte) (uint64, error) {
 	if len(b) != 8 {
 		return 0, malformed("sequence frame has %d bytes, want 8", len(b))
@@ -53,10 +103,33 @@ func DecodeSeq(b []byte) (uint64, error) {
 	return binary.BigEndian.Uint64(b), nil
 }
 
+// DecodeSeqFrame decodes a sequence frame of either stream format: 8 bytes,
+// the big-endian sequence (Mooncake; epoch is nil), or 24 bytes, the
+// sequence followed by the EpochLen-byte publisher epoch (snapshot format;
+// epoch aliases b). Any other length is malformed.
+func DecodeSeqFrame(b []byte) (seq uint64, epoch []byte, err error) {
+	switch len(b) {
+	case 8:
+		return binary.BigEndian.Uint64(b), nil, nil
+	case 8 + EpochLen:
+		return binary.BigEndian.Uint64(b), b[8 : 8+EpochLen : 8+EpochLen], nil
+	}
+	return 0, nil, malformed("sequence frame has %d bytes, want 8 (or 24 with an epoch)", len(b))
+}
+
 // DecodePayload decodes [timestamp_ms, [event_map, ...], dp_rank]: exactly one
 // msgpack value, no trailing bytes, integer timestamp, 1..64 events, each
-// with exactly the field set its type and the switches call for.
+// with exactly the field set its type and the switches call for. With
+// AllowEmpty an empty event array is accepted too (a heartbeat).
 func (d *Decoder) DecodePayload(seq uint64, payload []byte) (Batch, error) {
+	kind := kindLive
+	if d.AllowEmpty {
+		kind = kindHeartbeatOK
+	}
+	return d.decodePayload(seq, payload, kind)
+}
+
+func (d *Decoder) decodePayload(seq uint64, payload []byte, kind payloadKind) (Batch, error) {
 	r := reader{b: payload}
 	n, err := r.arrayLen()
 	if err != nil {
@@ -73,19 +146,31 @@ func (d *Decoder) DecodePayload(seq uint64, payload []byte) (Batch, error) {
 	if err != nil {
 		return Batch{}, wrapAt("events", err)
 	}
-	if nev == 0 || nev > MaxEventsPerBatch {
+	switch {
+	case nev == 0 && kind == kindHeartbeatOK:
+	case nev == 0 || nev > MaxEventsPerBatch:
 		return Batch{}, malformed("events array has %d events, want 1..%d", nev, MaxEventsPerBatch)
 	}
-	b := Batch{Seq: seq, Timestamp: int64(ts), Events: make([]Event, nev)}
+	b := Batch{Seq: seq, Timestamp: int64(ts)}
+	if nev > 0 {
+		b.Events = make([]Event, nev)
+	}
 	for i := range b.Events {
-		if err := d.decodeEvent(&r, &b.Events[i]); err != nil {
+		ev := &b.Events[i]
+		if err := d.decodeEvent(&r, ev); err != nil {
 			return Batch{}, wrapEvent(i, err)
 		}
-		if b.Events[i].Timestamp != b.Timestamp {
-			return Batch{}, malformed("event %d: timestamp %d differs from the batch's %d", i, b.Events[i].Timestamp, b.Timestamp)
+		if ev.Timestamp != b.Timestamp {
+			return Batch{}, malformed("event %d: timestamp %d differs from the batch's %d", i, ev.Timestamp, b.Timestamp)
 		}
-		if i > 0 && b.Events[i].ID <= b.Events[i-1].ID {
-			return Batch{}, malformed("event %d: event_id %d not above the previous %d", i, b.Events[i].ID, b.Events[i-1].ID)
+		if kind == kindChunk {
+			if ev.Type != Stored || ev.ID != 0 {
+				return Batch{}, malformed("event %d: %s event with event_id %d in a snapshot chunk, want stored with event_id 0", i, ev.Type, ev.ID)
+			}
+			continue
+		}
+		if i > 0 && ev.ID <= b.Events[i-1].ID {
+			return Batch{}, malformed("event %d: event_id %d not above the previous %d", i, ev.ID, b.Events[i-1].ID)
 		}
 	}
 	dp, err := r.uint(math.MaxUint32)

@@ -170,6 +170,19 @@ func (e *Encoder) AppendBatch(dst []byte, ts int64, evs []Event) ([]byte, error)
 	return appendUint(dst, uint64(e.dp)), nil
 }
 
+// AppendHeartbeat appends the payload of a heartbeat of the snapshot stream
+// format, [ts, [], dp_rank], to dst. It is published with a 24-byte
+// sequence frame (PutSeqEpoch) and takes a sequence number like any batch.
+func (e *Encoder) AppendHeartbeat(dst []byte, ts int64) ([]byte, error) {
+	if ts < 0 {
+		return dst, fmt.Errorf("%w: negative timestamp %d", ErrEvent, ts)
+	}
+	dst = append(dst, 0x93)
+	dst = appendUint(dst, uint64(ts))
+	dst = appendArrayHeader(dst, 0)
+	return appendUint(dst, uint64(e.dp)), nil
+}
+
 var (
 	keyEventID   = appendStr(nil, "event_id")
 	keyTenantID  = appendStr(nil, "tenant_id")

@@ -11,6 +11,16 @@
 //	1  sequence  u64 big-endian, 8 bytes, gap-free from 1
 //	2  payload   msgpack [timestamp_ms, [event_map, ... ≤64], dp_rank]
 //
+// The opt-in snapshot stream format (docs/gateway-state.md; the dialect of
+// vLLM's KV-event snapshots as llm-d consumes it) differs in two ways: the
+// sequence frame is 24 bytes, the sequence followed by the 16-byte
+// publisher epoch (DecodeSeqFrame, Batch.Epoch), and an idle publisher
+// sends heartbeats, batches with an empty event array that take a sequence
+// number (Batch.Heartbeat). The gateway's snapshot endpoint serves the
+// state at a sequence number (FetchSnapshot); a Subscriber with
+// Options.SnapshotEndpoint bootstraps from it and rebuilds from it whenever
+// the stream's continuity is lost.
+//
 // The encoder writes msgpack by hand (no reflection, one pass, reusable
 // buffers); the decoder is a one-pass strict reader. Tests cross-check both
 // against github.com/shamaton/msgpack/v2 as an independent msgpack oracle.
@@ -142,14 +152,42 @@ type Batch struct {
 	Seq       uint64
 	Timestamp int64
 	DPRank    uint32
-	Events    []Event
+	// Events holds 1 to 64 events; none in a heartbeat (see Heartbeat).
+	Events []Event
 	// Replayed is set by the subscriber on batches fetched from the replay socket.
 	Replayed bool
+	// Epoch is the publisher epoch the sequence frame carried (EpochLen
+	// bytes, snapshot stream format); nil in the Mooncake format. Batches of
+	// one epoch may share the slice: do not modify it.
+	Epoch []byte
+	// Snapshot is set on the chunks of a snapshot (FetchSnapshot, and the
+	// subscriber's bootstraps and rebuilds); their Seq is the snapshot's cut.
+	Snapshot bool
 }
+
+// Heartbeat reports whether b is a heartbeat of the snapshot stream format:
+// a batch with no events that only takes a sequence number.
+func (b Batch) Heartbeat() bool { return len(b.Events) == 0 }
+
+// EpochLen is the length of a publisher epoch in a snapshot-format
+// sequence frame and a snapshot reply.
+const EpochLen = 16
 
 // PutSeq returns the 8-byte big-endian sequence frame.
 func PutSeq(seq uint64) []byte {
 	b := make([]byte, 8)
 	binary.BigEndian.PutUint64(b, seq)
 	return b
+}
+
+// PutSeqEpoch returns the 24-byte sequence frame of the snapshot stream
+// format: the 8-byte big-endian sequence followed by the publisher epoch,
+// which must be EpochLen bytes (it panics otherwise).
+func PutSeqEpoch(seq uint64, epoch []byte) []byte {
+	if len(epoch) != EpochLen {
+		panic(fmt.Sprintf("kvevent: PutSeqEpoch with a %d-byte epoch, want %d", len(epoch), EpochLen))
+	}
+	b := make([]byte, 8, 8+EpochLen)
+	binary.BigEndian.PutUint64(b, seq)
+	return append(b, epoch...)
 }

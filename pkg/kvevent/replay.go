@@ -34,6 +34,12 @@ var ErrStopReplay = errors.New("kvevent: stop replay")
 // 0xFFFFFFFFFFFFFFFF, empty payload). Both reply dialects are understood:
 // [b"", topic, seq, payload] and the older [b"", seq, payload]. The first
 // batch may start after from when the publisher no longer retains it.
+//
+// In the snapshot stream format the ring holds heartbeats too: a sequence
+// frame of 24 bytes (sequence and epoch, which the batch's Epoch carries)
+// admits an empty event array, and so does ReplayOptions.Decoder with
+// AllowEmpty for 8-byte frames (vLLM's replay socket sends those in
+// either format).
 func Replay(ctx context.Context, endpoint string, from uint64, opts ReplayOptions, fn func(Batch) error) error {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 10 * time.Second
@@ -57,7 +63,10 @@ func Replay(ctx context.Context, endpoint string, from uint64, opts ReplayOption
 		return ctxOr(ctx, fmt.Errorf("kvevent: replay request: %w", err))
 	}
 	dec := opts.Decoder
-	var last uint64
+	var (
+		last uint64
+		seen bool // last is set
+	)
 	for {
 		m, err := c.ReadMessage()
 		if err != nil {
@@ -75,7 +84,7 @@ func Replay(ctx context.Context, endpoint string, from uint64, opts ReplayOption
 		default:
 			return malformed("replay reply with %d frames, want [b\"\", topic, seq, payload] or [b\"\", seq, payload]", len(m.Frames))
 		}
-		seq, err := DecodeSeq(seqF)
+		seq, epoch, err := DecodeSeqFrame(seqF)
 		if err != nil {
 			return err
 		}
@@ -85,13 +94,21 @@ func Replay(ctx context.Context, endpoint string, from uint64, opts ReplayOption
 			}
 			return nil
 		}
-		if seq == 0 || seq <= last {
+		// Sequences increase; 0 is a sequence only in the snapshot format.
+		if (seq == 0 && epoch == nil) || (seen && seq <= last) {
 			return malformed("replay sequence %d after %d", seq, last)
 		}
-		last = seq
-		b, err := dec.DecodePayload(seq, payload)
+		last, seen = seq, true
+		kind := kindLive
+		if epoch != nil || dec.AllowEmpty {
+			kind = kindHeartbeatOK
+		}
+		b, err := dec.decodePayload(seq, payload, kind)
 		if err != nil {
 			return err
+		}
+		if epoch != nil {
+			b.Epoch = dec.internEpoch(epoch)
 		}
 		b.Replayed = true
 		if err := fn(b); err != nil {

@@ -1,10 +1,13 @@
 package kvevent
 
 import (
+	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,12 +27,48 @@ type Options struct {
 	// from this sequence, so a subscriber that starts late still sees what
 	// was published before it connected (FromSeq 1: since the publisher
 	// started, which for the gateway begins with its full snapshot).
+	// Not with SnapshotEndpoint, which starts from a snapshot instead.
 	FromSeq uint64
+	// SnapshotEndpoint is the publisher's snapshot ROUTER (e.g.
+	// tcp://gateway:5559). When set, the subscriber bootstraps from a
+	// snapshot: it connects the SUB socket, buffers live messages, fetches a
+	// snapshot (FetchSnapshot), applies its chunks to the cleared index and
+	// then the live batches above the snapshot's cut, each exactly one above
+	// the previous. Whenever continuity is lost it rebuilds the same way:
+	// on a publisher epoch change, a heartbeat timeout (both snapshot stream
+	// format), a sequence going backwards, a gap that ReplayEndpoint cannot
+	// fill, or, in the Mooncake format, a reconnect after which replay
+	// cannot prove the publisher is the same process. Each rebuild is
+	// reported to OnGap with Gap.Rebuilt set. Stats.Synced tells whether the
+	// index currently mirrors the publisher.
+	SnapshotEndpoint string
+	// HeartbeatTimeout: when the stream carries epochs (the snapshot format,
+	// whose publisher sends a heartbeat every second when idle), a
+	// subscriber that receives nothing for this long treats the publisher
+	// as gone: it reconnects and, with SnapshotEndpoint, rebuilds (default
+	// 5s, as llm-d). Unused for the Mooncake format.
+	HeartbeatTimeout time.Duration
+	// SnapshotTimeout bounds one snapshot exchange (default 10s).
+	SnapshotTimeout time.Duration
+	// MaxSnapshotBytes bounds one snapshot reply (default 256 MiB).
+	MaxSnapshotBytes int
+	// SnapshotBufferMessages and SnapshotBufferBytes bound the live
+	// messages buffered while a snapshot is fetched (defaults 4096 and 64
+	// MiB); past either the attempt fails and is retried.
+	SnapshotBufferMessages, SnapshotBufferBytes int
+	// RebuildMin and RebuildMax bound the jittered exponential backoff
+	// between failed snapshot attempts (defaults 1s and 30s, as llm-d); the
+	// first attempt of a rebuild is immediate.
+	RebuildMin, RebuildMax time.Duration
 	// OnBatch is called for every batch, live or replayed, in sequence
-	// order, after the index applied it, on the subscriber's goroutine.
+	// order, after the index applied it, on the subscriber's goroutine;
+	// with SnapshotEndpoint also for the chunks of every snapshot applied
+	// (Batch.Snapshot set, Seq the cut), after the OnGap of their rebuild.
+	// Heartbeats are not delivered (Stats.Heartbeats counts them).
 	OnBatch func(Batch)
-	// OnGap is called for every gap the subscriber could not repair and for
-	// every publisher restart it detects.
+	// OnGap is called for every gap the subscriber could not repair, for
+	// every publisher restart it detects and, with SnapshotEndpoint, for
+	// every rebuild once its snapshot is installed (Gap.Rebuilt).
 	OnGap func(Gap)
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
@@ -67,8 +106,17 @@ type Gap struct {
 	// replay ring when available; what the ring could not supply is
 	// reported as a separate gap.
 	Reset bool
-	// Err is why the gap could not be repaired (nil without a replay endpoint).
+	// Err is why the gap could not be repaired (nil without a replay
+	// endpoint); for a rebuild, why continuity was lost.
 	Err error
+	// Rebuilt reports (with Options.SnapshotEndpoint) that the subscriber
+	// lost the stream's continuity, cleared the index and rebuilt it from a
+	// fresh snapshot: it is reported once that snapshot is installed, just
+	// before its chunks reach OnBatch. Reset is also set when a publisher
+	// restart was the cause (epoch change, sequence or event_id going
+	// backwards); From and To name the missing sequences when a gap was.
+	// Nothing is missing after a rebuild.
+	Rebuilt bool
 }
 
 // Stats are the subscriber's counters.
@@ -88,8 +136,23 @@ type Stats struct {
 	// ZMTP or a limit (MaxFrame, MaxMessage, the command cap), in the
 	// handshake or after it.
 	ProtocolErrors uint64
-	// LastSeq is the last sequence delivered.
+	// LastSeq is the last sequence delivered (a heartbeat's too; after a
+	// snapshot, its cut).
 	LastSeq uint64
+	// Heartbeats received (snapshot stream format; not delivered to OnBatch).
+	Heartbeats uint64
+	// Snapshots installed (the bootstrap and every rebuild), and
+	// SnapshotFailures, attempts that failed (unreachable, unavailable,
+	// malformed, buffer overflow).
+	Snapshots, SnapshotFailures uint64
+	// Epoch is the publisher epoch in hex: of the last live batch, or with
+	// SnapshotEndpoint of the installed snapshot; "" in the Mooncake format
+	// without a snapshot.
+	Epoch string
+	// Synced reports, with SnapshotEndpoint, that a snapshot is installed
+	// and no rebuild is under way: the index mirrors the publisher. Always
+	// false without SnapshotEndpoint.
+	Synced bool
 }
 
 // Subscriber is a live subscription to a KV event PUB socket.
@@ -104,7 +167,10 @@ type Subscriber struct {
 
 	batches, events, replayed, missing, unrepaired atomic.Uint64
 	resets, reconnects, malformedN, lastSeq        atomic.Uint64
-	protocolErrors                                 atomic.Uint64
+	protocolErrors, heartbeats                     atomic.Uint64
+	snapshots, snapshotFailures                    atomic.Uint64
+	epochHex                                       atomic.Pointer[string]
+	synced                                         atomic.Bool
 
 	// Owned by the run goroutine.
 	dec         Decoder
@@ -115,6 +181,10 @@ type Subscriber struct {
 	lastFP      fingerprint // of the last batch delivered
 	dupLo       uint64      // live batches in [dupLo, dupHi] were delivered by a replay
 	dupHi       uint64
+	epoch       []byte // of the stream: the last live batch's, or the snapshot's
+	epochKnown  bool   // epoch is set (nil is the Mooncake format's)
+	snap        snapState
+	bg          sync.WaitGroup // snapshot fetches
 
 	closeOnce sync.Once
 	closed    atomic.Bool
@@ -124,7 +194,13 @@ type Subscriber struct {
 // to every topic and returns once the connection is established. Events are
 // decoded strictly and applied to the index in sequence order; gaps are
 // repaired through Options.ReplayEndpoint when set and reported otherwise.
-// The subscription reconnects with backoff until ctx ends or Close.
+// With Options.SnapshotEndpoint the index starts from the publisher's
+// snapshot and is rebuilt from a fresh one whenever continuity is lost (see
+// SnapshotEndpoint); that happens on the subscriber's goroutine, after
+// Subscribe returns. Both stream formats are followed: Mooncake's and the
+// snapshot format (24-byte sequence frames with the publisher epoch,
+// heartbeats). The subscription reconnects with backoff until ctx ends or
+// Close.
 func Subscribe(ctx context.Context, endpoint string, opts Options) (*Subscriber, error) {
 	if _, _, err := zmtp.SplitEndpoint(endpoint); err != nil {
 		return nil, err
@@ -133,6 +209,35 @@ func Subscribe(ctx context.Context, endpoint string, opts Options) (*Subscriber,
 		if _, _, err := zmtp.SplitEndpoint(opts.ReplayEndpoint); err != nil {
 			return nil, err
 		}
+	}
+	if opts.SnapshotEndpoint != "" {
+		if _, _, err := zmtp.SplitEndpoint(opts.SnapshotEndpoint); err != nil {
+			return nil, err
+		}
+		if opts.FromSeq > 0 {
+			return nil, errors.New("kvevent: FromSeq and SnapshotEndpoint exclude each other (a snapshot replaces the catch-up)")
+		}
+	}
+	if opts.HeartbeatTimeout <= 0 {
+		opts.HeartbeatTimeout = 5 * time.Second
+	}
+	if opts.SnapshotTimeout <= 0 {
+		opts.SnapshotTimeout = 10 * time.Second
+	}
+	if opts.MaxSnapshotBytes <= 0 {
+		opts.MaxSnapshotBytes = 256 << 20
+	}
+	if opts.SnapshotBufferMessages <= 0 {
+		opts.SnapshotBufferMessages = 4096
+	}
+	if opts.SnapshotBufferBytes <= 0 {
+		opts.SnapshotBufferBytes = 64 << 20
+	}
+	if opts.RebuildMin <= 0 {
+		opts.RebuildMin = time.Second
+	}
+	if opts.RebuildMax < opts.RebuildMin {
+		opts.RebuildMax = max(30*time.Second, opts.RebuildMin)
 	}
 	if opts.DialTimeout <= 0 {
 		opts.DialTimeout = 5 * time.Second
@@ -166,7 +271,11 @@ func Subscribe(ctx context.Context, endpoint string, opts Options) (*Subscriber,
 		return nil, err
 	}
 	ctx, s.cancel = context.WithCancel(ctx)
-	go s.run(ctx, conn)
+	if opts.SnapshotEndpoint != "" {
+		go s.runSnapshot(ctx, conn)
+	} else {
+		go s.run(ctx, conn)
+	}
 	return s, nil
 }
 
@@ -180,7 +289,27 @@ func (s *Subscriber) Stats() Stats {
 		MissingSeqs: s.missing.Load(), Unrepaired: s.unrepaired.Load(),
 		Resets: s.resets.Load(), Reconnects: s.reconnects.Load(), Malformed: s.malformedN.Load(),
 		ProtocolErrors: s.protocolErrors.Load(), LastSeq: s.lastSeq.Load(),
+		Heartbeats: s.heartbeats.Load(), Snapshots: s.snapshots.Load(),
+		SnapshotFailures: s.snapshotFailures.Load(), Epoch: s.epochString(),
+		Synced: s.synced.Load(),
 	}
+}
+
+func (s *Subscriber) epochString() string {
+	if p := s.epochHex.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// setEpoch records the stream's epoch (nil: the Mooncake format).
+func (s *Subscriber) setEpoch(e []byte) {
+	if s.epochKnown && bytes.Equal(s.epoch, e) {
+		return
+	}
+	s.epoch, s.epochKnown = e, true
+	h := hex.EncodeToString(e)
+	s.epochHex.Store(&h)
 }
 
 // Done is closed when the subscription has stopped.
@@ -284,8 +413,18 @@ func (s *Subscriber) finish(ctx context.Context) {
 // least one message arrived.
 func (s *Subscriber) readLoop(ctx context.Context, conn *zmtp.Conn) (healthy bool, err error) {
 	for {
+		if s.epoch != nil {
+			// The snapshot format's publisher sends a heartbeat every second
+			// when idle: silence means it is gone.
+			if err := conn.SetReadDeadline(time.Now().Add(s.opts.HeartbeatTimeout)); err != nil {
+				return healthy, err
+			}
+		}
 		m, err := conn.ReadMessage()
 		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil {
+				err = fmt.Errorf("kvevent: nothing received for %v (heartbeat timeout): %w", s.opts.HeartbeatTimeout, err)
+			}
 			return healthy, err
 		}
 		healthy = true
@@ -304,7 +443,7 @@ func (s *Subscriber) readLoop(ctx context.Context, conn *zmtp.Conn) (healthy boo
 			s.malformedN.Add(1)
 			s.lg.Warn("malformed kv event message", "err", err)
 			if len(m.Frames) == 3 {
-				if seq, serr := DecodeSeq(m.Frames[1]); serr == nil && s.started && seq >= s.expected && seq != EndSeq {
+				if seq, _, serr := DecodeSeqFrame(m.Frames[1]); serr == nil && s.started && seq >= s.expected && seq != EndSeq {
 					s.missing.Add(seq + 1 - s.expected)
 					s.unrepaired.Add(seq + 1 - s.expected)
 					s.report(Gap{From: s.expected, To: seq + 1, Err: err})
@@ -319,7 +458,7 @@ func (s *Subscriber) readLoop(ctx context.Context, conn *zmtp.Conn) (healthy boo
 
 func (s *Subscriber) handle(ctx context.Context, b Batch) {
 	if s.dupHi > 0 {
-		if b.Seq >= s.dupLo && b.Seq <= s.dupHi && s.haveID && b.Events[0].ID <= s.lastEventID {
+		if b.Seq >= s.dupLo && b.Seq <= s.dupHi && s.replayedAlready(b) {
 			return // already delivered by a replay
 		}
 		s.dupLo, s.dupHi = 0, 0
@@ -328,14 +467,16 @@ func (s *Subscriber) handle(ctx context.Context, b Batch) {
 		s.started = true
 		s.expected = b.Seq
 	}
-	if b.Seq < s.expected || (s.haveID && b.Events[0].ID <= s.lastEventID) {
-		// The publisher restarted: its sequence or its per-process event_id
-		// went backwards. Whatever the index holds may be stale.
+	if (s.epochKnown && !bytes.Equal(b.Epoch, s.epoch)) || b.Seq < s.expected || s.idBackwards(b) {
+		// The publisher restarted: its epoch changed, or its sequence or its
+		// per-process event_id went backwards. Whatever the index holds may
+		// be stale.
 		s.resets.Add(1)
 		s.index.Clear()
 		s.report(Gap{Reset: true})
 		s.expected, s.lastEventID, s.haveID = 1, 0, false
 	}
+	s.setEpoch(b.Epoch)
 	if b.Seq > s.expected {
 		s.repair(ctx, s.expected, b.Seq)
 	}
@@ -403,6 +544,17 @@ func (s *Subscriber) fill(rb Batch) {
 	s.deliver(rb)
 }
 
+// replayedAlready reports whether b, inside the duplicate window, is a
+// batch a replay delivered (its event_id is not above the last delivered).
+func (s *Subscriber) replayedAlready(b Batch) bool {
+	return b.Heartbeat() || (s.haveID && b.Events[0].ID <= s.lastEventID)
+}
+
+// idBackwards reports whether b's event_id goes back from the last delivered.
+func (s *Subscriber) idBackwards(b Batch) bool {
+	return !b.Heartbeat() && s.haveID && b.Events[0].ID <= s.lastEventID
+}
+
 // fingerprint identifies a batch of one publisher process: a restarted
 // publisher reusing the sequence number will not reproduce it.
 type fingerprint struct {
@@ -413,6 +565,9 @@ type fingerprint struct {
 }
 
 func fingerprintOf(b Batch) fingerprint {
+	if b.Heartbeat() {
+		return fingerprint{seq: b.Seq, ts: b.Timestamp}
+	}
 	return fingerprint{seq: b.Seq, ts: b.Timestamp, firstID: b.Events[0].ID, lastID: b.Events[len(b.Events)-1].ID, n: len(b.Events)}
 }
 
@@ -423,8 +578,12 @@ func fingerprintOf(b Batch) fingerprint {
 // the same process, and what follows it fills the outage; anything else
 // means a restart, so the index is rebuilt from the new process's ring
 // (exact when the ring still holds sequence 1, reported as a gap otherwise).
+//
+// In the snapshot stream format nothing is asked: the epoch names the
+// process and heartbeats keep the sequence moving, so the next live
+// message shows a restart (another epoch) or an outage (a gap to repair).
 func (s *Subscriber) resume(ctx context.Context) {
-	if !s.started || !s.haveID || s.opts.ReplayEndpoint == "" {
+	if !s.started || !s.haveID || s.opts.ReplayEndpoint == "" || s.epoch != nil {
 		return
 	}
 	last := s.lastFP
@@ -460,10 +619,27 @@ func (s *Subscriber) resume(ctx context.Context) {
 }
 
 func (s *Subscriber) replayOptions() ReplayOptions {
-	return ReplayOptions{Timeout: s.opts.ReplayTimeout, MaxFrame: s.opts.MaxFrame, MaxMessage: s.opts.MaxMessage, Decoder: Decoder{AllowUnknownKeys: s.opts.AllowUnknownKeys}}
+	return ReplayOptions{Timeout: s.opts.ReplayTimeout, MaxFrame: s.opts.MaxFrame, MaxMessage: s.opts.MaxMessage,
+		Decoder: Decoder{AllowUnknownKeys: s.opts.AllowUnknownKeys, AllowEmpty: s.heartbeatStream()}}
 }
 
+// heartbeatStream reports whether the live stream has the snapshot format
+// (so its replay ring holds heartbeats).
+func (s *Subscriber) heartbeatStream() bool {
+	if s.opts.SnapshotEndpoint != "" {
+		return s.snap.liveEpochs
+	}
+	return s.epoch != nil
+}
+
+// deliver applies a live or replayed batch in sequence order.
 func (s *Subscriber) deliver(b Batch) {
+	if b.Heartbeat() {
+		s.heartbeats.Add(1)
+		s.lastSeq.Store(b.Seq)
+		s.expected = b.Seq + 1
+		return
+	}
 	if !s.opts.DisableIndex {
 		s.index.ApplyBatch(b)
 	}
@@ -479,7 +655,7 @@ func (s *Subscriber) deliver(b Batch) {
 }
 
 func (s *Subscriber) report(g Gap) {
-	s.lg.Warn("kv event gap", "from", g.From, "to", g.To, "reset", g.Reset, "err", g.Err)
+	s.lg.Warn("kv event gap", "from", g.From, "to", g.To, "reset", g.Reset, "rebuilt", g.Rebuilt, "err", g.Err)
 	if s.opts.OnGap != nil {
 		s.opts.OnGap(g)
 	}
