@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"github.com/spf13/cobra"
@@ -22,21 +23,31 @@ type watchEvent struct {
 	Medium    *string `json:"medium"`
 	GroupID   *string `json:"group_id,omitempty"`
 	Replayed  bool    `json:"replayed,omitempty"`
+	// Snapshot marks the events of a snapshot (--snapshot): the state at
+	// sequence seq (the snapshot's cut), event_id 0.
+	Snapshot bool `json:"snapshot,omitempty"`
 }
 
 func watchCmd(e *env) *cobra.Command {
 	var (
-		gateway string
-		replay  string
-		fromSeq uint64
-		count   int
+		gateway   string
+		replay    string
+		snapshot  string
+		fromSeq   uint64
+		count     int
+		heartbeat time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "watch [--gateway tcp://HOST:5557] [--from-seq N]",
+		Use:   "watch [--gateway tcp://HOST:5557] [--from-seq N | --snapshot tcp://HOST:5559]",
 		Short: "Print KV events from the gateway as JSON lines",
 		Long: "watch subscribes to the gateway's ZMQ PUB socket, decodes every batch strictly and prints one\n" +
 			"JSON object per event. Gaps in the sequence are repaired from the replay socket when possible\n" +
-			"and reported on stderr otherwise. --from-seq N first replays the retained batches from N.",
+			"and reported on stderr otherwise. --from-seq N first replays the retained batches from N.\n" +
+			"--snapshot starts from the gateway's snapshot instead (its events are printed with\n" +
+			"\"snapshot\": true and the snapshot's sequence), then prints the live events after it; whenever\n" +
+			"the stream's continuity is lost (a gateway restart, a gap replay cannot fill, no heartbeat) it\n" +
+			"prints a line on stderr, fetches a fresh snapshot and goes on. Both stream formats (mooncake,\n" +
+			"snapshot: epochs and heartbeats) are understood.",
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := context.WithCancel(cmd.Context())
@@ -47,12 +58,17 @@ func watchCmd(e *env) *cobra.Command {
 			if fromSeq > 0 && replay == "" {
 				return usagef("--from-seq needs --replay")
 			}
+			if fromSeq > 0 && snapshot != "" {
+				return usagef("--from-seq and --snapshot exclude each other (the snapshot replaces the catch-up)")
+			}
 			var printed atomic.Int64
 			var werr error
 			sub, err := kvevent.Subscribe(ctx, gateway, kvevent.Options{
-				ReplayEndpoint: replay,
-				FromSeq:        fromSeq,
-				DisableIndex:   true,
+				ReplayEndpoint:   replay,
+				FromSeq:          fromSeq,
+				SnapshotEndpoint: snapshot,
+				HeartbeatTimeout: heartbeat,
+				DisableIndex:     true,
 				OnBatch: func(b kvevent.Batch) {
 					for _, ev := range b.Events {
 						if count > 0 && printed.Load() >= int64(count) {
@@ -60,7 +76,7 @@ func watchCmd(e *env) *cobra.Command {
 							return
 						}
 						w := watchEvent{Seq: b.Seq, EventID: ev.ID, Timestamp: ev.Timestamp, EventType: ev.Type.String(),
-							Tenant: ev.Tenant, BackendID: ev.Envelope.BackendID, Replayed: b.Replayed}
+							Tenant: ev.Tenant, BackendID: ev.Envelope.BackendID, Replayed: b.Replayed, Snapshot: b.Snapshot}
 						if ev.Type != kvevent.Cleared {
 							k, m, g := ev.Key, ev.Medium.String(), ev.GroupID
 							w.Key, w.Medium = &k, &m
@@ -78,7 +94,18 @@ func watchCmd(e *env) *cobra.Command {
 					}
 				},
 				OnGap: func(g kvevent.Gap) {
-					fmt.Fprintf(e.stderr, "crescentctl: gap in sequence [%d, %d) reset=%v: %v\n", g.From, g.To, g.Reset, g.Err)
+					switch {
+					case g.Rebuilt && g.Reset:
+						fmt.Fprintf(e.stderr, "crescentctl: the publisher restarted; rebuilt from its snapshot: %v\n", g.Err)
+					case g.Rebuilt:
+						fmt.Fprintf(e.stderr, "crescentctl: stream continuity lost; rebuilt from a snapshot: %v\n", g.Err)
+					case g.Reset && replay != "":
+						fmt.Fprintf(e.stderr, "crescentctl: the publisher restarted; resynchronised from its replay ring\n")
+					case g.Reset:
+						fmt.Fprintf(e.stderr, "crescentctl: the publisher restarted (events before this point may be stale; use --snapshot or --replay to resynchronise)\n")
+					default:
+						fmt.Fprintf(e.stderr, "crescentctl: gap in sequence [%d, %d): %v\n", g.From, g.To, g.Err)
+					}
 				},
 			})
 			if err != nil {
@@ -96,6 +123,8 @@ func watchCmd(e *env) *cobra.Command {
 	f.StringVar(&gateway, "gateway", "tcp://localhost:5557", "gateway PUB endpoint")
 	f.StringVar(&replay, "replay", "tcp://localhost:5558", "gateway replay ROUTER endpoint (gap repair, --from-seq); default only with the default --gateway")
 	f.Uint64Var(&fromSeq, "from-seq", 0, "first replay every retained batch from this sequence")
+	f.StringVar(&snapshot, "snapshot", "", "gateway snapshot ROUTER endpoint (e.g. tcp://localhost:5559): start from its state and rebuild from it whenever continuity is lost")
+	f.DurationVar(&heartbeat, "heartbeat-timeout", 0, "snapshot stream format: silence after which the gateway is taken for gone (0 = 5s)")
 	f.IntVar(&count, "count", 0, "exit after printing this many events (0 = run until interrupted)")
 	return cmd
 }
