@@ -28,6 +28,7 @@ type pipeline struct {
 
 func newPipeline(b *testing.B, onEvent func(kvevent.Event, time.Time)) *pipeline {
 	b.Helper()
+	// Scripted: the benchmark times the gateway alone, not a real master's puts, which would dominate its CPU.
 	p := &pipeline{m: fakemaster.New(1), onEvent: onEvent}
 	p.m.MaxPerResponse = 1024
 	cfg := testConfig(startMaster(b, p.m))

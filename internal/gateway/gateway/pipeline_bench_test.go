@@ -197,6 +197,7 @@ func (p *benchMasterProc) do(b *testing.B, format string, args ...any) {
 // has applied a chunk before the next prep), so the master makes no
 // garbage of its own.
 func benchMaster(resp int) error {
+	// Scripted: Hold/Append build a backlog and a log that grows no set, which a real master cannot do.
 	m := fakemaster.New(1)
 	m.MaxPerResponse = resp
 	addr, stop, err := fakemaster.Serve(m)
