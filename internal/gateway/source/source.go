@@ -20,23 +20,25 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"slices"
 	"sync/atomic"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/gateway/announced"
+	"github.com/crescent-kv/crescent/internal/gateway/statedir"
 	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"google.golang.org/grpc"
 )
 
-// Sink receives events: Enqueue for the live stream (never blocks),
-// EnqueueWait for a resync diff (paced, never drops).
+// Sink receives events: EnqueueAt for the live stream (never blocks),
+// EnqueueWaitAt for a resync diff (paced, never drops). pos is the master
+// position after the call's events: what a restarted gateway resumes
+// from once they are published (statedir.Position).
 type Sink interface {
-	Enqueue(evs ...kvevent.Event)
-	EnqueueWait(ctx context.Context, evs ...kvevent.Event) error
+	EnqueueAt(pos statedir.Position, evs ...kvevent.Event)
+	EnqueueWaitAt(ctx context.Context, pos statedir.Position, evs ...kvevent.Event) error
 }
 
 // Config tunes the source.
@@ -98,6 +100,18 @@ func New(cfg Config, client masterv1.ChangeServiceClient, sink Sink, lg *slog.Lo
 		cfg.ResyncChunk = def.ResyncChunk
 	}
 	return &Source{cfg: cfg, client: client, sink: sink, lg: lg, codec: newWatchCodec(), resp: &masterv1.WatchResponse{}, announced: announced.New()}
+}
+
+// Restore starts the source from a restarted gateway's state: the set it
+// had published and the master position of its last batch. Run then
+// resumes Watch from there (and resyncs, diffing against set, if the
+// master cannot serve it). Call it before Run; a zero pos means "take a
+// snapshot first", as for a new gateway.
+func (s *Source) Restore(set *announced.Set, pos statedir.Position) {
+	s.announced, s.ep, s.rev, s.synced = set, pos.Epoch, pos.Revision, pos != statedir.Position{}
+	s.epoch.Store(pos.Epoch)
+	s.revision.Store(pos.Revision)
+	s.announcedN.Store(int64(set.Len()))
 }
 
 // Status returns the current position.
@@ -217,7 +231,7 @@ func (s *Source) watch(ctx context.Context) (healthy bool, err error) {
 
 func (s *Source) flush(evs []kvevent.Event) {
 	if len(evs) > 0 {
-		s.sink.Enqueue(evs...)
+		s.sink.EnqueueAt(statedir.Position{Epoch: s.ep, Revision: s.rev}, evs...)
 	}
 	s.revision.Store(s.rev)
 	s.announcedN.Store(int64(s.announced.Len()))
@@ -277,19 +291,29 @@ func (s *Source) resync(ctx context.Context) error {
 	}
 	cancel()
 	diff := announced.Diff(s.announced, next)
-	for chunk := range slices.Chunk(diff, s.cfg.ResyncChunk) {
-		if err := s.sink.EnqueueWait(ctx, chunk...); err != nil {
+	all := diff
+	// Every chunk but the last carries the position from before the
+	// resync: a gateway that stops in the middle of a diff resumes from
+	// there, fails to Watch, and diffs again, instead of skipping the
+	// rest. The last call (empty when nothing differs) moves it on.
+	prev, at := statedir.Position{Epoch: s.ep, Revision: s.rev}, statedir.Position{Epoch: epoch, Revision: rev}
+	for len(diff) > s.cfg.ResyncChunk {
+		if err := s.sink.EnqueueWaitAt(ctx, prev, diff[:s.cfg.ResyncChunk]...); err != nil {
 			return err
 		}
+		diff = diff[s.cfg.ResyncChunk:]
+	}
+	if err := s.sink.EnqueueWaitAt(ctx, at, diff...); err != nil {
+		return err
 	}
 	removed := 0
-	for _, ev := range diff {
+	for _, ev := range all {
 		if ev.Type == kvevent.Removed {
 			removed++
 		}
 	}
 	s.lg.Info("resynced from master snapshot", "epoch", epoch, "revision", rev, "entries", next.Len(),
-		"stored", len(diff)-removed, "removed", removed, "previous_epoch", s.ep, "previous_revision", s.rev)
+		"stored", len(all)-removed, "removed", removed, "previous_epoch", s.ep, "previous_revision", s.rev)
 	s.announced, s.rev, s.ep, s.synced = next, rev, epoch, true
 	s.epoch.Store(epoch)
 	s.revision.Store(rev)

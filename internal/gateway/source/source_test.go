@@ -13,6 +13,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/gateway/announced"
 	"github.com/crescent-kv/crescent/internal/gateway/fakemaster"
+	"github.com/crescent-kv/crescent/internal/gateway/statedir"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"go.uber.org/goleak"
@@ -27,22 +28,36 @@ type sink struct {
 	mu  sync.Mutex
 	evs []kvevent.Event
 	idx *kvevent.Index
+	// calls records each call's position and event count.
+	calls []sinkCall
+}
+
+type sinkCall struct {
+	pos statedir.Position
+	n   int
 }
 
 func newSink() *sink { return &sink{idx: kvevent.NewIndex()} }
 
-func (s *sink) Enqueue(evs ...kvevent.Event) {
+func (s *sink) EnqueueAt(pos statedir.Position, evs ...kvevent.Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.calls = append(s.calls, sinkCall{pos, len(evs)})
 	s.evs = append(s.evs, evs...)
 	for _, e := range evs {
 		s.idx.Apply(e)
 	}
 }
 
-func (s *sink) EnqueueWait(ctx context.Context, evs ...kvevent.Event) error {
-	s.Enqueue(evs...)
+func (s *sink) EnqueueWaitAt(ctx context.Context, pos statedir.Position, evs ...kvevent.Event) error {
+	s.EnqueueAt(pos, evs...)
 	return ctx.Err()
+}
+
+func (s *sink) positions() []sinkCall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.calls)
 }
 
 func (s *sink) events() []kvevent.Event {
@@ -54,7 +69,7 @@ func (s *sink) events() []kvevent.Event {
 func (s *sink) reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.evs = nil
+	s.evs, s.calls = nil, nil
 }
 
 type harness struct {
@@ -65,6 +80,13 @@ type harness struct {
 
 func run(t *testing.T, m *fakemaster.Master) *harness {
 	t.Helper()
+	return runWith(t, m, Config{}, nil)
+}
+
+// runWith starts a source with cfg (backoffs filled in) and, before Run,
+// calls restore on it when given.
+func runWith(t *testing.T, m *fakemaster.Master, cfg Config, restore func(*Source)) *harness {
+	t.Helper()
 	addr, stop, err := fakemaster.Serve(m)
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +96,11 @@ func run(t *testing.T, m *fakemaster.Master) *harness {
 		t.Fatal(err)
 	}
 	h := &harness{m: m, sink: newSink()}
-	h.src = New(Config{BackoffMin: time.Millisecond, BackoffMax: 20 * time.Millisecond}, masterv1.NewChangeServiceClient(cc), h.sink, testutil.Logger())
+	cfg.BackoffMin, cfg.BackoffMax = time.Millisecond, 20*time.Millisecond
+	h.src = New(cfg, masterv1.NewChangeServiceClient(cc), h.sink, testutil.Logger())
+	if restore != nil {
+		restore(h.src)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- h.src.Run(ctx) }()
@@ -354,5 +380,84 @@ func TestDiffSets(t *testing.T) {
 	}
 	if got := diffOf(a, maps.Clone(a)); len(got) != 0 {
 		t.Errorf("diff of equal sets = %+v, want none", got)
+	}
+}
+
+// TestPositions: live events carry the position after them; a resync
+// diff's chunks carry the position from before it except the last, so a
+// gateway stopped in the middle of a diff diffs again after a restart.
+func TestPositions(t *testing.T) {
+	m := fakemaster.New(3)
+	for i := range 5 {
+		m.Put("t", fmt.Sprintf("k%d", i), mem, "")
+	}
+	h := runWith(t, m, Config{ResyncChunk: 2}, nil)
+	h.caughtUp(t)
+	first := statedir.Position{Epoch: 3, Revision: m.Head()}
+	want := []sinkCall{{statedir.Position{}, 2}, {statedir.Position{}, 2}, {first, 1}}
+	if got := h.sink.positions(); !slices.Equal(got, want) {
+		t.Fatalf("initial resync calls = %+v, want %+v", got, want)
+	}
+	h.sink.reset()
+	m.Put("t", "k9", mem, "")
+	h.caughtUp(t)
+	want = []sinkCall{{statedir.Position{Epoch: 3, Revision: m.Head()}, 1}}
+	if got := h.sink.positions(); !slices.Equal(got, want) {
+		t.Fatalf("live calls = %+v, want %+v", got, want)
+	}
+}
+
+// TestRestoreResumesWatch: a source restored with the set and position a
+// stopped gateway had published resumes Watch from that position, so it
+// publishes only the changes made since, with no resync.
+func TestRestoreResumesWatch(t *testing.T) {
+	m := fakemaster.New(5)
+	m.Put("t", "a", mem, "g")
+	m.Put("t", "b", disk, "")
+	set := announced.New()
+	set.Store("t", "a", kvevent.MediumCPU, "g")
+	set.Store("t", "b", kvevent.MediumDisk, "")
+	pos := statedir.Position{Epoch: 5, Revision: m.Head()}
+	m.Remove("t", "a", mem) // while the gateway was down
+	m.Put("t", "c", mem, "")
+	h := runWith(t, m, Config{}, func(s *Source) { s.Restore(set, pos) })
+	h.caughtUp(t)
+	want := []kvevent.Event{
+		{Type: kvevent.Removed, Tenant: "t", Key: "a", Medium: kvevent.MediumCPU, GroupID: "g"},
+		{Type: kvevent.Stored, Tenant: "t", Key: "c", Medium: kvevent.MediumCPU},
+	}
+	if got := h.sink.events(); !slices.Equal(got, want) {
+		t.Fatalf("events after restore = %+v, want %+v", got, want)
+	}
+	if s := h.src.Status(); s.Resyncs != 0 || s.Announced != 2 {
+		t.Errorf("status = %+v, want no resync and 2 announced", s)
+	}
+}
+
+// TestRestoreThenResync: the master restarted while the gateway was down
+// (a new epoch), so the restored position cannot be resumed; the source
+// resyncs and publishes only the difference from the restored set.
+func TestRestoreThenResync(t *testing.T) {
+	m := fakemaster.New(5)
+	m.Put("t", "a", mem, "")
+	m.Put("t", "b", mem, "")
+	set := announced.New()
+	set.Store("t", "a", kvevent.MediumCPU, "")
+	set.Store("t", "b", kvevent.MediumCPU, "")
+	pos := statedir.Position{Epoch: 5, Revision: m.Head()}
+	m.Restart(6)
+	m.Remove("t", "a", mem)
+	m.Put("t", "c", disk, "")
+	h := runWith(t, m, Config{}, func(s *Source) { s.Restore(set, pos) })
+	h.caughtUp(t)
+	want := []kvevent.Event{
+		{Type: kvevent.Removed, Tenant: "t", Key: "a", Medium: kvevent.MediumCPU},
+		{Type: kvevent.Stored, Tenant: "t", Key: "c", Medium: kvevent.MediumDisk},
+	}
+	if got := h.sink.events(); !slices.Equal(got, want) {
+		t.Fatalf("events after restore = %+v, want %+v", got, want)
+	}
+	if s := h.src.Status(); s.Resyncs != 1 || s.Epoch != 6 {
+		t.Errorf("status = %+v, want one resync into epoch 6", s)
 	}
 }
