@@ -283,8 +283,9 @@ func TestEventsSurviveRestarts(t *testing.T) {
 	}
 	mu.Unlock()
 
-	// Gateway restart: the subscriber sees the sequence reset and rebuilds
-	// from the replayed full snapshot.
+	// Gateway restart: with its state directory the sequence continues
+	// (docs/gateway-state.md); the subscriber gets the difference live or
+	// repairs it from the restored replay ring.
 	c.Gateway.Stop()
 	if err := cl.Remove(ctx, "r/1", true); err != nil {
 		t.Fatal(err)

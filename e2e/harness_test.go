@@ -165,7 +165,10 @@ type Cluster struct {
 	AgentAddrs  []string
 	GatewayPub  string
 	GatewayRepl string
+	GatewaySnap string
 	GatewayHTTP string
+	// GatewayState is the gateway's --state-dir (kept across its restarts).
+	GatewayState string
 }
 
 // Options shape a test cluster.
@@ -234,8 +237,13 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 	if o.Gateway {
 		c.GatewayPub = "tcp://" + freeAddr(t)
 		c.GatewayRepl = "tcp://" + freeAddr(t)
+		c.GatewaySnap = "tcp://" + freeAddr(t)
+		c.GatewayState = filepath.Join(c.dir, "gateway-state")
+		// As `make run` starts it: with a state directory, so a restart
+		// continues the sequence (docs/gateway-state.md).
 		c.Gateway = c.proc("gateway", "crescent-gateway", append([]string{
 			"--master", c.MasterAddr, "--pub", c.GatewayPub, "--replay", c.GatewayRepl, "--grpc-addr", freeAddr(t),
+			"--snapshot-endpoint", c.GatewaySnap, "--state-dir", c.GatewayState,
 			"--backend-id", "e2e", "--log-level", "debug",
 		}, o.GatewayFlags...))
 		c.GatewayHTTP = c.Gateway.admin

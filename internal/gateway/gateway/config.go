@@ -9,7 +9,9 @@ import (
 
 	"github.com/crescent-kv/crescent/internal/config"
 	"github.com/crescent-kv/crescent/internal/gateway/publisher"
+	"github.com/crescent-kv/crescent/internal/gateway/snapshot"
 	"github.com/crescent-kv/crescent/internal/gateway/source"
+	"github.com/crescent-kv/crescent/internal/gateway/statedir"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 )
 
@@ -50,12 +52,25 @@ type Config struct {
 	ReconnectMin    time.Duration
 	ReconnectMax    time.Duration
 	ShutdownTimeout time.Duration
+
+	// Restarts and snapshots (docs/gateway-state.md).
+	StateDir           string
+	StateSyncInterval  time.Duration
+	CheckpointInterval time.Duration
+	ResumeHold         time.Duration
+	StreamFormat       string
+	HeartbeatInterval  time.Duration
+	Snapshot           string
+	SnapshotMaxWaiting int
+	SnapshotMaxBytes   config.ByteSize
+	RecorderQueue      int
 }
 
 // DefaultConfig returns the defaults (Mooncake's where it has one).
 func DefaultConfig() Config {
 	p := publisher.DefaultConfig()
 	s := source.DefaultConfig()
+	r := snapshot.DefaultConfig()
 	return Config{
 		Master:            "localhost:50051",
 		Pub:               p.PubEndpoint,
@@ -79,6 +94,17 @@ func DefaultConfig() Config {
 
 		ReplayMaxConnsPerPeer: p.ReplayMaxConnsPerPeer,
 		ReplayIdleTimeout:     p.ReplayIdleTimeout,
+
+		StateSyncInterval:  statedir.DefaultSyncInterval,
+		CheckpointInterval: r.CheckpointInterval,
+		ResumeHold:         p.ResumeHold,
+		StreamFormat:       publisher.FormatMooncake.String(),
+		HeartbeatInterval:  p.HeartbeatInterval,
+		Snapshot:           "tcp://*:5559",
+		SnapshotMaxWaiting: r.MaxWaiting,
+		// 1M objects take about 317 MB with the default envelope.
+		SnapshotMaxBytes: 1 << 30,
+		RecorderQueue:    r.QueueBatches,
 	}
 }
 
@@ -113,6 +139,38 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ReconnectMin, "reconnect-min", c.ReconnectMin, "first backoff before reconnecting to the master")
 	fs.DurationVar(&c.ReconnectMax, "reconnect-max", c.ReconnectMax, "longest backoff before reconnecting to the master")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "graceful shutdown limit before a hard stop")
+	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "directory of the publisher's persisted state (epoch, sequence, announced set, journal), so a restart continues the stream; empty: every start is a new publisher")
+	fs.DurationVar(&c.StateSyncInterval, "state-sync-interval", c.StateSyncInterval, "fsync the journal at most this often (0: every batch); a machine crash loses at most this much")
+	fs.DurationVar(&c.CheckpointInterval, "checkpoint-interval", c.CheckpointInterval, "write a checkpoint of the announced set this often (0: only at stop)")
+	fs.DurationVar(&c.ResumeHold, "resume-hold", c.ResumeHold, "after a restart with state, publish nothing until the previous number of subscribers reconnected or this long passed")
+	fs.StringVar(&c.StreamFormat, "stream-format", c.StreamFormat, "PUB stream format: mooncake (the contract's 8-byte sequence) or snapshot (vLLM #57789: sequence+epoch frame, idle heartbeats)")
+	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", c.HeartbeatInterval, "snapshot format: publish an empty batch when nothing was published for this long")
+	fs.StringVar(&c.Snapshot, "snapshot-endpoint", c.Snapshot, "ZMQ ROUTER bind endpoint answering snapshot requests (empty disables)")
+	fs.IntVar(&c.SnapshotMaxWaiting, "snapshot-max-waiting", c.SnapshotMaxWaiting, "snapshot requests waiting at once; more are answered unavailable")
+	fs.Var(&c.SnapshotMaxBytes, "snapshot-max-bytes", "largest snapshot reply; a larger one is answered unavailable")
+	fs.IntVar(&c.RecorderQueue, "recorder-queue", c.RecorderQueue, "published batches the snapshot recorder may fall behind before it stops (snapshots then answer unavailable)")
+}
+
+// format parses StreamFormat.
+func (c *Config) format() (publisher.Format, error) {
+	for _, f := range []publisher.Format{publisher.FormatMooncake, publisher.FormatSnapshot} {
+		if c.StreamFormat == f.String() {
+			return f, nil
+		}
+	}
+	return 0, fmt.Errorf("stream-format must be mooncake or snapshot, got %q", c.StreamFormat)
+}
+
+// recorderConfig is the snapshot recorder's configuration (its epoch is
+// set when the state is known).
+func (c *Config) recorderConfig() snapshot.Config {
+	r := snapshot.DefaultConfig()
+	r.QueueBatches = c.RecorderQueue
+	r.MaxWaiting = c.SnapshotMaxWaiting
+	r.MaxReplyBytes = int(min(c.SnapshotMaxBytes, math.MaxInt))
+	r.CheckpointInterval = c.CheckpointInterval
+	r.Encoder = c.publisherConfig().Encoder
+	return r
 }
 
 // Validate reports every invalid field.
@@ -136,7 +194,16 @@ func (c *Config) Validate() error {
 	if c.ReplayBufferBytes > math.MaxInt32*1024 || c.SubQueueBytes > math.MaxInt32*1024 {
 		errs = append(errs, errors.New("replay-buffer-bytes and sub-queue-bytes must be below 2 TiB"))
 	}
+	if _, err := c.format(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.StateSyncInterval < 0 || c.CheckpointInterval < 0 || c.ResumeHold < 0 {
+		errs = append(errs, errors.New("state-sync-interval, checkpoint-interval and resume-hold must be >= 0"))
+	}
 	if err := c.publisherConfig().Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.recorderConfig().Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -158,6 +225,10 @@ func (c *Config) publisherConfig() publisher.Config {
 	p.SubWriteTimeout = c.SubWriteTimeout
 	p.ReplayMaxConnsPerPeer = c.ReplayMaxConnsPerPeer
 	p.ReplayIdleTimeout = c.ReplayIdleTimeout
+	p.Format, _ = c.format()
+	p.HeartbeatInterval = c.HeartbeatInterval
+	p.ResumeHold = c.ResumeHold
+	p.SnapshotEndpoint = c.Snapshot
 	p.Encoder = kvevent.EncoderOptions{
 		Envelope: kvevent.Envelope{
 			BackendID: c.BackendID, ModelName: c.ModelName, AdditionalSalt: c.AdditionalSalt,

@@ -8,12 +8,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
+	"time"
 
 	gatewayv1 "github.com/crescent-kv/crescent/gen/crescent/gateway/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/gateway/publisher"
+	"github.com/crescent-kv/crescent/internal/gateway/snapshot"
 	"github.com/crescent-kv/crescent/internal/gateway/source"
+	"github.com/crescent-kv/crescent/internal/gateway/statedir"
 	"github.com/crescent-kv/crescent/internal/gateway/status"
 	"github.com/crescent-kv/crescent/internal/obs"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
@@ -37,9 +41,16 @@ type Gateway struct {
 	lg     *slog.Logger
 	pub    *publisher.Publisher
 	src    *source.Source
+	rec    *snapshot.Recorder // nil with neither a state dir nor a snapshot endpoint
 	status *status.Service
 	srv    *server.Server
 	cc     *grpc.ClientConn // nil when Deps.Change was given
+
+	// The persisted state (nil without --state-dir) and how it started.
+	state   *statedir.Dir
+	journal *statedir.Journal
+	mode    string
+	modeErr error
 
 	closeOnce sync.Once
 }
@@ -53,37 +64,106 @@ type Gateway struct {
 // KiB. At most this much of the stream is buffered unread.
 const masterWindow = 1 << 20
 
-// New builds the gateway. It does no I/O (grpc.NewClient connects lazily).
+// New builds the gateway. With a state directory it locks it and reads
+// the persisted state (docs/gateway-state.md); it binds nothing and does
+// not dial (grpc.NewClient connects lazily).
 func New(cfg Config, deps Deps, lg *slog.Logger) (*Gateway, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, lg: lg}
+	g := &Gateway{cfg: cfg, lg: lg, mode: stateOff}
+	if err := g.build(deps); err != nil {
+		g.Close()
+		return nil, err
+	}
+	return g, nil
+}
+
+func (g *Gateway) build(deps Deps) error {
+	cfg, lg := g.cfg, g.lg
 	change := deps.Change
 	if change == nil {
 		cc, err := grpc.NewClient(cfg.Master, grpc.WithTransportCredentials(insecure.NewCredentials()), rpccodec.DialOption(),
 			grpc.WithStaticStreamWindowSize(masterWindow), grpc.WithStaticConnWindowSize(masterWindow))
 		if err != nil {
-			return nil, fmt.Errorf("master %s: %w", cfg.Master, err)
+			return fmt.Errorf("master %s: %w", cfg.Master, err)
 		}
 		g.cc = cc
 		change = masterv1.NewChangeServiceClient(cc)
 	}
-	pub, err := publisher.New(cfg.publisherConfig(), lg.With("part", "publisher"))
+
+	pcfg := cfg.publisherConfig()
+	st := persisted{mode: stateOff, header: statedir.Header{PublisherEpoch: statedir.NewEpoch()}}
+	if cfg.StateDir != "" {
+		opts := statedir.DefaultOptions()
+		opts.SyncInterval = cfg.StateSyncInterval
+		opts.KeepSeqs = uint64(max(cfg.ReplayBuffer, 1))
+		d, err := statedir.Open(cfg.StateDir, opts, lg.With("part", "state"))
+		if err != nil {
+			return err
+		}
+		g.state = d
+		if st, err = loadState(d, cfg.ReplayBuffer, int(cfg.ReplayBufferBytes), lg.With("part", "state")); err != nil {
+			return err
+		}
+		if g.journal, err = d.OpenJournal(st.header.PublisherEpoch); err != nil {
+			return err
+		}
+		pcfg.StartSeq, pcfg.StartEventID = st.header.Seq, st.header.LastEventID
+		if st.mode == stateRestored {
+			// Hold until as many subscribers as the last checkpoint saw
+			// are back. A checkpoint that saw none (written before anyone
+			// subscribed, or an idle gateway) cannot tell: hold the whole
+			// --resume-hold rather than publish to no one.
+			pcfg.ResumeSubscribers = st.header.Subscribers
+			if pcfg.ResumeSubscribers == 0 {
+				pcfg.ResumeSubscribers = math.MaxInt
+			}
+		}
+	}
+	g.mode, g.modeErr = st.mode, st.reason
+	pcfg.Epoch = st.header.PublisherEpoch
+	pub, err := publisher.New(pcfg, lg.With("part", "publisher"))
 	if err != nil {
-		g.Close()
-		return nil, err
+		return err
 	}
 	g.pub = pub
 	g.src = source.New(source.Config{BackoffMin: cfg.ReconnectMin, BackoffMax: cfg.ReconnectMax}, change, pub, lg.With("part", "source"))
-	g.status = status.New(pub.Stats, g.src.Status)
+
+	if g.state != nil || cfg.Snapshot != "" {
+		rcfg := cfg.recorderConfig()
+		rcfg.Epoch = pcfg.Epoch
+		deps := snapshot.Deps{Subscribers: func() int { return pub.Stats().Subscribers }}
+		if g.state != nil {
+			deps.Checkpointer = g.state
+		}
+		if g.rec, err = snapshot.New(rcfg, deps, lg.With("part", "recorder")); err != nil {
+			return err
+		}
+		pub.SetRecorder(g.rec)
+		if cfg.Snapshot != "" {
+			pub.SetSnapshotSource(g.rec)
+		}
+	}
+	if g.journal != nil {
+		pub.SetJournal(g.journal)
+	}
+	if st.mode == stateRestored {
+		h := st.header
+		g.rec.Restore(h.PublisherEpoch, h.Seq, h.Master, h.LastEventID, st.pubSet)
+		if err := pub.RestoreRing(st.ring); err != nil {
+			return err
+		}
+		g.src.Restore(st.srcSet, h.Master)
+	}
+
+	g.status = status.New(status.Sources{Pub: pub.Stats, Src: g.src.Status, Recorder: g.recorderStats, State: g.stateStatus})
 	reg := deps.Registry
 	if reg == nil {
 		reg = obs.NewRegistry()
 	}
 	if err := g.status.Register(reg); err != nil {
-		g.Close()
-		return nil, err
+		return err
 	}
 	g.srv = server.New(server.Config{GRPCAddr: cfg.GRPCAddr, AdminAddr: cfg.AdminAddr, ShutdownTimeout: cfg.ShutdownTimeout}, lg, reg)
 	gatewayv1.RegisterGatewayServiceServer(g.srv.GRPC, g.status)
@@ -93,12 +173,28 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Gateway, error) {
 		switch {
 		case !st.Enabled:
 			return errors.New("publisher not running")
-		case st.Resyncs == 0:
-			return errors.New("no snapshot from the master yet")
+		case st.MasterEpoch == 0:
+			return errors.New("no snapshot from the master yet (and no restored position)")
 		}
 		return nil
 	})
-	return g, nil
+	return nil
+}
+
+// recorderStats reads the recorder's counters (zero without one).
+func (g *Gateway) recorderStats() snapshot.Stats {
+	if g.rec == nil {
+		return snapshot.Stats{}
+	}
+	return g.rec.Stats()
+}
+
+// stateStatus reports how the persisted state started and its last error.
+func (g *Gateway) stateStatus() (mode string, errText string) {
+	if g.modeErr != nil {
+		errText = g.modeErr.Error()
+	}
+	return g.mode, errText
 }
 
 // Listen binds every socket, so callers learn the addresses before Run.
@@ -114,6 +210,9 @@ func (g *Gateway) PubEndpoint() string { return g.pub.PubEndpoint() }
 
 // ReplayEndpoint is the dialable replay endpoint (after Listen; "" if disabled).
 func (g *Gateway) ReplayEndpoint() string { return g.pub.ReplayEndpoint() }
+
+// SnapshotEndpoint is the dialable snapshot endpoint (after Listen; "" if disabled).
+func (g *Gateway) SnapshotEndpoint() string { return g.pub.SnapshotEndpoint() }
 
 // AdminAddr and GRPCAddr are the bound addresses (after Listen).
 func (g *Gateway) AdminAddr() string { return g.srv.AdminAddr() }
@@ -150,12 +249,53 @@ func (g *Gateway) Run(ctx context.Context) error {
 			cancel() // one part ending stops the others
 		})
 	}
-	part("publisher", g.pub.Run)
+	// The recorder outlives the publisher, so its final checkpoint holds
+	// every batch published; the journal is closed (fsynced) last.
+	recCtx, stopRec := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRec()
+	var recDone chan struct{}
+	if g.rec != nil {
+		recDone = make(chan struct{})
+		go func() {
+			defer close(recDone)
+			if err := g.rec.Run(recCtx); err != nil {
+				g.lg.Error("snapshot recorder stopped", "err", err)
+			}
+		}()
+	}
+	part("publisher", func(ctx context.Context) error {
+		err := g.pub.Run(ctx)
+		stopRec()
+		return err
+	})
 	part("source", g.src.Run)
 	part("server", g.srv.Run)
+	if g.journal != nil && g.cfg.StateSyncInterval > 0 {
+		// Append fsyncs only when it runs; an idle publisher's last
+		// batches are fsynced here.
+		part("journal sync", func(ctx context.Context) error {
+			t := time.NewTicker(g.cfg.StateSyncInterval)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-t.C:
+					if err := g.journal.Sync(); err != nil {
+						g.lg.Error("journal fsync failed; the state will be reset at the next start", "err", err)
+						return nil
+					}
+				}
+			}
+		})
+	}
 	g.lg.Info("gateway running", "master", g.cfg.Master, "pub", g.PubEndpoint(), "replay", g.ReplayEndpoint(),
 		"grpc", g.GRPCAddr(), "admin", g.AdminAddr(), "backend_id", g.cfg.BackendID)
 	wg.Wait()
+	stopRec()
+	if recDone != nil {
+		<-recDone
+	}
 	g.Close()
 	return firstErr
 }
@@ -168,6 +308,14 @@ func (g *Gateway) Close() error {
 		}
 		if g.cc != nil {
 			g.cc.Close()
+		}
+		if g.journal != nil {
+			if err := g.journal.Close(); err != nil {
+				g.lg.Error("journal close failed", "err", err)
+			}
+		}
+		if g.state != nil {
+			_ = g.state.Close()
 		}
 	})
 	return nil

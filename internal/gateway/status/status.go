@@ -11,6 +11,7 @@ import (
 
 	gatewayv1 "github.com/crescent-kv/crescent/gen/crescent/gateway/v1"
 	"github.com/crescent-kv/crescent/internal/gateway/publisher"
+	"github.com/crescent-kv/crescent/internal/gateway/snapshot"
 	"github.com/crescent-kv/crescent/internal/gateway/source"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -38,23 +39,59 @@ type Status struct {
 	Resyncs                  uint64 `json:"resyncs"`
 	Watching                 bool   `json:"watching"`
 	AnnouncedEntries         int    `json:"announced_entries"`
+
+	// Continuity (docs/gateway-state.md).
+	PublisherEpoch   string `json:"publisher_epoch"`
+	NextSequence     uint64 `json:"next_sequence"`
+	StreamFormat     string `json:"stream_format"`
+	State            string `json:"state"`
+	StateError       string `json:"state_error,omitempty"`
+	ResumeHolding    bool   `json:"resume_holding"`
+	HeartbeatsSent   uint64 `json:"heartbeats_sent"`
+	JournalErrors    uint64 `json:"journal_errors"`
+	SnapshotRequests uint64 `json:"snapshot_requests"`
+	SnapshotsServed  uint64 `json:"snapshots_served"`
+	SnapshotErrors   uint64 `json:"snapshot_errors"`
+	RecorderFailed   bool   `json:"recorder_failed"`
+	RecorderCut      int64  `json:"recorder_cut"`
+	Checkpoints      uint64 `json:"checkpoints"`
+	CheckpointErrors uint64 `json:"checkpoint_errors"`
+	LastCheckpointMs int64  `json:"last_checkpoint_unix_ms"`
+}
+
+// Sources are the functions a Status is read from. Recorder and State may
+// be nil (no snapshot recorder; no state directory).
+type Sources struct {
+	Pub      func() publisher.Stats
+	Src      func() source.Status
+	Recorder func() snapshot.Stats
+	// State reports how the persisted state started ("off", "new",
+	// "restored", "reset") and why it was reset.
+	State func() (mode, err string)
 }
 
 // Service serves the status. Safe for concurrent use.
 type Service struct {
 	gatewayv1.UnimplementedGatewayServiceServer
-	pub func() publisher.Stats
-	src func() source.Status
+	src Sources
 }
 
-// New builds the service over the two snapshot functions.
-func New(pub func() publisher.Stats, src func() source.Status) *Service {
-	return &Service{pub: pub, src: src}
+// New builds the service over the sources' snapshot functions.
+func New(src Sources) *Service {
+	return &Service{src: src}
 }
 
 // Snapshot reads every counter once.
 func (s *Service) Snapshot() Status {
-	p, src := s.pub(), s.src()
+	p, src := s.src.Pub(), s.src.Src()
+	var rec snapshot.Stats
+	if s.src.Recorder != nil {
+		rec = s.src.Recorder()
+	}
+	mode, stateErr := "off", ""
+	if s.src.State != nil {
+		mode, stateErr = s.src.State()
+	}
 	return Status{
 		Enabled: p.Enabled, PublishedBatches: p.PublishedBatches, PublishedEvents: p.PublishedEvents,
 		DroppedEvents: p.DroppedEvents, SkippedKeylessEvents: p.SkippedKeylessEvents,
@@ -62,6 +99,12 @@ func (s *Service) Snapshot() Status {
 		SubscriberDroppedBatches: p.SubscriberDroppedBatches, ReplayBatches: p.ReplayBatches,
 		ReplayRequests: p.ReplayRequests, PeersRefused: p.PeersRefused, PeersDropped: p.PeersDropped, MasterEpoch: src.Epoch, MasterRevision: src.Revision,
 		Resyncs: src.Resyncs, Watching: src.Watching, AnnouncedEntries: src.Announced,
+
+		PublisherEpoch: p.Epoch.String(), NextSequence: p.NextSequence, StreamFormat: p.Format.String(),
+		State: mode, StateError: stateErr, ResumeHolding: p.Holding, HeartbeatsSent: p.HeartbeatsSent, JournalErrors: p.JournalErrors,
+		SnapshotRequests: p.SnapshotRequests, SnapshotsServed: p.SnapshotsServed, SnapshotErrors: p.SnapshotErrors,
+		RecorderFailed: rec.Failed, RecorderCut: rec.Cut, Checkpoints: rec.Checkpoints, CheckpointErrors: rec.CheckpointErrors,
+		LastCheckpointMs: rec.LastCheckpointUnixMilli,
 	}
 }
 
@@ -81,6 +124,9 @@ func (s *Service) GetStatus(context.Context, *gatewayv1.GetStatusRequest) (*gate
 		DroppedEvents: st.DroppedEvents, SkippedKeylessEvents: st.SkippedKeylessEvents,
 		LastSequence: st.LastSequence, MasterEpoch: st.MasterEpoch, MasterRevision: st.MasterRevision,
 		Resyncs: st.Resyncs, ReplayBatches: uint64(st.ReplayBatches),
+		PublisherEpoch: st.PublisherEpoch, StreamFormat: st.StreamFormat, State: st.State, StateError: st.StateError,
+		HeartbeatsSent: st.HeartbeatsSent, SnapshotsServed: st.SnapshotsServed, SnapshotErrors: st.SnapshotErrors,
+		Checkpoints: st.Checkpoints, JournalErrors: st.JournalErrors,
 	}, nil
 }
 
@@ -119,6 +165,16 @@ func (s *Service) Register(reg prometheus.Registerer) error {
 		gauge("master_revision", "Last master change revision applied.", func(st Status) float64 { return float64(st.MasterRevision) }),
 		counter("resyncs_total", "Snapshots taken from the master (initial, compaction, new epoch).", func(st Status) uint64 { return st.Resyncs }),
 		gauge("announced_entries", "Readable (tenant, key, medium) entries announced to subscribers.", func(st Status) float64 { return float64(st.AnnouncedEntries) }),
+		gauge("kv_events_next_sequence", "Sequence number the next batch will take (continues across restarts with --state-dir).", func(st Status) float64 { return float64(st.NextSequence) }),
+		counter("kv_events_heartbeats_total", "Idle heartbeats published (snapshot stream format).", func(st Status) uint64 { return st.HeartbeatsSent }),
+		counter("kv_events_snapshot_requests_total", "Snapshot requests received on the snapshot endpoint.", func(st Status) uint64 { return st.SnapshotRequests }),
+		counter("kv_events_snapshots_served_total", "Snapshot requests answered with a snapshot.", func(st Status) uint64 { return st.SnapshotsServed }),
+		counter("kv_events_snapshot_errors_total", "Snapshot requests answered unavailable (-2).", func(st Status) uint64 { return st.SnapshotErrors }),
+		gauge("kv_events_recorder_failed", "1 when the snapshot recorder fell too far behind and stopped (snapshots unavailable, checkpoints stopped).", func(st Status) float64 { return b2f(st.RecorderFailed) }),
+		counter("state_checkpoints_total", "Checkpoints written to the state directory.", func(st Status) uint64 { return st.Checkpoints }),
+		counter("state_checkpoint_errors_total", "Checkpoints that failed to write.", func(st Status) uint64 { return st.CheckpointErrors }),
+		counter("state_journal_errors_total", "Journal appends that failed; the state is reset at the next start.", func(st Status) uint64 { return st.JournalErrors }),
+		gauge("state_restored", "1 when this process continued a publisher from its state directory.", func(st Status) float64 { return b2f(st.State == "restored") }),
 	} {
 		if err := reg.Register(c); err != nil {
 			return err

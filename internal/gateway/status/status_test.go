@@ -8,22 +8,28 @@ import (
 
 	gatewayv1 "github.com/crescent-kv/crescent/gen/crescent/gateway/v1"
 	"github.com/crescent-kv/crescent/internal/gateway/publisher"
+	"github.com/crescent-kv/crescent/internal/gateway/snapshot"
 	"github.com/crescent-kv/crescent/internal/gateway/source"
+	"github.com/crescent-kv/crescent/internal/gateway/statedir"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // sample gives every counter a distinct value, so a field wired to the
 // wrong source shows.
 func sample() *Service {
-	return New(func() publisher.Stats {
+	return New(Sources{Pub: func() publisher.Stats {
 		return publisher.Stats{
 			Enabled: true, PublishedBatches: 1, PublishedEvents: 2, DroppedEvents: 3, SkippedKeylessEvents: 4,
 			EnqueuedEvents: 5, LastSequence: 6, QueueDepth: 7, ReplayBatches: 8, Subscribers: 9,
 			SubscriberDroppedBatches: 10, ReplayRequests: 11, PeersRefused: 12, PeersDropped: 13,
+			HeartbeatsSent: 18, NextSequence: 19, SnapshotRequests: 20, SnapshotsServed: 21, SnapshotErrors: 22, JournalErrors: 23,
+			Format: publisher.FormatSnapshot, Epoch: statedir.Epoch{0xab},
 		}
-	}, func() source.Status {
+	}, Src: func() source.Status {
 		return source.Status{Epoch: 14, Revision: 15, Resyncs: 16, Watching: true, Announced: 17}
-	})
+	}, Recorder: func() snapshot.Stats {
+		return snapshot.Stats{Cut: 24, Failed: true, Checkpoints: 25, CheckpointErrors: 26, LastCheckpointUnixMilli: 27}
+	}, State: func() (string, string) { return "reset", "checkpoint: corrupt" }})
 }
 
 func TestHTTP(t *testing.T) {
@@ -52,13 +58,17 @@ func TestHTTP(t *testing.T) {
 		"enqueued_events": 5.0, "last_sequence": 6.0, "queue_depth": 7.0, "replay_batches": 8.0, "subscribers": 9.0,
 		"subscriber_dropped_batches": 10.0, "replay_requests": 11.0, "peers_refused": 12.0, "peers_dropped": 13.0,
 		"master_epoch": 14.0, "master_revision": 15.0, "resyncs": 16.0, "watching": true, "announced_entries": 17.0,
+		"publisher_epoch": "ab000000000000000000000000000000", "next_sequence": 19.0, "stream_format": "snapshot",
+		"state": "reset", "state_error": "checkpoint: corrupt", "resume_holding": false, "heartbeats_sent": 18.0,
+		"journal_errors": 23.0, "snapshot_requests": 20.0, "snapshots_served": 21.0, "snapshot_errors": 22.0,
+		"recorder_failed": true, "recorder_cut": 24.0, "checkpoints": 25.0, "checkpoint_errors": 26.0, "last_checkpoint_unix_ms": 27.0,
 	} {
 		if got[k] != v {
 			t.Errorf("%s = %v, want %v", k, got[k], v)
 		}
 	}
-	if len(got) != 19 {
-		t.Errorf("%d fields, want 19", len(got))
+	if len(got) != 35 {
+		t.Errorf("%d fields, want 35", len(got))
 	}
 }
 
@@ -69,7 +79,10 @@ func TestGetStatus(t *testing.T) {
 	}
 	if !r.GetEnabled() || r.GetPublishedBatches() != 1 || r.GetPublishedEvents() != 2 || r.GetDroppedEvents() != 3 ||
 		r.GetSkippedKeylessEvents() != 4 || r.GetLastSequence() != 6 || r.GetMasterEpoch() != 14 || r.GetMasterRevision() != 15 ||
-		r.GetResyncs() != 16 || r.GetReplayBatches() != 8 {
+		r.GetResyncs() != 16 || r.GetReplayBatches() != 8 || r.GetPublisherEpoch() != "ab000000000000000000000000000000" ||
+		r.GetStreamFormat() != "snapshot" || r.GetState() != "reset" || r.GetStateError() != "checkpoint: corrupt" ||
+		r.GetHeartbeatsSent() != 18 || r.GetSnapshotsServed() != 21 || r.GetSnapshotErrors() != 22 || r.GetCheckpoints() != 25 ||
+		r.GetJournalErrors() != 23 {
 		t.Fatalf("GetStatus = %v", r)
 	}
 }
@@ -102,14 +115,19 @@ func TestMetrics(t *testing.T) {
 		"crescent_gateway_kv_events_replay_batches": 8, "crescent_gateway_kv_events_replay_requests_total": 11,
 		"crescent_gateway_kv_events_peers_refused_total": 12, "crescent_gateway_kv_events_peers_dropped_total": 13,
 		"crescent_gateway_master_epoch": 14, "crescent_gateway_master_revision": 15, "crescent_gateway_resyncs_total": 16,
-		"crescent_gateway_announced_entries": 17,
+		"crescent_gateway_announced_entries":       17,
+		"crescent_gateway_kv_events_next_sequence": 19, "crescent_gateway_kv_events_heartbeats_total": 18,
+		"crescent_gateway_kv_events_snapshot_requests_total": 20, "crescent_gateway_kv_events_snapshots_served_total": 21,
+		"crescent_gateway_kv_events_snapshot_errors_total": 22, "crescent_gateway_kv_events_recorder_failed": 1,
+		"crescent_gateway_state_checkpoints_total": 25, "crescent_gateway_state_checkpoint_errors_total": 26,
+		"crescent_gateway_state_journal_errors_total": 23, "crescent_gateway_state_restored": 0,
 	} {
 		if got[name] != want {
 			t.Errorf("%s = %v, want %v", name, got[name], want)
 		}
 	}
-	if len(got) != 18 {
-		t.Errorf("%d metrics, want 18", len(got))
+	if len(got) != 28 {
+		t.Errorf("%d metrics, want 28", len(got))
 	}
 	if err := s.Register(reg); err == nil {
 		t.Fatal("registering the same metrics twice must fail")
