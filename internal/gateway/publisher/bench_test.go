@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/crescent-kv/crescent/internal/gateway/statedir"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 )
@@ -66,4 +67,23 @@ func BenchmarkPublishToSubscriber(b *testing.B) {
 	st := p.Stats()
 	b.ReportMetric(float64(st.PublishedEvents)/float64(max(st.PublishedBatches, 1)), "events/batch")
 	b.ReportMetric(float64(sub.Stats().MissingSeqs), "seq-gaps")
+}
+
+// BenchmarkQueue is the queue's share of an event: pushes of 128 events (a
+// watch response, with its master position), taken 64 at a time as the
+// publishing goroutine does.
+func BenchmarkQueue(b *testing.B) {
+	q := newQueue(65536)
+	items := make([]item, 128)
+	for i := range items {
+		items[i] = item{typ: kvevent.Stored, tenant: "t", key: "bench/" + strconv.Itoa(i), medium: kvevent.MediumCPU}
+	}
+	dst := make([]item, 0, 64)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i += len(items) {
+		q.push(items, statedir.Position{Epoch: 1, Revision: uint64(i)})
+		for q.len() > 0 {
+			dst, _, _ = q.take(dst[:0], 64)
+		}
+	}
 }

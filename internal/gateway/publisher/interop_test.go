@@ -2,6 +2,7 @@ package publisher
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"os/exec"
 	"slices"
@@ -11,26 +12,29 @@ import (
 	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
+// pythonWithZmq finds a python3 with zmq and msgpack, or skips the test.
+func pythonWithZmq(t *testing.T) string {
+	t.Helper()
+	for _, py := range []string{"python3", "/usr/bin/python3"} { // the system one, if another shadows it
+		if exec.Command(py, "-c", "import zmq, msgpack").Run() == nil {
+			return py
+		}
+	}
+	t.Skip("no python3 with zmq and msgpack")
+	return ""
+}
+
 // TestInteropPyzmq runs scripts/sub.py (libzmq through pyzmq) against the
 // publisher: a libzmq DEALER replays through the handshake guard and the
 // ROUTER's limits, and a libzmq SUB (READY with Socket-Type and Identity,
 // then its subscription) receives the live stream. Skipped where python3
 // lacks zmq or msgpack (Debian: python3-zmq python3-msgpack).
 func TestInteropPyzmq(t *testing.T) {
-	python := ""
-	for _, py := range []string{"python3", "/usr/bin/python3"} { // the system one, if another shadows it
-		if exec.Command(py, "-c", "import zmq, msgpack").Run() == nil {
-			python = py
-			break
-		}
-	}
-	if python == "" {
-		t.Skip("no python3 with zmq and msgpack")
-	}
+	python := pythonWithZmq(t)
 	p := start(t, testConfig())
 	p.Enqueue(ev(0))
 	testutil.Eventually(t, 20*time.Second, func() bool { return p.Stats().ReplayBatches == 1 }, "a retained batch")
-	cmd := exec.CommandContext(t.Context(), python, "../../scripts/sub.py",
+	cmd := exec.CommandContext(t.Context(), python, "../../../services/gateway/scripts/sub.py",
 		"--endpoint", p.PubEndpoint(), "--replay", p.ReplayEndpoint(), "--from", "1", "--count", "2", "--timeout", "20")
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
@@ -71,5 +75,39 @@ func TestInteropPyzmq(t *testing.T) {
 	}
 	if st := p.Stats(); st.PeersDropped != 0 || st.PeersRefused != 0 || st.ReplayRequests != 1 {
 		t.Errorf("stats %+v: want no peer dropped or refused, 1 replay request", st)
+	}
+}
+
+// snapshotREQ is a libzmq REQ asking for a snapshot as llm-d does, printing
+// the reply's frames (the REQ strips the envelope) in hex, as JSON.
+const snapshotREQ = `
+import json, sys, zmq
+s = zmq.Context().socket(zmq.REQ)
+s.setsockopt(zmq.LINGER, 0)
+s.setsockopt(zmq.RCVTIMEO, 20000)
+s.connect(sys.argv[1])
+s.send(b"snapshot")
+print(json.dumps([f.hex() for f in s.recv_multipart()]))
+`
+
+// TestInteropPyzmqSnapshot: a libzmq REQ gets the snapshot reply whole.
+func TestInteropPyzmqSnapshot(t *testing.T) {
+	python := pythonWithZmq(t)
+	frames := [][]byte{cutFrame(9), testEpoch[:], bytes.Repeat([]byte("c"), 300), []byte("chunk")}
+	p := newStarted(t, snapshotConfig(), testutil.Logger(), func(p *Publisher) { p.SetSnapshotSource(&fakeSource{frames: frames}) })
+	out, err := exec.CommandContext(t.Context(), python, "-c", snapshotREQ, p.SnapshotEndpoint()).CombinedOutput()
+	if err != nil {
+		t.Fatalf("python: %v\n%s", err, out)
+	}
+	var got []string
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("python printed %q: %v", out, err)
+	}
+	want := make([]string, len(frames))
+	for i, f := range frames {
+		want[i] = hex.EncodeToString(f)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("libzmq REQ received %v, want %v", got, want)
 	}
 }
