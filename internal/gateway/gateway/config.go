@@ -152,14 +152,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 }
 
 // format parses StreamFormat.
-func (c *Config) format() (publisher.Format, error) {
-	for _, f := range []publisher.Format{publisher.FormatMooncake, publisher.FormatSnapshot} {
-		if c.StreamFormat == f.String() {
-			return f, nil
-		}
-	}
-	return 0, fmt.Errorf("stream-format must be mooncake or snapshot, got %q", c.StreamFormat)
-}
+func (c *Config) format() (publisher.Format, error) { return publisher.ParseFormat(c.StreamFormat) }
 
 // recorderConfig is the snapshot recorder's configuration (its epoch is
 // set when the state is known).
