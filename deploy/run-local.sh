@@ -6,14 +6,16 @@
 # Ports: master gRPC 50051 admin 9003 |
 #        agent-a gRPC 50052 transfer 50054 admin 9004 |
 #        agent-b gRPC 50062 transfer 50064 admin 9014 |
-#        gateway PUB 5557 replay 5558 admin 9005 gRPC 50053
+#        gateway PUB 5557 replay 5558 snapshot 5559 admin 9005 gRPC 50053
+#        (gateway state in $DATA/gateway: a restart continues the stream)
 set -euo pipefail
 
 BIN=${BIN:-bin}
 DATA=${DATA:-.run}
 MEMORY=${MEMORY:-512MiB}
 LOG_LEVEL=${LOG_LEVEL:-info}
-mkdir -p "$DATA/agent-a" "$DATA/agent-b"
+STREAM_FORMAT=${STREAM_FORMAT:-mooncake}
+mkdir -p "$DATA/agent-a" "$DATA/agent-b" "$DATA/gateway"
 
 pids=()
 declare -A names
@@ -40,9 +42,10 @@ start agent-a "$BIN/crescent-agent" --master 127.0.0.1:50051 --grpc-addr 127.0.0
 start agent-b "$BIN/crescent-agent" --master 127.0.0.1:50051 --grpc-addr 127.0.0.1:50062 --transfer-addr 127.0.0.1:50064 --admin-addr 127.0.0.1:9014 \
   --host-id host-b --memory "$MEMORY" --disk-dir "$DATA/agent-b" --disk-size 256MiB --log-level "$LOG_LEVEL"
 start gateway "$BIN/crescent-gateway" --master 127.0.0.1:50051 --pub 'tcp://*:5557' --replay 'tcp://*:5558' \
+  --snapshot-endpoint 'tcp://*:5559' --state-dir "$DATA/gateway" --stream-format "$STREAM_FORMAT" \
   --admin-addr 127.0.0.1:9005 --grpc-addr 127.0.0.1:50053 --backend-id local --log-level "$LOG_LEVEL"
 
-echo "[run] cluster up: master 127.0.0.1:50051, agents :50052 :50062 (transfer :50054 :50064), gateway tcp://127.0.0.1:5557 (Ctrl-C to stop)"
+echo "[run] cluster up: master 127.0.0.1:50051, agents :50052 :50062 (transfer :50054 :50064), gateway tcp://127.0.0.1:5557 (snapshots :5559, $STREAM_FORMAT format) (Ctrl-C to stop)"
 # A process that dies (say, an agent you killed to watch the master react)
 # is reported and the rest keep running; Ctrl-C stops whatever is left.
 set +e
