@@ -142,7 +142,11 @@ func Start(t testing.TB, opts Options) *Cluster {
 		c.agents = append(c.agents, nil)
 		c.StartAgent(i)
 	}
-	c.WaitSegments(len(c.agents))
+	perAgent := 1
+	if opts.AgentDisk > 0 {
+		perAgent = 2
+	}
+	c.WaitSegments(len(c.agents) * perAgent)
 	if opts.Gateway {
 		c.StartGateway()
 	}
@@ -170,9 +174,12 @@ func (c *Cluster) startMaster() {
 		addr = "127.0.0.1:0"
 	}
 	cfg.GRPCAddr, cfg.AdminAddr = addr, "127.0.0.1:0"
+	// Liveness timings that survive a loaded 2-core machine running -race
+	// (heartbeats arrived over 3 s late there); a test of agent loss
+	// shortens them through Options.Master.
 	cfg.HeartbeatInterval = 200 * time.Millisecond
-	cfg.SuspectAfter = time.Second
-	cfg.UnmountAfter = 3 * time.Second
+	cfg.SuspectAfter = 5 * time.Second
+	cfg.UnmountAfter = 15 * time.Second
 	cfg.RecoveryGrace = 0
 	cfg.ShutdownTimeout = 5 * time.Second
 	if c.opts.Master != nil {
@@ -237,7 +244,7 @@ func (c *Cluster) StartGateway() {
 	c.t.Helper()
 	cfg := gateway.DefaultConfig()
 	cfg.Master = c.masterAddr
-	cfg.Pub, cfg.Replay = "tcp://127.0.0.1:0", "tcp://127.0.0.1:0"
+	cfg.Pub, cfg.Replay, cfg.Snapshot = "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", "tcp://127.0.0.1:0"
 	cfg.AdminAddr, cfg.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.BackendID = "testcluster"
 	cfg.ReconnectMin, cfg.ReconnectMax = 20*time.Millisecond, 200*time.Millisecond
@@ -270,16 +277,22 @@ func (c *Cluster) RestartMaster() {
 	c.t.Helper()
 	c.master.stop(c.t, stopWithin)
 	c.startMaster()
+	perAgent := 1
+	if c.opts.AgentDisk > 0 {
+		perAgent = 2
+	}
 	running := 0
 	for _, a := range c.agents {
 		if a.cancel != nil {
 			running++
 		}
 	}
-	c.WaitSegments(running)
+	c.WaitSegments(running * perAgent)
 }
 
-// WaitSegments waits until at least n segments are OK at the master.
+// WaitSegments waits until at least n segments are OK and healthy at the
+// master: registered and their objects adopted (a segment is marked
+// healthy only after its agent's allocation table was reconciled).
 func (c *Cluster) WaitSegments(n int) {
 	c.t.Helper()
 	admin := masterv1.NewAdminServiceClient(c.Conn())
@@ -292,7 +305,7 @@ func (c *Cluster) WaitSegments(n int) {
 		}
 		ok := 0
 		for _, s := range resp.GetSegments() {
-			if s.GetLifecycle() == masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_OK {
+			if s.GetLifecycle() == masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_OK && s.GetHealth() == masterv1.SegmentHealth_SEGMENT_HEALTH_HEALTHY {
 				ok++
 			}
 		}

@@ -21,7 +21,6 @@ import (
 	gatewayv1 "github.com/crescent-kv/crescent/gen/crescent/gateway/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/gateway/gateway"
-	masterapp "github.com/crescent-kv/crescent/internal/master/app"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testcluster"
 	"github.com/crescent-kv/crescent/internal/testutil"
@@ -408,11 +407,7 @@ func TestClusterAgentLeaves(t *testing.T) {
 // until the agents have re-registered and the test has changed the set;
 // the master's stream is then the only source of truth.
 func TestClusterMasterRestart(t *testing.T) {
-	c := testcluster.Start(t, testcluster.Options{Gateway: true, AgentDisk: 8 << 20, Master: func(cfg *masterapp.Config) {
-		// The master's graceful stop waits out the gateway's Watch stream
-		// (it ends only with the server) until this hard-stop timer.
-		cfg.ShutdownTimeout = time.Second
-	}})
+	c := testcluster.Start(t, testcluster.Options{Gateway: true, AgentDisk: 8 << 20})
 	g := c.Gateway()
 	r := subscribe(t, g)
 	cl := c.Client(t)

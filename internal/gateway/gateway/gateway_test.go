@@ -36,6 +36,7 @@ func testConfig(master string) Config {
 	c.Master = master
 	c.Pub = "tcp://127.0.0.1:0"
 	c.Replay = "tcp://127.0.0.1:0"
+	c.Snapshot = "tcp://127.0.0.1:0"
 	c.AdminAddr = "127.0.0.1:0"
 	c.GRPCAddr = "127.0.0.1:0"
 	c.BackendID = "e2e"

@@ -194,7 +194,8 @@ type Master struct {
 	Registry *registry.Registry
 	Identity cluster.Identity
 
-	rec *recovery
+	rec     *recovery
+	changes *changesvc.Service
 }
 
 // New builds the master. It does no I/O and starts nothing. opts are added
@@ -255,10 +256,11 @@ func New(cfg Config, lg *slog.Logger, opts ...grpc.ServerOption) (*Master, error
 	srv := server.New(server.Config{GRPCAddr: cfg.GRPCAddr, AdminAddr: cfg.AdminAddr, ShutdownTimeout: cfg.ShutdownTimeout}, lg, reg,
 		append([]grpc.ServerOption{grpc.ChainStreamInterceptor(rec.streamInterceptor)}, opts...)...)
 	objectsvc.New(objectsvc.Config{}, store).Register(srv.GRPC)
-	changesvc.New(changesvc.Config{MaxSnapshots: cfg.MaxSnapshots}, store).Register(srv.GRPC)
+	changes := changesvc.New(changesvc.Config{MaxSnapshots: cfg.MaxSnapshots}, store)
+	changes.Register(srv.GRPC)
 	masterv1.RegisterAdminServiceServer(srv.GRPC, admin)
 	masterv1.RegisterSegmentServiceServer(srv.GRPC, sessions)
-	return &Master{cfg: cfg, lg: lg, Server: srv, Store: store, Sessions: sessions, Registry: segReg, Identity: id, rec: rec}, nil
+	return &Master{cfg: cfg, lg: lg, Server: srv, Store: store, Sessions: sessions, Registry: segReg, Identity: id, rec: rec, changes: changes}, nil
 }
 
 // recovery gates ChangeService for RecoveryGrace after Run starts.
@@ -297,13 +299,14 @@ func (m *Master) Run(ctx context.Context) error {
 			}
 		})
 	}
-	// Agent Connect streams never end on their own, so GracefulStop would
-	// wait them out until its hard-stop timer. End the sessions first, then
-	// stop the server.
+	// Agent Connect streams and gateway Watch streams never end on their
+	// own, so GracefulStop would wait them out until its hard-stop timer.
+	// End them first, then stop the server.
 	srvCtx, srvCancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer srvCancel()
 	go func() {
 		<-ctx.Done()
+		m.changes.Close()
 		_ = m.Sessions.Close()
 		srvCancel()
 	}()

@@ -46,6 +46,10 @@ type Service struct {
 	cfg Config
 	// snapshots holds one token per Snapshot stream in progress.
 	snapshots chan struct{}
+	// stopping ends every Watch (Close): they never end on their own, so
+	// a graceful server stop would wait them out to its hard-stop timer.
+	stopping context.Context
+	stop     context.CancelFunc
 }
 
 // New returns the adapter. It does no I/O.
@@ -59,7 +63,18 @@ func New(cfg Config, src Source) *Service {
 	if cfg.MaxSnapshots <= 0 {
 		cfg.MaxSnapshots = DefaultMaxSnapshots
 	}
-	return &Service{src: src, cfg: cfg, snapshots: make(chan struct{}, cfg.MaxSnapshots)}
+	s := &Service{src: src, cfg: cfg, snapshots: make(chan struct{}, cfg.MaxSnapshots)}
+	s.stopping, s.stop = context.WithCancel(context.Background())
+	return s
+}
+
+// Close ends every Watch stream with UNAVAILABLE / MASTER_SHUTTING_DOWN
+// (a gateway reconnects, to this master's successor) and refuses new
+// ones. Call it before stopping the gRPC server.
+func (s *Service) Close() { s.stop() }
+
+func errShuttingDown() error {
+	return rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_MASTER_SHUTTING_DOWN, "master is shutting down"))
 }
 
 // Register registers the service on a gRPC server.
@@ -72,7 +87,12 @@ func (s *Service) Watch(req *masterv1.WatchRequest, stream grpc.ServerStreamingS
 		return rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_EPOCH_MISMATCH,
 			"epoch %d is not the master's current epoch %d: resync with Snapshot", e, l.Epoch()))
 	}
-	ctx := stream.Context()
+	if s.stopping.Err() != nil {
+		return errShuttingDown()
+	}
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	defer context.AfterFunc(s.stopping, cancel)()
 	from := req.GetFromRevision()
 	var buf []changelog.Record
 	for {
@@ -83,6 +103,9 @@ func (s *Service) Watch(req *masterv1.WatchRequest, stream grpc.ServerStreamingS
 		buf = recs
 		if len(recs) == 0 {
 			if err := l.Wait(ctx, from); err != nil {
+				if s.stopping.Err() != nil {
+					return errShuttingDown()
+				}
 				return rpcerr.Status(err)
 			}
 			continue

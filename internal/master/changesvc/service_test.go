@@ -29,6 +29,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 type harness struct {
 	cli   masterv1.ChangeServiceClient
 	store *meta.Store
+	svc   *Service
 }
 
 func start(t *testing.T, retention int) *harness {
@@ -43,7 +44,8 @@ func start(t *testing.T, retention int) *harness {
 	}
 	lis := bufconn.Listen(1 << 20)
 	gs := grpc.NewServer()
-	New(Config{MaxChangesPerResponse: 7, SnapshotPageSize: 5}, store).Register(gs)
+	svc := New(Config{MaxChangesPerResponse: 7, SnapshotPageSize: 5}, store)
+	svc.Register(gs)
 	go func() { _ = gs.Serve(lis) }()
 	cc, err := grpc.NewClient("passthrough:///bufnet",
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
@@ -55,7 +57,39 @@ func start(t *testing.T, retention int) *harness {
 		cc.Close()
 		gs.Stop()
 	})
-	return &harness{cli: masterv1.NewChangeServiceClient(cc), store: store}
+	return &harness{cli: masterv1.NewChangeServiceClient(cc), store: store, svc: svc}
+}
+
+// TestCloseEndsWatches: a Watch waiting for changes ends at Close with
+// UNAVAILABLE / MASTER_SHUTTING_DOWN (so a master's graceful stop does not
+// wait it out), and a new one is refused the same way.
+func TestCloseEndsWatches(t *testing.T) {
+	h := start(t, 1024)
+	stream, err := h.cli.Watch(t.Context(), &masterv1.WatchRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan error, 1)
+	go func() {
+		_, err := stream.Recv()
+		ended <- err
+	}()
+	h.svc.Close()
+	select {
+	case err := <-ended:
+		if status.Code(err) != codes.Unavailable || rpcerr.Reason(err) != "MASTER_SHUTTING_DOWN" {
+			t.Fatalf("Watch ended with %v; want UNAVAILABLE / MASTER_SHUTTING_DOWN", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Watch still running 10 s after Close")
+	}
+	again, err := h.cli.Watch(t.Context(), &masterv1.WatchRequest{})
+	if err == nil {
+		_, err = again.Recv()
+	}
+	if rpcerr.Reason(err) != "MASTER_SHUTTING_DOWN" {
+		t.Fatalf("Watch after Close: %v", err)
+	}
 }
 
 func (h *harness) put(t testing.TB, tenant, key string) {
