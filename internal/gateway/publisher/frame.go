@@ -100,28 +100,3 @@ func appendFrameHeader(dst []byte, more bool, n int) []byte {
 	}
 	return append(dst, flags, byte(n))
 }
-
-// appendHeartbeat appends the payload of a heartbeat: [ts_ms, [], dp_rank],
-// the contract's batch with no events (msgpack, shortest forms, as
-// kvevent.Encoder writes the same fields).
-func appendHeartbeat(dst []byte, ts int64, dpRank uint32) []byte {
-	dst = append(dst, 0x93) // fixarray of 3
-	dst = appendMsgpackUint(dst, uint64(max(ts, 0)))
-	dst = append(dst, 0x90) // fixarray of 0
-	return appendMsgpackUint(dst, uint64(dpRank))
-}
-
-func appendMsgpackUint(b []byte, v uint64) []byte {
-	switch {
-	case v <= 0x7f:
-		return append(b, byte(v))
-	case v <= 0xff:
-		return append(b, 0xcc, byte(v))
-	case v <= 0xffff:
-		return binary.BigEndian.AppendUint16(append(b, 0xcd), uint16(v))
-	case v <= 0xffffffff:
-		return binary.BigEndian.AppendUint32(append(b, 0xce), uint32(v))
-	default:
-		return binary.BigEndian.AppendUint64(append(b, 0xcf), v)
-	}
-}

@@ -647,7 +647,7 @@ func (p *Publisher) heartbeat(pub *pubSocket) {
 	p.seq += burned + 1
 	p.advance(pos)
 	ts := p.now().UnixMilli()
-	buf := appendHeartbeat(p.scratch[:wireHeadroom], ts, p.cfg.Encoder.Envelope.DPRank)
+	buf, _ := p.enc.AppendHeartbeat(p.scratch[:wireHeadroom], max(ts, 0))
 	p.scratch = buf[:0]
 	p.heartbeats.Add(1)
 	p.send(pub, buf, ts, nil)
