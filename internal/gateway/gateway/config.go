@@ -59,6 +59,7 @@ type Config struct {
 	CheckpointInterval time.Duration
 	ResumeHold         time.Duration
 	StreamFormat       string
+	Topic              string
 	HeartbeatInterval  time.Duration
 	Snapshot           string
 	SnapshotMaxWaiting int
@@ -144,6 +145,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.CheckpointInterval, "checkpoint-interval", c.CheckpointInterval, "write a checkpoint of the announced set this often (0: only at stop)")
 	fs.DurationVar(&c.ResumeHold, "resume-hold", c.ResumeHold, "after a restart with state, publish nothing until the previous number of subscribers reconnected or this long passed")
 	fs.StringVar(&c.StreamFormat, "stream-format", c.StreamFormat, "PUB stream format: mooncake (the contract's 8-byte sequence) or snapshot (vLLM #57789: sequence+epoch frame, idle heartbeats)")
+	fs.StringVar(&c.Topic, "topic", c.Topic, "snapshot format only: the topic frame of every PUB and replay message, at most 255 bytes of printable ASCII (llm-d's snapshot consumer wants kv@<address:port>@<model>); empty by default, and always in the mooncake format")
 	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", c.HeartbeatInterval, "snapshot format: publish an empty batch when nothing was published for this long")
 	fs.StringVar(&c.Snapshot, "snapshot-endpoint", c.Snapshot, "ZMQ ROUTER bind endpoint answering snapshot requests (empty disables)")
 	fs.IntVar(&c.SnapshotMaxWaiting, "snapshot-max-waiting", c.SnapshotMaxWaiting, "snapshot requests waiting at once; more are answered unavailable")
@@ -219,6 +221,7 @@ func (c *Config) publisherConfig() publisher.Config {
 	p.ReplayMaxConnsPerPeer = c.ReplayMaxConnsPerPeer
 	p.ReplayIdleTimeout = c.ReplayIdleTimeout
 	p.Format, _ = c.format()
+	p.Topic = c.Topic
 	p.HeartbeatInterval = c.HeartbeatInterval
 	p.ResumeHold = c.ResumeHold
 	p.SnapshotEndpoint = c.Snapshot

@@ -57,26 +57,44 @@ func (f Format) seqSuffix() int {
 }
 
 // wireHeadroom fits the frame headers of [topic, seq, payload] in either
-// format: 2 for the empty topic, 2+8+16 for the longest sequence frame, 9
-// for a long payload header.
+// format with the empty topic: 2 for the topic, 2+8+16 for the longest
+// sequence frame, 9 for a long payload header. A topic adds its length
+// (headroom).
 const wireHeadroom = 2 + 2 + 8 + statedir.EpochLen + 9
+
+// MaxTopicLen bounds Config.Topic: the topic frame keeps a 1-byte size, so
+// the headroom is wireHeadroom + len(topic).
+const MaxTopicLen = 255
+
+// headroom is the room frameMessage needs in front of a payload for topic.
+func headroom(topic string) int { return wireHeadroom + len(topic) }
 
 // frameInPlace writes the ZMTP headers of [b"", seq, payload] in front of
 // the payload at buf[wireHeadroom:] and returns the message's wire bytes
 // (identical to zmtp.AppendMessage(nil, nil, seq8, payload)).
-func frameInPlace(buf []byte, seq uint64) []byte { return frameSeq(buf, seq, nil) }
+func frameInPlace(buf []byte, seq uint64) []byte { return frameMessage(buf, "", seq, nil) }
 
 // frameSeq is frameInPlace with suffix after the 8-byte sequence (the
 // epoch in FormatSnapshot: [b"", seq8 || suffix, payload]).
 func frameSeq(buf []byte, seq uint64, suffix []byte) []byte {
-	n := len(buf) - wireHeadroom
+	return frameMessage(buf, "", seq, suffix)
+}
+
+// frameMessage writes the ZMTP headers of [topic, seq8 || suffix, payload]
+// in front of the payload at buf[headroom(topic):], in place, and returns
+// the message's wire bytes (a suffix of buf). topic is at most MaxTopicLen
+// bytes.
+func frameMessage(buf []byte, topic string, seq uint64, suffix []byte) []byte {
+	room := headroom(topic)
+	n := len(buf) - room
 	seqLen := 8 + len(suffix)
-	start := wireHeadroom - (2 + 2 + seqLen + frameHeaderLen(n))
-	w := append(buf[start:start], 0x01, 0) // topic: MORE, empty
+	start := room - (2 + len(topic) + 2 + seqLen + frameHeaderLen(n))
+	w := append(buf[start:start], 0x01, byte(len(topic))) // topic: MORE, short
+	w = append(w, topic...)
 	w = appendFrameHeader(w, true, seqLen)
 	w = binary.BigEndian.AppendUint64(w, seq)
 	w = append(w, suffix...)
-	appendFrameHeader(w, false, n) // fills buf up to wireHeadroom, in place
+	appendFrameHeader(w, false, n) // fills buf up to room, in place
 	return buf[start:]
 }
 

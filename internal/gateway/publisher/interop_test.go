@@ -111,3 +111,61 @@ func TestInteropPyzmqSnapshot(t *testing.T) {
 		t.Errorf("libzmq REQ received %v, want %v", got, want)
 	}
 }
+
+// topicClient is a libzmq SUB subscribed to "kv@" (llm-d's filter) that
+// receives two live messages, then a libzmq DEALER that replays from the
+// first (retained before the second was sent); it prints both as hex.
+const topicClient = `
+import json, sys, zmq
+ctx = zmq.Context()
+sub = ctx.socket(zmq.SUB)
+sub.setsockopt(zmq.LINGER, 0)
+sub.setsockopt(zmq.RCVTIMEO, 20000)
+sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
+sub.connect(sys.argv[1])
+live = sub.recv_multipart()
+sub.recv_multipart()
+d = ctx.socket(zmq.DEALER)
+d.setsockopt(zmq.LINGER, 0)
+d.setsockopt(zmq.RCVTIMEO, 20000)
+d.connect(sys.argv[2])
+d.send_multipart([b"", live[1][:8]])
+replay = d.recv_multipart()
+print(json.dumps({"live": [f.hex() for f in live], "replay": [f.hex() for f in replay]}))
+`
+
+// TestInteropPyzmqTopic: with a topic (snapshot format), a libzmq SUB
+// subscribed to "kv@" receives [topic, seq8||epoch, payload] heartbeats,
+// and a libzmq DEALER replays them as [b"", topic, seq8, payload].
+func TestInteropPyzmqTopic(t *testing.T) {
+	python := pythonWithZmq(t)
+	cfg := topicConfig(testTopic)
+	cfg.HeartbeatInterval = 20 * time.Millisecond
+	p := start(t, cfg)
+	out, err := exec.CommandContext(t.Context(), python, "-c", topicClient, p.PubEndpoint(), p.ReplayEndpoint()).CombinedOutput()
+	if err != nil {
+		t.Fatalf("python: %v\n%s", err, out)
+	}
+	var got struct{ Live, Replay []string }
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("python printed %q: %v", out, err)
+	}
+	frames := func(hexes []string) [][]byte {
+		var fs [][]byte
+		for _, h := range hexes {
+			f, err := hex.DecodeString(h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fs = append(fs, f)
+		}
+		return fs
+	}
+	live, replay := frames(got.Live), frames(got.Replay)
+	if len(live) != 3 || string(live[0]) != testTopic || len(live[1]) != 24 || !bytes.Equal(live[1][8:], testEpoch[:]) || !isHeartbeat(t, live[2]) {
+		t.Fatalf("libzmq SUB received %q, want [topic, seq8||epoch, heartbeat]", live)
+	}
+	if want := [][]byte{{}, []byte(testTopic), live[1][:8], live[2]}; !slices.EqualFunc(replay, want, bytes.Equal) {
+		t.Errorf("libzmq DEALER replayed %q, want %q", replay, want)
+	}
+}

@@ -93,6 +93,13 @@ type Config struct {
 	StartSeq uint64
 	// StartEventID is the last event_id already used.
 	StartEventID uint64
+	// Topic (FormatSnapshot only; "" by default) is the topic frame of
+	// every PUB message, heartbeats included, and of every replay reply
+	// but the end marker: llm-d's snapshot consumer wants
+	// kv@<address:port>@<model>, as vLLM publishes. At most MaxTopicLen
+	// bytes of printable ASCII. The Mooncake format's topic is always
+	// empty. A PUB subscription matches when it is a prefix of the topic.
+	Topic string
 	// HeartbeatInterval (FormatSnapshot only): when nothing was published
 	// for this long, a batch with no events is (1s; 0 means 1s).
 	HeartbeatInterval time.Duration
@@ -160,6 +167,9 @@ func (c Config) Validate() error {
 	if c.Format != FormatMooncake && c.Format != FormatSnapshot {
 		errs = append(errs, fmt.Errorf("unknown stream format %v", c.Format))
 	}
+	if err := c.validateTopic(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.HeartbeatInterval < 0 || c.ResumeHold < 0 || c.SnapshotTimeout < 0 {
 		errs = append(errs, errors.New("heartbeat-interval, resume-hold and snapshot-timeout must be >= 0"))
 	}
@@ -197,6 +207,26 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("backend-id must be set"))
 	}
 	return errors.Join(errs...)
+}
+
+// validateTopic: a topic only in FormatSnapshot (the contract's topic
+// frame is empty), at most MaxTopicLen bytes of printable ASCII.
+func (c Config) validateTopic() error {
+	if c.Topic == "" {
+		return nil
+	}
+	if c.Format != FormatSnapshot {
+		return fmt.Errorf("topic %q needs the snapshot stream format (the %v format's topic frame is always empty)", c.Topic, c.Format)
+	}
+	if len(c.Topic) > MaxTopicLen {
+		return fmt.Errorf("topic has %d bytes, at most %d allowed", len(c.Topic), MaxTopicLen)
+	}
+	for i := 0; i < len(c.Topic); i++ {
+		if b := c.Topic[i]; b < 0x20 || b > 0x7e {
+			return fmt.Errorf("topic %q: byte %d (%#02x) is not printable ASCII", c.Topic, i, b)
+		}
+	}
+	return nil
 }
 
 // Stats are the publisher's counters.
@@ -277,6 +307,9 @@ type Publisher struct {
 
 	epoch  statedir.Epoch
 	suffix []byte // after the 8-byte sequence in the sequence frame: epoch[:] in FormatSnapshot
+	// headroom is the room left in front of an encoded payload for its
+	// frame headers: wireHeadroom, plus the topic's length when one is set.
+	headroom int
 
 	batches, events, skipped, encodeDrops, lastSeq atomic.Uint64
 	heartbeats, journalErrs                        atomic.Uint64
@@ -335,6 +368,7 @@ func New(cfg Config, lg *slog.Logger) (*Publisher, error) {
 		q: newQueue(cfg.QueueCapacity), ring: newRing(cfg.ReplayBuffer, cfg.ReplayBufferBytes),
 		now: time.Now, scratch: make([]byte, 0, 32<<10),
 		epoch: cfg.Epoch, seq: cfg.StartSeq, nextID: cfg.StartEventID,
+		headroom: headroom(cfg.Topic),
 	}
 	if cfg.Format == FormatSnapshot {
 		p.suffix = p.epoch[:]
@@ -368,9 +402,10 @@ func (p *Publisher) beforeRun(what string, set func()) {
 }
 
 // RestoreRing puts journaled batches (oldest first) into the replay ring,
-// framed exactly as they were published, so a replay after a restart
-// serves batches from before it. Sequence numbers must increase and none
-// may exceed Config.StartSeq. Call it before Run.
+// framed exactly as they were published (with the current Config.Topic),
+// so a replay after a restart serves batches from before it. Sequence
+// numbers must increase and none may exceed Config.StartSeq. Call it
+// before Run.
 func (p *Publisher) RestoreRing(recs []statedir.Record) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -385,9 +420,9 @@ func (p *Publisher) RestoreRing(recs []statedir.Record) error {
 		last = r.Seq
 	}
 	for _, r := range recs {
-		buf := make([]byte, wireHeadroom+len(r.Payload))
-		copy(buf[wireHeadroom:], r.Payload)
-		p.ring.add(r.Seq, frameSeq(buf, r.Seq, p.suffix))
+		buf := make([]byte, p.headroom+len(r.Payload))
+		copy(buf[p.headroom:], r.Payload)
+		p.ring.add(r.Seq, frameMessage(buf, p.cfg.Topic, r.Seq, p.suffix))
 	}
 	p.ringLast = last
 	return nil
@@ -403,7 +438,7 @@ func (p *Publisher) Listen() error {
 		if err != nil {
 			return fmt.Errorf("pub listen %s: %w", p.cfg.PubEndpoint, err)
 		}
-		p.pub = newPubSocket(p.lg, l, p.cfg.SubQueueBatches, p.cfg.SubQueueBytes, p.cfg.MaxSubscribers, p.cfg.HandshakeTimeout, p.cfg.SubWriteTimeout)
+		p.pub = newPubSocket(p.lg, l, p.cfg.Topic, p.cfg.SubQueueBatches, p.cfg.SubQueueBytes, p.cfg.MaxSubscribers, p.cfg.HandshakeTimeout, p.cfg.SubWriteTimeout)
 	}
 	if p.replay == nil && p.cfg.ReplayEndpoint != "" {
 		l, err := zmtp.Listen(p.cfg.ReplayEndpoint)
@@ -480,7 +515,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 	}
 	p.enabled.Store(true)
 	p.lg.Info("kv event publisher running", "pub", p.PubEndpoint(), "replay", p.ReplayEndpoint(), "snapshot", p.SnapshotEndpoint(),
-		"format", p.cfg.Format.String(), "epoch", fmt.Sprintf("%x", p.epoch[:]), "next_seq", p.seq+1)
+		"format", p.cfg.Format.String(), "topic", p.cfg.Topic, "epoch", fmt.Sprintf("%x", p.epoch[:]), "next_seq", p.seq+1)
 	if p.hold(ctx, pub, start) {
 		p.loop(ctx, pub)
 	}
@@ -620,11 +655,12 @@ func (p *Publisher) publishNext(pub *pubSocket) {
 	}
 	clear(p.items)
 	// Encode into the reused scratch buffer, after room for the longest
-	// frame headers, which are then written in front of the payload; the
-	// message is then copied out at its exact size (the ring and the
-	// subscriber queues keep it). A message buffer allocated ahead had to
-	// be sized by guess (the last size + 25%), all of it zeroed and kept.
-	buf, err := p.enc.AppendBatch(p.scratch[:wireHeadroom], ts, p.evs)
+	// frame headers and the topic (p.headroom), which are then written in
+	// front of the payload; the message is then copied out at its exact
+	// size (the ring and the subscriber queues keep it). A message buffer
+	// allocated ahead had to be sized by guess (the last size + 25%), all
+	// of it zeroed and kept.
+	buf, err := p.enc.AppendBatch(p.scratch[:p.headroom], ts, p.evs)
 	p.scratch = buf[:0]
 	if err != nil {
 		// Enqueue validated every event, so this is a bug; the sequence
@@ -647,18 +683,18 @@ func (p *Publisher) heartbeat(pub *pubSocket) {
 	p.seq += burned + 1
 	p.advance(pos)
 	ts := p.now().UnixMilli()
-	buf, _ := p.enc.AppendHeartbeat(p.scratch[:wireHeadroom], max(ts, 0))
+	buf, _ := p.enc.AppendHeartbeat(p.scratch[:p.headroom], max(ts, 0))
 	p.scratch = buf[:0]
 	p.heartbeats.Add(1)
 	p.send(pub, buf, ts, nil)
 }
 
-// send frames the payload at buf[wireHeadroom:] as batch p.seq, journals
+// send frames the payload at buf[p.headroom:] as batch p.seq, journals
 // it, hands it to the subscribers and the replay ring, and records it.
 func (p *Publisher) send(pub *pubSocket, buf []byte, ts int64, evs []kvevent.Event) {
-	wire := bytes.Clone(frameSeq(buf, p.seq, p.suffix))
+	wire := bytes.Clone(frameMessage(buf, p.cfg.Topic, p.seq, p.suffix))
 	if p.runJournal != nil {
-		payload := wire[len(wire)-(len(buf)-wireHeadroom):]
+		payload := wire[len(wire)-(len(buf)-p.headroom):]
 		p.appendJournal(statedir.Record{Seq: p.seq, Master: p.pos, LastEventID: p.nextID, UnixMilli: ts, Payload: payload})
 	}
 	pub.broadcast(wire)

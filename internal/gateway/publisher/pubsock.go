@@ -21,6 +21,7 @@ import (
 type pubSocket struct {
 	lg               *slog.Logger
 	l                net.Listener
+	topic            string // every message's topic frame
 	queueBatches     int
 	queueBytes       int
 	maxConns         int
@@ -46,8 +47,9 @@ type subConn struct {
 	c      *zmtp.Conn    // set after the handshake
 	notify chan struct{} // cap 1
 
-	// subs counts subscriptions matching the (empty) topic: only the empty
-	// prefix does. Written by the reader, read by broadcast.
+	// subs counts subscriptions matching the topic: the prefixes of it
+	// (only the empty prefix when the topic is empty). Written by the
+	// reader, read by broadcast.
 	subs atomic.Int32
 
 	// mu guards q, qBytes, closed.
@@ -57,9 +59,9 @@ type subConn struct {
 	closed bool
 }
 
-func newPubSocket(lg *slog.Logger, l net.Listener, queueBatches, queueBytes, maxConns int, handshakeTimeout, writeTimeout time.Duration) *pubSocket {
+func newPubSocket(lg *slog.Logger, l net.Listener, topic string, queueBatches, queueBytes, maxConns int, handshakeTimeout, writeTimeout time.Duration) *pubSocket {
 	return &pubSocket{
-		lg: lg, l: l, queueBatches: queueBatches, queueBytes: queueBytes, maxConns: maxConns,
+		lg: lg, l: l, topic: topic, queueBatches: queueBatches, queueBytes: queueBytes, maxConns: maxConns,
 		handshakeTimeout: handshakeTimeout, writeTimeout: writeTimeout, conns: map[*subConn]struct{}{},
 		subsChanged: make(chan struct{}, 1),
 	}
@@ -117,8 +119,8 @@ func (p *pubSocket) handle(sc *subConn, nc net.Conn) {
 	p.lg.Info("subscriber disconnected", "remote", c.RemoteAddr().String())
 }
 
-// subLimits bound what a SUB may send: subscriptions (\x01topic, and only
-// the empty topic matters), commands (READY, SUBSCRIBE, PING) of at most
+// subLimits bound what a SUB may send: subscriptions (\x01prefix; only the
+// topic's prefixes matter), commands (READY, SUBSCRIBE, PING) of at most
 // zmtp.DefaultMaxCommand. Anything larger drops the connection.
 var subLimits = zmtp.Limits{MaxFrame: 1024, MaxFrames: 4}
 
@@ -129,42 +131,72 @@ func isPeerFault(err error) bool {
 }
 
 // readLoop tracks subscriptions until the connection fails, and returns
-// why. Subscriptions are data messages \x01topic / \x00topic (ZMTP 3.0,
+// why. Subscriptions are data messages \x01prefix / \x00prefix (ZMTP 3.0,
 // what libzmq sends a 3.0 peer) or SUBSCRIBE / CANCEL commands (ZMTP 3.1).
-// Each change is signalled on p.subsChanged.
+// Each change of the count of matching subscriptions is signalled on
+// p.subsChanged.
 func (sc *subConn) readLoop(p *pubSocket) error {
+	subs := newSubscriptions(p.topic)
 	for {
 		m, err := sc.c.ReadMessage()
 		if err != nil {
 			return err
 		}
-		var sub, topic []byte
+		var sub, prefix []byte
 		switch {
 		case m.Command == "SUBSCRIBE":
-			sub, topic = []byte{1}, m.Frames[0]
+			sub, prefix = []byte{1}, m.Frames[0]
 		case m.Command == "CANCEL":
-			sub, topic = []byte{0}, m.Frames[0]
+			sub, prefix = []byte{0}, m.Frames[0]
 		case m.Command == "" && len(m.Frames) == 1 && len(m.Frames[0]) > 0:
-			sub, topic = m.Frames[0][:1], m.Frames[0][1:]
+			sub, prefix = m.Frames[0][:1], m.Frames[0][1:]
 		default:
 			continue
 		}
-		if len(topic) != 0 {
-			continue // a non-empty prefix never matches the empty topic
+		if sub[0] > 1 || !subs.apply(sub[0] == 1, prefix) {
+			continue
 		}
-		switch sub[0] {
-		case 1:
-			sc.subs.Add(1)
-		case 0:
-			if sc.subs.Add(-1) < 0 {
-				sc.subs.Store(0)
-			}
-		}
+		sc.subs.Store(subs.total)
 		select {
 		case p.subsChanged <- struct{}{}:
 		default:
 		}
 	}
+}
+
+// subscriptions counts one connection's subscriptions that match the
+// topic, as libzmq's PUB does: per prefix, a cancel undoing one earlier
+// subscription of the same prefix. Only the topic's prefixes can match, so
+// only they are kept, by length: at most MaxTopicLen+1 counters.
+type subscriptions struct {
+	topic  string
+	counts []int32 // counts[n] is topic[:n]'s
+	total  int32
+}
+
+func newSubscriptions(topic string) *subscriptions {
+	return &subscriptions{topic: topic, counts: make([]int32, len(topic)+1)}
+}
+
+// apply takes a subscription (on) or a cancel of prefix and reports
+// whether total changed: not for a prefix of no message, nor for a cancel
+// of a prefix not subscribed.
+func (s *subscriptions) apply(on bool, prefix []byte) bool {
+	n := len(prefix)
+	if n > len(s.topic) || string(prefix) != s.topic[:n] {
+		return false
+	}
+	if on {
+		s.counts[n]++
+		s.total++
+		return true
+	}
+	if s.counts[n] == 0 {
+		return false
+	}
+	s.counts[n]--
+	s.total--
+	return true
 }
 
 // writeLoop is the connection's only writer.

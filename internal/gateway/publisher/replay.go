@@ -32,7 +32,11 @@ type replaySocket struct {
 	// seqSuffix is the bytes after the 8-byte sequence in the ring's
 	// sequence frames (the epoch in FormatSnapshot). A replay answers the
 	// 8-byte sequence alone in every format, as vLLM does.
-	seqSuffix    int
+	seqSuffix int
+	// topicLen is the length of the ring's topic frames' bodies (Config.Topic,
+	// FormatSnapshot only): a reply carries the topic frame as published,
+	// the legacy dialect none.
+	topicLen     int
 	writeTimeout time.Duration
 
 	requests atomic.Uint64
@@ -40,7 +44,7 @@ type replaySocket struct {
 }
 
 func newReplaySocket(lg *slog.Logger, l net.Listener, r *ring, cfg Config) *replaySocket {
-	s := &replaySocket{ring: r, legacy: cfg.ReplayLegacy, seqSuffix: cfg.Format.seqSuffix(), writeTimeout: cfg.ReplayWriteTimeout}
+	s := &replaySocket{ring: r, legacy: cfg.ReplayLegacy, seqSuffix: cfg.Format.seqSuffix(), topicLen: len(cfg.Topic), writeTimeout: cfg.ReplayWriteTimeout}
 	s.router = newRouter("replay", lg, l, cfg, s.request)
 	return s
 }
@@ -90,11 +94,18 @@ func (s *replaySocket) reply(c *zmtp.Conn, start uint64) error {
 			err = w.put(delimiter, e.wire)
 		default: // delimiter, [topic,] an 8-byte sequence frame, then the payload frame as published
 			h := append(head[:0], delimiter...)
-			if !s.legacy {
+			switch {
+			case s.legacy:
+			case s.topicLen == 0:
 				h = append(h, 0x01, 0)
+			default: // the topic frame as published (referenced, not copied)
+				if err = w.put(h, e.wire[:2+s.topicLen]); err != nil {
+					return err
+				}
+				h = head[:0]
 			}
 			h = binary.BigEndian.AppendUint64(append(h, 0x01, 8), e.seq)
-			err = w.put(h, e.wire[2+2+8+s.seqSuffix:])
+			err = w.put(h, e.wire[2+s.topicLen+2+8+s.seqSuffix:])
 		}
 		if err != nil {
 			return err
