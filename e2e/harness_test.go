@@ -179,7 +179,7 @@ type Options struct {
 	Gateway      bool
 	MasterFlags  []string
 	AgentFlags   []string
-	GatewayFlags []string
+	GatewayFlags []string // "{pub}" in one is replaced by the gateway's PUB address (host:port)
 	SuspectAfter time.Duration
 	UnmountAfter time.Duration
 }
@@ -239,13 +239,19 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 		c.GatewayRepl = "tcp://" + freeAddr(t)
 		c.GatewaySnap = "tcp://" + freeAddr(t)
 		c.GatewayState = filepath.Join(c.dir, "gateway-state")
+		// "{pub}" in a gateway flag is the PUB address (host:port), chosen
+		// only now: --topic kv@{pub}@model is vLLM's topic form.
+		flags := make([]string, len(o.GatewayFlags))
+		for i, f := range o.GatewayFlags {
+			flags[i] = strings.ReplaceAll(f, "{pub}", strings.TrimPrefix(c.GatewayPub, "tcp://"))
+		}
 		// As `make run` starts it: with a state directory, so a restart
 		// continues the sequence (docs/gateway-state.md).
 		c.Gateway = c.proc("gateway", "crescent-gateway", append([]string{
 			"--master", c.MasterAddr, "--pub", c.GatewayPub, "--replay", c.GatewayRepl, "--grpc-addr", freeAddr(t),
 			"--snapshot-endpoint", c.GatewaySnap, "--state-dir", c.GatewayState,
 			"--backend-id", "e2e", "--log-level", "debug",
-		}, o.GatewayFlags...))
+		}, flags...))
 		c.GatewayHTTP = c.Gateway.admin
 		c.Gateway.start()
 		waitReady(t, c.Gateway)

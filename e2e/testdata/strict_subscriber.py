@@ -10,15 +10,20 @@ Neither uses Crescent's Go code; both are written from documents:
                     gateway's state is intact). It bootstraps from the
                     replay ring (sequence 1 onwards).
   --mode llmd       llm-d-router PR #2946 (pkg/kvevents/snapshot.go) as
-                    described there: the first live frame pins the
-                    publisher epoch (24-byte sequence frame); a REQ asks the
+                    described there: it subscribes to "kv@" (llm-d's
+                    default topic filter); the first live frame must have
+                    a kv@<address:port>@<model> topic (prefix "kv@",
+                    exactly two "@") and pins it and the publisher epoch
+                    (24-byte sequence frame); a REQ asks the
                     snapshot endpoint while live messages are buffered
                     (4096 messages / 64 MiB); the reply must carry that
                     epoch; chunks are applied to a fresh index, then live
-                    messages with seq > cut, each exactly +1. A gap, an
-                    epoch change or 5 s without a frame (heartbeats fill
-                    idle time) drops the index and starts over, after a
-                    jittered backoff from 1 s doubling to 30 s.
+                    messages with seq > cut, each exactly +1. A gap, a
+                    topic or epoch change or 5 s without a frame
+                    (heartbeats fill idle time) drops the index and starts
+                    over, after a jittered backoff from 1 s doubling to
+                    30 s. A publisher without a "kv@" topic sends it
+                    nothing: it fails on the heartbeat timeout, as llm-d.
 
 The index is the set of (tenant, key, medium) announced readable. The
 driving test writes "dump" lines on stdin; each answers one JSON line
@@ -146,6 +151,7 @@ class Contract:
 class Llmd:
     """llm-d-router #2946's snapshot consumer."""
 
+    TOPIC_FILTER = b"kv@"  # llm-d's kvevents.DefaultConfig().TopicFilter
     HEARTBEAT_TIMEOUT = 5.0
     SNAPSHOT_TIMEOUT = 10.0
     BUFFER_MSGS, BUFFER_BYTES = 4096, 64 << 20
@@ -168,7 +174,7 @@ class Llmd:
         if self.sub is not None:
             self.sub.close()
         self.sub = self.ctx.socket(zmq.SUB)
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.setsockopt(zmq.SUBSCRIBE, self.TOPIC_FILTER)
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.connect(self.args.pub)
         self.index, self.active, self.first, self.retry_at = None, False, None, None
@@ -183,6 +189,9 @@ class Llmd:
     def bootstrap(self, first):
         """Buffer live while the REQ waits, then splice."""
         topic, _, epoch, _ = first
+        # llm-d: strings.HasPrefix(topic, "kv@") && strings.Count(topic, "@") == 2
+        if not topic.startswith(b"kv@") or topic.count(b"@") != 2:
+            raise ValueError("snapshot recovery requires kv@<address:port>@<model> topic")
         req = self.ctx.socket(zmq.REQ)
         req.setsockopt(zmq.LINGER, 0)
         req.connect(self.args.snapshot)
@@ -254,7 +263,7 @@ class Llmd:
             else:
                 self.bootstrap(m)
         except (ValueError, TimeoutError, OverflowError, LookupError, zmq.ZMQError) as e:
-            self.fail(str(e).split(":")[0])
+            self.fail(str(e).split(": ")[0])
 
     def tick(self):
         now = time.monotonic()
