@@ -181,7 +181,7 @@ func TestGatewayRestartStrictSubscribers(t *testing.T) {
 		flags []string
 	}{
 		{"mooncake format, contract subscriber", "contract", nil},
-		{"snapshot format, llm-d consumer", "llmd", []string{"--stream-format", "snapshot"}},
+		{"snapshot format, llm-d consumer", "llmd", []string{"--stream-format", "snapshot", "--topic", "kv@{pub}@e2e-model"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			py := python(t)
@@ -289,7 +289,7 @@ func TestGatewayRestartStrictSubscribers(t *testing.T) {
 // on the epoch change and matches the master again.
 func TestGatewayStateLost(t *testing.T) {
 	py := python(t)
-	c := StartCluster(t, Options{Agents: 1, Gateway: true, GatewayFlags: []string{"--stream-format", "snapshot"}})
+	c := StartCluster(t, Options{Agents: 1, Gateway: true, GatewayFlags: []string{"--stream-format", "snapshot", "--topic", "kv@{pub}@e2e-model"}})
 	sub := startPySub(t, c, py, "llmd")
 	ctx := ctxT(t, 2*time.Minute)
 	cl := c.Client("default")

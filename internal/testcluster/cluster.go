@@ -238,8 +238,8 @@ func (c *Cluster) StopAgent(i int) {
 	c.agents[i].stop(c.t, stopWithin)
 }
 
-// StartGateway starts the gateway (again, after StopGateway) and waits for
-// its first snapshot from the master.
+// StartGateway starts the gateway (again, after StopGateway) and waits until
+// it holds a master position (its first snapshot, or its restored state).
 func (c *Cluster) StartGateway() {
 	c.t.Helper()
 	cfg := gateway.DefaultConfig()
@@ -260,7 +260,9 @@ func (c *Cluster) StartGateway() {
 		c.t.Fatalf("gateway listen: %v", err)
 	}
 	c.gateway = run("gateway", g, g.Run)
-	testutil.Eventually(c.t, stopWithin, func() bool { return g.Status().Resyncs > 0 }, "gateway took its first snapshot")
+	// Ready as /readyz means it: a master position, from a first snapshot
+	// or restored from a state directory.
+	testutil.Eventually(c.t, stopWithin, func() bool { return g.Status().MasterEpoch != 0 }, "the gateway to hold a master position")
 }
 
 // StopGateway stops the gateway cleanly.

@@ -22,6 +22,11 @@ type Decoder struct {
 	// the gateway's). DecodeMessage accepts a heartbeat exactly when its
 	// sequence frame carries an epoch, whatever this field says.
 	AllowEmpty bool
+	// Topic is the topic frame the stream carries: empty in the Mooncake
+	// format (the contract requires it); in the snapshot format, the
+	// gateway's --topic (llm-d's kv@<address:port>@<model>) or empty.
+	// A message with another topic is malformed.
+	Topic string
 
 	// last values seen, reused when the next event repeats them.
 	backend, model, salt, lora, tenant, group string
@@ -61,8 +66,8 @@ func (d *Decoder) DecodeMessage(frames [][]byte) (Batch, error) {
 	if len(frames) != 3 {
 		return Batch{}, malformed("got %d frames, want 3 (topic, seq, payload)", len(frames))
 	}
-	if len(frames[0]) != 0 {
-		return Batch{}, malformed("topic frame has %d bytes, want 0", len(frames[0]))
+	if string(frames[0]) != d.Topic {
+		return Batch{}, malformed("topic frame %q, want %q", frames[0], d.Topic)
 	}
 	seq, epoch, err := DecodeSeqFrame(frames[1])
 	if err != nil {

@@ -77,12 +77,15 @@ func Replay(ctx context.Context, endpoint string, from uint64, opts ReplayOption
 		}
 		var seqF, payload []byte
 		switch {
-		case len(m.Frames) == 4 && len(m.Frames[0]) == 0 && len(m.Frames[1]) == 0:
+		case len(m.Frames) == 4 && len(m.Frames[0]) == 0 && string(m.Frames[1]) == dec.Topic:
+			seqF, payload = m.Frames[2], m.Frames[3]
+		case len(m.Frames) == 4 && len(m.Frames[0]) == 0 && len(m.Frames[1]) == 0 && isEndSeq(m.Frames[2]):
+			// The end marker's topic is empty whatever the stream's (vLLM).
 			seqF, payload = m.Frames[2], m.Frames[3]
 		case len(m.Frames) == 3 && len(m.Frames[0]) == 0:
 			seqF, payload = m.Frames[1], m.Frames[2]
 		default:
-			return malformed("replay reply with %d frames, want [b\"\", topic, seq, payload] or [b\"\", seq, payload]", len(m.Frames))
+			return malformed("replay reply with %d frames (or another topic than %q), want [b\"\", topic, seq, payload] or [b\"\", seq, payload]", len(m.Frames), dec.Topic)
 		}
 		seq, epoch, err := DecodeSeqFrame(seqF)
 		if err != nil {
@@ -125,4 +128,10 @@ func ctxOr(ctx context.Context, err error) error {
 		return fmt.Errorf("%w (%v)", ctx.Err(), err)
 	}
 	return err
+}
+
+// isEndSeq reports whether a sequence frame holds the replay end marker.
+func isEndSeq(f []byte) bool {
+	seq, _, err := DecodeSeqFrame(f)
+	return err == nil && seq == EndSeq
 }

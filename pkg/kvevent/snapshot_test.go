@@ -446,3 +446,25 @@ func TestAppendHeartbeat(t *testing.T) {
 }
 
 func mustHB(t *testing.T) []byte { return heartbeatPayload(t) }
+
+// TestDecodeTopic: the topic frame must be Decoder.Topic — empty by
+// default (the Mooncake contract), the gateway's --topic when set (llm-d's
+// kv@<address:port>@<model>, snapshot format).
+func TestDecodeTopic(t *testing.T) {
+	epoch := newEpoch()
+	good := payload(mpMap(validKVs(Stored, true, 1)))
+	const topic = "kv@127.0.0.1:5557@model"
+	var plain Decoder
+	if _, err := plain.DecodeMessage([][]byte{[]byte(topic), PutSeqEpoch(1, epoch), good}); err == nil {
+		t.Error("a topic accepted by a decoder that expects none")
+	}
+	d := Decoder{Topic: topic}
+	if _, err := d.DecodeMessage([][]byte{[]byte(topic), PutSeqEpoch(1, epoch), good}); err != nil {
+		t.Errorf("the configured topic: %v", err)
+	}
+	for _, other := range []string{"", "kv@127.0.0.1:5557@other"} {
+		if _, err := d.DecodeMessage([][]byte{[]byte(other), PutSeqEpoch(2, epoch), good}); err == nil {
+			t.Errorf("topic %q accepted, want %q", other, topic)
+		}
+	}
+}

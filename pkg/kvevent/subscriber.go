@@ -90,6 +90,9 @@ type Options struct {
 	MaxMessage int
 	// AllowUnknownKeys relaxes the strict decoder for forward compatibility.
 	AllowUnknownKeys bool
+	// Topic is the stream's topic frame (Decoder.Topic): empty, or in the
+	// snapshot format the gateway's --topic.
+	Topic string
 	// DisableIndex skips maintaining the index (a consumer that only
 	// streams events, e.g. a watch command, holds no per-key memory).
 	DisableIndex bool
@@ -264,7 +267,7 @@ func Subscribe(ctx context.Context, endpoint string, opts Options) (*Subscriber,
 	s := &Subscriber{
 		endpoint: endpoint, opts: opts, lg: lg.With("endpoint", endpoint),
 		index: NewIndex(), done: make(chan struct{}),
-		dec: Decoder{AllowUnknownKeys: opts.AllowUnknownKeys},
+		dec: Decoder{AllowUnknownKeys: opts.AllowUnknownKeys, Topic: opts.Topic},
 	}
 	conn, err := s.dial(ctx)
 	if err != nil {
@@ -620,7 +623,7 @@ func (s *Subscriber) resume(ctx context.Context) {
 
 func (s *Subscriber) replayOptions() ReplayOptions {
 	return ReplayOptions{Timeout: s.opts.ReplayTimeout, MaxFrame: s.opts.MaxFrame, MaxMessage: s.opts.MaxMessage,
-		Decoder: Decoder{AllowUnknownKeys: s.opts.AllowUnknownKeys, AllowEmpty: s.heartbeatStream()}}
+		Decoder: Decoder{AllowUnknownKeys: s.opts.AllowUnknownKeys, AllowEmpty: s.heartbeatStream(), Topic: s.opts.Topic}}
 }
 
 // heartbeatStream reports whether the live stream has the snapshot format

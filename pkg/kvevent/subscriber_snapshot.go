@@ -425,7 +425,7 @@ func (s *Subscriber) startFetch(ctx context.Context) {
 	s.synced.Store(false)
 	ep := s.opts.SnapshotEndpoint
 	opts := SnapshotOptions{Timeout: s.opts.SnapshotTimeout, MaxReplyBytes: s.opts.MaxSnapshotBytes,
-		MaxFrame: s.opts.MaxFrame, Decoder: Decoder{AllowUnknownKeys: s.opts.AllowUnknownKeys}}
+		MaxFrame: s.opts.MaxFrame, Decoder: Decoder{AllowUnknownKeys: s.opts.AllowUnknownKeys, Topic: s.opts.Topic}}
 	s.bg.Go(func() {
 		snap, err := FetchSnapshot(fctx, ep, opts)
 		ch <- fetchResult{snap, err}

@@ -33,6 +33,7 @@ func watchCmd(e *env) *cobra.Command {
 		gateway   string
 		replay    string
 		snapshot  string
+		topic     string
 		fromSeq   uint64
 		count     int
 		heartbeat time.Duration
@@ -68,6 +69,7 @@ func watchCmd(e *env) *cobra.Command {
 				FromSeq:          fromSeq,
 				SnapshotEndpoint: snapshot,
 				HeartbeatTimeout: heartbeat,
+				Topic:            topic,
 				DisableIndex:     true,
 				OnBatch: func(b kvevent.Batch) {
 					for _, ev := range b.Events {
@@ -124,6 +126,7 @@ func watchCmd(e *env) *cobra.Command {
 	f.StringVar(&replay, "replay", "tcp://localhost:5558", "gateway replay ROUTER endpoint (gap repair, --from-seq); default only with the default --gateway")
 	f.Uint64Var(&fromSeq, "from-seq", 0, "first replay every retained batch from this sequence")
 	f.StringVar(&snapshot, "snapshot", "", "gateway snapshot ROUTER endpoint (e.g. tcp://localhost:5559): start from its state and rebuild from it whenever continuity is lost")
+	f.StringVar(&topic, "topic", "", "the stream's topic frame: empty (Mooncake format), or the gateway's --topic (snapshot format, e.g. kv@host:5557@model)")
 	f.DurationVar(&heartbeat, "heartbeat-timeout", 0, "snapshot stream format: silence after which the gateway is taken for gone (0 = 5s)")
 	f.IntVar(&count, "count", 0, "exit after printing this many events (0 = run until interrupted)")
 	return cmd

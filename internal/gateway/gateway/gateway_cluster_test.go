@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -663,5 +664,80 @@ func TestClusterStatusEndpoints(t *testing.T) {
 	if gs.GetPublishedEvents() != 2 || gs.GetSkippedKeylessEvents() != 6 || gs.GetLastSequence() != 2 ||
 		gs.GetMasterRevision() != c.Master().Store.Log().Head() {
 		t.Errorf("GetStatus after the second clear = %v", gs)
+	}
+}
+
+// TestClusterGatewayRestartWithState: a gateway with a state directory,
+// in the snapshot stream format with an llm-d topic, stopped and started
+// again on the same endpoints, keeps its publisher epoch and continues its
+// sequence; a pkg/kvevent subscriber that bootstrapped from the snapshot
+// endpoint stays attached, sees no reset and no rebuild, and holds the
+// master's set, including what changed while no gateway ran.
+func TestClusterGatewayRestartWithState(t *testing.T) {
+	const topic = "kv@127.0.0.1:5557@test-model"
+	state := t.TempDir()
+	var pub, replay, snap string // the first gateway's endpoints, reused by the second
+	c := testcluster.Start(t, testcluster.Options{Gateway: true, GatewayConfig: func(cfg *gateway.Config) {
+		cfg.StateDir, cfg.StreamFormat, cfg.Topic = state, "snapshot", topic
+		if pub != "" {
+			cfg.Pub, cfg.Replay, cfg.Snapshot = pub, replay, snap
+		}
+	}})
+	g := c.Gateway()
+	pub, replay, snap = g.PubEndpoint(), g.ReplayEndpoint(), g.SnapshotEndpoint()
+	cl := c.Client(t).Tenant("t")
+	for i := range 20 {
+		put(t, cl, fmt.Sprintf("k%02d", i), memory)
+	}
+	var rebuilds atomic.Int64
+	sub, err := kvevent.Subscribe(t.Context(), pub, kvevent.Options{
+		ReplayEndpoint: replay, SnapshotEndpoint: snap, Topic: topic, Logger: testutil.Logger(),
+		ReconnectMin: time.Millisecond, ReconnectMax: 20 * time.Millisecond,
+		OnGap: func(gp kvevent.Gap) {
+			if gp.Rebuilt || gp.Reset {
+				rebuilds.Add(1)
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Close() })
+	converged := func(step string) {
+		t.Helper()
+		testutil.EventuallyNoError(t, waitFor, func() error {
+			if got, want := sub.Index().Keys(), readable(t, cl, "t"); !slices.Equal(got, want) {
+				return fmt.Errorf("%s: index (%d) differs from the master set (%d); subscriber %+v", step, len(got), len(want), sub.Stats())
+			}
+			return nil
+		})
+	}
+	converged("bootstrap")
+	// A live message after the snapshot tells the subscriber the stream's
+	// format (a heartbeat at the latest): one that reconnects before any
+	// cannot tell a continued stream from a new one and rebuilds.
+	testutil.Eventually(t, waitFor, func() bool { return sub.Stats().Heartbeats > 0 }, "a heartbeat")
+	before := g.Status()
+	if before.State != "new" || before.StreamFormat != "snapshot" {
+		t.Fatalf("first start: %+v", before)
+	}
+
+	c.StopGateway()
+	for i := range 5 {
+		if err := cl.Remove(t.Context(), fmt.Sprintf("k%02d", i), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(t, cl, "while-down", memory)
+	c.StartGateway()
+	g = c.Gateway()
+	converged("after the restart")
+	after := g.Status()
+	if after.State != "restored" || after.PublisherEpoch != before.PublisherEpoch || after.LastSequence <= before.LastSequence {
+		t.Fatalf("after the restart: state %q epoch %s seq %d; want restored, epoch %s, past %d",
+			after.State, after.PublisherEpoch, after.LastSequence, before.PublisherEpoch, before.LastSequence)
+	}
+	if st := sub.Stats(); rebuilds.Load() != 0 || st.Resets != 0 || st.Unrepaired != 0 || st.Snapshots != 1 {
+		t.Errorf("subscriber %+v, %d rebuilds; want the one bootstrap snapshot and no reset, rebuild or unrepaired gap", st, rebuilds.Load())
 	}
 }

@@ -262,7 +262,8 @@ type Stats struct {
 	JournalErrors uint64
 	// ReplayBatches are batches held by the replay ring.
 	ReplayBatches int
-	// Subscribers are connections subscribed to the stream.
+	// Subscribers are connections subscribed to the stream (after Run, the
+	// number when it stopped).
 	Subscribers int
 	// SubscriberDroppedBatches were discarded from slow subscribers' queues.
 	SubscriberDroppedBatches uint64
@@ -346,7 +347,8 @@ type Publisher struct {
 	runRecorder  Recorder
 	journalBurst uint64 // consecutive journal errors
 
-	running atomic.Bool
+	running    atomic.Bool
+	subsAtStop atomic.Int64 // PUB subscribers when Run stopped
 }
 
 // New builds a publisher. It does no I/O.
@@ -523,6 +525,10 @@ func (p *Publisher) Run(ctx context.Context) error {
 	for p.q.len() > 0 {
 		p.publishNext(pub)
 	}
+	// Stats keep reporting the subscribers of the end of the run: the
+	// final checkpoint records them, so the next start waits for as many
+	// (Config.ResumeSubscribers).
+	p.subsAtStop.Store(int64(pub.subscribers()))
 	p.enabled.Store(false)
 	pub.close()
 	if replay != nil {
@@ -814,6 +820,9 @@ func (p *Publisher) Stats() Stats {
 	p.mu.Unlock()
 	if pub != nil {
 		s.Subscribers = pub.subscribers()
+		if !s.Enabled && p.running.Load() {
+			s.Subscribers = int(p.subsAtStop.Load())
+		}
 		s.SubscriberDroppedBatches = pub.droppedBatches.Load()
 		s.PeersRefused += pub.refused.Load()
 		s.PeersDropped += pub.dropped.Load()
