@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 20m
 TESTFLAGS    ?=
 COMPOSE      := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
-.PHONY: all gen check-gen lint build test test-unit test-e2e run up down bench fuzz clean tidy
+.PHONY: all gen check-gen lint build test test-unit test-e2e run up down bench bench-gateway-state fuzz clean tidy
 
 all: build
 
@@ -74,6 +74,10 @@ down:
 ## bench: the benchmarks recorded in BENCHMARKS.md
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 -timeout 60m $(UNIT_PKGS)
+
+## bench-gateway-state: the gateway's snapshot and restart benchmarks with 1M objects (issue 13, BENCHMARKS.md), 3 runs, about 4 min
+bench-gateway-state:
+	$(GO) test -run '^$$' -bench GatewayState -benchtime 1x -count 3 -timeout 30m $(TESTFLAGS) ./internal/gateway/gateway/
 
 ## fuzz: run every fuzz target briefly (FUZZTIME=30s for longer)
 FUZZTIME ?= 10s
