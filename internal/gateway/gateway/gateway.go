@@ -112,11 +112,12 @@ func (g *Gateway) build(deps Deps) error {
 		pcfg.StartSeq, pcfg.StartEventID = st.header.Seq, st.header.LastEventID
 		if st.mode == stateRestored {
 			// Hold until as many subscribers as the last checkpoint saw
-			// are back. A checkpoint that saw none (written before anyone
-			// subscribed, or an idle gateway) cannot tell: hold the whole
-			// --resume-hold rather than publish to no one.
+			// are back (none: no hold). The checkpoint a new epoch starts
+			// with was written before anyone could subscribe and cannot
+			// tell: hold the whole --resume-hold rather than publish to
+			// no one.
 			pcfg.ResumeSubscribers = st.header.Subscribers
-			if pcfg.ResumeSubscribers == 0 {
+			if !st.subscribersKnown {
 				pcfg.ResumeSubscribers = math.MaxInt
 			}
 		}

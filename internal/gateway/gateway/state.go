@@ -29,6 +29,10 @@ type persisted struct {
 	header         statedir.Header // epoch, last sequence, master position, last event id, subscribers
 	pubSet, srcSet *announced.Set
 	ring           []statedir.Record
+	// subscribersKnown: the checkpoint was written after publishing began,
+	// so header.Subscribers counts the subscribers of then. The checkpoint
+	// a new epoch starts with is written before anyone could subscribe.
+	subscribersKnown bool
 }
 
 // loadState reads the checkpoint and the journal after it (docs/
@@ -82,6 +86,7 @@ func readState(d *statedir.Dir, ringRecords, ringBytes int) (persisted, error) {
 	if err != nil || !found {
 		return persisted{}, err
 	}
+	p.subscribersKnown = h.Seq > 0
 	dec := kvevent.Decoder{AllowEmpty: true}
 	err = d.Replay(h.PublisherEpoch, h.Seq, func(r statedir.Record) error {
 		b, err := dec.DecodePayload(r.Seq, r.Payload)
