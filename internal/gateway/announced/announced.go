@@ -443,3 +443,60 @@ func (a *Set) All() func(yield func(kvevent.Event) bool) {
 		}
 	}
 }
+
+// rangeAhead is how many records Range loads before reading the first of
+// them: the loads are independent, so their cache misses overlap.
+const rangeAhead = 32
+
+// Range calls fn for every entry, tenant by tenant in no particular order,
+// without allocating: tenant is the set's own copy of the name, key and
+// group are views of the set's bytes, valid until the set next changes,
+// which fn must not modify. fn returning false stops Range. The set must
+// not change while Range runs.
+//
+// Records are read in table order, which is not their order in memory
+// (a set of millions misses the cache on each one); Range therefore loads
+// the records of the next rangeAhead entries one after another before
+// reading them, so the processor overlaps those misses.
+func (a *Set) Range(fn func(tenant string, m kvevent.Medium, key, group []byte) bool) {
+	var refs [rangeAhead]uint64
+	for _, ts := range a.tenants {
+		for i := range ts.byMedium {
+			o := &ts.byMedium[i]
+			m := media[i]
+			n := 0
+			flush := func() bool {
+				var sum byte
+				for _, ref := range refs[:n] {
+					sum += a.ar.chunks[ref>>chunkShift][ref&(chunkSize-1)]
+				}
+				a.sink += uint64(sum)
+				for _, ref := range refs[:n] {
+					k, g := a.ar.record(ref)
+					if !fn(ts.name, m, k, g) {
+						return false
+					}
+				}
+				n = 0
+				return true
+			}
+			ok := true
+			for ref := range o.byHash.all {
+				refs[n] = ref
+				if n++; n == len(refs) {
+					if ok = flush(); !ok {
+						break
+					}
+				}
+			}
+			if !ok || !flush() {
+				return
+			}
+			for k, g := range o.overflow {
+				if !fn(ts.name, m, []byte(k), []byte(g)) {
+					return
+				}
+			}
+		}
+	}
+}

@@ -15,6 +15,7 @@ package snapshot
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -25,6 +26,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
+	"weak"
 
 	"github.com/crescent-kv/crescent/internal/gateway/announced"
 	"github.com/crescent-kv/crescent/internal/gateway/statedir"
@@ -48,6 +51,14 @@ type Config struct {
 	// CheckpointInterval is how often a checkpoint is written when the cut
 	// advanced (10 s); 0 writes one only when Run stops.
 	CheckpointInterval time.Duration
+	// CheckpointAfterChanges writes a checkpoint as soon as that many
+	// events (100000) were folded since the last one and at least half as
+	// many as the set holds, without waiting for CheckpointInterval (even
+	// when it is 0): after a large resync, a crash then replays a journal
+	// of at most about half the set, not all of it. The second condition
+	// bounds the cost: a checkpoint of n entries follows at least n/2
+	// changes. 0 writes checkpoints only by interval and at stop.
+	CheckpointAfterChanges int
 	// Encoder is the envelope and switches of the live stream: the chunks
 	// of a reply are payloads of the same stream.
 	Encoder kvevent.EncoderOptions
@@ -56,11 +67,12 @@ type Config struct {
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
 	return Config{
-		QueueBatches:       65536,
-		MaxWaiting:         32,
-		MaxReplyBytes:      256 << 20,
-		CheckpointInterval: 10 * time.Second,
-		Encoder:            kvevent.EncoderOptions{LegacyCompat: true, ObjectKey: true},
+		QueueBatches:           65536,
+		MaxWaiting:             32,
+		MaxReplyBytes:          256 << 20,
+		CheckpointInterval:     10 * time.Second,
+		CheckpointAfterChanges: 100000,
+		Encoder:                kvevent.EncoderOptions{LegacyCompat: true, ObjectKey: true},
 	}
 }
 
@@ -78,6 +90,9 @@ func (c Config) Validate() error {
 	}
 	if c.CheckpointInterval < 0 {
 		errs = append(errs, fmt.Errorf("checkpoint interval must be >= 0, got %v", c.CheckpointInterval))
+	}
+	if c.CheckpointAfterChanges < 0 {
+		errs = append(errs, fmt.Errorf("checkpoint-after-changes must be >= 0, got %d", c.CheckpointAfterChanges))
 	}
 	if c.Encoder.Envelope.BackendID == "" {
 		errs = append(errs, errors.New("encoder: backend_id is required"))
@@ -133,6 +148,9 @@ type Stats struct {
 	Failed bool
 	// SnapshotsBuilt counts replies built (each may serve many requests).
 	SnapshotsBuilt uint64
+	// SnapshotsReused counts requests served with the chunks of an earlier
+	// build because no event was folded since (see Snapshot).
+	SnapshotsReused uint64
 	// SnapshotRequests counts Snapshot calls; SnapshotErrors those that
 	// returned an error.
 	SnapshotRequests uint64
@@ -192,7 +210,10 @@ type Recorder struct {
 	cut         int64 // -1: nothing folded
 	pos         statedir.Position
 	lastEventID uint64
-	dirty       bool // the set or cut changed since the last checkpoint
+	dirty       bool   // the set or cut changed since the last checkpoint
+	changes     int    // events folded since the last checkpoint
+	version     uint64 // events folded ever: the set is unchanged while it is
+	last        lastReply
 	batch       []kvevent.Event
 	lastBytes   int // size of the last reply (a first segment's size hint)
 
@@ -200,6 +221,7 @@ type Recorder struct {
 		cut, entries                atomic.Int64
 		failed                      atomic.Bool
 		built, requests, reqErrors  atomic.Uint64
+		reused                      atomic.Uint64
 		buildNanos, replyBytes      atomic.Int64
 		checkpoints, checkpointErrs atomic.Uint64
 		lastCheckpoint              atomic.Int64
@@ -401,6 +423,7 @@ func (r *Recorder) Stats() Stats {
 		QueueDepth:              depth,
 		Failed:                  r.stats.failed.Load(),
 		SnapshotsBuilt:          r.stats.built.Load(),
+		SnapshotsReused:         r.stats.reused.Load(),
 		SnapshotRequests:        r.stats.requests.Load(),
 		SnapshotErrors:          r.stats.reqErrors.Load(),
 		LastBuildDuration:       time.Duration(r.stats.buildNanos.Load()),
@@ -482,8 +505,10 @@ func (r *Recorder) Run(ctx context.Context) error {
 			return nil
 		case <-r.wake:
 			r.drain()
+			r.earlyCheckpoint()
 		case <-r.reqWake:
 			r.serve()
+			r.earlyCheckpoint()
 		case <-tick:
 			r.drain()
 			r.checkpoint()
@@ -556,6 +581,8 @@ func (r *Recorder) fold(it *item) {
 	}
 	r.cut, r.pos, r.lastEventID = int64(it.seq), it.pos, it.lastEventID
 	r.dirty = true
+	r.changes += len(it.evs)
+	r.version += uint64(len(it.evs))
 }
 
 func (r *Recorder) isFailed() bool { return r.stats.failed.Load() }
@@ -574,18 +601,29 @@ func (r *Recorder) serve() {
 	var res result
 	if r.isFailed() {
 		res.err = ErrFailed
+	} else if res.frames = r.reuse(); res.frames != nil {
+		r.stats.reused.Add(uint64(len(ws)))
 	} else {
 		start := time.Now()
 		res.frames, res.err = r.build()
 		if res.err == nil {
 			r.stats.built.Add(1)
 			r.stats.buildNanos.Store(int64(time.Since(start)))
+			r.remember(res.frames)
 		} else {
 			r.lg.Warn("snapshot not served", "err", res.err, "entries", r.set.Len(), "cut", r.cut)
 		}
 	}
 	for _, w := range ws {
 		w.done <- res
+	}
+}
+
+// earlyCheckpoint writes a checkpoint if enough changes were folded since
+// the last one (Config.CheckpointAfterChanges).
+func (r *Recorder) earlyCheckpoint() {
+	if n := r.cfg.CheckpointAfterChanges; n > 0 && r.changes >= n && 2*r.changes >= r.set.Len() {
+		r.checkpoint()
 	}
 }
 
@@ -609,6 +647,9 @@ func (r *Recorder) checkpoint() {
 		Subscribers:      subs,
 		Entries:          uint64(r.set.Len()),
 	}
+	// A failed checkpoint is retried at the next interval, or after as
+	// many changes again: not after every batch.
+	r.changes = 0
 	if err := cp.WriteCheckpoint(h, r.set.All()); err != nil {
 		r.stats.checkpointErrs.Add(1)
 		r.lg.Error("checkpoint failed; retrying at the next interval", "err", err, "seq", h.Seq, "entries", h.Entries)
@@ -617,4 +658,47 @@ func (r *Recorder) checkpoint() {
 	r.dirty = false
 	r.stats.checkpoints.Add(1)
 	r.stats.lastCheckpoint.Store(h.WrittenUnixMilli)
+}
+
+// lastReply is the last reply built, held weakly: its frames stay in
+// memory only while a caller still holds them (a reply of a million
+// entries is 300 MB), and they are immutable, so while they are there
+// they can be served again.
+type lastReply struct {
+	frames  weak.Pointer[[]byte] // &frames[0]
+	n       int                  // len(frames)
+	cut     int64
+	version uint64
+}
+
+// remember keeps frames (a reply just built at r.cut) for reuse.
+func (r *Recorder) remember(frames [][]byte) {
+	r.last = lastReply{frames: weak.Make(&frames[0]), n: len(frames), cut: r.cut, version: r.version}
+}
+
+// reuse returns the last reply's chunks as a reply at r.cut if no event
+// was folded since it was built and its frames are still in memory, else
+// nil. Callers have drained the queue first, so r.cut covers every batch
+// recorded before their requests: an identical reply (no batch folded
+// since) is served as it is; after batches without events (heartbeats)
+// the set is the same and only the cut frame is new.
+func (r *Recorder) reuse() [][]byte {
+	if r.last.n == 0 || r.last.version != r.version {
+		return nil
+	}
+	p := r.last.frames.Value()
+	if p == nil {
+		return nil
+	}
+	frames := unsafe.Slice(p, r.last.n)
+	if r.last.cut == r.cut {
+		return frames
+	}
+	next := make([][]byte, len(frames))
+	copy(next, frames)
+	head := make([]byte, 8)
+	binary.BigEndian.PutUint64(head, uint64(r.cut))
+	next[0] = head
+	r.remember(next)
+	return next
 }

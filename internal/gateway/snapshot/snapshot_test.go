@@ -324,7 +324,9 @@ func TestChunkEventIDs(t *testing.T) {
 
 // TestSnapshotCoalesces holds the recorder's goroutine (in a checkpoint)
 // while requests arrive: they are all answered by one build, with the very
-// same frames; requests that arrive during a build wait for the next one.
+// same frames; requests that arrive during a build wait for the next one,
+// which, as a batch was recorded meanwhile, is a new build at a new cut
+// (see TestSnapshotReuse for a request after a build with no batch since).
 func TestSnapshotCoalesces(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := testConfig()
@@ -375,6 +377,7 @@ func TestSnapshotCoalesces(t *testing.T) {
 			late <- f
 		}()
 		synctest.Wait()
+		r.Record(102, statedir.Position{}, 102, []kvevent.Event{{ID: 102, Type: kvevent.Stored, Tenant: "t", Key: "late", Medium: kvevent.MediumCPU}})
 		release <- struct{}{}
 		wg.Wait()
 		for i := range results {
@@ -388,6 +391,9 @@ func TestSnapshotCoalesces(t *testing.T) {
 		f := <-late
 		if &f[0][0] == &results[0][0][0] {
 			t.Fatal("a request that arrived during a build shared it")
+		}
+		if rep := decodeReply(t, f, cfg.Encoder); rep.cut != 102 || len(rep.set) != 101 {
+			t.Fatalf("late request: cut %d, %d entries", rep.cut, len(rep.set))
 		}
 		st := r.Stats()
 		if st.SnapshotsBuilt != 2 || st.SnapshotRequests != n+1 || st.SnapshotErrors != 0 { // one build for the n, one for the late one
