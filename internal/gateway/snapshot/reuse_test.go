@@ -1,0 +1,182 @@
+package snapshot
+
+import (
+	"fmt"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/crescent-kv/crescent/internal/gateway/statedir"
+	"github.com/crescent-kv/crescent/pkg/kvevent"
+)
+
+func stored(id uint64, key string) []kvevent.Event {
+	return []kvevent.Event{{ID: id, Type: kvevent.Stored, Tenant: "t", Key: key, Medium: kvevent.MediumCPU, GroupID: "g"}}
+}
+
+// waitCut waits until the recorder folded up to cut.
+func waitCut(t *testing.T, r *Recorder, cut int64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for r.Stats().Cut != cut {
+		if time.Now().After(deadline) {
+			t.Fatalf("cut %d, want %d", r.Stats().Cut, cut)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestSnapshotReuse: two requests with no batch recorded between them
+// share one build (the very same frames); a request after a batch with
+// events gets a new build at the new cut; after batches without events
+// (heartbeats) the chunks are the same and only the cut is new.
+func TestSnapshotReuse(t *testing.T) {
+	cfg := testConfig()
+	r, _ := newRecorder(t, cfg, Deps{})
+	start(t, r)
+	ref := model{}
+	var seq uint64
+	for i := range 200 {
+		seq++
+		evs := stored(seq, fmt.Sprint("k", i))
+		ref.apply(evs)
+		r.Record(seq, statedir.Position{}, seq, evs)
+	}
+	get := func() ([][]byte, reply) {
+		t.Helper()
+		f, err := r.Snapshot(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f, decodeReply(t, f, cfg.Encoder)
+	}
+	check := func(rep reply, cut int64) {
+		t.Helper()
+		if rep.cut != cut || rep.epoch != testEpoch {
+			t.Fatalf("cut %d epoch %x, want %d", rep.cut, rep.epoch, cut)
+		}
+		ref.equal(t, rep.set)
+	}
+
+	f1, rep1 := get()
+	check(rep1, int64(seq))
+	f2, rep2 := get() // nothing recorded since: the same reply
+	check(rep2, int64(seq))
+	if &f2[0] != &f1[0] || len(f2) != len(f1) {
+		t.Fatal("a request with no batch since the last build got another reply")
+	}
+	if st := r.Stats(); st.SnapshotsBuilt != 1 || st.SnapshotsReused != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+
+	seq++ // a batch with an event: a new build, at the new cut
+	evs := stored(seq, "new")
+	ref.apply(evs)
+	r.Record(seq, statedir.Position{}, seq, evs)
+	f3, rep3 := get()
+	check(rep3, int64(seq))
+	if &f3[2][0] == &f1[2][0] {
+		t.Fatal("a request after a new batch got the old chunks")
+	}
+	if st := r.Stats(); st.SnapshotsBuilt != 2 || st.SnapshotsReused != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+
+	seq++ // a heartbeat: the set is the same, the cut is new
+	r.Record(seq, statedir.Position{}, seq-1, nil)
+	f4, rep4 := get()
+	check(rep4, int64(seq))
+	if &f4[2][0] != &f3[2][0] || len(f4) != len(f3) || &f4[0][0] == &f3[0][0] {
+		t.Fatal("after a heartbeat: want the same chunks under a new cut frame")
+	}
+	if rep3.cut == rep4.cut {
+		t.Fatal("same cut after a heartbeat")
+	}
+	f5, rep5 := get() // and that one is shared in turn
+	check(rep5, int64(seq))
+	if &f5[0] != &f4[0] {
+		t.Fatal("the reply after a heartbeat was not shared")
+	}
+	if st := r.Stats(); st.SnapshotsBuilt != 2 || st.SnapshotsReused != 3 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestSnapshotReuseAfterQueued: a batch recorded before a request but not
+// yet folded when the request arrives is folded first, so the request
+// gets a new cut, not the last reply.
+func TestSnapshotReuseAfterQueued(t *testing.T) {
+	cfg := testConfig()
+	r, _ := newRecorder(t, cfg, Deps{})
+	start(t, r)
+	for i := range 10 {
+		r.Record(uint64(i+1), statedir.Position{}, uint64(i+1), stored(uint64(i+1), fmt.Sprint("k", i)))
+	}
+	f1, err := r.Snapshot(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 1000 { // each request right after its batch
+		seq := uint64(11 + i)
+		r.Record(seq, statedir.Position{}, seq, stored(seq, fmt.Sprint("x", i)))
+		f, err := r.Snapshot(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep := decodeReply(t, f, cfg.Encoder); rep.cut != int64(seq) || len(rep.set) != 11+i {
+			t.Fatalf("request after batch %d: cut %d, %d entries", seq, rep.cut, len(rep.set))
+		}
+		f1 = f
+	}
+	_ = f1
+}
+
+// TestEarlyCheckpoint: with no interval, a checkpoint is written as soon
+// as CheckpointAfterChanges events were folded, once they are at least
+// half the set; not before.
+func TestEarlyCheckpoint(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig()
+		cfg.CheckpointInterval = 0
+		cfg.CheckpointAfterChanges = 100
+		cp := &fakeCheckpointer{}
+		r, _ := newRecorder(t, cfg, Deps{Checkpointer: cp})
+		stop := start(t, r)
+		defer stop()
+		var keys int
+		recordEntries := func(r *Recorder, seq uint64, n int) uint64 { // n new keys
+			for range n {
+				keys++
+				r.Record(seq, statedir.Position{Epoch: 1, Revision: seq}, seq, stored(seq, fmt.Sprint("k", keys)))
+				seq++
+			}
+			return seq
+		}
+		next := recordEntries(r, 1, 99)
+		synctest.Wait()
+		if cp.count() != 0 {
+			t.Fatal("checkpoint after 99 changes")
+		}
+		next = recordEntries(r, next, 1)
+		synctest.Wait()
+		if c := cp.last(); cp.count() != 1 || c.h.Seq != next-1 || c.h.Entries != 100 {
+			t.Fatalf("%d checkpoints, last %+v", cp.count(), c.h)
+		}
+		// Stores only: the next one once the changes reach the set's size
+		// at the last one (half the set then), here 100 more, then 200.
+		for _, want := range []uint64{200, 400} {
+			before := cp.count()
+			n := int(want / 2)
+			next = recordEntries(r, next, n-1)
+			synctest.Wait()
+			if cp.count() != before {
+				t.Fatalf("checkpoint after %d changes to a set of %d", n-1, want-1)
+			}
+			next = recordEntries(r, next, 1)
+			synctest.Wait()
+			if c := cp.last(); cp.count() != before+1 || c.h.Seq != next-1 || c.h.Entries != want {
+				t.Fatalf("%d checkpoints, last %+v; want one more, of %d entries", cp.count(), c.h, want)
+			}
+		}
+	})
+}
