@@ -2,9 +2,9 @@ package snapshot
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"runtime"
-	"unsafe"
 
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 )
@@ -16,17 +16,8 @@ import (
 const segmentBytes = 4 << 20
 
 // yieldChunks is how many chunks a build encodes between runtime.Gosched
-// calls (64 events each, about 20-40 µs of work per chunk).
+// calls (64 events each, about 10-20 µs of work per chunk).
 const yieldChunks = 8
-
-// bytesView is b as a string without copying it: valid while b is
-// unchanged. Only for the encoder's input within a build.
-func bytesView(b []byte) string {
-	if len(b) == 0 {
-		return ""
-	}
-	return unsafe.String(&b[0], len(b))
-}
 
 // build encodes the reply of the current set: the cut, the epoch, then the
 // set in chunks of at most MaxEventsPerBatch stored events. It runs on
@@ -52,6 +43,10 @@ func (r *Recorder) build() ([][]byte, error) {
 	}
 
 	ts := max(r.deps.Now().UnixMilli(), 0)
+	ce := &r.chunkEnc
+	if err := ce.reset(r.enc, ts); err != nil {
+		return nil, err
+	}
 	// The first segment: the last reply's size, or an estimate, capped.
 	hint := r.lastBytes
 	if hint == 0 {
@@ -59,72 +54,78 @@ func (r *Recorder) build() ([][]byte, error) {
 	}
 	seg := make([]byte, 0, min(hint+hint/16+1024, segmentBytes))
 
-	// batch's events hold only what the encoder reads of them (and
-	// event_id 0): filled field by field, not copied whole.
-	batch := r.batch[:kvevent.MaxEventsPerBatch]
-	nb, chunks := 0, 0
-	var err error
-	flush := func() bool {
-		evs := batch[:nb]
-		nb = 0
-		if bound := r.chunkBound(evs); cap(seg)-len(seg) < bound {
-			seg = make([]byte, 0, max(bound, min(segmentBytes, r.cfg.MaxReplyBytes-total+1024)))
+	// Chunks are written into seg one event at a time; a chunk that does
+	// not fit moves (what it has so far) to a new segment. Every chunk has
+	// MaxEventsPerBatch events but the last: its size is known up front.
+	var (
+		left     = n // entries not yet written
+		start    int // of the current chunk in seg
+		inChunk  int // events written of the current chunk
+		chunkN   int // events of the current chunk
+		chunks   int
+		err      error
+		tooLarge = func() error {
+			return fmt.Errorf("%w: more than %d bytes for %d entries", ErrTooLarge, r.cfg.MaxReplyBytes, n)
 		}
-		var out []byte
-		out, err = r.enc.AppendBatch(seg, ts, evs)
-		if err != nil {
-			err = fmt.Errorf("snapshot: encode: %w", err)
+		fitSegment = func(need int) {
+			if cap(seg)-len(seg) >= need {
+				return
+			}
+			part := len(seg) - start
+			next := make([]byte, 0, max(part+need, min(segmentBytes, r.cfg.MaxReplyBytes-total+1024)))
+			seg, start = append(next, seg[start:]...), 0
+		}
+	)
+	r.set.Range(func(tenant string, m kvevent.Medium, key, group []byte) bool {
+		if left == 0 {
+			err = fmt.Errorf("snapshot: the set holds more than its %d entries", n)
 			return false
 		}
-		chunk := out[len(seg):len(out):len(out)]
-		seg = out
-		total += len(chunk)
-		if total > r.cfg.MaxReplyBytes {
-			err = fmt.Errorf("%w: more than %d bytes for %d entries", ErrTooLarge, r.cfg.MaxReplyBytes, n)
+		if err = ce.use(tenant, m); err != nil {
+			return false
+		}
+		if inChunk == 0 {
+			chunkN = min(left, kvevent.MaxEventsPerBatch)
+			fitSegment(ce.chunkHeadSize(chunkN))
+			start = len(seg)
+			seg = ce.appendChunkHead(seg, chunkN)
+		}
+		size := ce.eventSize(key, group)
+		if inChunk == chunkN-1 {
+			size += len(ce.dp)
+		}
+		fitSegment(size)
+		seg = ce.appendEvent(seg, group, key)
+		left--
+		if inChunk++; inChunk < chunkN {
+			return true
+		}
+		seg = append(seg, ce.dp...)
+		chunk := seg[start:len(seg):len(seg)]
+		inChunk = 0
+		if total += len(chunk); total > r.cfg.MaxReplyBytes {
+			err = tooLarge()
 			return false
 		}
 		frames = append(frames, chunk)
-		return true
-	}
-	r.set.Range(func(tenant string, m kvevent.Medium, key, group []byte) bool {
-		// Views of the set's bytes, not copies: the set does not change
-		// during the build (Run's goroutine owns it) and AppendBatch copies
-		// them into the chunk; batch is cleared before build returns.
-		e := &batch[nb]
-		e.Type, e.Tenant, e.Key, e.Medium, e.GroupID = kvevent.Stored, tenant, bytesView(key), m, bytesView(group)
-		if nb++; nb == kvevent.MaxEventsPerBatch {
-			if !flush() {
-				return false
-			}
-			// A build takes about half a second per million entries:
-			// let the publisher's goroutines run every yieldChunks chunks
-			// instead of holding a P for Go's 10 ms preemption slice.
-			if chunks++; chunks%yieldChunks == 0 {
-				runtime.Gosched()
-			}
+		// A build takes a few hundred ms per million entries: let the
+		// publisher's goroutines run every yieldChunks chunks instead of
+		// holding a P for up to Go's 10 ms preemption slice.
+		if chunks++; chunks%yieldChunks == 0 {
+			runtime.Gosched()
 		}
 		return true
 	})
-	if err == nil && nb > 0 {
-		flush()
+	if err == nil && left != 0 {
+		err = fmt.Errorf("snapshot: the set yielded %d of its %d entries", n-left, n)
 	}
-	clear(batch) // drop the strings
 	if err != nil {
+		if !errors.Is(err, ErrTooLarge) && !errors.Is(err, ErrEncoding) {
+			err = fmt.Errorf("snapshot: encode: %w", err)
+		}
 		return nil, err
 	}
 	r.lastBytes = total
 	r.stats.replyBytes.Store(int64(total))
 	return frames, nil
-}
-
-// chunkBound is at least the encoded size of a payload of evs: each event
-// at most evFixed plus its strings and the largest headers of three
-// strings.
-func (r *Recorder) chunkBound(evs []kvevent.Event) int {
-	n := 0
-	for i := range evs {
-		e := &evs[i]
-		n += r.evFixed + 16 + len(e.Tenant) + len(e.Key) + len(e.GroupID)
-	}
-	return n
 }

@@ -176,7 +176,7 @@ type Recorder struct {
 	lg   *slog.Logger
 	enc  *kvevent.Encoder
 	// evFixed bounds the encoded size of one stored event without its
-	// tenant, key and group bytes (see chunkBound).
+	// tenant, key and group bytes (a first reply's size estimate).
 	evFixed int
 
 	wake    chan struct{} // Record queued into an empty queue (or failed)
@@ -214,7 +214,7 @@ type Recorder struct {
 	changes     int    // events folded since the last checkpoint
 	version     uint64 // events folded ever: the set is unchanged while it is
 	last        lastReply
-	batch       []kvevent.Event
+	chunkEnc    chunkEncoder
 	lastBytes   int // size of the last reply (a first segment's size hint)
 
 	stats struct {
@@ -279,7 +279,6 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Recorder, error) {
 		epoch:   cfg.Epoch,
 		set:     announced.New(),
 		cut:     -1,
-		batch:   make([]kvevent.Event, 0, kvevent.MaxEventsPerBatch),
 	}
 	// The largest a stored event can encode to with empty strings: the
 	// largest event_id and timestamp (the batch's own few bytes make it
