@@ -212,7 +212,7 @@ type Recorder struct {
 	lastEventID uint64
 	dirty       bool   // the set or cut changed since the last checkpoint
 	changes     int    // events folded since the last checkpoint
-	version     uint64 // events folded ever: the set is unchanged while it is
+	version     uint64 // events folded ever: while it stays, the set does
 	last        lastReply
 	chunkEnc    chunkEncoder
 	lastBytes   int // size of the last reply (a first segment's size hint)
@@ -438,7 +438,11 @@ func (r *Recorder) Stats() Stats {
 // stored events each, with event_id 0. The frames are shared with other
 // callers of the same build and must not be modified. Requests are served
 // together: the recorder folds everything queued when it takes them, then
-// builds one reply for all of them.
+// builds one reply for all of them. The cut always covers every batch
+// recorded before the request: if no event was folded since the last
+// build (no batch, or only heartbeats) and its reply is still in memory,
+// that reply is served again, under the new cut if heartbeats advanced it
+// (Stats.SnapshotsReused); otherwise a new one is built.
 func (r *Recorder) Snapshot(ctx context.Context) ([][]byte, error) {
 	r.stats.requests.Add(1)
 	frames, err := r.snapshot(ctx)
