@@ -142,7 +142,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "graceful shutdown limit before a hard stop")
 	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "directory of the publisher's persisted state (epoch, sequence, announced set, journal), so a restart continues the stream; empty: every start is a new publisher")
 	fs.DurationVar(&c.StateSyncInterval, "state-sync-interval", c.StateSyncInterval, "fsync the journal at most this often (0: every batch); a machine crash loses at most this much")
-	fs.DurationVar(&c.CheckpointInterval, "checkpoint-interval", c.CheckpointInterval, "write a checkpoint of the announced set this often (0: only at stop)")
+	fs.DurationVar(&c.CheckpointInterval, "checkpoint-interval", c.CheckpointInterval, "write a checkpoint of the announced set this often if it changed (0: only at stop and after large changes; a checkpoint is also written once 100k changes, at least half the set, were folded)")
 	fs.DurationVar(&c.ResumeHold, "resume-hold", c.ResumeHold, "after a restart with state, publish nothing until the previous number of subscribers reconnected or this long passed")
 	fs.StringVar(&c.StreamFormat, "stream-format", c.StreamFormat, "PUB stream format: mooncake (the contract's 8-byte sequence) or snapshot (vLLM #57789: sequence+epoch frame, idle heartbeats)")
 	fs.StringVar(&c.Topic, "topic", c.Topic, "snapshot format only: the topic frame of every PUB and replay message, at most 255 bytes of printable ASCII (llm-d's snapshot consumer wants kv@<address:port>@<model>); empty by default, and always in the mooncake format")
