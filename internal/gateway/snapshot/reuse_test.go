@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"testing"
 	"testing/synctest"
-	"time"
 
 	"github.com/crescent-kv/crescent/internal/gateway/statedir"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
@@ -12,18 +11,6 @@ import (
 
 func stored(id uint64, key string) []kvevent.Event {
 	return []kvevent.Event{{ID: id, Type: kvevent.Stored, Tenant: "t", Key: key, Medium: kvevent.MediumCPU, GroupID: "g"}}
-}
-
-// waitCut waits until the recorder folded up to cut.
-func waitCut(t *testing.T, r *Recorder, cut int64) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for r.Stats().Cut != cut {
-		if time.Now().After(deadline) {
-			t.Fatalf("cut %d, want %d", r.Stats().Cut, cut)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // TestSnapshotReuse: two requests with no batch recorded between them
