@@ -9,6 +9,7 @@ import (
 	"cmp"
 	"encoding/binary"
 	"hash/maphash"
+	"maps"
 	"slices"
 	"strings"
 
@@ -499,4 +500,47 @@ func (a *Set) Range(fn func(tenant string, m kvevent.Medium, key, group []byte) 
 			}
 		}
 	}
+}
+
+// Clone returns an independent copy of the set. It copies the tables and
+// the arena as they are (no key is hashed or re-inserted), so it costs a
+// memory copy: a restarted gateway loads its checkpoint once and clones it
+// for the second owner.
+func (a *Set) Clone() *Set {
+	c := &Set{tenants: make(map[string]*tenantSet, len(a.tenants)), n: a.n, ar: a.ar.clone()}
+	for name, ts := range a.tenants {
+		cts := &tenantSet{name: ts.name}
+		for i := range ts.byMedium {
+			cts.byMedium[i] = objects{byHash: ts.byMedium[i].byHash.clone(), overflow: maps.Clone(ts.byMedium[i].overflow)}
+		}
+		c.tenants[name] = cts
+	}
+	return c
+}
+
+func (ar *arena) clone() arena {
+	chunks := make([][]byte, len(ar.chunks))
+	for i, ch := range ar.chunks {
+		chunks[i] = slices.Clone(ch)
+	}
+	return arena{chunks: chunks, used: ar.used, free: slices.Clone(ar.free), lastGroup: ar.lastGroup}
+}
+
+// clone copies t, keeping the directory's sharing: directory entries that
+// point to one subtable point to one copy.
+func (t *table) clone() table {
+	c := table{dir: make([]*subtable, len(t.dir)), depth: t.depth, n: t.n}
+	copies := make(map[*subtable]*subtable)
+	for i, s := range t.dir {
+		if s == nil {
+			continue
+		}
+		cs, ok := copies[s]
+		if !ok {
+			cs = &subtable{slots: slices.Clone(s.slots), n: s.n, depth: s.depth}
+			copies[s] = cs
+		}
+		c.dir[i] = cs
+	}
+	return c
 }

@@ -2,6 +2,7 @@ package announced
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -158,5 +159,48 @@ func TestArenaReuse(t *testing.T) {
 	}
 	if want := 5000*recordSize(21, 0)/chunkSize + 1; len(a.ar.chunks) > want {
 		t.Errorf("arena has %d chunks after 10 rounds of 5000 records, want at most %d", len(a.ar.chunks), want)
+	}
+}
+
+// TestClone: a clone holds the same entries (enough to split subtables,
+// so the directory's sharing is exercised) and is independent: changing
+// either afterwards, arena reuse included, leaves the other as it was.
+func TestClone(t *testing.T) {
+	a := New()
+	for i := range 20000 {
+		a.Store(fmt.Sprint("t", i%3), fmt.Sprintf("key/%06d", i), media[i%2], fmt.Sprint("g", i%5))
+	}
+	entries := func(s *Set) map[string]string {
+		out := map[string]string{}
+		for ev := range s.All() {
+			out[fmt.Sprintf("%s/%s/%v", ev.Tenant, ev.Key, ev.Medium)] = ev.GroupID
+		}
+		return out
+	}
+	want := entries(a)
+	c := a.Clone()
+	if got := entries(c); !maps.Equal(got, want) || c.Len() != a.Len() {
+		t.Fatalf("clone has %d entries (Len %d), want %d", len(got), c.Len(), len(want))
+	}
+	for i := range 10000 { // removals free records; the stores reuse them
+		a.Remove(fmt.Sprint("t", i%3), fmt.Sprintf("key/%06d", i), media[i%2])
+		a.Store("t0", fmt.Sprintf("new/%06d", i), kvevent.MediumCPU, "other")
+	}
+	c.Clear("t1")
+	if got := entries(a); len(got) != len(want) {
+		t.Fatalf("original has %d entries after its own changes, want %d", len(got), len(want))
+	}
+	for k, g := range entries(c) {
+		if want[k] != g {
+			t.Fatalf("clone entry %s = %q changed, want %q", k, g, want[k])
+		}
+	}
+	for k := range want {
+		if strings.HasPrefix(k, "t1/") {
+			continue
+		}
+		if g, ok := c.Get(k[:2], k[3:len(k)-len("/cpu")], kvevent.MediumCPU); strings.HasSuffix(k, "/cpu") && (!ok || g != want[k]) {
+			t.Fatalf("clone lost %s after the original changed", k)
+		}
 	}
 }

@@ -77,32 +77,29 @@ func loadState(d *statedir.Dir, ringRecords, ringBytes int, lg *slog.Logger) (pe
 // readState loads the checkpoint and replays the journal; mode is
 // stateRestored when a checkpoint was found, "" when there was none.
 func readState(d *statedir.Dir, ringRecords, ringBytes int) (persisted, error) {
-	p := persisted{pubSet: announced.New(), srcSet: announced.New()}
+	set := announced.New()
 	h, found, err := d.LoadCheckpoint(func(ev kvevent.Event) error {
-		p.pubSet.Store(ev.Tenant, ev.Key, ev.Medium, ev.GroupID)
-		p.srcSet.Store(ev.Tenant, ev.Key, ev.Medium, ev.GroupID)
+		set.Store(ev.Tenant, ev.Key, ev.Medium, ev.GroupID)
 		return nil
 	})
 	if err != nil || !found {
 		return persisted{}, err
 	}
-	p.subscribersKnown = h.Seq > 0
+	p := persisted{subscribersKnown: h.Seq > 0}
 	dec := kvevent.Decoder{AllowEmpty: true}
 	err = d.Replay(h.PublisherEpoch, h.Seq, func(r statedir.Record) error {
 		b, err := dec.DecodePayload(r.Seq, r.Payload)
 		if err != nil {
 			return fmt.Errorf("%w: journal record %d: %v", statedir.ErrCorrupt, r.Seq, err)
 		}
-		for _, set := range []*announced.Set{p.pubSet, p.srcSet} {
-			for _, ev := range b.Events {
-				switch ev.Type {
-				case kvevent.Stored:
-					set.Store(ev.Tenant, ev.Key, ev.Medium, ev.GroupID)
-				case kvevent.Removed:
-					set.Remove(ev.Tenant, ev.Key, ev.Medium)
-				case kvevent.Cleared:
-					set.Clear(ev.Tenant)
-				}
+		for _, ev := range b.Events {
+			switch ev.Type {
+			case kvevent.Stored:
+				set.Store(ev.Tenant, ev.Key, ev.Medium, ev.GroupID)
+			case kvevent.Removed:
+				set.Remove(ev.Tenant, ev.Key, ev.Medium)
+			case kvevent.Cleared:
+				set.Clear(ev.Tenant)
 			}
 		}
 		h.Seq, h.LastEventID = r.Seq, r.LastEventID
@@ -118,6 +115,7 @@ func readState(d *statedir.Dir, ringRecords, ringBytes int) (persisted, error) {
 	if err != nil {
 		return persisted{}, err
 	}
-	p.mode, p.header, p.ring = stateRestored, h, ring
+	// The recorder and the source each own a copy.
+	p.mode, p.header, p.ring, p.pubSet, p.srcSet = stateRestored, h, ring, set, set.Clone()
 	return p, nil
 }
