@@ -125,19 +125,29 @@ type gatewayStatus struct {
 	PublishedEvents      uint64 `json:"published_events"`
 	DroppedEvents        uint64 `json:"dropped_events"`
 	SkippedKeylessEvents uint64 `json:"skipped_keyless_events"`
+	// Continuity (docs/gateway-state.md).
+	LastSequence   uint64 `json:"last_sequence"`
+	PublisherEpoch string `json:"publisher_epoch"`
+	State          string `json:"state"`
+	StateError     string `json:"state_error"`
 }
 
-func (c *Cluster) gatewayStatus(t *testing.T) gatewayStatus {
+// gatewayStatus reads /kv_events/status, waiting (10 s) for a gateway that
+// is still starting.
+func (c *Cluster) gatewayStatus(t testing.TB) gatewayStatus {
 	t.Helper()
-	resp, err := http.Get("http://" + c.GatewayHTTP + "/kv_events/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
 	var st gatewayStatus
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		t.Fatal(err)
-	}
+	testutil.EventuallyNoError(t, 10*time.Second, func() error {
+		resp, err := http.Get("http://" + c.GatewayHTTP + "/kv_events/status")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status: %s", resp.Status)
+		}
+		return json.NewDecoder(resp.Body).Decode(&st)
+	})
 	return st
 }
 

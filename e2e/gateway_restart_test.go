@@ -2,12 +2,10 @@ package e2e
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -146,27 +144,6 @@ func (p *pySub) waitEqual(t testing.TB, c *Cluster, step string) map[string]any 
 	return stats
 }
 
-// gatewayState is the part of /kv_events/status about continuity.
-type gatewayState struct {
-	LastSequence   uint64 `json:"last_sequence"`
-	PublisherEpoch string `json:"publisher_epoch"`
-	State          string `json:"state"`
-	StateError     string `json:"state_error"`
-}
-
-func (c *Cluster) gatewayState(t testing.TB) gatewayState {
-	t.Helper()
-	var st gatewayState
-	testutil.EventuallyNoError(t, 10*time.Second, func() error {
-		b, err := httpGet("http://" + c.GatewayHTTP + "/kv_events/status")
-		if err != nil {
-			return err
-		}
-		return json.Unmarshal(b, &st)
-	})
-	return st
-}
-
 // TestGatewayRestartStrictSubscribers: subscribers that stay attached
 // while the gateway is killed (SIGKILL) and started again — on a quiet
 // cache, where nothing happens after the restart, and on a busy one — and
@@ -199,7 +176,7 @@ func TestGatewayRestartStrictSubscribers(t *testing.T) {
 				put(fmt.Sprintf("a/%02d", i))
 			}
 			sub.waitEqual(t, c, "initial")
-			before := c.gatewayState(t)
+			before := c.gatewayStatus(t)
 			if before.State != "new" || before.PublisherEpoch == "" {
 				t.Fatalf("first start: status %+v, want state new with an epoch", before)
 			}
@@ -215,7 +192,7 @@ func TestGatewayRestartStrictSubscribers(t *testing.T) {
 			}
 			c.Gateway.Restart()
 			sub.waitEqual(t, c, "quiet SIGKILL restart")
-			after := c.gatewayState(t)
+			after := c.gatewayStatus(t)
 			if after.State != "restored" || after.PublisherEpoch != before.PublisherEpoch || after.LastSequence <= before.LastSequence {
 				t.Fatalf("after SIGKILL: status %+v, want state restored, epoch %s, sequence past %d", after, before.PublisherEpoch, before.LastSequence)
 			}
@@ -257,7 +234,7 @@ func TestGatewayRestartStrictSubscribers(t *testing.T) {
 			put("c/after-sigterm")
 			c.Gateway.Restart()
 			stats := sub.waitEqual(t, c, "SIGTERM restart")
-			if st := c.gatewayState(t); st.State != "restored" || st.PublisherEpoch != before.PublisherEpoch {
+			if st := c.gatewayStatus(t); st.State != "restored" || st.PublisherEpoch != before.PublisherEpoch {
 				t.Fatalf("after SIGTERM: status %+v, want the same epoch restored", st)
 			}
 			if tc.mode == "llmd" {
@@ -299,14 +276,14 @@ func TestGatewayStateLost(t *testing.T) {
 		}
 	}
 	sub.waitEqual(t, c, "initial")
-	before := c.gatewayState(t)
+	before := c.gatewayStatus(t)
 	c.Gateway.Stop()
 	testutil.FlipByte(t, filepath.Join(c.GatewayState, "checkpoint"), 40)
 	if err := cl.Remove(ctx, "k/0", true); err != nil {
 		t.Fatal(err)
 	}
 	c.Gateway.Restart()
-	st := c.gatewayState(t)
+	st := c.gatewayStatus(t)
 	if st.State != "reset" || st.StateError == "" || st.PublisherEpoch == before.PublisherEpoch {
 		t.Fatalf("status after a corrupt checkpoint = %+v; want state reset with a reason and a new epoch", st)
 	}
@@ -314,22 +291,4 @@ func TestGatewayStateLost(t *testing.T) {
 	if n, _ := stats["bootstraps"].(float64); n < 2 {
 		t.Errorf("llm-d consumer bootstrapped %v times; want a rebuild on the new epoch", n)
 	}
-}
-
-func httpGet(url string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	return io.ReadAll(resp.Body)
 }

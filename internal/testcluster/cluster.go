@@ -142,11 +142,7 @@ func Start(t testing.TB, opts Options) *Cluster {
 		c.agents = append(c.agents, nil)
 		c.StartAgent(i)
 	}
-	perAgent := 1
-	if opts.AgentDisk > 0 {
-		perAgent = 2
-	}
-	c.WaitSegments(len(c.agents) * perAgent)
+	c.WaitSegments(len(c.agents) * c.segmentsPerAgent())
 	if opts.Gateway {
 		c.StartGateway()
 	}
@@ -279,17 +275,22 @@ func (c *Cluster) RestartMaster() {
 	c.t.Helper()
 	c.master.stop(c.t, stopWithin)
 	c.startMaster()
-	perAgent := 1
-	if c.opts.AgentDisk > 0 {
-		perAgent = 2
-	}
 	running := 0
 	for _, a := range c.agents {
 		if a.cancel != nil {
 			running++
 		}
 	}
-	c.WaitSegments(running * perAgent)
+	c.WaitSegments(running * c.segmentsPerAgent())
+}
+
+// segmentsPerAgent is each agent's segment count: memory, and a disk
+// segment with Options.AgentDisk.
+func (c *Cluster) segmentsPerAgent() int {
+	if c.opts.AgentDisk > 0 {
+		return 2
+	}
+	return 1
 }
 
 // WaitSegments waits until at least n segments are OK and healthy at the
