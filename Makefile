@@ -21,6 +21,9 @@ all: build
 
 ## gen: regenerate gen/ from proto/ (buf + protoc-gen-go + protoc-gen-go-grpc via go tool)
 gen:
+	@# Build buf before deleting anything: on a cold cache the build takes
+	@# minutes, and gen/ must not stay empty (every package fails) meanwhile.
+	$(GO) tool buf --version >/dev/null
 	find gen -name '*.pb.go' -delete
 	$(GO) tool buf generate
 
