@@ -3,6 +3,7 @@ package xfer
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -58,9 +59,13 @@ type Config struct {
 	// MaxIdlePerEndpoint bounds the idle connections kept per agent
 	// endpoint for reuse (default 16).
 	MaxIdlePerEndpoint int
-	// DialTimeout bounds connecting to an agent (default 5s); the call's
-	// context applies as well.
+	// DialTimeout bounds connecting to an agent, the TLS handshake
+	// included (default 5s); the call's context applies as well.
 	DialTimeout time.Duration
+	// TLS, when set, makes every connection TLS with this configuration
+	// (see ClientTLS: per endpoint, its host is the server name when the
+	// configuration names none). Nil is plaintext.
+	TLS *tls.Config
 }
 
 // Pool is a client of the bulk transfer protocol: it keeps connections per
@@ -280,12 +285,9 @@ func (p *Pool) get(ctx context.Context, endpoint string, fresh bool) (*conn, err
 	p.mu.Unlock()
 	closeAll(old)
 
-	nc, err := p.dial(ctx, "tcp", endpoint)
+	nc, err := p.connect(ctx, endpoint)
 	if err != nil {
-		if cerr := ctx.Err(); cerr != nil {
-			return nil, cerr
-		}
-		return nil, unavailable(endpoint, err)
+		return nil, err
 	}
 	c := &conn{nc: nc, br: bufio.NewReaderSize(nc, readBufferSize), endpoint: endpoint}
 	p.mu.Lock()
@@ -296,6 +298,56 @@ func (p *Pool) get(ctx context.Context, endpoint string, fresh bool) (*conn, err
 	}
 	p.busy[c] = struct{}{}
 	return c, nil
+}
+
+// connect dials endpoint and, with Config.TLS, completes the TLS handshake,
+// both within DialTimeout and ctx.
+func (p *Pool) connect(ctx context.Context, endpoint string) (net.Conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
+	defer cancel()
+	nc, err := p.dial(dctx, "tcp", endpoint)
+	if err == nil && p.cfg.TLS != nil {
+		tc := tls.Client(nc, ClientTLS(p.cfg.TLS, endpoint))
+		if err = tc.HandshakeContext(dctx); err != nil {
+			_ = nc.Close()
+		}
+		nc = tc
+	}
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, cerr
+		}
+		return nil, unavailable(endpoint, err)
+	}
+	return nc, nil
+}
+
+// ClientTLS is base for one connection to endpoint (host:port): a clone
+// whose ServerName, when base names none, is the endpoint's host, and whose
+// VerifyConnection, if any, sees that host as the ConnectionState's
+// ServerName when no SNI was sent (crypto/tls sends none for an IP
+// address). So one configuration serves every agent and master, and
+// internal/auth's Source.ClientTLS(""), which verifies in VerifyConnection
+// against the name it is given or else the SNI, verifies IP endpoints too.
+func ClientTLS(base *tls.Config, endpoint string) *tls.Config {
+	c := base.Clone()
+	host, _, err := net.SplitHostPort(endpoint)
+	if err != nil {
+		host = endpoint
+	}
+	if c.ServerName == "" {
+		c.ServerName = host
+	}
+	if verify := c.VerifyConnection; verify != nil {
+		name := c.ServerName
+		c.VerifyConnection = func(cs tls.ConnectionState) error {
+			if cs.ServerName == "" {
+				cs.ServerName = name
+			}
+			return verify(cs)
+		}
+	}
+	return c
 }
 
 // put returns c to the idle list if healthy and there is room, else

@@ -40,6 +40,12 @@ func startFake(t *testing.T, handle func(c net.Conn, br *bufio.Reader) error) *f
 	if err != nil {
 		t.Fatal(err)
 	}
+	return startFakeOn(t, lis, handle)
+}
+
+// startFakeOn is startFake on lis (a TLS listener, say).
+func startFakeOn(t *testing.T, lis net.Listener, handle func(c net.Conn, br *bufio.Reader) error) *fakeAgent {
+	t.Helper()
 	a := &fakeAgent{lis: lis, handle: handle}
 	a.wg.Go(func() {
 		for {

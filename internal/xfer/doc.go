@@ -46,6 +46,18 @@
 // the agent refuses at once because it holds too many (RESOURCE_EXHAUSTED
 // LIMIT_EXCEEDED, in answer to whatever request the client sends first).
 //
+// # TLS
+//
+// With mutual TLS on (issue 14) the listener is a TLS listener and the
+// protocol above runs inside the TLS session unchanged: the client (Pool
+// with Config.TLS) completes the handshake within its dial timeout before
+// it sends the preamble, the agent completes it within its I/O timeout
+// before it reads one, and the agent knows the caller by the SPIFFE id of
+// its verified certificate. There is no bearer token here: a caller without
+// a certificate uses DataService. Nothing else changes, except that the
+// payload moves through crypto/tls's buffers instead of writev and readv
+// straight from and into the caller's memory (BENCHMARKS.md, "mTLS cost").
+//
 // # Errors
 //
 // Per-item failures are the same *rpcerr.Error values DataService produces
