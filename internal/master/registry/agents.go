@@ -38,15 +38,26 @@ func applyInfo(e *entry, info *masterv1.SegmentInfo) {
 //
 // Register fails, changing nothing, when a listed segment is UNMOUNTING
 // (UNAVAILABLE: the agent retries after the unmount finished) or belongs to
-// another agent that is connected (FAILED_PRECONDITION).
+// another agent that is connected (FAILED_PRECONDITION). With reg.HostBound
+// it also fails (ILLEGAL_CLIENT, PERMISSION_DENIED) when the agent_id was last
+// registered from another host, or a listed segment that is not UNMOUNTED
+// belongs to another host, connected or not.
 func (r *Registry) Register(reg Registration) (gen uint64, gone []string, err error) {
 	now := r.now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if a := r.agents[reg.AgentID]; reg.HostBound && a != nil && a.host != reg.HostID {
+		return 0, nil, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_ILLEGAL_CLIENT,
+			"agent_id %q is registered from host %q; a certificate for host %q cannot take it over", reg.AgentID, a.host, reg.HostID)
+	}
 	for _, info := range reg.Segments {
 		e, ok := r.segs[info.GetSegmentId()]
 		if !ok {
 			continue
+		}
+		if reg.HostBound && e.seg.HostID != reg.HostID && e.seg.Lifecycle != lcUnmounted {
+			return 0, nil, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_ILLEGAL_CLIENT,
+				"segment %q belongs to host %q; a certificate for host %q cannot take it over", e.seg.ID, e.seg.HostID, reg.HostID)
 		}
 		if e.seg.Lifecycle == lcUnmounting {
 			return 0, nil, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE,

@@ -90,6 +90,11 @@ type Registration struct {
 	Segments         []*masterv1.SegmentInfo
 	// Graceful is Register.graceful_unmount: the agent is stopping.
 	Graceful bool
+	// HostBound says HostID was proven by the agent's certificate (mTLS,
+	// spiffe://…/agent/<host-id>). Register then refuses an agent_id or a
+	// segment that another host holds: a certificate for one host must not
+	// take over another host's agent or its replicas.
+	HostBound bool
 }
 
 // Expiry is what one liveness pass decided. The caller drops the replicas of

@@ -436,3 +436,44 @@ crescent_master_segments{health="suspected",lifecycle="ok"} 1
 		t.Fatal(err)
 	}
 }
+
+// TestRegisterHostBound: with the host proven by a certificate, an agent of
+// another host cannot take over an agent_id or a segment, even one whose
+// agent is disconnected (the unauthenticated rule only protects connected
+// ones); an UNMOUNTED segment may be mounted afresh from anywhere.
+func TestRegisterHostBound(t *testing.T) {
+	r, clk, _ := newTestRegistry(t)
+	bound := func(reg Registration) Registration { reg.HostBound = true; return reg }
+	gen := mustRegister(t, r, bound(registration("a1", mem("s1", 1<<20))))
+	r.Disconnect("a1", gen)
+
+	wantDenied := func(what string, reg Registration) {
+		t.Helper()
+		_, _, err := r.Register(reg)
+		if got := status.Code(rpcerr.Status(err)); got != codes.PermissionDenied || rpcerr.Reason(err) != "ILLEGAL_CLIENT" {
+			t.Fatalf("%s: got %v %q (%v), want PermissionDenied ILLEGAL_CLIENT", what, got, rpcerr.Reason(err), err)
+		}
+	}
+	// Same agent_id, no segments, another host: the attack that dropped a
+	// real agent's replicas.
+	evil := bound(registration("a1"))
+	evil.HostID = "host-evil"
+	wantDenied("agent_id of another host", evil)
+	// Another agent_id claiming the disconnected agent's segment.
+	wantDenied("segment of another host", bound(registration("evil", mem("s1", 1<<20))))
+	if s, _ := r.Segment("s1"); s.AgentID != "a1" || s.HostID != "host-a1" {
+		t.Fatalf("s1 changed hands: %+v", s)
+	}
+	// The rightful host comes back.
+	if _, _, err := r.Register(bound(registration("a1", mem("s1", 1<<20)))); err != nil {
+		t.Fatalf("rightful re-register: %v", err)
+	}
+	// Once unmounted, the segment id is free.
+	clk.Advance(time.Hour)
+	r.Disconnect("a1", 2)
+	x := r.Expire(time.Second, 2*time.Second)
+	r.MarkUnmounted(x.Unmounting)
+	if _, _, err := r.Register(bound(registration("a2", mem("s1", 1<<20)))); err != nil {
+		t.Fatalf("unmounted segment from another host: %v", err)
+	}
+}
