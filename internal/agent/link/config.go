@@ -9,6 +9,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/agent/segment"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 )
 
 // Config tunes the link. Zero fields take the defaults of DefaultConfig.
@@ -23,6 +24,11 @@ type Config struct {
 	// (internal/xfer) as clients dial it; empty when it is off.
 	TransferEndpoint string
 	Version          string
+	// Creds secure the master connection and the connections to other
+	// agents for Copy (issue 14: internal/auth's Source.ClientCredentials,
+	// which offers the agent's certificate and verifies each server against
+	// the host it dials). Nil is plaintext.
+	Creds credentials.TransportCredentials
 
 	// BackoffBase and BackoffMax bound the reconnect delay; each failed
 	// attempt doubles it, with jitter; a session that registered resets it.
@@ -121,7 +127,7 @@ type Deps struct {
 	// plane takes its token key from it). It must not block.
 	OnSettings func(*masterv1.Settings)
 	// MasterDialOptions are added to the master connection's options
-	// (tests dial bufconn). Insecure credentials unless overridden.
+	// (tests dial bufconn). Config.Creds unless overridden.
 	MasterDialOptions []grpc.DialOption
 	// CopyDialOptions are added to connections to other agents for Copy.
 	CopyDialOptions []grpc.DialOption

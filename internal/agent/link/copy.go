@@ -8,7 +8,6 @@ import (
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // copy streams a local sealed allocation into a reserved allocation at
@@ -85,7 +84,7 @@ func (l *Link) conn(endpoint string) (*grpc.ClientConn, error) {
 		return c, nil
 	}
 	opts := append([]grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(l.creds()),
 		rpccodec.DialOption(),
 		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(256<<20), grpc.MaxCallRecvMsgSize(256<<20)),
 	}, l.deps.CopyDialOptions...)

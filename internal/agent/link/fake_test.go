@@ -110,6 +110,8 @@ type harness struct {
 	settings []*masterv1.Settings
 	gs       *grpc.Server // the current fake master server
 	addr     string       // its TCP address (tcp mode)
+	// serverOpts are the fake master server's options (TLS credentials).
+	serverOpts []grpc.ServerOption
 }
 
 type harnessOpts struct {
@@ -117,6 +119,9 @@ type harnessOpts struct {
 	// addr, when set, is dialed over TCP instead of bufconn (a proxy).
 	addr func(masterAddr string) string
 	tcp  bool
+	// server adds options to the fake master's server (TLS credentials,
+	// an interceptor).
+	server []grpc.ServerOption
 }
 
 func newHarness(t *testing.T, o harnessOpts) *harness {
@@ -125,7 +130,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{t: t, master: &fakeMaster{sessions: make(chan *fakeSession, 16)}, mem: mem, segs: segment.NewSet(mem), done: make(chan error, 1)}
+	h := &harness{t: t, master: &fakeMaster{sessions: make(chan *fakeSession, 16)}, mem: mem, segs: segment.NewSet(mem), done: make(chan error, 1), serverOpts: o.server}
 
 	gs := h.newServer()
 	var dial []grpc.DialOption
@@ -184,7 +189,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 }
 
 func (h *harness) newServer() *grpc.Server {
-	gs := grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}))
+	gs := grpc.NewServer(append([]grpc.ServerOption{grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true})}, h.serverOpts...)...)
 	masterv1.RegisterSegmentServiceServer(gs, h.master)
 	h.mu.Lock()
 	h.gs = gs

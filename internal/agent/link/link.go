@@ -30,6 +30,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/server"
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 )
@@ -101,12 +102,20 @@ func (l *Link) Epoch() uint64 { return l.epoch.Load() }
 
 func (l *Link) setState(s State) { l.state.Store(int32(s)) }
 
+// creds are the transport credentials of the link's connections.
+func (l *Link) creds() credentials.TransportCredentials {
+	if l.cfg.Creds != nil {
+		return l.cfg.Creds
+	}
+	return insecure.NewCredentials()
+}
+
 // Run keeps a session with the master until ctx ends, then deregisters,
 // keeps serving for ShutdownGrace and returns. It returns nil on a clean
 // shutdown.
 func (l *Link) Run(ctx context.Context) error {
 	opts := append([]grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(l.creds()),
 		rpccodec.DialOption(),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: l.cfg.KeepaliveTime, Timeout: l.cfg.KeepaliveTimeout, PermitWithoutStream: true}),
 		// Register carries the whole allocation table and Settings may carry
