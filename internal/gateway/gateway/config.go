@@ -13,12 +13,18 @@ import (
 	"github.com/crescent-kv/crescent/internal/gateway/source"
 	"github.com/crescent-kv/crescent/internal/gateway/statedir"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
+	"google.golang.org/grpc/credentials"
 )
 
 // Config is the gateway's configuration. Flag names are YAML keys; each
 // flag is also read from CRESCENT_<FLAG>.
 type Config struct {
-	Master    string
+	Master string
+	// MasterCreds secure the connection to the master (issue 14: the
+	// gateway's certificate, from internal/auth's Source.ClientCredentials).
+	// Nil is plaintext. Not a flag: the app builds it from the TLS files.
+	MasterCreds credentials.TransportCredentials
+
 	Pub       string
 	Replay    string
 	AdminAddr string

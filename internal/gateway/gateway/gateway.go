@@ -83,7 +83,11 @@ func (g *Gateway) build(deps Deps) error {
 	cfg, lg := g.cfg, g.lg
 	change := deps.Change
 	if change == nil {
-		cc, err := grpc.NewClient(cfg.Master, grpc.WithTransportCredentials(insecure.NewCredentials()), rpccodec.DialOption(),
+		creds := cfg.MasterCreds
+		if creds == nil {
+			creds = insecure.NewCredentials()
+		}
+		cc, err := grpc.NewClient(cfg.Master, grpc.WithTransportCredentials(creds), rpccodec.DialOption(),
 			grpc.WithStaticStreamWindowSize(masterWindow), grpc.WithStaticConnWindowSize(masterWindow))
 		if err != nil {
 			return fmt.Errorf("master %s: %w", cfg.Master, err)
