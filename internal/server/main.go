@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/crescent-kv/crescent/internal/config"
@@ -24,13 +25,17 @@ type Process struct {
 	Usage string
 	// EnvExample names one env variable in the help text ("CRESCENT_MASTER").
 	EnvExample string
-	// HealthURL is what `NAME healthcheck` probes without an argument.
+	// HealthURL is what `NAME healthcheck` probes without an argument
+	// (with https instead of http when TLS is configured).
 	HealthURL string
 	// Flags binds the configuration to fs; Validate checks it once loaded;
 	// LogLevel reads the loaded level.
 	Flags    func(fs *flag.FlagSet)
 	Validate func() error
 	LogLevel func() string
+	// Security reads the loaded security configuration (nil: none); the
+	// healthcheck subcommand takes its CA (and certificate) from it.
+	Security func() Security
 	// Run serves until ctx ends (SIGINT or SIGTERM).
 	Run func(ctx context.Context, lg *slog.Logger) error
 }
@@ -38,18 +43,14 @@ type Process struct {
 // Main runs p with args (os.Args[1:]) and returns the exit code: 0 after a
 // clean stop or --help, 1 when Run fails, 2 for bad flags or configuration.
 func Main(p Process, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) int {
-	if len(args) > 0 && args[0] == "healthcheck" {
-		url := p.HealthURL
-		if len(args) > 1 {
-			url = args[1]
-		}
-		return Healthcheck([]string{url}, stderr)
-	}
 	fs := flag.NewFlagSet(p.Name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	p.Flags(fs)
+	if len(args) > 0 && args[0] == "healthcheck" {
+		return p.healthcheck(fs, args[1:], lookupEnv, stderr)
+	}
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: %s %s\n       %s healthcheck [URL]\n\n"+
+		fmt.Fprintf(fs.Output(), "Usage: %s %s\n       %s healthcheck [URL] [flags]\n\n"+
 			"Every flag may also be set as CRESCENT_<FLAG> (e.g. %s) or as a key in the --config YAML file.\n\nFlags:\n",
 			p.Name, p.Usage, p.Name, p.EnvExample)
 		fs.PrintDefaults()
@@ -78,4 +79,36 @@ func Main(p Process, args []string, lookupEnv func(string) (string, bool), stder
 	}
 	lg.Info("stopped")
 	return 0
+}
+
+// healthcheck is `NAME healthcheck [URL] [flags]`: the flags, environment
+// and YAML file are read as for a start (only the TLS ones matter), so the
+// probe finds the CA where the process does. Without a URL it probes
+// HealthURL, over https when TLS is configured.
+func (p Process) healthcheck(fs *flag.FlagSet, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) int {
+	u := ""
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		u, args = args[0], args[1:]
+	}
+	if err := config.Load(fs, args, lookupEnv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(stderr, "%s healthcheck: %v\n", p.Name, err)
+		return 2
+	}
+	var sec Security
+	if p.Security != nil {
+		sec = p.Security()
+	}
+	if u == "" {
+		u = p.HealthURL
+		if u == "" {
+			u = DefaultHealthURL
+		}
+		if sec.TLS() {
+			u = httpsURL(u)
+		}
+	}
+	return healthcheck(u, sec, stderr)
 }

@@ -5,12 +5,23 @@
 // context ends, then stops gracefully with a hard-stop timeout (open bidi
 // streams would otherwise block GracefulStop forever).
 //
+// Security (issue 14) is part of the bootstrap: with TLS files configured
+// (Security, loaded into Credentials) the gRPC port speaks mTLS and one
+// auth.Authorizer enforces the server's Table on every call, default deny,
+// after the metrics, logging and recovery interceptors and before any the
+// caller adds; the admin port speaks HTTPS (client certificate optional):
+// /healthz and /readyz are public, /metrics needs an admin principal, and
+// /debug/pprof/ exists only with --pprof, for admins. Without TLS nothing is
+// authenticated and Listen refuses addresses other than loopback unless
+// --insecure (protected mode); Run then warns at start and every hour.
+//
 // Internal to the Crescent module: the services, the CLI and pkg/client
 // import it; other modules cannot, so it may change in any release.
 package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,6 +33,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
@@ -34,6 +46,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
+	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 	"google.golang.org/grpc/status"
 )
 
@@ -55,7 +69,28 @@ type Config struct {
 	AdminAddr string
 	// ShutdownTimeout bounds graceful shutdown before a hard stop.
 	ShutdownTimeout time.Duration
+	// Credentials are the process's Security, loaded; nil is plaintext
+	// with the defaults (protected mode, no pprof).
+	Credentials *Credentials
+	// Table authorizes the services registered on GRPC, default deny; the
+	// health and reflection services are public (PublicMethods). It is
+	// enforced with TLS only: in plaintext every call is allowed and runs
+	// as auth.InsecurePrincipal.
+	Table auth.Table
 }
+
+// PublicMethods are the gRPC methods every server allows unauthenticated:
+// health checks (load balancers, container probes) and reflection (bare
+// grpcurl; it describes the API, never data).
+var PublicMethods = []string{
+	"/" + healthpb.Health_ServiceDesc.ServiceName + "/*",
+	"/" + reflectionv1.ServerReflection_ServiceDesc.ServiceName + "/*",
+	"/" + reflectionv1alpha.ServerReflection_ServiceDesc.ServiceName + "/*",
+}
+
+// InsecureWarnInterval is how often a server started with --insecure
+// repeats its warning.
+const InsecureWarnInterval = time.Hour
 
 // Server is a gRPC server plus an admin HTTP server.
 type Server struct {
@@ -73,6 +108,11 @@ type Server struct {
 
 	metrics *grpcprom.ServerMetrics
 	ready   atomic.Pointer[func() error]
+	creds   *Credentials
+	authz   *auth.Authorizer // nil when err is set
+	err     error            // New's configuration error, returned by Listen
+	// warnEvery is InsecureWarnInterval (tests shorten it).
+	warnEvery time.Duration
 
 	mu        sync.Mutex // guards grpcLis, adminLis
 	grpcLis   net.Listener
@@ -80,10 +120,22 @@ type Server struct {
 	closeOnce sync.Once
 }
 
-// New builds the servers. It does no I/O.
+// New builds the servers. It does no I/O. A bad Table or Credentials is
+// reported by Listen (and so Run).
 func New(cfg Config, lg *slog.Logger, reg *prometheus.Registry, opts ...grpc.ServerOption) *Server {
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 10 * time.Second
+	}
+	creds := cfg.Credentials
+	if creds == nil {
+		creds = &Credentials{Security: DefaultSecurity()}
+	}
+	authz, authzErr := auth.NewAuthorizer(auth.Options{
+		TrustDomain: creds.TrustDomain, Tokens: creds.Tokens, Table: cfg.Table,
+		Logger: lg, Disabled: !creds.Secure(), Public: PublicMethods,
+	})
+	if authzErr != nil {
+		authzErr = fmt.Errorf("authorization: %w", authzErr)
 	}
 	metrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
 		grpcprom.WithHistogramBuckets([]float64{0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5}),
@@ -106,22 +158,32 @@ func New(cfg Config, lg *slog.Logger, reg *prometheus.Registry, opts ...grpc.Ser
 		lg.ErrorContext(ctx, "panic in grpc handler", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 		return status.Errorf(codes.Internal, "internal error")
 	})
+	unary := []grpc.UnaryServerInterceptor{
+		metrics.UnaryServerInterceptor(),
+		logging.UnaryServerInterceptor(slogAdapter(lg), logOpts...),
+		recovery.UnaryServerInterceptor(recoverOpt),
+	}
+	stream := []grpc.StreamServerInterceptor{
+		metrics.StreamServerInterceptor(),
+		logging.StreamServerInterceptor(slogAdapter(lg), logOpts...),
+		recovery.StreamServerInterceptor(recoverOpt),
+	}
+	if authz != nil {
+		// Before every handler and every interceptor the caller adds
+		// (which may read the principal, auth.FromContext).
+		unary, stream = append(unary, authz.Unary()), append(stream, authz.Stream())
+	}
 	base := []grpc.ServerOption{
 		rpccodec.ServerOption(),
 		grpc.MaxRecvMsgSize(MaxMessageBytes),
 		grpc.MaxSendMsgSize(MaxMessageBytes),
 		grpc.MaxConcurrentStreams(MaxConcurrentStreams),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-		grpc.ChainUnaryInterceptor(
-			metrics.UnaryServerInterceptor(),
-			logging.UnaryServerInterceptor(slogAdapter(lg), logOpts...),
-			recovery.UnaryServerInterceptor(recoverOpt),
-		),
-		grpc.ChainStreamInterceptor(
-			metrics.StreamServerInterceptor(),
-			logging.StreamServerInterceptor(slogAdapter(lg), logOpts...),
-			recovery.StreamServerInterceptor(recoverOpt),
-		),
+		grpc.ChainUnaryInterceptor(unary...),
+		grpc.ChainStreamInterceptor(stream...),
+	}
+	if creds.Secure() {
+		base = append(base, grpc.Creds(creds.Source.ServerCredentials(creds.clientAuth())))
 	}
 	gs := grpc.NewServer(append(base, opts...)...)
 	hs := health.NewServer()
@@ -129,7 +191,8 @@ func New(cfg Config, lg *slog.Logger, reg *prometheus.Registry, opts ...grpc.Ser
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
 
-	s := &Server{cfg: cfg, lg: lg, GRPC: gs, Health: hs, Mux: http.NewServeMux(), Registry: reg, metrics: metrics}
+	s := &Server{cfg: cfg, lg: lg, GRPC: gs, Health: hs, Mux: http.NewServeMux(), Registry: reg, metrics: metrics,
+		creds: creds, authz: authz, err: authzErr, warnEvery: InsecureWarnInterval}
 	s.Mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
@@ -140,15 +203,46 @@ func New(cfg Config, lg *slog.Logger, reg *prometheus.Registry, opts ...grpc.Ser
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
-	s.Mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	// Profiling for operators (the admin port is not for the public).
-	s.Mux.HandleFunc("/debug/pprof/", pprof.Index)
-	s.Mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	s.Mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	s.Mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	s.Mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	// Prometheus scrapes with an admin certificate (or an admin bearer
+	// token) when TLS is on.
+	s.Mux.Handle("GET /metrics", s.Protect(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), auth.RoleAdmin))
+	if creds.Pprof {
+		// Profiles reveal memory contents (heap, goroutine stacks with
+		// arguments): admins only, every request audited.
+		for path, h := range map[string]http.HandlerFunc{
+			"/debug/pprof/": pprof.Index, "/debug/pprof/cmdline": pprof.Cmdline, "/debug/pprof/profile": pprof.Profile,
+			"/debug/pprof/symbol": pprof.Symbol, "/debug/pprof/trace": pprof.Trace,
+		} {
+			s.Mux.Handle(path, s.protect(h, true, auth.RoleAdmin))
+		}
+	}
 	return s
 }
+
+// Protect wraps an admin HTTP handler for Mux: with TLS only principals of
+// roles reach it (any authenticated one when roles is empty), the others
+// get 401 or 403; in plaintext it is h. Handlers added to Mux unwrapped are
+// public.
+func (s *Server) Protect(h http.Handler, roles ...auth.Role) http.Handler {
+	return s.protect(h, false, roles...)
+}
+
+func (s *Server) protect(h http.Handler, audit bool, roles ...auth.Role) http.Handler {
+	switch {
+	case s.authz == nil:
+		// New failed; Listen refuses to serve. Deny rather than serve open.
+		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, "server misconfigured", http.StatusInternalServerError)
+		})
+	case audit:
+		return s.authz.HTTPAudit(h, roles...)
+	}
+	return s.authz.HTTP(h, roles...)
+}
+
+// Authorizer is the server's authorizer (nil when New's configuration
+// failed), for listeners beside the gRPC port that share its principals.
+func (s *Server) Authorizer() *auth.Authorizer { return s.authz }
 
 func slogAdapter(l *slog.Logger) logging.Logger {
 	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
@@ -167,25 +261,43 @@ func (s *Server) readyErr() error {
 }
 
 // Listen opens the configured listeners so callers (and tests using port 0)
-// learn the real addresses before Run.
+// learn the real addresses before Run. In plaintext it refuses (and
+// closes) a listener bound to anything but loopback unless --insecure
+// (ErrProtectedMode). On error nothing stays open.
 func (s *Server) Listen() error {
+	if s.err != nil {
+		return s.err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cfg.GRPCAddr != "" && s.grpcLis == nil {
-		l, err := net.Listen("tcp", s.cfg.GRPCAddr)
-		if err != nil {
-			return fmt.Errorf("grpc listen %s: %w", s.cfg.GRPCAddr, err)
+	listen := func(what, addr string, dst *net.Listener) error {
+		if addr == "" || *dst != nil {
+			return nil
 		}
-		s.grpcLis = l
-	}
-	if s.cfg.AdminAddr != "" && s.adminLis == nil {
-		l, err := net.Listen("tcp", s.cfg.AdminAddr)
+		l, err := net.Listen("tcp", addr)
 		if err != nil {
-			return fmt.Errorf("admin listen %s: %w", s.cfg.AdminAddr, err)
+			return fmt.Errorf("%s listen %s: %w", what, addr, err)
 		}
-		s.adminLis = l
+		if err := s.creds.CheckListen(what, l.Addr()); err != nil {
+			_ = l.Close()
+			return err
+		}
+		*dst = l
+		return nil
 	}
-	return nil
+	err := listen("grpc-addr", s.cfg.GRPCAddr, &s.grpcLis)
+	if err == nil {
+		err = listen("admin-addr", s.cfg.AdminAddr, &s.adminLis)
+	}
+	if err != nil {
+		for _, l := range []*net.Listener{&s.grpcLis, &s.adminLis} {
+			if *l != nil {
+				_ = (*l).Close()
+				*l = nil
+			}
+		}
+	}
+	return err
 }
 
 // GRPCAddr is the bound gRPC address (after Listen), or "".
@@ -223,13 +335,21 @@ func (s *Server) Run(ctx context.Context) error {
 	errc := make(chan error, 2)
 	var hs *http.Server
 	if al != nil {
-		hs = &http.Server{Handler: s.Mux, ReadHeaderTimeout: 5 * time.Second}
+		hs = &http.Server{Handler: s.Mux, ReadHeaderTimeout: 5 * time.Second,
+			ErrorLog: slog.NewLogLogger(s.lg.Handler(), slog.LevelDebug)}
+		serve := hs.Serve
+		if s.creds.Secure() {
+			// Client certificates are optional: /healthz and /readyz are
+			// public; Protect decides the rest.
+			hs.TLSConfig = s.creds.Source.ServerTLS(tls.VerifyClientCertIfGiven)
+			serve = func(l net.Listener) error { return hs.ServeTLS(l, "", "") }
+		}
 		go func() {
-			if err := hs.Serve(al); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := serve(al); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("admin http: %w", err)
 			}
 		}()
-		s.lg.Info("admin http listening", "addr", al.Addr().String())
+		s.lg.Info("admin http listening", "addr", al.Addr().String(), "tls", s.creds.Secure(), "pprof", s.creds.Pprof)
 	}
 	grpcDone := make(chan struct{})
 	if gl != nil {
@@ -240,9 +360,19 @@ func (s *Server) Run(ctx context.Context) error {
 				errc <- fmt.Errorf("grpc: %w", err)
 			}
 		}()
-		s.lg.Info("grpc listening", "addr", gl.Addr().String())
+		s.lg.Info("grpc listening", "addr", gl.Addr().String(), "tls", s.creds.Secure(), "bearer_tokens", s.creds.Tokens != nil)
 	} else {
 		close(grpcDone)
+	}
+	warnCtx, stopWarn := context.WithCancel(ctx)
+	warnDone := make(chan struct{})
+	if s.creds.Insecure && !s.creds.Secure() {
+		go func() {
+			defer close(warnDone)
+			s.warnInsecure(warnCtx, gl, al)
+		}()
+	} else {
+		close(warnDone)
 	}
 
 	var runErr error
@@ -250,8 +380,36 @@ func (s *Server) Run(ctx context.Context) error {
 	case <-ctx.Done():
 	case runErr = <-errc:
 	}
+	stopWarn()
+	<-warnDone
 	s.shutdown(hs, grpcDone)
 	return runErr
+}
+
+// warnInsecure logs that the server runs without protection, now and every
+// warnEvery until ctx ends.
+func (s *Server) warnInsecure(ctx context.Context, listeners ...net.Listener) {
+	var addrs []string
+	for _, l := range listeners {
+		if l != nil {
+			addrs = append(addrs, l.Addr().String())
+		}
+	}
+	warn := func() {
+		s.lg.Warn("insecure: plaintext, no authentication; anyone who reaches these ports may read and change every tenant's data (configure --tls-ca, --tls-cert, --tls-key)",
+			"addrs", addrs)
+	}
+	warn()
+	t := time.NewTicker(s.warnEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			warn()
+		}
+	}
 }
 
 func (s *Server) shutdown(hs *http.Server, grpcDone <-chan struct{}) {

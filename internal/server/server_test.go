@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"net/http"
+	"os"
 	"testing"
 	"time"
 
@@ -14,7 +15,13 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) {
+		if certsDir != "" {
+			_ = os.RemoveAll(certsDir)
+		}
+	}))
+}
 
 func TestRunServesHealthAndAdmin(t *testing.T) {
 	lg := testutil.Logger()
