@@ -12,6 +12,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/gateway/snapshot"
 	"github.com/crescent-kv/crescent/internal/gateway/source"
 	"github.com/crescent-kv/crescent/internal/gateway/statedir"
+	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"google.golang.org/grpc/credentials"
 )
@@ -71,6 +72,10 @@ type Config struct {
 	SnapshotMaxWaiting int
 	SnapshotMaxBytes   config.ByteSize
 	RecorderQueue      int
+
+	// Security is TLS, authorization, protected mode and pprof of the
+	// gRPC and admin ports (issue 14); the ZMQ endpoints stay plaintext.
+	Security server.Security
 }
 
 // DefaultConfig returns the defaults (Mooncake's where it has one).
@@ -112,6 +117,8 @@ func DefaultConfig() Config {
 		// 1M objects take about 317 MB with the default envelope.
 		SnapshotMaxBytes: 1 << 30,
 		RecorderQueue:    r.QueueBatches,
+
+		Security: server.DefaultSecurity(),
 	}
 }
 
@@ -157,6 +164,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.SnapshotMaxWaiting, "snapshot-max-waiting", c.SnapshotMaxWaiting, "snapshot requests waiting at once; more are answered unavailable")
 	fs.Var(&c.SnapshotMaxBytes, "snapshot-max-bytes", "largest snapshot reply; a larger one is answered unavailable")
 	fs.IntVar(&c.RecorderQueue, "recorder-queue", c.RecorderQueue, "published batches the snapshot recorder may fall behind before it stops (snapshots then answer unavailable)")
+	c.Security.RegisterFlags(fs)
 }
 
 // format parses StreamFormat.
@@ -205,6 +213,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if err := c.recorderConfig().Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Security.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -170,9 +170,16 @@ func (g *Gateway) build(deps Deps) error {
 	if err := g.status.Register(reg); err != nil {
 		return err
 	}
-	g.srv = server.New(server.Config{GRPCAddr: cfg.GRPCAddr, AdminAddr: cfg.AdminAddr, ShutdownTimeout: cfg.ShutdownTimeout}, lg, reg)
-	gatewayv1.RegisterGatewayServiceServer(g.srv.GRPC, g.status)
-	g.srv.Mux.Handle("GET /kv_events/status", g.status)
+	creds, err := cfg.Security.Load(lg)
+	if err != nil {
+		return err
+	}
+	g.srv = server.New(server.Config{
+		GRPCAddr: cfg.GRPCAddr, AdminAddr: cfg.AdminAddr, ShutdownTimeout: cfg.ShutdownTimeout,
+		Credentials: creds, Table: authTable(),
+	}, lg, reg)
+	gatewayv1.RegisterGatewayServiceServer(g.srv.GRPC, g.status) // authServices
+	g.srv.Mux.Handle("GET /kv_events/status", g.srv.Protect(g.status, statusRoles...))
 	g.srv.SetReadiness(func() error {
 		st := g.status.Snapshot()
 		switch {

@@ -20,6 +20,7 @@ func main() {
 		Flags:    cfg.RegisterFlags,
 		Validate: cfg.Validate,
 		LogLevel: func() string { return cfg.LogLevel },
+		Security: func() server.Security { return cfg.Security },
 		Run: func(ctx context.Context, lg *slog.Logger) error {
 			g, err := gateway.New(cfg, gateway.Deps{}, lg)
 			if err != nil {
