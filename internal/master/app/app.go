@@ -75,6 +75,9 @@ type Config struct {
 	// at 100 % growth spends a third of the CPU of a batch get in the GC.
 	// Bound memory with GOMEMLIMIT instead.
 	GCPercent int
+
+	// Security is TLS, authorization, protected mode and pprof (issue 14).
+	Security server.Security
 }
 
 // DefaultConfig returns the defaults of ARCHITECTURE.md.
@@ -101,6 +104,8 @@ func DefaultConfig() Config {
 		MaxSegmentsPerAgent: session.DefaultMaxSegmentsPerAgent,
 		ScanBudget:          meta.DefaultScanBudget,
 		MaxSnapshots:        changesvc.DefaultMaxSnapshots,
+
+		Security: server.DefaultSecurity(),
 	}
 }
 
@@ -128,6 +133,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.LowWatermark, "low-watermark", c.LowWatermark, "segment use fraction eviction stops at")
 	fs.DurationVar(&c.RecoveryGrace, "recovery-grace", c.RecoveryGrace, "after start, ChangeService waits this long for agents to re-register before serving (0 disables)")
 	fs.IntVar(&c.GCPercent, "gc-percent", c.GCPercent, "Go GC target percentage (GOGC); bound memory with the GOMEMLIMIT environment variable")
+	c.Security.RegisterFlags(fs)
 }
 
 // Validate reports every invalid field.
@@ -180,6 +186,9 @@ func (c *Config) Validate() error {
 	if !(c.LowWatermark > 0 && c.LowWatermark < c.HighWatermark && c.HighWatermark <= 1) {
 		errs = append(errs, fmt.Errorf("want 0 < low-watermark (%v) < high-watermark (%v) <= 1", c.LowWatermark, c.HighWatermark))
 	}
+	if err := c.Security.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -198,10 +207,16 @@ type Master struct {
 	changes *changesvc.Service
 }
 
-// New builds the master. It does no I/O and starts nothing. opts are added
-// to the gRPC server's options (tests install interceptors).
+// New builds the master. It starts nothing; its only I/O is reading the
+// TLS and token files cfg.Security names. opts are added to the gRPC
+// server's options (tests install interceptors); they run after the
+// authorization interceptor.
 func New(cfg Config, lg *slog.Logger, opts ...grpc.ServerOption) (*Master, error) {
 	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	creds, err := cfg.Security.Load(lg)
+	if err != nil {
 		return nil, err
 	}
 	reg := obs.NewRegistry()
@@ -253,8 +268,14 @@ func New(cfg Config, lg *slog.Logger, opts ...grpc.ServerOption) (*Master, error
 		return nil, err
 	}
 	rec := &recovery{}
-	srv := server.New(server.Config{GRPCAddr: cfg.GRPCAddr, AdminAddr: cfg.AdminAddr, ShutdownTimeout: cfg.ShutdownTimeout}, lg, reg,
-		append([]grpc.ServerOption{grpc.ChainStreamInterceptor(rec.streamInterceptor)}, opts...)...)
+	srv := server.New(server.Config{
+		GRPCAddr: cfg.GRPCAddr, AdminAddr: cfg.AdminAddr, ShutdownTimeout: cfg.ShutdownTimeout,
+		Credentials: creds, Table: authTable(),
+	}, lg, reg, append([]grpc.ServerOption{
+		grpc.ChainStreamInterceptor(rec.streamInterceptor),
+		grpc.ChainUnaryInterceptor(removeAllForce),
+	}, opts...)...)
+	// The services authTable covers (authServices).
 	objectsvc.New(objectsvc.Config{}, store).Register(srv.GRPC)
 	changes := changesvc.New(changesvc.Config{MaxSnapshots: cfg.MaxSnapshots}, store)
 	changes.Register(srv.GRPC)

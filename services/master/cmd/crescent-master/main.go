@@ -20,6 +20,7 @@ func main() {
 		Flags:    cfg.RegisterFlags,
 		Validate: cfg.Validate,
 		LogLevel: func() string { return cfg.LogLevel },
+		Security: func() server.Security { return cfg.Security },
 		Run:      func(ctx context.Context, lg *slog.Logger) error { return app.Run(ctx, cfg, lg) },
 	}, os.Args[1:], os.LookupEnv, os.Stderr))
 }
