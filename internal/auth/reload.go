@@ -86,7 +86,7 @@ func (w *watcher) poll(now time.Time, apply func([][]byte) error) error {
 	}
 	defer w.mu.Unlock()
 	w.nextDue.Store(now.UnixNano() + w.every.Load())
-	err := w.pollLocked(apply)
+	err := w.pollLocked(now, apply)
 	if err == nil {
 		w.lastErr = ""
 		return nil
@@ -98,7 +98,7 @@ func (w *watcher) poll(now time.Time, apply func([][]byte) error) error {
 	return err
 }
 
-func (w *watcher) pollLocked(apply func([][]byte) error) error {
+func (w *watcher) pollLocked(now time.Time, apply func([][]byte) error) error {
 	st := make([]stamp, len(w.paths))
 	for i, p := range w.paths {
 		fi, err := os.Stat(p)
@@ -107,7 +107,7 @@ func (w *watcher) pollLocked(apply func([][]byte) error) error {
 		}
 		st[i] = stamp{fi.ModTime(), fi.Size()}
 	}
-	if equalStamps(st, w.stamps) {
+	if equalStamps(st, w.stamps) && !recent(st, now) {
 		return nil
 	}
 	w.stamps = st
@@ -125,6 +125,21 @@ func (w *watcher) pollLocked(apply func([][]byte) error) error {
 	}
 	w.sum = sum
 	return apply(data)
+}
+
+// settle is how long after a file's modification time its stamp is not
+// trusted: file systems keep mtime at a kernel tick's granularity, so two
+// same-size writes within one tick would otherwise look alike. Until then
+// the content is hashed on every check.
+const settle = 2 * time.Second
+
+func recent(st []stamp, now time.Time) bool {
+	for _, s := range st {
+		if now.Sub(s.mtime) < settle {
+			return true
+		}
+	}
+	return false
 }
 
 func equalStamps(a, b []stamp) bool {
