@@ -14,6 +14,7 @@ import (
 
 	gatewayv1 "github.com/crescent-kv/crescent/gen/crescent/gateway/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/gateway/publisher"
 	"github.com/crescent-kv/crescent/internal/gateway/snapshot"
 	"github.com/crescent-kv/crescent/internal/gateway/source"
@@ -81,6 +82,14 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Gateway, error) {
 
 func (g *Gateway) build(deps Deps) error {
 	cfg, lg := g.cfg, g.lg
+	creds, err := cfg.Security.Load(lg)
+	if err != nil {
+		return err
+	}
+	if cfg.MasterCreds == nil && creds.Secure() {
+		// mTLS with the gateway's certificate; the server must be a master.
+		cfg.MasterCreds = creds.Client(auth.RoleMaster)
+	}
 	change := deps.Change
 	if change == nil {
 		creds := cfg.MasterCreds
@@ -168,10 +177,6 @@ func (g *Gateway) build(deps Deps) error {
 		reg = obs.NewRegistry()
 	}
 	if err := g.status.Register(reg); err != nil {
-		return err
-	}
-	creds, err := cfg.Security.Load(lg)
-	if err != nil {
 		return err
 	}
 	g.srv = server.New(server.Config{
