@@ -12,6 +12,12 @@
 //	err = c.Put(ctx, "prefix/block-0", data, client.WithReplicas(2))
 //	got, err := c.Get(ctx, "prefix/block-0")
 //
+// A cluster with mTLS (issue 14) takes a client certificate; a tenant's
+// certificate acts for that tenant only:
+//
+//	tc, err := client.TLSFromFiles("ca.pem", "tenant-A.pem", "tenant-A-key.pem")
+//	c, err := client.New(ctx, client.Config{Master: "master:50051", Tenant: "A", TLS: tc})
+//
 // This package and pkg/kvevent are Crescent's public Go API: the only
 // packages of the module meant to be imported by other modules (everything
 // else is internal/).
@@ -20,21 +26,25 @@ package client
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"sync"
 	"time"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/xfer"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
@@ -86,9 +96,37 @@ type Config struct {
 	// DataService, ignoring the bulk transfer endpoints they advertise
 	// (internal/xfer), which are otherwise preferred.
 	DisableTransfer bool
-	// DialOptions are added to every connection (TLS, interceptors...).
-	// Without transport credentials the connections are insecure.
+	// TLS, when set, secures every connection the client makes: the
+	// master, the agents' DataService and their bulk transfer listeners.
+	// Each connection uses a clone whose server name, unless the
+	// configuration sets one, is the host it dials (TLSFromFiles builds one
+	// that offers a client certificate and picks up replaced files). Nil
+	// is plaintext.
+	TLS *tls.Config
+	// BearerToken, when set, is sent with every gRPC call ("authorization:
+	// Bearer <token>") for a principal that holds no certificate. It
+	// requires TLS. The bulk transfer protocol carries no token (its
+	// listener knows callers by their certificate), so with a token the
+	// bytes go through DataService, as with DisableTransfer.
+	BearerToken string
+	// DialOptions are added to every gRPC connection (interceptors...).
+	// Transport credentials among them replace those TLS gives.
 	DialOptions []grpc.DialOption
+}
+
+// TLSFromFiles returns a client TLS configuration for Config.TLS: the CA
+// bundle ca verifies the servers, and the certificate chain cert with its
+// key key, when given (both or neither), is offered to them. The files are
+// read now (an error if missing or bad) and read again when they change on
+// disk, looked at no more than once a second: new connections use the
+// replaced certificates, open ones keep theirs. Without cert and key the
+// client authenticates with Config.BearerToken, if at all.
+func TLSFromFiles(ca, cert, key string) (*tls.Config, error) {
+	src, err := auth.NewSource(auth.Files{CA: ca, Cert: cert, Key: key}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	return src.ClientTLS(""), nil
 }
 
 func (c *Config) defaults() {
@@ -143,9 +181,14 @@ type Client struct {
 // maxMsg is the largest gRPC message either side sends (internal/server's limit).
 const maxMsg = 256 << 20
 
+// dialOpts are the options of a gRPC connection.
 func (s *shared) dialOpts() []grpc.DialOption {
+	creds := insecure.NewCredentials()
+	if s.cfg.TLS != nil {
+		creds = &tlsCreds{TransportCredentials: credentials.NewTLS(s.cfg.TLS), base: s.cfg.TLS}
+	}
 	opts := []grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		rpccodec.DialOption(),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsg), grpc.MaxCallSendMsgSize(maxMsg)),
 		// Large windows and buffers: bulk streams are bound by flow control
@@ -155,7 +198,26 @@ func (s *shared) dialOpts() []grpc.DialOption {
 		grpc.WithReadBufferSize(1 << 20),
 		grpc.WithWriteBufferSize(1 << 20),
 	}
+	if s.cfg.BearerToken != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(auth.BearerCredentials(s.cfg.BearerToken)))
+	}
 	return append(opts, s.cfg.DialOptions...)
+}
+
+// tlsCreds are gRPC's TLS credentials over xfer.ClientTLS(base, authority)
+// for each handshake, so that one configuration verifies every server
+// against the host it was dialled by (an IP address too).
+type tlsCreds struct {
+	credentials.TransportCredentials // Info, ServerHandshake
+	base                             *tls.Config
+}
+
+func (c *tlsCreds) ClientHandshake(ctx context.Context, authority string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	return credentials.NewTLS(xfer.ClientTLS(c.base, authority)).ClientHandshake(ctx, authority, conn)
+}
+
+func (c *tlsCreds) Clone() credentials.TransportCredentials {
+	return &tlsCreds{TransportCredentials: c.TransportCredentials.Clone(), base: c.base}
 }
 
 // New returns a client for the master at cfg.Master. It does not wait for
@@ -164,6 +226,9 @@ func New(_ context.Context, cfg Config) (*Client, error) {
 	if cfg.Master == "" {
 		return nil, errors.New("client: Config.Master is required")
 	}
+	if cfg.BearerToken != "" && cfg.TLS == nil {
+		return nil, errors.New("client: Config.BearerToken requires Config.TLS (a token is never sent in plaintext)")
+	}
 	cfg.defaults()
 	s := &shared{cfg: cfg, agents: map[string]*grpc.ClientConn{}}
 	cc, err := grpc.NewClient(cfg.Master, s.dialOpts()...)
@@ -171,8 +236,8 @@ func New(_ context.Context, cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("client: dial master %s: %w", cfg.Master, err)
 	}
 	s.master = cc
-	if !cfg.DisableTransfer {
-		s.xfer = xfer.NewPool(xfer.Config{MaxIdlePerEndpoint: cfg.MaxConcurrency})
+	if !cfg.DisableTransfer && cfg.BearerToken == "" {
+		s.xfer = xfer.NewPool(xfer.Config{MaxIdlePerEndpoint: cfg.MaxConcurrency, TLS: cfg.TLS})
 	}
 	return &Client{s: s, tenant: cfg.Tenant}, nil
 }
