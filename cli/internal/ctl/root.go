@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
+	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/pkg/client"
 	"github.com/spf13/cobra"
@@ -37,6 +39,10 @@ type env struct {
 	timeout time.Duration
 	// grpcData: bytes through DataService only (--grpc-data).
 	grpcData bool
+	// TLS files (--tls-ca, --tls-cert, --tls-key) and the bearer token's
+	// file (--token-file), for a cluster with mTLS (issue 14).
+	tlsCA, tlsCert, tlsKey string
+	tokenFile              string
 
 	stdin          io.Reader
 	stdout, stderr io.Writer
@@ -45,7 +51,62 @@ type env struct {
 func (e *env) json() bool { return e.output == "json" }
 
 func (e *env) client(ctx context.Context) (*client.Client, error) {
-	return client.New(ctx, client.Config{Master: e.master, Tenant: e.tenant, DisableTransfer: e.grpcData})
+	cfg := client.Config{Master: e.master, Tenant: e.tenant, DisableTransfer: e.grpcData}
+	if err := e.security(&cfg); err != nil {
+		return nil, err
+	}
+	return client.New(ctx, cfg)
+}
+
+// security applies the TLS and token flags to cfg.
+func (e *env) security(cfg *client.Config) error {
+	files := auth.Files{CA: e.tlsCA, Cert: e.tlsCert, Key: e.tlsKey}
+	if !files.Enabled() {
+		if e.tokenFile != "" {
+			return usagef("--token-file needs --tls-ca: a token is never sent in plaintext")
+		}
+		return nil
+	}
+	if err := files.Validate(); err != nil {
+		return usagef("--tls-ca, --tls-cert, --tls-key: %v", err)
+	}
+	tc, err := client.TLSFromFiles(files.CA, files.Cert, files.Key)
+	if err != nil {
+		return err
+	}
+	cfg.TLS = tc
+	if e.tokenFile != "" {
+		if cfg.BearerToken, err = readToken(e.tokenFile); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readToken reads a bearer token from path: one line (surrounding blanks
+// and a final newline are ignored), so it never appears on a command line
+// or in the process list.
+func readToken(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	const limit = auth.MaxTokenLen + 64 // room for blanks around it
+	b, err := io.ReadAll(io.LimitReader(f, limit))
+	if err != nil {
+		return "", err
+	}
+	tok := strings.TrimSpace(string(b))
+	switch {
+	case len(b) == limit || len(tok) > auth.MaxTokenLen:
+		return "", fmt.Errorf("token file %s: longer than a token (%d bytes at most)", path, auth.MaxTokenLen)
+	case tok == "":
+		return "", fmt.Errorf("token file %s is empty", path)
+	case strings.ContainsAny(tok, " \t\r\n"):
+		return "", fmt.Errorf("token file %s: want the token alone on one line", path)
+	}
+	return tok, nil
 }
 
 // printJSON writes v as one JSON line.
@@ -79,6 +140,10 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	pf.StringVarP(&e.output, "output", "o", "", "output format: json (one object per line); for get, the destination file (- for stdout)")
 	pf.DurationVar(&e.timeout, "timeout", 0, "overall deadline (0 = none)")
 	pf.BoolVar(&e.grpcData, "grpc-data", false, "move object bytes through the agents' gRPC DataService instead of their bulk transfer listeners")
+	pf.StringVar(&e.tlsCA, "tls-ca", envOr("CRESCENT_TLS_CA", ""), "CA bundle that verifies the cluster's servers; turns TLS on (env CRESCENT_TLS_CA)")
+	pf.StringVar(&e.tlsCert, "tls-cert", envOr("CRESCENT_TLS_CERT", ""), "client certificate (its SPIFFE id is who you are: tenant, admin) (env CRESCENT_TLS_CERT)")
+	pf.StringVar(&e.tlsKey, "tls-key", envOr("CRESCENT_TLS_KEY", ""), "the client certificate's key (env CRESCENT_TLS_KEY)")
+	pf.StringVar(&e.tokenFile, "token-file", envOr("CRESCENT_TOKEN_FILE", ""), "file holding a bearer token, for a principal without a certificate; needs --tls-ca (env CRESCENT_TOKEN_FILE)")
 	root.SetArgs(args)
 	root.SetIn(stdin)
 	root.SetOut(stdout)
@@ -87,7 +152,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	root.AddCommand(
 		putCmd(e), getCmd(e), statCmd(e), rmCmd(e), lsCmd(e),
 		segmentsCmd(e), agentsCmd(e), drainCmd(e), quotaCmd(e), statusCmd(e),
-		watchCmd(e), benchCmd(e),
+		watchCmd(e), benchCmd(e), certsCmd(e),
 	)
 	var cancel context.CancelFunc = func() {}
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
