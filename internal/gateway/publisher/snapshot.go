@@ -17,11 +17,14 @@ import (
 // SnapshotSource builds snapshot replies (the recorder,
 // internal/gateway/snapshot).
 type SnapshotSource interface {
-	// Snapshot returns the reply's frames: the cut (int64 big-endian: the
+	// Reply returns the reply's frames: the cut (int64 big-endian: the
 	// last sequence folded in, -1 before any), the 16-byte publisher epoch,
 	// then the chunks (payloads of the contract). The frames are shared and
 	// immutable. It may block while a snapshot is built, until ctx ends.
-	Snapshot(ctx context.Context) (frames [][]byte, err error)
+	// Unless err is set, the socket calls release exactly once, when it no
+	// longer reads the frames (the reply was written or its write failed):
+	// the source may reuse their buffers from then on.
+	Reply(ctx context.Context) (frames [][]byte, release func(), err error)
 }
 
 // unavailableCut is the cut of a failed snapshot, int64(-2) big-endian:
@@ -54,13 +57,15 @@ func newSnapshotSocket(lg *slog.Logger, l net.Listener, epoch statedir.Epoch, cf
 // envelope, then the source's frames or [-2, epoch].
 func (s *snapshotSocket) request(ctx context.Context, c *zmtp.Conn, frames [][]byte) error {
 	s.requests.Add(1)
-	reply, err := s.build(ctx)
+	reply, release, err := s.build(ctx)
 	if err != nil {
 		s.errors.Add(1)
 		s.lg.Debug("snapshot unavailable", "remote", c.RemoteAddr().String(), "err", err)
-		reply = s.unavailable
+		reply, release = s.unavailable, func() {}
 	}
-	if werr := writeMultipart(c, s.writeTimeout, envelope(frames), reply); werr != nil {
+	werr := writeMultipart(c, s.writeTimeout, envelope(frames), reply)
+	release() // nothing reads reply's buffers after the write returned
+	if werr != nil {
 		return fmt.Errorf("snapshot reply: %w", werr)
 	}
 	if err == nil {
@@ -69,20 +74,26 @@ func (s *snapshotSocket) request(ctx context.Context, c *zmtp.Conn, frames [][]b
 	return nil
 }
 
-func (s *snapshotSocket) build(ctx context.Context) ([][]byte, error) {
+// build returns the source's reply and its release func (never nil
+// without an error).
+func (s *snapshotSocket) build(ctx context.Context) ([][]byte, func(), error) {
 	if s.src == nil {
-		return nil, errNoSource
+		return nil, nil, errNoSource
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	frames, err := s.src.Snapshot(ctx)
+	frames, release, err := s.src.Reply(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	if release == nil {
+		release = func() {}
 	}
 	if len(frames) < 2 || len(frames[0]) != 8 || len(frames[1]) != statedir.EpochLen {
-		return nil, fmt.Errorf("malformed snapshot from the source: %d frames", len(frames))
+		release()
+		return nil, nil, fmt.Errorf("malformed snapshot from the source: %d frames", len(frames))
 	}
-	return frames, nil
+	return frames, release, nil
 }
 
 // envelope is a request's routing envelope: its frames up to and including

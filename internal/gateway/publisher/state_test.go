@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -571,23 +572,36 @@ func TestResumeHold(t *testing.T) {
 	})
 }
 
-// fakeSource serves fixed frames, an error, or blocks until its context ends.
+// fakeSource serves fixed frames, an error, or blocks until its context
+// ends; it counts replies handed out and released.
 type fakeSource struct {
 	frames [][]byte
 	err    error
 	block  bool
 	calls  chan struct{}
+
+	served, released atomic.Int64
 }
 
-func (s *fakeSource) Snapshot(ctx context.Context) ([][]byte, error) {
+func (s *fakeSource) Reply(ctx context.Context) ([][]byte, func(), error) {
 	if s.calls != nil {
 		s.calls <- struct{}{}
 	}
 	if s.block {
 		<-ctx.Done()
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
-	return s.frames, s.err
+	if s.err != nil {
+		return nil, nil, s.err
+	}
+	s.served.Add(1)
+	var once atomic.Bool
+	return s.frames, func() {
+		if once.Swap(true) {
+			panic("fakeSource: released twice")
+		}
+		s.released.Add(1)
+	}, nil
 }
 
 func cutFrame(cut int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(cut)) }
@@ -649,6 +663,11 @@ func TestSnapshotSocket(t *testing.T) {
 	if s := p.Stats(); s.SnapshotRequests != 6 || s.SnapshotErrors != 0 {
 		t.Errorf("stats %+v: want 6 requests served", s)
 	}
+	// Every reply is released once it was written, so the source may
+	// reuse its buffers.
+	if got, want := src.released.Load(), src.served.Load(); got != want || got != 6 {
+		t.Errorf("released %d of %d replies, want all 6", got, want)
+	}
 }
 
 // TestSnapshotUnavailable: a failed, malformed, missing or timed-out
@@ -684,6 +703,9 @@ func TestSnapshotUnavailable(t *testing.T) {
 			}
 			if s := p.Stats(); s.SnapshotRequests != 1 || s.SnapshotErrors != 1 || s.SnapshotsServed != 0 {
 				t.Errorf("stats %+v: want one request answered -2", s)
+			}
+			if src, ok := tc.src.(*fakeSource); ok && src.released.Load() != src.served.Load() {
+				t.Errorf("released %d of %d replies (a malformed one too)", src.released.Load(), src.served.Load())
 			}
 		})
 	}

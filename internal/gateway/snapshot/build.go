@@ -11,9 +11,9 @@ import (
 )
 
 // segmentBytes is the size of the buffers a reply's chunks are encoded
-// into, one after another. A reply is handed to callers that send it
-// after build returns, so its buffers are never reused; segments keep
-// each allocation moderate and need no copying when the estimate is short.
+// into, one after another: segments keep each allocation moderate, need
+// no copying when the estimate is short, and are reused by later builds
+// once released (reply.go).
 const segmentBytes = 4 << 20
 
 // A build encodes yieldChunks chunks (64 events each, about 10-20 µs of
@@ -43,7 +43,9 @@ const (
 // decoder that knows this: pkg/kvevent's DecodePayload, the live rules,
 // requires event_ids to rise within a payload and rejects a chunk of two or
 // more events (see TestChunkEventIDs).
-func (r *Recorder) build() ([][]byte, error) {
+func (r *Recorder) build() ([][]byte, *replyBufs, error) {
+	r.retireLast() // it cannot be served again: its buffers may serve this one
+	bufs := &replyBufs{}
 	n := r.set.Len()
 	frames := make([][]byte, 2, 2+(n+kvevent.MaxEventsPerBatch-1)/kvevent.MaxEventsPerBatch)
 	head := make([]byte, frameHeaderBytes)
@@ -53,20 +55,22 @@ func (r *Recorder) build() ([][]byte, error) {
 	total := frameHeaderBytes
 	if n == 0 || !r.enc.Emits(kvevent.Stored) {
 		r.stats.replyBytes.Store(int64(total))
-		return frames, nil
+		return frames, bufs, nil
 	}
 
 	ts := max(r.deps.Now().UnixMilli(), 0)
 	ce := &r.chunkEnc
 	if err := ce.reset(r.enc, ts); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// The first segment: the last reply's size, or an estimate, capped.
 	hint := r.lastBytes
 	if hint == 0 {
 		hint = n * (r.evFixed + 48)
 	}
-	seg := make([]byte, 0, min(hint+hint/16+1024, segmentBytes))
+	first := min(hint+hint/16+1024, segmentBytes)
+	seg := r.segment(first, first)
+	bufs.segs = append(bufs.segs, seg)
 
 	// Chunks are written into seg one event at a time; a chunk that does
 	// not fit moves (what it has so far) to a new segment. Every chunk has
@@ -87,7 +91,8 @@ func (r *Recorder) build() ([][]byte, error) {
 				return
 			}
 			part := len(seg) - start
-			next := make([]byte, 0, max(part+need, min(segmentBytes, r.cfg.MaxReplyBytes-total+1024)))
+			next := r.segment(part+need, min(segmentBytes, r.cfg.MaxReplyBytes-total+1024))
+			bufs.segs = append(bufs.segs, next)
 			seg, start = append(next, seg[start:]...), 0
 		}
 	)
@@ -141,9 +146,16 @@ func (r *Recorder) build() ([][]byte, error) {
 		if !errors.Is(err, ErrTooLarge) && !errors.Is(err, ErrEncoding) {
 			err = fmt.Errorf("snapshot: encode: %w", err)
 		}
-		return nil, err
+		r.pmu.Lock()
+		bufs.stale = true
+		r.recycleLocked(bufs)
+		r.pmu.Unlock()
+		return nil, nil, err
 	}
 	r.lastBytes = total
+	r.pmu.Lock()
+	r.freeLimit = total/segmentBytes + 3
+	r.pmu.Unlock()
 	r.stats.replyBytes.Store(int64(total))
-	return frames, nil
+	return frames, bufs, nil
 }

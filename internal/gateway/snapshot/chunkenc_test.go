@@ -40,7 +40,7 @@ func TestChunkEncoderMatchesKvevent(t *testing.T) {
 						set.Store(tenant, key, []kvevent.Medium{kvevent.MediumCPU, kvevent.MediumDisk}[i/2%2], groups[i%len(groups)])
 					}
 					r.Restore(testEpoch, 5, statedir.Position{}, 0, set)
-					frames, err := r.build()
+					frames, _, err := r.build()
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -85,7 +85,7 @@ func TestChunkEncoderSegments(t *testing.T) {
 	}
 	r.Restore(testEpoch, 1, statedir.Position{}, 0, set)
 	r.lastBytes = 100 // a first segment of about 1 KiB
-	frames, err := r.build()
+	frames, _, err := r.build()
 	if err != nil {
 		t.Fatal(err)
 	}

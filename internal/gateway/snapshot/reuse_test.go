@@ -1,9 +1,13 @@
 package snapshot
 
 import (
+	"bytes"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/crescent-kv/crescent/internal/gateway/statedir"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
@@ -166,4 +170,160 @@ func TestEarlyCheckpoint(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestReplyBuffersReused: a reply's buffers are reused by a later build
+// only once it was released and a newer build replaced it; a reply taken
+// with Snapshot (never released) keeps its buffers.
+func TestReplyBuffersReused(t *testing.T) {
+	cfg := testConfig()
+	r, _ := newRecorder(t, cfg, Deps{})
+	start(t, r)
+	ref := model{}
+	var seq uint64
+	record := func() {
+		seq++
+		evs := stored(seq, fmt.Sprint("k", seq))
+		ref.apply(evs)
+		r.Record(seq, statedir.Position{}, seq, evs)
+	}
+	reply := func() ([][]byte, func()) {
+		t.Helper()
+		f, release, err := r.Reply(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep := decodeReply(t, f, cfg.Encoder); rep.cut != int64(seq) {
+			t.Fatalf("cut %d, want %d", rep.cut, seq)
+		} else {
+			ref.equal(t, rep.set)
+		}
+		return f, release
+	}
+	same := func(a, b [][]byte) bool { return &a[2][0] == &b[2][0] } // the first chunk starts a segment
+
+	for range 100 {
+		record()
+	}
+	f1, rel1 := reply()
+	record()
+	f2, rel2 := reply() // f1 is still being sent: new buffers
+	if same(f1, f2) {
+		t.Fatal("a build reused the buffers of a reply not yet released")
+	}
+	rel1()
+	rel1() // a second call is a no-op
+	record()
+	f3, rel3 := reply() // f1 released and replaced: its buffers serve again
+	if !same(f3, f1) {
+		t.Fatal("a build did not reuse the buffers of a released reply")
+	}
+	rel2()
+	rel3()
+
+	record()
+	g1, err := r.Snapshot(t.Context()) // never released
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := slices.Clone(g1[2])
+	for range 3 {
+		record()
+		_, rel := reply()
+		rel()
+	}
+	if !bytes.Equal(g1[2], want) {
+		t.Fatal("the buffers of a reply taken with Snapshot were reused")
+	}
+}
+
+// TestReplyBuffersDroppedWhenIdle: replyIdle after the last request the
+// recorder holds no reply buffers (a request then builds afresh); a
+// request before that is served the last reply again.
+func TestReplyBuffersDroppedWhenIdle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig()
+		r, _ := newRecorder(t, cfg, Deps{})
+		stop := start(t, r)
+		defer stop()
+		for i := range 100 {
+			r.Record(uint64(i+1), statedir.Position{}, uint64(i+1), stored(uint64(i+1), fmt.Sprint("k", i)))
+		}
+		request := func() {
+			t.Helper()
+			_, rel, err := r.Reply(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			rel()
+		}
+		pooling := func() (bool, int) {
+			synctest.Wait()
+			r.pmu.Lock()
+			defer r.pmu.Unlock()
+			return r.pooling, len(r.freeSegs)
+		}
+		request()
+		time.Sleep(replyIdle - time.Second)
+		request() // the last reply again
+		if on, _ := pooling(); !on {
+			t.Fatal("not pooling while requests come")
+		}
+		if st := r.Stats(); st.SnapshotsBuilt != 1 || st.SnapshotsReused != 1 {
+			t.Fatalf("stats %+v: want the second request served the first reply", st)
+		}
+		time.Sleep(replyIdle)
+		if on, free := pooling(); on || free != 0 {
+			t.Fatalf("replyIdle after the last request: pooling %v, %d free segments; want neither", on, free)
+		}
+		request()
+		if st := r.Stats(); st.SnapshotsBuilt != 2 || st.SnapshotsReused != 1 {
+			t.Fatalf("stats %+v: want a new build after the idle drop", st)
+		}
+	})
+}
+
+// TestReplyConcurrentRelease: requests that release their replies while
+// batches keep coming always read an intact reply of their cut (a reused
+// buffer overwritten too early would break decoding or the count).
+func TestReplyConcurrentRelease(t *testing.T) {
+	cfg := testConfig()
+	r, _ := newRecorder(t, cfg, Deps{})
+	start(t, r)
+	const batches = 3000
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				f, rel, err := r.Reply(t.Context())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				// Batch seq stores one new key: the set at cut c holds c.
+				if rep := decodeReply(t, f, cfg.Encoder); rep.cut >= 0 && int64(len(rep.set)) != rep.cut {
+					t.Errorf("reply at cut %d holds %d entries", rep.cut, len(rep.set))
+				}
+				rel()
+			}
+		})
+	}
+	for i := range batches {
+		seq := uint64(i + 1)
+		r.Record(seq, statedir.Position{}, seq, stored(seq, fmt.Sprint("k", i)))
+		if i%50 == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	close(done)
+	wg.Wait()
+	if st := r.Stats(); st.SnapshotsBuilt < 2 {
+		t.Fatalf("stats %+v: want several builds", st)
+	}
 }

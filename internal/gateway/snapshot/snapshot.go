@@ -26,8 +26,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
-	"weak"
 
 	"github.com/crescent-kv/crescent/internal/gateway/announced"
 	"github.com/crescent-kv/crescent/internal/gateway/statedir"
@@ -205,6 +203,14 @@ type Recorder struct {
 
 	started atomic.Bool
 
+	// pmu guards the reply buffers (reply.go): freeSegs, pooling,
+	// freeLimit and every replyBufs' refs and stale. It is never held
+	// with mu or wmu.
+	pmu       sync.Mutex
+	freeSegs  [][]byte // segments of released replies, for the next build
+	pooling   bool     // released segments go to freeSegs (false once idle)
+	freeLimit int      // see maxFreeLocked
+
 	// Owned by Run (after Restore).
 	set         *announced.Set
 	cut         int64 // -1: nothing folded
@@ -242,10 +248,20 @@ type item struct {
 	evs              []rec // in a block of inUse
 }
 
-type waiter struct{ done chan result }
+type waiter struct {
+	done  chan result
+	state atomic.Int32 // waiterWaiting, then waiterServed (by serve) or waiterGone (by the caller)
+}
+
+const (
+	waiterWaiting = iota
+	waiterServed  // serve took a reference for it and sends its result
+	waiterGone    // the caller's context ended first
+)
 
 type result struct {
 	frames [][]byte
+	bufs   *replyBufs // nil: nothing to release
 	err    error
 }
 
@@ -436,38 +452,52 @@ func (r *Recorder) Stats() Stats {
 // Snapshot returns a reply: the cut (int64 big-endian, -1 before anything
 // was recorded), the 16-byte epoch, then the set as payloads of at most 64
 // stored events each, with event_id 0. The frames are shared with other
-// callers of the same build and must not be modified. Requests are served
+// callers of the same build and must not be modified; the caller may keep
+// them (their buffers are never reused: see Reply). Requests are served
 // together: the recorder folds everything queued when it takes them, then
 // builds one reply for all of them. The cut always covers every batch
 // recorded before the request: if no event was folded since the last
-// build (no batch, or only heartbeats) and its reply is still in memory,
-// that reply is served again, under the new cut if heartbeats advanced it
+// build (no batch, or only heartbeats) and its reply is still held, that
+// reply is served again, under the new cut if heartbeats advanced it
 // (Stats.SnapshotsReused); otherwise a new one is built.
 func (r *Recorder) Snapshot(ctx context.Context) ([][]byte, error) {
-	r.stats.requests.Add(1)
-	frames, err := r.snapshot(ctx)
-	if err != nil {
-		r.stats.reqErrors.Add(1)
-	}
-	return frames, err
+	frames, _, err := r.Reply(ctx)
+	return frames, err // never released: its buffers stay the caller's
 }
 
-func (r *Recorder) snapshot(ctx context.Context) ([][]byte, error) {
+// Reply is Snapshot for a caller that sends the frames and is then done
+// with them: it calls release exactly once when it no longer reads them
+// (the reply was written, or the write failed), and the recorder may then
+// reuse their buffers for a later build. release is nil when err is not.
+// Reusing the buffers keeps a reply of a large set (300 MB for a million
+// entries) from becoming garbage at every request; the recorder drops the
+// buffers it holds once no request came for replyIdle.
+func (r *Recorder) Reply(ctx context.Context) (frames [][]byte, release func(), err error) {
+	r.stats.requests.Add(1)
+	res := r.snapshot(ctx)
+	if res.err != nil {
+		r.stats.reqErrors.Add(1)
+		return nil, nil, res.err
+	}
+	return res.frames, r.releaser(res.bufs), nil
+}
+
+func (r *Recorder) snapshot(ctx context.Context) result {
 	if r.stats.failed.Load() {
-		return nil, ErrFailed
+		return result{err: ErrFailed}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return result{err: err}
 	}
 	w := &waiter{done: make(chan result, 1)}
 	r.wmu.Lock()
 	switch {
 	case r.stopped:
 		r.wmu.Unlock()
-		return nil, ErrStopped
+		return result{err: ErrStopped}
 	case len(r.waiting) >= r.cfg.MaxWaiting:
 		r.wmu.Unlock()
-		return nil, ErrBusy
+		return result{err: ErrBusy}
 	}
 	r.waiting = append(r.waiting, w)
 	r.wmu.Unlock()
@@ -477,12 +507,21 @@ func (r *Recorder) snapshot(ctx context.Context) ([][]byte, error) {
 	}
 	select {
 	case res := <-w.done:
-		return res.frames, res.err
+		return res
 	case <-ctx.Done():
+		if !w.state.CompareAndSwap(waiterWaiting, waiterGone) {
+			// serve took a reference for this request: its result is
+			// on its way and holds it.
+			res := <-w.done
+			if res.err == nil {
+				r.releaser(res.bufs)()
+			}
+			return result{err: ctx.Err()}
+		}
 		r.wmu.Lock()
 		r.waiting = slices.DeleteFunc(r.waiting, func(x *waiter) bool { return x == w })
 		r.wmu.Unlock()
-		return nil, ctx.Err()
+		return result{err: ctx.Err()}
 	}
 }
 
@@ -499,6 +538,8 @@ func (r *Recorder) Run(ctx context.Context) error {
 		defer t.Stop()
 		tick = t.C
 	}
+	idle := time.NewTimer(replyIdle) // see dropReplies
+	defer idle.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -512,6 +553,9 @@ func (r *Recorder) Run(ctx context.Context) error {
 		case <-r.reqWake:
 			r.serve()
 			r.earlyCheckpoint()
+			idle.Reset(replyIdle)
+		case <-idle.C:
+			r.dropReplies()
 		case <-tick:
 			r.drain()
 			r.checkpoint()
@@ -526,8 +570,11 @@ func (r *Recorder) stop() {
 	r.waiting, r.stopped = nil, true
 	r.wmu.Unlock()
 	for _, w := range ws {
-		w.done <- result{err: ErrStopped}
+		if w.state.CompareAndSwap(waiterWaiting, waiterServed) {
+			w.done <- result{err: ErrStopped}
+		}
 	}
+	r.dropReplies()
 }
 
 // drain folds every batch queued at the moment it is called (a finite cut:
@@ -597,25 +644,34 @@ func (r *Recorder) serve() {
 	ws := r.waiting
 	r.waiting = nil
 	r.wmu.Unlock()
-	if len(ws) == 0 {
+	waiting := func(w *waiter) bool { return w.state.Load() == waiterWaiting }
+	if !slices.ContainsFunc(ws, waiting) {
 		return
 	}
 	r.drain()
 	var res result
 	if r.isFailed() {
 		res.err = ErrFailed
-	} else if res.frames = r.reuse(); res.frames != nil {
+	} else if res.frames, res.bufs = r.reuse(); res.frames != nil {
 		r.stats.reused.Add(uint64(len(ws)))
 	} else {
 		start := time.Now()
-		res.frames, res.err = r.build()
+		res.frames, res.bufs, res.err = r.build()
 		if res.err == nil {
 			r.stats.built.Add(1)
 			r.stats.buildNanos.Store(int64(time.Since(start)))
-			r.remember(res.frames)
+			r.remember(res.frames, res.bufs)
 		} else {
 			r.lg.Warn("snapshot not served", "err", res.err, "entries", r.set.Len(), "cut", r.cut)
 		}
+	}
+	// Requests whose caller gave up meanwhile are not answered; each
+	// other one holds a reference to the reply's buffers until released.
+	ws = slices.DeleteFunc(ws, func(w *waiter) bool { return !w.state.CompareAndSwap(waiterWaiting, waiterServed) })
+	if res.err == nil {
+		r.pmu.Lock()
+		res.bufs.refs += len(ws)
+		r.pmu.Unlock()
 	}
 	for _, w := range ws {
 		w.done <- res
@@ -663,45 +719,39 @@ func (r *Recorder) checkpoint() {
 	r.stats.lastCheckpoint.Store(h.WrittenUnixMilli)
 }
 
-// lastReply is the last reply built, held weakly: its frames stay in
-// memory only while a caller still holds them (a reply of a million
-// entries is 300 MB), and they are immutable, so while they are there
-// they can be served again.
+// lastReply is the last reply built (or served again under a new cut):
+// its frames are immutable and, while no event was folded since, can be
+// served again. Its buffers are held until the next build or replyIdle.
 type lastReply struct {
-	frames  weak.Pointer[[]byte] // &frames[0]
-	n       int                  // len(frames)
+	frames  [][]byte // nil: none
+	bufs    *replyBufs
 	cut     int64
 	version uint64
 }
 
-// remember keeps frames (a reply just built at r.cut) for reuse.
-func (r *Recorder) remember(frames [][]byte) {
-	r.last = lastReply{frames: weak.Make(&frames[0]), n: len(frames), cut: r.cut, version: r.version}
+// remember keeps frames (a reply just built at r.cut, in bufs) for reuse.
+func (r *Recorder) remember(frames [][]byte, bufs *replyBufs) {
+	r.last = lastReply{frames: frames, bufs: bufs, cut: r.cut, version: r.version}
 }
 
-// reuse returns the last reply's chunks as a reply at r.cut if no event
-// was folded since it was built and its frames are still in memory, else
-// nil. Callers have drained the queue first, so r.cut covers every batch
-// recorded before their requests: an identical reply (no batch folded
-// since) is served as it is; after batches without events (heartbeats)
-// the set is the same and only the cut frame is new.
-func (r *Recorder) reuse() [][]byte {
-	if r.last.n == 0 || r.last.version != r.version {
-		return nil
+// reuse returns the last reply's chunks as a reply at r.cut, and their
+// buffers, if no event was folded since it was built, else nil. Callers
+// have drained the queue first, so r.cut covers every batch recorded
+// before their requests: an identical reply (no batch folded since) is
+// served as it is; after batches without events (heartbeats) the set is
+// the same and only the cut frame is new.
+func (r *Recorder) reuse() ([][]byte, *replyBufs) {
+	if r.last.frames == nil || r.last.version != r.version {
+		return nil, nil
 	}
-	p := r.last.frames.Value()
-	if p == nil {
-		return nil
-	}
-	frames := unsafe.Slice(p, r.last.n)
 	if r.last.cut == r.cut {
-		return frames
+		return r.last.frames, r.last.bufs
 	}
-	next := make([][]byte, len(frames))
-	copy(next, frames)
+	next := make([][]byte, len(r.last.frames))
+	copy(next, r.last.frames)
 	head := make([]byte, 8)
 	binary.BigEndian.PutUint64(head, uint64(r.cut))
 	next[0] = head
-	r.remember(next)
-	return next
+	r.remember(next, r.last.bufs)
+	return next, r.last.bufs
 }
