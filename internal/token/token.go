@@ -1,13 +1,23 @@
 // Package token signs and verifies the capability tokens that let a client
-// touch one allocation at one agent. The master signs them (PutStart: write,
-// GetReplicaList: read) with a key it hands every agent in Settings; the agent
-// verifies them without asking the master. A token binds segment, allocation,
-// mode and expiry, so it cannot be replayed against another allocation.
+// touch one allocation at one agent. The master signs them (PutStart and a
+// drain's copy: write, GetReplicaList: read) with the current key of its Ring
+// and hands every agent the current and previous keys in Settings; the agent
+// verifies them without asking the master. A token names the key that signed
+// it and binds the object (tenant and key), the replica (segment and
+// allocation), the mode and the expiry, so it cannot be replayed against
+// another allocation, another object or by another tenant.
 //
-// Wire layout (all integers big-endian):
+// Wire layout, version 2 (all integers big-endian):
 //
-//	version u8 (1) | mode u8 | allocation u64 | expiry_unix_ms i64 |
-//	segment_len u8 | segment bytes | HMAC-SHA256 over everything before it (32 bytes)
+//	version u8 (2) | key_id u32 | mode u8 | allocation u64 | expiry_unix_ms i64 |
+//	segment_len u8 | tenant_len u16 | key_len u16 |
+//	segment bytes | tenant bytes | key bytes |
+//	HMAC-SHA256 over everything before it, under key key_id (32 bytes)
+//
+// The lengths sit in the fixed 27-byte header, so framing is checked before
+// any variable field is read. Version 1 tokens (no key id, no object) are
+// refused as malformed: masters and agents are upgraded together (the
+// Settings field that carried version 1's single key is gone).
 //
 // Internal to the Crescent module: the services, the CLI and pkg/client
 // import it; other modules cannot, so it may change in any release.
@@ -36,31 +46,57 @@ const (
 )
 
 const (
-	version    = 1
-	macLen     = sha256.Size
-	headerLen  = 1 + 1 + 8 + 8 + 1
-	maxSegment = 255
+	version = 2
+	macLen  = sha256.Size
+	// Header offsets.
+	offKeyID   = 1
+	offMode    = 5
+	offAlloc   = 6
+	offExpiry  = 14
+	offSegLen  = 22
+	offTenLen  = 23
+	offKeyLen  = 25
+	headerLen  = 27
+	maxSegment = 1<<8 - 1
+	maxString  = 1<<16 - 1
 	// KeyLen is the length of a signing key.
 	KeyLen = 32
 )
 
-// Errors returned by Verify. They are sentinels; wrap, never compare text.
+// Errors returned by Verify and Parse. They are sentinels; wrap, never
+// compare text.
 var (
 	ErrMalformed = errors.New("token: malformed")
-	ErrSignature = errors.New("token: bad signature")
-	ErrExpired   = errors.New("token: expired")
-	ErrMismatch  = errors.New("token: not for this allocation or mode")
+	// ErrUnknownKey: the token names a key id the verifier does not hold
+	// (retired by two rotations, or from another master).
+	ErrUnknownKey = errors.New("token: unknown key id")
+	ErrSignature  = errors.New("token: bad signature")
+	ErrExpired    = errors.New("token: expired")
+	ErrMismatch   = errors.New("token: not for this allocation or mode")
+	// ErrTenant: the caller is a tenant other than the token's.
+	ErrTenant = errors.New("token: for another tenant")
 )
 
 // Claims are what a token asserts.
 type Claims struct {
+	// KeyID names the signing key. Parse sets it; Sign and Signer.Sign
+	// write their key's id whatever it holds.
+	KeyID        uint32
 	Mode         Mode
+	Tenant       string
+	Key          string
 	SegmentID    string
 	AllocationID uint64
 	Expiry       time.Time
 }
 
-// NewKey returns a fresh random signing key.
+// SigningKey is one HMAC-SHA256 key and the id tokens name it by.
+type SigningKey struct {
+	ID     uint32
+	Secret []byte
+}
+
+// NewKey returns a fresh random 32-byte secret.
 func NewKey() []byte {
 	k := make([]byte, KeyLen)
 	if _, err := rand.Read(k); err != nil {
@@ -71,42 +107,60 @@ func NewKey() []byte {
 	return k
 }
 
-// Sign returns the token for c under key.
-func Sign(key []byte, c Claims) []byte {
-	m := hmac.New(sha256.New, key)
-	b := appendBody(nil, c)
+// Sign returns the token for c under k. It is the reference the pooled
+// Signer is checked against; hot paths use a Signer.
+func Sign(k SigningKey, c Claims) []byte {
+	m := hmac.New(sha256.New, k.Secret)
+	b := appendBody(nil, k.ID, c)
 	m.Write(b)
 	return m.Sum(b)
 }
 
-func appendBody(b []byte, c Claims) []byte {
-	seg := c.SegmentID
-	if len(seg) > maxSegment {
-		seg = seg[:maxSegment]
+func clip(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
 	}
+	return s
+}
+
+// appendBody appends the signed part of the token for c under key id.
+// Over-long strings are cut (the master's validation keeps them shorter).
+func appendBody(b []byte, id uint32, c Claims) []byte {
+	seg, ten, key := clip(c.SegmentID, maxSegment), clip(c.Tenant, maxString), clip(c.Key, maxString)
 	if b == nil {
-		b = make([]byte, 0, headerLen+len(seg)+macLen)
+		b = make([]byte, 0, headerLen+len(seg)+len(ten)+len(key)+macLen)
 	}
-	b = append(b, version, byte(c.Mode))
+	b = append(b, version)
+	b = binary.BigEndian.AppendUint32(b, id)
+	b = append(b, byte(c.Mode))
 	b = binary.BigEndian.AppendUint64(b, c.AllocationID)
 	b = binary.BigEndian.AppendUint64(b, uint64(c.Expiry.UnixMilli()))
 	b = append(b, byte(len(seg)))
-	return append(b, seg...)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(ten)))
+	b = binary.BigEndian.AppendUint16(b, uint16(len(key)))
+	b = append(b, seg...)
+	b = append(b, ten...)
+	return append(b, key...)
 }
 
 // Signer signs tokens under one key like Sign, reusing keyed HMAC states
 // (no per-token key schedule), for hot paths that sign many tokens. Safe
 // for concurrent use.
 type Signer struct {
+	id   uint32
 	macs macPool
 }
 
-// NewSigner returns a Signer for key.
-func NewSigner(key []byte) *Signer { return &Signer{macs: newMACPool(key)} }
+// NewSigner returns a Signer for k (its secret copied).
+func NewSigner(k SigningKey) *Signer { return &Signer{id: k.ID, macs: newMACPool(k.Secret)} }
 
-// Sign returns the token for c, identical to Sign(key, c).
+// KeyID is the id of the Signer's key.
+func (s *Signer) KeyID() uint32 { return s.id }
+
+// Sign returns the token for c, identical to Sign(key, c). One allocation:
+// the token.
 func (s *Signer) Sign(c Claims) []byte {
-	b := appendBody(nil, c)
+	b := appendBody(nil, s.id, c)
 	return s.macs.sum(b, b)
 }
 
@@ -130,81 +184,183 @@ func (p macPool) sum(dst, body []byte) []byte {
 	return dst
 }
 
-// split checks a token's framing and returns its signed body and its MAC.
-func split(tok []byte) (body, mac []byte, err error) {
+// split checks a token's framing and returns its key id, signed body and MAC.
+func split(tok []byte) (id uint32, body, mac []byte, err error) {
 	if len(tok) < headerLen+macLen || tok[0] != version {
-		return nil, nil, ErrMalformed
+		return 0, nil, nil, ErrMalformed
 	}
-	segLen := int(tok[headerLen-1])
-	if len(tok) != headerLen+segLen+macLen {
-		return nil, nil, ErrMalformed
+	n := headerLen + int(tok[offSegLen]) + int(binary.BigEndian.Uint16(tok[offTenLen:])) + int(binary.BigEndian.Uint16(tok[offKeyLen:]))
+	if len(tok) != n+macLen {
+		return 0, nil, nil, ErrMalformed
 	}
-	return tok[:headerLen+segLen], tok[headerLen+segLen:], nil
+	return binary.BigEndian.Uint32(tok[offKeyID:]), tok[:n], tok[n:], nil
+}
+
+// fields returns views of a framed body's segment, tenant and key.
+func fields(body []byte) (seg, tenant, key []byte) {
+	s := headerLen + int(body[offSegLen])
+	t := s + int(binary.BigEndian.Uint16(body[offTenLen:]))
+	return body[headerLen:s], body[s:t], body[t:]
+}
+
+// Request is what a data-plane call wants to do; Verify checks a token
+// against it.
+type Request struct {
+	Mode         Mode
+	SegmentID    string
+	AllocationID uint64
+	// CallerTenant is the caller's tenant when the caller is known to be a
+	// tenant principal; "" (unknown, or an agent or admin) skips the check.
+	CallerTenant string
+}
+
+// Object is the tenant and key a verified token names: views into the
+// token, valid while it is. The agent compares them with the allocation's
+// own (the object its Reserve named).
+type Object struct{ Tenant, Key []byte }
+
+// Is reports whether o names tenant's key.
+func (o Object) Is(tenant, key string) bool {
+	return string(o.Tenant) == tenant && string(o.Key) == key
 }
 
 // checkClaims compares a verified body's claims with the request.
-func checkClaims(body []byte, mode Mode, segmentID string, allocationID uint64, now time.Time) error {
-	if Mode(body[1]) != mode || string(body[headerLen:]) != segmentID || binary.BigEndian.Uint64(body[2:10]) != allocationID {
-		return ErrMismatch
+func checkClaims(body []byte, r *Request, now time.Time) (Object, error) {
+	seg, tenant, key := fields(body)
+	if Mode(body[offMode]) != r.Mode || string(seg) != r.SegmentID || binary.BigEndian.Uint64(body[offAlloc:]) != r.AllocationID {
+		return Object{}, ErrMismatch
 	}
-	if now.After(time.UnixMilli(int64(binary.BigEndian.Uint64(body[10:18])))) {
-		return ErrExpired
+	if r.CallerTenant != "" && string(tenant) != r.CallerTenant {
+		return Object{}, ErrTenant
 	}
-	return nil
+	if now.After(time.UnixMilli(int64(binary.BigEndian.Uint64(body[offExpiry:])))) {
+		return Object{}, ErrExpired
+	}
+	return Object{Tenant: tenant, Key: key}, nil
 }
 
-// Parse decodes a token and checks its signature, but not its claims.
-func Parse(key, tok []byte) (Claims, error) {
-	body, mac, err := split(tok)
+// find returns the key id names among keys.
+func find(keys []SigningKey, id uint32) (SigningKey, bool) {
+	for _, k := range keys {
+		if k.ID == id {
+			return k, true
+		}
+	}
+	return SigningKey{}, false
+}
+
+// Parse decodes a token and checks its signature under the key it names
+// among keys, but not its claims.
+func Parse(tok []byte, keys ...SigningKey) (Claims, error) {
+	id, body, mac, err := split(tok)
 	if err != nil {
 		return Claims{}, err
 	}
-	m := hmac.New(sha256.New, key)
+	k, ok := find(keys, id)
+	if !ok {
+		return Claims{}, ErrUnknownKey
+	}
+	m := hmac.New(sha256.New, k.Secret)
 	m.Write(body)
 	if !hmac.Equal(m.Sum(nil), mac) {
 		return Claims{}, ErrSignature
 	}
+	seg, tenant, key := fields(body)
 	return Claims{
-		Mode:         Mode(body[1]),
-		AllocationID: binary.BigEndian.Uint64(body[2:10]),
-		Expiry:       time.UnixMilli(int64(binary.BigEndian.Uint64(body[10:18]))),
-		SegmentID:    string(body[headerLen:]),
+		KeyID:        id,
+		Mode:         Mode(body[offMode]),
+		AllocationID: binary.BigEndian.Uint64(body[offAlloc:]),
+		Expiry:       time.UnixMilli(int64(binary.BigEndian.Uint64(body[offExpiry:]))),
+		SegmentID:    string(seg),
+		Tenant:       string(tenant),
+		Key:          string(key),
 	}, nil
 }
 
-// Verify checks that tok is a valid, unexpired token of mode for the
-// allocation (segmentID, allocationID) at time now.
-func Verify(key, tok []byte, mode Mode, segmentID string, allocationID uint64, now time.Time) error {
-	body, mac, err := split(tok)
+// Verify checks that tok is a valid, unexpired token for r at time now under
+// one of keys, and returns the object it names. It is the reference the
+// pooled Verifier is checked against.
+func Verify(tok []byte, r Request, now time.Time, keys ...SigningKey) (Object, error) {
+	id, body, mac, err := split(tok)
 	if err != nil {
-		return err
+		return Object{}, err
 	}
-	m := hmac.New(sha256.New, key)
+	k, ok := find(keys, id)
+	if !ok {
+		return Object{}, ErrUnknownKey
+	}
+	m := hmac.New(sha256.New, k.Secret)
 	m.Write(body)
 	if !hmac.Equal(m.Sum(nil), mac) {
-		return ErrSignature
+		return Object{}, ErrSignature
 	}
-	return checkClaims(body, mode, segmentID, allocationID, now)
+	return checkClaims(body, &r, now)
 }
 
-// Verifier checks tokens against one key like Verify, with pooled keyed
-// HMAC states (see macPool). Safe for concurrent use.
+// Verifier checks tokens against a set of keys like Verify, with pooled
+// keyed HMAC states per key (see macPool). Immutable; safe for concurrent
+// use.
 type Verifier struct {
+	keys []verifierKey
+}
+
+type verifierKey struct {
+	SigningKey
 	macs macPool
 }
 
-// NewVerifier returns a Verifier for key (copied).
-func NewVerifier(key []byte) *Verifier { return &Verifier{macs: newMACPool(key)} }
+// NewVerifier returns a Verifier for keys (copied).
+func NewVerifier(keys ...SigningKey) *Verifier { return (*Verifier)(nil).Rekey(keys...) }
 
-// Verify is the package-level Verify with v's key.
-func (v *Verifier) Verify(tok []byte, mode Mode, segmentID string, allocationID uint64, now time.Time) error {
-	body, mac, err := split(tok)
+// Rekey returns a Verifier for keys that reuses v's pooled states for the
+// keys v already holds (same id and secret), so re-sent Settings do not
+// cool the pools. v may be nil.
+func (v *Verifier) Rekey(keys ...SigningKey) *Verifier {
+	n := &Verifier{keys: make([]verifierKey, 0, len(keys))}
+	for _, k := range keys {
+		if old, ok := v.lookup(k.ID); ok && hmac.Equal(old.Secret, k.Secret) {
+			n.keys = append(n.keys, *old)
+			continue
+		}
+		n.keys = append(n.keys, verifierKey{SigningKey: SigningKey{ID: k.ID, Secret: append([]byte(nil), k.Secret...)}, macs: newMACPool(k.Secret)})
+	}
+	return n
+}
+
+// KeyIDs lists the ids of v's keys in the order given.
+func (v *Verifier) KeyIDs() []uint32 {
+	ids := make([]uint32, len(v.keys))
+	for i := range v.keys {
+		ids[i] = v.keys[i].ID
+	}
+	return ids
+}
+
+func (v *Verifier) lookup(id uint32) (*verifierKey, bool) {
+	if v == nil {
+		return nil, false
+	}
+	for i := range v.keys {
+		if v.keys[i].ID == id {
+			return &v.keys[i], true
+		}
+	}
+	return nil, false
+}
+
+// Verify is the package-level Verify with v's keys. It allocates nothing.
+func (v *Verifier) Verify(tok []byte, r Request, now time.Time) (Object, error) {
+	id, body, mac, err := split(tok)
 	if err != nil {
-		return err
+		return Object{}, err
+	}
+	k, ok := v.lookup(id)
+	if !ok {
+		return Object{}, ErrUnknownKey
 	}
 	var sum [macLen]byte
-	if !hmac.Equal(v.macs.sum(sum[:0], body), mac) {
-		return ErrSignature
+	if !hmac.Equal(k.macs.sum(sum[:0], body), mac) {
+		return Object{}, ErrSignature
 	}
-	return checkClaims(body, mode, segmentID, allocationID, now)
+	return checkClaims(body, &r, now)
 }

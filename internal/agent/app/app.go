@@ -144,7 +144,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		ShutdownGrace: a.cfg.ShutdownGrace,
 	}, link.Deps{
 		Segments:        segs,
-		OnSettings:      func(s *masterv1.Settings) { keys.Set(s.GetTokenKey()) },
+		OnSettings:      func(s *masterv1.Settings) { keys.Set(s.GetTokenKeys()) },
 		CopyDialOptions: dataplane.DialOptions(),
 		Registerer:      a.reg,
 	}, a.lg.With("agent_id", agentID))

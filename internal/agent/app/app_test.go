@@ -161,11 +161,12 @@ func (r *running) stop(t *testing.T) {
 	}
 }
 
-var key = []byte("0123456789abcdef0123456789abcdef")
+var key = token.SigningKey{ID: 1, Secret: []byte("0123456789abcdef0123456789abcdef")}
 
 func settingsMsg() *masterv1.ConnectResponse {
 	return &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Settings{Settings: &masterv1.Settings{
-		Epoch: 1, HeartbeatInterval: durationpb.New(50 * time.Millisecond), ReservedGrace: durationpb.New(time.Minute), TokenKey: key,
+		Epoch: 1, HeartbeatInterval: durationpb.New(50 * time.Millisecond), ReservedGrace: durationpb.New(time.Minute),
+		TokenKeys: []*masterv1.TokenKey{{Id: key.ID, Key: key.Secret}},
 	}}}
 }
 
@@ -229,7 +230,7 @@ func TestAgentEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := ws.Send(&agentv1.WriteRequest{Header: &agentv1.WriteHeader{SegmentId: disk.GetSegmentId(), AllocationId: id,
-		Token: token.Sign(key, token.Claims{Mode: token.Write, SegmentID: disk.GetSegmentId(), AllocationID: id, Expiry: exp})}, Data: data}); err != nil {
+		Token: token.Sign(key, token.Claims{Mode: token.Write, Tenant: "t", Key: "obj", SegmentID: disk.GetSegmentId(), AllocationID: id, Expiry: exp})}, Data: data}); err != nil {
 		t.Fatal(err)
 	}
 	if resp, err := ws.CloseAndRecv(); err != nil || resp.GetBytesWritten() != uint64(len(data)) {
@@ -242,7 +243,7 @@ func TestAgentEndToEnd(t *testing.T) {
 		t.Fatalf("seal = %v", sr)
 	}
 	rs, err := dc.Read(t.Context(), &agentv1.ReadRequest{SegmentId: disk.GetSegmentId(), AllocationId: id,
-		Token: token.Sign(key, token.Claims{Mode: token.Read, SegmentID: disk.GetSegmentId(), AllocationID: id, Expiry: exp}), ChunkSize: 64 << 10})
+		Token: token.Sign(key, token.Claims{Mode: token.Read, Tenant: "t", Key: "obj", SegmentID: disk.GetSegmentId(), AllocationID: id, Expiry: exp}), ChunkSize: 64 << 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +266,7 @@ func TestAgentEndToEnd(t *testing.T) {
 	defer pool.Close()
 	got = make([]byte, len(data))
 	res, err := pool.Read(t.Context(), c.reg.GetTransferEndpoint(), []*agentv1.TransferItem{{SegmentId: disk.GetSegmentId(), AllocationId: id,
-		Token: token.Sign(key, token.Claims{Mode: token.Read, SegmentID: disk.GetSegmentId(), AllocationID: id, Expiry: exp})}}, [][]byte{got})
+		Token: token.Sign(key, token.Claims{Mode: token.Read, Tenant: "t", Key: "obj", SegmentID: disk.GetSegmentId(), AllocationID: id, Expiry: exp})}}, [][]byte{got})
 	if err != nil || res[0].Err != nil || !bytes.Equal(got, data) || res[0].Checksum != xxhash.Sum64(data) {
 		t.Fatalf("transfer Read = %+v, %v (bytes equal: %v)", res, err, bytes.Equal(got, data))
 	}

@@ -27,6 +27,7 @@ type diskObj struct {
 	id   uint64
 	off  uint64
 	data []byte
+	key  string
 }
 
 // sealOnDisk leaves a 4 MiB disk segment in dir holding one sealed object
@@ -55,7 +56,7 @@ func sealOnDisk(t *testing.T, dir string, datas ...[]byte) []diskObj {
 		if err := s.Seal([]segment.SealArg{{ID: a.GetAllocationId(), Checksum: xxhash.Sum64(d)}}, time.Now())[0]; err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, diskObj{s.ID(), a.GetAllocationId(), a.GetOffset(), d})
+		out = append(out, diskObj{s.ID(), a.GetAllocationId(), a.GetOffset(), d, "obj-" + strconv.Itoa(i)})
 	}
 	return out
 }
@@ -110,7 +111,7 @@ func TestCorruptDiskObjectNotRegistered(t *testing.T) {
 	defer cc.Close()
 	dc := agentv1.NewDataServiceClient(cc)
 	tok := func(o diskObj) []byte {
-		return token.Sign(key, token.Claims{Mode: token.Read, SegmentID: o.seg, AllocationID: o.id, Expiry: time.Now().Add(time.Minute)})
+		return token.Sign(key, token.Claims{Mode: token.Read, Tenant: "t", Key: o.key, SegmentID: o.seg, AllocationID: o.id, Expiry: time.Now().Add(time.Minute)})
 	}
 	var resp *agentv1.BatchReadResponse
 	// Until Settings arrive the agent has no token key.

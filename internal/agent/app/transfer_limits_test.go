@@ -113,7 +113,7 @@ func TestAgentTransferLimits(t *testing.T) {
 	defer pool.Close()
 	exp := time.Now().Add(time.Minute)
 	tok := func(mode token.Mode) []byte {
-		return token.Sign(key, token.Claims{Mode: mode, SegmentID: seg, AllocationID: id, Expiry: exp})
+		return token.Sign(key, token.Claims{Mode: mode, Tenant: "t", Key: "obj", SegmentID: seg, AllocationID: id, Expiry: exp})
 	}
 	data := bytes.Repeat([]byte("x"), 1000)
 	errs, err := pool.Write(t.Context(), ep, []*agentv1.TransferItem{{SegmentId: seg, AllocationId: id, Token: tok(token.Write)}}, [][]byte{data})

@@ -147,7 +147,7 @@ func benchRaw(b *testing.B, size int) {
 
 // benchAlloc reserves a size-byte allocation in mem and returns its id,
 // bytes to write into it, and a write and a read token for it.
-func benchAlloc(b *testing.B, mem *segment.Segment, key []byte, size int) (id uint64, src, wtok, rtok []byte) {
+func benchAlloc(b *testing.B, mem *segment.Segment, key token.SigningKey, size int) (id uint64, src, wtok, rtok []byte) {
 	a, err := mem.Reserve(&masterv1.ReserveItem{SegmentId: mem.ID(), Size: uint64(size), Key: "bench"}, time.Now())
 	if err != nil {
 		b.Fatal(err)
@@ -158,8 +158,8 @@ func benchAlloc(b *testing.B, mem *segment.Segment, key []byte, size int) (id ui
 		src[i] = byte(i * 31)
 	}
 	exp := time.Now().Add(time.Hour)
-	wtok = token.Sign(key, token.Claims{Mode: token.Write, SegmentID: mem.ID(), AllocationID: id, Expiry: exp})
-	rtok = token.Sign(key, token.Claims{Mode: token.Read, SegmentID: mem.ID(), AllocationID: id, Expiry: exp})
+	wtok = token.Sign(key, token.Claims{Mode: token.Write, Key: "bench", SegmentID: mem.ID(), AllocationID: id, Expiry: exp})
+	rtok = token.Sign(key, token.Claims{Mode: token.Read, Key: "bench", SegmentID: mem.ID(), AllocationID: id, Expiry: exp})
 	return id, src, wtok, rtok
 }
 
@@ -201,8 +201,8 @@ func benchGRPC(b *testing.B, size int, write, direct bool) {
 	defer mem.Close()
 	set := segment.NewSet(mem)
 	keys := &Keyring{}
-	key := token.NewKey()
-	keys.Set(key)
+	key := token.SigningKey{ID: 1, Secret: token.NewKey()}
+	keys.Set(tokenKeys(key))
 	lg := testutil.Logger()
 	reg := obs.NewRegistry()
 	opts := ServerOptions()
@@ -322,8 +322,8 @@ func benchXfer(b *testing.B, size int, write bool) {
 	}
 	defer mem.Close()
 	keys := &Keyring{}
-	key := token.NewKey()
-	keys.Set(key)
+	key := token.SigningKey{ID: 1, Secret: token.NewKey()}
+	keys.Set(tokenKeys(key))
 	lg := testutil.Logger()
 	srv := New(Config{}, Deps{Segments: segment.NewSet(mem), Keys: keys, Registerer: obs.NewRegistry()}, lg)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

@@ -1,6 +1,10 @@
 // Package dataplane serves DataService: clients write the bytes of RESERVED
 // allocations and read SEALED ones, each call carrying a token the master
-// signed (internal/token) with the key it last sent this agent in Settings.
+// signed (internal/token) under one of the keys its latest Settings sent
+// this agent (the current and the previous one). The token must name this
+// allocation, the operation, the object the allocation holds (tenant and
+// key, as its Reserve named them) and, when the caller is a tenant
+// principal, the caller's tenant.
 //
 // The hot path copies as little as it can: a Write copies each received
 // message's data straight into the segment (memory: the mapping; disk:
@@ -20,6 +24,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -50,24 +55,45 @@ type Config struct {
 	Transfer TransferConfig
 }
 
-// Keyring holds a token.Verifier for the key from the master's latest
-// Settings.
+// Keyring holds a token.Verifier for the keys of the master's latest
+// Settings: tokens under those keys are accepted, under any other key
+// refused (a key leaves when the master has rotated twice since it signed).
 type Keyring struct {
-	v atomic.Pointer[token.Verifier]
+	// mu serialises Set; verifier loads v without it.
+	mu sync.Mutex
+	v  atomic.Pointer[token.Verifier]
 }
 
-// Set installs a new key (nil or empty clears it: an empty HMAC key would
-// let anyone forge tokens). The Verifier keeps its own copy of key.
-func (k *Keyring) Set(key []byte) {
-	if len(key) == 0 {
+// Set installs the keys of a Settings message, replacing the previous set.
+// Keys with an empty secret are skipped (an empty HMAC key would let anyone
+// forge tokens); no keys at all clears the ring. Keys the ring already
+// holds keep their pooled HMAC states. The Verifier copies the secrets.
+func (k *Keyring) Set(keys []*masterv1.TokenKey) {
+	ks := make([]token.SigningKey, 0, len(keys))
+	for _, tk := range keys {
+		if len(tk.GetKey()) > 0 {
+			ks = append(ks, token.SigningKey{ID: tk.GetId(), Secret: tk.GetKey()})
+		}
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(ks) == 0 {
 		k.v.Store(nil)
 		return
 	}
-	k.v.Store(token.NewVerifier(key))
+	k.v.Store(k.v.Load().Rekey(ks...))
 }
 
-// verifier returns the current key's Verifier, or nil before the first
-// Settings.
+// KeyIDs lists the ids of the keys accepted now, newest first.
+func (k *Keyring) KeyIDs() []uint32 {
+	if v := k.v.Load(); v != nil {
+		return v.KeyIDs()
+	}
+	return nil
+}
+
+// verifier returns the Verifier of the current keys, or nil before the
+// first Settings.
 func (k *Keyring) verifier() *token.Verifier { return k.v.Load() }
 
 // Deps are the data plane's collaborators.
@@ -138,53 +164,88 @@ func errToken(format string, args ...any) error {
 	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_TOKEN, format, args...)
 }
 
-// open checks the token, then opens the allocation for mode.
-func (s *Server) open(segID string, allocID uint64, tok []byte, mode token.Mode) (*segment.Handle, error) {
-	seg, err := s.check(segID, allocID, tok, mode, s.now())
+// open checks the token, then opens the allocation for mode and checks that
+// it holds the token's object. callerTenant is check's.
+func (s *Server) open(segID string, allocID uint64, tok []byte, mode token.Mode, callerTenant string) (*segment.Handle, error) {
+	seg, obj, err := s.check(segID, allocID, tok, mode, s.now(), callerTenant)
 	if err != nil {
 		return nil, err
 	}
+	var h *segment.Handle
 	if mode == token.Write {
-		return seg.OpenWrite(allocID)
+		h, err = seg.OpenWrite(allocID)
+	} else {
+		h, err = seg.OpenRead(allocID)
 	}
-	return seg.OpenRead(allocID)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkObject(h, obj, allocID); err != nil {
+		h.Close()
+		return nil, err
+	}
+	return h, nil
 }
 
 // openWriteTo is open for writing into h (segment.OpenWriteTo), with the
 // token checked at now.
-func (s *Server) openWriteTo(h *segment.Handle, segID string, allocID uint64, tok []byte, now time.Time) error {
-	seg, err := s.check(segID, allocID, tok, token.Write, now)
+func (s *Server) openWriteTo(h *segment.Handle, segID string, allocID uint64, tok []byte, now time.Time, callerTenant string) error {
+	seg, obj, err := s.check(segID, allocID, tok, token.Write, now, callerTenant)
 	if err != nil {
 		return err
 	}
-	return seg.OpenWriteTo(h, allocID)
+	if err := seg.OpenWriteTo(h, allocID); err != nil {
+		return err
+	}
+	if err := checkObject(h, obj, allocID); err != nil {
+		h.Close()
+		return err
+	}
+	return nil
+}
+
+// checkObject refuses a token for another object than the one the open
+// allocation holds.
+func checkObject(h *segment.Handle, obj token.Object, allocID uint64) error {
+	if tenant, key := h.Object(); !obj.Is(tenant, key) {
+		return errToken("token names object %q/%q; allocation %d holds another", obj.Tenant, obj.Key, allocID)
+	}
+	return nil
 }
 
 // check verifies that tok allows mode on the allocation at now and returns
-// its segment.
-func (s *Server) check(segID string, allocID uint64, tok []byte, mode token.Mode, now time.Time) (*segment.Segment, error) {
+// its segment and the object the token names. callerTenant is the caller's
+// tenant when the caller is a tenant principal, which must be the token's;
+// "" (not known, or not a tenant principal) skips that comparison.
+func (s *Server) check(segID string, allocID uint64, tok []byte, mode token.Mode, now time.Time, callerTenant string) (*segment.Segment, token.Object, error) {
 	v := s.keys.verifier()
 	if v == nil {
-		return nil, errToken("agent has no token key yet (not registered with a master)")
+		return nil, token.Object{}, errToken("agent has no token key yet (not registered with a master)")
 	}
 	if len(tok) == 0 {
-		return nil, errToken("missing token")
+		return nil, token.Object{}, errToken("missing token")
 	}
-	if err := v.Verify(tok, mode, segID, allocID, now); err != nil {
+	obj, err := v.Verify(tok, token.Request{Mode: mode, SegmentID: segID, AllocationID: allocID, CallerTenant: callerTenant}, now)
+	if err != nil {
 		switch {
 		case errors.Is(err, token.ErrExpired):
-			return nil, errToken("token expired")
+			return nil, obj, errToken("token expired")
 		case errors.Is(err, token.ErrMismatch):
-			return nil, errToken("token is not a %s token for allocation %d of segment %s", modeName(mode), allocID, segID)
+			return nil, obj, errToken("token is not a %s token for allocation %d of segment %s", modeName(mode), allocID, segID)
+		case errors.Is(err, token.ErrTenant):
+			return nil, obj, errToken("token is for another tenant than the caller's (%q)", callerTenant)
+		case errors.Is(err, token.ErrUnknownKey):
+			return nil, obj, errToken("token signed by an unknown key (this agent accepts key ids %v): "+
+				"older than two key rotations, or from another master", v.KeyIDs())
 		default:
-			return nil, errToken("token rejected: %v", err)
+			return nil, obj, errToken("token rejected: %v", err)
 		}
 	}
 	seg, ok := s.segs.Get(segID)
 	if !ok {
-		return nil, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "no segment %q at this agent", segID)
+		return nil, obj, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "no segment %q at this agent", segID)
 	}
-	return seg, nil
+	return seg, obj, nil
 }
 
 func modeName(m token.Mode) string {
@@ -216,7 +277,7 @@ func (s *Server) Write(stream agentv1.DataService_WriteServer) error {
 	if hdr == nil {
 		return s.fail("write", errInvalid("the first write message must carry a header"))
 	}
-	h, err := s.open(hdr.GetSegmentId(), hdr.GetAllocationId(), hdr.GetToken(), token.Write)
+	h, err := s.open(hdr.GetSegmentId(), hdr.GetAllocationId(), hdr.GetToken(), token.Write, callerTenant(stream.Context()))
 	if err != nil {
 		return s.fail("write", err)
 	}
@@ -254,7 +315,7 @@ func (s *Server) Write(stream agentv1.DataService_WriteServer) error {
 // memory segment alias the mapping; the allocation stays pinned until the
 // transport has sent them.
 func (s *Server) Read(req *agentv1.ReadRequest, stream agentv1.DataService_ReadServer) error {
-	h, err := s.open(req.GetSegmentId(), req.GetAllocationId(), req.GetToken(), token.Read)
+	h, err := s.open(req.GetSegmentId(), req.GetAllocationId(), req.GetToken(), token.Read, callerTenant(stream.Context()))
 	if err != nil {
 		return s.fail("read", err)
 	}
@@ -318,10 +379,11 @@ func itemResult(err error) *agentv1.ItemResult {
 // BatchWrite writes many small objects, each whole into its allocation.
 func (s *Server) BatchWrite(ctx context.Context, req *agentv1.BatchWriteRequest) (*agentv1.BatchWriteResponse, error) {
 	out := &agentv1.BatchWriteResponse{Results: make([]*agentv1.ItemResult, len(req.GetItems()))}
+	tenant := callerTenant(ctx)
 	for i, it := range req.GetItems() {
 		err := ctx.Err()
 		if err == nil {
-			err = s.writeItem(it)
+			err = s.writeItem(it, tenant)
 		}
 		if err != nil {
 			s.errs.WithLabelValues("batch_write", rpcerr.Reason(err)).Inc()
@@ -331,8 +393,8 @@ func (s *Server) BatchWrite(ctx context.Context, req *agentv1.BatchWriteRequest)
 	return out, nil
 }
 
-func (s *Server) writeItem(it *agentv1.BatchWriteItem) error {
-	h, err := s.open(it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), token.Write)
+func (s *Server) writeItem(it *agentv1.BatchWriteItem, callerTenant string) error {
+	h, err := s.open(it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), token.Write, callerTenant)
 	if err != nil {
 		return err
 	}
@@ -348,11 +410,12 @@ func (s *Server) writeItem(it *agentv1.BatchWriteItem) error {
 func (s *Server) BatchRead(ctx context.Context, req *agentv1.BatchReadRequest) (*agentv1.BatchReadResponse, error) {
 	out := &agentv1.BatchReadResponse{Results: make([]*agentv1.BatchReadResult, len(req.GetItems()))}
 	var total uint64
+	tenant := callerTenant(ctx)
 	for i, it := range req.GetItems() {
 		err := ctx.Err()
 		var r *agentv1.BatchReadResult
 		if err == nil {
-			r, err = s.readItem(it, &total)
+			r, err = s.readItem(it, &total, tenant)
 		}
 		if err != nil {
 			s.errs.WithLabelValues("batch_read", rpcerr.Reason(err)).Inc()
@@ -364,8 +427,8 @@ func (s *Server) BatchRead(ctx context.Context, req *agentv1.BatchReadRequest) (
 	return out, nil
 }
 
-func (s *Server) readItem(it *agentv1.BatchReadItem, total *uint64) (*agentv1.BatchReadResult, error) {
-	h, err := s.open(it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), token.Read)
+func (s *Server) readItem(it *agentv1.BatchReadItem, total *uint64, callerTenant string) (*agentv1.BatchReadResult, error) {
+	h, err := s.open(it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), token.Read, callerTenant)
 	if err != nil {
 		return nil, err
 	}

@@ -33,13 +33,13 @@ var now = time.UnixMilli(1_700_000_000_000)
 type env struct {
 	mem, disk *segment.Segment
 	keys      *Keyring
-	key       []byte
+	key       token.SigningKey
 	client    agentv1.DataServiceClient
 }
 
 // newTestServer builds a Server over one 64 MiB memory and one 64 MiB disk
 // segment, with a fresh token key and the test clock.
-func newTestServer(t testing.TB, cfg Config) (mem, disk *segment.Segment, set *segment.Set, keys *Keyring, key []byte, srv *Server) {
+func newTestServer(t testing.TB, cfg Config) (mem, disk *segment.Segment, set *segment.Set, keys *Keyring, key token.SigningKey, srv *Server) {
 	t.Helper()
 	mem, err := segment.NewMemory("mem-0", 64<<20)
 	if err != nil {
@@ -51,8 +51,8 @@ func newTestServer(t testing.TB, cfg Config) (mem, disk *segment.Segment, set *s
 	}
 	set = segment.NewSet(mem, disk)
 	keys = &Keyring{}
-	key = token.NewKey()
-	keys.Set(key)
+	key = token.SigningKey{ID: 1, Secret: token.NewKey()}
+	keys.Set(tokenKeys(key))
 	srv = New(cfg, Deps{Segments: set, Keys: keys, Registerer: prometheus.NewRegistry(), Now: func() time.Time { return now }}, testutil.Logger())
 	return mem, disk, set, keys, key, srv
 }
@@ -96,7 +96,7 @@ func (e *env) reserve(t *testing.T, seg *segment.Segment, size uint64) uint64 {
 }
 
 func (e *env) tok(seg *segment.Segment, id uint64, mode token.Mode) []byte {
-	return token.Sign(e.key, token.Claims{Mode: mode, SegmentID: seg.ID(), AllocationID: id, Expiry: now.Add(time.Minute)})
+	return token.Sign(e.key, token.Claims{Mode: mode, Tenant: "t", Key: "k", SegmentID: seg.ID(), AllocationID: id, Expiry: now.Add(time.Minute)})
 }
 
 // write streams data in chunk-sized messages.
@@ -241,9 +241,9 @@ func TestTokensAndStatesEnforced(t *testing.T) {
 		t.Fatal(err)
 	}
 	seg := e.mem.ID()
-	otherKey := token.NewKey()
-	expired := token.Sign(e.key, token.Claims{Mode: token.Write, SegmentID: seg, AllocationID: reserved, Expiry: now.Add(-time.Second)})
-	forged := token.Sign(otherKey, token.Claims{Mode: token.Write, SegmentID: seg, AllocationID: reserved, Expiry: now.Add(time.Minute)})
+	otherKey := token.SigningKey{ID: e.key.ID, Secret: token.NewKey()}
+	expired := token.Sign(e.key, token.Claims{Mode: token.Write, Tenant: "t", Key: "k", SegmentID: seg, AllocationID: reserved, Expiry: now.Add(-time.Second)})
+	forged := token.Sign(otherKey, token.Claims{Mode: token.Write, Tenant: "t", Key: "k", SegmentID: seg, AllocationID: reserved, Expiry: now.Add(time.Minute)})
 	writeTests := []struct {
 		name   string
 		hdr    *agentv1.WriteHeader
@@ -300,7 +300,7 @@ func TestTokensAndStatesEnforced(t *testing.T) {
 
 	t.Run("no key yet", func(t *testing.T) {
 		e.keys.Set(nil)
-		defer e.keys.Set(e.key)
+		defer e.keys.Set(tokenKeys(e.key))
 		_, err := e.write(ctx, &agentv1.WriteHeader{SegmentId: seg, AllocationId: reserved, Token: e.tok(e.mem, reserved, token.Write)}, []byte("x"), 10)
 		wantErr(t, err, codes.PermissionDenied, "INVALID_TOKEN")
 	})

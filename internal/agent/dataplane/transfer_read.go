@@ -26,7 +26,7 @@ func (t *transferServer) read(c *transferConn, items []*agentv1.TransferItem) er
 	for i, it := range items {
 		r := &rs[i]
 		resp.Results[i] = r
-		h, length, err := s.openRange(it)
+		h, length, err := s.openRange(it, c.callerTenant())
 		if err != nil {
 			s.errs.WithLabelValues("transfer_read", rpcerr.Reason(err)).Inc()
 			r.Status = xfer.ItemResult(err)
@@ -76,8 +76,8 @@ func (t *transferServer) read(c *transferConn, items []*agentv1.TransferItem) er
 
 // openRange opens a READ item and resolves its range: length 0 reads to
 // the end of the object.
-func (s *Server) openRange(it *agentv1.TransferItem) (*segment.Handle, uint64, error) {
-	h, err := s.open(it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), token.Read)
+func (s *Server) openRange(it *agentv1.TransferItem, callerTenant string) (*segment.Handle, uint64, error) {
+	h, err := s.open(it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), token.Read, callerTenant)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -31,7 +31,7 @@ import (
 type xenv struct {
 	mem, disk *segment.Segment
 	keys      *Keyring
-	key       []byte
+	key       token.SigningKey
 	srv       *Server
 	addr      string
 	pool      *xfer.Pool
@@ -95,7 +95,7 @@ func (e *xenv) reserve(t testing.TB, seg *segment.Segment, size uint64) uint64 {
 
 func (e *xenv) item(seg *segment.Segment, id uint64, mode token.Mode) *agentv1.TransferItem {
 	return &agentv1.TransferItem{SegmentId: seg.ID(), AllocationId: id,
-		Token: token.Sign(e.key, token.Claims{Mode: mode, SegmentID: seg.ID(), AllocationID: id, Expiry: now.Add(time.Minute)})}
+		Token: token.Sign(e.key, token.Claims{Mode: mode, Tenant: "t", Key: "k", SegmentID: seg.ID(), AllocationID: id, Expiry: now.Add(time.Minute)})}
 }
 
 func seal(t testing.TB, seg *segment.Segment, id uint64, data []byte) {
@@ -235,7 +235,7 @@ func TestTransferTokensStatesBounds(t *testing.T) {
 	}
 	wantErr(t, w(func(it *agentv1.TransferItem) { it.Token = nil }, 10), codes.PermissionDenied, "INVALID_TOKEN")
 	wantErr(t, w(func(it *agentv1.TransferItem) {
-		it.Token = token.Sign(e.key, token.Claims{Mode: token.Write, SegmentID: e.mem.ID(), AllocationID: id, Expiry: now.Add(-time.Second)})
+		it.Token = token.Sign(e.key, token.Claims{Mode: token.Write, Tenant: "t", Key: "k", SegmentID: e.mem.ID(), AllocationID: id, Expiry: now.Add(-time.Second)})
 	}, 10), codes.PermissionDenied, "INVALID_TOKEN")
 	wantErr(t, w(func(it *agentv1.TransferItem) { it.Token = e.item(e.mem, id, token.Read).Token }, 10), codes.PermissionDenied, "INVALID_TOKEN")
 	wantErr(t, w(func(it *agentv1.TransferItem) { it.AllocationId = id + 1 }, 10), codes.PermissionDenied, "INVALID_TOKEN")
@@ -593,9 +593,9 @@ func FuzzTransferConn(f *testing.F) {
 		f.Fatal(err)
 	}
 	defer mem.Close()
-	key := make([]byte, token.KeyLen)
+	key := token.SigningKey{ID: 1, Secret: make([]byte, token.KeyLen)}
 	keys := &Keyring{}
-	keys.Set(key)
+	keys.Set(tokenKeys(key))
 	srv := New(Config{Transfer: TransferConfig{IOTimeout: time.Second, IdleTimeout: time.Second}},
 		Deps{Segments: segment.NewSet(mem), Keys: keys, Now: func() time.Time { return now }}, testutil.Logger())
 	wid, err := mem.Reserve(&masterv1.ReserveItem{SegmentId: mem.ID(), Size: 64, Key: "k"}, now)
@@ -608,7 +608,7 @@ func FuzzTransferConn(f *testing.F) {
 	}
 	mem.Seal([]segment.SealArg{{ID: rid.GetAllocationId(), Checksum: xxhash.Sum64(make([]byte, 64))}}, now)
 	tok := func(mode token.Mode, id uint64) []byte {
-		return token.Sign(key, token.Claims{Mode: mode, SegmentID: mem.ID(), AllocationID: id, Expiry: now.Add(time.Hour)})
+		return token.Sign(key, token.Claims{Mode: mode, Key: "k", SegmentID: mem.ID(), AllocationID: id, Expiry: now.Add(time.Hour)})
 	}
 	req := func(op agentv1.TransferOp, items ...*agentv1.TransferItem) []byte {
 		b, _ := xfer.AppendFrame([]byte(xfer.Preamble), &agentv1.TransferRequest{Op: op, Items: items})

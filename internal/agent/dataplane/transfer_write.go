@@ -45,10 +45,10 @@ func (t *transferServer) write(c *transferConn, items []*agentv1.TransferItem) e
 		clear(slab)
 		clear(errs)
 	}()
-	now := s.now()
+	now, tenant := s.now(), c.callerTenant()
 	for i, it := range items {
 		h := &slab[i]
-		err := s.openWriteTo(h, it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), now)
+		err := s.openWriteTo(h, it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), now, tenant)
 		if err == nil {
 			if err = h.CheckBounds(it.GetOffset(), it.GetLength()); err != nil {
 				h.Close()

@@ -88,7 +88,7 @@ func seedMessages(t testing.TB) [][]byte {
 	release := &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Release{Release: &masterv1.ReleaseRequest{RequestId: 9, Items: []*masterv1.AllocationRef{
 		{SegmentId: testSeg, AllocationId: 5}, {AllocationId: 6}, {SegmentId: "y"},
 	}}}}
-	settings := &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Settings{Settings: &masterv1.Settings{Epoch: 4, HeartbeatInterval: durationpb.New(1), TokenKey: []byte("k")}}}
+	settings := &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Settings{Settings: &masterv1.Settings{Epoch: 4, HeartbeatInterval: durationpb.New(1), TokenKeys: []*masterv1.TokenKey{{Id: 1, Key: []byte("k")}}}}}
 	empty := &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Seal{Seal: &masterv1.SealRequest{}}}
 	var seeds [][]byte
 	for _, m := range []proto.Message{reserveMsg(3), seal, release, settings, empty, &masterv1.ConnectResponse{}} {

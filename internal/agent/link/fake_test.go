@@ -256,7 +256,7 @@ func settings(epoch uint64) *masterv1.ConnectResponse {
 	return &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Settings{Settings: &masterv1.Settings{
 		Epoch: epoch, HeartbeatInterval: durationpb.New(20 * time.Millisecond), SuspectAfter: durationpb.New(time.Second),
 		UnmountAfter: durationpb.New(10 * time.Second), ReservedGrace: durationpb.New(time.Minute),
-		TokenKey: []byte("0123456789abcdef0123456789abcdef"), MasterId: "fake",
+		TokenKeys: []*masterv1.TokenKey{{Id: 1, Key: []byte("0123456789abcdef0123456789abcdef")}}, MasterId: "fake",
 	}}}
 }
 

@@ -238,8 +238,8 @@ func TestCopyToAnotherAgent(t *testing.T) {
 	tset := segment.NewSet(tmem)
 	defer tset.Close()
 	keys := &dataplane.Keyring{}
-	key := token.NewKey()
-	keys.Set(key)
+	key := token.SigningKey{ID: 1, Secret: token.NewKey()}
+	keys.Set([]*masterv1.TokenKey{{Id: key.ID, Key: key.Secret}})
 	h.link.deps.CopyDialOptions = []grpc.DialOption{serveData(t, dataplane.New(dataplane.Config{}, dataplane.Deps{Segments: tset, Keys: keys}, testutil.Logger()))}
 
 	data := make([]byte, 3<<20+7)
@@ -253,7 +253,7 @@ func TestCopyToAnotherAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := connected(t, h, 1)
-	tok := token.Sign(key, token.Claims{Mode: token.Write, SegmentID: tmem.ID(), AllocationID: dst.GetAllocationId(), Expiry: time.Now().Add(time.Minute)})
+	tok := token.Sign(key, token.Claims{Mode: token.Write, Key: "src", SegmentID: tmem.ID(), AllocationID: dst.GetAllocationId(), Expiry: time.Now().Add(time.Minute)})
 	copyReq := func(id uint64, tok []byte) {
 		s.send <- &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Copy{Copy: &masterv1.CopyRequest{
 			RequestId: id, Epoch: 1, Source: &masterv1.AllocationRef{SegmentId: h.mem.ID(), AllocationId: src.GetAllocationId()},

@@ -164,3 +164,7 @@ func (h *Handle) Close() {
 		}
 	})
 }
+
+// Object is the tenant and key the allocation was reserved for (fixed at
+// Reserve).
+func (h *Handle) Object() (tenant, key string) { return h.e.tenant, h.e.key }

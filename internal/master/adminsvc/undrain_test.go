@@ -12,6 +12,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
+	"github.com/crescent-kv/crescent/internal/token"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -40,7 +41,7 @@ func TestUndrainSegmentRoundTrip(t *testing.T) {
 	reg.MarkUnmounted([]string{"mem-b"})
 	store, err := meta.New(meta.Config{Shards: 4}, meta.Deps{
 		Registry: reg, Agents: metatest.NewAgents(metatest.NewRegistry()),
-		Identity: cluster.Identity{MasterID: "m", Epoch: 1, TokenKey: []byte("0123456789abcdef0123456789abcdef")},
+		Identity: cluster.Identity{MasterID: "m", Epoch: 1, Keys: token.NewRing(0, nil)},
 	}, lg)
 	if err != nil {
 		t.Fatal(err)

@@ -51,6 +51,14 @@ type Config struct {
 	HighWatermark      float64
 	LowWatermark       float64
 
+	// WriteTokenTTL is how long PutStart's (and a drain's) write tokens last.
+	WriteTokenTTL time.Duration
+	// TokenKeyRotation is how often the data-plane token key is replaced
+	// (agents are sent the current and previous keys). It must be at least
+	// twice the longest token lifetime plus the new key's activation delay
+	// (TokenKeyActivation), so no live token outlives its key.
+	TokenKeyRotation time.Duration
+
 	// MaxObjectSize is the largest object a PutStart may ask for; 0 means
 	// the largest registered segment. Never above meta.MaxObjectSizeCap.
 	MaxObjectSize config.ByteSize
@@ -94,6 +102,8 @@ func DefaultConfig() Config {
 		AgentTimeout:       5 * time.Second,
 		LeaseTTL:           10 * time.Second,
 		PutTimeout:         30 * time.Second,
+		WriteTokenTTL:      5 * time.Minute,
+		TokenKeyRotation:   time.Hour,
 		ChangelogRetention: 1 << 20,
 		HighWatermark:      0.90,
 		LowWatermark:       0.80,
@@ -123,6 +133,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.AgentTimeout, "agent-timeout", c.AgentTimeout, "timeout of one reserve/seal/release request to an agent")
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "read lease granted by GetReplicaList and Exist")
 	fs.DurationVar(&c.PutTimeout, "put-timeout", c.PutTimeout, "a PutStart not ended within this is expired (its reservations released, its quota refunded) and may be preempted; below reserved-grace")
+	fs.DurationVar(&c.WriteTokenTTL, "write-token-ttl", c.WriteTokenTTL, "lifetime of the write tokens PutStart hands out")
+	fs.DurationVar(&c.TokenKeyRotation, "token-key-rotation", c.TokenKeyRotation,
+		"how often the data-plane token signing key is rotated; at least 2 x (max(lease-ttl, write-token-ttl) + its activation delay, 1/20 of it up to 10s)")
 	fs.Var(&c.MaxObjectSize, "max-object-size", "largest object a PutStart may ask for (e.g. 1GiB), larger ones fail with OBJECT_TOO_LARGE; 0 = the largest registered segment; at most 64GiB")
 	fs.IntVar(&c.MaxTenants, "max-tenants", c.MaxTenants, "tenants held at once (those with objects or a quota); a new one beyond this fails with LIMIT_EXCEEDED")
 	fs.IntVar(&c.MaxSegmentsPerAgent, "max-segments-per-agent", c.MaxSegmentsPerAgent, "segments one agent may register or mount; more are refused with LIMIT_EXCEEDED")
@@ -145,7 +158,7 @@ func (c *Config) Validate() error {
 	pos := map[string]time.Duration{
 		"heartbeat-interval": c.HeartbeatInterval, "suspect-after": c.SuspectAfter, "unmount-after": c.UnmountAfter,
 		"reserved-grace": c.ReservedGrace, "agent-timeout": c.AgentTimeout, "lease-ttl": c.LeaseTTL, "put-timeout": c.PutTimeout,
-		"shutdown-timeout": c.ShutdownTimeout,
+		"shutdown-timeout": c.ShutdownTimeout, "write-token-ttl": c.WriteTokenTTL, "token-key-rotation": c.TokenKeyRotation,
 	}
 	for name, d := range pos {
 		if d <= 0 {
@@ -162,6 +175,12 @@ func (c *Config) Validate() error {
 		// The master must release an abandoned put's reservations (and
 		// refund its quota) before agents reclaim them on their own.
 		errs = append(errs, fmt.Errorf("put-timeout (%v) must be below reserved-grace (%v)", c.PutTimeout, c.ReservedGrace))
+	}
+	if ttl, least := max(c.LeaseTTL, c.WriteTokenTTL), minTokenKeyRotation(c.LeaseTTL, c.WriteTokenTTL); c.TokenKeyRotation < least {
+		// A token signed just before a rotation's key activates lives its
+		// TTL under the previous key, which agents drop one rotation later.
+		errs = append(errs, fmt.Errorf("token-key-rotation (%v) must be at least %v: twice the longest token lifetime (max of lease-ttl and write-token-ttl: %v) plus the new key's activation delay",
+			c.TokenKeyRotation, least, ttl))
 	}
 	if c.MaxObjectSize > meta.MaxObjectSizeCap {
 		errs = append(errs, fmt.Errorf("max-object-size (%d) must be at most %d (64GiB)", uint64(c.MaxObjectSize), uint64(meta.MaxObjectSizeCap)))
@@ -190,6 +209,24 @@ func (c *Config) Validate() error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// TokenKeyActivation is how long after a rotation the new token key starts
+// signing: the time the re-sent Settings have to reach every agent (the
+// previous key signs meanwhile). 1/20 of the rotation interval, at most 10 s.
+func TokenKeyActivation(rotation time.Duration) time.Duration {
+	return min(rotation/20, 10*time.Second)
+}
+
+// minTokenKeyRotation is the shortest rotation interval Validate accepts for
+// the token lifetimes: 2 x (longest TTL + activation delay), solved for the
+// rotation (the activation delay is a twentieth of it, up to 10 s).
+func minTokenKeyRotation(leaseTTL, writeTTL time.Duration) time.Duration {
+	ttl := max(leaseTTL, writeTTL)
+	if r := 2 * (ttl + 10*time.Second); TokenKeyActivation(r) == 10*time.Second {
+		return r
+	}
+	return 20 * ttl / 9 // r >= 2(ttl + r/20)  <=>  r >= 20 ttl / 9
 }
 
 // Master is a wired master: the metadata store, the segment registry and
@@ -224,8 +261,8 @@ func New(cfg Config, lg *slog.Logger, opts ...grpc.ServerOption) (*Master, error
 		MasterID: cfg.MasterID,
 		// A fresh epoch per process lifetime: agents fence older masters'
 		// commands by it and the change log's revisions restart under it.
-		Epoch:    uint64(time.Now().UnixNano()),
-		TokenKey: token.NewKey(),
+		Epoch: uint64(time.Now().UnixNano()),
+		Keys:  token.NewRing(TokenKeyActivation(cfg.TokenKeyRotation), nil),
 	}
 	if id.MasterID == "" {
 		id.MasterID = cfg.GRPCAddr
@@ -240,6 +277,7 @@ func New(cfg Config, lg *slog.Logger, opts ...grpc.ServerOption) (*Master, error
 		UnmountAfter:      cfg.UnmountAfter,
 		ReservedGrace:     cfg.ReservedGrace,
 		RequestTimeout:    cfg.AgentTimeout,
+		TokenKeyRotation:  cfg.TokenKeyRotation,
 
 		MaxSegmentsPerAgent: cfg.MaxSegmentsPerAgent,
 	}, session.Deps{Identity: id, Registry: segReg, Metrics: reg}, lg.With("part", "sessions"))
@@ -248,6 +286,7 @@ func New(cfg Config, lg *slog.Logger, opts ...grpc.ServerOption) (*Master, error
 	}
 	store, err := meta.New(meta.Config{
 		LeaseTTL:        cfg.LeaseTTL,
+		WriteTokenTTL:   cfg.WriteTokenTTL,
 		PutPreemptAfter: cfg.PutTimeout,
 		MaxObjectSize:   uint64(cfg.MaxObjectSize),
 		HighWatermark:   cfg.HighWatermark,

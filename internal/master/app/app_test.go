@@ -33,6 +33,17 @@ func TestValidate(t *testing.T) {
 		{"put timeout past reserved grace", func(c *Config) { c.PutTimeout = c.ReservedGrace }, false},
 		{"max object size at the cap", func(c *Config) { c.MaxObjectSize = 64 << 30 }, true},
 		{"max object size above the cap", func(c *Config) { c.MaxObjectSize = 64<<30 + 1 }, false},
+		// Rotation >= 2 x (max(lease, write token TTL) + activation).
+		{"no key rotation", func(c *Config) { c.TokenKeyRotation = 0 }, false},
+		{"key rotation at the minimum", func(c *Config) { c.TokenKeyRotation = 2 * (5*time.Minute + 10*time.Second) }, true},
+		{"key rotation below the minimum", func(c *Config) { c.TokenKeyRotation = 2*(5*time.Minute+10*time.Second) - time.Second }, false},
+		{"key rotation below the write token TTL", func(c *Config) { c.WriteTokenTTL = 2 * time.Hour }, false},
+		{"short tokens, fast rotation", func(c *Config) {
+			c.LeaseTTL, c.WriteTokenTTL, c.TokenKeyRotation = 900*time.Millisecond, 900*time.Millisecond, 2*time.Second
+		}, true},
+		{"short tokens, too fast rotation", func(c *Config) {
+			c.LeaseTTL, c.WriteTokenTTL, c.TokenKeyRotation = 900*time.Millisecond, 900*time.Millisecond, 1999*time.Millisecond
+		}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
+	"github.com/crescent-kv/crescent/internal/token"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -30,7 +31,7 @@ import (
 func TestSnapshotConcurrencyCap(t *testing.T) {
 	c := metatest.NewCluster(1, 1, 1<<30)
 	store, err := meta.New(meta.Config{Shards: 8}, meta.Deps{
-		Registry: c.Reg, Agents: c.Agents, Identity: cluster.Identity{Epoch: 77, TokenKey: []byte("k")},
+		Registry: c.Reg, Agents: c.Agents, Identity: cluster.Identity{Epoch: 77, Keys: token.NewRing(0, nil)},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/master/meta/metatest"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
+	"github.com/crescent-kv/crescent/internal/token"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -37,7 +38,7 @@ func start(t *testing.T, retention int) *harness {
 	c := metatest.NewCluster(2, 2, 1<<30)
 	store, err := meta.New(meta.Config{Shards: 8, ChangeRetention: retention}, meta.Deps{
 		Registry: c.Reg, Agents: c.Agents,
-		Identity: cluster.Identity{Epoch: 77, TokenKey: []byte("k")},
+		Identity: cluster.Identity{Epoch: 77, Keys: token.NewRing(0, nil)},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)

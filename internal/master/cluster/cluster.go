@@ -20,6 +20,7 @@ import (
 	"context"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/token"
 )
 
 // Identity is this master's identity for the current leader term.
@@ -30,9 +31,9 @@ type Identity struct {
 	// terms; commands carry it and agents reject older ones; the change log
 	// restarts its revisions at 1 in every epoch.
 	Epoch uint64
-	// TokenKey signs DataService tokens (internal/token); agents receive it in
-	// Settings.
-	TokenKey []byte
+	// Keys sign DataService tokens (internal/token); agents receive the
+	// current and previous keys in Settings. The session manager rotates them.
+	Keys *token.Ring
 }
 
 // Segment is a point-in-time copy of one segment's registry entry.

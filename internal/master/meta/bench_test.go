@@ -8,6 +8,7 @@ import (
 
 	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"github.com/crescent-kv/crescent/internal/master/meta/metatest"
+	"github.com/crescent-kv/crescent/internal/token"
 )
 
 // BenchmarkHeapPerObject loads 1M single-replica objects (32-byte keys,
@@ -33,7 +34,7 @@ func benchHeap(b *testing.B, retention int) {
 		runtime.ReadMemStats(&before)
 		b.StartTimer()
 		s, err := New(Config{ChangeRetention: retention}, Deps{Registry: c.Reg, Agents: &metatest.NullAgents{},
-			Identity: cluster.Identity{Epoch: 1, TokenKey: []byte("k")}}, nil)
+			Identity: cluster.Identity{Epoch: 1, Keys: token.NewRing(0, nil)}}, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -77,7 +78,7 @@ func benchStore(b *testing.B) *Store {
 	b.Helper()
 	c := metatest.NewCluster(4, 2, 1<<50)
 	s, err := New(Config{}, Deps{Registry: c.Reg, Agents: &metatest.NullAgents{},
-		Identity: cluster.Identity{Epoch: 1, TokenKey: []byte("k")}}, nil)
+		Identity: cluster.Identity{Epoch: 1, Keys: token.NewRing(0, nil)}}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

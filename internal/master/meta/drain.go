@@ -15,21 +15,24 @@ const drainChunk = 256
 
 // move is one replica moving off a draining segment.
 type move struct {
-	tenant   uint32
-	key      string
-	shard    int
-	src      uint32 // replica id on the draining segment
-	srcAlloc uint64
-	size     uint64
-	checksum uint64
-	pinMs    int64
-	hard     bool
-	group    string
-	target   *segView
-	dst      uint32 // target replica id, 0 when none was placed
-	dstAlloc uint64
-	dstOff   uint64
-	err      error
+	tenant uint32
+	key    string
+	// tenantName is the tenant's name as the Reserve sent it; the target's
+	// write token binds it.
+	tenantName string
+	shard      int
+	src        uint32 // replica id on the draining segment
+	srcAlloc   uint64
+	size       uint64
+	checksum   uint64
+	pinMs      int64
+	hard       bool
+	group      string
+	target     *segView
+	dst        uint32 // target replica id, 0 when none was placed
+	dstAlloc   uint64
+	dstOff     uint64
+	err        error
 }
 
 // DrainSegment moves every COMPLETE replica off a segment: it marks the
@@ -204,8 +207,9 @@ func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chun
 			b = &rbatch{}
 			per[mv.target.seg.AgentID] = b
 		}
+		mv.tenantName = s.tenants.get(mv.tenant).name
 		b.items = append(b.items, &masterv1.ReserveItem{
-			SegmentId: mv.target.seg.ID, Size: mv.size, Tenant: s.tenants.get(mv.tenant).name, Key: mv.key,
+			SegmentId: mv.target.seg.ID, Size: mv.size, Tenant: mv.tenantName, Key: mv.key,
 			ReplicaId: mv.dst, GroupId: mv.group, HardPin: mv.hard, SoftPinUntilUnixMs: mv.pinMs,
 		})
 		b.moves = append(b.moves, mv)
@@ -235,7 +239,8 @@ func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chun
 		return true
 	})
 	// Phase 4: copy (source agent), then seal (target agents).
-	exp := s.now().Add(s.cfg.WriteTokenTTL)
+	now := s.now()
+	exp, signer := now.Add(s.cfg.WriteTokenTTL), s.keys.Signer(now)
 	srcID := s.segs.get(src).id
 	for _, mv := range chunk {
 		if mv.err != nil || mv.dst == 0 {
@@ -246,7 +251,8 @@ func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chun
 			Source:         &masterv1.AllocationRef{SegmentId: srcID, AllocationId: mv.srcAlloc},
 			TargetEndpoint: mv.target.seg.DataEndpoint,
 			Target:         &masterv1.AllocationRef{SegmentId: mv.target.seg.ID, AllocationId: mv.dstAlloc},
-			TargetToken:    s.signer.Sign(token.Claims{Mode: token.Write, SegmentID: mv.target.seg.ID, AllocationID: mv.dstAlloc, Expiry: exp}),
+			TargetToken: signer.Sign(token.Claims{Mode: token.Write, Tenant: mv.tenantName, Key: mv.key,
+				SegmentID: mv.target.seg.ID, AllocationID: mv.dstAlloc, Expiry: exp}),
 		})
 	}
 	type sbatch struct {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"github.com/crescent-kv/crescent/internal/master/meta/metatest"
+	"github.com/crescent-kv/crescent/internal/token"
 )
 
 // BenchmarkEvictPass is one background eviction pass (evictOverHigh) over
@@ -28,7 +29,7 @@ func BenchmarkEvictPass(b *testing.B) {
 	c := metatest.NewCluster(1, 2, capacity)
 	clk := newClock()
 	s, err := New(Config{}, Deps{Registry: c.Reg, Agents: &metatest.NullAgents{}, Now: clk.Now,
-		Identity: cluster.Identity{Epoch: 1, TokenKey: []byte("k")}}, nil)
+		Identity: cluster.Identity{Epoch: 1, Keys: token.NewRing(0, nil)}}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

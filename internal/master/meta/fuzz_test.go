@@ -7,6 +7,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"github.com/crescent-kv/crescent/internal/master/meta/metatest"
+	"github.com/crescent-kv/crescent/internal/token"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -43,7 +44,7 @@ func FuzzReconcile(f *testing.F) {
 			return
 		}
 		c := metatest.NewCluster(1, 2, 1<<20)
-		s, err := New(Config{Shards: 2}, Deps{Registry: c.Reg, Agents: c.Agents, Identity: cluster.Identity{TokenKey: []byte("k")}}, nil)
+		s, err := New(Config{Shards: 2}, Deps{Registry: c.Reg, Agents: c.Agents, Identity: cluster.Identity{Keys: token.NewRing(0, nil)}}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -88,6 +88,8 @@ type readRep struct {
 
 // readView is what a get copies out of the shard.
 type readView struct {
+	// tenant and key name the object (its read tokens bind them).
+	tenant, key    string
 	size, checksum uint64
 	group          string
 	reps           []readRep
@@ -102,6 +104,7 @@ func (s *Store) readLocked(o *object, c *segCache, tenant, key string, v *readVi
 // readIntoLocked is readLocked appending the replicas to *arena (shared by
 // a batch) and pointing v.reps at them.
 func (s *Store) readIntoLocked(o *object, c *segCache, tenant, key string, v *readView, arena *[]readRep) error {
+	v.tenant, v.key = tenant, key
 	start := len(*arena)
 	if arena == &v.reps {
 		start, *arena = 0, (*arena)[:0]
@@ -219,7 +222,8 @@ func (s *Store) BatchGet(ctx context.Context, specs []GetSpec) []GetResult {
 	resps := make([]masterv1.GetReplicaListResponse, ok)
 	descs := make([]masterv1.ReplicaDescriptor, total)
 	ttl := s.leaseTTL
-	exp := s.now().Add(s.cfg.LeaseTTL)
+	at := s.now()
+	exp, signer := at.Add(s.cfg.LeaseTTL), s.keys.Signer(at)
 	for _, it := range items {
 		if res[it.i].Err != nil {
 			continue
@@ -227,7 +231,7 @@ func (s *Store) BatchGet(ctx context.Context, specs []GetSpec) []GetResult {
 		v := &views[it.i]
 		resp := &resps[0]
 		resps = resps[1:]
-		s.fillResponse(resp, v, &c, specs[it.i].ClientHost, descs[:len(v.reps)], ttl, exp)
+		s.fillResponse(resp, v, &c, specs[it.i].ClientHost, descs[:len(v.reps)], ttl, exp, signer)
 		descs = descs[len(v.reps):]
 		res[it.i].Resp = resp
 	}
@@ -238,15 +242,16 @@ func (s *Store) BatchGet(ctx context.Context, specs []GetSpec) []GetResult {
 // the lease, replicas on clientHost first.
 func (s *Store) readResponse(v *readView, c *segCache, clientHost string) *masterv1.GetReplicaListResponse {
 	resp := &masterv1.GetReplicaListResponse{}
-	exp := s.now().Add(s.cfg.LeaseTTL)
-	s.fillResponse(resp, v, c, clientHost, make([]masterv1.ReplicaDescriptor, len(v.reps)), s.leaseTTL, exp)
+	now := s.now()
+	s.fillResponse(resp, v, c, clientHost, make([]masterv1.ReplicaDescriptor, len(v.reps)), s.leaseTTL, now.Add(s.cfg.LeaseTTL), s.keys.Signer(now))
 	return resp
 }
 
 // fillResponse writes v into resp using descs (len(v.reps) long) for the
-// descriptors; ttl may be shared between responses (it is only read).
+// descriptors; ttl may be shared between responses (it is only read). The
+// read tokens expire at exp and are signed by signer.
 func (s *Store) fillResponse(resp *masterv1.GetReplicaListResponse, v *readView, c *segCache, clientHost string,
-	descs []masterv1.ReplicaDescriptor, ttl *durationpb.Duration, exp time.Time) {
+	descs []masterv1.ReplicaDescriptor, ttl *durationpb.Duration, exp time.Time, signer *token.Signer) {
 	expMs := exp.UnixMilli()
 	reps := make([]*masterv1.ReplicaDescriptor, 0, len(v.reps))
 	for pass := 0; pass < 2; pass++ {
@@ -269,7 +274,7 @@ func (s *Store) fillResponse(resp *masterv1.GetReplicaListResponse, v *readView,
 			d.Size = v.size
 			d.Medium = masterv1.Medium(r.medium)
 			d.Status = masterv1.ReplicaStatus_REPLICA_STATUS_COMPLETE
-			d.Token = s.signer.Sign(token.Claims{Mode: token.Read, SegmentID: sv.ID, AllocationID: r.allocID, Expiry: exp})
+			d.Token = signer.Sign(token.Claims{Mode: token.Read, Tenant: v.tenant, Key: v.key, SegmentID: sv.ID, AllocationID: r.allocID, Expiry: exp})
 			d.TokenExpiryUnixMs = expMs
 			reps = append(reps, d)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"github.com/crescent-kv/crescent/internal/master/meta/metatest"
 	"github.com/crescent-kv/crescent/internal/testutil"
+	"github.com/crescent-kv/crescent/internal/token"
 	"go.uber.org/goleak"
 )
 
@@ -36,7 +37,7 @@ func newEnv(t testing.TB, hosts, segs int, capacity uint64, cfg Config) *env {
 	c.Agents.NowMs = func() int64 { return clk.Now().UnixMilli() }
 	s, err := New(cfg, Deps{
 		Registry: c.Reg, Agents: c.Agents, Now: clk.Now,
-		Identity: cluster.Identity{MasterID: "m1", Epoch: 42, TokenKey: []byte("0123456789abcdef0123456789abcdef")},
+		Identity: cluster.Identity{MasterID: "m1", Epoch: 42, Keys: token.NewRing(0, nil)},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"github.com/crescent-kv/crescent/internal/master/meta/metatest"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/token"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -54,7 +55,7 @@ func TestUndrainStopsDrain(t *testing.T) {
 	g := &gatedAgents{Agents: c.Agents, copying: make(chan struct{}), release: make(chan struct{})}
 	s, err := New(Config{Shards: 4}, Deps{
 		Registry: c.Reg, Agents: g, Now: clk.Now,
-		Identity: cluster.Identity{MasterID: "m1", Epoch: 42, TokenKey: []byte("0123456789abcdef0123456789abcdef")},
+		Identity: cluster.Identity{MasterID: "m1", Epoch: 42, Keys: token.NewRing(0, nil)},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -195,7 +195,8 @@ func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartRe
 			segs = s.reg.Segments() // after eviction and exclusions
 		}
 		s.putStartRound(ctx, specs, items, s.newPlacerFrom(segs, exclude), exclude)
-		wd.reset(items, s.now().Add(s.cfg.WriteTokenTTL))
+		now := s.now()
+		wd.reset(items, now.Add(s.cfg.WriteTokenTTL), s.keys.Signer(now))
 		var retry []*putItem
 		type want struct{ total, largest uint64 }
 		evict := map[masterv1.Medium]want{}
@@ -441,21 +442,22 @@ func (s *Store) settleReservationsLocked(m *mut, sp *PutSpec, it *putItem, exclu
 // expiry and the memory of their descriptors (one allocation each per
 // round instead of two per put).
 type descWriter struct {
-	exp   time.Time
-	descs []masterv1.ReplicaDescriptor
-	ptrs  []*masterv1.ReplicaDescriptor
+	exp    time.Time
+	signer *token.Signer
+	descs  []masterv1.ReplicaDescriptor
+	ptrs   []*masterv1.ReplicaDescriptor
 }
 
 // reset sizes w for the successful puts among items, with tokens that
-// expire at exp.
-func (w *descWriter) reset(items []*putItem, exp time.Time) {
+// expire at exp, signed by signer.
+func (w *descWriter) reset(items []*putItem, exp time.Time, signer *token.Signer) {
 	n := 0
 	for _, it := range items {
 		if it.err == nil {
 			n += len(it.reps)
 		}
 	}
-	*w = descWriter{exp: exp, descs: make([]masterv1.ReplicaDescriptor, n), ptrs: make([]*masterv1.ReplicaDescriptor, n)}
+	*w = descWriter{exp: exp, signer: signer, descs: make([]masterv1.ReplicaDescriptor, n), ptrs: make([]*masterv1.ReplicaDescriptor, n)}
 }
 
 // writeDescriptors builds the PutStart answer with write tokens.
@@ -467,18 +469,19 @@ func (s *Store) writeDescriptors(w *descWriter, sp *PutSpec, it *putItem) []*mas
 	for i, rp := range it.reps {
 		out[i] = &descs[i]
 		*out[i] = masterv1.ReplicaDescriptor{
-			ReplicaId:         rp.id,
-			SegmentId:         rp.v.seg.ID,
-			AgentId:           rp.v.seg.AgentID,
-			HostId:            rp.v.seg.HostID,
-			DataEndpoint:      rp.v.seg.DataEndpoint,
-			TransferEndpoint:  rp.v.seg.TransferEndpoint,
-			AllocationId:      rp.allocID,
-			Offset:            rp.offset,
-			Size:              sp.Size,
-			Medium:            sp.Medium,
-			Status:            masterv1.ReplicaStatus_REPLICA_STATUS_PROCESSING,
-			Token:             s.signer.Sign(token.Claims{Mode: token.Write, SegmentID: rp.v.seg.ID, AllocationID: rp.allocID, Expiry: exp}),
+			ReplicaId:        rp.id,
+			SegmentId:        rp.v.seg.ID,
+			AgentId:          rp.v.seg.AgentID,
+			HostId:           rp.v.seg.HostID,
+			DataEndpoint:     rp.v.seg.DataEndpoint,
+			TransferEndpoint: rp.v.seg.TransferEndpoint,
+			AllocationId:     rp.allocID,
+			Offset:           rp.offset,
+			Size:             sp.Size,
+			Medium:           sp.Medium,
+			Status:           masterv1.ReplicaStatus_REPLICA_STATUS_PROCESSING,
+			Token: w.signer.Sign(token.Claims{Mode: token.Write, Tenant: sp.Tenant, Key: sp.Key,
+				SegmentID: rp.v.seg.ID, AllocationID: rp.allocID, Expiry: exp}),
 			TokenExpiryUnixMs: exp.UnixMilli(),
 		}
 	}

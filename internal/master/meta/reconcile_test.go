@@ -10,6 +10,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"github.com/crescent-kv/crescent/internal/master/meta/metatest"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/token"
 )
 
 func TestReconcileRebuildsAfterRestart(t *testing.T) {
@@ -29,7 +30,7 @@ func TestReconcileRebuildsAfterRestart(t *testing.T) {
 
 	// A new master (new epoch) learns everything from registrations.
 	s2, err := New(Config{Shards: 8}, Deps{Registry: e.c.Reg, Agents: e.c.Agents, Now: e.clk.Now,
-		Identity: cluster.Identity{Epoch: 43, TokenKey: []byte("k")}}, nil)
+		Identity: cluster.Identity{Epoch: 43, Keys: token.NewRing(0, nil)}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,7 +49,7 @@ type Store struct {
 	segs      segTable
 	tenants   tenantTable
 	log       *changelog.Log
-	signer    *token.Signer
+	keys      *token.Ring
 	// leaseTTL is shared by every GetReplicaList answer (only read).
 	leaseTTL *durationpb.Duration
 	putSeq   atomic.Uint64
@@ -93,8 +93,8 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 	if deps.Registry == nil || deps.Agents == nil {
 		return nil, errors.New("meta: Registry and Agents are required")
 	}
-	if len(deps.Identity.TokenKey) == 0 {
-		return nil, errors.New("meta: Identity.TokenKey is required")
+	if deps.Identity.Keys == nil {
+		return nil, errors.New("meta: Identity.Keys is required")
 	}
 	if deps.Now == nil {
 		deps.Now = time.Now
@@ -112,7 +112,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		shards:    make([]shard, cfg.Shards),
 		shardMask: uint64(cfg.Shards - 1),
 		log:       changelog.New(cfg.ChangeRetention, deps.Identity.Epoch),
-		signer:    token.NewSigner(deps.Identity.TokenKey),
+		keys:      deps.Identity.Keys,
 		leaseTTL:  durationpb.New(cfg.LeaseTTL),
 		evictKick: make(chan struct{}, 1),
 		closed:    make(chan struct{}),

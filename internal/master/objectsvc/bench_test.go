@@ -14,6 +14,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/obs"
 	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/crescent-kv/crescent/internal/testutil"
+	"github.com/crescent-kv/crescent/internal/token"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -26,7 +27,7 @@ func benchServer(b *testing.B) (*grpc.ClientConn, *meta.Store) {
 	b.Helper()
 	c := metatest.NewCluster(4, 2, 1<<50)
 	store, err := meta.New(meta.Config{}, meta.Deps{Registry: c.Reg, Agents: c.Agents,
-		Identity: cluster.Identity{Epoch: 1, TokenKey: tokenKey}}, nil)
+		Identity: cluster.Identity{Epoch: 1, Keys: token.NewRingWithKey(tokenKey)}}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/master/meta"
 	"github.com/crescent-kv/crescent/internal/master/meta/metatest"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/token"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
@@ -33,7 +34,7 @@ func FuzzRequests(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, kind byte, b []byte) {
 		c := metatest.NewCluster(2, 1, 1<<20)
-		store, err := meta.New(meta.Config{Shards: 2}, meta.Deps{Registry: c.Reg, Agents: c.Agents, Identity: cluster.Identity{TokenKey: tokenKey}}, nil)
+		store, err := meta.New(meta.Config{Shards: 2}, meta.Deps{Registry: c.Reg, Agents: c.Agents, Identity: cluster.Identity{Keys: token.NewRingWithKey(tokenKey)}}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/master/meta/metatest"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
+	"github.com/crescent-kv/crescent/internal/token"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -22,7 +23,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-var tokenKey = []byte("0123456789abcdef0123456789abcdef")
+var tokenKey = token.SigningKey{ID: 1, Secret: []byte("0123456789abcdef0123456789abcdef")}
 
 // newClock is a fake clock reading the wall time, to the millisecond, until
 // advanced.
@@ -44,7 +45,7 @@ func start(t testing.TB, hosts, segs int, capacity uint64) *harness {
 	c.Agents.NowMs = func() int64 { return clk.Now().UnixMilli() }
 	store, err := meta.New(meta.Config{Shards: 16}, meta.Deps{
 		Registry: c.Reg, Agents: c.Agents, Now: clk.Now,
-		Identity: cluster.Identity{MasterID: "m", Epoch: 9, TokenKey: tokenKey},
+		Identity: cluster.Identity{MasterID: "m", Epoch: 9, Keys: token.NewRingWithKey(tokenKey)},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"github.com/crescent-kv/crescent/internal/master/meta"
 	"github.com/crescent-kv/crescent/internal/master/meta/metatest"
+	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -35,7 +36,7 @@ func startTCP(t *testing.T, hosts, segs int, capacity uint64, cfg meta.Config) *
 	cfg.Shards = 16
 	store, err := meta.New(cfg, meta.Deps{
 		Registry: c.Reg, Agents: c.Agents, Now: clk.Now, Metrics: prom,
-		Identity: cluster.Identity{MasterID: "m", Epoch: 9, TokenKey: tokenKey},
+		Identity: cluster.Identity{MasterID: "m", Epoch: 9, Keys: token.NewRingWithKey(tokenKey)},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/master/meta/metatest"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"github.com/crescent-kv/crescent/internal/server"
+	"github.com/crescent-kv/crescent/internal/token"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -34,7 +35,7 @@ func startLimits(t testing.TB, cfg meta.Config, segs int, capacity uint64) *harn
 	}
 	store, err := meta.New(cfg, meta.Deps{
 		Registry: c.Reg, Agents: c.Agents, Now: clk.Now,
-		Identity: cluster.Identity{MasterID: "m", Epoch: 9, TokenKey: tokenKey},
+		Identity: cluster.Identity{MasterID: "m", Epoch: 9, Keys: token.NewRingWithKey(tokenKey)},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -31,8 +31,8 @@ func TestPutStart(t *testing.T) {
 				if d.Status != masterv1.ReplicaStatus_REPLICA_STATUS_PROCESSING || d.Medium != masterv1.Medium_MEDIUM_MEMORY || d.Size != 100 {
 					t.Fatalf("descriptor: got %v", d)
 				}
-				if err := token.Verify(tokenKey, d.Token, token.Write, d.SegmentId, d.AllocationId, h.clk.Now()); err != nil {
-					t.Fatalf("write token: %v", err)
+				if o, err := token.Verify(d.Token, token.Request{Mode: token.Write, SegmentID: d.SegmentId, AllocationID: d.AllocationId}, h.clk.Now(), tokenKey); err != nil || !o.Is("default", "k") {
+					t.Fatalf("write token: %v (object %q/%q, want default/k)", err, o.Tenant, o.Key)
 				}
 			}},
 		{name: "three replicas on three hosts", req: &masterv1.PutStartRequest{Key: "k", Size: 10, ClientId: "w", Config: &masterv1.ReplicateConfig{ReplicaNum: 3}},
@@ -273,8 +273,8 @@ func TestGetReplicaList(t *testing.T) {
 					t.Fatalf("response: got %v", resp)
 				}
 				for _, d := range resp.Replicas {
-					if err := token.Verify(tokenKey, d.Token, token.Read, d.SegmentId, d.AllocationId, h.clk.Now()); err != nil {
-						t.Fatalf("read token: %v", err)
+					if o, err := token.Verify(d.Token, token.Request{Mode: token.Read, SegmentID: d.SegmentId, AllocationID: d.AllocationId}, h.clk.Now(), tokenKey); err != nil || !o.Is("default", "k") {
+						t.Fatalf("read token: %v (object %q/%q, want default/k)", err, o.Tenant, o.Key)
 					}
 					if d.TokenExpiryUnixMs != h.clk.Now().Add(10*time.Second).UnixMilli() {
 						t.Fatalf("token expiry: got %d, want lease end", d.TokenExpiryUnixMs)

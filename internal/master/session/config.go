@@ -40,6 +40,10 @@ type Config struct {
 	// MaxSegmentsPerAgent caps the segments one agent may register or
 	// mount (default 256); more fail with LIMIT_EXCEEDED.
 	MaxSegmentsPerAgent int
+	// TokenKeyRotation is how often Run rotates the token keys
+	// (Identity.Keys) and re-sends Settings to every agent; 0 never rotates.
+	// The master's config keeps it well above the token lifetimes.
+	TokenKeyRotation time.Duration
 }
 
 // DefaultConfig returns the defaults of ARCHITECTURE.md §4.
@@ -112,6 +116,9 @@ func (c Config) Validate() error {
 	}
 	if c.UnmountAfter <= c.SuspectAfter {
 		errs = append(errs, fmt.Errorf("unmount after (%v) must exceed suspect after (%v)", c.UnmountAfter, c.SuspectAfter))
+	}
+	if c.TokenKeyRotation < 0 {
+		errs = append(errs, fmt.Errorf("token key rotation must be >= 0, got %v", c.TokenKeyRotation))
 	}
 	if c.MaxSegmentsPerAgent < 1 {
 		errs = append(errs, fmt.Errorf("max segments per agent must be >= 1, got %d", c.MaxSegmentsPerAgent))

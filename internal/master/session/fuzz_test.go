@@ -9,6 +9,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"github.com/crescent-kv/crescent/internal/master/registry"
 	"github.com/crescent-kv/crescent/internal/testutil"
+	"github.com/crescent-kv/crescent/internal/token"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -27,7 +28,7 @@ func fuzzManager(tb testing.TB) *Manager {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	m, err := New(fastConfig(), Deps{Identity: cluster.Identity{Epoch: testEpoch}, Registry: reg, Metadata: &fakeMeta{}}, lg)
+	m, err := New(fastConfig(), Deps{Identity: cluster.Identity{Epoch: testEpoch, Keys: token.NewRingWithKey(testTokenKey)}, Registry: reg, Metadata: &fakeMeta{}}, lg)
 	if err != nil {
 		tb.Fatal(err)
 	}

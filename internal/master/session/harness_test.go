@@ -16,6 +16,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"github.com/crescent-kv/crescent/internal/master/registry"
 	"github.com/crescent-kv/crescent/internal/testutil"
+	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
@@ -152,7 +153,7 @@ func newHarness(t testing.TB, cfg Config, opts harnessOpts) *harness {
 	}
 	meta := &fakeMeta{reg: reg}
 	m, err := New(cfg, Deps{
-		Identity: cluster.Identity{MasterID: "master-test", Epoch: testEpoch, TokenKey: []byte("0123456789abcdef0123456789abcdef")},
+		Identity: cluster.Identity{MasterID: "master-test", Epoch: testEpoch, Keys: token.NewRingWithKey(testTokenKey)},
 		Registry: reg, Metadata: meta, Metrics: prom,
 	}, lg)
 	if err != nil {

@@ -99,6 +99,9 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Manager, error) {
 	if deps.Registry == nil {
 		return nil, errors.New("session: Registry is required")
 	}
+	if deps.Identity.Keys == nil {
+		return nil, errors.New("session: Identity.Keys is required")
+	}
 	met, err := newMetrics(deps.Metrics)
 	if err != nil {
 		return nil, err
@@ -136,11 +139,17 @@ func (m *Manager) metadata() cluster.Metadata {
 // Config returns the effective configuration (defaults applied).
 func (m *Manager) Config() Config { return m.cfg }
 
-// Run runs the liveness monitor until ctx ends or Close is called. It
-// returns nil on a clean stop.
+// Run runs the liveness monitor and the token key rotation until ctx ends
+// or Close is called. It returns nil on a clean stop.
 func (m *Manager) Run(ctx context.Context) error {
 	t := time.NewTicker(m.cfg.SweepInterval)
 	defer t.Stop()
+	var rotate <-chan time.Time // nil: never
+	if m.cfg.TokenKeyRotation > 0 {
+		rt := time.NewTicker(m.cfg.TokenKeyRotation)
+		defer rt.Stop()
+		rotate = rt.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -149,8 +158,26 @@ func (m *Manager) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 			m.sweep()
+		case <-rotate:
+			m.RotateTokenKey()
 		}
 	}
+}
+
+// RotateTokenKey rotates the token keys and has every session re-send
+// Settings with the new key list. The new key signs only after the ring's
+// activation delay, by when the agents hold it. It returns the new key's id.
+func (m *Manager) RotateTokenKey() uint32 {
+	id := m.id.Keys.Rotate()
+	m.mu.Lock()
+	for _, s := range m.sessions {
+		s.kickSettings()
+	}
+	n := len(m.sessions)
+	m.mu.Unlock()
+	m.met.keyRotations.Inc()
+	m.lg.Info("token key rotated", "key_id", id, "agents", n)
+	return id
 }
 
 // sweep is one liveness pass: suspect, unmount (dropping replicas through
@@ -375,6 +402,9 @@ func (m *Manager) end(s *session) {
 	}
 }
 
+// settings builds a Settings message. Its token keys are filled in by the
+// session's sendLoop just before Send, so a rotation between building and
+// sending is never lost.
 func (m *Manager) settings(release []*masterv1.AllocationRef) *masterv1.Settings {
 	return &masterv1.Settings{
 		Epoch:              m.id.Epoch,
@@ -382,10 +412,19 @@ func (m *Manager) settings(release []*masterv1.AllocationRef) *masterv1.Settings
 		SuspectAfter:       durationpb.New(m.cfg.SuspectAfter),
 		UnmountAfter:       durationpb.New(m.cfg.UnmountAfter),
 		ReservedGrace:      durationpb.New(m.cfg.ReservedGrace),
-		TokenKey:           slices.Clone(m.id.TokenKey),
 		MasterId:           m.id.MasterID,
 		ReleaseAllocations: release,
 	}
+}
+
+// tokenKeys is the ring's current key list for Settings, newest first.
+func (m *Manager) tokenKeys() []*masterv1.TokenKey {
+	keys := m.id.Keys.Keys()
+	out := make([]*masterv1.TokenKey, len(keys))
+	for i, k := range keys {
+		out[i] = &masterv1.TokenKey{Id: k.ID, Key: slices.Clone(k.Secret)}
+	}
+	return out
 }
 
 func recvLoop(ctx context.Context, stream masterv1.SegmentService_ConnectServer, out chan<- *masterv1.ConnectRequest, errc chan<- error) {

@@ -10,6 +10,7 @@ type metrics struct {
 	batches       *prometheus.CounterVec
 	batchItems    *prometheus.HistogramVec
 	timeouts      *prometheus.CounterVec
+	keyRotations  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -35,9 +36,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "crescent_master_agent_command_timeouts_total",
 			Help: "Agent command calls that timed out, by kind.",
 		}, []string{"kind"}),
+		keyRotations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "crescent_master_token_key_rotations_total",
+			Help: "Data-plane token key rotations (each re-sends Settings to every agent).",
+		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.sessions, m.registrations, m.batches, m.batchItems, m.timeouts} {
+		for _, c := range []prometheus.Collector{m.sessions, m.registrations, m.batches, m.batchItems, m.timeouts, m.keyRotations} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -29,6 +29,9 @@ type session struct {
 	// ready is closed once Settings is queued; the batcher sends nothing
 	// before it, so Settings is always the first message.
 	ready chan struct{}
+	// resend (capacity 1, never blocks the kicker) asks sendLoop to send
+	// Settings again, after ready: the token keys rotated.
+	resend chan struct{}
 	// slot wakes the batcher when an in-flight slot frees up.
 	slot   chan struct{}
 	nextID atomic.Uint64
@@ -56,35 +59,57 @@ func newSession(m *Manager, agentID string, gen uint64, ctx context.Context, can
 		sendq:   make(chan *masterv1.ConnectResponse, m.cfg.SendQueue),
 		submit:  make(chan *call, m.cfg.SendQueue),
 		ready:   make(chan struct{}),
+		resend:  make(chan struct{}, 1),
 		slot:    make(chan struct{}, 1),
 		pending: map[uint64]*flight{},
 	}
 }
 
-// sendLoop is the only goroutine that calls Send on the stream.
+// kickSettings asks for Settings to be sent again (coalesced; never blocks).
+func (s *session) kickSettings() {
+	select {
+	case s.resend <- struct{}{}:
+	default:
+	}
+}
+
+// sendLoop is the only goroutine that calls Send on the stream. Every
+// Settings it sends carries the token keys current at the time of sending,
+// and a kick (resend) is served only after the handshake's Settings was
+// queued (ready), so the first message stays the handshake's.
 func (s *session) sendLoop() {
 	defer s.m.wg.Done()
+	ready, resend := s.ready, chan struct{}(nil)
 	for {
+		var msg *masterv1.ConnectResponse
 		select {
 		case <-s.ctx.Done():
 			return
-		case msg := <-s.sendq:
-			s.sendMu.Lock()
-			if s.sendClosed {
-				s.sendMu.Unlock()
-				return
-			}
-			s.sending = true
+		case <-ready:
+			ready, resend = nil, s.resend
+			continue
+		case <-resend:
+			msg = &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Settings{Settings: s.m.settings(nil)}}
+		case msg = <-s.sendq:
+		}
+		if st := msg.GetSettings(); st != nil {
+			st.TokenKeys = s.m.tokenKeys()
+		}
+		s.sendMu.Lock()
+		if s.sendClosed {
 			s.sendMu.Unlock()
-			err := s.stream.Send(msg)
-			s.sendMu.Lock()
-			s.sending = false
-			s.sendMu.Unlock()
-			if err != nil {
-				s.m.lg.Info("agent stream send failed", "agent_id", s.agentID, "err", err)
-				s.cancel(errEnded)
-				return
-			}
+			return
+		}
+		s.sending = true
+		s.sendMu.Unlock()
+		err := s.stream.Send(msg)
+		s.sendMu.Lock()
+		s.sending = false
+		s.sendMu.Unlock()
+		if err != nil {
+			s.m.lg.Info("agent stream send failed", "agent_id", s.agentID, "err", err)
+			s.cancel(errEnded)
+			return
 		}
 	}
 }

@@ -28,8 +28,8 @@ func TestRegisterSettingsFirst(t *testing.T) {
 	a := h.connectAgent("a1", withAllocations(alloc))
 
 	s := a.settings
-	if s.GetEpoch() != testEpoch || s.GetMasterId() != "master-test" || string(s.GetTokenKey()) != "0123456789abcdef0123456789abcdef" {
-		t.Fatalf("settings identity: got epoch %d master %q key %q", s.GetEpoch(), s.GetMasterId(), s.GetTokenKey())
+	if s.GetEpoch() != testEpoch || s.GetMasterId() != "master-test" || !sameKeys(s.GetTokenKeys(), testTokenKey) {
+		t.Fatalf("settings identity: got epoch %d master %q keys %v", s.GetEpoch(), s.GetMasterId(), s.GetTokenKeys())
 	}
 	for name, pair := range map[string][2]time.Duration{
 		"heartbeat_interval": {s.GetHeartbeatInterval().AsDuration(), 20 * time.Millisecond},

@@ -1052,8 +1052,6 @@ type Settings struct {
 	UnmountAfter      *durationpb.Duration `protobuf:"bytes,4,opt,name=unmount_after,json=unmountAfter,proto3" json:"unmount_after,omitempty"`
 	// How long an unclaimed RESERVED allocation lives before the agent frees it.
 	ReservedGrace *durationpb.Duration `protobuf:"bytes,5,opt,name=reserved_grace,json=reservedGrace,proto3" json:"reserved_grace,omitempty"`
-	// Key the agent uses to verify DataService tokens (HMAC-SHA256).
-	TokenKey []byte `protobuf:"bytes,6,opt,name=token_key,json=tokenKey,proto3" json:"token_key,omitempty"`
 	// Address of the leader when this master is not it (empty otherwise).
 	LeaderHint string `protobuf:"bytes,7,opt,name=leader_hint,json=leaderHint,proto3" json:"leader_hint,omitempty"`
 	MasterId   string `protobuf:"bytes,8,opt,name=master_id,json=masterId,proto3" json:"master_id,omitempty"`
@@ -1061,8 +1059,14 @@ type Settings struct {
 	// sealed but unusable (for example a replica of an object since replaced);
 	// the agent releases them.
 	ReleaseAllocations []*AllocationRef `protobuf:"bytes,9,rep,name=release_allocations,json=releaseAllocations,proto3" json:"release_allocations,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Keys the agent verifies DataService tokens with (HMAC-SHA256), newest
+	// first: the master's current key and the one before it. A token names its
+	// key by id; the agent accepts a token under any key of its latest
+	// Settings and no other, so a key leaves service one rotation after it
+	// stopped signing. The master re-sends Settings after every rotation.
+	TokenKeys     []*TokenKey `protobuf:"bytes,10,rep,name=token_keys,json=tokenKeys,proto3" json:"token_keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Settings) Reset() {
@@ -1130,13 +1134,6 @@ func (x *Settings) GetReservedGrace() *durationpb.Duration {
 	return nil
 }
 
-func (x *Settings) GetTokenKey() []byte {
-	if x != nil {
-		return x.TokenKey
-	}
-	return nil
-}
-
 func (x *Settings) GetLeaderHint() string {
 	if x != nil {
 		return x.LeaderHint
@@ -1158,6 +1155,68 @@ func (x *Settings) GetReleaseAllocations() []*AllocationRef {
 	return nil
 }
 
+func (x *Settings) GetTokenKeys() []*TokenKey {
+	if x != nil {
+		return x.TokenKeys
+	}
+	return nil
+}
+
+// TokenKey is one data-plane token signing key.
+type TokenKey struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Id is the key id every token carries (internal/token's wire format).
+	Id uint32 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Key is the 32-byte HMAC-SHA256 secret.
+	Key           []byte `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenKey) Reset() {
+	*x = TokenKey{}
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenKey) ProtoMessage() {}
+
+func (x *TokenKey) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenKey.ProtoReflect.Descriptor instead.
+func (*TokenKey) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *TokenKey) GetId() uint32 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *TokenKey) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
 // AllocationRef names an allocation.
 type AllocationRef struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1169,7 +1228,7 @@ type AllocationRef struct {
 
 func (x *AllocationRef) Reset() {
 	*x = AllocationRef{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[9]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1181,7 +1240,7 @@ func (x *AllocationRef) String() string {
 func (*AllocationRef) ProtoMessage() {}
 
 func (x *AllocationRef) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[9]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1194,7 +1253,7 @@ func (x *AllocationRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationRef.ProtoReflect.Descriptor instead.
 func (*AllocationRef) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{9}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AllocationRef) GetSegmentId() string {
@@ -1224,7 +1283,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[10]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1236,7 +1295,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[10]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1249,7 +1308,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{10}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReserveRequest) GetRequestId() uint64 {
@@ -1290,7 +1349,7 @@ type ReserveItem struct {
 
 func (x *ReserveItem) Reset() {
 	*x = ReserveItem{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1302,7 +1361,7 @@ func (x *ReserveItem) String() string {
 func (*ReserveItem) ProtoMessage() {}
 
 func (x *ReserveItem) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1315,7 +1374,7 @@ func (x *ReserveItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveItem.ProtoReflect.Descriptor instead.
 func (*ReserveItem) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{11}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReserveItem) GetSegmentId() string {
@@ -1385,7 +1444,7 @@ type ReserveResult struct {
 
 func (x *ReserveResult) Reset() {
 	*x = ReserveResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1397,7 +1456,7 @@ func (x *ReserveResult) String() string {
 func (*ReserveResult) ProtoMessage() {}
 
 func (x *ReserveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1410,7 +1469,7 @@ func (x *ReserveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveResult.ProtoReflect.Descriptor instead.
 func (*ReserveResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{12}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReserveResult) GetRequestId() uint64 {
@@ -1439,7 +1498,7 @@ type ReserveItemResult struct {
 
 func (x *ReserveItemResult) Reset() {
 	*x = ReserveItemResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1451,7 +1510,7 @@ func (x *ReserveItemResult) String() string {
 func (*ReserveItemResult) ProtoMessage() {}
 
 func (x *ReserveItemResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1464,7 +1523,7 @@ func (x *ReserveItemResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveItemResult.ProtoReflect.Descriptor instead.
 func (*ReserveItemResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{13}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReserveItemResult) GetStatus() *ItemStatus {
@@ -1500,7 +1559,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1512,7 +1571,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1525,7 +1584,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{14}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReleaseRequest) GetRequestId() uint64 {
@@ -1559,7 +1618,7 @@ type ReleaseResult struct {
 
 func (x *ReleaseResult) Reset() {
 	*x = ReleaseResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1571,7 +1630,7 @@ func (x *ReleaseResult) String() string {
 func (*ReleaseResult) ProtoMessage() {}
 
 func (x *ReleaseResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1584,7 +1643,7 @@ func (x *ReleaseResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResult.ProtoReflect.Descriptor instead.
 func (*ReleaseResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{15}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReleaseResult) GetRequestId() uint64 {
@@ -1614,7 +1673,7 @@ type SealRequest struct {
 
 func (x *SealRequest) Reset() {
 	*x = SealRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1626,7 +1685,7 @@ func (x *SealRequest) String() string {
 func (*SealRequest) ProtoMessage() {}
 
 func (x *SealRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1639,7 +1698,7 @@ func (x *SealRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealRequest.ProtoReflect.Descriptor instead.
 func (*SealRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{16}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SealRequest) GetRequestId() uint64 {
@@ -1678,7 +1737,7 @@ type SealItem struct {
 
 func (x *SealItem) Reset() {
 	*x = SealItem{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1690,7 +1749,7 @@ func (x *SealItem) String() string {
 func (*SealItem) ProtoMessage() {}
 
 func (x *SealItem) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1703,7 +1762,7 @@ func (x *SealItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealItem.ProtoReflect.Descriptor instead.
 func (*SealItem) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{17}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SealItem) GetSegmentId() string {
@@ -1744,7 +1803,7 @@ type SealResult struct {
 
 func (x *SealResult) Reset() {
 	*x = SealResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1756,7 +1815,7 @@ func (x *SealResult) String() string {
 func (*SealResult) ProtoMessage() {}
 
 func (x *SealResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1769,7 +1828,7 @@ func (x *SealResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealResult.ProtoReflect.Descriptor instead.
 func (*SealResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{18}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SealResult) GetRequestId() uint64 {
@@ -1804,7 +1863,7 @@ type CopyRequest struct {
 
 func (x *CopyRequest) Reset() {
 	*x = CopyRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1816,7 +1875,7 @@ func (x *CopyRequest) String() string {
 func (*CopyRequest) ProtoMessage() {}
 
 func (x *CopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1829,7 +1888,7 @@ func (x *CopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyRequest.ProtoReflect.Descriptor instead.
 func (*CopyRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{19}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CopyRequest) GetRequestId() uint64 {
@@ -1884,7 +1943,7 @@ type CopyResult struct {
 
 func (x *CopyResult) Reset() {
 	*x = CopyResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[20]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1896,7 +1955,7 @@ func (x *CopyResult) String() string {
 func (*CopyResult) ProtoMessage() {}
 
 func (x *CopyResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[20]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1909,7 +1968,7 @@ func (x *CopyResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyResult.ProtoReflect.Descriptor instead.
 func (*CopyResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{20}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CopyResult) GetRequestId() uint64 {
@@ -2000,18 +2059,23 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\arelease\x18\x03 \x01(\v2\".crescent.master.v1.ReleaseRequestH\x00R\arelease\x125\n" +
 	"\x04seal\x18\x04 \x01(\v2\x1f.crescent.master.v1.SealRequestH\x00R\x04seal\x125\n" +
 	"\x04copy\x18\x05 \x01(\v2\x1f.crescent.master.v1.CopyRequestH\x00R\x04copyB\x05\n" +
-	"\x03msg\"\xdb\x03\n" +
+	"\x03msg\"\x8c\x04\n" +
 	"\bSettings\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12H\n" +
 	"\x12heartbeat_interval\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\x12>\n" +
 	"\rsuspect_after\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\fsuspectAfter\x12>\n" +
 	"\runmount_after\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\funmountAfter\x12@\n" +
-	"\x0ereserved_grace\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\rreservedGrace\x12\x1b\n" +
-	"\ttoken_key\x18\x06 \x01(\fR\btokenKey\x12\x1f\n" +
+	"\x0ereserved_grace\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\rreservedGrace\x12\x1f\n" +
 	"\vleader_hint\x18\a \x01(\tR\n" +
 	"leaderHint\x12\x1b\n" +
 	"\tmaster_id\x18\b \x01(\tR\bmasterId\x12R\n" +
-	"\x13release_allocations\x18\t \x03(\v2!.crescent.master.v1.AllocationRefR\x12releaseAllocations\"S\n" +
+	"\x13release_allocations\x18\t \x03(\v2!.crescent.master.v1.AllocationRefR\x12releaseAllocations\x12;\n" +
+	"\n" +
+	"token_keys\x18\n" +
+	" \x03(\v2\x1c.crescent.master.v1.TokenKeyR\ttokenKeysJ\x04\b\x06\x10\aR\ttoken_key\",\n" +
+	"\bTokenKey\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\rR\x02id\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\fR\x03key\"S\n" +
 	"\rAllocationRef\x12\x1d\n" +
 	"\n" +
 	"segment_id\x18\x01 \x01(\tR\tsegmentId\x12#\n" +
@@ -2111,7 +2175,7 @@ func file_crescent_master_v1_segment_proto_rawDescGZIP() []byte {
 }
 
 var file_crescent_master_v1_segment_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_crescent_master_v1_segment_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_crescent_master_v1_segment_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_crescent_master_v1_segment_proto_goTypes = []any{
 	(SegmentLifecycle)(0),       // 0: crescent.master.v1.SegmentLifecycle
 	(SegmentHealth)(0),          // 1: crescent.master.v1.SegmentHealth
@@ -2125,65 +2189,67 @@ var file_crescent_master_v1_segment_proto_goTypes = []any{
 	(*Deregister)(nil),          // 9: crescent.master.v1.Deregister
 	(*ConnectResponse)(nil),     // 10: crescent.master.v1.ConnectResponse
 	(*Settings)(nil),            // 11: crescent.master.v1.Settings
-	(*AllocationRef)(nil),       // 12: crescent.master.v1.AllocationRef
-	(*ReserveRequest)(nil),      // 13: crescent.master.v1.ReserveRequest
-	(*ReserveItem)(nil),         // 14: crescent.master.v1.ReserveItem
-	(*ReserveResult)(nil),       // 15: crescent.master.v1.ReserveResult
-	(*ReserveItemResult)(nil),   // 16: crescent.master.v1.ReserveItemResult
-	(*ReleaseRequest)(nil),      // 17: crescent.master.v1.ReleaseRequest
-	(*ReleaseResult)(nil),       // 18: crescent.master.v1.ReleaseResult
-	(*SealRequest)(nil),         // 19: crescent.master.v1.SealRequest
-	(*SealItem)(nil),            // 20: crescent.master.v1.SealItem
-	(*SealResult)(nil),          // 21: crescent.master.v1.SealResult
-	(*CopyRequest)(nil),         // 22: crescent.master.v1.CopyRequest
-	(*CopyResult)(nil),          // 23: crescent.master.v1.CopyResult
-	(Medium)(0),                 // 24: crescent.master.v1.Medium
-	(*durationpb.Duration)(nil), // 25: google.protobuf.Duration
-	(*ItemStatus)(nil),          // 26: crescent.master.v1.ItemStatus
+	(*TokenKey)(nil),            // 12: crescent.master.v1.TokenKey
+	(*AllocationRef)(nil),       // 13: crescent.master.v1.AllocationRef
+	(*ReserveRequest)(nil),      // 14: crescent.master.v1.ReserveRequest
+	(*ReserveItem)(nil),         // 15: crescent.master.v1.ReserveItem
+	(*ReserveResult)(nil),       // 16: crescent.master.v1.ReserveResult
+	(*ReserveItemResult)(nil),   // 17: crescent.master.v1.ReserveItemResult
+	(*ReleaseRequest)(nil),      // 18: crescent.master.v1.ReleaseRequest
+	(*ReleaseResult)(nil),       // 19: crescent.master.v1.ReleaseResult
+	(*SealRequest)(nil),         // 20: crescent.master.v1.SealRequest
+	(*SealItem)(nil),            // 21: crescent.master.v1.SealItem
+	(*SealResult)(nil),          // 22: crescent.master.v1.SealResult
+	(*CopyRequest)(nil),         // 23: crescent.master.v1.CopyRequest
+	(*CopyResult)(nil),          // 24: crescent.master.v1.CopyResult
+	(Medium)(0),                 // 25: crescent.master.v1.Medium
+	(*durationpb.Duration)(nil), // 26: google.protobuf.Duration
+	(*ItemStatus)(nil),          // 27: crescent.master.v1.ItemStatus
 }
 var file_crescent_master_v1_segment_proto_depIdxs = []int32{
-	24, // 0: crescent.master.v1.SegmentInfo.medium:type_name -> crescent.master.v1.Medium
+	25, // 0: crescent.master.v1.SegmentInfo.medium:type_name -> crescent.master.v1.Medium
 	2,  // 1: crescent.master.v1.Allocation.state:type_name -> crescent.master.v1.AllocationState
 	6,  // 2: crescent.master.v1.ConnectRequest.register:type_name -> crescent.master.v1.Register
 	7,  // 3: crescent.master.v1.ConnectRequest.heartbeat:type_name -> crescent.master.v1.Heartbeat
-	15, // 4: crescent.master.v1.ConnectRequest.reserve_result:type_name -> crescent.master.v1.ReserveResult
-	18, // 5: crescent.master.v1.ConnectRequest.release_result:type_name -> crescent.master.v1.ReleaseResult
-	21, // 6: crescent.master.v1.ConnectRequest.seal_result:type_name -> crescent.master.v1.SealResult
+	16, // 4: crescent.master.v1.ConnectRequest.reserve_result:type_name -> crescent.master.v1.ReserveResult
+	19, // 5: crescent.master.v1.ConnectRequest.release_result:type_name -> crescent.master.v1.ReleaseResult
+	22, // 6: crescent.master.v1.ConnectRequest.seal_result:type_name -> crescent.master.v1.SealResult
 	9,  // 7: crescent.master.v1.ConnectRequest.deregister:type_name -> crescent.master.v1.Deregister
-	23, // 8: crescent.master.v1.ConnectRequest.copy_result:type_name -> crescent.master.v1.CopyResult
+	24, // 8: crescent.master.v1.ConnectRequest.copy_result:type_name -> crescent.master.v1.CopyResult
 	8,  // 9: crescent.master.v1.ConnectRequest.segments_update:type_name -> crescent.master.v1.SegmentsUpdate
 	3,  // 10: crescent.master.v1.Register.segments:type_name -> crescent.master.v1.SegmentInfo
 	4,  // 11: crescent.master.v1.Register.allocations:type_name -> crescent.master.v1.Allocation
 	3,  // 12: crescent.master.v1.Heartbeat.segments:type_name -> crescent.master.v1.SegmentInfo
 	3,  // 13: crescent.master.v1.SegmentsUpdate.mounted:type_name -> crescent.master.v1.SegmentInfo
-	25, // 14: crescent.master.v1.Deregister.grace:type_name -> google.protobuf.Duration
+	26, // 14: crescent.master.v1.Deregister.grace:type_name -> google.protobuf.Duration
 	11, // 15: crescent.master.v1.ConnectResponse.settings:type_name -> crescent.master.v1.Settings
-	13, // 16: crescent.master.v1.ConnectResponse.reserve:type_name -> crescent.master.v1.ReserveRequest
-	17, // 17: crescent.master.v1.ConnectResponse.release:type_name -> crescent.master.v1.ReleaseRequest
-	19, // 18: crescent.master.v1.ConnectResponse.seal:type_name -> crescent.master.v1.SealRequest
-	22, // 19: crescent.master.v1.ConnectResponse.copy:type_name -> crescent.master.v1.CopyRequest
-	25, // 20: crescent.master.v1.Settings.heartbeat_interval:type_name -> google.protobuf.Duration
-	25, // 21: crescent.master.v1.Settings.suspect_after:type_name -> google.protobuf.Duration
-	25, // 22: crescent.master.v1.Settings.unmount_after:type_name -> google.protobuf.Duration
-	25, // 23: crescent.master.v1.Settings.reserved_grace:type_name -> google.protobuf.Duration
-	12, // 24: crescent.master.v1.Settings.release_allocations:type_name -> crescent.master.v1.AllocationRef
-	14, // 25: crescent.master.v1.ReserveRequest.items:type_name -> crescent.master.v1.ReserveItem
-	16, // 26: crescent.master.v1.ReserveResult.items:type_name -> crescent.master.v1.ReserveItemResult
-	26, // 27: crescent.master.v1.ReserveItemResult.status:type_name -> crescent.master.v1.ItemStatus
-	12, // 28: crescent.master.v1.ReleaseRequest.items:type_name -> crescent.master.v1.AllocationRef
-	26, // 29: crescent.master.v1.ReleaseResult.items:type_name -> crescent.master.v1.ItemStatus
-	20, // 30: crescent.master.v1.SealRequest.items:type_name -> crescent.master.v1.SealItem
-	26, // 31: crescent.master.v1.SealResult.items:type_name -> crescent.master.v1.ItemStatus
-	12, // 32: crescent.master.v1.CopyRequest.source:type_name -> crescent.master.v1.AllocationRef
-	12, // 33: crescent.master.v1.CopyRequest.target:type_name -> crescent.master.v1.AllocationRef
-	26, // 34: crescent.master.v1.CopyResult.status:type_name -> crescent.master.v1.ItemStatus
-	5,  // 35: crescent.master.v1.SegmentService.Connect:input_type -> crescent.master.v1.ConnectRequest
-	10, // 36: crescent.master.v1.SegmentService.Connect:output_type -> crescent.master.v1.ConnectResponse
-	36, // [36:37] is the sub-list for method output_type
-	35, // [35:36] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	14, // 16: crescent.master.v1.ConnectResponse.reserve:type_name -> crescent.master.v1.ReserveRequest
+	18, // 17: crescent.master.v1.ConnectResponse.release:type_name -> crescent.master.v1.ReleaseRequest
+	20, // 18: crescent.master.v1.ConnectResponse.seal:type_name -> crescent.master.v1.SealRequest
+	23, // 19: crescent.master.v1.ConnectResponse.copy:type_name -> crescent.master.v1.CopyRequest
+	26, // 20: crescent.master.v1.Settings.heartbeat_interval:type_name -> google.protobuf.Duration
+	26, // 21: crescent.master.v1.Settings.suspect_after:type_name -> google.protobuf.Duration
+	26, // 22: crescent.master.v1.Settings.unmount_after:type_name -> google.protobuf.Duration
+	26, // 23: crescent.master.v1.Settings.reserved_grace:type_name -> google.protobuf.Duration
+	13, // 24: crescent.master.v1.Settings.release_allocations:type_name -> crescent.master.v1.AllocationRef
+	12, // 25: crescent.master.v1.Settings.token_keys:type_name -> crescent.master.v1.TokenKey
+	15, // 26: crescent.master.v1.ReserveRequest.items:type_name -> crescent.master.v1.ReserveItem
+	17, // 27: crescent.master.v1.ReserveResult.items:type_name -> crescent.master.v1.ReserveItemResult
+	27, // 28: crescent.master.v1.ReserveItemResult.status:type_name -> crescent.master.v1.ItemStatus
+	13, // 29: crescent.master.v1.ReleaseRequest.items:type_name -> crescent.master.v1.AllocationRef
+	27, // 30: crescent.master.v1.ReleaseResult.items:type_name -> crescent.master.v1.ItemStatus
+	21, // 31: crescent.master.v1.SealRequest.items:type_name -> crescent.master.v1.SealItem
+	27, // 32: crescent.master.v1.SealResult.items:type_name -> crescent.master.v1.ItemStatus
+	13, // 33: crescent.master.v1.CopyRequest.source:type_name -> crescent.master.v1.AllocationRef
+	13, // 34: crescent.master.v1.CopyRequest.target:type_name -> crescent.master.v1.AllocationRef
+	27, // 35: crescent.master.v1.CopyResult.status:type_name -> crescent.master.v1.ItemStatus
+	5,  // 36: crescent.master.v1.SegmentService.Connect:input_type -> crescent.master.v1.ConnectRequest
+	10, // 37: crescent.master.v1.SegmentService.Connect:output_type -> crescent.master.v1.ConnectResponse
+	37, // [37:38] is the sub-list for method output_type
+	36, // [36:37] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_crescent_master_v1_segment_proto_init() }
@@ -2215,7 +2281,7 @@ func file_crescent_master_v1_segment_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crescent_master_v1_segment_proto_rawDesc), len(file_crescent_master_v1_segment_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
