@@ -20,11 +20,7 @@ func callerTenant(ctx context.Context) string {
 }
 
 // callerTenant is the tenant the bulk transfer connection's peer
-// authenticated as, for check; "" while the transfer listener authenticates
-// no one.
-//
-// TODO(issue 14, TLS on the transfer listener): return the tenant of the
-// connection's verified client certificate (tenant principals only) once
-// the listener speaks TLS; until then tokens on this path are checked for
-// everything but the caller's tenant.
-func (c *transferConn) callerTenant() string { return "" }
+// authenticated as, for check: set from its verified client certificate
+// when the listener speaks TLS (transferServer.authenticate; tenant
+// principals only), "" on a plaintext listener, which authenticates no one.
+func (c *transferConn) callerTenant() string { return c.tenant }

@@ -3,6 +3,7 @@ package dataplane
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -16,8 +17,11 @@ import (
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/xfer"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Defaults for TransferConfig.
@@ -87,6 +91,12 @@ type TransferConfig struct {
 	// xfer.MaxHeaderBytes, 1 MiB); a larger one is refused with
 	// RESOURCE_EXHAUSTED LIMIT_EXCEEDED before it is read.
 	MaxHeaderBytes int
+	// TrustDomain is the SPIFFE trust domain of the callers' certificates
+	// when the listener ServeTransfer gets is a TLS listener (issue 14):
+	// a connection whose verified certificate holds no principal of it is
+	// refused UNAUTHENTICATED, and a tenant principal's tokens must name
+	// its tenant. Unused on a plaintext listener.
+	TrustDomain string
 	// MaxItemsInFlight bounds the items of the requests being served at
 	// once, over all connections (default 131072, 32 requests of
 	// xfer.MaxItems; at least xfer.MaxItems). What a request holds grows
@@ -134,6 +144,13 @@ var diskBufs = sync.Pool{New: func() any { b := make([]byte, diskChunk); return 
 // for up to TransferConfig.DrainTimeout, cuts what remains and returns once
 // every connection goroutine has. It returns nil after ctx ended, or the
 // listener's error.
+//
+// lis may be a TLS listener (crypto/tls.NewListener; internal/auth's
+// Source.ServerTLS): each connection then completes its handshake within
+// IOTimeout before anything else, and its caller is the principal of its
+// verified certificate in TransferConfig.TrustDomain. A connection without
+// one is answered UNAUTHENTICATED and closed; a tenant principal's tokens
+// must name its own tenant.
 func (s *Server) ServeTransfer(ctx context.Context, lis net.Listener) error {
 	t := newTransferServer(s)
 	stop := context.AfterFunc(ctx, func() { _ = lis.Close() })
@@ -212,6 +229,9 @@ func newTransferServer(s *Server) *transferServer {
 type transferConn struct {
 	nc net.Conn
 	ip netip.Addr // the key of transferServer.perIP
+	// tenant is the caller's tenant when it is a tenant principal (TLS),
+	// "" otherwise; tokens must name it (callerTenant).
+	tenant string
 	// br buffers the connection once its preamble is in, so a connection
 	// that never gets that far costs no buffer.
 	br   *bufio.Reader
@@ -251,6 +271,9 @@ func (t *transferServer) deadline(d time.Duration) time.Time { return time.Now()
 func (t *transferServer) serve(c *transferConn) {
 	defer t.remove(c)
 	s := t.s
+	if tc, ok := c.nc.(*tls.Conn); ok && !t.authenticate(c, tc) {
+		return
+	}
 	_ = c.nc.SetReadDeadline(t.deadline(t.cfg.IOTimeout))
 	var pre [len(xfer.Preamble)]byte
 	if _, err := io.ReadFull(c.nc, pre[:]); err != nil {
@@ -296,6 +319,30 @@ func (t *transferServer) serve(c *transferConn) {
 			return
 		}
 	}
+}
+
+// authenticate completes a TLS connection's handshake within IOTimeout and
+// learns its caller from the verified certificate; false when the
+// connection is to end (a failed handshake, or no principal, which is
+// answered UNAUTHENTICATED).
+func (t *transferServer) authenticate(c *transferConn, tc *tls.Conn) bool {
+	_ = tc.SetDeadline(t.deadline(t.cfg.IOTimeout))
+	if err := tc.Handshake(); err != nil {
+		t.s.lg.Debug("transfer TLS handshake failed", "remote", tc.RemoteAddr().String(), "err", err)
+		return false
+	}
+	_ = tc.SetDeadline(time.Time{})
+	cs := tc.ConnectionState()
+	p, ok := auth.CertPrincipal(&cs, t.cfg.TrustDomain)
+	if !ok {
+		t.refuse(c, "transfer", status.Errorf(codes.Unauthenticated,
+			"the transfer listener knows callers by their certificate: none with a principal of trust domain %q", t.cfg.TrustDomain))
+		return false
+	}
+	if p.Role == auth.RoleTenant {
+		c.tenant = auth.NormalizeTenant(p.Name)
+	}
+	return true
 }
 
 // request decodes and serves one request whose header is hdr; an error

@@ -225,7 +225,11 @@ func (t *transferServer) refuse(c *transferConn, method string, err error) {
 	if merr != nil {
 		return
 	}
-	t.answer(c.nc, c.br, b)
+	var r io.Reader // nil: before the preamble, c has no buffer yet
+	if c.br != nil {
+		r = c.br
+	}
+	t.answer(c.nc, r, b)
 }
 
 // answer writes a refusal frame b to nc, closes nc's writing side and
