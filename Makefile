@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 20m
 TESTFLAGS    ?=
 COMPOSE      := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
-.PHONY: all gen check-gen lint build test test-unit test-e2e run up down bench bench-gateway-state fuzz clean tidy
+.PHONY: all gen check-gen lint build test test-unit test-e2e run run-secure up down bench bench-gateway-state fuzz clean tidy
 
 all: build
 
@@ -63,6 +63,10 @@ test-e2e: build
 ## run: a local cluster (master, two agents, gateway) as plain processes; Ctrl-C stops it
 run: build
 	BIN=$(BIN) ./deploy/run-local.sh
+
+## run-secure: the same cluster with mTLS on every gRPC and admin port (development certificates in .run/certs, made once)
+run-secure: build
+	BIN=$(BIN) TLS=1 ./deploy/run-local.sh
 
 ## up / down: the same cluster under Docker Compose, images built FROM scratch
 up: build

@@ -8,6 +8,11 @@
 #        agent-b gRPC 50062 transfer 50064 admin 9014 |
 #        gateway PUB 5557 replay 5558 snapshot 5559 admin 9005 gRPC 50053
 #        (gateway state in $DATA/gateway: a restart continues the stream)
+#
+# TLS=1 (`make run-secure`) runs the same cluster with mTLS on every gRPC
+# and admin port: development certificates for every role are made once in
+# $CERTS (`crescentctl certs init`; delete the directory for new ones) and
+# each process is given its own. The ZMQ endpoints stay plaintext.
 set -euo pipefail
 
 BIN=${BIN:-bin}
@@ -15,7 +20,23 @@ DATA=${DATA:-.run}
 MEMORY=${MEMORY:-512MiB}
 LOG_LEVEL=${LOG_LEVEL:-info}
 STREAM_FORMAT=${STREAM_FORMAT:-mooncake}
+TLS=${TLS:-0}
+CERTS=${CERTS:-$DATA/certs}
 mkdir -p "$DATA/agent-a" "$DATA/agent-b" "$DATA/gateway"
+
+# tls ROLE NAME: the TLS flags of the process holding ROLE/NAME's certificate.
+tls() { :; }
+scheme=http
+if [ "$TLS" = 1 ]; then
+  if [ ! -f "$CERTS/ca.pem" ]; then
+    # Agents' certificates are named after their host ids (the master binds
+    # an agent to the host id in its certificate).
+    "$BIN/crescentctl" certs init "$CERTS" --agents host-a,host-b --tenants default,demo >/dev/null
+    echo "[run] development certificates written to $CERTS"
+  fi
+  tls() { echo "--tls-ca $CERTS/ca.pem --tls-cert $CERTS/$1-$2.pem --tls-key $CERTS/$1-$2-key.pem"; }
+  scheme=https
+fi
 
 pids=()
 declare -A names
@@ -36,16 +57,27 @@ stop() {
 }
 trap stop INT TERM
 
-start master  "$BIN/crescent-master" --grpc-addr 127.0.0.1:50051 --admin-addr 127.0.0.1:9003 --log-level "$LOG_LEVEL"
+# $(tls ...) is split into words on purpose (no paths with blanks in $CERTS).
+# shellcheck disable=SC2046
+start master  "$BIN/crescent-master" --grpc-addr 127.0.0.1:50051 --admin-addr 127.0.0.1:9003 --log-level "$LOG_LEVEL" $(tls master master-1)
+# shellcheck disable=SC2046
 start agent-a "$BIN/crescent-agent" --master 127.0.0.1:50051 --grpc-addr 127.0.0.1:50052 --transfer-addr 127.0.0.1:50054 --admin-addr 127.0.0.1:9004 \
-  --host-id host-a --memory "$MEMORY" --disk-dir "$DATA/agent-a" --disk-size 256MiB --log-level "$LOG_LEVEL"
+  --host-id host-a --memory "$MEMORY" --disk-dir "$DATA/agent-a" --disk-size 256MiB --log-level "$LOG_LEVEL" $(tls agent host-a)
+# shellcheck disable=SC2046
 start agent-b "$BIN/crescent-agent" --master 127.0.0.1:50051 --grpc-addr 127.0.0.1:50062 --transfer-addr 127.0.0.1:50064 --admin-addr 127.0.0.1:9014 \
-  --host-id host-b --memory "$MEMORY" --disk-dir "$DATA/agent-b" --disk-size 256MiB --log-level "$LOG_LEVEL"
+  --host-id host-b --memory "$MEMORY" --disk-dir "$DATA/agent-b" --disk-size 256MiB --log-level "$LOG_LEVEL" $(tls agent host-b)
+# shellcheck disable=SC2046
 start gateway "$BIN/crescent-gateway" --master 127.0.0.1:50051 --pub 'tcp://*:5557' --replay 'tcp://*:5558' \
   --snapshot-endpoint 'tcp://*:5559' --state-dir "$DATA/gateway" --stream-format "$STREAM_FORMAT" \
-  --admin-addr 127.0.0.1:9005 --grpc-addr 127.0.0.1:50053 --backend-id local --log-level "$LOG_LEVEL"
+  --admin-addr 127.0.0.1:9005 --grpc-addr 127.0.0.1:50053 --backend-id local --log-level "$LOG_LEVEL" $(tls gateway gateway-1)
 
-echo "[run] cluster up: master 127.0.0.1:50051, agents :50052 :50062 (transfer :50054 :50064), gateway tcp://127.0.0.1:5557 (snapshots :5559, $STREAM_FORMAT format) (Ctrl-C to stop)"
+echo "[run] cluster up: master 127.0.0.1:50051, agents :50052 :50062 (transfer :50054 :50064), gateway tcp://127.0.0.1:5557 (snapshots :5559, $STREAM_FORMAT format), admin $scheme://127.0.0.1:9003 (Ctrl-C to stop)"
+if [ "$TLS" = 1 ]; then
+  echo "[run] mTLS on; try:"
+  echo "[run]   grpcurl -cacert $CERTS/ca.pem -cert $CERTS/admin-admin.pem -key $CERTS/admin-admin-key.pem 127.0.0.1:50051 crescent.master.v1.AdminService/ListSegments"
+  echo "[run]   $BIN/crescentctl --tls-ca $CERTS/ca.pem --tls-cert $CERTS/tenant-demo.pem --tls-key $CERTS/tenant-demo-key.pem --tenant demo ls"
+  echo "[run]   curl --cacert $CERTS/ca.pem --cert $CERTS/admin-admin.pem --key $CERTS/admin-admin-key.pem https://127.0.0.1:9003/metrics"
+fi
 # A process that dies (say, an agent you killed to watch the master react)
 # is reported and the rest keep running; Ctrl-C stops whatever is left.
 set +e
