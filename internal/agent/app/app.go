@@ -5,6 +5,7 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,6 +20,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/agent/dataplane"
 	"github.com/crescent-kv/crescent/internal/agent/link"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -106,13 +108,20 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}()
 	a.reg.MustRegister(segment.NewCollector(segs))
+	creds, err := a.cfg.Security.Load(a.lg)
+	if err != nil {
+		return err
+	}
 
 	keys := &dataplane.Keyring{}
-	srv := server.New(server.Config{GRPCAddr: a.cfg.GRPCAddr, AdminAddr: a.cfg.AdminAddr, ShutdownTimeout: a.cfg.ShutdownTimeout}, a.lg, a.reg, append(dataplane.ServerOptions(), a.srvOpts...)...)
+	srv := server.New(server.Config{
+		GRPCAddr: a.cfg.GRPCAddr, AdminAddr: a.cfg.AdminAddr, ShutdownTimeout: a.cfg.ShutdownTimeout,
+		Credentials: creds, Table: authTable(),
+	}, a.lg, a.reg, append(dataplane.ServerOptions(), a.srvOpts...)...)
 	dp := dataplane.New(dataplane.Config{ChunkSize: int(a.cfg.ReadChunk), Transfer: dataplane.TransferConfig{
 		DrainTimeout: a.cfg.ShutdownTimeout, IdleTimeout: a.cfg.TransferIdleTimeout, IOTimeout: a.cfg.TransferIOTimeout,
 		MaxConns: a.cfg.TransferMaxConns, MaxConnsPerIP: a.cfg.TransferMaxConnsPerIP, MaxHeaderBytes: int(a.cfg.TransferMaxHeaderBytes),
-		MaxItemsInFlight: a.cfg.TransferMaxItems,
+		MaxItemsInFlight: a.cfg.TransferMaxItems, TrustDomain: creds.TrustDomain,
 	}},
 		dataplane.Deps{Segments: segs, Keys: keys, Registerer: a.reg}, a.lg)
 	agentv1.RegisterDataServiceServer(srv.GRPC, dp)
@@ -130,6 +139,15 @@ func (a *Agent) Run(ctx context.Context) error {
 			return fmt.Errorf("transfer listen %s: %w", addr, err)
 		}
 		defer xlis.Close()
+		if err := creds.CheckListen("transfer-addr", xlis.Addr()); err != nil {
+			return err
+		}
+		if creds.Secure() {
+			// The same clients as DataService, the same certificates
+			// (reloaded per handshake); dataplane reads each connection's
+			// principal.
+			xlis = tls.NewListener(xlis, creds.ServerTLS())
+		}
 		if xferEndpoint, err = advertiseTransfer(a.cfg.AdvertiseTransferAddr, a.cfg.AdvertiseAddr, xlis.Addr().String()); err != nil {
 			return err
 		}
@@ -142,10 +160,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	lk, err := link.New(link.Config{
 		MasterAddr: a.cfg.Master, AgentID: agentID, HostID: a.cfg.HostID, DataEndpoint: endpoint, TransferEndpoint: xferEndpoint, Version: Version,
 		ShutdownGrace: a.cfg.ShutdownGrace,
+		// mTLS with this agent's certificate; the server must be a master.
+		Creds: creds.Client(auth.RoleMaster),
 	}, link.Deps{
-		Segments:        segs,
-		OnSettings:      func(s *masterv1.Settings) { keys.Set(s.GetTokenKeys()) },
-		CopyDialOptions: dataplane.DialOptions(),
+		Segments:   segs,
+		OnSettings: func(s *masterv1.Settings) { keys.Set(s.GetTokenKeys()) },
+		// A Copy's target must be an agent: these credentials, given
+		// last, replace Creds on those connections.
+		CopyDialOptions: append(dataplane.DialOptions(), grpc.WithTransportCredentials(creds.Client(auth.RoleAgent))),
 		Registerer:      a.reg,
 	}, a.lg.With("agent_id", agentID))
 	if err != nil {

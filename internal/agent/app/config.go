@@ -10,6 +10,7 @@ import (
 
 	"github.com/crescent-kv/crescent/internal/agent/dataplane"
 	"github.com/crescent-kv/crescent/internal/config"
+	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/crescent-kv/crescent/internal/xfer"
 )
 
@@ -49,6 +50,10 @@ type Config struct {
 	// segment.VerifySealed); corrupt ones are dropped and so reported
 	// lost to the master.
 	VerifyDisk bool
+
+	// Security is TLS, authorization, protected mode and pprof (issue 14);
+	// the bulk transfer listener speaks TLS with the same files.
+	Security server.Security
 }
 
 // DefaultConfig returns the defaults.
@@ -73,6 +78,8 @@ func DefaultConfig() Config {
 		TransferMaxItems:       dataplane.DefaultTransferMaxItemsInFlight,
 		TransferIdleTimeout:    dataplane.DefaultTransferIdleTimeout,
 		TransferIOTimeout:      dataplane.DefaultTransferIOTimeout,
+
+		Security: server.DefaultSecurity(),
 	}
 }
 
@@ -102,6 +109,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "graceful gRPC stop limit before a hard stop")
 	fs.Var(&c.ReadChunk, "read-chunk", "DataService.Read chunk size when the client does not choose")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn, error")
+	c.Security.RegisterFlags(fs)
 }
 
 // Validate reports every invalid field.
@@ -160,6 +168,9 @@ func (c *Config) Validate() error {
 	}
 	if c.TransferIdleTimeout <= 0 || c.TransferIOTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("transfer-idle-timeout and transfer-io-timeout must be > 0, got %v and %v", c.TransferIdleTimeout, c.TransferIOTimeout))
+	}
+	if err := c.Security.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -21,6 +21,7 @@ func main() {
 		Flags:    cfg.RegisterFlags,
 		Validate: cfg.Validate,
 		LogLevel: func() string { return cfg.LogLevel },
+		Security: func() server.Security { return cfg.Security },
 		Run: func(ctx context.Context, lg *slog.Logger) error {
 			return app.New(cfg, lg, obs.NewRegistry()).Run(ctx)
 		},
