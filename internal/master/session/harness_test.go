@@ -13,14 +13,19 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"github.com/crescent-kv/crescent/internal/master/registry"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/token"
+	grpcmw "github.com/grpc-ecosystem/go-grpc-middleware/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 )
 
@@ -159,7 +164,7 @@ func newHarness(t testing.TB, cfg Config, opts harnessOpts) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(grpc.StreamInterceptor(testPrincipal))
 	masterv1.RegisterSegmentServiceServer(gs, m)
 	h := &harness{t: t, clock: clock, m: m, reg: reg, meta: meta, prom: prom}
 	var lis net.Listener
@@ -285,14 +290,45 @@ func registerMsg(agentID string, opts ...agentOpt) *masterv1.Register {
 	return r
 }
 
+// principalHeader carries a SPIFFE id for testPrincipal.
+const principalHeader = "x-test-principal"
+
+// testPrincipal stands in for the master's authorization interceptor
+// (internal/auth, tested there and on real mTLS clusters in
+// internal/testcluster): it puts the principal named in principalHeader
+// into the stream's context, as the real one does from the verified
+// certificate.
+func testPrincipal(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	md, _ := metadata.FromIncomingContext(ss.Context())
+	v := md.Get(principalHeader)
+	if len(v) == 0 {
+		return handler(srv, ss)
+	}
+	p, err := auth.ParseSPIFFE(v[0])
+	if err != nil {
+		return status.Error(codes.Unauthenticated, err.Error())
+	}
+	return handler(srv, &grpcmw.WrappedServerStream{ServerStream: ss, WrappedContext: auth.NewContext(ss.Context(), p)})
+}
+
 // connect opens a stream and sends first; it does not wait for Settings.
 func (h *harness) open(first *masterv1.ConnectRequest) (*grpc.ClientConn, masterv1.SegmentService_ConnectClient, context.CancelFunc) {
+	h.t.Helper()
+	return h.openAs("", first)
+}
+
+// openAs is open with the stream's principal set to the SPIFFE id spiffe
+// (none when empty).
+func (h *harness) openAs(spiffe string, first *masterv1.ConnectRequest) (*grpc.ClientConn, masterv1.SegmentService_ConnectClient, context.CancelFunc) {
 	h.t.Helper()
 	conn, err := h.dial(h.t.Context())
 	if err != nil {
 		h.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	if spiffe != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, principalHeader, spiffe)
+	}
 	stream, err := masterv1.NewSegmentServiceClient(conn).Connect(ctx)
 	if err != nil {
 		h.t.Fatal(err)

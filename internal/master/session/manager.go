@@ -300,6 +300,9 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 		return err
 	}
 	reg, err := validateRegister(first.GetRegister(), m.id.Epoch, m.cfg.MaxSegmentsPerAgent)
+	if err == nil {
+		err = bindHost(stream.Context(), &reg)
+	}
 	if err != nil {
 		m.met.registrations.WithLabelValues("rejected").Inc()
 		m.lg.Warn("agent registration rejected", "agent_id", first.GetRegister().GetAgentId(), "err", err)

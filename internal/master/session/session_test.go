@@ -668,3 +668,53 @@ func TestLargeCallSplitIntoMessages(t *testing.T) {
 		t.Fatalf("release: got %d messages / %d items, want 3 / 9", msgs, n)
 	}
 }
+
+// TestRegisterBoundToCertificate: with an agent principal (mTLS), Register
+// may name only the certificate's host, and a certificate for another host
+// cannot take over a registered agent_id or its segments — the attack in
+// issue 14 where a fake agent reusing a real agent's id made the master drop
+// its replicas.
+func TestRegisterBoundToCertificate(t *testing.T) {
+	h := newHarness(t, fastConfig(), harnessOpts{})
+	real := h.connectAgent("a1") // host-a1, segment a1-mem-0
+	const evil = "spiffe://crescent.local/agent/host-evil"
+
+	deny := func(name, spiffe string, reg *masterv1.Register, msg string) {
+		t.Helper()
+		conn, stream, cancel := h.openAs(spiffe, &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: reg}})
+		defer conn.Close()
+		defer cancel()
+		_, err := stream.Recv()
+		if status.Code(err) != codes.PermissionDenied || rpcerr.Reason(err) != "ILLEGAL_CLIENT" || !strings.Contains(status.Convert(err).Message(), msg) {
+			t.Fatalf("%s: got %v (%v), want PermissionDenied ILLEGAL_CLIENT containing %q", name, status.Code(err), err, msg)
+		}
+	}
+	// Naming the real host with another host's certificate.
+	deny("host of another certificate", evil, registerMsg("a1"), `not this certificate's host "host-evil"`)
+	// The real agent's id from the attacker's own host, with no segments.
+	empty := registerMsg("a1", withSegments())
+	empty.HostId = "host-evil"
+	deny("agent_id of another host", evil, empty, `agent_id "a1" is registered from host "host-a1"`)
+	// Another agent id claiming the real agent's segment.
+	steal := registerMsg("evil", withSegments("a1-mem-0"))
+	steal.HostId = "host-evil"
+	deny("segment of another host", evil, steal, `segment "a1-mem-0" belongs to host "host-a1"`)
+
+	// The real agent was not disturbed: still connected, segment still its.
+	if !h.m.Connected("a1") {
+		t.Fatal("a1 lost its session")
+	}
+	if s, ok := h.reg.Segment("a1-mem-0"); !ok || s.AgentID != "a1" || s.HostID != "host-a1" {
+		t.Fatalf("a1-mem-0: got %+v, %v", s, ok)
+	}
+	_ = real
+
+	// The rightful certificate registers (and replaces the session).
+	conn, stream, cancel := h.openAs("spiffe://crescent.local/agent/host-a1", &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: registerMsg("a1")}})
+	defer conn.Close()
+	defer cancel()
+	first, err := stream.Recv()
+	if err != nil || first.GetSettings() == nil {
+		t.Fatalf("rightful register: got %v, %v", first, err)
+	}
+}

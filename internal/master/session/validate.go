@@ -1,7 +1,10 @@
 package session
 
 import (
+	"context"
+
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/master/registry"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 )
@@ -124,5 +127,26 @@ func validateInfos(infos []*masterv1.SegmentInfo, mount bool) error {
 		}
 		seen[id] = true
 	}
+	return nil
+}
+
+// bindHost ties a registration to the caller's certificate. An agent
+// principal (spiffe://…/agent/<host-id>, checked by the server's
+// authorization table before Connect runs) may register only its own host:
+// the Register's host_id (or agent_id when host_id is empty) must equal the
+// certificate's name, and the registry then refuses an agent_id or segment
+// another host holds (Registration.HostBound). Without a principal, or with
+// the plaintext mode's stand-in, nothing is bound: that is the
+// unauthenticated cluster of `make run`.
+func bindHost(ctx context.Context, reg *registry.Registration) error {
+	p, ok := auth.FromContext(ctx)
+	if !ok || p.Role != auth.RoleAgent {
+		return nil
+	}
+	if reg.HostID != p.Name {
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_ILLEGAL_CLIENT,
+			"register: host_id %q is not this certificate's host %q", reg.HostID, p.Name)
+	}
+	reg.HostBound = true
 	return nil
 }
