@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Builds crescent/<name>:dev images from the static binaries in bin/.
+# Builds crescent/<name>:dev images from the static binaries in bin/ (crescentctl as crescent/ctl).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-for b in crescent-master crescent-agent crescent-gateway; do
+# crescent/ctl:dev runs `certs init` for the compose profile `secure`.
+for b in crescent-master crescent-agent crescent-gateway crescentctl; do
   [ -x "bin/$b" ] || { echo "bin/$b missing: run 'make build' first" >&2; exit 1; }
-  if ! out=$(docker build -q -f deploy/docker/Dockerfile --build-arg BIN="$b" -t "crescent/${b#crescent-}:dev" . 2>&1); then echo "$out" >&2; exit 1; fi
-  echo "built crescent/${b#crescent-}:dev"
+  name=${b#crescent-}; [ "$b" = crescentctl ] && name=ctl
+  if ! out=$(docker build -q -f deploy/docker/Dockerfile --build-arg BIN="$b" -t "crescent/$name:dev" . 2>&1); then echo "$out" >&2; exit 1; fi
+  echo "built crescent/$name:dev"
 done
