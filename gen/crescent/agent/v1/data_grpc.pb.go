@@ -32,7 +32,9 @@ const (
 // DataService moves object bytes between clients and the agent that owns the
 // allocation. Clients call it with the descriptors and tokens the master's
 // ObjectService returned; the agent checks every token (HMAC-signed by the
-// master, bound to segment, allocation, mode and expiry) before touching memory.
+// master under a key of its latest Settings, bound to tenant, key, segment,
+// allocation, mode and expiry; a tenant caller's tenant must be the token's)
+// before touching memory.
 // Errors carry google.rpc.ErrorInfo reasons from crescent.master.v1.ErrorReason
 // (INVALID_TOKEN, ALLOCATION_NOT_FOUND, ALLOCATION_STATE, OUT_OF_BOUNDS, ...).
 type DataServiceClient interface {
@@ -117,7 +119,9 @@ func (c *dataServiceClient) BatchRead(ctx context.Context, in *BatchReadRequest,
 // DataService moves object bytes between clients and the agent that owns the
 // allocation. Clients call it with the descriptors and tokens the master's
 // ObjectService returned; the agent checks every token (HMAC-signed by the
-// master, bound to segment, allocation, mode and expiry) before touching memory.
+// master under a key of its latest Settings, bound to tenant, key, segment,
+// allocation, mode and expiry; a tenant caller's tenant must be the token's)
+// before touching memory.
 // Errors carry google.rpc.ErrorInfo reasons from crescent.master.v1.ErrorReason
 // (INVALID_TOKEN, ALLOCATION_NOT_FOUND, ALLOCATION_STATE, OUT_OF_BOUNDS, ...).
 type DataServiceServer interface {

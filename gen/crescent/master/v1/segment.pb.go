@@ -1041,8 +1041,9 @@ func (*ConnectResponse_Seal) isConnectResponse_Msg() {}
 
 func (*ConnectResponse_Copy) isConnectResponse_Msg() {}
 
-// Settings is sent first on every session and again whenever one changes. It
-// carries everything the agent needs to behave.
+// Settings is sent first on every session and again whenever one changes
+// (after every token key rotation). It carries everything the agent needs to
+// behave.
 type Settings struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Leader term; commands carry it and agents reject older ones.
