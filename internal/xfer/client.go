@@ -307,7 +307,7 @@ func (p *Pool) connect(ctx context.Context, endpoint string) (net.Conn, error) {
 	defer cancel()
 	nc, err := p.dial(dctx, "tcp", endpoint)
 	if err == nil && p.cfg.TLS != nil {
-		tc := tls.Client(nc, ClientTLS(p.cfg.TLS, endpoint))
+		tc := TLSClient(nc, ClientTLS(p.cfg.TLS, endpoint))
 		if err = tc.HandshakeContext(dctx); err != nil {
 			_ = nc.Close()
 		}

@@ -44,7 +44,12 @@ func (c *conn) send(op agentv1.TransferOp, items []*agentv1.TransferItem, payloa
 	}
 	c.wbuf = b
 	c.dirty, c.greeted = true, true
-	if err := WriteFrame(c.nc, b, payload); err != nil {
+	Gather(c.nc)
+	err = WriteFrame(c.nc, b, payload)
+	if ferr := Flush(c.nc); err == nil {
+		err = ferr
+	}
+	if err != nil {
 		// The agent may have refused the request and closed the
 		// connection; its answer says more than the broken pipe.
 		if resp, rerr := c.response(); rerr == nil && resp.GetError() != nil {

@@ -39,8 +39,27 @@ func (t *transferServer) read(c *transferConn, items []*agentv1.TransferItem) er
 	if err != nil {
 		return err
 	}
+	// On TLS, the answer's records go out in few writes.
+	xfer.Gather(c.nc)
+	out, err := t.sendRead(c, items, hs, rs, hdr)
+	if ferr := xfer.Flush(c.nc); err == nil {
+		err = ferr
+	}
+	if err != nil {
+		return err
+	}
+	s.bytesOut.Add(float64(out))
+	return nil
+}
+
+// sendRead sends a READ's answer: its header, then the payloads; out is
+// how many payload bytes.
+func (t *transferServer) sendRead(c *transferConn, items []*agentv1.TransferItem, hs handles, rs []agentv1.TransferResult, hdr []byte) (out uint64, err error) {
 	iov := append(c.iov[:0], hdr)
-	var out uint64
+	defer func() {
+		c.iov = iov[:0]
+		clear(iov[:cap(iov)]) // drop the references to the mappings
+	}()
 	for i, h := range hs {
 		if h == nil || rs[i].Length == 0 {
 			continue
@@ -48,7 +67,7 @@ func (t *transferServer) read(c *transferConn, items []*agentv1.TransferItem) er
 		off, n := items[i].GetOffset(), rs[i].Length
 		data, err := h.Bytes(off, n)
 		if err != nil {
-			return err // checked by openRange: cannot happen
+			return out, err // checked by openRange: cannot happen
 		}
 		if data != nil {
 			iov = append(iov, data)
@@ -56,22 +75,15 @@ func (t *transferServer) read(c *transferConn, items []*agentv1.TransferItem) er
 			continue
 		}
 		if err := t.writev(c, iov); err != nil {
-			return err
+			return out, err
 		}
 		iov = iov[:0]
 		if err := t.sendDisk(c, h, off, n); err != nil {
-			return err
+			return out, err
 		}
 		out += n
 	}
-	err = t.writev(c, iov)
-	c.iov = iov[:0]
-	clear(iov[:cap(iov)]) // drop the references to the mappings
-	if err != nil {
-		return err
-	}
-	s.bytesOut.Add(float64(out))
-	return nil
+	return out, t.writev(c, iov)
 }
 
 // openRange opens a READ item and resolves its range: length 0 reads to

@@ -23,9 +23,20 @@ import (
 // handshake and knows the caller by its certificate. The test tokens
 // (xenv.item) are for tenant "t".
 
-// tlsEnv is a transfer listener behind TLS with devcerts certificates in
-// dir, and clientAuth as the agent app would choose it.
-func tlsEnv(t *testing.T, clientAuth tls.ClientAuthType) (e *xenv, dir string) {
+// wrappers are the two ways the agent app may put its transfer listener
+// behind TLS: xfer.TLSListener (records gathered into fewer writes and
+// reads) and crypto/tls's own.
+var wrappers = []struct {
+	name string
+	wrap func(net.Listener, *tls.Config) net.Listener
+}{
+	{"xfer.TLSListener", xfer.TLSListener},
+	{"tls.NewListener", tls.NewListener},
+}
+
+// tlsEnv is a transfer listener behind TLS (wrap) with devcerts
+// certificates in dir, and clientAuth as the agent app would choose it.
+func tlsEnv(t *testing.T, wrap func(net.Listener, *tls.Config) net.Listener, clientAuth tls.ClientAuthType) (e *xenv, dir string) {
 	t.Helper()
 	dir = t.TempDir()
 	if err := devcerts.Init(dir, devcerts.Options{Agents: []string{"host-a"}, Tenants: []string{"t", "u"}, Admins: []string{}}); err != nil {
@@ -36,7 +47,7 @@ func tlsEnv(t *testing.T, clientAuth tls.ClientAuthType) (e *xenv, dir string) {
 		t.Fatal(err)
 	}
 	cfg := TransferConfig{TrustDomain: devcerts.DefaultTrustDomain, IOTimeout: 2 * time.Second}
-	e = startTransferOn(t, cfg, func(l net.Listener) net.Listener { return tls.NewListener(l, src.ServerTLS(clientAuth)) })
+	e = startTransferOn(t, cfg, func(l net.Listener) net.Listener { return wrap(l, src.ServerTLS(clientAuth)) })
 	return e, dir
 }
 
@@ -57,7 +68,13 @@ func tlsPool(t *testing.T, dir string, role auth.Role, name string) *xfer.Pool {
 }
 
 func TestTransferTLS(t *testing.T) {
-	e, dir := tlsEnv(t, tls.RequireAndVerifyClientCert)
+	for _, w := range wrappers {
+		t.Run(w.name, func(t *testing.T) { testTransferTLS(t, w.wrap) })
+	}
+}
+
+func testTransferTLS(t *testing.T, wrap func(net.Listener, *tls.Config) net.Listener) {
+	e, dir := tlsEnv(t, wrap, tls.RequireAndVerifyClientCert)
 	data := bytes.Repeat([]byte("mTLS"), 300<<10) // 1.2 MiB: several records, more than one ioStep read
 	id := e.reserve(t, e.mem, uint64(len(data)))
 	write := func(p *xfer.Pool) error {
@@ -122,24 +139,26 @@ func TestTransferTLSRefusals(t *testing.T) {
 			return tlsPool(t, dir, auth.RoleTenant, "")
 		}, codes.Unauthenticated},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			e, dir := tlsEnv(t, tc.clientAuth)
-			id := e.reserve(t, e.mem, 10)
-			_, err := tc.pool(t, dir).Write(t.Context(), e.addr, []*agentv1.TransferItem{e.item(e.mem, id, token.Write)}, [][]byte{make([]byte, 10)})
-			if status.Code(err) != tc.code {
-				t.Fatalf("Write = %v (code %v), want %v", err, status.Code(err), tc.code)
-			}
-			if tc.code == codes.Unavailable && rpcerr.Reason(err) != "AGENT_UNAVAILABLE" {
-				t.Fatalf("Write = %v, want AGENT_UNAVAILABLE", err)
-			}
-		})
+		for _, w := range wrappers {
+			t.Run(w.name+"/"+tc.name, func(t *testing.T) {
+				e, dir := tlsEnv(t, w.wrap, tc.clientAuth)
+				id := e.reserve(t, e.mem, 10)
+				_, err := tc.pool(t, dir).Write(t.Context(), e.addr, []*agentv1.TransferItem{e.item(e.mem, id, token.Write)}, [][]byte{make([]byte, 10)})
+				if status.Code(err) != tc.code {
+					t.Fatalf("Write = %v (code %v), want %v", err, status.Code(err), tc.code)
+				}
+				if tc.code == codes.Unavailable && rpcerr.Reason(err) != "AGENT_UNAVAILABLE" {
+					t.Fatalf("Write = %v, want AGENT_UNAVAILABLE", err)
+				}
+			})
+		}
 	}
 }
 
 // A client that connects and never completes the handshake is cut after
 // IOTimeout.
 func TestTransferTLSHandshakeTimeout(t *testing.T) {
-	e, _ := tlsEnv(t, tls.RequireAndVerifyClientCert)
+	e, _ := tlsEnv(t, xfer.TLSListener, tls.RequireAndVerifyClientCert)
 	c, err := net.Dial("tcp", e.addr)
 	if err != nil {
 		t.Fatal(err)
