@@ -125,14 +125,16 @@ type Credentials struct {
 // Secure reports whether c serves TLS (and so authorizes every call).
 func (c *Credentials) Secure() bool { return c != nil && c.Source != nil }
 
-// clientAuth is what the gRPC servers ask of a client: a certificate, or
-// one if given when bearer tokens may stand in for it.
-func (c *Credentials) clientAuth() tls.ClientAuthType {
-	if c.Tokens != nil {
-		return tls.VerifyClientCertIfGiven
-	}
-	return tls.RequireAndVerifyClientCert
-}
+// clientAuth is what the servers ask of a client's TLS: a certificate is
+// verified when given, but the handshake does not demand one. Identity is
+// decided per call by the Authorizer (every method but health and
+// reflection needs a principal), so a caller without a certificate gets
+// UNAUTHENTICATED with a reason instead of an opaque handshake failure
+// ("tls: certificate required" surfaces as UNAVAILABLE at the client, which
+// retries it), bearer-token clients can connect, and Kubernetes' gRPC
+// probes, which present no certificate, can reach grpc.health.v1. A
+// certificate that is presented must still verify against the CA.
+func (c *Credentials) clientAuth() tls.ClientAuthType { return tls.VerifyClientCertIfGiven }
 
 // ServerTLS is the TLS configuration of a non-gRPC listener that serves
 // the same clients as the gRPC port (the agent's bulk transfer listener);

@@ -172,8 +172,9 @@ func TestSecureGRPC(t *testing.T) {
 		{"admin", clientCreds(t, auth.RoleAdmin, "admin"), codes.Unimplemented, codes.Unimplemented},
 		{"tenant", clientCreds(t, auth.RoleTenant, "a"), codes.PermissionDenied, codes.Unimplemented},
 		{"agent", clientCreds(t, auth.RoleAgent, "agent-1"), codes.PermissionDenied, codes.Unimplemented},
-		// A certificate is required: the handshake fails.
-		{"no client certificate", clientCreds(t, auth.RoleAdmin, ""), codes.Unavailable, codes.Unavailable},
+		// No certificate: the handshake passes (health stays reachable),
+		// every other call is refused with a reason.
+		{"no client certificate", clientCreds(t, auth.RoleAdmin, ""), codes.Unauthenticated, codes.Unauthenticated},
 		{"plaintext", insecure.NewCredentials(), codes.Unavailable, codes.Unavailable},
 	}
 	for _, tt := range tests {
