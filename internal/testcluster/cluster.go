@@ -25,15 +25,14 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	agentapp "github.com/crescent-kv/crescent/internal/agent/app"
 	"github.com/crescent-kv/crescent/internal/agent/link"
+	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/config"
 	"github.com/crescent-kv/crescent/internal/gateway/gateway"
 	masterapp "github.com/crescent-kv/crescent/internal/master/app"
 	"github.com/crescent-kv/crescent/internal/obs"
-	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/client"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // Options shape the cluster. The zero value is one master and two agents
@@ -48,6 +47,13 @@ type Options struct {
 	AgentDisk uint64
 	// Gateway starts the event gateway, bound to loopback ZMQ ports.
 	Gateway bool
+	// TLS runs every link with mTLS (issue 14): a development CA and
+	// certificates in t.TempDir (see tls.go for the principals), each
+	// component with its role's certificate, Conn as the admin and Client
+	// as tenant "default" unless told otherwise.
+	TLS bool
+	// Tenants adds tenant certificates with Options.TLS.
+	Tenants []string
 
 	// Master, Agent and GatewayConfig adjust a component's configuration
 	// after the harness has filled in addresses and test-friendly
@@ -73,6 +79,7 @@ type Cluster struct {
 	hooks      hooks
 	masterAddr string
 	diskRoot   string // parent of the agents' disk directories, kept across restarts
+	certDir    string // CA and certificates with Options.TLS
 	ccOnce     sync.Once
 	cc         *grpc.ClientConn
 }
@@ -136,6 +143,9 @@ func Start(t testing.TB, opts Options) *Cluster {
 	if opts.AgentDisk > 0 {
 		c.diskRoot = t.TempDir()
 	}
+	if opts.TLS {
+		c.initCerts()
+	}
 	t.Cleanup(c.stopAll)
 	c.startMaster()
 	for i := range opts.Agents {
@@ -178,6 +188,7 @@ func (c *Cluster) startMaster() {
 	cfg.UnmountAfter = 15 * time.Second
 	cfg.RecoveryGrace = 0
 	cfg.ShutdownTimeout = 5 * time.Second
+	cfg.Security = c.security(auth.RoleMaster, "master-1")
 	if c.opts.Master != nil {
 		c.opts.Master(&cfg)
 	}
@@ -199,7 +210,7 @@ func (c *Cluster) StartAgent(i int) {
 	cfg := agentapp.DefaultConfig()
 	cfg.Master = c.masterAddr
 	cfg.GRPCAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0"
-	cfg.HostID = fmt.Sprintf("host-%d", i)
+	cfg.HostID = hostID(i)
 	cfg.AgentID = fmt.Sprintf("agent-%d", i)
 	cfg.Memory = config.ByteSize(c.opts.AgentMemory)
 	cfg.Prefault = false
@@ -209,6 +220,7 @@ func (c *Cluster) StartAgent(i int) {
 		cfg.DiskDir = filepath.Join(c.diskRoot, fmt.Sprintf("agent-%d", i))
 		cfg.DiskSize = config.ByteSize(c.opts.AgentDisk)
 	}
+	cfg.Security = c.security(auth.RoleAgent, cfg.HostID)
 	if c.opts.Agent != nil {
 		c.opts.Agent(i, &cfg)
 	}
@@ -245,6 +257,7 @@ func (c *Cluster) StartGateway() {
 	cfg.BackendID = "testcluster"
 	cfg.ReconnectMin, cfg.ReconnectMax = 20*time.Millisecond, 200*time.Millisecond
 	cfg.ShutdownTimeout = 5 * time.Second
+	cfg.Security = c.security(auth.RoleGateway, "gateway-1")
 	if c.opts.GatewayConfig != nil {
 		c.opts.GatewayConfig(&cfg)
 	}
@@ -343,15 +356,10 @@ func (c *Cluster) Gateway() *gateway.Gateway {
 	return c.gateway.app
 }
 
-// Conn is a shared gRPC connection to the master, closed with the cluster.
+// Conn is a shared gRPC connection to the master (as the admin with
+// Options.TLS), closed with the cluster.
 func (c *Cluster) Conn() *grpc.ClientConn {
-	c.ccOnce.Do(func() {
-		cc, err := grpc.NewClient(c.masterAddr, grpc.WithTransportCredentials(insecure.NewCredentials()), rpccodec.DialOption())
-		if err != nil {
-			c.t.Fatalf("dial master: %v", err)
-		}
-		c.cc = cc
-	})
+	c.ccOnce.Do(func() { c.cc = c.DialAs(auth.RoleAdmin, Admin) })
 	return c.cc
 }
 
@@ -359,7 +367,7 @@ func (c *Cluster) Conn() *grpc.ClientConn {
 // test. mod, if given, adjusts its configuration.
 func (c *Cluster) Client(t testing.TB, mod ...func(*client.Config)) *client.Client {
 	t.Helper()
-	cfg := client.Config{Master: c.masterAddr}
+	cfg := client.Config{Master: c.masterAddr, TLS: c.ClientTLS(auth.RoleTenant, "default")}
 	for _, m := range mod {
 		m(&cfg)
 	}
