@@ -169,19 +169,38 @@ func (s *Signer) Sign(c Claims) []byte {
 // on a 4 KiB batch read. Safe for concurrent use.
 type macPool struct{ pool *sync.Pool }
 
+// macState is one pooled keyed state and the buffer a verification sums
+// into (a stack buffer would escape through hash.Hash.Sum: one allocation
+// per token).
+type macState struct {
+	h   hash.Hash
+	sum [macLen]byte
+}
+
 func newMACPool(key []byte) macPool {
 	k := append([]byte(nil), key...)
-	return macPool{pool: &sync.Pool{New: func() any { return hmac.New(sha256.New, k) }}}
+	return macPool{pool: &sync.Pool{New: func() any { return &macState{h: hmac.New(sha256.New, k)} }}}
 }
 
 // sum appends the MAC of body to dst.
 func (p macPool) sum(dst, body []byte) []byte {
-	m := p.pool.Get().(hash.Hash)
-	m.Reset()
-	m.Write(body)
-	dst = m.Sum(dst)
-	p.pool.Put(m)
+	st := p.pool.Get().(*macState)
+	st.h.Reset()
+	st.h.Write(body)
+	dst = st.h.Sum(dst)
+	p.pool.Put(st)
 	return dst
+}
+
+// equal reports whether mac is the MAC of body (constant time), allocating
+// nothing.
+func (p macPool) equal(body, mac []byte) bool {
+	st := p.pool.Get().(*macState)
+	st.h.Reset()
+	st.h.Write(body)
+	ok := hmac.Equal(st.h.Sum(st.sum[:0]), mac)
+	p.pool.Put(st)
+	return ok
 }
 
 // split checks a token's framing and returns its key id, signed body and MAC.
@@ -358,8 +377,7 @@ func (v *Verifier) Verify(tok []byte, r Request, now time.Time) (Object, error) 
 	if !ok {
 		return Object{}, ErrUnknownKey
 	}
-	var sum [macLen]byte
-	if !hmac.Equal(k.macs.sum(sum[:0], body), mac) {
+	if !k.macs.equal(body, mac) {
 		return Object{}, ErrSignature
 	}
 	return checkClaims(body, &r, now)

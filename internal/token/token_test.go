@@ -163,6 +163,26 @@ func TestSignerMatchesSign(t *testing.T) {
 	}
 }
 
+// TestVerifierAllocates nothing: the agent verifies a token per item of
+// every request.
+func TestVerifierAllocatesNothing(t *testing.T) {
+	if testing.CoverMode() != "" || raceEnabled {
+		t.Skip("allocation counts differ under -cover and -race")
+	}
+	k := testKey(1)
+	now := time.UnixMilli(1000)
+	tok := Sign(k, Claims{Mode: Read, Tenant: "t", Key: "k", SegmentID: "s", AllocationID: 1, Expiry: now.Add(time.Minute)})
+	v := NewVerifier(testKey(2), k)
+	r := Request{Mode: Read, SegmentID: "s", AllocationID: 1, CallerTenant: "t"}
+	if n := testing.AllocsPerRun(100, func() {
+		if _, err := v.Verify(tok, r, now); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Fatalf("Verifier.Verify: %v allocations per token, want 0", n)
+	}
+}
+
 func TestRekeyKeepsPools(t *testing.T) {
 	a, b, c := testKey(1), testKey(2), testKey(3)
 	v := NewVerifier(b, a)
