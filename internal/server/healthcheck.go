@@ -35,7 +35,7 @@ func healthcheck(u string, sec Security, out io.Writer) int {
 		fmt.Fprintln(out, "healthcheck:", err)
 		return 1
 	}
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	tr := &http.Transport{DisableKeepAlives: true}
 	if strings.HasPrefix(u, "https://") {
 		if sec.CA == "" {
 			return fail("an https URL needs the CA: set --tls-ca (or CRESCENT_TLS_CA)")
@@ -48,8 +48,9 @@ func healthcheck(u string, sec Security, out io.Writer) int {
 		if err != nil {
 			return fail(err)
 		}
-		client.Transport = &http.Transport{DisableKeepAlives: true, TLSClientConfig: src.ClientTLS(pu.Hostname())}
+		tr.TLSClientConfig = src.ClientTLS(pu.Hostname())
 	}
+	client := &http.Client{Transport: tr}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)

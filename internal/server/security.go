@@ -37,9 +37,7 @@ type Security struct {
 	// TrustDomain every peer's SPIFFE id must be in.
 	TrustDomain string
 	// AuthTokens is a bearer token file (auth.ParseTokens), for clients that
-	// cannot hold a certificate; optional, TLS only. With it, gRPC servers
-	// accept connections without a client certificate (the call then needs
-	// a token).
+	// cannot hold a certificate; optional, TLS only.
 	AuthTokens string
 	// Insecure allows plaintext on addresses other than loopback.
 	Insecure bool
