@@ -11,11 +11,13 @@ import (
 	"strings"
 	"time"
 
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/pkg/client"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
+	"google.golang.org/grpc/codes"
 )
 
 // Exit codes.
@@ -174,7 +176,11 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	if !errors.As(err, new(usageError)) {
 		err = rpcerr.FromStatus(err) // "REASON: message" rather than "rpc error: code = …"
 	}
-	fmt.Fprintln(stderr, "crescentctl:", err)
+	msg := err.Error()
+	if code, ok := codeOnly(err); ok {
+		msg += " (" + code.String() + ")"
+	}
+	fmt.Fprintln(stderr, "crescentctl:", msg)
 	var ue usageError
 	switch {
 	case errors.As(err, &ue):
@@ -183,6 +189,18 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 		return ExitNotFound
 	}
 	return ExitError
+}
+
+// codeOnly returns the gRPC code of an RPC error that carries no reason
+// (an authorizer's Unauthenticated or PermissionDenied): its message alone
+// would not say which refusal it is.
+func codeOnly(err error) (codes.Code, bool) {
+	var re *rpcerr.Error
+	if !errors.As(err, &re) || re.Reason != masterv1.ErrorReason_ERROR_REASON_UNSPECIFIED {
+		return codes.OK, false
+	}
+	c := re.Code()
+	return c, c != codes.OK && c != codes.Unknown
 }
 
 func envOr(k, def string) string {

@@ -15,7 +15,9 @@ import (
 	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/auth/devcerts"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 )
 
 // The TLS flags against a real TLS master (a hand-written ObjectService
@@ -38,6 +40,10 @@ func (m *tlsMaster) QueryRoute(ctx context.Context, r *masterv1.QueryRouteReques
 	m.who = append(m.who, p)
 	m.bearer = append(m.bearer, strings.Join(md.Get("authorization"), ","))
 	m.mu.Unlock()
+	if p.Role == auth.RoleTenant && r.GetTenant() != p.Name {
+		// As the master's Authorizer refuses it: a code, no reason.
+		return nil, status.Errorf(codes.PermissionDenied, "auth: %s may not act for tenant %q", p, r.GetTenant())
+	}
 	return &masterv1.QueryRouteResponse{Size: 42}, nil
 }
 
@@ -91,6 +97,13 @@ func TestTLSFlags(t *testing.T) {
 		}
 		if p, _ := m.last(); p != tenantA {
 			t.Fatalf("the master saw %v, want %v", p, tenantA)
+		}
+	})
+	t.Run("another tenant", func(t *testing.T) {
+		// A refusal without a reason names its code.
+		code, out, errOut := run(t, addr, append(tlsFlags(dir, auth.RoleTenant, "A"), "--tenant", "B", "stat", "k")...)
+		if code != ExitError || out != "" || !strings.Contains(errOut, "may not act for tenant") || !strings.HasSuffix(errOut, "(PermissionDenied)\n") {
+			t.Fatalf("stat: exit %d, stdout %q, stderr %q; want exit %d and the refusal ending (PermissionDenied)", code, out, errOut, ExitError)
 		}
 	})
 	t.Run("environment", func(t *testing.T) {
