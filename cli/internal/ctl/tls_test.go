@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/auth/devcerts"
+	"github.com/crescent-kv/crescent/internal/testcluster"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -214,5 +216,32 @@ func TestCertsInit(t *testing.T) {
 	}
 	if code, _, errOut := run(t, "unused:1", "certs", "init", filepath.Join(t.TempDir(), "x"), "--tenants", "bad/name"); code != ExitError || errOut == "" {
 		t.Fatalf("a bad name: exit %d, stderr %q", code, errOut)
+	}
+}
+
+// The TLS flags against a real cluster with mTLS (testcluster): a tenant's
+// certificate puts and gets its own keys on both data paths, and is refused
+// another tenant's.
+func TestTLSCluster(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Options{TLS: true})
+	flags := tlsFlags(c.CertDir(), auth.RoleTenant, testcluster.TenantA)
+	src := filepath.Join(t.TempDir(), "in")
+	data := strings.Repeat("0123456789abcdef", 40<<10)
+	if err := os.WriteFile(src, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for i, path := range [][]string{nil, {"--grpc-data"}} {
+		args := append(append(append([]string{}, flags...), path...), "--tenant", testcluster.TenantA)
+		key := fmt.Sprintf("k%d", i)
+		if code, _, errOut := run(t, c.MasterAddr(), append(args, "put", key, src)...); code != ExitOK {
+			t.Fatalf("put %v: exit %d, %s", path, code, errOut)
+		}
+		if code, out, errOut := run(t, c.MasterAddr(), append(args, "get", key)...); code != ExitOK || out != data {
+			t.Fatalf("get %v: exit %d, %d bytes, %s", path, code, len(out), errOut)
+		}
+	}
+	code, _, errOut := run(t, c.MasterAddr(), append(flags, "--tenant", testcluster.TenantB, "stat", "k0")...)
+	if code != ExitError || !strings.Contains(errOut, "PermissionDenied") && !strings.Contains(strings.ToLower(errOut), "permission") {
+		t.Fatalf("stat of another tenant's key: exit %d, stderr %q", code, errOut)
 	}
 }
