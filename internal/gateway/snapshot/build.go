@@ -17,20 +17,23 @@ import (
 const segmentBytes = 4 << 20
 
 // A build encodes yieldChunks chunks (64 events each, about 10-20 µs of
-// work per chunk) at a time; then, if it has run for buildSlice since it
-// last rested, it sleeps for buildRest, else it yields (runtime.Gosched).
-// So a build neither holds a P for Go's 10 ms preemption slice nor takes
-// more than about half a core from the live path: measured with
-// BenchmarkGatewayStateLive (two back-to-back fetchers of a 1M-entry set,
-// interleaved runs on a shared 2-core VM), yielding alone left the live
-// p99 at 5.7-12 ms (fetchers at nice 19) and 12-16 ms (nice 0); resting
-// 1 ms in 3 at 4.5-8.4 and 4.9-8.5 ms; 1 ms in 2 at 3.9-7.0 and 4.7-5.5
-// ms. The price is the build's wall time (about twice its CPU time), a
-// few tenths of a second of a late joiner's bootstrap.
+// work per chunk) at a time, then yields (runtime.Gosched), so it never
+// holds a P for Go's 10 ms preemption slice. While live traffic flows
+// (events were recorded since the build last checked), it also rests
+// buildRest after each buildSlice of work, taking at most a quarter of
+// a core from the live path; a build with no live traffic to protect
+// (a lone late joiner on a quiet gateway) runs at full speed.
+//
+// Measured with BenchmarkGatewayStateLive (two back-to-back fetchers of a
+// 1M-entry set, interleaved runs on a shared 2-core VM): yielding alone
+// left the live p99 at 5.7-12 ms (fetchers at nice 19) and 12-16 ms (nice
+// 0); resting 1 ms in 3 at 4.5-8.4 and 4.9-8.5 ms; 1 ms in 2 at 3.9-7.0
+// and 4.7-5.5 ms (BENCHMARKS.md, issue 13, for what followed). The price
+// is the build's wall time under traffic (about four times its CPU time).
 const (
 	yieldChunks = 8
 	buildSlice  = time.Millisecond
-	buildRest   = time.Millisecond
+	buildRest   = 3 * time.Millisecond
 )
 
 // build encodes the reply of the current set: the cut, the epoch, then the
@@ -81,7 +84,8 @@ func (r *Recorder) build() ([][]byte, *replyBufs, error) {
 		inChunk  int // events written of the current chunk
 		chunkN   int // events of the current chunk
 		chunks   int
-		ran      = time.Now() // since the build last rested
+		ran      = time.Now() // since the build last rested or checked for traffic
+		seen     = r.recordedEvents.Load()
 		err      error
 		tooLarge = func() error {
 			return fmt.Errorf("%w: more than %d bytes for %d entries", ErrTooLarge, r.cfg.MaxReplyBytes, n)
@@ -130,11 +134,15 @@ func (r *Recorder) build() ([][]byte, *replyBufs, error) {
 		frames = append(frames, chunk)
 		// See yieldChunks.
 		if chunks++; chunks%yieldChunks == 0 {
-			if time.Since(ran) >= buildSlice {
+			if time.Since(ran) < buildSlice {
+				runtime.Gosched()
+			} else if ev := r.recordedEvents.Load(); ev != seen {
+				seen = ev
 				time.Sleep(buildRest)
 				ran = time.Now()
 			} else {
 				runtime.Gosched()
+				ran = time.Now()
 			}
 		}
 		return true

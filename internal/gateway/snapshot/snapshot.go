@@ -202,6 +202,9 @@ type Recorder struct {
 	stopped bool
 
 	started atomic.Bool
+	// recordedEvents counts the events Record queued: a build rests while
+	// it moves (live traffic, see buildRest).
+	recordedEvents atomic.Uint64
 
 	// pmu guards the reply buffers (reply.go): freeSegs, pooling,
 	// freeLimit and every replyBufs' refs and stale. It is never held
@@ -398,6 +401,9 @@ func (r *Recorder) Record(seq uint64, pos statedir.Position, lastEventID uint64,
 	first := len(r.items) == 0
 	r.items = append(r.items, it)
 	r.mu.Unlock()
+	if len(evs) > 0 {
+		r.recordedEvents.Add(uint64(len(evs)))
+	}
 	if first {
 		select {
 		case r.wake <- struct{}{}:
