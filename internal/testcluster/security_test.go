@@ -289,4 +289,3 @@ func httpsGet(t *testing.T, c *testcluster.Cluster, url string, role auth.Role, 
 	_ = resp.Body.Close()
 	return resp.StatusCode
 }
-
