@@ -15,14 +15,13 @@ import (
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/client"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
 // waitRemovedChange watches the master's change log from its oldest record
-// until a REMOVED change of (tenant, key, medium) appears. A master in its
+// until a REMOVED change of (tenant, key, medium) appears; cl must be an
+// admin's (ChangeService is for gateways and admins). A master in its
 // recovery grace answers UNAVAILABLE: retry.
 func waitRemovedChange(t *testing.T, cl *client.Client, tenant, key string, medium masterv1.Medium) {
 	t.Helper()
@@ -148,7 +147,7 @@ func TestCorruptDiskObjectRemovedOnAgentRestart(t *testing.T) {
 	}
 
 	checkCorruptGone(t, ctx, c, cl, bad, good)
-	waitRemovedChange(t, cl, "default", bad.key, masterv1.Medium_MEDIUM_DISK)
+	waitRemovedChange(t, c.AdminClient("default"), "default", bad.key, masterv1.Medium_MEDIUM_DISK)
 	select {
 	case <-published:
 	case <-time.After(20 * time.Second):
@@ -157,11 +156,7 @@ func TestCorruptDiskObjectRemovedOnAgentRestart(t *testing.T) {
 	converge(t, c, sub)
 
 	// The old read token (still valid: one-minute lease) gets no bytes.
-	conn, err := grpc.NewClient(bad.desc.GetDataEndpoint(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := c.dialAgent(bad.desc.GetDataEndpoint(), "default")
 	resp, err := agentv1.NewDataServiceClient(conn).BatchRead(ctx, &agentv1.BatchReadRequest{Items: []*agentv1.BatchReadItem{{
 		SegmentId: bad.desc.GetSegmentId(), AllocationId: bad.desc.GetAllocationId(), Token: bad.desc.GetToken(),
 	}}})

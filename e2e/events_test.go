@@ -21,9 +21,9 @@ import (
 )
 
 // readable is the master's readable (tenant, key, medium) set, from
-// ChangeService.Snapshot.
+// ChangeService.Snapshot (an admin's call).
 func (c *Cluster) readable(ctx context.Context) (map[kvevent.Key]bool, error) {
-	cl := c.Client("default")
+	cl := c.AdminClient("default")
 	stream, err := cl.Changes().Snapshot(ctx, &masterv1.SnapshotRequest{})
 	if err != nil {
 		return nil, err
@@ -138,7 +138,7 @@ func (c *Cluster) gatewayStatus(t testing.TB) gatewayStatus {
 	t.Helper()
 	var st gatewayStatus
 	testutil.EventuallyNoError(t, 10*time.Second, func() error {
-		resp, err := http.Get("http://" + c.GatewayHTTP + "/kv_events/status")
+		resp, err := c.Gateway.get("/kv_events/status")
 		if err != nil {
 			return err
 		}
@@ -216,7 +216,8 @@ func TestEventsMatchMaster(t *testing.T) {
 		t.Fatalf("RemoveAll without force: skipped %d, %v; want the leased object skipped", skipped, err)
 	}
 	converge(t, c, sub)
-	if _, _, err := t1.RemoveAll(ctx, true); err != nil {
+	// With force, RemoveAll is an admin's (issue 14).
+	if _, _, err := c.AdminClient("t1").RemoveAll(ctx, true); err != nil {
 		t.Fatal(err)
 	}
 	converge(t, c, sub)

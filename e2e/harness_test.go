@@ -1,11 +1,22 @@
 // Package e2e drives the real binaries (bin/ built by `make build`, or
 // $CRESCENT_BIN) as processes on free loopback ports: one master, agents,
 // and a gateway, exactly as `make run` starts them.
+//
+// With CRESCENT_E2E_TLS=1 (`make test-e2e` runs the suite once without and
+// once with it) every cluster runs with mTLS on every link, as `make
+// run-secure` starts it (issue 14): the harness makes a development CA and
+// certificates per cluster (internal/auth/devcerts), every process gets
+// --tls-ca/--tls-cert/--tls-key, SDK clients and crescentctl present a
+// tenant's certificate (the admin's where a test needs admin RPCs), and the
+// admin HTTP ports are read over HTTPS with the admin's certificate. The
+// gateway's ZMQ endpoints (PUB, replay, snapshot) stay plaintext in both
+// modes: go-zeromq/zmq4 has no CURVE (docs/OPERATIONS.md).
 package e2e
 
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,9 +32,41 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/auth"
+	"github.com/crescent-kv/crescent/internal/auth/devcerts"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/client"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 )
+
+// tlsEnv selects the TLS mode of the whole suite.
+const tlsEnv = "CRESCENT_E2E_TLS"
+
+// tlsMode reports whether clusters run with mTLS ($CRESCENT_E2E_TLS true).
+func tlsMode(t testing.TB) bool {
+	t.Helper()
+	v := os.Getenv(tlsEnv)
+	if v == "" {
+		return false
+	}
+	on, err := strconv.ParseBool(v)
+	if err != nil {
+		t.Fatalf("%s=%q: want a boolean (1 or 0)", tlsEnv, v)
+	}
+	return on
+}
+
+// Principals a cluster in TLS mode holds certificates for, besides its own
+// processes (master-1, gateway-1, one agent per host id): the admin and
+// the tenants the tests use.
+const (
+	masterName  = "master-1"
+	gatewayName = "gateway-1"
+	adminName   = "admin"
+)
+
+var certTenants = []string{"default", "tenant-a", "tenant-b", "t1", "t2", "t3"}
 
 // binDir finds the binaries: $CRESCENT_BIN, else ../bin.
 func binDir(t testing.TB) string {
@@ -58,6 +102,10 @@ type Proc struct {
 	args  []string
 	log   string
 	admin string
+	// http reads the admin port: plain HTTP, or HTTPS with the admin's
+	// certificate in TLS mode (scheme says which).
+	http   *http.Client
+	scheme string
 
 	mu   sync.Mutex // guards cmd, done
 	cmd  *exec.Cmd
@@ -126,10 +174,16 @@ func (p *Proc) Logs() string {
 	return string(b)
 }
 
+// get fetches path from the process's admin port (over HTTPS with the
+// admin's certificate in TLS mode).
+func (p *Proc) get(path string) (*http.Response, error) {
+	return p.http.Get(p.scheme + "://" + p.admin + path)
+}
+
 func waitReady(t testing.TB, p *Proc) {
 	t.Helper()
 	err := testutil.Poll(t, 20*time.Second, func() error {
-		resp, err := http.Get("http://" + p.admin + "/readyz")
+		resp, err := p.get("/readyz")
 		if err != nil {
 			return err
 		}
@@ -169,6 +223,13 @@ type Cluster struct {
 	GatewayHTTP string
 	// GatewayState is the gateway's --state-dir (kept across its restarts).
 	GatewayState string
+
+	// certDir holds the CA and every certificate in TLS mode ("" in
+	// plaintext); the layout is devcerts'.
+	certDir string
+	// adminHTTP reads admin ports (HTTPS with the admin's certificate in
+	// TLS mode).
+	adminHTTP *http.Client
 }
 
 // Options shape a test cluster.
@@ -201,9 +262,12 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 	if o.UnmountAfter == 0 {
 		o.UnmountAfter = 3 * time.Second
 	}
-	c := &Cluster{t: t, bin: binDir(t), dir: t.TempDir()}
+	c := &Cluster{t: t, bin: binDir(t), dir: t.TempDir(), adminHTTP: &http.Client{Timeout: 10 * time.Second}}
+	if tlsMode(t) {
+		c.initCerts(o.Agents)
+	}
 	c.MasterAddr = freeAddr(t)
-	c.Master = c.proc("master", "crescent-master", append([]string{
+	c.Master = c.proc("master", "crescent-master", auth.RoleMaster, masterName, append([]string{
 		"--grpc-addr", c.MasterAddr, "--log-level", "debug",
 		"--heartbeat-interval", "100ms", "--suspect-after", o.SuspectAfter.String(), "--unmount-after", o.UnmountAfter.String(),
 	}, o.MasterFlags...))
@@ -212,7 +276,7 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 	for i := 0; i < o.Agents; i++ {
 		addr := freeAddr(t)
 		name := fmt.Sprintf("agent-%c", 'a'+i)
-		args := []string{"--master", c.MasterAddr, "--grpc-addr", addr, "--host-id", "host-" + string(rune('a'+i)),
+		args := []string{"--master", c.MasterAddr, "--grpc-addr", addr, "--host-id", hostID(i),
 			"--agent-id", name, "--memory", o.AgentMemory, "--log-level", "debug", "--shutdown-grace", "200ms"}
 		if o.Disk {
 			dd := filepath.Join(c.dir, name+"-disk")
@@ -221,7 +285,7 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 			}
 			args = append(args, "--disk-dir", dd, "--disk-size", "64MiB")
 		}
-		p := c.proc(name, "crescent-agent", append(args, o.AgentFlags...))
+		p := c.proc(name, "crescent-agent", auth.RoleAgent, hostID(i), append(args, o.AgentFlags...))
 		p.start()
 		c.Agents = append(c.Agents, p)
 		c.AgentAddrs = append(c.AgentAddrs, addr)
@@ -247,7 +311,7 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 		}
 		// As `make run` starts it: with a state directory, so a restart
 		// continues the sequence (docs/gateway-state.md).
-		c.Gateway = c.proc("gateway", "crescent-gateway", append([]string{
+		c.Gateway = c.proc("gateway", "crescent-gateway", auth.RoleGateway, gatewayName, append([]string{
 			"--master", c.MasterAddr, "--pub", c.GatewayPub, "--replay", c.GatewayRepl, "--grpc-addr", freeAddr(t),
 			"--snapshot-endpoint", c.GatewaySnap, "--state-dir", c.GatewayState,
 			"--backend-id", "e2e", "--log-level", "debug",
@@ -275,16 +339,123 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 	return c
 }
 
-func (c *Cluster) proc(name, bin string, args []string) *Proc {
+// proc prepares a process that runs as principal role/name in TLS mode.
+func (c *Cluster) proc(name, bin string, role auth.Role, principal string, args []string) *Proc {
 	admin := freeAddr(c.t)
-	return &Proc{t: c.t, Name: name, bin: filepath.Join(c.bin, bin), args: append(args, "--admin-addr", admin),
-		log: filepath.Join(c.dir, name+".log"), admin: admin}
+	args = append(args, "--admin-addr", admin)
+	args = append(args, c.tlsFlags(role, principal)...)
+	return &Proc{t: c.t, Name: name, bin: filepath.Join(c.bin, bin), args: args,
+		log: filepath.Join(c.dir, name+".log"), admin: admin, http: c.adminHTTP, scheme: c.scheme()}
 }
 
-// Client returns an SDK client for tenant, closed at cleanup.
+// hostID is agent i's --host-id, and its certificate's name in TLS mode.
+func hostID(i int) string { return "host-" + string(rune('a'+i)) }
+
+// initCerts makes the cluster's development CA and the certificates of its
+// processes (agents named by their host ids), the admin and certTenants,
+// for 127.0.0.1 and localhost, and points adminHTTP at the admin's.
+func (c *Cluster) initCerts(agents int) {
+	c.t.Helper()
+	c.certDir = filepath.Join(c.dir, "certs")
+	hosts := make([]string, agents)
+	for i := range hosts {
+		hosts[i] = hostID(i)
+	}
+	err := devcerts.Init(c.certDir, devcerts.Options{
+		Hosts: []string{"127.0.0.1", "localhost"}, Agents: hosts, Tenants: certTenants,
+		Admins: []string{adminName}, Gateways: []string{gatewayName}, Masters: []string{masterName},
+	})
+	if err != nil {
+		c.t.Fatalf("certificates: %v", err)
+	}
+	src, err := auth.NewSource(c.Files(auth.RoleAdmin, adminName), nil)
+	if err != nil {
+		c.t.Fatalf("admin certificate: %v", err)
+	}
+	// Admin ports are on 127.0.0.1: verify the server's certificate for it.
+	c.adminHTTP.Transport = &http.Transport{TLSClientConfig: src.ClientTLS("127.0.0.1")}
+	c.t.Cleanup(c.adminHTTP.CloseIdleConnections)
+}
+
+// Secure reports whether the cluster runs with mTLS (TLS mode).
+func (c *Cluster) Secure() bool { return c.certDir != "" }
+
+func (c *Cluster) scheme() string {
+	if c.Secure() {
+		return "https"
+	}
+	return "http"
+}
+
+// Files names the CA, certificate and key of principal role/name (TLS
+// mode); a principal the cluster has no certificate for fails the test.
+func (c *Cluster) Files(role auth.Role, name string) auth.Files {
+	c.t.Helper()
+	f := devcerts.FilesFor(c.certDir, role, name)
+	if _, err := os.Stat(f.Cert); err != nil {
+		c.t.Fatalf("no certificate for %s %q in TLS mode (tenants: add it to certTenants): %v", role, name, err)
+	}
+	return f
+}
+
+// tlsFlags are the TLS flags of a process or crescentctl running as
+// role/name: none in plaintext.
+func (c *Cluster) tlsFlags(role auth.Role, name string) []string {
+	c.t.Helper()
+	if !c.Secure() {
+		return nil
+	}
+	f := c.Files(role, name)
+	return []string{"--tls-ca", f.CA, "--tls-cert", f.Cert, "--tls-key", f.Key}
+}
+
+// clientTLS is the SDK's TLS configuration as role/name; nil in plaintext.
+func (c *Cluster) clientTLS(role auth.Role, name string) *tls.Config {
+	c.t.Helper()
+	if !c.Secure() {
+		return nil
+	}
+	f := c.Files(role, name)
+	cfg, err := client.TLSFromFiles(f.CA, f.Cert, f.Key)
+	if err != nil {
+		c.t.Fatalf("client TLS of %s %s: %v", role, name, err)
+	}
+	return cfg
+}
+
+// dialAgent is a gRPC connection to an agent's DataService as tenant
+// (plaintext, or mTLS requiring an agent's certificate), closed at cleanup.
+func (c *Cluster) dialAgent(addr, tenant string) *grpc.ClientConn {
+	c.t.Helper()
+	creds := insecure.NewCredentials()
+	if c.Secure() {
+		src, err := auth.NewSource(c.Files(auth.RoleTenant, tenant), nil)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		creds = src.ClientCredentials("", auth.ServerIdentity{TrustDomain: devcerts.DefaultTrustDomain, Roles: []auth.Role{auth.RoleAgent}})
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// Client returns an SDK client for tenant (with the tenant's certificate in
+// TLS mode), closed at cleanup.
 func (c *Cluster) Client(tenant string) *client.Client {
 	c.t.Helper()
 	return c.ClientWith(client.Config{Tenant: tenant})
+}
+
+// AdminClient returns an SDK client for tenant that holds the admin's
+// certificate in TLS mode, for AdminService, ChangeService and a forced
+// RemoveAll; closed at cleanup. In plaintext it is Client(tenant).
+func (c *Cluster) AdminClient(tenant string) *client.Client {
+	c.t.Helper()
+	return c.ClientWith(client.Config{Tenant: tenant, TLS: c.clientTLS(auth.RoleAdmin, adminName)})
 }
 
 // GRPCDataClient returns a client for tenant that moves bytes through the
@@ -294,11 +465,19 @@ func (c *Cluster) GRPCDataClient(tenant string) *client.Client {
 	return c.ClientWith(client.Config{Tenant: tenant, DisableTransfer: true})
 }
 
-// ClientWith returns an SDK client with cfg (Master and HostID filled in),
-// closed at cleanup.
+// ClientWith returns an SDK client with cfg (Master and HostID filled in;
+// in TLS mode, TLS too when nil: the certificate of cfg.Tenant), closed at
+// cleanup.
 func (c *Cluster) ClientWith(cfg client.Config) *client.Client {
 	c.t.Helper()
 	cfg.Master, cfg.HostID = c.MasterAddr, "host-test"
+	if cfg.TLS == nil && c.Secure() {
+		tenant := cfg.Tenant
+		if tenant == "" {
+			tenant = auth.DefaultTenant
+		}
+		cfg.TLS = c.clientTLS(auth.RoleTenant, tenant)
+	}
 	cl, err := client.New(context.Background(), cfg)
 	if err != nil {
 		c.t.Fatal(err)
@@ -310,7 +489,7 @@ func (c *Cluster) ClientWith(cfg client.Config) *client.Client {
 // Segments lists the master's segments.
 func (c *Cluster) Segments() []*masterv1.Segment {
 	c.t.Helper()
-	cl := c.Client("default")
+	cl := c.AdminClient("default")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	r, err := cl.Admin().ListSegments(ctx, &masterv1.ListSegmentsRequest{})
@@ -337,11 +516,19 @@ func (c *Cluster) WaitSegments(n int) {
 	})
 }
 
-// Ctl runs crescentctl against the cluster and returns stdout, stderr and
-// the exit code.
+// Ctl runs crescentctl against the cluster (as tenant default in TLS
+// mode) and returns stdout, stderr and the exit code.
 func (c *Cluster) Ctl(stdin []byte, args ...string) (string, string, int) {
 	c.t.Helper()
-	cmd := exec.Command(filepath.Join(c.bin, "crescentctl"), append([]string{"--master", c.MasterAddr}, args...)...)
+	return c.CtlAs(auth.RoleTenant, auth.DefaultTenant, stdin, args...)
+}
+
+// CtlAs is Ctl with the certificate of role/name in TLS mode (plain Ctl in
+// plaintext).
+func (c *Cluster) CtlAs(role auth.Role, name string, stdin []byte, args ...string) (string, string, int) {
+	c.t.Helper()
+	args = append(append([]string{"--master", c.MasterAddr}, c.tlsFlags(role, name)...), args...)
+	cmd := exec.Command(filepath.Join(c.bin, "crescentctl"), args...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if stdin != nil {
@@ -361,7 +548,7 @@ func (c *Cluster) Ctl(stdin []byte, args ...string) (string, string, int) {
 // process's /metrics (0 when absent).
 func (c *Cluster) metric(t testing.TB, p *Proc, name string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + p.admin + "/metrics")
+	resp, err := p.get("/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,9 +13,12 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/client"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 func randBytes(t testing.TB, n int) []byte {
@@ -174,7 +177,8 @@ func TestRemoveLeaseForce(t *testing.T) {
 }
 
 // TestTenantIsolation: the same key in two tenants holds different data,
-// and RemoveAll of one leaves the other.
+// and RemoveAll of one leaves the other. With mTLS a forced RemoveAll is
+// an admin's: the tenant's own is PERMISSION_DENIED.
 func TestTenantIsolation(t *testing.T) {
 	c := StartCluster(t, Options{Agents: 2})
 	ctx := ctxT(t, time.Minute)
@@ -194,7 +198,12 @@ func TestTenantIsolation(t *testing.T) {
 			t.Fatalf("tenant %s: got %q, %v; want %q", tc.cl.TenantName(), got, err, tc.want)
 		}
 	}
-	removed, _, err := a.RemoveAll(ctx, true)
+	if c.Secure() {
+		if _, _, err := a.RemoveAll(ctx, true); status.Code(err) != codes.PermissionDenied {
+			t.Fatalf("tenant a's own forced RemoveAll: got %v, want PERMISSION_DENIED", err)
+		}
+	}
+	removed, _, err := c.AdminClient("tenant-a").RemoveAll(ctx, true)
 	if err != nil || removed != 1 {
 		t.Fatalf("RemoveAll(a): removed %d, %v", removed, err)
 	}
@@ -453,7 +462,7 @@ func TestCtl(t *testing.T) {
 	if out, _, code := c.Ctl(nil, "stat", "ctl/file"); code != 0 || !strings.Contains(out, "host-a") || !strings.Contains(out, "host-b") {
 		t.Fatalf("stat: exit %d:\n%s", code, out)
 	}
-	if out, _, code := c.Ctl(nil, "segments"); code != 0 || !strings.Contains(out, "OK") {
+	if out, _, code := c.CtlAs(auth.RoleAdmin, adminName, nil, "segments"); code != 0 || !strings.Contains(out, "OK") {
 		t.Fatalf("segments: exit %d:\n%s", code, out)
 	}
 	if _, errOut, code := c.Ctl(nil, "rm", "--prefix", "ctl/", "--force"); code != 0 {
