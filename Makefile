@@ -57,8 +57,12 @@ test: test-unit test-e2e
 test-unit:
 	$(GO) test -race -timeout $(TEST_TIMEOUT) $(TESTFLAGS) $(UNIT_PKGS)
 
+## test-e2e: the end-to-end suite twice, plaintext and then with mTLS on every link (CRESCENT_E2E_TLS=1, issue 14)
 test-e2e: build
+	@echo "== e2e run 1 of 2: plaintext"
 	CRESCENT_BIN=$(CURDIR)/$(BIN) $(GO) test -race -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./e2e/...
+	@echo "== e2e run 2 of 2: mTLS (CRESCENT_E2E_TLS=1)"
+	CRESCENT_E2E_TLS=1 CRESCENT_BIN=$(CURDIR)/$(BIN) $(GO) test -race -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./e2e/...
 
 ## run: a local cluster (master, two agents, gateway) as plain processes; Ctrl-C stops it
 run: build
