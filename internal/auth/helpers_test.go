@@ -1,18 +1,17 @@
 package auth_test
 
 import (
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"log/slog"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/auth/devcerts"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"go.uber.org/goleak"
 )
 
@@ -93,22 +92,7 @@ func source(t *testing.T, f auth.Files, lg *slog.Logger) *auth.Source {
 }
 
 // logBuf is a goroutine-safe log sink.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type logBuf struct{ testutil.LogBuffer }
 
 // lines returns the logged JSON lines containing every one of subs.
 func (l *logBuf) lines(subs ...string) []string {

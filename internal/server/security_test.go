@@ -325,24 +325,6 @@ func TestPlaintextPprof(t *testing.T) {
 	http.DefaultClient.CloseIdleConnections()
 }
 
-// logBuffer is a goroutine-safe log sink.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) count(s string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.b.String(), s)
-}
-
 func TestProtectedMode(t *testing.T) {
 	tests := []struct {
 		name      string
@@ -360,7 +342,7 @@ func TestProtectedMode(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			for _, which := range []string{"grpc", "admin"} {
-				logs := &logBuffer{}
+				logs := &testutil.LogBuffer{}
 				lg := slog.New(slog.NewTextHandler(logs, nil))
 				cfg := Config{ShutdownTimeout: time.Second, Credentials: load(t, tt.sec())}
 				if which == "grpc" {
@@ -388,14 +370,14 @@ func TestProtectedMode(t *testing.T) {
 				go func() { done <- s.Run(ctx) }()
 				if tt.wantWarns {
 					// At start, then every warnEvery.
-					testutil.Eventually(t, 5*time.Second, func() bool { return logs.count("insecure: plaintext") >= 3 },
+					testutil.Eventually(t, 5*time.Second, func() bool { return logs.Count("insecure: plaintext") >= 3 },
 						"%s: three insecure warnings (at start, then every warnEvery)", which)
 				}
 				cancel()
 				if err := <-done; err != nil {
 					t.Fatalf("Run: %v", err)
 				}
-				if n := logs.count("insecure: plaintext"); !tt.wantWarns && n > 0 {
+				if n := logs.Count("insecure: plaintext"); !tt.wantWarns && n > 0 {
 					t.Fatalf("%s: got %d insecure warnings, want none", which, n)
 				}
 			}

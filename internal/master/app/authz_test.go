@@ -1,14 +1,12 @@
 package app
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -33,23 +31,12 @@ func TestAuthTableCoversEveryMethod(t *testing.T) {
 }
 
 // logSink collects JSON log lines, safe for concurrent writers.
-type logSink struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logSink) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
+type logSink struct{ testutil.LogBuffer }
 
 // audits returns the audit lines' principal, method and outcome.
 func (l *logSink) audits() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []string
-	for line := range strings.SplitSeq(l.b.String(), "\n") {
+	for line := range strings.SplitSeq(l.String(), "\n") {
 		var rec map[string]any
 		if json.Unmarshal([]byte(line), &rec) != nil || rec["msg"] != "audit" {
 			continue
