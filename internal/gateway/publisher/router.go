@@ -147,18 +147,29 @@ func (s *router) close() {
 }
 
 // vecWriter gathers a reply's buffers and writes them in vectored writes
-// of at most vecMax buffers, each within timeout. Headers it is handed are
-// copied into its scratch; bodies are referenced (immutable, shared).
+// of at most vecMax buffers and about vecMaxBytes, each within timeout.
+// Headers it is handed are copied into its scratch; bodies are referenced
+// (immutable, shared).
 type vecWriter struct {
 	c       *zmtp.Conn
 	timeout time.Duration
 	bufs    net.Buffers
 	scratch []byte // never grown between flushes: bufs point into it
+	pending int    // bytes in bufs
 }
 
 // vecMax bounds the buffers of one vectored write: replyChunk messages of
 // a delimiter and a body.
 const vecMax = 2*replyChunk + 1
+
+// vecMaxBytes bounds the bytes of one vectored write (a single larger body
+// goes alone). A goroutine in a write(2) keeps its P until the kernel has
+// copied what it was given or the runtime hands the P off, so 512 snapshot
+// chunks (~5 MB) per writev held one of the gateway's 2 Ps for
+// milliseconds at a time: a go tool trace of BenchmarkGatewayStateLive
+// (issue 13) found the snapshot socket's writes in a syscall during half
+// of the time live-path goroutines waited 2 ms or more for a P.
+const vecMaxBytes = 256 << 10
 
 func newVecWriter(c *zmtp.Conn, timeout time.Duration) *vecWriter {
 	return &vecWriter{c: c, timeout: timeout, bufs: make(net.Buffers, 0, vecMax), scratch: make([]byte, 0, 16*vecMax)}
@@ -166,11 +177,13 @@ func newVecWriter(c *zmtp.Conn, timeout time.Duration) *vecWriter {
 
 // put adds head (copied, at most 16 bytes) and body (referenced); either may be empty.
 func (w *vecWriter) put(head, body []byte) error {
-	if len(w.bufs)+2 > cap(w.bufs) || len(w.scratch)+len(head) > cap(w.scratch) {
+	if len(w.bufs)+2 > cap(w.bufs) || len(w.scratch)+len(head) > cap(w.scratch) ||
+		(w.pending > 0 && w.pending+len(head)+len(body) > vecMaxBytes) {
 		if err := w.flush(); err != nil {
 			return err
 		}
 	}
+	w.pending += len(head) + len(body)
 	if len(head) > 0 {
 		n := len(w.scratch)
 		w.scratch = append(w.scratch, head...)
@@ -187,6 +200,6 @@ func (w *vecWriter) flush() error {
 	b := w.bufs // WriteTo consumes its receiver; keep bufs' backing array
 	err := w.c.WriteBuffers(&b, w.timeout)
 	clear(w.bufs)
-	w.bufs, w.scratch = w.bufs[:0], w.scratch[:0]
+	w.bufs, w.scratch, w.pending = w.bufs[:0], w.scratch[:0], 0
 	return err
 }
