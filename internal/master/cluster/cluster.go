@@ -116,6 +116,25 @@ type Agents interface {
 	Copy(ctx context.Context, agentID string, req *masterv1.CopyRequest) error
 }
 
+// Reconciler applies one registration's allocation table in parts, as a
+// chunked Register delivers it: Apply adopts and claims the allocations of
+// one chunk (the rules of Metadata.Reconcile) and returns those the agent
+// should release; Finish removes the replicas on the agent's segments that
+// no chunk claimed and returns the remaining releases. Apply and Finish are
+// called from one goroutine, Finish once; a Reconciler whose registration
+// failed is dropped without Finish (what it adopted stays, on SUSPECTED
+// segments, for the agent's next registration to reconcile).
+type Reconciler interface {
+	Apply(ctx context.Context, allocs []*masterv1.Allocation) []*masterv1.AllocationRef
+	Finish(ctx context.Context) []*masterv1.AllocationRef
+}
+
+// ChunkedMetadata is metadata that reconciles a registration chunk by chunk.
+// Metadata without it is given the whole table at the end.
+type ChunkedMetadata interface {
+	BeginReconcile(ctx context.Context, agentID string, segments []Segment) Reconciler
+}
+
 // Metadata is what the agent side needs from the object metadata,
 // implemented by internal/meta. The agent side calls it without holding any
 // of its own locks.

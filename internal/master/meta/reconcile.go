@@ -15,7 +15,8 @@ type allocKey struct {
 }
 
 // Reconcile merges an agent's authoritative allocation table into the
-// metadata (see cluster.Metadata). The rules:
+// metadata (see cluster.Metadata). It is BeginReconcile, one Apply of the
+// whole table and Finish. The rules:
 //
 //   - A replica the metadata has on one of the agent's segments is kept when
 //     the agent holds an allocation with that id whose tag names the same
@@ -42,111 +43,126 @@ type allocKey struct {
 // Adopted objects are charged to their tenant without a quota check (the
 // bytes exist). Changes are recorded through the mutation path.
 func (s *Store) Reconcile(ctx context.Context, agentID string, segments []cluster.Segment, allocs []*masterv1.Allocation) []*masterv1.AllocationRef {
-	segSet := make(map[uint32]cluster.Segment, len(segments))
+	r := s.BeginReconcile(ctx, agentID, segments)
+	out := r.Apply(ctx, allocs)
+	return append(out, r.Finish(ctx)...)
+}
+
+// BeginReconcile starts a reconcile that takes the agent's table in chunks
+// (cluster.ChunkedMetadata), with Reconcile's rules. Each Apply costs what
+// its chunk holds, not what the store holds: a chunk's allocations are
+// looked up by their object. Only when the agent's segments held replicas
+// before (a reconnect, not a rebuild after a master restart) does the run
+// remember the allocations it claimed, so Finish can remove the replicas
+// no chunk vouched for; a rebuild's Finish does nothing.
+func (s *Store) BeginReconcile(_ context.Context, agentID string, segments []cluster.Segment) cluster.Reconciler {
+	r := &reconcileRun{s: s, agentID: agentID, segs: len(segments), segSet: make(map[uint32]cluster.Segment, len(segments))}
 	for _, sg := range segments {
-		segSet[s.segs.intern(sg.ID)] = sg
-	}
-	have := make(map[allocKey]*masterv1.Allocation, len(allocs))
-	for _, a := range allocs {
-		idx, ok := s.segs.lookup(a.GetSegmentId())
-		if _, mine := segSet[idx]; !ok || !mine {
-			continue
+		idx := s.segs.intern(sg.ID)
+		r.segSet[idx] = sg
+		if s.segs.get(idx).replicas.Load() > 0 {
+			r.claimed = map[allocKey]bool{}
 		}
-		have[allocKey{idx, a.GetAllocationId()}] = a
 	}
-	claimed := make(map[allocKey]bool)
+	return r
+}
+
+// reconcileRun is one registration's reconcile. Its methods are called from
+// one goroutine.
+type reconcileRun struct {
+	s       *Store
+	agentID string
+	segs    int
+	segSet  map[uint32]cluster.Segment
+	// claimed is nil on a rebuild (the segments held no replicas at the
+	// start); otherwise the allocations that vouch for a replica.
+	claimed map[allocKey]bool
+	// deferred are SEALED allocations for an object that has another,
+	// still unclaimed replica on the same segment: adopted by Finish, after
+	// that replica's fate is known.
+	deferred []*masterv1.Allocation
+
+	allocs, removed, adopted, returned int
+}
+
+// reconcileGroup is one object's allocations in a chunk.
+type reconcileGroup struct {
+	ref    ObjectRef
+	tenant uint32
+	shard  int
+	allocs []*masterv1.Allocation
+}
+
+// Apply reconciles one chunk of the agent's table.
+func (r *reconcileRun) Apply(ctx context.Context, allocs []*masterv1.Allocation) []*masterv1.AllocationRef {
+	r.allocs += len(allocs)
+	return r.apply(ctx, allocs, r.claimed != nil)
+}
+
+func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation, track bool) []*masterv1.AllocationRef {
+	s := r.s
 	var out []*masterv1.AllocationRef
-	rel := &releases{}
 	ref := func(seg uint32, alloc uint64) {
 		out = append(out, &masterv1.AllocationRef{SegmentId: s.segs.get(seg).id, AllocationId: alloc})
 	}
-
-	// Pass A: check what the metadata has on the agent's segments.
-	removed := 0
-	for sh := range s.shards {
-		shd := &s.shards[sh]
-		shd.mu.Lock()
-		m := s.begin(shd, rel)
-		for t, objs := range shd.tenants {
-			tname := s.tenants.get(t).name
-			for key, o := range objs {
-				for i := len(o.replicas) - 1; i >= 0; i-- {
-					r := o.replicas[i]
-					if _, mine := segSet[r.seg]; !mine || r.pending {
-						continue
-					}
-					k := allocKey{r.seg, r.allocID}
-					a := have[k]
-					tagOK := a != nil && NormalizeTenant(a.GetTenant()) == tname && a.GetKey() == key
-					if !tagOK || (r.status == stComplete && a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_SEALED) {
-						m.remove(o, i, false)
-						removed++
-						continue
-					}
-					claimed[k] = true
-				}
-				if len(o.replicas) == 0 {
-					m.sh.endPutLocked(o)
-					m.dropIfEmpty(o)
-				}
-			}
-		}
-		m.commit()
-		shd.mu.Unlock()
-	}
-
-	// Pass B: adopt unclaimed SEALED allocations, grouped by object.
-	type group struct {
-		ref    ObjectRef
-		tenant uint32
-		shard  int
-		allocs []*masterv1.Allocation
-	}
-	groups := map[ObjectRef]*group{}
-	for k, a := range have {
-		if claimed[k] {
+	groups := map[ObjectRef]*reconcileGroup{}
+	for _, a := range allocs {
+		idx, ok := s.segs.lookup(a.GetSegmentId())
+		if _, mine := r.segSet[idx]; !ok || !mine {
 			continue
 		}
+		k := allocKey{idx, a.GetAllocationId()}
+		sealed := a.GetState() == masterv1.AllocationState_ALLOCATION_STATE_SEALED
 		if s.takeOwed(k) {
 			// Removed here while the agent was unreachable: release, never adopt.
 			ref(k.seg, k.alloc)
 			continue
 		}
-		if a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_SEALED {
-			continue
+		if !sealed && !track {
+			continue // nothing to claim, nothing to adopt
 		}
-		r := ObjectRef{Tenant: NormalizeTenant(a.GetTenant()), Key: a.GetKey()}
-		if c := segSet[k.seg].Capacity; ValidateKey(r.Tenant, r.Key) != nil || a.GetSize() == 0 ||
-			a.GetSize() > c || a.GetOffset() > c-a.GetSize() {
+		or := ObjectRef{Tenant: NormalizeTenant(a.GetTenant()), Key: a.GetKey()}
+		if c := r.segSet[k.seg].Capacity; sealed && (ValidateKey(or.Tenant, or.Key) != nil || a.GetSize() == 0 ||
+			a.GetSize() > c || a.GetOffset() > c-a.GetSize()) {
 			ref(k.seg, k.alloc)
 			continue
 		}
-		g := groups[r]
+		g := groups[or]
 		if g == nil {
-			t, err := s.tenants.acquire(r.Tenant) // released once adopted
+			t, err := s.tenants.acquire(or.Tenant) // released once applied
 			if err != nil {
-				ref(k.seg, k.alloc)
+				if sealed {
+					ref(k.seg, k.alloc)
+				}
 				continue
 			}
-			g = &group{ref: r, tenant: t, shard: s.shardIndex(t, r.Key)}
-			groups[r] = g
+			g = &reconcileGroup{ref: or, tenant: t, shard: s.shardIndex(t, or.Key)}
+			groups[or] = g
 		}
 		g.allocs = append(g.allocs, a)
 	}
-	list := make([]*group, 0, len(groups))
+	list := make([]*reconcileGroup, 0, len(groups))
 	for _, g := range groups {
 		slices.SortFunc(g.allocs, func(a, b *masterv1.Allocation) int {
 			return cmp.Compare(b.GetSealedUnixMs(), a.GetSealedUnixMs()) // newest first
 		})
 		list = append(list, g)
 	}
-	adopted := 0
-	forShards(list, func(g *group) int { return g.shard }, func(sh int, gs []*group) {
+	rel := &releases{}
+	forShards(list, func(g *reconcileGroup) int { return g.shard }, func(sh int, gs []*reconcileGroup) {
 		shd := &s.shards[sh]
 		shd.mu.Lock()
 		m := s.begin(shd, rel)
 		for _, g := range gs {
-			adopted += s.adoptLocked(m, g.tenant, g.ref.Key, g.allocs, segSet, ref)
+			if track {
+				g.allocs = r.claimLocked(m, g)
+			}
+			if len(g.allocs) > 0 {
+				r.adopted += s.adoptLocked(m, g.tenant, g.ref.Key, g.allocs, r.segSet, ref)
+				if track {
+					r.markAdoptedLocked(m, g)
+				}
+			}
 		}
 		m.commit()
 		shd.mu.Unlock()
@@ -157,8 +173,112 @@ func (s *Store) Reconcile(ctx context.Context, agentID string, segments []cluste
 	cctx, cancel := cleanupCtx(ctx)
 	defer cancel()
 	s.sendReleases(cctx, rel)
-	s.lg.Info("reconciled agent allocations", "agent_id", agentID, "segments", len(segments),
-		"allocations", len(allocs), "replicas_removed", removed, "replicas_adopted", adopted, "returned", len(out))
+	r.returned += len(out)
+	return out
+}
+
+// claimLocked claims the replicas g's allocations vouch for, removes a
+// COMPLETE replica whose allocation is only RESERVED, defers allocations
+// that meet another unclaimed replica on their segment, and returns the
+// SEALED allocations left to adopt.
+func (r *reconcileRun) claimLocked(m *mut, g *reconcileGroup) []*masterv1.Allocation {
+	o := m.sh.getLocked(g.tenant, g.ref.Key)
+	rest := g.allocs[:0]
+	for _, a := range g.allocs {
+		idx, _ := r.s.segs.lookup(a.GetSegmentId())
+		sealed := a.GetState() == masterv1.AllocationState_ALLOCATION_STATE_SEALED
+		if o == nil {
+			if sealed {
+				rest = append(rest, a)
+			}
+			continue
+		}
+		at, other := -1, false
+		for i, rp := range o.replicas {
+			if rp.seg != idx || rp.pending {
+				continue
+			}
+			if rp.allocID == a.GetAllocationId() {
+				at = i
+			} else if !r.claimed[allocKey{rp.seg, rp.allocID}] {
+				other = true
+			}
+		}
+		switch {
+		case at >= 0 && o.replicas[at].status == stComplete && !sealed:
+			m.remove(o, at, false) // never sealed: the bytes are not there
+			r.removed++
+			if len(o.replicas) == 0 {
+				m.sh.endPutLocked(o)
+				m.dropIfEmpty(o)
+				o = nil
+			}
+		case at >= 0:
+			r.claimed[allocKey{idx, a.GetAllocationId()}] = true
+		case !sealed:
+		case other:
+			r.deferred = append(r.deferred, a)
+		default:
+			rest = append(rest, a)
+		}
+	}
+	return rest
+}
+
+// markAdoptedLocked claims the allocations of g that became replicas.
+func (r *reconcileRun) markAdoptedLocked(m *mut, g *reconcileGroup) {
+	o := m.sh.getLocked(g.tenant, g.ref.Key)
+	if o == nil {
+		return
+	}
+	for _, a := range g.allocs {
+		idx, _ := r.s.segs.lookup(a.GetSegmentId())
+		for _, rp := range o.replicas {
+			if rp.seg == idx && !rp.pending && rp.allocID == a.GetAllocationId() {
+				r.claimed[allocKey{idx, rp.allocID}] = true
+			}
+		}
+	}
+}
+
+// Finish removes the replicas on the agent's segments that no chunk
+// claimed (only when they held replicas at the start), adopts the deferred
+// allocations, and returns what the agent should release of those.
+func (r *reconcileRun) Finish(ctx context.Context) []*masterv1.AllocationRef {
+	s := r.s
+	var out []*masterv1.AllocationRef
+	if r.claimed != nil {
+		for sh := range s.shards {
+			shd := &s.shards[sh]
+			shd.mu.Lock()
+			m := s.begin(shd, nil)
+			for _, objs := range shd.tenants {
+				for _, o := range objs {
+					for i := len(o.replicas) - 1; i >= 0; i-- {
+						rp := o.replicas[i]
+						if _, mine := r.segSet[rp.seg]; !mine || rp.pending || r.claimed[allocKey{rp.seg, rp.allocID}] {
+							continue
+						}
+						m.remove(o, i, false)
+						r.removed++
+					}
+					if len(o.replicas) == 0 {
+						m.sh.endPutLocked(o)
+						m.dropIfEmpty(o)
+					}
+				}
+			}
+			m.commit()
+			shd.mu.Unlock()
+		}
+		if len(r.deferred) > 0 {
+			d := r.deferred
+			r.deferred = nil
+			out = r.apply(ctx, d, false)
+		}
+	}
+	s.lg.Info("reconciled agent allocations", "agent_id", r.agentID, "segments", r.segs,
+		"allocations", r.allocs, "replicas_removed", r.removed, "replicas_adopted", r.adopted, "returned", r.returned)
 	return out
 }
 
