@@ -263,14 +263,26 @@ func lsCmd(e *env) *cobra.Command {
 		Use:   "ls [--prefix P]",
 		Short: "List objects of the tenant",
 		Args:  exactArgs(0),
-		RunE: e.withClient(func(ctx context.Context, c *client.Client, _ []string) error {
-			if !e.json() {
-				fmt.Fprintf(e.stdout, "%-40s %12s %8s %s\n", "KEY", "SIZE", "REPLICAS", "MEDIA")
-			}
-			for o, err := range c.List(ctx, prefix) {
-				if err != nil {
-					return err
+		RunE: e.withClient(func(ctx context.Context, c *client.Client, _ []string) (err error) {
+			// The header goes out with the first page (or after an empty
+			// listing), so a refused listing prints only its error.
+			header := !e.json()
+			printHeader := func() {
+				if header {
+					fmt.Fprintf(e.stdout, "%-40s %12s %8s %s\n", "KEY", "SIZE", "REPLICAS", "MEDIA")
+					header = false
 				}
+			}
+			defer func() {
+				if err == nil {
+					printHeader()
+				}
+			}()
+			for o, lerr := range c.List(ctx, prefix) {
+				if lerr != nil {
+					return lerr
+				}
+				printHeader()
 				media := []string{}
 				for _, m := range o.GetMedia() {
 					media = append(media, mediumName(m))

@@ -244,4 +244,13 @@ func TestTLSCluster(t *testing.T) {
 	if code != ExitError || !strings.Contains(errOut, "PermissionDenied") && !strings.Contains(strings.ToLower(errOut), "permission") {
 		t.Fatalf("stat of another tenant's key: exit %d, stderr %q", code, errOut)
 	}
+	// A refused listing prints its error and nothing else (no table header).
+	code, out, errOut := run(t, c.MasterAddr(), append(flags, "--tenant", testcluster.TenantB, "ls")...)
+	if code != ExitError || out != "" || !strings.Contains(errOut, "PermissionDenied") {
+		t.Fatalf("ls of another tenant: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	// Its own listing has the header and its keys.
+	if code, out, errOut := run(t, c.MasterAddr(), append(flags, "--tenant", testcluster.TenantA, "ls")...); code != ExitOK || !strings.HasPrefix(out, "KEY") || !strings.Contains(out, "k1") {
+		t.Fatalf("ls: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
 }
