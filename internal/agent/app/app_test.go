@@ -48,11 +48,11 @@ type conn struct {
 }
 
 func (m *master) Connect(stream masterv1.SegmentService_ConnectServer) error {
-	first, err := stream.Recv()
+	reg, err := recvRegister(stream)
 	if err != nil {
 		return err
 	}
-	c := &conn{reg: first.GetRegister(), in: make(chan *masterv1.ConnectRequest, 1024), out: make(chan *masterv1.ConnectResponse, 16), done: make(chan struct{})}
+	c := &conn{reg: reg, in: make(chan *masterv1.ConnectRequest, 1024), out: make(chan *masterv1.ConnectResponse, 16), done: make(chan struct{})}
 	defer close(c.done)
 	select {
 	case m.conns <- c:

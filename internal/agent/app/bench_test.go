@@ -150,11 +150,11 @@ type benchSession struct {
 }
 
 func (m *benchMaster) Connect(stream masterv1.SegmentService_ConnectServer) error {
-	first, err := stream.Recv()
+	reg, err := recvRegister(stream)
 	if err != nil {
 		return err
 	}
-	s := &benchSession{reg: first.GetRegister(), stream: stream, waiting: map[uint64]chan *masterv1.ConnectRequest{}}
+	s := &benchSession{reg: reg, stream: stream, waiting: map[uint64]chan *masterv1.ConnectRequest{}}
 	select {
 	case m.sessions <- s:
 	case <-stream.Context().Done():

@@ -3,6 +3,7 @@ package link
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -30,10 +31,12 @@ type fakeMaster struct {
 }
 
 type fakeSession struct {
-	reg  *masterv1.Register
-	recv chan *masterv1.ConnectRequest  // agent → master after Register
-	send chan *masterv1.ConnectResponse // master → agent
-	drop chan error                     // end the stream with this status
+	reg *masterv1.Register
+	// allocs is the registration's allocation table, from its chunks.
+	allocs []*masterv1.Allocation
+	recv   chan *masterv1.ConnectRequest  // agent → master after Register
+	send   chan *masterv1.ConnectResponse // master → agent
+	drop   chan error                     // end the stream with this status
 	// ended is closed when the handler returns; eof is set when the agent
 	// closed its send side.
 	ended chan struct{}
@@ -45,12 +48,29 @@ func (f *fakeMaster) Connect(stream masterv1.SegmentService_ConnectServer) error
 	if err != nil {
 		return err
 	}
+	// A chunked Register's table follows it, up to the last chunk.
+	var table []*masterv1.Allocation
+	for first.GetRegister().GetChunked() {
+		m, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		ch := m.GetRegisterChunk()
+		if ch == nil {
+			return fmt.Errorf("fake master: got %T inside the registration", m.GetMsg())
+		}
+		table = append(table, ch.GetAllocations()...)
+		if ch.GetLast() {
+			break
+		}
+	}
 	s := &fakeSession{
-		reg:   first.GetRegister(),
-		recv:  make(chan *masterv1.ConnectRequest, 1024),
-		send:  make(chan *masterv1.ConnectResponse, 64),
-		drop:  make(chan error, 1),
-		ended: make(chan struct{}),
+		reg:    first.GetRegister(),
+		allocs: table,
+		recv:   make(chan *masterv1.ConnectRequest, 1024),
+		send:   make(chan *masterv1.ConnectResponse, 64),
+		drop:   make(chan error, 1),
+		ended:  make(chan struct{}),
 	}
 	defer close(s.ended)
 	ctx := stream.Context()

@@ -61,10 +61,10 @@ func TestRegisterSettingsHeartbeat(t *testing.T) {
 	if len(r.GetSegments()) != 1 || r.GetSegments()[0].GetSegmentId() != h.mem.ID() || r.GetSegments()[0].GetMedium() != masterv1.Medium_MEDIUM_MEMORY {
 		t.Fatalf("Register segments = %v", r.GetSegments())
 	}
-	if len(r.GetAllocations()) != 2 {
-		t.Fatalf("Register carries %d allocations, want 2", len(r.GetAllocations()))
+	if !r.GetChunked() || r.GetAllocationCount() != 2 || len(s.allocs) != 2 {
+		t.Fatalf("Register chunked %v, allocation_count %d, chunks carried %d allocations; want chunked, 2, 2", r.GetChunked(), r.GetAllocationCount(), len(s.allocs))
 	}
-	for _, a := range r.GetAllocations() {
+	for _, a := range s.allocs {
 		if a.GetKey() == "sealed" && (a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_SEALED || a.GetAllocationId() != sealed.GetAllocationId() || a.GetChecksum() != xxhash.Sum64([]byte("hello"))) {
 			t.Fatalf("sealed row = %v", a)
 		}
@@ -347,10 +347,10 @@ func TestReconnectReregistersFullTable(t *testing.T) {
 		s.drop <- codesErr(codes.Unavailable)
 	}
 	s = h.session()
-	if s.reg.GetKnownEpoch() != 9 || len(s.reg.GetAllocations()) != 1 {
+	if s.reg.GetKnownEpoch() != 9 || len(s.allocs) != 1 {
 		t.Fatalf("re-Register = %v", s.reg)
 	}
-	a := s.reg.GetAllocations()[0]
+	a := s.allocs[0]
 	if a.GetAllocationId() != id || a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_SEALED || a.GetKey() != "empty" || a.GetReplicaId() != 4 || a.GetSegmentId() != h.mem.ID() {
 		t.Fatalf("re-registered row = %v", a)
 	}

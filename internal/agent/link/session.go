@@ -32,22 +32,47 @@ func (l *Link) session(parent context.Context, client masterv1.SegmentServiceCli
 		sem:       make(chan struct{}, l.cfg.MaxInFlight),
 	}
 	graceful := sh.stopping()
-	s.out <- &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: &masterv1.Register{
+	reg := newRegistration(&masterv1.Register{
 		AgentId: l.cfg.AgentID, HostId: l.cfg.HostID, DataEndpoint: l.cfg.DataEndpoint, TransferEndpoint: l.cfg.TransferEndpoint,
-		Segments: l.deps.Segments.Infos(), Allocations: l.deps.Segments.Table(),
+		Segments:   l.deps.Segments.Infos(),
 		KnownEpoch: l.epoch.Load(), GracefulUnmount: graceful, Version: l.cfg.Version,
-	}}}
+	}, l.deps.Segments.Table())
+	uploaded := make(chan struct{})
 	recvc := make(chan received)
 	recvErr := make(chan error, 1)
-	s.wg.Go(s.sendLoop)
+	s.wg.Go(func() {
+		// The sender opens the stream with the registration, so nothing
+		// enqueued meanwhile (a SegmentsUpdate) lands inside the table.
+		if reg.messages(s.send) {
+			close(uploaded)
+			s.sendLoop()
+		}
+	})
 	s.wg.Go(func() { s.recvLoop(recvc, recvErr) })
 	defer func() {
 		cancel(nil)
 		s.wg.Wait()
 	}()
 
-	// The first message must be Settings.
-	t := time.NewTimer(l.cfg.SettingsTimeout)
+	// The first message must be Settings. The wait starts once the whole
+	// table is sent: sending paces itself by the master's progress (flow
+	// control), however long the table.
+	var t *time.Timer
+	var settingsC <-chan time.Time
+	for t == nil {
+		select {
+		case <-uploaded:
+			t = time.NewTimer(l.cfg.SettingsTimeout)
+			settingsC = t.C
+			l.lg.Info("registration sent", "allocations", len(reg.table))
+		case rcv := <-recvc:
+			return false, fmt.Errorf("master sent %T before the registration was sent", rcv.msg.GetMsg())
+		case err := <-recvErr:
+			return false, err
+		case <-ctx.Done():
+			return false, context.Cause(ctx)
+		}
+	}
 	select {
 	case rcv := <-recvc:
 		t.Stop()
@@ -62,7 +87,7 @@ func (l *Link) session(parent context.Context, client masterv1.SegmentServiceCli
 	case err := <-recvErr:
 		t.Stop()
 		return false, err
-	case <-t.C:
+	case <-settingsC:
 		return false, errSettingsTimeout
 	case <-ctx.Done():
 		t.Stop()

@@ -187,6 +187,22 @@ func (r *Registry) Heartbeat(agentID string, gen uint64, infos []*masterv1.Segme
 	return true
 }
 
+// Progress records that a registering agent's stream is making progress
+// (a chunk of its allocation table arrived): it counts as a heartbeat, so
+// a long registration that then fails leaves the agent its full
+// unmount_after to come back. It reports false when gen is stale.
+func (r *Registry) Progress(agentID string, gen uint64) bool {
+	now := r.now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	a := r.agents[agentID]
+	if a == nil || a.gen != gen || !a.connected {
+		return false
+	}
+	a.lastBeat = now
+	return true
+}
+
 // Deregister records a clean-stop announcement: the agent's segments become
 // GRACEFULLY_UNMOUNTING (readable, not allocatable) until now+grace (or the
 // configured default when grace <= 0), or until the stream closes.

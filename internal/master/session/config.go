@@ -18,7 +18,9 @@ type Config struct {
 	// ReservedGrace is how long an agent keeps an unclaimed RESERVED
 	// allocation (sent in Settings).
 	ReservedGrace time.Duration
-	// RegisterTimeout bounds the wait for a new stream's first message.
+	// RegisterTimeout bounds the wait for a new stream's first message and,
+	// in a chunked registration, for each RegisterChunk after the one
+	// before: a large table that keeps arriving is never cut short.
 	RegisterTimeout time.Duration
 	// RequestTimeout bounds one Reserve, Seal or Release call, queueing
 	// included.

@@ -44,6 +44,8 @@ func FuzzRegister(f *testing.F) {
 	f.Add(mustMarshal(f, &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: &masterv1.Register{AgentId: "a", DataEndpoint: "x:1", GracefulUnmount: true,
 		Segments: []*masterv1.SegmentInfo{{SegmentId: "d", Medium: masterv1.Medium_MEDIUM_DISK, Capacity: 10, Used: 11}}}}}))
 	f.Add(mustMarshal(f, &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Heartbeat{Heartbeat: &masterv1.Heartbeat{Seq: 1}}}))
+	f.Add(mustMarshal(f, &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: &masterv1.Register{AgentId: "a", DataEndpoint: "x:1", Chunked: true, AllocationCount: 1 << 40,
+		Segments: []*masterv1.SegmentInfo{{SegmentId: "m", Medium: masterv1.Medium_MEDIUM_MEMORY, Capacity: 10}}}}}))
 	f.Add([]byte{0x0a, 0x02, 0x0a, 0x00})
 	m := fuzzManager(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -86,6 +88,7 @@ func FuzzHandle(f *testing.F) {
 		{Msg: &masterv1.ConnectRequest_SegmentsUpdate{SegmentsUpdate: &masterv1.SegmentsUpdate{
 			Mounted: []*masterv1.SegmentInfo{{SegmentId: "s2", Medium: masterv1.Medium_MEDIUM_DISK, Capacity: 1}}, UnmountedSegmentIds: []string{"s1", "zz"}}}},
 		{Msg: &masterv1.ConnectRequest_Register{Register: &masterv1.Register{AgentId: "a1"}}},
+		{Msg: &masterv1.ConnectRequest_RegisterChunk{RegisterChunk: &masterv1.RegisterChunk{Last: true}}},
 		{},
 	}
 	for _, s := range seeds {
@@ -144,6 +147,52 @@ func FuzzHandle(f *testing.F) {
 		for _, c := range calls {
 			if n := len(c.done); n > 1 {
 				t.Fatalf("call answered %d times", n)
+			}
+		}
+	})
+}
+
+// FuzzRegisterChunk feeds arbitrary bytes, decoded as the messages of a
+// chunked registration's table, to the table check: never a panic, never
+// more allocations accepted than the Register announced, and every accepted
+// allocation on a listed segment after the one before it.
+func FuzzRegisterChunk(f *testing.F) {
+	chunk := func(last bool, allocs ...*masterv1.Allocation) []byte {
+		return mustMarshal(f, &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_RegisterChunk{RegisterChunk: &masterv1.RegisterChunk{Allocations: allocs, Last: last}}})
+	}
+	sealed := func(seg string, id uint64) *masterv1.Allocation {
+		return &masterv1.Allocation{SegmentId: seg, AllocationId: id, State: masterv1.AllocationState_ALLOCATION_STATE_SEALED, Key: "k"}
+	}
+	f.Add(chunk(false, sealed("s0", 1), sealed("s0", 2)), chunk(true, sealed("s1", 1)))
+	f.Add(chunk(false, sealed("s1", 1)), chunk(true, sealed("s0", 2)))
+	f.Add(chunk(true, sealed("s0", 1), sealed("s0", 1)), []byte{})
+	f.Add(chunk(true), []byte{0x4a, 0x02, 0x10, 0x01})
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		r := &masterv1.Register{AgentId: "a", DataEndpoint: "e:1", Chunked: true, AllocationCount: 3,
+			Segments: []*masterv1.SegmentInfo{{SegmentId: "s0"}, {SegmentId: "s1"}}}
+		cur := newTableCursor(r)
+		type seen struct {
+			pos int
+			id  uint64
+		}
+		prev := seen{pos: -1}
+		for _, data := range [][]byte{a, b} {
+			var msg masterv1.ConnectRequest
+			if proto.Unmarshal(data, &msg) != nil || msg.GetRegisterChunk() == nil {
+				return
+			}
+			if err := cur.check(msg.GetRegisterChunk()); err != nil {
+				return
+			}
+			for _, al := range msg.GetRegisterChunk().GetAllocations() {
+				pos, ok := cur.order[al.GetSegmentId()]
+				if !ok || pos < prev.pos || (pos == prev.pos && al.GetAllocationId() <= prev.id) {
+					t.Fatalf("accepted %v after %+v", al, prev)
+				}
+				prev = seen{pos, al.GetAllocationId()}
+			}
+			if cur.got > cur.want {
+				t.Fatalf("accepted %d allocations, the Register announced %d", cur.got, cur.want)
 			}
 		}
 	})

@@ -83,7 +83,17 @@ type Manager struct {
 	mu       sync.Mutex
 	sessions map[string]*session
 	closed   bool
+
+	// registering counts Connect handlers that have not finished
+	// registering (from the stream's start to Settings queued and the
+	// segments activated, or the handler's end).
+	registering atomic.Int64
 }
+
+// Registering reports how many agent streams are still registering: waiting
+// for their Register, receiving their allocation table or reconciling it.
+// A restarted master's recovery lasts while any is (see app.recovery).
+func (m *Manager) Registering() int { return int(m.registering.Load()) }
 
 var (
 	_ masterv1.SegmentServiceServer = (*Manager)(nil)
@@ -295,6 +305,16 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 		recvLoop(ctx, stream, recvc, recvErr)
 	}()
 
+	m.registering.Add(1)
+	registering := true
+	doneRegistering := func() {
+		if registering {
+			registering = false
+			m.registering.Add(-1)
+		}
+	}
+	defer doneRegistering()
+	started := time.Now()
 	first, err := m.awaitRegister(ctx, recvc, recvErr)
 	if err != nil {
 		return err
@@ -332,7 +352,20 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 			segs = append(segs, sg)
 		}
 	}
-	release := m.metadata().Reconcile(ctx, reg.AgentID, segs, first.GetRegister().GetAllocations())
+	r := first.GetRegister()
+	rec := m.reconciler(ctx, reg.AgentID, segs)
+	release := rec.Apply(ctx, r.GetAllocations())
+	if r.GetChunked() {
+		more, err := m.receiveTable(ctx, s, r, rec, recvc, recvErr)
+		if err != nil {
+			m.met.registrations.WithLabelValues("failed").Inc()
+			m.lg.Warn("agent registration failed", "agent_id", reg.AgentID, "allocations", r.GetAllocationCount(),
+				"elapsed", time.Since(started), "err", err)
+			return rpcerr.Status(err)
+		}
+		release = append(release, more...)
+	}
+	release = append(release, rec.Finish(ctx)...)
 	settings := m.settings(release)
 	select {
 	case s.sendq <- &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Settings{Settings: settings}}:
@@ -343,10 +376,15 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 		return errReplaced
 	}
 	close(s.ready)
+	n := uint64(len(r.GetAllocations())) + r.GetAllocationCount()
+	took := time.Since(started)
 	m.met.registrations.WithLabelValues("accepted").Inc()
+	m.met.registerSeconds.WithLabelValues(reg.AgentID).Set(took.Seconds())
+	m.met.registerAllocs.WithLabelValues(reg.AgentID).Set(float64(n))
+	doneRegistering()
 	m.lg.Info("agent registered", "agent_id", reg.AgentID, "host_id", reg.HostID, "data_endpoint", reg.DataEndpoint,
-		"gen", gen, "segments", len(reg.Segments), "allocations", len(first.GetRegister().GetAllocations()),
-		"released", len(release), "graceful", reg.Graceful)
+		"gen", gen, "segments", len(reg.Segments), "allocations", n, "chunked", r.GetChunked(),
+		"released", len(release), "graceful", reg.Graceful, "took", took)
 
 	for {
 		select {
@@ -368,7 +406,7 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 	}
 }
 
-// awaitRegister waits for the stream's first message.
+// awaitRegister waits for the stream's first message (RegisterTimeout).
 func (m *Manager) awaitRegister(ctx context.Context, recvc <-chan *masterv1.ConnectRequest, recvErr <-chan error) (*masterv1.ConnectRequest, error) {
 	t := time.NewTimer(m.cfg.RegisterTimeout)
 	defer t.Stop()

@@ -11,6 +11,9 @@ type metrics struct {
 	batchItems    *prometheus.HistogramVec
 	timeouts      *prometheus.CounterVec
 	keyRotations  prometheus.Counter
+
+	registerSeconds *prometheus.GaugeVec
+	registerAllocs  *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -21,7 +24,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "crescent_master_agent_registrations_total",
-			Help: "Agent Register messages, by result (accepted, rejected).",
+			Help: "Agent registrations, by result (accepted, rejected, failed: a chunked table stalled or was malformed).",
 		}, []string{"result"}),
 		batches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "crescent_master_agent_command_batches_total",
@@ -40,9 +43,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "crescent_master_token_key_rotations_total",
 			Help: "Data-plane token key rotations (each re-sends Settings to every agent).",
 		}),
+		registerSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "crescent_master_agent_registration_seconds",
+			Help: "Duration of the agent's last accepted registration, from its stream's start to Settings (allocation table received and reconciled).",
+		}, []string{"agent_id"}),
+		registerAllocs: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "crescent_master_agent_registration_allocations",
+			Help: "Allocations in the agent's last accepted registration.",
+		}, []string{"agent_id"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.sessions, m.registrations, m.batches, m.batchItems, m.timeouts, m.keyRotations} {
+		for _, c := range []prometheus.Collector{m.sessions, m.registrations, m.batches, m.batchItems, m.timeouts, m.keyRotations, m.registerSeconds, m.registerAllocs} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

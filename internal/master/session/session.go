@@ -177,6 +177,8 @@ func (s *session) handle(msg *masterv1.ConnectRequest) error {
 		}
 	case *masterv1.ConnectRequest_Register:
 		return invalid("Register is only allowed as the first message of a stream")
+	case *masterv1.ConnectRequest_RegisterChunk:
+		return invalid("RegisterChunk is only allowed after a chunked Register, before Settings")
 	default:
 		// A newer agent may send messages this master does not know;
 		// ignoring them keeps the protocol forward compatible.

@@ -57,6 +57,14 @@ func validateRegister(r *masterv1.Register, epoch uint64, maxSegs int) (registry
 		return registry.Registration{}, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_STALE_EPOCH,
 			"register: agent already accepted epoch %d; this master's epoch %d is older", r.GetKnownEpoch(), epoch)
 	}
+	switch {
+	case r.GetChunked() && len(r.GetAllocations()) > 0:
+		return registry.Registration{}, invalid("register: a chunked Register carries its allocations in RegisterChunk messages, not inline (%d)", len(r.GetAllocations()))
+	case !r.GetChunked() && r.GetAllocationCount() != 0:
+		return registry.Registration{}, invalid("register: allocation_count %d without chunked", r.GetAllocationCount())
+	case r.GetAllocationCount() > maxRegisterAllocations:
+		return registry.Registration{}, invalid("register: allocation_count %d exceeds %d", r.GetAllocationCount(), uint64(maxRegisterAllocations))
+	}
 	if n := len(r.GetSegments()); n > maxSegs {
 		return registry.Registration{}, errTooManySegments(n, maxSegs)
 	}

@@ -464,6 +464,7 @@ type ConnectRequest struct {
 	//	*ConnectRequest_Deregister
 	//	*ConnectRequest_CopyResult
 	//	*ConnectRequest_SegmentsUpdate
+	//	*ConnectRequest_RegisterChunk
 	Msg           isConnectRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -578,6 +579,15 @@ func (x *ConnectRequest) GetSegmentsUpdate() *SegmentsUpdate {
 	return nil
 }
 
+func (x *ConnectRequest) GetRegisterChunk() *RegisterChunk {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectRequest_RegisterChunk); ok {
+			return x.RegisterChunk
+		}
+	}
+	return nil
+}
+
 type isConnectRequest_Msg interface {
 	isConnectRequest_Msg()
 }
@@ -614,6 +624,10 @@ type ConnectRequest_SegmentsUpdate struct {
 	SegmentsUpdate *SegmentsUpdate `protobuf:"bytes,8,opt,name=segments_update,json=segmentsUpdate,proto3,oneof"`
 }
 
+type ConnectRequest_RegisterChunk struct {
+	RegisterChunk *RegisterChunk `protobuf:"bytes,9,opt,name=register_chunk,json=registerChunk,proto3,oneof"`
+}
+
 func (*ConnectRequest_Register) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_Heartbeat) isConnectRequest_Msg() {}
@@ -630,7 +644,14 @@ func (*ConnectRequest_CopyResult) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_SegmentsUpdate) isConnectRequest_Msg() {}
 
+func (*ConnectRequest_RegisterChunk) isConnectRequest_Msg() {}
+
 // Register is the first message of every session: the agent's full state.
+// A large allocation table follows it in RegisterChunk messages (chunked
+// set): the master applies each chunk as it arrives and answers Settings
+// after the last one. Each registration message must arrive within the
+// master's register timeout of the one before, so a long but progressing
+// registration is never cut short.
 type Register struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Stable id of the agent process (defaults to host id + port).
@@ -640,7 +661,8 @@ type Register struct {
 	// host:port of the agent's DataService, as clients should dial it.
 	DataEndpoint string         `protobuf:"bytes,3,opt,name=data_endpoint,json=dataEndpoint,proto3" json:"data_endpoint,omitempty"`
 	Segments     []*SegmentInfo `protobuf:"bytes,4,rep,name=segments,proto3" json:"segments,omitempty"`
-	// Every allocation the agent holds, RESERVED and SEALED.
+	// Every allocation the agent holds, RESERVED and SEALED, when the table is
+	// sent inline (chunked unset). Empty when chunked is set.
 	Allocations []*Allocation `protobuf:"bytes,5,rep,name=allocations,proto3" json:"allocations,omitempty"`
 	// Highest master epoch this agent has accepted; commands from older epochs
 	// are rejected.
@@ -652,8 +674,16 @@ type Register struct {
 	// crescent.agent.v1.TransferRequest), as clients should dial it; empty if
 	// the agent serves bytes through DataService only.
 	TransferEndpoint string `protobuf:"bytes,9,opt,name=transfer_endpoint,json=transferEndpoint,proto3" json:"transfer_endpoint,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The allocation table follows in RegisterChunk messages, the last one
+	// with last set; Settings comes only after it. Agents and masters of
+	// this protocol are upgraded together.
+	Chunked bool `protobuf:"varint,10,opt,name=chunked,proto3" json:"chunked,omitempty"`
+	// With chunked: the number of allocations the chunks carry in all. The
+	// master refuses a sequence that carries more, or fewer by its last
+	// chunk.
+	AllocationCount uint64 `protobuf:"varint,11,opt,name=allocation_count,json=allocationCount,proto3" json:"allocation_count,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Register) Reset() {
@@ -749,6 +779,80 @@ func (x *Register) GetTransferEndpoint() string {
 	return ""
 }
 
+func (x *Register) GetChunked() bool {
+	if x != nil {
+		return x.Chunked
+	}
+	return false
+}
+
+func (x *Register) GetAllocationCount() uint64 {
+	if x != nil {
+		return x.AllocationCount
+	}
+	return 0
+}
+
+// RegisterChunk is one bounded part of a chunked Register's allocation
+// table. Allocations are grouped by segment, in the order of
+// Register.segments, with allocation ids strictly increasing within a
+// segment (across chunks too), so the master detects a repeated or
+// misplaced allocation without remembering the table. At most
+// 16384 allocations per chunk; agents also keep a chunk near 1 MiB.
+type RegisterChunk struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Allocations []*Allocation          `protobuf:"bytes,1,rep,name=allocations,proto3" json:"allocations,omitempty"`
+	// The table is complete: the master finishes the reconcile and answers
+	// Settings.
+	Last          bool `protobuf:"varint,2,opt,name=last,proto3" json:"last,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterChunk) Reset() {
+	*x = RegisterChunk{}
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterChunk) ProtoMessage() {}
+
+func (x *RegisterChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterChunk.ProtoReflect.Descriptor instead.
+func (*RegisterChunk) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *RegisterChunk) GetAllocations() []*Allocation {
+	if x != nil {
+		return x.Allocations
+	}
+	return nil
+}
+
+func (x *RegisterChunk) GetLast() bool {
+	if x != nil {
+		return x.Last
+	}
+	return false
+}
+
 // Heartbeat proves liveness (default every second) and refreshes usage.
 type Heartbeat struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -761,7 +865,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[4]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -773,7 +877,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[4]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -786,7 +890,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{4}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Heartbeat) GetSeq() uint64 {
@@ -814,7 +918,7 @@ type SegmentsUpdate struct {
 
 func (x *SegmentsUpdate) Reset() {
 	*x = SegmentsUpdate{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[5]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -826,7 +930,7 @@ func (x *SegmentsUpdate) String() string {
 func (*SegmentsUpdate) ProtoMessage() {}
 
 func (x *SegmentsUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[5]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -839,7 +943,7 @@ func (x *SegmentsUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentsUpdate.ProtoReflect.Descriptor instead.
 func (*SegmentsUpdate) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{5}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SegmentsUpdate) GetMounted() []*SegmentInfo {
@@ -868,7 +972,7 @@ type Deregister struct {
 
 func (x *Deregister) Reset() {
 	*x = Deregister{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[6]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -880,7 +984,7 @@ func (x *Deregister) String() string {
 func (*Deregister) ProtoMessage() {}
 
 func (x *Deregister) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[6]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -893,7 +997,7 @@ func (x *Deregister) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Deregister.ProtoReflect.Descriptor instead.
 func (*Deregister) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{6}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Deregister) GetGrace() *durationpb.Duration {
@@ -927,7 +1031,7 @@ type ConnectResponse struct {
 
 func (x *ConnectResponse) Reset() {
 	*x = ConnectResponse{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[7]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -939,7 +1043,7 @@ func (x *ConnectResponse) String() string {
 func (*ConnectResponse) ProtoMessage() {}
 
 func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[7]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -952,7 +1056,7 @@ func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectResponse.ProtoReflect.Descriptor instead.
 func (*ConnectResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{7}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ConnectResponse) GetMsg() isConnectResponse_Msg {
@@ -1072,7 +1176,7 @@ type Settings struct {
 
 func (x *Settings) Reset() {
 	*x = Settings{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[8]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1084,7 +1188,7 @@ func (x *Settings) String() string {
 func (*Settings) ProtoMessage() {}
 
 func (x *Settings) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[8]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1097,7 +1201,7 @@ func (x *Settings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Settings.ProtoReflect.Descriptor instead.
 func (*Settings) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{8}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Settings) GetEpoch() uint64 {
@@ -1176,7 +1280,7 @@ type TokenKey struct {
 
 func (x *TokenKey) Reset() {
 	*x = TokenKey{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[9]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1292,7 @@ func (x *TokenKey) String() string {
 func (*TokenKey) ProtoMessage() {}
 
 func (x *TokenKey) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[9]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1305,7 @@ func (x *TokenKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenKey.ProtoReflect.Descriptor instead.
 func (*TokenKey) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{9}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TokenKey) GetId() uint32 {
@@ -1229,7 +1333,7 @@ type AllocationRef struct {
 
 func (x *AllocationRef) Reset() {
 	*x = AllocationRef{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[10]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1241,7 +1345,7 @@ func (x *AllocationRef) String() string {
 func (*AllocationRef) ProtoMessage() {}
 
 func (x *AllocationRef) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[10]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1254,7 +1358,7 @@ func (x *AllocationRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationRef.ProtoReflect.Descriptor instead.
 func (*AllocationRef) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{10}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AllocationRef) GetSegmentId() string {
@@ -1284,7 +1388,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1296,7 +1400,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1309,7 +1413,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{11}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReserveRequest) GetRequestId() uint64 {
@@ -1350,7 +1454,7 @@ type ReserveItem struct {
 
 func (x *ReserveItem) Reset() {
 	*x = ReserveItem{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1362,7 +1466,7 @@ func (x *ReserveItem) String() string {
 func (*ReserveItem) ProtoMessage() {}
 
 func (x *ReserveItem) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1375,7 +1479,7 @@ func (x *ReserveItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveItem.ProtoReflect.Descriptor instead.
 func (*ReserveItem) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{12}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReserveItem) GetSegmentId() string {
@@ -1445,7 +1549,7 @@ type ReserveResult struct {
 
 func (x *ReserveResult) Reset() {
 	*x = ReserveResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1457,7 +1561,7 @@ func (x *ReserveResult) String() string {
 func (*ReserveResult) ProtoMessage() {}
 
 func (x *ReserveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1470,7 +1574,7 @@ func (x *ReserveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveResult.ProtoReflect.Descriptor instead.
 func (*ReserveResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{13}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReserveResult) GetRequestId() uint64 {
@@ -1499,7 +1603,7 @@ type ReserveItemResult struct {
 
 func (x *ReserveItemResult) Reset() {
 	*x = ReserveItemResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1511,7 +1615,7 @@ func (x *ReserveItemResult) String() string {
 func (*ReserveItemResult) ProtoMessage() {}
 
 func (x *ReserveItemResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1524,7 +1628,7 @@ func (x *ReserveItemResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveItemResult.ProtoReflect.Descriptor instead.
 func (*ReserveItemResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{14}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReserveItemResult) GetStatus() *ItemStatus {
@@ -1560,7 +1664,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1572,7 +1676,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1585,7 +1689,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{15}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReleaseRequest) GetRequestId() uint64 {
@@ -1619,7 +1723,7 @@ type ReleaseResult struct {
 
 func (x *ReleaseResult) Reset() {
 	*x = ReleaseResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1631,7 +1735,7 @@ func (x *ReleaseResult) String() string {
 func (*ReleaseResult) ProtoMessage() {}
 
 func (x *ReleaseResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1644,7 +1748,7 @@ func (x *ReleaseResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResult.ProtoReflect.Descriptor instead.
 func (*ReleaseResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{16}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReleaseResult) GetRequestId() uint64 {
@@ -1674,7 +1778,7 @@ type SealRequest struct {
 
 func (x *SealRequest) Reset() {
 	*x = SealRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1686,7 +1790,7 @@ func (x *SealRequest) String() string {
 func (*SealRequest) ProtoMessage() {}
 
 func (x *SealRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1699,7 +1803,7 @@ func (x *SealRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealRequest.ProtoReflect.Descriptor instead.
 func (*SealRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{17}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SealRequest) GetRequestId() uint64 {
@@ -1738,7 +1842,7 @@ type SealItem struct {
 
 func (x *SealItem) Reset() {
 	*x = SealItem{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1750,7 +1854,7 @@ func (x *SealItem) String() string {
 func (*SealItem) ProtoMessage() {}
 
 func (x *SealItem) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1763,7 +1867,7 @@ func (x *SealItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealItem.ProtoReflect.Descriptor instead.
 func (*SealItem) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{18}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SealItem) GetSegmentId() string {
@@ -1804,7 +1908,7 @@ type SealResult struct {
 
 func (x *SealResult) Reset() {
 	*x = SealResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1816,7 +1920,7 @@ func (x *SealResult) String() string {
 func (*SealResult) ProtoMessage() {}
 
 func (x *SealResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1829,7 +1933,7 @@ func (x *SealResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealResult.ProtoReflect.Descriptor instead.
 func (*SealResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{19}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SealResult) GetRequestId() uint64 {
@@ -1864,7 +1968,7 @@ type CopyRequest struct {
 
 func (x *CopyRequest) Reset() {
 	*x = CopyRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[20]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1876,7 +1980,7 @@ func (x *CopyRequest) String() string {
 func (*CopyRequest) ProtoMessage() {}
 
 func (x *CopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[20]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1889,7 +1993,7 @@ func (x *CopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyRequest.ProtoReflect.Descriptor instead.
 func (*CopyRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{20}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CopyRequest) GetRequestId() uint64 {
@@ -1944,7 +2048,7 @@ type CopyResult struct {
 
 func (x *CopyResult) Reset() {
 	*x = CopyResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[21]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1956,7 +2060,7 @@ func (x *CopyResult) String() string {
 func (*CopyResult) ProtoMessage() {}
 
 func (x *CopyResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[21]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1969,7 +2073,7 @@ func (x *CopyResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyResult.ProtoReflect.Descriptor instead.
 func (*CopyResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{21}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CopyResult) GetRequestId() uint64 {
@@ -2018,7 +2122,7 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\bhard_pin\x18\v \x01(\bR\ahardPin\x122\n" +
 	"\x16soft_pin_until_unix_ms\x18\f \x01(\x03R\x12softPinUntilUnixMs\x12&\n" +
 	"\x0fcreated_unix_ms\x18\r \x01(\x03R\rcreatedUnixMs\x12$\n" +
-	"\x0esealed_unix_ms\x18\x0e \x01(\x03R\fsealedUnixMs\"\xc1\x04\n" +
+	"\x0esealed_unix_ms\x18\x0e \x01(\x03R\fsealedUnixMs\"\x8d\x05\n" +
 	"\x0eConnectRequest\x12:\n" +
 	"\bregister\x18\x01 \x01(\v2\x1c.crescent.master.v1.RegisterH\x00R\bregister\x12=\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x1d.crescent.master.v1.HeartbeatH\x00R\theartbeat\x12J\n" +
@@ -2031,8 +2135,9 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"deregister\x12A\n" +
 	"\vcopy_result\x18\a \x01(\v2\x1e.crescent.master.v1.CopyResultH\x00R\n" +
 	"copyResult\x12M\n" +
-	"\x0fsegments_update\x18\b \x01(\v2\".crescent.master.v1.SegmentsUpdateH\x00R\x0esegmentsUpdateB\x05\n" +
-	"\x03msg\"\xf5\x02\n" +
+	"\x0fsegments_update\x18\b \x01(\v2\".crescent.master.v1.SegmentsUpdateH\x00R\x0esegmentsUpdate\x12J\n" +
+	"\x0eregister_chunk\x18\t \x01(\v2!.crescent.master.v1.RegisterChunkH\x00R\rregisterChunkB\x05\n" +
+	"\x03msg\"\xba\x03\n" +
 	"\bRegister\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x17\n" +
 	"\ahost_id\x18\x02 \x01(\tR\x06hostId\x12#\n" +
@@ -2043,7 +2148,13 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"knownEpoch\x12)\n" +
 	"\x10graceful_unmount\x18\a \x01(\bR\x0fgracefulUnmount\x12\x18\n" +
 	"\aversion\x18\b \x01(\tR\aversion\x12+\n" +
-	"\x11transfer_endpoint\x18\t \x01(\tR\x10transferEndpoint\"Z\n" +
+	"\x11transfer_endpoint\x18\t \x01(\tR\x10transferEndpoint\x12\x18\n" +
+	"\achunked\x18\n" +
+	" \x01(\bR\achunked\x12)\n" +
+	"\x10allocation_count\x18\v \x01(\x04R\x0fallocationCount\"e\n" +
+	"\rRegisterChunk\x12@\n" +
+	"\vallocations\x18\x01 \x03(\v2\x1e.crescent.master.v1.AllocationR\vallocations\x12\x12\n" +
+	"\x04last\x18\x02 \x01(\bR\x04last\"Z\n" +
 	"\tHeartbeat\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12;\n" +
 	"\bsegments\x18\x02 \x03(\v2\x1f.crescent.master.v1.SegmentInfoR\bsegments\"\x7f\n" +
@@ -2176,7 +2287,7 @@ func file_crescent_master_v1_segment_proto_rawDescGZIP() []byte {
 }
 
 var file_crescent_master_v1_segment_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_crescent_master_v1_segment_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_crescent_master_v1_segment_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_crescent_master_v1_segment_proto_goTypes = []any{
 	(SegmentLifecycle)(0),       // 0: crescent.master.v1.SegmentLifecycle
 	(SegmentHealth)(0),          // 1: crescent.master.v1.SegmentHealth
@@ -2185,72 +2296,75 @@ var file_crescent_master_v1_segment_proto_goTypes = []any{
 	(*Allocation)(nil),          // 4: crescent.master.v1.Allocation
 	(*ConnectRequest)(nil),      // 5: crescent.master.v1.ConnectRequest
 	(*Register)(nil),            // 6: crescent.master.v1.Register
-	(*Heartbeat)(nil),           // 7: crescent.master.v1.Heartbeat
-	(*SegmentsUpdate)(nil),      // 8: crescent.master.v1.SegmentsUpdate
-	(*Deregister)(nil),          // 9: crescent.master.v1.Deregister
-	(*ConnectResponse)(nil),     // 10: crescent.master.v1.ConnectResponse
-	(*Settings)(nil),            // 11: crescent.master.v1.Settings
-	(*TokenKey)(nil),            // 12: crescent.master.v1.TokenKey
-	(*AllocationRef)(nil),       // 13: crescent.master.v1.AllocationRef
-	(*ReserveRequest)(nil),      // 14: crescent.master.v1.ReserveRequest
-	(*ReserveItem)(nil),         // 15: crescent.master.v1.ReserveItem
-	(*ReserveResult)(nil),       // 16: crescent.master.v1.ReserveResult
-	(*ReserveItemResult)(nil),   // 17: crescent.master.v1.ReserveItemResult
-	(*ReleaseRequest)(nil),      // 18: crescent.master.v1.ReleaseRequest
-	(*ReleaseResult)(nil),       // 19: crescent.master.v1.ReleaseResult
-	(*SealRequest)(nil),         // 20: crescent.master.v1.SealRequest
-	(*SealItem)(nil),            // 21: crescent.master.v1.SealItem
-	(*SealResult)(nil),          // 22: crescent.master.v1.SealResult
-	(*CopyRequest)(nil),         // 23: crescent.master.v1.CopyRequest
-	(*CopyResult)(nil),          // 24: crescent.master.v1.CopyResult
-	(Medium)(0),                 // 25: crescent.master.v1.Medium
-	(*durationpb.Duration)(nil), // 26: google.protobuf.Duration
-	(*ItemStatus)(nil),          // 27: crescent.master.v1.ItemStatus
+	(*RegisterChunk)(nil),       // 7: crescent.master.v1.RegisterChunk
+	(*Heartbeat)(nil),           // 8: crescent.master.v1.Heartbeat
+	(*SegmentsUpdate)(nil),      // 9: crescent.master.v1.SegmentsUpdate
+	(*Deregister)(nil),          // 10: crescent.master.v1.Deregister
+	(*ConnectResponse)(nil),     // 11: crescent.master.v1.ConnectResponse
+	(*Settings)(nil),            // 12: crescent.master.v1.Settings
+	(*TokenKey)(nil),            // 13: crescent.master.v1.TokenKey
+	(*AllocationRef)(nil),       // 14: crescent.master.v1.AllocationRef
+	(*ReserveRequest)(nil),      // 15: crescent.master.v1.ReserveRequest
+	(*ReserveItem)(nil),         // 16: crescent.master.v1.ReserveItem
+	(*ReserveResult)(nil),       // 17: crescent.master.v1.ReserveResult
+	(*ReserveItemResult)(nil),   // 18: crescent.master.v1.ReserveItemResult
+	(*ReleaseRequest)(nil),      // 19: crescent.master.v1.ReleaseRequest
+	(*ReleaseResult)(nil),       // 20: crescent.master.v1.ReleaseResult
+	(*SealRequest)(nil),         // 21: crescent.master.v1.SealRequest
+	(*SealItem)(nil),            // 22: crescent.master.v1.SealItem
+	(*SealResult)(nil),          // 23: crescent.master.v1.SealResult
+	(*CopyRequest)(nil),         // 24: crescent.master.v1.CopyRequest
+	(*CopyResult)(nil),          // 25: crescent.master.v1.CopyResult
+	(Medium)(0),                 // 26: crescent.master.v1.Medium
+	(*durationpb.Duration)(nil), // 27: google.protobuf.Duration
+	(*ItemStatus)(nil),          // 28: crescent.master.v1.ItemStatus
 }
 var file_crescent_master_v1_segment_proto_depIdxs = []int32{
-	25, // 0: crescent.master.v1.SegmentInfo.medium:type_name -> crescent.master.v1.Medium
+	26, // 0: crescent.master.v1.SegmentInfo.medium:type_name -> crescent.master.v1.Medium
 	2,  // 1: crescent.master.v1.Allocation.state:type_name -> crescent.master.v1.AllocationState
 	6,  // 2: crescent.master.v1.ConnectRequest.register:type_name -> crescent.master.v1.Register
-	7,  // 3: crescent.master.v1.ConnectRequest.heartbeat:type_name -> crescent.master.v1.Heartbeat
-	16, // 4: crescent.master.v1.ConnectRequest.reserve_result:type_name -> crescent.master.v1.ReserveResult
-	19, // 5: crescent.master.v1.ConnectRequest.release_result:type_name -> crescent.master.v1.ReleaseResult
-	22, // 6: crescent.master.v1.ConnectRequest.seal_result:type_name -> crescent.master.v1.SealResult
-	9,  // 7: crescent.master.v1.ConnectRequest.deregister:type_name -> crescent.master.v1.Deregister
-	24, // 8: crescent.master.v1.ConnectRequest.copy_result:type_name -> crescent.master.v1.CopyResult
-	8,  // 9: crescent.master.v1.ConnectRequest.segments_update:type_name -> crescent.master.v1.SegmentsUpdate
-	3,  // 10: crescent.master.v1.Register.segments:type_name -> crescent.master.v1.SegmentInfo
-	4,  // 11: crescent.master.v1.Register.allocations:type_name -> crescent.master.v1.Allocation
-	3,  // 12: crescent.master.v1.Heartbeat.segments:type_name -> crescent.master.v1.SegmentInfo
-	3,  // 13: crescent.master.v1.SegmentsUpdate.mounted:type_name -> crescent.master.v1.SegmentInfo
-	26, // 14: crescent.master.v1.Deregister.grace:type_name -> google.protobuf.Duration
-	11, // 15: crescent.master.v1.ConnectResponse.settings:type_name -> crescent.master.v1.Settings
-	14, // 16: crescent.master.v1.ConnectResponse.reserve:type_name -> crescent.master.v1.ReserveRequest
-	18, // 17: crescent.master.v1.ConnectResponse.release:type_name -> crescent.master.v1.ReleaseRequest
-	20, // 18: crescent.master.v1.ConnectResponse.seal:type_name -> crescent.master.v1.SealRequest
-	23, // 19: crescent.master.v1.ConnectResponse.copy:type_name -> crescent.master.v1.CopyRequest
-	26, // 20: crescent.master.v1.Settings.heartbeat_interval:type_name -> google.protobuf.Duration
-	26, // 21: crescent.master.v1.Settings.suspect_after:type_name -> google.protobuf.Duration
-	26, // 22: crescent.master.v1.Settings.unmount_after:type_name -> google.protobuf.Duration
-	26, // 23: crescent.master.v1.Settings.reserved_grace:type_name -> google.protobuf.Duration
-	13, // 24: crescent.master.v1.Settings.release_allocations:type_name -> crescent.master.v1.AllocationRef
-	12, // 25: crescent.master.v1.Settings.token_keys:type_name -> crescent.master.v1.TokenKey
-	15, // 26: crescent.master.v1.ReserveRequest.items:type_name -> crescent.master.v1.ReserveItem
-	17, // 27: crescent.master.v1.ReserveResult.items:type_name -> crescent.master.v1.ReserveItemResult
-	27, // 28: crescent.master.v1.ReserveItemResult.status:type_name -> crescent.master.v1.ItemStatus
-	13, // 29: crescent.master.v1.ReleaseRequest.items:type_name -> crescent.master.v1.AllocationRef
-	27, // 30: crescent.master.v1.ReleaseResult.items:type_name -> crescent.master.v1.ItemStatus
-	21, // 31: crescent.master.v1.SealRequest.items:type_name -> crescent.master.v1.SealItem
-	27, // 32: crescent.master.v1.SealResult.items:type_name -> crescent.master.v1.ItemStatus
-	13, // 33: crescent.master.v1.CopyRequest.source:type_name -> crescent.master.v1.AllocationRef
-	13, // 34: crescent.master.v1.CopyRequest.target:type_name -> crescent.master.v1.AllocationRef
-	27, // 35: crescent.master.v1.CopyResult.status:type_name -> crescent.master.v1.ItemStatus
-	5,  // 36: crescent.master.v1.SegmentService.Connect:input_type -> crescent.master.v1.ConnectRequest
-	10, // 37: crescent.master.v1.SegmentService.Connect:output_type -> crescent.master.v1.ConnectResponse
-	37, // [37:38] is the sub-list for method output_type
-	36, // [36:37] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	8,  // 3: crescent.master.v1.ConnectRequest.heartbeat:type_name -> crescent.master.v1.Heartbeat
+	17, // 4: crescent.master.v1.ConnectRequest.reserve_result:type_name -> crescent.master.v1.ReserveResult
+	20, // 5: crescent.master.v1.ConnectRequest.release_result:type_name -> crescent.master.v1.ReleaseResult
+	23, // 6: crescent.master.v1.ConnectRequest.seal_result:type_name -> crescent.master.v1.SealResult
+	10, // 7: crescent.master.v1.ConnectRequest.deregister:type_name -> crescent.master.v1.Deregister
+	25, // 8: crescent.master.v1.ConnectRequest.copy_result:type_name -> crescent.master.v1.CopyResult
+	9,  // 9: crescent.master.v1.ConnectRequest.segments_update:type_name -> crescent.master.v1.SegmentsUpdate
+	7,  // 10: crescent.master.v1.ConnectRequest.register_chunk:type_name -> crescent.master.v1.RegisterChunk
+	3,  // 11: crescent.master.v1.Register.segments:type_name -> crescent.master.v1.SegmentInfo
+	4,  // 12: crescent.master.v1.Register.allocations:type_name -> crescent.master.v1.Allocation
+	4,  // 13: crescent.master.v1.RegisterChunk.allocations:type_name -> crescent.master.v1.Allocation
+	3,  // 14: crescent.master.v1.Heartbeat.segments:type_name -> crescent.master.v1.SegmentInfo
+	3,  // 15: crescent.master.v1.SegmentsUpdate.mounted:type_name -> crescent.master.v1.SegmentInfo
+	27, // 16: crescent.master.v1.Deregister.grace:type_name -> google.protobuf.Duration
+	12, // 17: crescent.master.v1.ConnectResponse.settings:type_name -> crescent.master.v1.Settings
+	15, // 18: crescent.master.v1.ConnectResponse.reserve:type_name -> crescent.master.v1.ReserveRequest
+	19, // 19: crescent.master.v1.ConnectResponse.release:type_name -> crescent.master.v1.ReleaseRequest
+	21, // 20: crescent.master.v1.ConnectResponse.seal:type_name -> crescent.master.v1.SealRequest
+	24, // 21: crescent.master.v1.ConnectResponse.copy:type_name -> crescent.master.v1.CopyRequest
+	27, // 22: crescent.master.v1.Settings.heartbeat_interval:type_name -> google.protobuf.Duration
+	27, // 23: crescent.master.v1.Settings.suspect_after:type_name -> google.protobuf.Duration
+	27, // 24: crescent.master.v1.Settings.unmount_after:type_name -> google.protobuf.Duration
+	27, // 25: crescent.master.v1.Settings.reserved_grace:type_name -> google.protobuf.Duration
+	14, // 26: crescent.master.v1.Settings.release_allocations:type_name -> crescent.master.v1.AllocationRef
+	13, // 27: crescent.master.v1.Settings.token_keys:type_name -> crescent.master.v1.TokenKey
+	16, // 28: crescent.master.v1.ReserveRequest.items:type_name -> crescent.master.v1.ReserveItem
+	18, // 29: crescent.master.v1.ReserveResult.items:type_name -> crescent.master.v1.ReserveItemResult
+	28, // 30: crescent.master.v1.ReserveItemResult.status:type_name -> crescent.master.v1.ItemStatus
+	14, // 31: crescent.master.v1.ReleaseRequest.items:type_name -> crescent.master.v1.AllocationRef
+	28, // 32: crescent.master.v1.ReleaseResult.items:type_name -> crescent.master.v1.ItemStatus
+	22, // 33: crescent.master.v1.SealRequest.items:type_name -> crescent.master.v1.SealItem
+	28, // 34: crescent.master.v1.SealResult.items:type_name -> crescent.master.v1.ItemStatus
+	14, // 35: crescent.master.v1.CopyRequest.source:type_name -> crescent.master.v1.AllocationRef
+	14, // 36: crescent.master.v1.CopyRequest.target:type_name -> crescent.master.v1.AllocationRef
+	28, // 37: crescent.master.v1.CopyResult.status:type_name -> crescent.master.v1.ItemStatus
+	5,  // 38: crescent.master.v1.SegmentService.Connect:input_type -> crescent.master.v1.ConnectRequest
+	11, // 39: crescent.master.v1.SegmentService.Connect:output_type -> crescent.master.v1.ConnectResponse
+	39, // [39:40] is the sub-list for method output_type
+	38, // [38:39] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_crescent_master_v1_segment_proto_init() }
@@ -2268,8 +2382,9 @@ func file_crescent_master_v1_segment_proto_init() {
 		(*ConnectRequest_Deregister)(nil),
 		(*ConnectRequest_CopyResult)(nil),
 		(*ConnectRequest_SegmentsUpdate)(nil),
+		(*ConnectRequest_RegisterChunk)(nil),
 	}
-	file_crescent_master_v1_segment_proto_msgTypes[7].OneofWrappers = []any{
+	file_crescent_master_v1_segment_proto_msgTypes[8].OneofWrappers = []any{
 		(*ConnectResponse_Settings)(nil),
 		(*ConnectResponse_Reserve)(nil),
 		(*ConnectResponse_Release)(nil),
@@ -2282,7 +2397,7 @@ func file_crescent_master_v1_segment_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crescent_master_v1_segment_proto_rawDesc), len(file_crescent_master_v1_segment_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

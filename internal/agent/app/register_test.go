@@ -1,0 +1,33 @@
+package app
+
+import (
+	"fmt"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+)
+
+// recvRegister receives an agent's registration: its Register and, when
+// chunked, the table's RegisterChunk messages, which the fake masters of
+// these tests fold back into Register.allocations.
+func recvRegister(stream masterv1.SegmentService_ConnectServer) (*masterv1.Register, error) {
+	first, err := stream.Recv()
+	if err != nil {
+		return nil, err
+	}
+	r := first.GetRegister()
+	for r.GetChunked() {
+		msg, err := stream.Recv()
+		if err != nil {
+			return nil, err
+		}
+		ch := msg.GetRegisterChunk()
+		if ch == nil {
+			return nil, fmt.Errorf("fake master: got %T inside the registration", msg.GetMsg())
+		}
+		r.Allocations = append(r.Allocations, ch.GetAllocations()...)
+		if ch.GetLast() {
+			break
+		}
+	}
+	return r, nil
+}

@@ -1,0 +1,72 @@
+package link
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+)
+
+// TestRegistrationChunks: the table goes out after a chunked Register in
+// bounded chunks, grouped by segment in the Register's order with ids
+// increasing, the last one marked, and allocation_count equal to what the
+// chunks carry; allocations of an unlisted segment are left out.
+func TestRegistrationChunks(t *testing.T) {
+	mk := func(seg string, id uint64, keyLen int) *masterv1.Allocation {
+		return &masterv1.Allocation{SegmentId: seg, AllocationId: id, State: masterv1.AllocationState_ALLOCATION_STATE_SEALED,
+			Key: fmt.Sprintf("k%d", id) + strings.Repeat("x", keyLen)}
+	}
+	for _, tc := range []struct {
+		name       string
+		n, keyLen  int
+		wantChunks int
+	}{
+		{"empty", 0, 0, 1},
+		{"one chunk", 10, 0, 1},
+		{"by count", 2*maxChunkAllocs + 5, 0, 3},
+		{"by bytes", 1000, 4000, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var table []*masterv1.Allocation
+			for i := tc.n; i > 0; i-- { // reversed, alternating segments
+				table = append(table, mk([]string{"s0", "s1"}[i%2], uint64(i), tc.keyLen))
+			}
+			table = append(table, mk("gone", 1, 0))
+			reg := newRegistration(&masterv1.Register{AgentId: "a", Segments: []*masterv1.SegmentInfo{{SegmentId: "s1"}, {SegmentId: "s0"}}}, table)
+			var msgs []*masterv1.ConnectRequest
+			if !reg.messages(func(m *masterv1.ConnectRequest) bool { msgs = append(msgs, m); return true }) {
+				t.Fatal("messages stopped")
+			}
+			r := msgs[0].GetRegister()
+			if r == nil || !r.GetChunked() || r.GetAllocationCount() != uint64(tc.n) || len(r.GetAllocations()) != 0 {
+				t.Fatalf("first message: got %v, want a chunked Register announcing %d", msgs[0], tc.n)
+			}
+			if got := len(msgs) - 1; got != tc.wantChunks {
+				t.Fatalf("chunks: got %d, want %d", got, tc.wantChunks)
+			}
+			pos := map[string]int{"s1": 0, "s0": 1}
+			prevPos, prevID, total := -1, uint64(0), 0
+			for i, m := range msgs[1:] {
+				ch := m.GetRegisterChunk()
+				if ch == nil || ch.GetLast() != (i == len(msgs)-2) {
+					t.Fatalf("chunk %d: got %v, want a RegisterChunk with last=%v", i, m, i == len(msgs)-2)
+				}
+				if n := len(ch.GetAllocations()); n > maxChunkAllocs || (n > 1 && ch.SizeVT() > maxChunkBytes+8192) {
+					t.Fatalf("chunk %d: %d allocations, %d bytes; want at most %d and about %d", i, n, ch.SizeVT(), maxChunkAllocs, maxChunkBytes)
+				}
+				for _, a := range ch.GetAllocations() {
+					p := pos[a.GetSegmentId()]
+					if p < prevPos || (p == prevPos && a.GetAllocationId() <= prevID) {
+						t.Fatalf("allocation %s/%d after %d/%d: out of order", a.GetSegmentId(), a.GetAllocationId(), prevPos, prevID)
+					}
+					prevPos, prevID = p, a.GetAllocationId()
+					total++
+				}
+			}
+			if total != tc.n {
+				t.Fatalf("chunks carried %d allocations, want %d", total, tc.n)
+			}
+		})
+	}
+}
