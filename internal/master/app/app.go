@@ -9,9 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
@@ -24,7 +22,6 @@ import (
 	"github.com/crescent-kv/crescent/internal/master/registry"
 	"github.com/crescent-kv/crescent/internal/master/session"
 	"github.com/crescent-kv/crescent/internal/obs"
-	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/crescent-kv/crescent/internal/token"
 	"google.golang.org/grpc"
@@ -71,12 +68,17 @@ type Config struct {
 	ScanBudget          int
 	MaxSnapshots        int
 
-	// RecoveryGrace is how long after start ChangeService refuses with
-	// MASTER_RECOVERING: a restarted master starts empty and rebuilds its
-	// objects as agents re-register, and a gateway that resynced in that
-	// window would publish `removed` for objects that are about to come
-	// back, then `stored` again.
+	// RecoveryGrace is the least time after start ChangeService refuses
+	// with MASTER_RECOVERING: a restarted master starts empty and rebuilds
+	// its objects as agents re-register, and a gateway that resynced in
+	// that window would publish `removed` for objects that are about to
+	// come back, then `stored` again. Recovery lasts past it while any
+	// agent is still registering (its table streaming in), up to
+	// RecoveryMax. It should cover the agents' reconnect backoff (at most
+	// 5 s by default) so that every agent has started registering by then.
 	RecoveryGrace time.Duration
+	// RecoveryMax bounds the recovery whatever the registrations do.
+	RecoveryMax time.Duration
 
 	// GCPercent is the Go GC target (debug.SetGCPercent). The master's heap
 	// is mostly long-lived metadata and short-lived RPC garbage; collecting
@@ -109,6 +111,7 @@ func DefaultConfig() Config {
 		LowWatermark:       0.80,
 		GCPercent:          400,
 		RecoveryGrace:      3 * time.Second,
+		RecoveryMax:        2 * time.Minute,
 
 		MaxTenants:          1 << 16,
 		MaxSegmentsPerAgent: session.DefaultMaxSegmentsPerAgent,
@@ -144,7 +147,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.ChangelogRetention, "changelog-retention", c.ChangelogRetention, "change records retained for Watch resumption")
 	fs.Float64Var(&c.HighWatermark, "high-watermark", c.HighWatermark, "segment use fraction that starts eviction")
 	fs.Float64Var(&c.LowWatermark, "low-watermark", c.LowWatermark, "segment use fraction eviction stops at")
-	fs.DurationVar(&c.RecoveryGrace, "recovery-grace", c.RecoveryGrace, "after start, ChangeService waits this long for agents to re-register before serving (0 disables)")
+	fs.DurationVar(&c.RecoveryGrace, "recovery-grace", c.RecoveryGrace, "after start, ChangeService waits at least this long for agents to re-register before serving, and then while any agent is still registering (0 disables)")
+	fs.DurationVar(&c.RecoveryMax, "recovery-max", c.RecoveryMax, "the longest ChangeService waits for agents to finish registering after start")
 	fs.IntVar(&c.GCPercent, "gc-percent", c.GCPercent, "Go GC target percentage (GOGC); bound memory with the GOMEMLIMIT environment variable")
 	c.Security.RegisterFlags(fs)
 }
@@ -195,6 +199,9 @@ func (c *Config) Validate() error {
 	}
 	if c.RecoveryGrace < 0 {
 		errs = append(errs, fmt.Errorf("recovery-grace must be >= 0, got %v", c.RecoveryGrace))
+	}
+	if c.RecoveryMax < c.RecoveryGrace {
+		errs = append(errs, fmt.Errorf("recovery-max (%v) must be at least recovery-grace (%v)", c.RecoveryMax, c.RecoveryGrace))
 	}
 	if c.GCPercent < 25 {
 		errs = append(errs, fmt.Errorf("gc-percent must be >= 25, got %d", c.GCPercent))
@@ -306,7 +313,10 @@ func New(cfg Config, lg *slog.Logger, opts ...grpc.ServerOption) (*Master, error
 	if err != nil {
 		return nil, err
 	}
-	rec := &recovery{}
+	rec, err := newRecovery(cfg.RecoveryGrace, cfg.RecoveryMax, sessions.Registering, reg, lg)
+	if err != nil {
+		return nil, err
+	}
 	srv := server.New(server.Config{
 		GRPCAddr: cfg.GRPCAddr, AdminAddr: cfg.AdminAddr, ShutdownTimeout: cfg.ShutdownTimeout,
 		Credentials: creds, Table: authTable(),
@@ -323,21 +333,6 @@ func New(cfg Config, lg *slog.Logger, opts ...grpc.ServerOption) (*Master, error
 	return &Master{cfg: cfg, lg: lg, Server: srv, Store: store, Sessions: sessions, Registry: segReg, Identity: id, rec: rec, changes: changes}, nil
 }
 
-// recovery gates ChangeService for RecoveryGrace after Run starts.
-type recovery struct {
-	until atomic.Int64 // Unix ns; 0 before Run
-}
-
-func (r *recovery) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if strings.HasPrefix(info.FullMethod, "/"+masterv1.ChangeService_ServiceDesc.ServiceName+"/") {
-		if left := time.Until(time.Unix(0, r.until.Load())); left > 0 {
-			return rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_MASTER_RECOVERING,
-				"master started moments ago; agents are re-registering (retry in %v)", left.Round(time.Millisecond)))
-		}
-	}
-	return handler(srv, ss)
-}
-
 // Run serves until ctx ends, then stops the server (which ends the agent
 // sessions), the sessions and the store.
 func (m *Master) Run(ctx context.Context) error {
@@ -345,13 +340,13 @@ func (m *Master) Run(ctx context.Context) error {
 		return err
 	}
 	debug.SetGCPercent(m.cfg.GCPercent)
-	m.rec.until.Store(time.Now().Add(m.cfg.RecoveryGrace).UnixNano())
+	m.rec.start(time.Now())
 	m.lg.Info("master starting", "master_id", m.Identity.MasterID, "epoch", m.Identity.Epoch, "grpc", m.Server.GRPCAddr())
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
 	errc := make(chan error, 3)
-	for name, run := range map[string]func(context.Context) error{"store": m.Store.Run, "sessions": m.Sessions.Run} {
+	for name, run := range map[string]func(context.Context) error{"store": m.Store.Run, "sessions": m.Sessions.Run, "recovery": m.rec.run} {
 		wg.Go(func() {
 			if err := run(ctx); err != nil && ctx.Err() == nil {
 				errc <- fmt.Errorf("%s: %w", name, err)

@@ -1,0 +1,134 @@
+package app
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+)
+
+// recovery gates ChangeService while a restarted master rebuilds its object
+// map from agent registrations. It ends at the first moment, at least grace
+// after Run started, when no agent is registering (waiting for its
+// Register, receiving or reconciling its table), or when max has passed:
+// a gateway that resynced against a partly rebuilt master would publish
+// `removed` for every object still to come back. A grace of 0 disables it.
+type recovery struct {
+	grace, max  time.Duration
+	registering func() int
+	lg          *slog.Logger
+	seconds     prometheus.Gauge
+	recovering  prometheus.Gauge
+
+	// mu guards began and ended.
+	mu    sync.Mutex
+	began time.Time // zero before Run
+	ended bool
+	took  time.Duration
+}
+
+func newRecovery(grace, max time.Duration, registering func() int, reg prometheus.Registerer, lg *slog.Logger) (*recovery, error) {
+	r := &recovery{
+		grace: grace, max: max, registering: registering, lg: lg,
+		seconds: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "crescent_master_recovery_seconds",
+			Help: "Time from the master's start until its recovery ended: every agent that registered in the recovery grace finished registering (its allocation table rebuilt into the metadata), or recovery-max passed.",
+		}),
+		recovering: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "crescent_master_recovering",
+			Help: "1 while the master is recovering after its start (ChangeService answers MASTER_RECOVERING), else 0.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{r.seconds, r.recovering} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// start marks Run's start.
+func (r *recovery) start(now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.began, r.ended = now, r.grace == 0
+	if !r.ended {
+		r.recovering.Set(1)
+	}
+}
+
+// check reports whether the master is still recovering at now and, if it
+// is, how long the caller should wait before it asks again. It ends the
+// recovery when its condition holds.
+func (r *recovery) check(now time.Time) (recovering bool, retry time.Duration, registering int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ended {
+		return false, 0, 0
+	}
+	if r.began.IsZero() {
+		return true, r.grace, 0
+	}
+	since := now.Sub(r.began)
+	if since < r.grace {
+		return true, r.grace - since, r.registering()
+	}
+	n := r.registering()
+	if n > 0 && since < r.max {
+		return true, 500 * time.Millisecond, n
+	}
+	r.ended, r.took = true, since
+	r.recovering.Set(0)
+	r.seconds.Set(since.Seconds())
+	if n > 0 {
+		r.lg.Warn("master recovery ended at recovery-max with agents still registering", "took", since, "registering", n)
+	} else {
+		r.lg.Info("master recovered: every registering agent finished", "took", since)
+	}
+	return false, 0, 0
+}
+
+// run ends the recovery as soon as its condition holds, so the metric and
+// the log do not wait for a gateway to ask.
+func (r *recovery) run(ctx context.Context) error {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if rec, _, _ := r.check(time.Now()); !rec {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (r *recovery) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if strings.HasPrefix(info.FullMethod, "/"+masterv1.ChangeService_ServiceDesc.ServiceName+"/") {
+		if rec, retry, n := r.check(time.Now()); rec {
+			return rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_MASTER_RECOVERING,
+				"master started moments ago; agents are re-registering (%d registering, retry in %v)", n, retry.Round(time.Millisecond)))
+		}
+	}
+	return handler(srv, ss)
+}
+
+
+// Recovered reports whether the recovery after start has ended and how long
+// it took (crescent_master_recovery_seconds).
+func (m *Master) Recovered() (time.Duration, bool) {
+	m.rec.mu.Lock()
+	defer m.rec.mu.Unlock()
+	if !m.rec.ended || m.rec.began.IsZero() {
+		return 0, false
+	}
+	return m.rec.took, true
+}
