@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 20m
 TESTFLAGS    ?=
 COMPOSE      := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
-.PHONY: all gen check-gen lint build test test-unit test-e2e run run-secure up down bench bench-gateway-state fuzz clean tidy
+.PHONY: all gen check-gen lint build test test-unit test-e2e run run-secure up down bench bench-gateway-state bench-restart fuzz clean tidy
 
 all: build
 
@@ -89,6 +89,11 @@ bench:
 ## bench-gateway-state: the gateway's snapshot and restart benchmarks with 1M objects (issue 13, BENCHMARKS.md), 3 runs, about 4 min
 bench-gateway-state:
 	$(GO) test -run '^$$' -bench GatewayState -benchtime 1x -count 3 -timeout 30m $(TESTFLAGS) ./internal/gateway/gateway/
+
+## bench-restart: fill two agents with RESTART_OBJECTS (default 4M) 64 B objects, restart the master, report the time until every object is readable again (issue 15, BENCHMARKS.md)
+RESTART_OBJECTS ?= 4000000
+bench-restart:
+	$(GO) test -run '^$$' -bench MasterRestart -benchtime 1x -count 3 -timeout 30m $(TESTFLAGS) ./internal/testcluster/ -args -restart-objects $(RESTART_OBJECTS)
 
 ## fuzz: run every fuzz target briefly (FUZZTIME=30s for longer)
 FUZZTIME ?= 10s

@@ -1,0 +1,5 @@
+//go:build !race
+
+package testcluster_test
+
+const raceEnabled = false
