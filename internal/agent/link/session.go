@@ -56,42 +56,49 @@ func (l *Link) session(parent context.Context, client masterv1.SegmentServiceCli
 
 	// The first message must be Settings. The wait starts once the whole
 	// table is sent: sending paces itself by the master's progress (flow
-	// control), however long the table.
+	// control), however long the table. The master may answer before the
+	// sender has noticed its last Send returned; Settings then arrives
+	// while uploaded is still open, which is fine.
 	var t *time.Timer
 	var settingsC <-chan time.Time
-	for t == nil {
+	var first *received
+	for t == nil && first == nil {
 		select {
 		case <-uploaded:
 			t = time.NewTimer(l.cfg.SettingsTimeout)
 			settingsC = t.C
 			l.lg.Info("registration sent", "allocations", len(reg.table))
 		case rcv := <-recvc:
-			return false, fmt.Errorf("master sent %T before the registration was sent", rcv.msg.GetMsg())
+			first = &rcv
 		case err := <-recvErr:
 			return false, err
 		case <-ctx.Done():
 			return false, context.Cause(ctx)
 		}
 	}
-	select {
-	case rcv := <-recvc:
-		t.Stop()
-		msg := rcv.msg
-		st := msg.GetSettings()
-		if st == nil {
-			return false, fmt.Errorf("master sent %T before Settings", msg.GetMsg())
-		}
-		if err := s.applySettings(st); err != nil {
+	if first == nil {
+		select {
+		case rcv := <-recvc:
+			first = &rcv
+		case err := <-recvErr:
+			t.Stop()
 			return false, err
+		case <-settingsC:
+			return false, errSettingsTimeout
+		case <-ctx.Done():
+			t.Stop()
+			return false, context.Cause(ctx)
 		}
-	case err := <-recvErr:
+	}
+	if t != nil {
 		t.Stop()
+	}
+	st := first.msg.GetSettings()
+	if st == nil {
+		return false, fmt.Errorf("master sent %T before Settings", first.msg.GetMsg())
+	}
+	if err := s.applySettings(st); err != nil {
 		return false, err
-	case <-settingsC:
-		return false, errSettingsTimeout
-	case <-ctx.Done():
-		t.Stop()
-		return false, context.Cause(ctx)
 	}
 	if graceful {
 		l.setState(StateDeregistering)
