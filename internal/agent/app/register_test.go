@@ -24,6 +24,9 @@ func recvRegister(stream masterv1.SegmentService_ConnectServer) (*masterv1.Regis
 		if ch == nil {
 			return nil, fmt.Errorf("fake master: got %T inside the registration", msg.GetMsg())
 		}
+		for _, a := range ch.GetAllocations() {
+			a.SegmentId = ch.GetSegmentId()
+		}
 		r.Allocations = append(r.Allocations, ch.GetAllocations()...)
 		if ch.GetLast() {
 			break

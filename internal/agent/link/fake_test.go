@@ -59,6 +59,9 @@ func (f *fakeMaster) Connect(stream masterv1.SegmentService_ConnectServer) error
 		if ch == nil {
 			return fmt.Errorf("fake master: got %T inside the registration", m.GetMsg())
 		}
+		for _, a := range ch.GetAllocations() {
+			a.SegmentId = ch.GetSegmentId()
+		}
 		table = append(table, ch.GetAllocations()...)
 		if ch.GetLast() {
 			break

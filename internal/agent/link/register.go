@@ -49,20 +49,26 @@ func newRegistration(r *masterv1.Register, table []*masterv1.Allocation) *regist
 	return &registration{register: r, table: kept}
 }
 
-// messages calls send with the Register, then each chunk; the last chunk
-// (empty when the table is) carries last. It stops when send fails.
+// messages calls send with the Register, then each chunk (allocations of
+// one segment, named once by the chunk); the last chunk (empty when the
+// table is) carries last. It stops when send fails. It clears the table's
+// segment ids as it goes.
 func (g *registration) messages(send func(*masterv1.ConnectRequest) bool) bool {
 	if !send(&masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: g.register}}) {
 		return false
 	}
 	rest := g.table
 	for {
-		n, size := 0, 0
-		for n < len(rest) && n < maxChunkAllocs && (n == 0 || size < maxChunkBytes) {
+		n, size, seg := 0, 0, ""
+		if len(rest) > 0 {
+			seg = rest[0].GetSegmentId()
+		}
+		for n < len(rest) && n < maxChunkAllocs && (n == 0 || size < maxChunkBytes) && rest[n].GetSegmentId() == seg {
+			rest[n].SegmentId = "" // the chunk names it once
 			size += rest[n].SizeVT() + 4
 			n++
 		}
-		ch := &masterv1.RegisterChunk{Allocations: rest[:n:n], Last: n == len(rest)}
+		ch := &masterv1.RegisterChunk{SegmentId: seg, Allocations: rest[:n:n], Last: n == len(rest)}
 		rest = rest[n:]
 		if !send(&masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_RegisterChunk{RegisterChunk: ch}}) {
 			return false

@@ -9,9 +9,10 @@ import (
 )
 
 // TestRegistrationChunks: the table goes out after a chunked Register in
-// bounded chunks, grouped by segment in the Register's order with ids
-// increasing, the last one marked, and allocation_count equal to what the
-// chunks carry; allocations of an unlisted segment are left out.
+// bounded chunks of one segment each (named by the chunk, not repeated per
+// allocation), in the Register's segment order with ids increasing, the
+// last one marked, and allocation_count equal to what the chunks carry;
+// allocations of an unlisted segment are left out.
 func TestRegistrationChunks(t *testing.T) {
 	mk := func(seg string, id uint64, keyLen int) *masterv1.Allocation {
 		return &masterv1.Allocation{SegmentId: seg, AllocationId: id, State: masterv1.AllocationState_ALLOCATION_STATE_SEALED,
@@ -23,8 +24,8 @@ func TestRegistrationChunks(t *testing.T) {
 		wantChunks int
 	}{
 		{"empty", 0, 0, 1},
-		{"one chunk", 10, 0, 1},
-		{"by count", 2*maxChunkAllocs + 5, 0, 3},
+		{"one chunk per segment", 10, 0, 2},
+		{"by count", 2*maxChunkAllocs + 5, 0, 4},
 		{"by bytes", 1000, 4000, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -55,10 +56,16 @@ func TestRegistrationChunks(t *testing.T) {
 				if n := len(ch.GetAllocations()); n > maxChunkAllocs || (n > 1 && ch.SizeVT() > maxChunkBytes+8192) {
 					t.Fatalf("chunk %d: %d allocations, %d bytes; want at most %d and about %d", i, n, ch.SizeVT(), maxChunkAllocs, maxChunkBytes)
 				}
+				if len(ch.GetAllocations()) > 0 && ch.GetSegmentId() == "" {
+					t.Fatalf("chunk %d: %d allocations and no segment_id", i, len(ch.GetAllocations()))
+				}
 				for _, a := range ch.GetAllocations() {
-					p := pos[a.GetSegmentId()]
+					if a.GetSegmentId() != "" {
+						t.Fatalf("chunk %d: allocation %d repeats its segment id", i, a.GetAllocationId())
+					}
+					p := pos[ch.GetSegmentId()]
 					if p < prevPos || (p == prevPos && a.GetAllocationId() <= prevID) {
-						t.Fatalf("allocation %s/%d after %d/%d: out of order", a.GetSegmentId(), a.GetAllocationId(), prevPos, prevID)
+						t.Fatalf("allocation %s/%d after %d/%d: out of order", ch.GetSegmentId(), a.GetAllocationId(), prevPos, prevID)
 					}
 					prevPos, prevID = p, a.GetAllocationId()
 					total++

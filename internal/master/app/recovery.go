@@ -121,7 +121,6 @@ func (r *recovery) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.S
 	return handler(srv, ss)
 }
 
-
 // Recovered reports whether the recovery after start has ended and how long
 // it took (crescent_master_recovery_seconds).
 func (m *Master) Recovered() (time.Duration, bool) {

@@ -132,7 +132,9 @@ type Reconciler interface {
 // ChunkedMetadata is metadata that reconciles a registration chunk by chunk.
 // Metadata without it is given the whole table at the end.
 type ChunkedMetadata interface {
-	BeginReconcile(ctx context.Context, agentID string, segments []Segment) Reconciler
+	// BeginReconcile starts one; expected is the table's announced size
+	// (0 when unknown).
+	BeginReconcile(ctx context.Context, agentID string, segments []Segment, expected uint64) Reconciler
 }
 
 // Metadata is what the agent side needs from the object metadata,

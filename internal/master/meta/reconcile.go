@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"slices"
+	"strings"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/cluster"
@@ -43,20 +44,25 @@ type allocKey struct {
 // Adopted objects are charged to their tenant without a quota check (the
 // bytes exist). Changes are recorded through the mutation path.
 func (s *Store) Reconcile(ctx context.Context, agentID string, segments []cluster.Segment, allocs []*masterv1.Allocation) []*masterv1.AllocationRef {
-	r := s.BeginReconcile(ctx, agentID, segments)
+	r := s.BeginReconcile(ctx, agentID, segments, 0)
 	out := r.Apply(ctx, allocs)
 	return append(out, r.Finish(ctx)...)
 }
 
 // BeginReconcile starts a reconcile that takes the agent's table in chunks
-// (cluster.ChunkedMetadata), with Reconcile's rules. Each Apply costs what
+// (cluster.ChunkedMetadata), with Reconcile's rules; expected is the
+// table's announced size (0 when unknown). Each Apply costs what
 // its chunk holds, not what the store holds: a chunk's allocations are
 // looked up by their object. Only when the agent's segments held replicas
 // before (a reconnect, not a rebuild after a master restart) does the run
 // remember the allocations it claimed, so Finish can remove the replicas
 // no chunk vouched for; a rebuild's Finish does nothing.
-func (s *Store) BeginReconcile(_ context.Context, agentID string, segments []cluster.Segment) cluster.Reconciler {
-	r := &reconcileRun{s: s, agentID: agentID, segs: len(segments), segSet: make(map[uint32]cluster.Segment, len(segments))}
+func (s *Store) BeginReconcile(_ context.Context, agentID string, segments []cluster.Segment, expected uint64) cluster.Reconciler {
+	s.owedMu.Lock()
+	owed := len(s.owed) > 0
+	s.owedMu.Unlock()
+	r := &reconcileRun{s: s, agentID: agentID, segs: len(segments), segSet: make(map[uint32]cluster.Segment, len(segments)),
+		expected: expected, owedCheck: owed}
 	for _, sg := range segments {
 		idx := s.segs.intern(sg.ID)
 		r.segSet[idx] = sg
@@ -64,6 +70,7 @@ func (s *Store) BeginReconcile(_ context.Context, agentID string, segments []clu
 			r.claimed = map[allocKey]bool{}
 		}
 	}
+	r.owedCheck = r.owedCheck || r.claimed != nil
 	return r
 }
 
@@ -81,16 +88,25 @@ type reconcileRun struct {
 	// still unclaimed replica on the same segment: adopted by Finish, after
 	// that replica's fate is known.
 	deferred []*masterv1.Allocation
+	// expected is the table's announced size (0: unknown), to size empty
+	// shard maps once instead of growing them.
+	expected uint64
+	// owedCheck: the store owed releases when the run began, or the
+	// agent's segments held replicas (whose removal meanwhile owes a
+	// release for an allocation still to come). Otherwise a release owed
+	// later is for a replica this run adopted, from an allocation already
+	// seen, so the run skips the lookup per allocation.
+	owedCheck bool
 
 	allocs, removed, adopted, returned int
 }
 
-// reconcileGroup is one object's allocations in a chunk.
-type reconcileGroup struct {
-	ref    ObjectRef
+// reconcileItem is one allocation of a chunk, located.
+type reconcileItem struct {
+	a      *masterv1.Allocation
+	seg    uint32
 	tenant uint32
 	shard  int
-	allocs []*masterv1.Allocation
 }
 
 // Apply reconciles one chunk of the agent's table.
@@ -99,21 +115,39 @@ func (r *reconcileRun) Apply(ctx context.Context, allocs []*masterv1.Allocation)
 	return r.apply(ctx, allocs, r.claimed != nil)
 }
 
+// apply locates each allocation (segment and tenant looked up once per run
+// of equal ids: a table comes grouped by segment, mostly one tenant), then
+// applies them shard by shard, one object's versions newest first.
 func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation, track bool) []*masterv1.AllocationRef {
 	s := r.s
 	var out []*masterv1.AllocationRef
 	ref := func(seg uint32, alloc uint64) {
 		out = append(out, &masterv1.AllocationRef{SegmentId: s.segs.get(seg).id, AllocationId: alloc})
 	}
-	groups := map[ObjectRef]*reconcileGroup{}
+	items := make([]reconcileItem, 0, len(allocs))
+	var (
+		segID          string
+		segIdx         uint32
+		segMine        bool
+		tenantName     string
+		tenantID       uint32
+		tenantOK       bool
+		acquired       []uint32
+		haveSeg, haveT bool
+	)
 	for _, a := range allocs {
-		idx, ok := s.segs.lookup(a.GetSegmentId())
-		if _, mine := r.segSet[idx]; !ok || !mine {
+		if !haveSeg || a.GetSegmentId() != segID {
+			segID, haveSeg = a.GetSegmentId(), true
+			idx, ok := s.segs.lookup(segID)
+			_, mine := r.segSet[idx]
+			segIdx, segMine = idx, ok && mine
+		}
+		if !segMine {
 			continue
 		}
-		k := allocKey{idx, a.GetAllocationId()}
+		k := allocKey{segIdx, a.GetAllocationId()}
 		sealed := a.GetState() == masterv1.AllocationState_ALLOCATION_STATE_SEALED
-		if s.takeOwed(k) {
+		if r.owedCheck && s.takeOwed(k) {
 			// Removed here while the agent was unreachable: release, never adopt.
 			ref(k.seg, k.alloc)
 			continue
@@ -121,54 +155,65 @@ func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation,
 		if !sealed && !track {
 			continue // nothing to claim, nothing to adopt
 		}
-		or := ObjectRef{Tenant: NormalizeTenant(a.GetTenant()), Key: a.GetKey()}
-		if c := r.segSet[k.seg].Capacity; sealed && (ValidateKey(or.Tenant, or.Key) != nil || a.GetSize() == 0 ||
+		tn := NormalizeTenant(a.GetTenant())
+		if c := r.segSet[k.seg].Capacity; sealed && (ValidateKey(tn, a.GetKey()) != nil || a.GetSize() == 0 ||
 			a.GetSize() > c || a.GetOffset() > c-a.GetSize()) {
 			ref(k.seg, k.alloc)
 			continue
 		}
-		g := groups[or]
-		if g == nil {
-			t, err := s.tenants.acquire(or.Tenant) // released once applied
-			if err != nil {
-				if sealed {
-					ref(k.seg, k.alloc)
-				}
-				continue
+		if !haveT || tn != tenantName {
+			tenantName, haveT = tn, true
+			t, err := s.tenants.acquire(tn) // released once applied
+			tenantID, tenantOK = t, err == nil
+			if tenantOK {
+				acquired = append(acquired, t)
 			}
-			g = &reconcileGroup{ref: or, tenant: t, shard: s.shardIndex(t, or.Key)}
-			groups[or] = g
 		}
-		g.allocs = append(g.allocs, a)
-	}
-	list := make([]*reconcileGroup, 0, len(groups))
-	for _, g := range groups {
-		slices.SortFunc(g.allocs, func(a, b *masterv1.Allocation) int {
-			return cmp.Compare(b.GetSealedUnixMs(), a.GetSealedUnixMs()) // newest first
-		})
-		list = append(list, g)
+		if !tenantOK {
+			if sealed {
+				ref(k.seg, k.alloc)
+			}
+			continue
+		}
+		items = append(items, reconcileItem{a: a, seg: segIdx, tenant: tenantID, shard: s.shardIndex(tenantID, a.GetKey())})
 	}
 	rel := &releases{}
-	forShards(list, func(g *reconcileGroup) int { return g.shard }, func(sh int, gs []*reconcileGroup) {
+	// Room in an empty shard map for this table and as much again (the
+	// other agents rebuilding at once), so a rebuild does not grow the maps
+	// by doubling and rehashing millions of keys.
+	presize := 0
+	if r.expected > 0 {
+		presize = int(min(2*r.expected/uint64(len(s.shards)), 1<<20)) + 16
+	}
+	forShards(items, func(it reconcileItem) int { return it.shard }, func(sh int, its []reconcileItem) {
+		// One object's versions newest first, as Reconcile always adopted
+		// them (the winner is recorded once, the losers never).
+		slices.SortStableFunc(its, func(x, y reconcileItem) int {
+			return cmp.Or(cmp.Compare(x.tenant, y.tenant), strings.Compare(x.a.GetKey(), y.a.GetKey()),
+				cmp.Compare(y.a.GetSealedUnixMs(), x.a.GetSealedUnixMs()))
+		})
 		shd := &s.shards[sh]
 		shd.mu.Lock()
 		m := s.begin(shd, rel)
-		for _, g := range gs {
-			if track {
-				g.allocs = r.claimLocked(m, g)
+		var one [1]*masterv1.Allocation
+		for _, it := range its {
+			if presize > 0 && shd.tenants[it.tenant] == nil {
+				shd.tenants[it.tenant] = make(map[string]*object, presize)
 			}
-			if len(g.allocs) > 0 {
-				r.adopted += s.adoptLocked(m, g.tenant, g.ref.Key, g.allocs, r.segSet, ref)
-				if track {
-					r.markAdoptedLocked(m, g)
-				}
+			if track && !r.claimLocked(m, it) {
+				continue
+			}
+			one[0] = it.a
+			r.adopted += s.adoptLocked(m, it.tenant, it.a.GetKey(), one[:], r.segSet, ref)
+			if track {
+				r.markAdoptedLocked(m, it)
 			}
 		}
 		m.commit()
 		shd.mu.Unlock()
 	})
-	for _, g := range list {
-		s.tenants.release(g.tenant)
+	for _, t := range acquired {
+		s.tenants.release(t)
 	}
 	cctx, cancel := cleanupCtx(ctx)
 	defer cancel()
@@ -177,66 +222,58 @@ func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation,
 	return out
 }
 
-// claimLocked claims the replicas g's allocations vouch for, removes a
-// COMPLETE replica whose allocation is only RESERVED, defers allocations
-// that meet another unclaimed replica on their segment, and returns the
-// SEALED allocations left to adopt.
-func (r *reconcileRun) claimLocked(m *mut, g *reconcileGroup) []*masterv1.Allocation {
-	o := m.sh.getLocked(g.tenant, g.ref.Key)
-	rest := g.allocs[:0]
-	for _, a := range g.allocs {
-		idx, _ := r.s.segs.lookup(a.GetSegmentId())
-		sealed := a.GetState() == masterv1.AllocationState_ALLOCATION_STATE_SEALED
-		if o == nil {
-			if sealed {
-				rest = append(rest, a)
-			}
+// claimLocked claims the replica an allocation vouches for, removes a
+// COMPLETE replica whose allocation is only RESERVED, and defers an
+// allocation that meets another unclaimed replica on its segment. It
+// reports whether the allocation is SEALED and left to adopt.
+func (r *reconcileRun) claimLocked(m *mut, it reconcileItem) bool {
+	a := it.a
+	sealed := a.GetState() == masterv1.AllocationState_ALLOCATION_STATE_SEALED
+	o := m.sh.getLocked(it.tenant, a.GetKey())
+	if o == nil {
+		return sealed
+	}
+	at, other := -1, false
+	for i, rp := range o.replicas {
+		if rp.seg != it.seg || rp.pending {
 			continue
 		}
-		at, other := -1, false
-		for i, rp := range o.replicas {
-			if rp.seg != idx || rp.pending {
-				continue
-			}
-			if rp.allocID == a.GetAllocationId() {
-				at = i
-			} else if !r.claimed[allocKey{rp.seg, rp.allocID}] {
-				other = true
-			}
-		}
-		switch {
-		case at >= 0 && o.replicas[at].status == stComplete && !sealed:
-			m.remove(o, at, false) // never sealed: the bytes are not there
-			r.removed++
-			if len(o.replicas) == 0 {
-				m.sh.endPutLocked(o)
-				m.dropIfEmpty(o)
-				o = nil
-			}
-		case at >= 0:
-			r.claimed[allocKey{idx, a.GetAllocationId()}] = true
-		case !sealed:
-		case other:
-			r.deferred = append(r.deferred, a)
-		default:
-			rest = append(rest, a)
+		if rp.allocID == a.GetAllocationId() {
+			at = i
+		} else if !r.claimed[allocKey{rp.seg, rp.allocID}] {
+			other = true
 		}
 	}
-	return rest
+	switch {
+	case at >= 0 && o.replicas[at].status == stComplete && !sealed:
+		m.remove(o, at, false) // never sealed: the bytes are not there
+		r.removed++
+		if len(o.replicas) == 0 {
+			m.sh.endPutLocked(o)
+			m.dropIfEmpty(o)
+		}
+		return false
+	case at >= 0:
+		r.claimed[allocKey{it.seg, a.GetAllocationId()}] = true
+		return false
+	case !sealed:
+		return false
+	case other:
+		r.deferred = append(r.deferred, a)
+		return false
+	}
+	return true
 }
 
-// markAdoptedLocked claims the allocations of g that became replicas.
-func (r *reconcileRun) markAdoptedLocked(m *mut, g *reconcileGroup) {
-	o := m.sh.getLocked(g.tenant, g.ref.Key)
+// markAdoptedLocked claims the allocation if it became a replica.
+func (r *reconcileRun) markAdoptedLocked(m *mut, it reconcileItem) {
+	o := m.sh.getLocked(it.tenant, it.a.GetKey())
 	if o == nil {
 		return
 	}
-	for _, a := range g.allocs {
-		idx, _ := r.s.segs.lookup(a.GetSegmentId())
-		for _, rp := range o.replicas {
-			if rp.seg == idx && !rp.pending && rp.allocID == a.GetAllocationId() {
-				r.claimed[allocKey{idx, rp.allocID}] = true
-			}
+	for _, rp := range o.replicas {
+		if rp.seg == it.seg && !rp.pending && rp.allocID == it.a.GetAllocationId() {
+			r.claimed[allocKey{it.seg, rp.allocID}] = true
 		}
 	}
 }

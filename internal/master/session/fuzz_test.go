@@ -158,7 +158,12 @@ func FuzzHandle(f *testing.F) {
 // allocation on a listed segment after the one before it.
 func FuzzRegisterChunk(f *testing.F) {
 	chunk := func(last bool, allocs ...*masterv1.Allocation) []byte {
-		return mustMarshal(f, &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_RegisterChunk{RegisterChunk: &masterv1.RegisterChunk{Allocations: allocs, Last: last}}})
+		ch := &masterv1.RegisterChunk{Allocations: allocs, Last: last}
+		if len(allocs) > 0 {
+			ch.SegmentId = allocs[0].GetSegmentId()
+			allocs[len(allocs)-1].SegmentId = "" // as agents send them
+		}
+		return mustMarshal(f, &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_RegisterChunk{RegisterChunk: ch}})
 	}
 	sealed := func(seg string, id uint64) *masterv1.Allocation {
 		return &masterv1.Allocation{SegmentId: seg, AllocationId: id, State: masterv1.AllocationState_ALLOCATION_STATE_SEALED, Key: "k"}

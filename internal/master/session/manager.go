@@ -353,7 +353,7 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 		}
 	}
 	r := first.GetRegister()
-	rec := m.reconciler(ctx, reg.AgentID, segs)
+	rec := m.reconciler(ctx, reg.AgentID, segs, r.GetAllocationCount())
 	release := rec.Apply(ctx, r.GetAllocations())
 	if r.GetChunked() {
 		more, err := m.receiveTable(ctx, s, r, rec, recvc, recvErr)

@@ -22,13 +22,14 @@ const MaxRegisterChunk = 16384
 const maxRegisterAllocations = 1 << 34
 
 // tableCursor checks a chunked allocation table as it streams in, without
-// remembering it: allocations come grouped by segment in the Register's
-// segment order, ids strictly increasing within a segment, so a repeated
-// or misplaced allocation breaks the order.
+// remembering it: chunks come grouped by segment in the Register's segment
+// order, allocation ids strictly increasing within a segment, so a
+// repeated or misplaced allocation breaks the order.
 type tableCursor struct {
 	order map[string]int // segment id → position in Register.segments
 	seg   int            // position of the current segment; -1 before the first
 	last  uint64         // last allocation id of the current segment
+	first bool           // no allocation of the current segment yet
 	got   uint64
 	want  uint64
 }
@@ -41,7 +42,8 @@ func newTableCursor(r *masterv1.Register) *tableCursor {
 	return c
 }
 
-// check validates one chunk against the sequence so far.
+// check validates one chunk against the sequence so far and fills in its
+// allocations' segment id (they leave it to the chunk).
 func (c *tableCursor) check(ch *masterv1.RegisterChunk) error {
 	allocs := ch.GetAllocations()
 	if len(allocs) > MaxRegisterChunk {
@@ -50,20 +52,31 @@ func (c *tableCursor) check(ch *masterv1.RegisterChunk) error {
 	if uint64(len(allocs)) > c.want-c.got {
 		return invalid("register chunk: %d more allocations than the %d the Register announced", c.got+uint64(len(allocs))-c.want, c.want)
 	}
-	for _, a := range allocs {
-		pos, listed := c.order[a.GetSegmentId()]
+	if len(allocs) > 0 {
+		seg := ch.GetSegmentId()
+		pos, listed := c.order[seg]
 		switch {
 		case !listed:
-			return invalid("register chunk: allocation %d names segment %q the agent did not list", a.GetAllocationId(), a.GetSegmentId())
-		case pos < c.seg || (pos == c.seg && a.GetAllocationId() <= c.last):
-			return invalid("register chunk: allocation %d of segment %q out of order (want segments in the Register's order, ids increasing within a segment)",
-				a.GetAllocationId(), a.GetSegmentId())
-		case a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_RESERVED && a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_SEALED:
-			return invalid("register chunk: allocation %d of segment %q has state %v", a.GetAllocationId(), a.GetSegmentId(), a.GetState())
-		case a.GetKey() == "":
-			return invalid("register chunk: allocation %d of segment %q has no key", a.GetAllocationId(), a.GetSegmentId())
+			return invalid("register chunk: segment %q the agent did not list", seg)
+		case pos < c.seg:
+			return invalid("register chunk: segment %q out of order (want segments in the Register's order)", seg)
+		case pos > c.seg:
+			c.seg, c.last, c.first = pos, 0, true
 		}
-		c.seg, c.last = pos, a.GetAllocationId()
+		for _, a := range allocs {
+			switch {
+			case a.GetSegmentId() != "" && a.GetSegmentId() != seg:
+				return invalid("register chunk: allocation %d names segment %q in a chunk of segment %q", a.GetAllocationId(), a.GetSegmentId(), seg)
+			case !c.first && a.GetAllocationId() <= c.last:
+				return invalid("register chunk: allocation %d of segment %q out of order (want ids increasing within a segment)", a.GetAllocationId(), seg)
+			case a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_RESERVED && a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_SEALED:
+				return invalid("register chunk: allocation %d of segment %q has state %v", a.GetAllocationId(), seg, a.GetState())
+			case a.GetKey() == "":
+				return invalid("register chunk: allocation %d of segment %q has no key", a.GetAllocationId(), seg)
+			}
+			a.SegmentId = seg
+			c.last, c.first = a.GetAllocationId(), false
+		}
 	}
 	c.got += uint64(len(allocs))
 	if ch.GetLast() && c.got != c.want {
@@ -120,10 +133,10 @@ func (m *Manager) receiveTable(ctx context.Context, s *session, r *masterv1.Regi
 
 // reconciler returns the metadata's chunked reconcile, or one that hands
 // the whole table to Reconcile at Finish for metadata without it.
-func (m *Manager) reconciler(ctx context.Context, agentID string, segs []cluster.Segment) cluster.Reconciler {
+func (m *Manager) reconciler(ctx context.Context, agentID string, segs []cluster.Segment, expected uint64) cluster.Reconciler {
 	md := m.metadata()
 	if cm, ok := md.(cluster.ChunkedMetadata); ok {
-		return cm.BeginReconcile(ctx, agentID, segs)
+		return cm.BeginReconcile(ctx, agentID, segs, expected)
 	}
 	return &wholeTable{md: md, agentID: agentID, segs: segs}
 }

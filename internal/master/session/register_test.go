@@ -34,8 +34,13 @@ func sealedAllocs(seg string, first uint64, n int) []*masterv1.Allocation {
 	return out
 }
 
+// chunkMsg is a chunk of the allocations' segment (the first one's).
 func chunkMsg(last bool, allocs ...*masterv1.Allocation) *masterv1.ConnectRequest {
-	return &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_RegisterChunk{RegisterChunk: &masterv1.RegisterChunk{Allocations: allocs, Last: last}}}
+	ch := &masterv1.RegisterChunk{Allocations: allocs, Last: last}
+	if len(allocs) > 0 {
+		ch.SegmentId = allocs[0].GetSegmentId()
+	}
+	return &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_RegisterChunk{RegisterChunk: ch}}
 }
 
 // TestChunkedRegisterProgressing: a registration whose chunks arrive slowly
@@ -144,6 +149,7 @@ func TestChunkedRegisterMalformed(t *testing.T) {
 		{"last too early", chunkedRegister("m", 5, two), []*masterv1.ConnectRequest{chunkMsg(true, seg0(1, 4)...)}, "last chunk after 4 allocations"},
 		{"repeated across chunks", chunkedRegister("m", 4, two), []*masterv1.ConnectRequest{chunkMsg(false, seg0(1, 2)...), chunkMsg(true, seg0(2, 2)...)}, "out of order"},
 		{"segment order", chunkedRegister("m", 2, two), []*masterv1.ConnectRequest{chunkMsg(false, seg1(1, 1)...), chunkMsg(true, seg0(2, 1)...)}, "out of order"},
+		{"mixed segments", chunkedRegister("m", 2, two), []*masterv1.ConnectRequest{chunkMsg(true, append(seg0(1, 1), seg1(2, 1)...)...)}, "in a chunk of segment"},
 		{"unlisted segment", chunkedRegister("m", 1, two), []*masterv1.ConnectRequest{chunkMsg(true, sealedAllocs("other", 1, 1)...)}, "did not list"},
 		{"no key", chunkedRegister("m", 1, two), []*masterv1.ConnectRequest{chunkMsg(true, noKey...)}, "has no key"},
 		{"bad state", chunkedRegister("m", 1, two), []*masterv1.ConnectRequest{chunkMsg(true, reserved...)}, "has state"},

@@ -794,17 +794,22 @@ func (x *Register) GetAllocationCount() uint64 {
 }
 
 // RegisterChunk is one bounded part of a chunked Register's allocation
-// table. Allocations are grouped by segment, in the order of
-// Register.segments, with allocation ids strictly increasing within a
-// segment (across chunks too), so the master detects a repeated or
-// misplaced allocation without remembering the table. At most
-// 16384 allocations per chunk; agents also keep a chunk near 1 MiB.
+// table: allocations of one segment. Chunks come grouped by segment, in the
+// order of Register.segments, with allocation ids strictly increasing
+// within a segment (across chunks too), so the master detects a repeated or
+// misplaced allocation without remembering the table. At most 16384
+// allocations per chunk; agents also keep a chunk near 1 MiB.
 type RegisterChunk struct {
-	state       protoimpl.MessageState `protogen:"open.v1"`
-	Allocations []*Allocation          `protobuf:"bytes,1,rep,name=allocations,proto3" json:"allocations,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Allocations of segment_id; their own segment_id is left empty (the
+	// master fills it in), which saves a third of a small object's bytes.
+	Allocations []*Allocation `protobuf:"bytes,1,rep,name=allocations,proto3" json:"allocations,omitempty"`
 	// The table is complete: the master finishes the reconcile and answers
 	// Settings.
-	Last          bool `protobuf:"varint,2,opt,name=last,proto3" json:"last,omitempty"`
+	Last bool `protobuf:"varint,2,opt,name=last,proto3" json:"last,omitempty"`
+	// The segment every allocation of this chunk belongs to; empty only in
+	// a chunk without allocations.
+	SegmentId     string `protobuf:"bytes,3,opt,name=segment_id,json=segmentId,proto3" json:"segment_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -851,6 +856,13 @@ func (x *RegisterChunk) GetLast() bool {
 		return x.Last
 	}
 	return false
+}
+
+func (x *RegisterChunk) GetSegmentId() string {
+	if x != nil {
+		return x.SegmentId
+	}
+	return ""
 }
 
 // Heartbeat proves liveness (default every second) and refreshes usage.
@@ -2151,10 +2163,12 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\x11transfer_endpoint\x18\t \x01(\tR\x10transferEndpoint\x12\x18\n" +
 	"\achunked\x18\n" +
 	" \x01(\bR\achunked\x12)\n" +
-	"\x10allocation_count\x18\v \x01(\x04R\x0fallocationCount\"e\n" +
+	"\x10allocation_count\x18\v \x01(\x04R\x0fallocationCount\"\x84\x01\n" +
 	"\rRegisterChunk\x12@\n" +
 	"\vallocations\x18\x01 \x03(\v2\x1e.crescent.master.v1.AllocationR\vallocations\x12\x12\n" +
-	"\x04last\x18\x02 \x01(\bR\x04last\"Z\n" +
+	"\x04last\x18\x02 \x01(\bR\x04last\x12\x1d\n" +
+	"\n" +
+	"segment_id\x18\x03 \x01(\tR\tsegmentId\"Z\n" +
 	"\tHeartbeat\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12;\n" +
 	"\bsegments\x18\x02 \x03(\v2\x1f.crescent.master.v1.SegmentInfoR\bsegments\"\x7f\n" +
