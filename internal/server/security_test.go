@@ -7,6 +7,7 @@ import (
 	"flag"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -493,5 +494,26 @@ func TestCheckTable(t *testing.T) {
 	wild := auth.Table{"/grpc.testing.TestService/*": {Any: true}}
 	if err := CheckTable(wild, sd); err == nil {
 		t.Fatal("a wildcard passed as a rule for every method")
+	}
+}
+
+// TestSilentConnectionCut: a peer that connects to the TLS gRPC port and
+// never says anything is dropped after HandshakeTimeout, not grpc-go's
+// default two minutes.
+func TestSilentConnectionCut(t *testing.T) {
+	old := HandshakeTimeout
+	HandshakeTimeout = 300 * time.Millisecond
+	t.Cleanup(func() { HandshakeTimeout = old })
+	s := secureServer(t, load(t, security(t, auth.RoleMaster, "master-1", false)))
+	c, err := net.Dial("tcp", s.GRPCAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	start := time.Now()
+	_, err = io.ReadAll(c) // the server closes; nothing was sent
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("a silent connection was still open after %v", time.Since(start))
 	}
 }

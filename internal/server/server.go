@@ -88,6 +88,11 @@ var PublicMethods = []string{
 	"/" + reflectionv1alpha.ServerReflection_ServiceDesc.ServiceName + "/*",
 }
 
+// HandshakeTimeout bounds a new connection's TLS handshake and HTTP/2
+// preface on the gRPC port (grpc-go's default is 120 s, during which a
+// peer that never finishes holds a goroutine and a socket).
+var HandshakeTimeout = 10 * time.Second
+
 // InsecureWarnInterval is how often a server started with --insecure
 // repeats its warning.
 const InsecureWarnInterval = time.Hour
@@ -178,6 +183,7 @@ func New(cfg Config, lg *slog.Logger, reg *prometheus.Registry, opts ...grpc.Ser
 		grpc.MaxRecvMsgSize(MaxMessageBytes),
 		grpc.MaxSendMsgSize(MaxMessageBytes),
 		grpc.MaxConcurrentStreams(MaxConcurrentStreams),
+		grpc.ConnectionTimeout(HandshakeTimeout),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
