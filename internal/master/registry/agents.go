@@ -138,8 +138,8 @@ func (r *Registry) Activate(agentID string, gen uint64) ([]cluster.Segment, bool
 	now := r.now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	a := r.agents[agentID]
-	if a == nil || a.gen != gen || !a.connected {
+	a := r.sessionLocked(agentID, gen)
+	if a == nil {
 		return nil, false
 	}
 	a.reconciling = false
@@ -164,8 +164,8 @@ func (r *Registry) Heartbeat(agentID string, gen uint64, infos []*masterv1.Segme
 	now := r.now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	a := r.agents[agentID]
-	if a == nil || a.gen != gen || !a.connected {
+	a := r.sessionLocked(agentID, gen)
+	if a == nil {
 		return false
 	}
 	a.lastBeat = now
@@ -195,8 +195,8 @@ func (r *Registry) Progress(agentID string, gen uint64) bool {
 	now := r.now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	a := r.agents[agentID]
-	if a == nil || a.gen != gen || !a.connected {
+	a := r.sessionLocked(agentID, gen)
+	if a == nil {
 		return false
 	}
 	a.lastBeat = now
@@ -213,8 +213,8 @@ func (r *Registry) Deregister(agentID string, gen uint64, grace time.Duration) b
 	now := r.now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	a := r.agents[agentID]
-	if a == nil || a.gen != gen || !a.connected {
+	a := r.sessionLocked(agentID, gen)
+	if a == nil {
 		return false
 	}
 	a.graceDeadline = now.Add(grace)
@@ -250,8 +250,8 @@ func (r *Registry) Disconnect(agentID string, gen uint64) (unmounting []string) 
 	now := r.now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	a := r.agents[agentID]
-	if a == nil || a.gen != gen || !a.connected {
+	a := r.sessionLocked(agentID, gen)
+	if a == nil {
 		return nil
 	}
 	a.connected, a.reconciling, a.disconnectAt = false, false, now
@@ -277,8 +277,8 @@ func (r *Registry) Mount(agentID string, gen uint64, infos []*masterv1.SegmentIn
 	now := r.now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	a := r.agents[agentID]
-	if a == nil || a.gen != gen || !a.connected {
+	a := r.sessionLocked(agentID, gen)
+	if a == nil {
 		for _, info := range infos {
 			skipped = append(skipped, info.GetSegmentId())
 		}
@@ -319,8 +319,8 @@ func (r *Registry) Mount(agentID string, gen uint64, infos []*masterv1.SegmentIn
 func (r *Registry) Unmount(agentID string, gen uint64, ids []string) (unmounting []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	a := r.agents[agentID]
-	if a == nil || a.gen != gen || !a.connected {
+	a := r.sessionLocked(agentID, gen)
+	if a == nil {
 		return nil
 	}
 	for _, id := range ids {
@@ -405,4 +405,14 @@ func (r *Registry) Expire(suspectAfter, unmountAfter time.Duration) Expiry {
 		}
 	}
 	return x
+}
+
+// sessionLocked is the agent's entry when gen is its current, connected
+// session; nil for a stale generation or a disconnected agent, whose calls
+// are ignored. r.mu is held.
+func (r *Registry) sessionLocked(agentID string, gen uint64) *agentEntry {
+	if a := r.agents[agentID]; a != nil && a.gen == gen && a.connected {
+		return a
+	}
+	return nil
 }
