@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -366,31 +365,13 @@ func (r *fakeRecorder) batches() []recorded {
 	return slices.Clone(r.got)
 }
 
-// logBuffer collects log lines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) count(s string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.b.String(), s)
-}
-
 // TestJournal: every batch is appended before any subscriber can have it,
 // with its sequence, master position, last event id and the exact payload
 // sent; failed appends are counted, logged once per run of failures, and
 // the batches are published all the same.
 func TestJournal(t *testing.T) {
 	cfg := testConfig()
-	var logs logBuffer
+	var logs testutil.LogBuffer
 	lg := slog.New(slog.NewTextHandler(&logs, nil))
 	var p *Publisher
 	var c *collector
@@ -428,7 +409,7 @@ func TestJournal(t *testing.T) {
 	if s := p.Stats(); s.JournalErrors != 3 {
 		t.Errorf("stats %+v: want 3 journal errors and all 6 batches published", s)
 	}
-	if n := logs.count("journal append failed"); n != 2 {
+	if n := logs.Count("journal append failed"); n != 2 {
 		t.Errorf("logged %d journal failures, want 2 (one per run of failures)", n)
 	}
 }
@@ -540,7 +521,7 @@ func TestResumeHold(t *testing.T) {
 	t.Run("subscribers", func(t *testing.T) {
 		cfg := testConfig()
 		cfg.ResumeSubscribers, cfg.ResumeHold = 2, time.Hour
-		var logs logBuffer
+		var logs testutil.LogBuffer
 		p := newStarted(t, cfg, slog.New(slog.NewTextHandler(&logs, nil)), nil)
 		testutil.Eventually(t, 20*time.Second, func() bool { return p.Stats().Holding }, "the hold")
 		p.Enqueue(ev(0))
@@ -555,19 +536,19 @@ func TestResumeHold(t *testing.T) {
 				t.Errorf("held event published as %d, want 1", bs[0].Seq)
 			}
 		}
-		if logs.count("resume hold ended: the subscribers reconnected") != 1 || p.Stats().Holding {
-			t.Errorf("hold not ended by the subscribers; log:\n%s", logs.b.String())
+		if logs.Count("resume hold ended: the subscribers reconnected") != 1 || p.Stats().Holding {
+			t.Errorf("hold not ended by the subscribers; log:\n%s", logs.String())
 		}
 	})
 	t.Run("timeout", func(t *testing.T) {
 		cfg := testConfig()
 		cfg.ResumeSubscribers, cfg.ResumeHold = 5, 50*time.Millisecond
-		var logs logBuffer
+		var logs testutil.LogBuffer
 		p := newStarted(t, cfg, slog.New(slog.NewTextHandler(&logs, nil)), nil)
 		p.Enqueue(ev(0))
 		testutil.Eventually(t, 20*time.Second, func() bool { return p.Stats().PublishedEvents == 1 }, "the hold to pass")
-		if logs.count("resume hold ended: the hold time passed") != 1 {
-			t.Errorf("hold not ended by its time; log:\n%s", logs.b.String())
+		if logs.Count("resume hold ended: the hold time passed") != 1 {
+			t.Errorf("hold not ended by its time; log:\n%s", logs.String())
 		}
 	})
 }
