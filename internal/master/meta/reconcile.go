@@ -101,6 +101,10 @@ type reconcileRun struct {
 	allocs, removed, adopted, returned int
 }
 
+// presizeTrust bounds how far a run believes an agent's announced table
+// size beyond what it has received (see apply's presize).
+const presizeTrust = 64
+
 // reconcileItem is one allocation of a chunk, located.
 type reconcileItem struct {
 	a      *masterv1.Allocation
@@ -181,9 +185,15 @@ func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation,
 	// Room in an empty shard map for this table and as much again (the
 	// other agents rebuilding at once), so a rebuild does not grow the maps
 	// by doubling and rehashing millions of keys.
+	//
+	// The announced size is the agent's word: it is believed only up to
+	// presizeTrust times what the run has received so far, and only the
+	// first tenant map of an empty shard is sized by it, so a table that
+	// announces 2^34 allocations and sends a few (or one per tenant) makes
+	// the master allocate in proportion to what arrived, not to the claim.
 	presize := 0
-	if r.expected > 0 {
-		presize = int(min(2*r.expected/uint64(len(s.shards)), 1<<20)) + 16
+	if exp := min(r.expected, uint64(r.allocs)*presizeTrust); exp > 0 {
+		presize = int(min(2*exp/uint64(len(s.shards)), 1<<20)) + 16
 	}
 	forShards(items, func(it reconcileItem) int { return it.shard }, func(sh int, its []reconcileItem) {
 		// One object's versions newest first, as Reconcile always adopted
@@ -197,7 +207,7 @@ func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation,
 		m := s.begin(shd, rel)
 		var one [1]*masterv1.Allocation
 		for _, it := range its {
-			if presize > 0 && shd.tenants[it.tenant] == nil {
+			if presize > 0 && len(shd.tenants) == 0 {
 				shd.tenants[it.tenant] = make(map[string]*object, presize)
 			}
 			if track && !r.claimLocked(m, it) {

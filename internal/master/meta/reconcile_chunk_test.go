@@ -3,6 +3,7 @@ package meta
 import (
 	"fmt"
 	"maps"
+	"runtime"
 	"testing"
 
 	"github.com/crescent-kv/crescent/internal/master/cluster"
@@ -53,4 +54,32 @@ func TestReconcileInChunks(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReconcileAnnouncedSizeNotTrusted: an agent that announces a huge
+// table (the protocol allows up to 2^34) and sends a few allocations makes
+// the master allocate for what arrived, not for the claim (256 shards each
+// sized for 2^34/128 keys would be gigabytes).
+func TestReconcileAnnouncedSizeNotTrusted(t *testing.T) {
+	e := newEnv(t, 1, 1, 1<<20, Config{Shards: 256})
+	ctx := t.Context()
+	for i := range 30 {
+		e.put(t, PutSpec{Tenant: fmt.Sprintf("t%d", i), Key: fmt.Sprintf("k%d", i), Size: 10, ReplicaNum: 1})
+	}
+	s2, err := New(Config{Shards: 256}, Deps{Registry: e.c.Reg, Agents: e.c.Agents, Now: e.clk.Now,
+		Identity: cluster.Identity{Epoch: 43, Keys: token.NewRing(0, nil)}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := e.c.Agents.Table("agent-0")
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	r := s2.BeginReconcile(ctx, "agent-0", e.c.Reg.Segments(), 1<<34)
+	r.Apply(ctx, table)
+	runtime.ReadMemStats(&after)
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 64<<20 {
+		t.Fatalf("applying %d allocations announced as 2^34 allocated %d MiB", len(table), grew>>20)
+	}
+	r.Finish(ctx)
 }
