@@ -84,15 +84,36 @@ func binDir(t testing.TB) string {
 }
 
 // freeAddr returns a loopback address with a free port.
+//
+// The port is free when it is picked but closed again for the process to
+// bind, so the kernel may hand it out again before then: freeAddr never
+// returns one it returned before in this test binary (a gateway once got
+// the same port for --pub and --grpc-addr and failed to start).
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close()
+		if !handedOut.addrs[addr] {
+			handedOut.addrs[addr] = true
+			return addr
+		}
 	}
-	defer l.Close()
-	return l.Addr().String()
+	t.Fatal("freeAddr: no fresh loopback port in 100 tries")
+	return ""
 }
+
+// handedOut are the addresses freeAddr has returned.
+var handedOut = struct {
+	sync.Mutex
+	addrs map[string]bool
+}{addrs: map[string]bool{}}
 
 // Proc is one running binary.
 type Proc struct {
