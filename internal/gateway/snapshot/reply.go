@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"github.com/crescent-kv/crescent/internal/prefault"
 	"sync/atomic"
 	"time"
 )
@@ -108,7 +109,13 @@ func (r *Recorder) segment(n, want int) []byte {
 		}
 	}
 	r.pmu.Unlock()
-	return make([]byte, 0, max(n, want))
+	b := make([]byte, 0, max(n, want))
+	// A new segment's pages are mapped in one system call rather than by
+	// one fault each as the build writes them: see package prefault (a
+	// first 1M-entry build from about 1.1 s to 0.55 s on the VM of
+	// BENCHMARKS.md).
+	prefault.Buffer(b)
+	return b
 }
 
 // dropReplies forgets the last reply and the free list and stops pooling:
