@@ -72,7 +72,10 @@ func (r *Recorder) build() ([][]byte, *replyBufs, error) {
 		hint = n * (r.evFixed + 48)
 	}
 	first := min(hint+hint/16+1024, segmentBytes)
-	seg := r.segment(first, first)
+	seg, err := r.segment(first, first)
+	if err != nil {
+		return nil, nil, err
+	}
 	bufs.segs = append(bufs.segs, seg)
 
 	// Chunks are written into seg one event at a time; a chunk that does
@@ -86,18 +89,21 @@ func (r *Recorder) build() ([][]byte, *replyBufs, error) {
 		chunks   int
 		ran      = time.Now() // since the build last rested or checked for traffic
 		seen     = r.recordedEvents.Load()
-		err      error
 		tooLarge = func() error {
 			return fmt.Errorf("%w: more than %d bytes for %d entries", ErrTooLarge, r.cfg.MaxReplyBytes, n)
 		}
-		fitSegment = func(need int) {
+		fitSegment = func(need int) error {
 			if cap(seg)-len(seg) >= need {
-				return
+				return nil
 			}
 			part := len(seg) - start
-			next := r.segment(part+need, min(segmentBytes, r.cfg.MaxReplyBytes-total+1024))
+			next, err := r.segment(part+need, min(segmentBytes, r.cfg.MaxReplyBytes-total+1024))
+			if err != nil {
+				return err
+			}
 			bufs.segs = append(bufs.segs, next)
 			seg, start = append(next, seg[start:]...), 0
+			return nil
 		}
 	)
 	r.set.Range(func(tenant string, m kvevent.Medium, key, group []byte) bool {
@@ -110,7 +116,9 @@ func (r *Recorder) build() ([][]byte, *replyBufs, error) {
 		}
 		if inChunk == 0 {
 			chunkN = min(left, kvevent.MaxEventsPerBatch)
-			fitSegment(ce.chunkHeadSize(chunkN))
+			if err = fitSegment(ce.chunkHeadSize(chunkN)); err != nil {
+				return false
+			}
 			start = len(seg)
 			seg = ce.appendChunkHead(seg, chunkN)
 		}
@@ -118,7 +126,9 @@ func (r *Recorder) build() ([][]byte, *replyBufs, error) {
 		if inChunk == chunkN-1 {
 			size += len(ce.dp)
 		}
-		fitSegment(size)
+		if err = fitSegment(size); err != nil {
+			return false
+		}
 		seg = ce.appendEvent(seg, group, key)
 		left--
 		if inChunk++; inChunk < chunkN {

@@ -1,7 +1,6 @@
 package snapshot
 
 import (
-	"github.com/crescent-kv/crescent/internal/prefault"
 	"sync/atomic"
 	"time"
 )
@@ -20,10 +19,16 @@ import (
 //     theirs);
 //   - a build's buffers are stale once a newer build (or idleness)
 //     replaced it as the last reply; stale buffers with no reference left
-//     go to the free list, which holds at most about one reply's worth;
+//     go to the free list, which holds at most about two replies' worth
+//     (a build while two consumers' replies are still being written);
 //   - when no request came for replyIdle, the recorder drops its free list
-//     and its last reply, and buffers released afterwards are left to the
-//     collector, so an idle gateway does not keep 300 MB for nobody.
+//     and its last reply, and buffers released afterwards are freed, so an
+//     idle gateway does not keep 300 MB for nobody.
+//
+// Segments live outside the Go heap (newSegment) and are freed explicitly
+// (freeSegment): every segment a build took is, at any moment, in exactly
+// one place: a replyBufs with references or still the last reply, the
+// free list, or freed. Stats.BufferBytes is what is mapped.
 
 // replyIdle is how long the recorder keeps reply buffers after the last
 // request (a variable for tests).
@@ -64,18 +69,29 @@ func (r *Recorder) recycleLocked(bufs *replyBufs) {
 		limit := r.maxFreeLocked()
 		for _, s := range bufs.segs {
 			if len(r.freeSegs) >= limit {
-				break
+				r.freeSegmentLocked(s)
+				continue
 			}
 			r.freeSegs = append(r.freeSegs, s[:0])
+		}
+	} else {
+		for _, s := range bufs.segs {
+			r.freeSegmentLocked(s)
 		}
 	}
 	clear(bufs.segs)
 	bufs.segs = nil
 }
 
-// maxFreeLocked bounds the free list: the segments of the last reply built
-// and two more (at least four).
-func (r *Recorder) maxFreeLocked() int { return max(r.freeLimit, 4) }
+// maxFreeLocked bounds the free list: twice the segments of the last reply
+// built, and three more (at least four). One reply's worth was not
+// enough: with two consumers fetching back to back a build runs while
+// both of their replies are still being written, so it found a part of
+// the segments it needed gone to the collector, allocated them again and
+// faulted their pages in again (BenchmarkGatewayStateLive's faults/s).
+// Peak memory is the same (those replies were in flight anyway); the
+// buffers are only kept until replyIdle instead of being collected.
+func (r *Recorder) maxFreeLocked() int { return max(2*r.freeLimit-3, 4) }
 
 // retireLast marks the last reply's buffers stale (recycled now if no
 // reply of them is still being sent) and forgets it: called before a new
@@ -95,9 +111,9 @@ func (r *Recorder) retireLast() {
 }
 
 // segment returns an empty buffer of at least n bytes: the last free
-// segment if n fits it (one too small is dropped), else a new one of
-// max(n, want) bytes.
-func (r *Recorder) segment(n, want int) []byte {
+// segment if n fits it (one too small is freed), else a new one of
+// max(n, want) bytes (newSegment).
+func (r *Recorder) segment(n, want int) ([]byte, error) {
 	r.pmu.Lock()
 	if k := len(r.freeSegs); k > 0 {
 		s := r.freeSegs[k-1]
@@ -105,17 +121,23 @@ func (r *Recorder) segment(n, want int) []byte {
 		r.freeSegs = r.freeSegs[:k-1]
 		if cap(s) >= n {
 			r.pmu.Unlock()
-			return s
+			return s, nil
 		}
+		r.freeSegmentLocked(s)
 	}
 	r.pmu.Unlock()
-	b := make([]byte, 0, max(n, want))
-	// A new segment's pages are mapped in one system call rather than by
-	// one fault each as the build writes them: see package prefault (a
-	// first 1M-entry build from about 1.1 s to 0.55 s on the VM of
-	// BENCHMARKS.md).
-	prefault.Buffer(b)
-	return b
+	b, err := newSegment(max(n, want))
+	if err != nil {
+		return nil, err
+	}
+	r.stats.bufferBytes.Add(int64(cap(b)))
+	return b, nil
+}
+
+// freeSegmentLocked gives a segment back (freeSegment) and counts it.
+func (r *Recorder) freeSegmentLocked(s []byte) {
+	r.stats.bufferBytes.Add(-int64(cap(s)))
+	freeSegment(s)
 }
 
 // dropReplies forgets the last reply and the free list and stops pooling:
@@ -128,6 +150,9 @@ func (r *Recorder) dropReplies() {
 	r.pmu.Lock()
 	defer r.pmu.Unlock()
 	r.pooling = false
+	for _, s := range r.freeSegs {
+		r.freeSegmentLocked(s)
+	}
 	clear(r.freeSegs)
 	r.freeSegs = nil
 	if b != nil && !b.stale {

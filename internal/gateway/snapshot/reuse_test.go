@@ -35,10 +35,11 @@ func TestSnapshotReuse(t *testing.T) {
 	}
 	get := func() ([][]byte, reply) {
 		t.Helper()
-		f, err := r.Snapshot(t.Context())
+		f, release, err := r.Reply(t.Context()) // not copied: sharing shows
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(release)
 		return f, decodeReply(t, f, cfg.Encoder)
 	}
 	check := func(rep reply, cut int64) {
@@ -222,7 +223,7 @@ func TestReplyBuffersReused(t *testing.T) {
 	rel3()
 
 	record()
-	g1, err := r.Snapshot(t.Context()) // never released
+	g1, err := r.Snapshot(t.Context()) // a copy: nothing to release
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,6 +235,44 @@ func TestReplyBuffersReused(t *testing.T) {
 	}
 	if !bytes.Equal(g1[2], want) {
 		t.Fatal("the buffers of a reply taken with Snapshot were reused")
+	}
+}
+
+// TestReplyBuffersFreed: once the recorder stopped and every reply was
+// released, no reply buffer is held (they live outside the Go heap: one
+// not freed would never be), whatever order things happened in.
+func TestReplyBuffersFreed(t *testing.T) {
+	cfg := testConfig()
+	r, _ := newRecorder(t, cfg, Deps{})
+	stop := start(t, r)
+	var rels []func()
+	for i := range 2000 {
+		seq := uint64(i + 1)
+		r.Record(seq, statedir.Position{}, seq, stored(seq, fmt.Sprint("k", i)))
+		if i%100 == 0 {
+			_, rel, err := r.Reply(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i%200 == 0 {
+				rel() // released while the recorder runs
+			} else {
+				rels = append(rels, rel) // still being sent when it stops
+			}
+		}
+	}
+	if _, err := r.Snapshot(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if r.Stats().BufferBytes == 0 {
+		t.Fatal("no reply buffers held while replies are being sent")
+	}
+	stop()
+	for _, rel := range rels {
+		rel()
+	}
+	if b := r.Stats().BufferBytes; b != 0 {
+		t.Fatalf("%d bytes of reply buffers held after stop and every release, want 0", b)
 	}
 }
 
@@ -275,6 +314,9 @@ func TestReplyBuffersDroppedWhenIdle(t *testing.T) {
 		time.Sleep(replyIdle)
 		if on, free := pooling(); on || free != 0 {
 			t.Fatalf("replyIdle after the last request: pooling %v, %d free segments; want neither", on, free)
+		}
+		if b := r.Stats().BufferBytes; b != 0 {
+			t.Fatalf("replyIdle after the last request: %d bytes of reply buffers held, want 0", b)
 		}
 		request()
 		if st := r.Stats(); st.SnapshotsBuilt != 2 || st.SnapshotsReused != 1 {

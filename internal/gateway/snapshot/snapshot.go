@@ -14,6 +14,7 @@
 package snapshot
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -163,6 +164,9 @@ type Stats struct {
 	// LastCheckpointUnixMilli is the header time of the last checkpoint
 	// written (0: none).
 	LastCheckpointUnixMilli int64
+	// BufferBytes is the memory of reply buffers held: replies being
+	// sent, the last reply, and the free list (see reply.go).
+	BufferBytes int64
 }
 
 // Recorder folds published batches into its own announced set and serves
@@ -234,6 +238,7 @@ type Recorder struct {
 		buildNanos, replyBytes      atomic.Int64
 		checkpoints, checkpointErrs atomic.Uint64
 		lastCheckpoint              atomic.Int64
+		bufferBytes                 atomic.Int64
 	}
 }
 
@@ -452,14 +457,15 @@ func (r *Recorder) Stats() Stats {
 		Checkpoints:             r.stats.checkpoints.Load(),
 		CheckpointErrors:        r.stats.checkpointErrs.Load(),
 		LastCheckpointUnixMilli: r.stats.lastCheckpoint.Load(),
+		BufferBytes:             r.stats.bufferBytes.Load(),
 	}
 }
 
 // Snapshot returns a reply: the cut (int64 big-endian, -1 before anything
 // was recorded), the 16-byte epoch, then the set as payloads of at most 64
-// stored events each, with event_id 0. The frames are shared with other
-// callers of the same build and must not be modified; the caller may keep
-// them (their buffers are never reused: see Reply). Requests are served
+// stored events each, with event_id 0. The frames are the caller's: they
+// are copies, the recorder's own buffers go back to it (Reply serves
+// without copying). Requests are served
 // together: the recorder folds everything queued when it takes them, then
 // builds one reply for all of them. The cut always covers every batch
 // recorded before the request: if no event was folded since the last
@@ -467,8 +473,16 @@ func (r *Recorder) Stats() Stats {
 // reply is served again, under the new cut if heartbeats advanced it
 // (Stats.SnapshotsReused); otherwise a new one is built.
 func (r *Recorder) Snapshot(ctx context.Context) ([][]byte, error) {
-	frames, _, err := r.Reply(ctx)
-	return frames, err // never released: its buffers stay the caller's
+	frames, release, err := r.Reply(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	out := make([][]byte, len(frames))
+	for i, f := range frames {
+		out[i] = bytes.Clone(f)
+	}
+	return out, nil
 }
 
 // Reply is Snapshot for a caller that sends the frames and is then done

@@ -54,6 +54,7 @@ type Status struct {
 	SnapshotErrors   uint64 `json:"snapshot_errors"`
 	RecorderFailed   bool   `json:"recorder_failed"`
 	RecorderCut      int64  `json:"recorder_cut"`
+	SnapshotBuffers  int64  `json:"snapshot_buffer_bytes"`
 	Checkpoints      uint64 `json:"checkpoints"`
 	CheckpointErrors uint64 `json:"checkpoint_errors"`
 	LastCheckpointMs int64  `json:"last_checkpoint_unix_ms"`
@@ -103,7 +104,7 @@ func (s *Service) Snapshot() Status {
 		PublisherEpoch: p.Epoch.String(), NextSequence: p.NextSequence, StreamFormat: p.Format.String(),
 		State: mode, StateError: stateErr, ResumeHolding: p.Holding, HeartbeatsSent: p.HeartbeatsSent, JournalErrors: p.JournalErrors,
 		SnapshotRequests: p.SnapshotRequests, SnapshotsServed: p.SnapshotsServed, SnapshotErrors: p.SnapshotErrors,
-		RecorderFailed: rec.Failed, RecorderCut: rec.Cut, Checkpoints: rec.Checkpoints, CheckpointErrors: rec.CheckpointErrors,
+		RecorderFailed: rec.Failed, RecorderCut: rec.Cut, SnapshotBuffers: rec.BufferBytes, Checkpoints: rec.Checkpoints, CheckpointErrors: rec.CheckpointErrors,
 		LastCheckpointMs: rec.LastCheckpointUnixMilli,
 	}
 }
@@ -170,6 +171,7 @@ func (s *Service) Register(reg prometheus.Registerer) error {
 		counter("kv_events_snapshot_requests_total", "Snapshot requests received on the snapshot endpoint.", func(st Status) uint64 { return st.SnapshotRequests }),
 		counter("kv_events_snapshots_served_total", "Snapshot requests answered with a snapshot.", func(st Status) uint64 { return st.SnapshotsServed }),
 		counter("kv_events_snapshot_errors_total", "Snapshot requests answered unavailable (-2).", func(st Status) uint64 { return st.SnapshotErrors }),
+		gauge("kv_events_snapshot_buffer_bytes", "Memory held for snapshot replies: replies being sent, the last one, and buffers kept for the next build (dropped 10 s after the last request).", func(st Status) float64 { return float64(st.SnapshotBuffers) }),
 		gauge("kv_events_recorder_failed", "1 when the snapshot recorder fell too far behind and stopped (snapshots unavailable, checkpoints stopped).", func(st Status) float64 { return b2f(st.RecorderFailed) }),
 		counter("state_checkpoints_total", "Checkpoints written to the state directory.", func(st Status) uint64 { return st.Checkpoints }),
 		counter("state_checkpoint_errors_total", "Checkpoints that failed to write.", func(st Status) uint64 { return st.CheckpointErrors }),

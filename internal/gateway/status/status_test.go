@@ -28,7 +28,7 @@ func sample() *Service {
 	}, Src: func() source.Status {
 		return source.Status{Epoch: 14, Revision: 15, Resyncs: 16, Watching: true, Announced: 17}
 	}, Recorder: func() snapshot.Stats {
-		return snapshot.Stats{Cut: 24, Failed: true, Checkpoints: 25, CheckpointErrors: 26, LastCheckpointUnixMilli: 27}
+		return snapshot.Stats{Cut: 24, Failed: true, Checkpoints: 25, CheckpointErrors: 26, LastCheckpointUnixMilli: 27, BufferBytes: 28}
 	}, State: func() (string, string) { return "reset", "checkpoint: corrupt" }})
 }
 
@@ -62,13 +62,14 @@ func TestHTTP(t *testing.T) {
 		"state": "reset", "state_error": "checkpoint: corrupt", "resume_holding": false, "heartbeats_sent": 18.0,
 		"journal_errors": 23.0, "snapshot_requests": 20.0, "snapshots_served": 21.0, "snapshot_errors": 22.0,
 		"recorder_failed": true, "recorder_cut": 24.0, "checkpoints": 25.0, "checkpoint_errors": 26.0, "last_checkpoint_unix_ms": 27.0,
+		"snapshot_buffer_bytes": 28.0,
 	} {
 		if got[k] != v {
 			t.Errorf("%s = %v, want %v", k, got[k], v)
 		}
 	}
-	if len(got) != 35 {
-		t.Errorf("%d fields, want 35", len(got))
+	if len(got) != 36 {
+		t.Errorf("%d fields, want 36", len(got))
 	}
 }
 
@@ -121,13 +122,14 @@ func TestMetrics(t *testing.T) {
 		"crescent_gateway_kv_events_snapshot_errors_total": 22, "crescent_gateway_kv_events_recorder_failed": 1,
 		"crescent_gateway_state_checkpoints_total": 25, "crescent_gateway_state_checkpoint_errors_total": 26,
 		"crescent_gateway_state_journal_errors_total": 23, "crescent_gateway_state_restored": 0,
+		"crescent_gateway_kv_events_snapshot_buffer_bytes": 28,
 	} {
 		if got[name] != want {
 			t.Errorf("%s = %v, want %v", name, got[name], want)
 		}
 	}
-	if len(got) != 28 {
-		t.Errorf("%d metrics, want 28", len(got))
+	if len(got) != 29 {
+		t.Errorf("%d metrics, want 29", len(got))
 	}
 	if err := s.Register(reg); err == nil {
 		t.Fatal("registering the same metrics twice must fail")
