@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/crescent-kv/crescent/internal/agent/dataplane"
+	"github.com/crescent-kv/crescent/internal/agent/link"
 	"github.com/crescent-kv/crescent/internal/config"
 	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/crescent-kv/crescent/internal/xfer"
@@ -17,6 +18,8 @@ import (
 // Config is the agent's configuration. Flag names are YAML keys; each flag
 // is also read from CRESCENT_<FLAG>.
 type Config struct {
+	// Master is the master's gRPC host:port, or several comma-separated
+	// (issue 15, HA: the agent follows the leader among them).
 	Master         string
 	GRPCAddr       string
 	AdminAddr      string
@@ -85,7 +88,7 @@ func DefaultConfig() Config {
 
 // RegisterFlags binds every field to fs with its current value as default.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.Master, "master", c.Master, "master gRPC address (host:port)")
+	fs.StringVar(&c.Master, "master", c.Master, "master gRPC address (host:port), or several comma-separated (at most 16): the agent registers with the leader, following a standby's NOT_LEADER hint or trying the next address")
 	fs.StringVar(&c.GRPCAddr, "grpc-addr", c.GRPCAddr, "gRPC listen address (DataService)")
 	fs.StringVar(&c.AdminAddr, "admin-addr", c.AdminAddr, "admin HTTP listen address (/healthz, /readyz, /metrics)")
 	fs.StringVar(&c.AdvertiseAddr, "advertise-addr", c.AdvertiseAddr, "host:port clients dial for DataService (default: the bound gRPC address, with the host name for an unspecified IP)")
@@ -117,6 +120,8 @@ func (c *Config) Validate() error {
 	var errs []error
 	if c.Master == "" {
 		errs = append(errs, errors.New("master must be set (the master's gRPC host:port)"))
+	} else if err := validMasters(c.Master); err != nil {
+		errs = append(errs, err)
 	}
 	if c.GRPCAddr == "" {
 		errs = append(errs, errors.New("grpc-addr must be set"))
@@ -173,6 +178,20 @@ func (c *Config) Validate() error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// validMasters checks --master: at most link.MaxMasters host:port entries.
+func validMasters(s string) error {
+	addrs, err := link.SplitMasters(s)
+	if err != nil {
+		return fmt.Errorf("master: %w", err)
+	}
+	for _, a := range addrs {
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+			return fmt.Errorf("master address %q is not host:port", a)
+		}
+	}
+	return nil
 }
 
 // TransferOff as --transfer-addr disables the bulk transfer listener.

@@ -14,7 +14,9 @@ import (
 
 // Config tunes the link. Zero fields take the defaults of DefaultConfig.
 type Config struct {
-	// MasterAddr is the master's gRPC address (host:port or a gRPC target).
+	// MasterAddr is the master's gRPC address (host:port or a gRPC
+	// target), or several, comma-separated, of which the link follows the
+	// leader (masters.go; issue 15, HA).
 	MasterAddr string
 	AgentID    string
 	HostID     string
@@ -105,8 +107,8 @@ func (c Config) withDefaults() Config {
 // Validate reports every invalid field.
 func (c Config) Validate() error {
 	var errs []error
-	if c.MasterAddr == "" {
-		errs = append(errs, errors.New("master address is required"))
+	if _, err := SplitMasters(c.MasterAddr); err != nil {
+		errs = append(errs, err)
 	}
 	if c.AgentID == "" {
 		errs = append(errs, errors.New("agent id is required"))

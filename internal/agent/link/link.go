@@ -20,12 +20,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"github.com/crescent-kv/crescent/internal/server"
 	"google.golang.org/grpc"
@@ -65,6 +65,8 @@ type Link struct {
 	now  func() time.Time
 	met  *metrics
 
+	masters []string               // Config.MasterAddr split
+	master  atomic.Pointer[string] // the address of the current or last attempt
 	state   atomic.Int32
 	epoch   atomic.Uint64 // highest master epoch accepted
 	resGrce atomic.Int64  // reserved grace, ns
@@ -85,7 +87,12 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Link, error) {
 	if deps.Segments == nil {
 		return nil, errors.New("link: Segments is required")
 	}
-	l := &Link{cfg: cfg, deps: deps, lg: lg, now: deps.Now, conns: map[string]*grpc.ClientConn{}, graceCh: make(chan struct{}, 1)}
+	masters, err := SplitMasters(cfg.MasterAddr)
+	if err != nil {
+		return nil, fmt.Errorf("link config: %w", err)
+	}
+	l := &Link{cfg: cfg, deps: deps, lg: lg, now: deps.Now, masters: masters, conns: map[string]*grpc.ClientConn{}, graceCh: make(chan struct{}, 1)}
+	l.master.Store(&masters[0])
 	if l.now == nil {
 		l.now = time.Now
 	}
@@ -96,6 +103,10 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Link, error) {
 
 // State is the current connection state.
 func (l *Link) State() State { return State(l.state.Load()) }
+
+// Master is the address of the master the link is connected to, or trying
+// (one of Config.MasterAddr's, or a leader it was redirected to).
+func (l *Link) Master() string { return *l.master.Load() }
 
 // Epoch is the highest master epoch the agent has accepted.
 func (l *Link) Epoch() uint64 { return l.epoch.Load() }
@@ -108,6 +119,45 @@ func (l *Link) creds() credentials.TransportCredentials {
 		return l.cfg.Creds
 	}
 	return insecure.NewCredentials()
+}
+
+// masterConns holds one ClientConn per master address of the list, and one
+// more for the last leader hint outside it (replaced by the next one): at
+// most MaxMasters+1. Only Run's loop uses it, between sessions.
+type masterConns struct {
+	opts  []grpc.DialOption
+	list  []string
+	conns map[string]*grpc.ClientConn
+	extra string // the address outside the list with a conn, if any
+}
+
+func (c *masterConns) client(addr string) (masterv1.SegmentServiceClient, error) {
+	if cc, ok := c.conns[addr]; ok {
+		return masterv1.NewSegmentServiceClient(cc), nil
+	}
+	if !slices.Contains(c.list, addr) && c.extra != "" {
+		_ = c.conns[c.extra].Close()
+		delete(c.conns, c.extra)
+		c.extra = ""
+	}
+	cc, err := grpc.NewClient(addr, c.opts...)
+	if err != nil {
+		return nil, fmt.Errorf("link: master address %q: %w", addr, err)
+	}
+	if c.conns == nil {
+		c.conns = map[string]*grpc.ClientConn{}
+	}
+	c.conns[addr] = cc
+	if !slices.Contains(c.list, addr) {
+		c.extra = addr
+	}
+	return masterv1.NewSegmentServiceClient(cc), nil
+}
+
+func (c *masterConns) close() {
+	for _, cc := range c.conns {
+		_ = cc.Close()
+	}
 }
 
 // Run keeps a session with the master until ctx ends, then deregisters,
@@ -131,12 +181,9 @@ func (l *Link) Run(ctx context.Context) error {
 			MinConnectTimeout: 5 * time.Second,
 		}),
 	}, l.deps.MasterDialOptions...)
-	cc, err := grpc.NewClient(l.cfg.MasterAddr, opts...)
-	if err != nil {
-		return fmt.Errorf("link: master address %q: %w", l.cfg.MasterAddr, err)
-	}
-	defer cc.Close()
-	client := masterv1.NewSegmentServiceClient(cc)
+	ms := newMasters(l.masters)
+	conns := &masterConns{opts: opts, list: l.masters}
+	defer conns.close()
 
 	// work outlives ctx by the shutdown grace (plus the close timeout as a
 	// hard bound); sessions and the sweeper run under it.
@@ -164,7 +211,6 @@ func (l *Link) Run(ctx context.Context) error {
 		}
 	})
 
-	attempt := 0
 	stopC := sh.stop // nil once a shutdown has cut a backoff short
 	for {
 		if sh.over(time.Now()) || work.Err() != nil {
@@ -172,18 +218,28 @@ func (l *Link) Run(ctx context.Context) error {
 			return nil
 		}
 		l.setState(StateConnecting)
-		established, err := l.session(work, client, sh)
+		addr := ms.cur
+		l.master.Store(&addr)
+		client, err := conns.client(addr)
+		established := false
+		if err == nil {
+			established, err = l.session(work, client, sh)
+		}
 		l.setState(StateDisconnected)
 		if sh.over(time.Now()) || work.Err() != nil {
 			return nil
 		}
 		if established {
-			attempt = 0
+			ms.registered()
 		}
 		l.met.sessions.WithLabelValues(sessionResult(established, err)).Inc()
-		delay := retry.Delay(l.cfg.BackoffBase, l.cfg.BackoffMax, attempt)
-		attempt++
-		l.lg.Warn("master session ended; reconnecting", "master", l.cfg.MasterAddr, "err", err, "established", established, "retry_in", delay)
+		delay, redirected := ms.next(err, l.cfg.BackoffBase, l.cfg.BackoffMax)
+		if redirected {
+			l.met.redirects.Inc()
+			l.lg.Info("master is not the leader; following its hint", "master", addr, "leader", ms.cur)
+		} else {
+			l.lg.Warn("master session ended; reconnecting", "master", addr, "next", ms.cur, "err", err, "established", established, "retry_in", delay)
+		}
 		if sh.stopping() {
 			delay = min(delay, max(time.Until(sh.deadlineAt()), 0))
 		}

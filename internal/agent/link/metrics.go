@@ -4,6 +4,7 @@ import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
 	sessions    *prometheus.CounterVec
+	redirects   prometheus.Counter
 	commands    *prometheus.CounterVec
 	heartbeats  prometheus.Counter
 	expired     prometheus.Counter
@@ -16,6 +17,9 @@ func newMetrics(reg prometheus.Registerer, l *Link) *metrics {
 		sessions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "crescent_agent_link_sessions_total", Help: "Master sessions that ended, by result (established, failed, closed).",
 		}, []string{"result"}),
+		redirects: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "crescent_agent_link_redirects_total", Help: "NOT_LEADER answers whose leader hint the link followed (issue 15, HA).",
+		}),
 		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "crescent_agent_link_commands_total", Help: "Master commands received, by kind and result (accepted, stale_epoch).",
 		}, []string{"kind", "result"}),
@@ -28,7 +32,7 @@ func newMetrics(reg prometheus.Registerer, l *Link) *metrics {
 		state := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "crescent_agent_link_state", Help: "Master link state: 0 disconnected, 1 connecting, 2 connected, 3 deregistering.",
 		}, func() float64 { return float64(l.State()) })
-		reg.MustRegister(m.sessions, m.commands, m.heartbeats, m.expired, m.copiedBytes, m.epoch, state)
+		reg.MustRegister(m.sessions, m.redirects, m.commands, m.heartbeats, m.expired, m.copiedBytes, m.epoch, state)
 	}
 	return m
 }

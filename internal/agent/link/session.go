@@ -105,7 +105,7 @@ func (l *Link) session(parent context.Context, client masterv1.SegmentServiceCli
 	} else {
 		l.setState(StateConnected)
 	}
-	l.lg.Info("registered with master", "master", l.cfg.MasterAddr, "epoch", l.epoch.Load(), "segments", len(l.deps.Segments.All()), "graceful", graceful)
+	l.lg.Info("registered with master", "master", l.Master(), "epoch", l.epoch.Load(), "segments", len(l.deps.Segments.All()), "graceful", graceful)
 
 	deregistered := false
 	var graceC <-chan time.Time
@@ -177,9 +177,14 @@ func (s *session) enqueue(msg *masterv1.ConnectRequest) {
 	}
 }
 
+// send sends msg; false when the stream is over. io.EOF means the master
+// ended it: its status (a NOT_LEADER with the leader's address, say) is
+// what recvLoop receives next, so the session is not cut before it does.
 func (s *session) send(msg *masterv1.ConnectRequest) bool {
 	if err := s.stream.Send(msg); err != nil {
-		s.cancel(fmt.Errorf("send to master: %w", err))
+		if !errors.Is(err, io.EOF) {
+			s.cancel(fmt.Errorf("send to master: %w", err))
+		}
 		return false
 	}
 	return true
