@@ -20,6 +20,8 @@ import (
 // Config is the gateway's configuration. Flag names are YAML keys; each
 // flag is also read from CRESCENT_<FLAG>.
 type Config struct {
+	// Master is the master's gRPC host:port, or several comma-separated
+	// (issue 15, HA: the gateway follows the leader among them).
 	Master string
 	// MasterCreds secure the connection to the master (issue 14: the
 	// gateway's certificate, from internal/auth's Source.ClientCredentials).
@@ -124,7 +126,7 @@ func DefaultConfig() Config {
 
 // RegisterFlags binds every field to fs with its current value as default.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.Master, "master", c.Master, "master gRPC address (ChangeService)")
+	fs.StringVar(&c.Master, "master", c.Master, "master gRPC address (ChangeService, host:port), or several comma-separated (at most 16): the gateway follows the leader, going where a standby's NOT_LEADER points or to the next address")
 	fs.StringVar(&c.Pub, "pub", c.Pub, "ZMQ PUB bind endpoint for KV events")
 	fs.StringVar(&c.Replay, "replay", c.Replay, "ZMQ ROUTER bind endpoint for replay (empty disables)")
 	fs.StringVar(&c.AdminAddr, "admin-addr", c.AdminAddr, "admin HTTP listen address (/kv_events/status, /metrics, /healthz, /readyz)")
@@ -185,8 +187,8 @@ func (c *Config) recorderConfig() snapshot.Config {
 // Validate reports every invalid field.
 func (c *Config) Validate() error {
 	var errs []error
-	if c.Master == "" {
-		errs = append(errs, errors.New("master must be set"))
+	if _, err := source.SplitMasters(c.Master); err != nil {
+		errs = append(errs, err)
 	}
 	if c.BlockSize > math.MaxUint32 {
 		errs = append(errs, fmt.Errorf("block-size %d exceeds u32", c.BlockSize))

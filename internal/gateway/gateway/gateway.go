@@ -38,14 +38,14 @@ type Deps struct {
 
 // Gateway is one crescent-gateway process.
 type Gateway struct {
-	cfg    Config
-	lg     *slog.Logger
-	pub    *publisher.Publisher
-	src    *source.Source
-	rec    *snapshot.Recorder // nil with neither a state dir nor a snapshot endpoint
-	status *status.Service
-	srv    *server.Server
-	cc     *grpc.ClientConn // nil when Deps.Change was given
+	cfg     Config
+	lg      *slog.Logger
+	pub     *publisher.Publisher
+	src     *source.Source
+	rec     *snapshot.Recorder // nil with neither a state dir nor a snapshot endpoint
+	status  *status.Service
+	srv     *server.Server
+	masters *source.Masters // nil when Deps.Change was given
 
 	// The persisted state (nil without --state-dir) and how it started.
 	state   *statedir.Dir
@@ -96,13 +96,16 @@ func (g *Gateway) build(deps Deps) error {
 		if creds == nil {
 			creds = insecure.NewCredentials()
 		}
-		cc, err := grpc.NewClient(cfg.Master, grpc.WithTransportCredentials(creds), rpccodec.DialOption(),
-			grpc.WithStaticStreamWindowSize(masterWindow), grpc.WithStaticConnWindowSize(masterWindow))
+		addrs, err := source.SplitMasters(cfg.Master)
 		if err != nil {
-			return fmt.Errorf("master %s: %w", cfg.Master, err)
+			return err
 		}
-		g.cc = cc
-		change = masterv1.NewChangeServiceClient(cc)
+		// One connection per master address (issue 15, HA): the source
+		// follows the leader among them.
+		if g.masters, err = source.NewMasters(addrs, grpc.WithTransportCredentials(creds), rpccodec.DialOption(),
+			grpc.WithStaticStreamWindowSize(masterWindow), grpc.WithStaticConnWindowSize(masterWindow)); err != nil {
+			return err
+		}
 	}
 
 	pcfg := cfg.publisherConfig()
@@ -142,7 +145,12 @@ func (g *Gateway) build(deps Deps) error {
 		return err
 	}
 	g.pub = pub
-	g.src = source.New(source.Config{BackoffMin: cfg.ReconnectMin, BackoffMax: cfg.ReconnectMax}, change, pub, lg.With("part", "source"))
+	scfg := source.Config{BackoffMin: cfg.ReconnectMin, BackoffMax: cfg.ReconnectMax}
+	if g.masters != nil {
+		g.src = source.NewFollowing(scfg, g.masters, pub, lg.With("part", "source"))
+	} else {
+		g.src = source.New(scfg, change, pub, lg.With("part", "source"))
+	}
 
 	if g.state != nil || cfg.Snapshot != "" {
 		rcfg := cfg.recorderConfig()
@@ -323,8 +331,8 @@ func (g *Gateway) Close() error {
 		if g.pub != nil {
 			g.pub.Close()
 		}
-		if g.cc != nil {
-			g.cc.Close()
+		if g.masters != nil {
+			_ = g.masters.Close()
 		}
 		if g.journal != nil {
 			if err := g.journal.Close(); err != nil {

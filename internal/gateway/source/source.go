@@ -26,7 +26,6 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/gateway/announced"
 	"github.com/crescent-kv/crescent/internal/gateway/statedir"
-	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"google.golang.org/grpc"
@@ -63,6 +62,9 @@ type Status struct {
 	Resyncs uint64
 	// Watching: a Watch stream is delivering.
 	Watching bool
+	// Master is the address of the master followed or tried (NewFollowing;
+	// "" for New's single client).
+	Master string
 	// Announced is the size of the announced set.
 	Announced int
 }
@@ -70,10 +72,14 @@ type Status struct {
 // Source follows ChangeService. Run owns all mutable state; Status is safe
 // from any goroutine.
 type Source struct {
-	cfg    Config
-	client masterv1.ChangeServiceClient
-	sink   Sink
-	lg     *slog.Logger
+	cfg     Config
+	client  masterv1.ChangeServiceClient // the current master's; Run replaces it
+	masters *Masters                     // nil with New's single client
+	pick    *picker
+	sink    Sink
+	lg      *slog.Logger
+
+	master atomic.Pointer[string] // pick.cur, for Status
 
 	epoch, revision, resyncs atomic.Uint64
 	announcedN               atomic.Int64
@@ -87,8 +93,24 @@ type Source struct {
 	synced    bool
 }
 
-// New builds a source. It does no I/O.
+// New builds a source following the one master behind client. It does no
+// I/O.
 func New(cfg Config, client masterv1.ChangeServiceClient, sink Sink, lg *slog.Logger) *Source {
+	s := newSource(cfg, sink, lg, []string{""})
+	s.client = client
+	return s
+}
+
+// NewFollowing builds a source that follows the leader among masters
+// (issue 15, HA; masters.go). It does no I/O; the caller closes masters
+// after Run returned.
+func NewFollowing(cfg Config, masters *Masters, sink Sink, lg *slog.Logger) *Source {
+	s := newSource(cfg, sink, lg, masters.list)
+	s.masters = masters
+	return s
+}
+
+func newSource(cfg Config, sink Sink, lg *slog.Logger, list []string) *Source {
 	def := DefaultConfig()
 	if cfg.BackoffMin <= 0 {
 		cfg.BackoffMin = def.BackoffMin
@@ -99,7 +121,15 @@ func New(cfg Config, client masterv1.ChangeServiceClient, sink Sink, lg *slog.Lo
 	if cfg.ResyncChunk <= 0 {
 		cfg.ResyncChunk = def.ResyncChunk
 	}
-	return &Source{cfg: cfg, client: client, sink: sink, lg: lg, codec: newWatchCodec(), resp: &masterv1.WatchResponse{}, announced: announced.New()}
+	s := &Source{cfg: cfg, pick: newPicker(list), sink: sink, lg: lg, codec: newWatchCodec(), resp: &masterv1.WatchResponse{}, announced: announced.New()}
+	s.setMaster()
+	return s
+}
+
+// setMaster publishes pick.cur for Status.
+func (s *Source) setMaster() {
+	cur := s.pick.cur
+	s.master.Store(&cur)
 }
 
 // Restore starts the source from a restarted gateway's state: the set it
@@ -118,7 +148,7 @@ func (s *Source) Restore(set *announced.Set, pos statedir.Position) {
 func (s *Source) Status() Status {
 	return Status{
 		Epoch: s.epoch.Load(), Revision: s.revision.Load(), Resyncs: s.resyncs.Load(),
-		Watching: s.watching.Load(), Announced: int(s.announcedN.Load()),
+		Watching: s.watching.Load(), Announced: int(s.announcedN.Load()), Master: *s.master.Load(),
 	}
 }
 
@@ -127,16 +157,17 @@ var errResync = errors.New("source: resync required")
 
 // Run follows the master until ctx ends; it returns nil then.
 func (s *Source) Run(ctx context.Context) error {
-	bo := retry.NewBackoff(s.cfg.BackoffMin, s.cfg.BackoffMax)
 	for ctx.Err() == nil {
+		if err := s.connect(); err != nil {
+			if !s.backoff(ctx, err, "master connection failed; trying the next") {
+				break
+			}
+			continue
+		}
 		justResynced := !s.synced
 		if !s.synced {
 			if err := s.resync(ctx); err != nil {
-				if ctx.Err() != nil {
-					break
-				}
-				s.lg.Warn("snapshot from master failed; retrying", "err", err)
-				if bo.Wait(ctx) != nil {
+				if ctx.Err() != nil || !s.backoff(ctx, err, "snapshot from master failed; retrying") {
 					break
 				}
 				continue
@@ -148,23 +179,64 @@ func (s *Source) Run(ctx context.Context) error {
 			break
 		}
 		if healthy {
-			bo.Reset()
+			s.pick.healthy()
 		}
 		if needsResync(err) {
 			s.lg.Info("master change stream cannot resume; resyncing from a snapshot",
-				"epoch", s.ep, "revision", s.rev, "reason", rpcerr.Reason(err), "err", err)
+				"master", s.pick.cur, "epoch", s.ep, "revision", s.rev, "reason", rpcerr.Reason(err), "err", err)
 			s.synced = false
-			if justResynced && !healthy && bo.Wait(ctx) != nil {
+			if justResynced && !healthy && !s.wait(ctx, s.pick.stay(s.cfg.BackoffMin, s.cfg.BackoffMax)) {
 				break // a fresh snapshot did not help: do not spin
 			}
 			continue
 		}
-		s.lg.Warn("master change stream ended; reconnecting", "epoch", s.ep, "revision", s.rev, "err", err)
-		if bo.Wait(ctx) != nil {
+		if !s.backoff(ctx, err, "master change stream ended; reconnecting") {
 			break
 		}
 	}
 	return nil
+}
+
+// connect points s.client at the current master (NewFollowing).
+func (s *Source) connect() error {
+	if s.masters == nil {
+		return nil
+	}
+	c, err := s.masters.client(s.pick.cur)
+	if err != nil {
+		return err
+	}
+	s.client = c
+	return nil
+}
+
+// backoff moves to the next master after err (the leader it names, or the
+// next address) and waits; false when ctx ended.
+func (s *Source) backoff(ctx context.Context, err error, msg string) bool {
+	from := s.pick.cur
+	d, redirected := s.pick.next(err, s.cfg.BackoffMin, s.cfg.BackoffMax)
+	s.setMaster()
+	if redirected {
+		s.lg.Info("master is not the leader; following its hint", "master", from, "leader", s.pick.cur)
+	} else {
+		s.lg.Warn(msg, "master", from, "next", s.pick.cur, "epoch", s.ep, "revision", s.rev, "err", err, "retry_in", d)
+	}
+	return s.wait(ctx, d)
+}
+
+// wait sleeps d, or until ctx ends (false).
+func (s *Source) wait(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 func needsResync(err error) bool {

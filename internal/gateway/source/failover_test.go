@@ -1,0 +1,270 @@
+package source
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/gateway/fakemaster"
+	masterapp "github.com/crescent-kv/crescent/internal/master/app"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
+	"github.com/crescent-kv/crescent/pkg/kvevent"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// realMaster is an in-process crescent-master on loopback.
+type realMaster struct {
+	m    *masterapp.Master
+	addr string
+	stop func()
+}
+
+// startRealMaster runs a master on addr ("127.0.0.1:0" for any port), as
+// internal/testcluster does.
+func startRealMaster(t *testing.T, addr string) *realMaster {
+	t.Helper()
+	cfg := masterapp.DefaultConfig()
+	cfg.GRPCAddr, cfg.AdminAddr = addr, "127.0.0.1:0"
+	cfg.RecoveryGrace = 0
+	cfg.ShutdownTimeout = 5 * time.Second
+	m, err := masterapp.New(cfg, testutil.Logger())
+	if err != nil {
+		t.Fatalf("master: %v", err)
+	}
+	if err := m.Server.Listen(); err != nil {
+		t.Fatalf("master listen: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	rm := &realMaster{m: m, addr: m.Server.GRPCAddr()}
+	stopped := false
+	rm.stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("master run: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("master did not stop")
+		}
+	}
+	t.Cleanup(rm.stop)
+	return rm
+}
+
+// startStandby stands in for a master in standby mode (issue 15, HA; being
+// written concurrently): a gRPC server that answers every RPC, unary or
+// streaming, with the contract's UNAVAILABLE NOT_LEADER status naming
+// leader.
+func startStandby(t *testing.T, leader string) (addr string, stop func()) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer(grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
+		e := rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_NOT_LEADER, "not the leader")
+		if leader != "" {
+			e.Metadata = map[string]string{"leader": leader}
+		}
+		return rpcerr.Status(e)
+	}))
+	go func() { _ = gs.Serve(lis) }()
+	stopped := false
+	stop = func() {
+		if !stopped {
+			stopped = true
+			gs.Stop()
+		}
+	}
+	t.Cleanup(stop)
+	return lis.Addr().String(), stop
+}
+
+// runFollowing starts a source following list with the gateway's defaults.
+func runFollowing(t *testing.T, list []string, snk *sink) *Source {
+	t.Helper()
+	ms, err := NewMasters(list, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := NewFollowing(DefaultConfig(), ms, snk, testutil.Logger())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		if err := ms.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return src
+}
+
+// TestFollowLeader: given [standby, leader], the source is redirected by
+// the standby and follows the real leader's change stream; when that leader
+// is stopped and a new master starts at the standby's address, the source
+// resyncs from the new leader (a new epoch) and watches it.
+func TestFollowLeader(t *testing.T) {
+	leader := startRealMaster(t, "127.0.0.1:0")
+	standby, stopStandby := startStandby(t, leader.addr)
+	snk := newSink()
+	src := runFollowing(t, []string{standby, leader.addr}, snk)
+
+	// An idle master's Watch sends nothing, so the source never reports
+	// Watching here: its snapshot's epoch and the address say whom it follows.
+	following := func(m *realMaster) func() bool {
+		return func() bool {
+			s := src.Status()
+			return s.Epoch == m.m.Identity.Epoch && s.Master == m.addr
+		}
+	}
+	testutil.Eventually(t, 10*time.Second, following(leader), "the source to follow the leader %s", leader.addr)
+
+	stopStandby()
+	leader.stop()
+	began := time.Now()
+	next := startRealMaster(t, standby)
+	testutil.Eventually(t, 10*time.Second, following(next), "the source to follow the new leader %s", next.addr)
+	t.Logf("following the new leader %v after the old one stopped", time.Since(began))
+	if got := src.Status().Resyncs; got != 2 {
+		t.Errorf("resyncs = %d, want 2 (one per leader)", got)
+	}
+	// The positions handed to the sink move forward: the old epoch, then
+	// the new one.
+	var epochs []uint64
+	for _, c := range snk.positions() {
+		if len(epochs) == 0 || epochs[len(epochs)-1] != c.pos.Epoch {
+			epochs = append(epochs, c.pos.Epoch)
+		}
+	}
+	if want := []uint64{leader.m.Identity.Epoch, next.m.Identity.Epoch}; !slices.Equal(epochs, want) {
+		t.Errorf("sink position epochs %v, want %v", epochs, want)
+	}
+}
+
+// TestFailoverPublishesDifference: the standby names a leader outside the
+// list; after that leader goes, the source moves on to the list's next
+// master (a new epoch with a different readable set) and publishes exactly
+// the difference.
+func TestFailoverPublishesDifference(t *testing.T) {
+	old := fakemaster.New(1)
+	old.Put("t", "a", masterv1.Medium_MEDIUM_MEMORY, "g")
+	old.Put("t", "b", masterv1.Medium_MEDIUM_MEMORY, "g")
+	oldAddr, stopOld, err := fakemaster.Serve(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stopOld)
+	next := fakemaster.New(2)
+	next.Put("t", "b", masterv1.Medium_MEDIUM_MEMORY, "g")
+	next.Put("t", "c", masterv1.Medium_MEDIUM_DISK, "g")
+	nextAddr, stopNext, err := fakemaster.Serve(next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stopNext)
+	standby, _ := startStandby(t, oldAddr)
+
+	snk := newSink()
+	src := runFollowing(t, []string{standby, nextAddr}, snk)
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		s := src.Status()
+		return s.Watching && s.Epoch == 1 && s.Master == oldAddr
+	}, "the source to follow the hinted leader")
+	n := len(snk.events())
+
+	stopOld()
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		s := src.Status()
+		return s.Watching && s.Epoch == 2 && s.Master == nextAddr
+	}, "the source to follow the next master")
+	got := snk.events()[n:]
+	want := []kvevent.Event{
+		{Type: kvevent.Removed, Tenant: "t", Key: "a", Medium: kvevent.MediumCPU, GroupID: "g"},
+		{Type: kvevent.Stored, Tenant: "t", Key: "c", Medium: kvevent.MediumDisk, GroupID: "g"},
+	}
+	if !sameEvents(got, want) {
+		t.Fatalf("events after the failover %v, want %v", got, want)
+	}
+	h := &harness{m: next, src: src, sink: snk}
+	h.indexMatches(t)
+}
+
+func sameEvents(got, want []kvevent.Event) bool {
+	key := func(e kvevent.Event) string { return fmt.Sprintf("%v/%s/%s/%v/%s", e.Type, e.Tenant, e.Key, e.Medium, e.GroupID) }
+	g, w := make([]string, len(got)), make([]string, len(want))
+	for i, e := range got {
+		g[i] = key(e)
+	}
+	for i, e := range want {
+		w[i] = key(e)
+	}
+	slices.Sort(g)
+	slices.Sort(w)
+	return slices.Equal(g, w)
+}
+
+func TestPickerNext(t *testing.T) {
+	const lo, hi = 100 * time.Millisecond, 5 * time.Second
+	transport := status.Error(codes.Unavailable, "connection refused")
+	hint := func(leader string) error {
+		e := rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_NOT_LEADER, "not the leader")
+		if leader != "" {
+			e.Metadata = map[string]string{"leader": leader}
+		}
+		return rpcerr.Status(e)
+	}
+	p := newPicker([]string{"a:1", "b:1"})
+	for i, s := range []struct {
+		err      error
+		want     string
+		redirect bool
+		maxDelay time.Duration
+	}{
+		{hint("z:9"), "z:9", true, 0},
+		{transport, "b:1", false, lo},
+		{hint(""), "a:1", false, lo},
+		{transport, "b:1", false, 2 * lo},
+		{hint("a:1"), "a:1", true, 0},
+		{hint("b:1"), "b:1", true, 0},
+		{hint("a:1"), "a:1", true, 0},
+		{hint("b:1"), "b:1", false, 2 * lo}, // a fourth hint in a row: back off
+	} {
+		d, redirected := p.next(s.err, lo, hi)
+		if p.cur != s.want || redirected != s.redirect || d > s.maxDelay {
+			t.Fatalf("step %d (%v): got %s, redirected %v, delay %v; want %s, %v, at most %v", i, s.err, p.cur, redirected, d, s.want, s.redirect, s.maxDelay)
+		}
+	}
+}
+
+func TestSplitMasters(t *testing.T) {
+	for _, tc := range []struct {
+		in string
+		ok bool
+	}{
+		{"a:1", true}, {"a:1, b:2", true}, {"", false}, {"a", false}, {"a:1,", false},
+		{"m:1,m:1,m:1,m:1,m:1,m:1,m:1,m:1,m:1,m:1,m:1,m:1,m:1,m:1,m:1,m:1,m:1", false},
+	} {
+		if _, err := SplitMasters(tc.in); (err == nil) != tc.ok {
+			t.Errorf("SplitMasters(%q) = %v, want ok %v", tc.in, err, tc.ok)
+		}
+	}
+}
