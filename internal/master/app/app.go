@@ -88,6 +88,9 @@ type Config struct {
 
 	// Security is TLS, authorization, protected mode and pprof (issue 14).
 	Security server.Security
+
+	// HA is leader election on etcd (issue 15).
+	HA HA
 }
 
 // DefaultConfig returns the defaults of ARCHITECTURE.md.
@@ -119,6 +122,7 @@ func DefaultConfig() Config {
 		MaxSnapshots:        changesvc.DefaultMaxSnapshots,
 
 		Security: server.DefaultSecurity(),
+		HA:       HA{EtcdPrefix: "/crescent/master/", EtcdLeaseTTL: 5 * time.Second},
 	}
 }
 
@@ -151,6 +155,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.RecoveryMax, "recovery-max", c.RecoveryMax, "the longest ChangeService waits for agents to finish registering after start")
 	fs.IntVar(&c.GCPercent, "gc-percent", c.GCPercent, "Go GC target percentage (GOGC); bound memory with the GOMEMLIMIT environment variable")
 	c.Security.RegisterFlags(fs)
+	fs.StringVar(&c.HA.EtcdEndpoints, "etcd-endpoints", c.HA.EtcdEndpoints, "comma-separated etcd client addresses: masters elect a leader there and the others stand by, answering NOT_LEADER with the leader's address (empty: a single master)")
+	fs.StringVar(&c.HA.EtcdPrefix, "etcd-prefix", c.HA.EtcdPrefix, "etcd key prefix of this cluster's masters (ends in /)")
+	fs.DurationVar(&c.HA.EtcdLeaseTTL, "etcd-lease-ttl", c.HA.EtcdLeaseTTL, "leader lease in whole seconds: a dead leader is replaced after about this long; a leader cut off from etcd stops acknowledging before it ends")
+	fs.StringVar(&c.HA.AdvertiseAddr, "advertise-addr", c.HA.AdvertiseAddr, "gRPC host:port clients are redirected to while this master leads (default: the host name and the grpc-addr port)")
 }
 
 // Validate reports every invalid field.
@@ -215,6 +223,13 @@ func (c *Config) Validate() error {
 	if err := c.Security.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if c.HA.enabled() {
+		if hc, err := c.HA.haConfig(c.GRPCAddr); err != nil {
+			errs = append(errs, err)
+		} else if err := hc.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -256,6 +271,13 @@ type Master struct {
 // server's options (tests install interceptors); they run after the
 // authorization interceptor.
 func New(cfg Config, lg *slog.Logger, opts ...grpc.ServerOption) (*Master, error) {
+	// A fresh epoch per process lifetime: agents fence older masters'
+	// commands by it and the change log's revisions restart under it.
+	return newMaster(cfg, lg, uint64(time.Now().UnixNano()), opts...)
+}
+
+// newMaster is New under a given epoch (an elected leader's term's).
+func newMaster(cfg Config, lg *slog.Logger, epoch uint64, opts ...grpc.ServerOption) (*Master, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -266,10 +288,8 @@ func New(cfg Config, lg *slog.Logger, opts ...grpc.ServerOption) (*Master, error
 	reg := obs.NewRegistry()
 	id := cluster.Identity{
 		MasterID: cfg.MasterID,
-		// A fresh epoch per process lifetime: agents fence older masters'
-		// commands by it and the change log's revisions restart under it.
-		Epoch: uint64(time.Now().UnixNano()),
-		Keys:  token.NewRing(TokenKeyActivation(cfg.TokenKeyRotation), nil),
+		Epoch:    epoch,
+		Keys:     token.NewRing(TokenKeyActivation(cfg.TokenKeyRotation), nil),
 	}
 	if id.MasterID == "" {
 		id.MasterID = cfg.GRPCAddr
@@ -339,6 +359,11 @@ func (m *Master) Run(ctx context.Context) error {
 	if err := m.Server.Listen(); err != nil {
 		return err
 	}
+	return m.run(ctx)
+}
+
+// run is Run on a server already listening.
+func (m *Master) run(ctx context.Context) error {
 	debug.SetGCPercent(m.cfg.GCPercent)
 	m.rec.start(time.Now())
 	m.lg.Info("master starting", "master_id", m.Identity.MasterID, "epoch", m.Identity.Epoch, "grpc", m.Server.GRPCAddr())
@@ -379,8 +404,16 @@ func (m *Master) Run(ctx context.Context) error {
 	return err
 }
 
-// Run builds the master and serves until ctx ends.
+// Run builds the master and serves until ctx ends; with etcd endpoints
+// configured it campaigns for leadership and serves only while it leads
+// (runHA).
 func Run(ctx context.Context, cfg Config, lg *slog.Logger) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if cfg.HA.enabled() {
+		return runHA(ctx, cfg, lg)
+	}
 	m, err := New(cfg, lg)
 	if err != nil {
 		return err

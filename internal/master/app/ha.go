@@ -1,0 +1,214 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/master/ha"
+	"github.com/crescent-kv/crescent/internal/obs"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/server"
+	"google.golang.org/grpc"
+)
+
+// HA is the high-availability part of the master's configuration (issue
+// 15): with EtcdEndpoints set, masters elect a leader on etcd; the others
+// stand by.
+type HA struct {
+	// EtcdEndpoints is a comma-separated list of etcd client addresses;
+	// empty runs a single master without election.
+	EtcdEndpoints string
+	// EtcdPrefix is the key prefix of this cluster's masters in etcd.
+	EtcdPrefix string
+	// EtcdLeaseTTL is the leader's lease: how long a dead leader keeps
+	// the standbys from taking over.
+	EtcdLeaseTTL time.Duration
+	// AdvertiseAddr is the gRPC address clients are redirected to while
+	// this master leads (default: this host's name and the grpc-addr port).
+	AdvertiseAddr string
+}
+
+func (h *HA) enabled() bool { return h.EtcdEndpoints != "" }
+
+// haConfig returns the elector's configuration for a master listening on
+// grpcAddr.
+func (h *HA) haConfig(grpcAddr string) (ha.Config, error) {
+	adv := h.AdvertiseAddr
+	if adv == "" {
+		host, port, err := net.SplitHostPort(grpcAddr)
+		if err != nil {
+			return ha.Config{}, fmt.Errorf("grpc-addr %q: %w", grpcAddr, err)
+		}
+		if host == "" || host == "0.0.0.0" || host == "::" {
+			if host, err = os.Hostname(); err != nil {
+				return ha.Config{}, fmt.Errorf("advertise-addr: no host name to derive it from: %w", err)
+			}
+		}
+		adv = net.JoinHostPort(host, port)
+	}
+	var eps []string
+	for e := range strings.SplitSeq(h.EtcdEndpoints, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			eps = append(eps, e)
+		}
+	}
+	return ha.Config{Endpoints: eps, Prefix: h.EtcdPrefix, LeaseTTL: h.EtcdLeaseTTL, Advertise: adv, DialTimeout: 5 * time.Second}, nil
+}
+
+// notLeader is the answer of a master that does not lead: NOT_LEADER, with
+// the leader's address when known.
+func notLeader(leader string) error {
+	e := rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_NOT_LEADER, "this master is not the leader (leader: %q)", leader)
+	e.Metadata = map[string]string{"leader": leader}
+	return e
+}
+
+// runHA campaigns for leadership until ctx ends. While it stands by, a
+// standby server on the master's ports answers every RPC NOT_LEADER with
+// the leader's address, and /readyz fails (so a Kubernetes Service of
+// ready pods routes to the leader only). Once elected it builds a fresh
+// master (its objects rebuilt from the agents' registrations, issue 15 item
+// 1) under the term's epoch and serves while the term holds; if the term
+// is lost the master stops and the process stands by again.
+func runHA(ctx context.Context, cfg Config, lg *slog.Logger) error {
+	hc, err := cfg.HA.haConfig(cfg.GRPCAddr)
+	if err != nil {
+		return err
+	}
+	el, err := ha.New(hc, lg.With("part", "ha"))
+	if err != nil {
+		return err
+	}
+	defer el.Close()
+	fctx, stopFollow := context.WithCancel(ctx)
+	var follow sync.WaitGroup
+	follow.Go(func() { el.Follow(fctx) })
+	defer func() { stopFollow(); follow.Wait() }()
+
+	for ctx.Err() == nil {
+		term, err := standBy(ctx, cfg, lg, el)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		err = lead(ctx, cfg, lg, term)
+		if ctx.Err() != nil {
+			term.Resign(context.WithoutCancel(ctx))
+			return err
+		}
+		term.Resign(context.WithoutCancel(ctx))
+		lg.Error("master lost leadership; standing by", "epoch", term.Epoch, "err", err)
+	}
+	return nil
+}
+
+// standBy serves NOT_LEADER on the master's ports while it campaigns, and
+// returns the term once elected (the standby server stopped).
+func standBy(ctx context.Context, cfg Config, lg *slog.Logger, el *ha.Elector) (*ha.Term, error) {
+	creds, err := cfg.Security.Load(lg)
+	if err != nil {
+		return nil, err
+	}
+	srv := server.New(server.Config{
+		GRPCAddr: cfg.GRPCAddr, AdminAddr: cfg.AdminAddr, ShutdownTimeout: cfg.ShutdownTimeout,
+		Credentials: creds, Table: authTable(),
+	}, lg.With("part", "standby"), obs.NewRegistry(), grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
+		return rpcerr.Status(notLeader(el.Leader()))
+	}))
+	srv.SetReadiness(func() error { return fmt.Errorf("standby: not the leader (leader: %q)", el.Leader()) })
+	if err := listenRetry(ctx, srv); err != nil {
+		return nil, err
+	}
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(sctx) }()
+	lg.Info("master standing by", "grpc", srv.GRPCAddr(), "leader", el.Leader())
+	term, cerr := el.Campaign(ctx)
+	stop()
+	if err := <-done; err != nil && cerr == nil {
+		term.Resign(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("standby server: %w", err)
+	}
+	return term, cerr
+}
+
+// lead runs a master under term until ctx ends or the term is lost.
+func lead(ctx context.Context, cfg Config, lg *slog.Logger, term *ha.Term) error {
+	gate := &leaderGate{valid: term.Valid}
+	m, err := newMaster(cfg, lg, term.Epoch,
+		grpc.ChainUnaryInterceptor(gate.unary), grpc.ChainStreamInterceptor(gate.stream))
+	if err != nil {
+		return err
+	}
+	mctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-term.Lost():
+			cancel()
+		case <-mctx.Done():
+		}
+	}()
+	if err := listenRetry(mctx, m.Server); err != nil {
+		return err
+	}
+	err = m.run(mctx)
+	select {
+	case <-term.Lost():
+		return errors.Join(ha.ErrLost, err)
+	default:
+		return err
+	}
+}
+
+// listenRetry binds srv's ports, retrying briefly: the previous server on
+// the same ports (the standby's, or the last term's master) may still be
+// releasing them.
+func listenRetry(ctx context.Context, srv *server.Server) error {
+	var err error
+	for range 50 {
+		if err = srv.Listen(); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return err
+}
+
+// leaderGate refuses RPCs, and withholds a finished unary RPC's answer,
+// once the leader's term is no longer provably valid: a leader cut off
+// from etcd must not acknowledge anything after a new leader may have
+// taken over.
+type leaderGate struct{ valid func() bool }
+
+func (g *leaderGate) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if !g.valid() {
+		return nil, rpcerr.Status(notLeader(""))
+	}
+	resp, err := h(ctx, req)
+	if err == nil && !g.valid() {
+		return nil, rpcerr.Status(notLeader(""))
+	}
+	return resp, err
+}
+
+func (g *leaderGate) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if !g.valid() {
+		return rpcerr.Status(notLeader(""))
+	}
+	return h(srv, ss)
+}

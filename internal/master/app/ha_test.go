@@ -1,0 +1,181 @@
+package app
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
+	"github.com/crescent-kv/crescent/internal/testutil/etcdtest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// haMaster is one master process of an HA test: app.Run with etcd.
+type haMaster struct {
+	addr   string
+	cancel context.CancelFunc
+	done   chan error
+	cli    masterv1.AdminServiceClient
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func startHAMaster(t *testing.T, etcd string) *haMaster {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.GRPCAddr, cfg.AdminAddr = freePort(t), "127.0.0.1:0"
+	cfg.RecoveryGrace = 200 * time.Millisecond
+	cfg.HA.EtcdEndpoints, cfg.HA.EtcdPrefix, cfg.HA.EtcdLeaseTTL = etcd, "/t/master/", 2*time.Second
+	cfg.HA.AdvertiseAddr = cfg.GRPCAddr
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &haMaster{addr: cfg.GRPCAddr, cancel: cancel, done: make(chan error, 1)}
+	go func() { m.done <- Run(ctx, cfg, testutil.Logger()) }()
+	cc, err := grpc.NewClient(m.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.cli = masterv1.NewAdminServiceClient(cc)
+	t.Cleanup(func() {
+		cc.Close()
+		m.stop(t)
+	})
+	return m
+}
+
+func (m *haMaster) stop(t *testing.T) {
+	t.Helper()
+	if m.cancel == nil {
+		return
+	}
+	m.cancel()
+	m.cancel = nil
+	select {
+	case err := <-m.done:
+		if err != nil {
+			t.Errorf("master %s: %v", m.addr, err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Errorf("master %s did not stop 15s after cancel", m.addr)
+	}
+}
+
+// status asks m for the cluster status: its epoch if it leads, else the
+// NOT_LEADER hint.
+func (m *haMaster) status(t *testing.T) (epoch uint64, leader string, err error) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	st, err := m.cli.GetClusterStatus(ctx, &masterv1.GetClusterStatusRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		if rpcerr.Reason(err) == "NOT_LEADER" {
+			return 0, rpcerr.Metadata(err)["leader"], nil
+		}
+		return 0, "", err
+	}
+	return st.GetEpoch(), "", nil
+}
+
+// leaderOf waits until exactly one of ms leads and the others name it.
+func leaderOf(t *testing.T, ms []*haMaster) (*haMaster, uint64) {
+	t.Helper()
+	var lead *haMaster
+	var epoch uint64
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		lead, epoch = nil, 0
+		for _, m := range ms {
+			e, _, err := m.status(t)
+			switch {
+			case err != nil:
+				return false
+			case e != 0 && lead != nil:
+				t.Fatalf("two leaders: %s and %s", lead.addr, m.addr)
+			case e != 0:
+				lead, epoch = m, e
+			}
+		}
+		if lead == nil {
+			return false
+		}
+		for _, m := range ms {
+			if m == lead {
+				continue
+			}
+			if _, hint, _ := m.status(t); hint != lead.addr {
+				return false
+			}
+		}
+		return true
+	}, "one leader, named by the standbys")
+	return lead, epoch
+}
+
+// TestHAFailover: three masters on a real (embedded) etcd elect one
+// leader; the standbys answer NOT_LEADER naming it; when it stops (and
+// resigns) another takes over under a higher epoch, and again.
+func TestHAFailover(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	ms := []*haMaster{startHAMaster(t, etcd.Endpoint), startHAMaster(t, etcd.Endpoint), startHAMaster(t, etcd.Endpoint)}
+	lead, epoch := leaderOf(t, ms)
+	for range 2 {
+		start := time.Now()
+		lead.stop(t)
+		var rest []*haMaster
+		for _, m := range ms {
+			if m != lead {
+				rest = append(rest, m)
+			}
+		}
+		ms = rest
+		next, e := leaderOf(t, ms)
+		t.Logf("leader %s (epoch %d) stopped; %s leads (epoch %d) after %v", lead.addr, epoch, next.addr, e, time.Since(start))
+		if e <= epoch {
+			t.Fatalf("new epoch %d not above %d", e, epoch)
+		}
+		lead, epoch = next, e
+	}
+}
+
+// TestHALeaderPartitioned: the leader's etcd traffic is blackholed. It
+// stops acknowledging (NOT_LEADER) within the lease TTL, before a standby
+// can be elected, and a standby takes over under a higher epoch.
+func TestHALeaderPartitioned(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	proxy := etcdtest.NewProxy(t, etcd.Endpoint)
+	a := startHAMaster(t, proxy.Addr)
+	_, ea := leaderOf(t, []*haMaster{a})
+	b := startHAMaster(t, etcd.Endpoint)
+	leaderOf(t, []*haMaster{a, b})
+
+	cut := time.Now()
+	proxy.Blackhole()
+	var refusedAfter time.Duration
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		e, _, err := a.status(t)
+		if err == nil && e == 0 {
+			refusedAfter = time.Since(cut)
+			return true
+		}
+		return false
+	}, "the cut-off leader to refuse")
+	_, eb := leaderOf(t, []*haMaster{b})
+	tookOver := time.Since(cut)
+	t.Logf("cut-off leader refused after %v; the standby led after %v (TTL 2s)", refusedAfter, tookOver)
+	if refusedAfter >= tookOver {
+		t.Fatalf("the old leader answered until %v, the new one led at %v", refusedAfter, tookOver)
+	}
+	if eb <= ea {
+		t.Fatalf("new epoch %d not above %d", eb, ea)
+	}
+	proxy.Restore()
+}
