@@ -67,7 +67,7 @@ func (c *Client) batchPut(ctx context.Context, items []Item, errs []error, o *pu
 			Tenant: c.tenant, Key: it.Key, Size: uint64(len(it.Data)), Config: o.cfg, ClientId: c.s.cfg.ClientID, Upsert: o.upsert,
 		}
 	}
-	resp, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.BatchPutStartResponse, error) {
+	resp, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.BatchPutStartResponse, error) {
 		return s.BatchPutStart(ctx, req)
 	})
 	if err == nil && len(resp.GetResults()) != len(items) {
@@ -119,7 +119,7 @@ func (c *Client) batchPut(ctx context.Context, items []Item, errs []error, o *pu
 	for j, i := range end {
 		ereq.Items[j] = &masterv1.PutEndRequest{Tenant: c.tenant, Key: items[i].Key, ClientId: c.s.cfg.ClientID, Checksum: xxhash.Sum64(items[i].Data)}
 	}
-	eresp, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.BatchPutEndResponse, error) {
+	eresp, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.BatchPutEndResponse, error) {
 		return s.BatchPutEnd(ctx, ereq)
 	})
 	if err == nil && len(eresp.GetResults()) != len(end) {
@@ -322,7 +322,7 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 	for i, k := range keys {
 		req.Items[i] = &masterv1.GetReplicaListRequest{Tenant: c.tenant, Key: k, ClientHost: c.s.cfg.HostID}
 	}
-	resp, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.BatchGetReplicaListResponse, error) {
+	resp, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.BatchGetReplicaListResponse, error) {
 		return s.BatchGetReplicaList(ctx, req)
 	})
 	if err == nil && len(resp.GetResults()) != len(keys) {
@@ -449,7 +449,7 @@ func (c *Client) BatchRemove(ctx context.Context, keys []string, force bool) []e
 		for i, k := range keys[lo:hi] {
 			req.Items[i] = &masterv1.RemoveRequest{Tenant: c.tenant, Key: k, Force: force}
 		}
-		resp, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.BatchRemoveResponse, error) {
+		resp, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.BatchRemoveResponse, error) {
 			return s.BatchRemove(ctx, req)
 		})
 		if err == nil && len(resp.GetResults()) != hi-lo {
@@ -472,7 +472,7 @@ func (c *Client) BatchExist(ctx context.Context, keys []string) ([]bool, error) 
 	for i, k := range keys {
 		req.Items[i] = &masterv1.ExistRequest{Tenant: c.tenant, Key: k}
 	}
-	resp, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.BatchExistResponse, error) {
+	resp, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.BatchExistResponse, error) {
 		return s.BatchExist(ctx, req)
 	})
 	if err != nil {

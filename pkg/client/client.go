@@ -12,6 +12,14 @@
 //	err = c.Put(ctx, "prefix/block-0", data, client.WithReplicas(2))
 //	got, err := c.Get(ctx, "prefix/block-0")
 //
+// With several masters (one leader, the others standbys: issue 15, HA),
+// Config.Master lists them all, separated by commas; every master call goes
+// to the leader, following the NOT_LEADER answers of standbys and failing
+// over to the next master while a leader is elected, within the call's
+// context:
+//
+//	c, err := client.New(ctx, client.Config{Master: "m1:50051,m2:50051,m3:50051"})
+//
 // A cluster with mTLS (issue 14) takes a client certificate; a tenant's
 // certificate acts for that tenant only:
 //
@@ -38,12 +46,11 @@ import (
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/auth"
-	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/xfer"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -69,7 +76,16 @@ var (
 
 // Config configures a Client.
 type Config struct {
-	// Master is the master's host:port.
+	// Master is the master's host:port, or several separated by commas
+	// ("m1:50051,m2:50051,m3:50051") when masters run as a leader and
+	// standbys (issue 15, HA). Calls start at the first and stay with
+	// whichever master answered last as the leader: a standby's NOT_LEADER
+	// names the leader, which the client then uses (even an address not
+	// listed here, as a leader may be reachable at an address the client was
+	// not given; a bounded number of them); NOT_LEADER without a leader (an
+	// election in progress), a master shutting down or one that cannot be
+	// reached sends the call to the next address after a short backoff. All
+	// of it happens within the call's context and FailoverTimeout.
 	Master string
 	// Tenant scopes every key; "" means "default". Use Client.Tenant to
 	// address another tenant over the same connections.
@@ -87,11 +103,20 @@ type Config struct {
 	// SmallObject is the size up to which objects travel in unary
 	// BatchWrite/BatchRead calls instead of streams. Default 256 KiB.
 	SmallObject int
-	// Attempts is how many times a retryable failure is tried. Default 3.
+	// Attempts is how many times a transient failure is tried: an agent
+	// the master could not reach (AGENT_UNAVAILABLE), or the only master
+	// unreachable. A leader change is retried within FailoverTimeout
+	// instead. Default 3.
 	Attempts int
-	// Backoff is the first retry delay, doubled per attempt with jitter.
-	// Default 50 ms.
+	// Backoff is the first retry delay, doubled per attempt with jitter
+	// up to 500 ms (or Backoff, when larger). Default 50 ms.
 	Backoff time.Duration
+	// FailoverTimeout bounds how long one master call keeps looking for
+	// the leader (NOT_LEADER without a leader, MASTER_RECOVERING,
+	// MASTER_SHUTTING_DOWN, one of several masters unreachable) before it
+	// returns the last error; the call's context bounds it too, and comes
+	// first when it is shorter. Default 15 s.
+	FailoverTimeout time.Duration
 	// DisableTransfer moves every byte through the agents' gRPC
 	// DataService, ignoring the bulk transfer endpoints they advertise
 	// (internal/xfer), which are otherwise preferred.
@@ -156,14 +181,19 @@ func (c *Config) defaults() {
 	if c.Backoff <= 0 {
 		c.Backoff = 50 * time.Millisecond
 	}
+	if c.FailoverTimeout <= 0 {
+		c.FailoverTimeout = 15 * time.Second
+	}
 }
 
 // shared is what every tenant view of a client shares.
 type shared struct {
 	cfg Config
 
-	mu     sync.Mutex // guards master, agents, closed
-	master *grpc.ClientConn
+	// masters routes every master call to the leader (masters.go).
+	masters *masters
+
+	mu     sync.Mutex // guards agents, closed
 	agents map[string]*grpc.ClientConn
 	closed bool
 
@@ -220,10 +250,11 @@ func (c *tlsCreds) Clone() credentials.TransportCredentials {
 	return &tlsCreds{TransportCredentials: c.TransportCredentials.Clone(), base: c.base}
 }
 
-// New returns a client for the master at cfg.Master. It does not wait for
-// the connection; the first call does (honouring its context).
+// New returns a client for the master (or masters) at cfg.Master. It does
+// not wait for a connection; the first call does (honouring its context).
 func New(_ context.Context, cfg Config) (*Client, error) {
-	if cfg.Master == "" {
+	addrs := splitMasters(cfg.Master)
+	if len(addrs) == 0 {
 		return nil, errors.New("client: Config.Master is required")
 	}
 	if cfg.BearerToken != "" && cfg.TLS == nil {
@@ -231,11 +262,12 @@ func New(_ context.Context, cfg Config) (*Client, error) {
 	}
 	cfg.defaults()
 	s := &shared{cfg: cfg, agents: map[string]*grpc.ClientConn{}}
-	cc, err := grpc.NewClient(cfg.Master, s.dialOpts()...)
-	if err != nil {
-		return nil, fmt.Errorf("client: dial master %s: %w", cfg.Master, err)
+	s.masters = newMasters(&cfg, addrs, s.dialMaster)
+	// Dial the first master now (no I/O) so that a malformed address
+	// fails here; the others are dialled when a call first needs them.
+	if _, err := s.masters.conn(addrs[0]); err != nil {
+		return nil, err
 	}
-	s.master = cc
 	if !cfg.DisableTransfer && cfg.BearerToken == "" {
 		s.xfer = xfer.NewPool(xfer.Config{MaxIdlePerEndpoint: cfg.MaxConcurrency, TLS: cfg.TLS})
 	}
@@ -262,7 +294,7 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.s.closed = true
-	errs := []error{c.s.master.Close()}
+	errs := []error{c.s.masters.Close()}
 	for _, cc := range c.s.agents {
 		errs = append(errs, cc.Close())
 	}
@@ -272,25 +304,40 @@ func (c *Client) Close() error {
 	return errors.Join(errs...)
 }
 
-func (c *Client) masterConn() *grpc.ClientConn {
-	c.s.mu.Lock()
-	defer c.s.mu.Unlock()
-	return c.s.master
+// dialMaster returns a connection to the master at addr. Its reconnect
+// backoff is capped at a second, and a connection attempt given up after
+// 3 s, so that a master that comes back (or a leader elected on it) is
+// reachable again soon, and a call is not held long by one that cannot be
+// reached while others can answer.
+func (s *shared) dialMaster(addr string) (*grpc.ClientConn, error) {
+	opts := append([]grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+		MinConnectTimeout: 3 * time.Second,
+	})}, s.dialOpts()...)
+	cc, err := grpc.NewClient(addr, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("client: dial master %s: %w", addr, err)
+	}
+	return cc, nil
 }
 
 // Objects is the raw ObjectService client, for what the SDK does not wrap.
+// Its calls follow the leader as the SDK's own do (Config.Master), with
+// the same retries.
 func (c *Client) Objects() masterv1.ObjectServiceClient {
-	return masterv1.NewObjectServiceClient(c.masterConn())
+	return masterv1.NewObjectServiceClient(c.s.masters)
 }
 
-// Admin is the raw AdminService client.
+// Admin is the raw AdminService client; its calls follow the leader.
 func (c *Client) Admin() masterv1.AdminServiceClient {
-	return masterv1.NewAdminServiceClient(c.masterConn())
+	return masterv1.NewAdminServiceClient(c.s.masters)
 }
 
-// Changes is the raw ChangeService client.
+// Changes is the raw ChangeService client. Its streams find the leader when
+// they are opened (up to their first response, see masters.NewStream); a
+// stream that breaks later is opened again by calling the method again.
 func (c *Client) Changes() masterv1.ChangeServiceClient {
-	return masterv1.NewChangeServiceClient(c.masterConn())
+	return masterv1.NewChangeServiceClient(c.s.masters)
 }
 
 // agent returns the pooled DataService client for an agent endpoint.
@@ -321,77 +368,14 @@ func (c *Client) agentConn(endpoint string) (*grpc.ClientConn, error) {
 	return cc, nil
 }
 
-// redirect switches the master connection to leader (from a NOT_LEADER
-// answer). It reports whether it switched.
-func (c *Client) redirect(leader string) bool {
-	if leader == "" {
-		return false
-	}
-	c.s.mu.Lock()
-	defer c.s.mu.Unlock()
-	if c.s.closed || c.s.master.Target() == leader {
-		return false
-	}
-	cc, err := grpc.NewClient(leader, c.s.dialOpts()...)
+// call runs a master RPC through the client's masters (which retry it and
+// follow the leader, masters.do) and returns its error as an *rpcerr.Error
+// when it carries a status, so that errors.Is against the sentinels works.
+func call[T any](c *Client, f func(masterv1.ObjectServiceClient) (T, error)) (T, error) {
+	res, err := f(c.Objects())
 	if err != nil {
-		return false
+		var zero T
+		return zero, rpcerr.FromStatus(err)
 	}
-	old := c.s.master
-	c.s.master = cc
-	go old.Close()
-	return true
-}
-
-// retryable reports whether a master call that failed with err may be tried
-// again unchanged. An error that carries a reason is judged by its reason
-// alone (each reason has one code, so no reason is retried under one code
-// and refused under another); only a failure without a reason (the
-// connection, not the master, failed) is judged by its code.
-func retryable(err error) bool {
-	e := new(rpcerr.Error)
-	if !errors.As(err, &e) {
-		return false
-	}
-	switch e.Reason {
-	case masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, masterv1.ErrorReason_ERROR_REASON_NOT_LEADER:
-		return true
-	case masterv1.ErrorReason_ERROR_REASON_UNSPECIFIED:
-		return e.Code() == codes.Unavailable
-	}
-	return false
-}
-
-// call runs a master RPC with retries for retryable failures and NOT_LEADER
-// redirects. Errors come back as *rpcerr.Error when they carry a status.
-func call[T any](ctx context.Context, c *Client, f func(masterv1.ObjectServiceClient) (T, error)) (T, error) {
-	var zero T
-	delay := c.s.cfg.Backoff
-	for attempt := 1; ; attempt++ {
-		res, err := f(c.Objects())
-		if err == nil {
-			return res, nil
-		}
-		err = rpcerr.FromStatus(err)
-		if rpcerr.Reason(err) == "NOT_LEADER" {
-			c.redirect(rpcerr.Metadata(err)["leader"])
-		}
-		if attempt >= c.s.cfg.Attempts || !retryable(err) {
-			return zero, err
-		}
-		if err := sleep(ctx, retry.Jitter(delay)); err != nil {
-			return zero, err
-		}
-		delay *= 2
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+	return res, nil
 }

@@ -76,8 +76,8 @@ func TestErrorsMatchReasons(t *testing.T) {
 		{errors.New("plain"), false},
 	}
 	for _, tt := range tests {
-		if got := retryable(tt.err); got != tt.want {
-			t.Errorf("retryable(%v) = %v, want %v", tt.err, got, tt.want)
+		if v, _ := classify(tt.err, false); (v != final) != tt.want {
+			t.Errorf("classify(%v) = %v, want retried=%v", tt.err, v, tt.want)
 		}
 	}
 }

@@ -56,7 +56,7 @@ func (c *Client) PutFrom(ctx context.Context, key string, r io.ReaderAt, size in
 }
 
 func (c *Client) put(ctx context.Context, key string, size int64, src source, sum uint64, o *putOptions) error {
-	start, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.PutStartResponse, error) {
+	start, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.PutStartResponse, error) {
 		return s.PutStart(ctx, &masterv1.PutStartRequest{
 			Tenant: c.tenant, Key: key, Size: uint64(size), Config: o.cfg, ClientId: c.s.cfg.ClientID, Upsert: o.upsert,
 		})
@@ -80,7 +80,7 @@ func (c *Client) put(ctx context.Context, key string, size int64, src source, su
 		c.revoke(ctx, key)
 		return fmt.Errorf("put %q: write replica: %w", key, err)
 	}
-	if _, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.PutEndResponse, error) {
+	if _, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.PutEndResponse, error) {
 		return s.PutEnd(ctx, &masterv1.PutEndRequest{Tenant: c.tenant, Key: key, ClientId: c.s.cfg.ClientID, Checksum: sum})
 	}); err != nil {
 		if !errors.Is(err, ErrChecksum) {
@@ -246,7 +246,7 @@ func (c *Client) get(ctx context.Context, key string, alloc func(size uint64) ([
 }
 
 func (c *Client) replicaList(ctx context.Context, key string) (*masterv1.GetReplicaListResponse, error) {
-	rl, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.GetReplicaListResponse, error) {
+	rl, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.GetReplicaListResponse, error) {
 		return s.GetReplicaList(ctx, &masterv1.GetReplicaListRequest{Tenant: c.tenant, Key: key, ClientHost: c.s.cfg.HostID})
 	})
 	if err != nil {

@@ -40,30 +40,43 @@ func TestSentinelsSurviveTheWire(t *testing.T) {
 	}
 }
 
-// TestRetryableByReason: an error with a reason is retried by its reason
-// alone, whatever code it arrived with; one without by its code.
-func TestRetryableByReason(t *testing.T) {
+// TestClassify: an error with a reason is judged by its reason alone,
+// whatever code it arrived with; one without by its code, and an
+// unreachable master is a failover only when there is another to try.
+func TestClassify(t *testing.T) {
 	item := func(c codes.Code, reason string) error {
 		return rpcerr.FromItem(&masterv1.ItemStatus{Code: int32(c), Reason: reason, Message: "m"})
 	}
+	notLeader := func(leader string) error {
+		return rpcerr.Status(&rpcerr.Error{Reason: masterv1.ErrorReason_ERROR_REASON_NOT_LEADER, Msg: "standby", Metadata: map[string]string{"leader": leader}})
+	}
+	transport := status.Error(codes.Unavailable, "connection refused")
 	tests := []struct {
-		name string
-		err  error
-		want bool
+		name       string
+		err        error
+		several    bool
+		want       verdict
+		wantLeader string
 	}{
-		{"not leader", rpcerr.FromStatus(rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_NOT_LEADER, "x"))), true},
-		{"agent unavailable", item(codes.Unavailable, "AGENT_UNAVAILABLE"), true},
-		{"segment unavailable sent as UNAVAILABLE by an older master", item(codes.Unavailable, "SEGMENT_UNAVAILABLE"), false},
-		{"segment unavailable", item(codes.FailedPrecondition, "SEGMENT_UNAVAILABLE"), false},
-		{"replica not ready", item(codes.Unavailable, "REPLICA_IS_NOT_READY"), false},
-		{"transport", rpcerr.FromStatus(status.Error(codes.Unavailable, "connection refused")), true},
-		{"deadline", rpcerr.FromStatus(status.Error(codes.DeadlineExceeded, "slow")), false},
-		{"wrapped", fmt.Errorf("get: %w", item(codes.Unavailable, "AGENT_UNAVAILABLE")), true},
+		{"not leader, leader known", notLeader("m2:50051"), false, redirect, "m2:50051"},
+		{"not leader, election", notLeader(""), true, failover, ""},
+		{"not leader, no metadata", rpcerr.FromStatus(rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_NOT_LEADER, "x"))), false, failover, ""},
+		{"recovering", rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_MASTER_RECOVERING, "x")), true, recovering, ""},
+		{"shutting down", rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_MASTER_SHUTTING_DOWN, "x")), false, failover, ""},
+		{"agent unavailable", item(codes.Unavailable, "AGENT_UNAVAILABLE"), true, again, ""},
+		{"segment unavailable sent as UNAVAILABLE by an older master", item(codes.Unavailable, "SEGMENT_UNAVAILABLE"), false, final, ""},
+		{"segment unavailable", item(codes.FailedPrecondition, "SEGMENT_UNAVAILABLE"), false, final, ""},
+		{"replica not ready", item(codes.Unavailable, "REPLICA_IS_NOT_READY"), false, final, ""},
+		{"transport, one master", transport, false, again, ""},
+		{"transport, several masters", transport, true, failover, ""},
+		{"deadline", rpcerr.FromStatus(status.Error(codes.DeadlineExceeded, "slow")), true, final, ""},
+		{"wrapped", fmt.Errorf("get: %w", item(codes.Unavailable, "AGENT_UNAVAILABLE")), false, again, ""},
+		{"not a status", errors.New("plain"), true, final, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := retryable(tt.err); got != tt.want {
-				t.Fatalf("retryable(%v) = %v, want %v", tt.err, got, tt.want)
+			if got, leader := classify(tt.err, tt.several); got != tt.want || leader != tt.wantLeader {
+				t.Fatalf("classify(%v, %v) = %v, %q; want %v, %q", tt.err, tt.several, got, leader, tt.want, tt.wantLeader)
 			}
 		})
 	}

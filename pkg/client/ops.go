@@ -10,7 +10,7 @@ import (
 
 // Exist reports whether key is readable (and, when it is, takes a read lease).
 func (c *Client) Exist(ctx context.Context, key string) (bool, error) {
-	r, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.ExistResponse, error) {
+	r, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.ExistResponse, error) {
 		return s.Exist(ctx, &masterv1.ExistRequest{Tenant: c.tenant, Key: key})
 	})
 	if err != nil {
@@ -43,7 +43,7 @@ func (i *Info) Media() []masterv1.Medium {
 
 // Stat describes an object without reading it or taking a lease.
 func (c *Client) Stat(ctx context.Context, key string) (*Info, error) {
-	r, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.QueryRouteResponse, error) {
+	r, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.QueryRouteResponse, error) {
 		return s.QueryRoute(ctx, &masterv1.QueryRouteRequest{Tenant: c.tenant, Key: key})
 	})
 	if err != nil {
@@ -55,7 +55,7 @@ func (c *Client) Stat(ctx context.Context, key string) (*Info, error) {
 // Remove deletes key. Without force it fails with ErrLeased while a reader
 // holds a lease and with ErrBusy while it is being written or hard-pinned.
 func (c *Client) Remove(ctx context.Context, key string, force bool) error {
-	_, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.RemoveResponse, error) {
+	_, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.RemoveResponse, error) {
 		return s.Remove(ctx, &masterv1.RemoveRequest{Tenant: c.tenant, Key: key, Force: force})
 	})
 	if err != nil {
@@ -67,7 +67,7 @@ func (c *Client) Remove(ctx context.Context, key string, force bool) error {
 // RemoveAll removes every removable object of the tenant and reports how many
 // were removed and skipped.
 func (c *Client) RemoveAll(ctx context.Context, force bool) (removed, skipped uint64, err error) {
-	r, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.RemoveAllResponse, error) {
+	r, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.RemoveAllResponse, error) {
 		return s.RemoveAll(ctx, &masterv1.RemoveAllRequest{Tenant: c.tenant, Force: force})
 	})
 	if err != nil {
@@ -82,7 +82,7 @@ func (c *Client) RemoveAll(ctx context.Context, force bool) (removed, skipped ui
 func (c *Client) RemoveByPrefix(ctx context.Context, prefix string, force bool) (removed, skipped uint64, err error) {
 	token := ""
 	for {
-		r, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.RemoveByPrefixResponse, error) {
+		r, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.RemoveByPrefixResponse, error) {
 			return s.RemoveByPrefix(ctx, &masterv1.RemoveByPrefixRequest{Tenant: c.tenant, Prefix: prefix, Force: force, PageToken: token})
 		})
 		if err != nil {
@@ -100,7 +100,7 @@ func (c *Client) RemoveByPrefix(ctx context.Context, prefix string, force bool) 
 func (c *Client) RemoveByRegex(ctx context.Context, regex string, force bool) (removed, skipped uint64, err error) {
 	token := ""
 	for {
-		r, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.RemoveByRegexResponse, error) {
+		r, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.RemoveByRegexResponse, error) {
 			return s.RemoveByRegex(ctx, &masterv1.RemoveByRegexRequest{Tenant: c.tenant, Regex: regex, Force: force, PageToken: token})
 		})
 		if err != nil {
@@ -119,7 +119,7 @@ func (c *Client) List(ctx context.Context, prefix string) iter.Seq2[*masterv1.Ob
 	return func(yield func(*masterv1.ObjectInfo, error) bool) {
 		token := ""
 		for {
-			r, err := call(ctx, c, func(s masterv1.ObjectServiceClient) (*masterv1.ListObjectsResponse, error) {
+			r, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.ListObjectsResponse, error) {
 				return s.ListObjects(ctx, &masterv1.ListObjectsRequest{Tenant: c.tenant, Prefix: prefix, PageToken: token})
 			})
 			if err != nil {
