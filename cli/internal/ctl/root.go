@@ -137,7 +137,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 		SilenceErrors: true,
 	}
 	pf := root.PersistentFlags()
-	pf.StringVar(&e.master, "master", envOr("CRESCENT_MASTER", "localhost:50051"), "master gRPC address (env CRESCENT_MASTER)")
+	pf.StringVar(&e.master, "master", envOr("CRESCENT_MASTER", "localhost:50051"), "master gRPC address host:port, or several comma-separated (m1:50051,m2:50051,m3:50051) for a leader and standbys: commands go to the leader, following NOT_LEADER redirects within --timeout (env CRESCENT_MASTER)")
 	pf.StringVar(&e.tenant, "tenant", envOr("CRESCENT_TENANT", "default"), "tenant (env CRESCENT_TENANT)")
 	pf.StringVarP(&e.output, "output", "o", "", "output format: json (one object per line); for get, the destination file (- for stdout)")
 	pf.DurationVar(&e.timeout, "timeout", 0, "overall deadline (0 = none)")
