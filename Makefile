@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 20m
 TESTFLAGS    ?=
 COMPOSE      := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
-.PHONY: all gen check-gen lint build test test-unit test-e2e run run-secure up down bench bench-gateway-state bench-restart fuzz clean tidy
+.PHONY: all gen check-gen lint build test test-unit test-e2e run run-secure run-ha up down bench bench-gateway-state bench-restart fuzz clean tidy
 
 all: build
 
@@ -71,6 +71,15 @@ run: build
 ## run-secure: the same cluster with mTLS on every gRPC and admin port (development certificates in .run/certs, made once)
 run-secure: build
 	BIN=$(BIN) TLS=1 ./deploy/run-local.sh
+
+## run-ha: the cluster with three masters electing a leader on a real etcd process (bin/etcd, built from etcd's own module); kill the leader to watch a standby take over (issue 15)
+run-ha: build $(BIN)/etcd
+	BIN=$(BIN) HA=1 ./deploy/run-local.sh
+
+## bin/etcd: etcd's own server binary, from the module version go.mod pins
+$(BIN)/etcd: go.mod
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/etcd go.etcd.io/etcd/server/v3
 
 ## up / down: the same cluster under Docker Compose, images built FROM scratch
 up: build

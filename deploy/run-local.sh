@@ -9,6 +9,13 @@
 #        gateway PUB 5557 replay 5558 snapshot 5559 admin 9005 gRPC 50053
 #        (gateway state in $DATA/gateway: a restart continues the stream)
 #
+# HA=1 (`make run-ha`) runs three masters instead of one, electing a
+# leader on a real etcd process ($BIN/etcd, built from etcd's own module;
+# data in $DATA/etcd, client 127.0.0.1:2379): masters on 50051, 50151 and
+# 50251 (admin 9003, 9103, 9203); agents, gateway and crescentctl are given
+# all three and follow the leader. Kill the leader to watch a standby take
+# over.
+#
 # TLS=1 (`make run-secure`) runs the same cluster with mTLS on every gRPC
 # and admin port: development certificates for every role are made once in
 # $CERTS (`crescentctl certs init`; delete the directory for new ones) and
@@ -21,6 +28,7 @@ MEMORY=${MEMORY:-512MiB}
 LOG_LEVEL=${LOG_LEVEL:-info}
 STREAM_FORMAT=${STREAM_FORMAT:-mooncake}
 TLS=${TLS:-0}
+HA=${HA:-0}
 CERTS=${CERTS:-$DATA/certs}
 mkdir -p "$DATA/agent-a" "$DATA/agent-b" "$DATA/gateway"
 
@@ -58,20 +66,41 @@ stop() {
 trap stop INT TERM
 
 # $(tls ...) is split into words on purpose (no paths with blanks in $CERTS).
+MASTERS=127.0.0.1:50051
+if [ "$HA" = 1 ]; then
+  mkdir -p "$DATA/etcd"
+  start etcd "$BIN/etcd" --name crescent-etcd --data-dir "$DATA/etcd" \
+    --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster crescent-etcd=http://127.0.0.1:2380 --log-level warn
+  MASTERS=127.0.0.1:50051,127.0.0.1:50151,127.0.0.1:50251
+  for i in 0 1 2; do
+    # shellcheck disable=SC2046
+    start "master-$i" "$BIN/crescent-master" --grpc-addr "127.0.0.1:50${i}51" --admin-addr "127.0.0.1:9${i}03" \
+      --master-id "master-$i" --etcd-endpoints 127.0.0.1:2379 --advertise-addr "127.0.0.1:50${i}51" \
+      --log-level "$LOG_LEVEL" $(tls master master-1)
+  done
+else
+  # shellcheck disable=SC2046
+  start master  "$BIN/crescent-master" --grpc-addr 127.0.0.1:50051 --admin-addr 127.0.0.1:9003 --log-level "$LOG_LEVEL" $(tls master master-1)
+fi
 # shellcheck disable=SC2046
-start master  "$BIN/crescent-master" --grpc-addr 127.0.0.1:50051 --admin-addr 127.0.0.1:9003 --log-level "$LOG_LEVEL" $(tls master master-1)
-# shellcheck disable=SC2046
-start agent-a "$BIN/crescent-agent" --master 127.0.0.1:50051 --grpc-addr 127.0.0.1:50052 --transfer-addr 127.0.0.1:50054 --admin-addr 127.0.0.1:9004 \
+start agent-a "$BIN/crescent-agent" --master "$MASTERS" --grpc-addr 127.0.0.1:50052 --transfer-addr 127.0.0.1:50054 --admin-addr 127.0.0.1:9004 \
   --host-id host-a --memory "$MEMORY" --disk-dir "$DATA/agent-a" --disk-size 256MiB --log-level "$LOG_LEVEL" $(tls agent host-a)
 # shellcheck disable=SC2046
-start agent-b "$BIN/crescent-agent" --master 127.0.0.1:50051 --grpc-addr 127.0.0.1:50062 --transfer-addr 127.0.0.1:50064 --admin-addr 127.0.0.1:9014 \
+start agent-b "$BIN/crescent-agent" --master "$MASTERS" --grpc-addr 127.0.0.1:50062 --transfer-addr 127.0.0.1:50064 --admin-addr 127.0.0.1:9014 \
   --host-id host-b --memory "$MEMORY" --disk-dir "$DATA/agent-b" --disk-size 256MiB --log-level "$LOG_LEVEL" $(tls agent host-b)
 # shellcheck disable=SC2046
-start gateway "$BIN/crescent-gateway" --master 127.0.0.1:50051 --pub 'tcp://*:5557' --replay 'tcp://*:5558' \
+start gateway "$BIN/crescent-gateway" --master "$MASTERS" --pub 'tcp://*:5557' --replay 'tcp://*:5558' \
   --snapshot-endpoint 'tcp://*:5559' --state-dir "$DATA/gateway" --stream-format "$STREAM_FORMAT" \
   --admin-addr 127.0.0.1:9005 --grpc-addr 127.0.0.1:50053 --backend-id local --log-level "$LOG_LEVEL" $(tls gateway gateway-1)
 
-echo "[run] cluster up: master 127.0.0.1:50051, agents :50052 :50062 (transfer :50054 :50064), gateway tcp://127.0.0.1:5557 (snapshots :5559, $STREAM_FORMAT format), admin $scheme://127.0.0.1:9003 (Ctrl-C to stop)"
+echo "[run] cluster up: master $MASTERS, agents :50052 :50062 (transfer :50054 :50064), gateway tcp://127.0.0.1:5557 (snapshots :5559, $STREAM_FORMAT format), admin $scheme://127.0.0.1:9003 (Ctrl-C to stop)"
+if [ "$HA" = 1 ]; then
+  echo "[run] HA on (etcd 127.0.0.1:2379): the leader answers, the others say NOT_LEADER; try:"
+  echo "[run]   $BIN/crescentctl --master $MASTERS put k v    # follows the leader"
+  echo "[run]   curl -s -o /dev/null -w '%{http_code}\\n' http://127.0.0.1:9103/readyz   # 200 on the leader only"
+fi
 if [ "$TLS" = 1 ]; then
   echo "[run] mTLS on; try:"
   echo "[run]   grpcurl -cacert $CERTS/ca.pem -cert $CERTS/admin-admin.pem -key $CERTS/admin-admin-key.pem 127.0.0.1:50051 crescent.master.v1.AdminService/ListSegments"

@@ -146,10 +146,11 @@ func standBy(ctx context.Context, cfg Config, lg *slog.Logger, el *ha.Elector) (
 func lead(ctx context.Context, cfg Config, lg *slog.Logger, term *ha.Term) error {
 	gate := &leaderGate{valid: term.Valid}
 	m, err := newMaster(cfg, lg, term.Epoch,
-		grpc.ChainUnaryInterceptor(gate.unary), grpc.ChainStreamInterceptor(gate.stream))
+		grpc.ChainUnaryInterceptor(gate.unary, gate.objects), grpc.ChainStreamInterceptor(gate.stream))
 	if err != nil {
 		return err
 	}
+	gate.rec = m.rec // before the server serves
 	mctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -193,7 +194,24 @@ func listenRetry(ctx context.Context, srv *server.Server) error {
 // once the leader's term is no longer provably valid: a leader cut off
 // from etcd must not acknowledge anything after a new leader may have
 // taken over.
-type leaderGate struct{ valid func() bool }
+type leaderGate struct {
+	valid func() bool
+	rec   *recovery
+}
+
+// objects answers ObjectService MASTER_RECOVERING while the new leader
+// rebuilds its objects from the agents' registrations: before they are
+// back a get would answer OBJECT_NOT_FOUND for an object that exists, and
+// a put NO_AVAILABLE_HANDLE. Clients retry MASTER_RECOVERING.
+func (g *leaderGate) objects(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if strings.HasPrefix(info.FullMethod, "/"+masterv1.ObjectService_ServiceDesc.ServiceName+"/") {
+		if rec, retry, n := g.rec.check(time.Now()); rec {
+			return nil, rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_MASTER_RECOVERING,
+				"this master was elected moments ago; agents are re-registering (%d registering, retry in %v)", n, retry.Round(time.Millisecond)))
+		}
+	}
+	return h(ctx, req)
+}
 
 func (g *leaderGate) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	if !g.valid() {

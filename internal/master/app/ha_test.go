@@ -32,11 +32,14 @@ func freePort(t *testing.T) string {
 	return l.Addr().String()
 }
 
-func startHAMaster(t *testing.T, etcd string) *haMaster {
+func startHAMaster(t *testing.T, etcd string, grace ...time.Duration) *haMaster {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.GRPCAddr, cfg.AdminAddr = freePort(t), "127.0.0.1:0"
 	cfg.RecoveryGrace = 200 * time.Millisecond
+	if len(grace) > 0 {
+		cfg.RecoveryGrace = grace[0]
+	}
 	cfg.HA.EtcdEndpoints, cfg.HA.EtcdPrefix, cfg.HA.EtcdLeaseTTL = etcd, "/t/master/", 2*time.Second
 	cfg.HA.AdvertiseAddr = cfg.GRPCAddr
 	ctx, cancel := context.WithCancel(context.Background())
@@ -144,6 +147,35 @@ func TestHAFailover(t *testing.T) {
 		}
 		lead, epoch = next, e
 	}
+}
+
+// TestHANewLeaderRecovering: a newly elected leader answers ObjectService
+// MASTER_RECOVERING while agents may still be re-registering (not
+// OBJECT_NOT_FOUND for objects about to come back), then serves.
+func TestHANewLeaderRecovering(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a := startHAMaster(t, etcd.Endpoint, 5*time.Second)
+	leaderOf(t, []*haMaster{a})
+	cc, err := grpc.NewClient(a.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	objects := masterv1.NewObjectServiceClient(cc)
+	exist := func() error {
+		_, err := objects.Exist(t.Context(), &masterv1.ExistRequest{Key: "k"})
+		return err
+	}
+	if err := exist(); rpcerr.Reason(err) != "MASTER_RECOVERING" {
+		t.Fatalf("Exist within the new leader's recovery grace: %v, want MASTER_RECOVERING", err)
+	}
+	testutil.Eventually(t, 15*time.Second, func() bool {
+		err := exist()
+		if err != nil && rpcerr.Reason(err) != "MASTER_RECOVERING" {
+			t.Fatalf("Exist on a new leader: %v", err)
+		}
+		return err == nil
+	}, "the new leader to serve ObjectService")
 }
 
 // TestHALeaderPartitioned: the leader's etcd traffic is blackholed. It
