@@ -209,7 +209,9 @@ func TestFailoverPublishesDifference(t *testing.T) {
 }
 
 func sameEvents(got, want []kvevent.Event) bool {
-	key := func(e kvevent.Event) string { return fmt.Sprintf("%v/%s/%s/%v/%s", e.Type, e.Tenant, e.Key, e.Medium, e.GroupID) }
+	key := func(e kvevent.Event) string {
+		return fmt.Sprintf("%v/%s/%s/%v/%s", e.Type, e.Tenant, e.Key, e.Medium, e.GroupID)
+	}
 	g, w := make([]string, len(got)), make([]string, len(want))
 	for i, e := range got {
 		g[i] = key(e)
