@@ -19,6 +19,7 @@ package rpcerr
 import (
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
@@ -270,4 +271,29 @@ func FromStatus(err error) error {
 		out.Metadata = info.GetMetadata()
 	}
 	return out
+}
+
+// LeaderKey is the ErrorInfo metadata key of a NOT_LEADER answer that
+// names the leader's advertised gRPC address (issue 15, HA).
+const LeaderKey = "leader"
+
+// NotLeader is a standby master's answer: NOT_LEADER, naming the leader
+// when known ("" during an election).
+func NotLeader(leader string) *Error {
+	e := Errorf(masterv1.ErrorReason_ERROR_REASON_NOT_LEADER, "this master is not the leader (leader: %q)", leader)
+	e.Metadata = map[string]string{LeaderKey: leader}
+	return e
+}
+
+// LeaderHint reports whether err is a NOT_LEADER answer and the leader it
+// names ("" when none is known or the name is not host:port).
+func LeaderHint(err error) (hint string, notLeader bool) {
+	if Reason(err) != ReasonName(masterv1.ErrorReason_ERROR_REASON_NOT_LEADER) {
+		return "", false
+	}
+	hint = Metadata(err)[LeaderKey]
+	if host, port, err := net.SplitHostPort(hint); err != nil || host == "" || port == "" {
+		return "", true
+	}
+	return hint, true
 }

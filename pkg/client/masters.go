@@ -187,7 +187,7 @@ func classify(err error, several bool) (verdict, string) {
 	}
 	switch e.Reason {
 	case masterv1.ErrorReason_ERROR_REASON_NOT_LEADER:
-		if l := e.Metadata["leader"]; l != "" {
+		if l := e.Metadata[rpcerr.LeaderKey]; l != "" {
 			return redirect, l
 		}
 		return failover, ""

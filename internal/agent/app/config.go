@@ -4,12 +4,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/crescent-kv/crescent/internal/masterlist"
 	"net"
 	"os"
 	"time"
 
 	"github.com/crescent-kv/crescent/internal/agent/dataplane"
-	"github.com/crescent-kv/crescent/internal/agent/link"
 	"github.com/crescent-kv/crescent/internal/config"
 	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/crescent-kv/crescent/internal/xfer"
@@ -180,9 +180,9 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// validMasters checks --master: at most link.MaxMasters host:port entries.
+// validMasters checks --master: at most masterlist.MaxMasters host:port entries.
 func validMasters(s string) error {
-	addrs, err := link.SplitMasters(s)
+	addrs, err := masterlist.Split(s)
 	if err != nil {
 		return fmt.Errorf("master: %w", err)
 	}

@@ -3,6 +3,7 @@ package link
 import (
 	"errors"
 	"fmt"
+	"github.com/crescent-kv/crescent/internal/masterlist"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
@@ -107,7 +108,7 @@ func (c Config) withDefaults() Config {
 // Validate reports every invalid field.
 func (c Config) Validate() error {
 	var errs []error
-	if _, err := SplitMasters(c.MasterAddr); err != nil {
+	if _, err := masterlist.Split(c.MasterAddr); err != nil {
 		errs = append(errs, err)
 	}
 	if c.AgentID == "" {

@@ -3,7 +3,6 @@ package link
 import (
 	"context"
 	"net"
-	"slices"
 	"testing"
 	"time"
 
@@ -15,8 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // realMaster is an in-process crescent-master on loopback.
@@ -146,98 +143,5 @@ func TestFollowLeader(t *testing.T) {
 	t.Logf("re-registered with the new leader %v after the old one stopped", time.Since(began))
 	if next.m.Identity.Epoch <= leader.m.Identity.Epoch {
 		t.Fatalf("new epoch %d not above the old %d", next.m.Identity.Epoch, leader.m.Identity.Epoch)
-	}
-}
-
-func notLeader(leader string) error {
-	e := rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_NOT_LEADER, "not the leader")
-	if leader != "" {
-		e.Metadata = map[string]string{"leader": leader}
-	}
-	// As received: a status from the wire.
-	return rpcerr.Status(e)
-}
-
-func TestMastersNext(t *testing.T) {
-	const base, hi = 100 * time.Millisecond, 5 * time.Second
-	transport := status.Error(codes.Unavailable, "connection refused")
-	type step struct {
-		err      error
-		want     string        // address of the next attempt
-		redirect bool          // a hint was followed
-		maxDelay time.Duration // upper bound of the delay
-	}
-	for _, tc := range []struct {
-		name  string
-		list  []string
-		steps []step
-	}{
-		{"one address backs off per failure", []string{"a:1"}, []step{
-			{transport, "a:1", false, base},
-			{transport, "a:1", false, 2 * base},
-			{transport, "a:1", false, 4 * base},
-		}},
-		{"rotation backs off per round", []string{"a:1", "b:1", "c:1"}, []step{
-			{transport, "b:1", false, base},
-			{transport, "c:1", false, base},
-			{transport, "a:1", false, base},
-			{transport, "b:1", false, 2 * base},
-		}},
-		{"hint followed at once, also outside the list", []string{"a:1", "b:1"}, []step{
-			{notLeader("z:9"), "z:9", true, 0},
-			{transport, "b:1", false, base},
-			{notLeader("a:1"), "a:1", true, 0},
-			{transport, "b:1", false, base},
-		}},
-		{"no hint, a bad hint or a self hint rotates", []string{"a:1", "b:1"}, []step{
-			{notLeader(""), "b:1", false, base},
-			{notLeader("no-port"), "a:1", false, base},
-			{notLeader("a:1"), "b:1", false, 2 * base},
-		}},
-		{"hints in a row are bounded", []string{"a:1", "b:1"}, []step{
-			{notLeader("b:1"), "b:1", true, 0},
-			{notLeader("a:1"), "a:1", true, 0},
-			{notLeader("b:1"), "b:1", true, 0},
-			{notLeader("a:1"), "a:1", false, base}, // the fourth: back off, move on
-			{notLeader("b:1"), "b:1", true, 0},
-		}},
-		{"NOT_LEADER caps the delay", []string{"a:1"}, []step{
-			{transport, "a:1", false, base}, {transport, "a:1", false, 2 * base}, {transport, "a:1", false, 4 * base},
-			{transport, "a:1", false, 8 * base}, {transport, "a:1", false, 16 * base},
-			{notLeader(""), "a:1", false, notLeaderDelay},
-		}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			m := newMasters(tc.list)
-			for i, s := range tc.steps {
-				d, redirected := m.next(s.err, base, hi)
-				if m.cur != s.want || redirected != s.redirect || d > s.maxDelay {
-					t.Fatalf("step %d (%v): got %s, redirected %v, delay %v; want %s, %v, at most %v", i, s.err, m.cur, redirected, d, s.want, s.redirect, s.maxDelay)
-				}
-			}
-		})
-	}
-}
-
-func TestSplitMasters(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want []string
-		ok   bool
-	}{
-		{"a:1", []string{"a:1"}, true},
-		{" a:1 , b:2", []string{"a:1", "b:2"}, true},
-		{"", nil, false},
-		{"a:1,,b:2", nil, false},
-		{"a:1,", nil, false},
-		{"a:1,a:2,a:3,a:4,a:5,a:6,a:7,a:8,a:9,a:10,a:11,a:12,a:13,a:14,a:15,a:16,a:17", nil, false},
-	} {
-		got, err := SplitMasters(tc.in)
-		if (err == nil) != tc.ok || (tc.ok && !slices.Equal(got, tc.want)) {
-			t.Errorf("SplitMasters(%q) = %q, %v; want %q, ok %v", tc.in, got, err, tc.want, tc.ok)
-		}
-	}
-	if err := (Config{MasterAddr: "a:1,,b:1", AgentID: "x", DataEndpoint: "d:1"}).Validate(); err == nil {
-		t.Error("Validate accepted an empty master entry")
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/crescent-kv/crescent/internal/masterlist"
 	"log/slog"
 	"slices"
 	"sync"
@@ -87,7 +88,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Link, error) {
 	if deps.Segments == nil {
 		return nil, errors.New("link: Segments is required")
 	}
-	masters, err := SplitMasters(cfg.MasterAddr)
+	masters, err := masterlist.Split(cfg.MasterAddr)
 	if err != nil {
 		return nil, fmt.Errorf("link config: %w", err)
 	}
@@ -123,7 +124,7 @@ func (l *Link) creds() credentials.TransportCredentials {
 
 // masterConns holds one ClientConn per master address of the list, and one
 // more for the last leader hint outside it (replaced by the next one): at
-// most MaxMasters+1. Only Run's loop uses it, between sessions.
+// most masterlist.MaxMasters+1. Only Run's loop uses it, between sessions.
 type masterConns struct {
 	opts  []grpc.DialOption
 	list  []string
@@ -181,7 +182,7 @@ func (l *Link) Run(ctx context.Context) error {
 			MinConnectTimeout: 5 * time.Second,
 		}),
 	}, l.deps.MasterDialOptions...)
-	ms := newMasters(l.masters)
+	ms := masterlist.NewPicker(l.masters)
 	conns := &masterConns{opts: opts, list: l.masters}
 	defer conns.close()
 
@@ -218,7 +219,7 @@ func (l *Link) Run(ctx context.Context) error {
 			return nil
 		}
 		l.setState(StateConnecting)
-		addr := ms.cur
+		addr := ms.Current()
 		l.master.Store(&addr)
 		client, err := conns.client(addr)
 		established := false
@@ -230,15 +231,15 @@ func (l *Link) Run(ctx context.Context) error {
 			return nil
 		}
 		if established {
-			ms.registered()
+			ms.Healthy()
 		}
 		l.met.sessions.WithLabelValues(sessionResult(established, err)).Inc()
-		delay, redirected := ms.next(err, l.cfg.BackoffBase, l.cfg.BackoffMax)
+		delay, redirected := ms.Next(err, l.cfg.BackoffBase, l.cfg.BackoffMax)
 		if redirected {
 			l.met.redirects.Inc()
-			l.lg.Info("master is not the leader; following its hint", "master", addr, "leader", ms.cur)
+			l.lg.Info("master is not the leader; following its hint", "master", addr, "leader", ms.Current())
 		} else {
-			l.lg.Warn("master session ended; reconnecting", "master", addr, "next", ms.cur, "err", err, "established", established, "retry_in", delay)
+			l.lg.Warn("master session ended; reconnecting", "master", addr, "next", ms.Current(), "err", err, "established", established, "retry_in", delay)
 		}
 		if sh.stopping() {
 			delay = min(delay, max(time.Until(sh.deadlineAt()), 0))

@@ -15,9 +15,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 )
 
 // realMaster is an in-process crescent-master on loopback.
@@ -222,51 +220,4 @@ func sameEvents(got, want []kvevent.Event) bool {
 	slices.Sort(g)
 	slices.Sort(w)
 	return slices.Equal(g, w)
-}
-
-func TestPickerNext(t *testing.T) {
-	const lo, hi = 100 * time.Millisecond, 5 * time.Second
-	transport := status.Error(codes.Unavailable, "connection refused")
-	hint := func(leader string) error {
-		e := rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_NOT_LEADER, "not the leader")
-		if leader != "" {
-			e.Metadata = map[string]string{"leader": leader}
-		}
-		return rpcerr.Status(e)
-	}
-	p := newPicker([]string{"a:1", "b:1"})
-	for i, s := range []struct {
-		err      error
-		want     string
-		redirect bool
-		maxDelay time.Duration
-	}{
-		{hint("z:9"), "z:9", true, 0},
-		{transport, "b:1", false, lo},
-		{hint(""), "a:1", false, lo},
-		{transport, "b:1", false, 2 * lo},
-		{hint("a:1"), "a:1", true, 0},
-		{hint("b:1"), "b:1", true, 0},
-		{hint("a:1"), "a:1", true, 0},
-		{hint("b:1"), "b:1", false, 2 * lo}, // a fourth hint in a row: back off
-	} {
-		d, redirected := p.next(s.err, lo, hi)
-		if p.cur != s.want || redirected != s.redirect || d > s.maxDelay {
-			t.Fatalf("step %d (%v): got %s, redirected %v, delay %v; want %s, %v, at most %v", i, s.err, p.cur, redirected, d, s.want, s.redirect, s.maxDelay)
-		}
-	}
-}
-
-func TestSplitMasters(t *testing.T) {
-	for _, tc := range []struct {
-		in string
-		ok bool
-	}{
-		{"a:1", true}, {"a:1, b:2", true}, {"", false}, {"a", false}, {"a:1,", false},
-		{"m:1,m:1,m:1,m:1,m:1,m:1,m:1,m:1,m:1,m:1,m:1,m:1,m:1,m:1,m:1,m:1,m:1", false},
-	} {
-		if _, err := SplitMasters(tc.in); (err == nil) != tc.ok {
-			t.Errorf("SplitMasters(%q) = %v, want ok %v", tc.in, err, tc.ok)
-		}
-	}
 }

@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/crescent-kv/crescent/internal/masterlist"
 	"io"
 	"log/slog"
 	"sync/atomic"
@@ -75,11 +76,11 @@ type Source struct {
 	cfg     Config
 	client  masterv1.ChangeServiceClient // the current master's; Run replaces it
 	masters *Masters                     // nil with New's single client
-	pick    *picker
+	pick    *masterlist.Picker
 	sink    Sink
 	lg      *slog.Logger
 
-	master atomic.Pointer[string] // pick.cur, for Status
+	master atomic.Pointer[string] // pick.Current(), for Status
 
 	epoch, revision, resyncs atomic.Uint64
 	announcedN               atomic.Int64
@@ -121,14 +122,14 @@ func newSource(cfg Config, sink Sink, lg *slog.Logger, list []string) *Source {
 	if cfg.ResyncChunk <= 0 {
 		cfg.ResyncChunk = def.ResyncChunk
 	}
-	s := &Source{cfg: cfg, pick: newPicker(list), sink: sink, lg: lg, codec: newWatchCodec(), resp: &masterv1.WatchResponse{}, announced: announced.New()}
+	s := &Source{cfg: cfg, pick: masterlist.NewPicker(list), sink: sink, lg: lg, codec: newWatchCodec(), resp: &masterv1.WatchResponse{}, announced: announced.New()}
 	s.setMaster()
 	return s
 }
 
-// setMaster publishes pick.cur for Status.
+// setMaster publishes pick.Current() for Status.
 func (s *Source) setMaster() {
-	cur := s.pick.cur
+	cur := s.pick.Current()
 	s.master.Store(&cur)
 }
 
@@ -179,13 +180,13 @@ func (s *Source) Run(ctx context.Context) error {
 			break
 		}
 		if healthy {
-			s.pick.healthy()
+			s.pick.Healthy()
 		}
 		if needsResync(err) {
 			s.lg.Info("master change stream cannot resume; resyncing from a snapshot",
-				"master", s.pick.cur, "epoch", s.ep, "revision", s.rev, "reason", rpcerr.Reason(err), "err", err)
+				"master", s.pick.Current(), "epoch", s.ep, "revision", s.rev, "reason", rpcerr.Reason(err), "err", err)
 			s.synced = false
-			if justResynced && !healthy && !s.wait(ctx, s.pick.stay(s.cfg.BackoffMin, s.cfg.BackoffMax)) {
+			if justResynced && !healthy && !s.wait(ctx, s.pick.Stay(s.cfg.BackoffMin, s.cfg.BackoffMax)) {
 				break // a fresh snapshot did not help: do not spin
 			}
 			continue
@@ -202,7 +203,7 @@ func (s *Source) connect() error {
 	if s.masters == nil {
 		return nil
 	}
-	c, err := s.masters.client(s.pick.cur)
+	c, err := s.masters.client(s.pick.Current())
 	if err != nil {
 		return err
 	}
@@ -213,13 +214,13 @@ func (s *Source) connect() error {
 // backoff moves to the next master after err (the leader it names, or the
 // next address) and waits; false when ctx ended.
 func (s *Source) backoff(ctx context.Context, err error, msg string) bool {
-	from := s.pick.cur
-	d, redirected := s.pick.next(err, s.cfg.BackoffMin, s.cfg.BackoffMax)
+	from := s.pick.Current()
+	d, redirected := s.pick.Next(err, s.cfg.BackoffMin, s.cfg.BackoffMax)
 	s.setMaster()
 	if redirected {
-		s.lg.Info("master is not the leader; following its hint", "master", from, "leader", s.pick.cur)
+		s.lg.Info("master is not the leader; following its hint", "master", from, "leader", s.pick.Current())
 	} else {
-		s.lg.Warn(msg, "master", from, "next", s.pick.cur, "epoch", s.ep, "revision", s.rev, "err", err, "retry_in", d)
+		s.lg.Warn(msg, "master", from, "next", s.pick.Current(), "epoch", s.ep, "revision", s.rev, "err", err, "retry_in", d)
 	}
 	return s.wait(ctx, d)
 }

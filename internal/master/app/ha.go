@@ -63,13 +63,8 @@ func (h *HA) haConfig(grpcAddr string) (ha.Config, error) {
 	return ha.Config{Endpoints: eps, Prefix: h.EtcdPrefix, LeaseTTL: h.EtcdLeaseTTL, Advertise: adv, DialTimeout: 5 * time.Second}, nil
 }
 
-// notLeader is the answer of a master that does not lead: NOT_LEADER, with
-// the leader's address when known.
-func notLeader(leader string) error {
-	e := rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_NOT_LEADER, "this master is not the leader (leader: %q)", leader)
-	e.Metadata = map[string]string{"leader": leader}
-	return e
-}
+// notLeader is the answer of a master that does not lead.
+func notLeader(leader string) error { return rpcerr.NotLeader(leader) }
 
 // runHA campaigns for leadership until ctx ends. While it stands by, a
 // standby server on the master's ports answers every RPC NOT_LEADER with
