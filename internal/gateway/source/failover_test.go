@@ -3,94 +3,27 @@ package source
 import (
 	"context"
 	"fmt"
-	"net"
+	"github.com/crescent-kv/crescent/internal/master/mastertest"
 	"slices"
 	"testing"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/gateway/fakemaster"
-	masterapp "github.com/crescent-kv/crescent/internal/master/app"
-	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-// realMaster is an in-process crescent-master on loopback.
-type realMaster struct {
-	m    *masterapp.Master
-	addr string
-	stop func()
-}
+type realMaster = mastertest.Master
 
-// startRealMaster runs a master on addr ("127.0.0.1:0" for any port), as
-// internal/testcluster does.
 func startRealMaster(t *testing.T, addr string) *realMaster {
-	t.Helper()
-	cfg := masterapp.DefaultConfig()
-	cfg.GRPCAddr, cfg.AdminAddr = addr, "127.0.0.1:0"
-	cfg.RecoveryGrace = 0
-	cfg.ShutdownTimeout = 5 * time.Second
-	m, err := masterapp.New(cfg, testutil.Logger())
-	if err != nil {
-		t.Fatalf("master: %v", err)
-	}
-	if err := m.Server.Listen(); err != nil {
-		t.Fatalf("master listen: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	rm := &realMaster{m: m, addr: m.Server.GRPCAddr()}
-	stopped := false
-	rm.stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("master run: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Errorf("master did not stop")
-		}
-	}
-	t.Cleanup(rm.stop)
-	return rm
+	return mastertest.Start(t, addr, nil)
 }
 
-// startStandby stands in for a master in standby mode (issue 15, HA; being
-// written concurrently): a gRPC server that answers every RPC, unary or
-// streaming, with the contract's UNAVAILABLE NOT_LEADER status naming
-// leader.
-func startStandby(t *testing.T, leader string) (addr string, stop func()) {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer(grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
-		e := rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_NOT_LEADER, "not the leader")
-		if leader != "" {
-			e.Metadata = map[string]string{"leader": leader}
-		}
-		return rpcerr.Status(e)
-	}))
-	go func() { _ = gs.Serve(lis) }()
-	stopped := false
-	stop = func() {
-		if !stopped {
-			stopped = true
-			gs.Stop()
-		}
-	}
-	t.Cleanup(stop)
-	return lis.Addr().String(), stop
+func startStandby(t *testing.T, leader string) (string, func()) {
+	return mastertest.StartStandby(t, leader)
 }
 
 // runFollowing starts a source following list with the gateway's defaults.
@@ -122,25 +55,25 @@ func runFollowing(t *testing.T, list []string, snk *sink) *Source {
 // resyncs from the new leader (a new epoch) and watches it.
 func TestFollowLeader(t *testing.T) {
 	leader := startRealMaster(t, "127.0.0.1:0")
-	standby, stopStandby := startStandby(t, leader.addr)
+	standby, stopStandby := startStandby(t, leader.Addr)
 	snk := newSink()
-	src := runFollowing(t, []string{standby, leader.addr}, snk)
+	src := runFollowing(t, []string{standby, leader.Addr}, snk)
 
 	// An idle master's Watch sends nothing, so the source never reports
 	// Watching here: its snapshot's epoch and the address say whom it follows.
 	following := func(m *realMaster) func() bool {
 		return func() bool {
 			s := src.Status()
-			return s.Epoch == m.m.Identity.Epoch && s.Master == m.addr
+			return s.Epoch == m.M.Identity.Epoch && s.Master == m.Addr
 		}
 	}
-	testutil.Eventually(t, 10*time.Second, following(leader), "the source to follow the leader %s", leader.addr)
+	testutil.Eventually(t, 10*time.Second, following(leader), "the source to follow the leader %s", leader.Addr)
 
 	stopStandby()
-	leader.stop()
+	leader.Stop()
 	began := time.Now()
 	next := startRealMaster(t, standby)
-	testutil.Eventually(t, 10*time.Second, following(next), "the source to follow the new leader %s", next.addr)
+	testutil.Eventually(t, 10*time.Second, following(next), "the source to follow the new leader %s", next.Addr)
 	t.Logf("following the new leader %v after the old one stopped", time.Since(began))
 	if got := src.Status().Resyncs; got != 2 {
 		t.Errorf("resyncs = %d, want 2 (one per leader)", got)
@@ -153,7 +86,7 @@ func TestFollowLeader(t *testing.T) {
 			epochs = append(epochs, c.pos.Epoch)
 		}
 	}
-	if want := []uint64{leader.m.Identity.Epoch, next.m.Identity.Epoch}; !slices.Equal(epochs, want) {
+	if want := []uint64{leader.M.Identity.Epoch, next.M.Identity.Epoch}; !slices.Equal(epochs, want) {
 		t.Errorf("sink position epochs %v, want %v", epochs, want)
 	}
 }
