@@ -35,6 +35,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/auth/devcerts"
 	"github.com/crescent-kv/crescent/internal/testutil"
+	"github.com/crescent-kv/crescent/internal/testutil/etcdtest"
 	"github.com/crescent-kv/crescent/pkg/client"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -233,6 +234,9 @@ type Cluster struct {
 	bin     string
 	dir     string
 	Master  *Proc
+	// Masters are all the masters with Options.Masters > 1 (Master is the
+	// first); the leader is the one whose /readyz answers 200.
+	Masters []*Proc
 	Agents  []*Proc
 	Gateway *Proc
 
@@ -264,6 +268,10 @@ type Options struct {
 	GatewayFlags []string // "{pub}" in one is replaced by the gateway's PUB address (host:port)
 	SuspectAfter time.Duration
 	UnmountAfter time.Duration
+	// Masters > 1 starts that many masters electing a leader on an etcd
+	// server run in the test's process (issue 15, HA); MasterAddr is then
+	// their comma-separated list, which every client takes.
+	Masters int
 }
 
 // StartCluster starts a cluster and waits until every agent's segments are
@@ -287,13 +295,30 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 	if tlsMode(t) {
 		c.initCerts(o.Agents)
 	}
-	c.MasterAddr = freeAddr(t)
-	c.Master = c.proc("master", "crescent-master", auth.RoleMaster, masterName, append([]string{
-		"--grpc-addr", c.MasterAddr, "--log-level", "debug",
+	masterArgs := append([]string{
+		"--log-level", "debug",
 		"--heartbeat-interval", "100ms", "--suspect-after", o.SuspectAfter.String(), "--unmount-after", o.UnmountAfter.String(),
-	}, o.MasterFlags...))
-	c.Master.start()
-	waitReady(t, c.Master)
+	}, o.MasterFlags...)
+	if o.Masters > 1 {
+		etcd := etcdtest.Start(t)
+		var addrs []string
+		for i := range o.Masters {
+			addr := freeAddr(t)
+			addrs = append(addrs, addr)
+			p := c.proc(fmt.Sprintf("master-%d", i), "crescent-master", auth.RoleMaster, masterName, append([]string{
+				"--grpc-addr", addr, "--etcd-endpoints", etcd.Endpoint, "--advertise-addr", addr, "--master-id", fmt.Sprintf("master-%d", i),
+			}, masterArgs...))
+			p.start()
+			c.Masters = append(c.Masters, p)
+		}
+		c.Master, c.MasterAddr = c.Masters[0], strings.Join(addrs, ",")
+		c.WaitLeader()
+	} else {
+		c.MasterAddr = freeAddr(t)
+		c.Master = c.proc("master", "crescent-master", auth.RoleMaster, masterName, append([]string{"--grpc-addr", c.MasterAddr}, masterArgs...))
+		c.Master.start()
+		waitReady(t, c.Master)
+	}
 	for i := 0; i < o.Agents; i++ {
 		addr := freeAddr(t)
 		name := fmt.Sprintf("agent-%c", 'a'+i)
@@ -343,7 +368,11 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 	}
 	t.Cleanup(func() {
 		procs := append([]*Proc{c.Gateway}, c.Agents...)
-		procs = append(procs, c.Master)
+		if len(c.Masters) > 0 {
+			procs = append(procs, c.Masters...)
+		} else {
+			procs = append(procs, c.Master)
+		}
 		for _, p := range procs {
 			if p != nil {
 				p.Stop()
@@ -505,6 +534,30 @@ func (c *Cluster) ClientWith(cfg client.Config) *client.Client {
 	}
 	c.t.Cleanup(func() { cl.Close() })
 	return cl
+}
+
+// Leader returns the master whose /readyz answers 200 (with several
+// masters, only the leader's does), or nil.
+func (c *Cluster) Leader() *Proc {
+	for _, p := range c.Masters {
+		resp, err := p.get("/readyz")
+		if err != nil {
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			return p
+		}
+	}
+	return nil
+}
+
+// WaitLeader waits until one of the masters leads and returns it.
+func (c *Cluster) WaitLeader() *Proc {
+	c.t.Helper()
+	var lead *Proc
+	testutil.Eventually(c.t, 30*time.Second, func() bool { lead = c.Leader(); return lead != nil }, "a master to lead")
+	return lead
 }
 
 // Segments lists the master's segments.
