@@ -230,10 +230,10 @@ func tail(s string, n int) string {
 
 // Cluster is a running master, agents and (optionally) gateway.
 type Cluster struct {
-	t       testing.TB
-	bin     string
-	dir     string
-	Master  *Proc
+	t      testing.TB
+	bin    string
+	dir    string
+	Master *Proc
 	// Masters are all the masters with Options.Masters > 1 (Master is the
 	// first); the leader is the one whose /readyz answers 200.
 	Masters []*Proc
