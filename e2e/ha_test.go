@@ -33,7 +33,7 @@ func TestMasterFailover(t *testing.T) {
 		}
 		rounds = n
 	}
-	c := StartCluster(t, Options{Masters: 3, MasterFlags: []string{"--etcd-lease-ttl", "2s", "--recovery-grace", "2s"}})
+	c := StartCluster(t, Options{Masters: 3, MasterFlags: []string{"--etcd-lease-ttl", "2s", "--recovery-grace", "500ms"}})
 	cl := c.Client("default")
 
 	var (
@@ -129,6 +129,6 @@ func TestMasterFailover(t *testing.T) {
 	mu.Lock()
 	n := len(acked)
 	mu.Unlock()
-	t.Logf("%d failovers: puts acknowledged again after median %v, max %v (lease TTL 2s, recovery grace 2s); %d puts acknowledged and read back, %d failed (last: %v)",
+	t.Logf("%d failovers: puts acknowledged again after median %v, max %v (lease TTL 2s, recovery grace 500ms); %d puts acknowledged and read back, %d failed (last: %v)",
 		rounds, took[len(took)/2].Round(10*time.Millisecond), took[len(took)-1].Round(10*time.Millisecond), n, failed.Load(), lastErr.Load())
 }

@@ -148,6 +148,9 @@ func lead(ctx context.Context, cfg Config, lg *slog.Logger, term *ha.Term) error
 	gate.rec = m.rec // before the server serves
 	mctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var books sync.WaitGroup
+	defer books.Wait()
+	expectAgents(mctx, cfg, lg, term, m, &books)
 	go func() {
 		select {
 		case <-term.Lost():
@@ -165,6 +168,64 @@ func lead(ctx context.Context, cfg Config, lg *slog.Logger, term *ha.Term) error
 	default:
 		return err
 	}
+}
+
+// expectAgents makes the new leader's recovery wait for every agent the
+// earlier leaders recorded in etcd (as registered and not departed), up
+// to unmount-after (by then a live master would have declared a missing
+// one lost) and recovery-max; and records this leader's own agents as
+// they register and depart. Without it recovery ends on the grace alone,
+// and an agent still in its reconnect backoff when the grace ends has its
+// objects answered OBJECT_NOT_FOUND until it is back.
+func expectAgents(ctx context.Context, cfg Config, lg *slog.Logger, term *ha.Term, m *Master, wg *sync.WaitGroup) {
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	known, err := term.Agents(lctx)
+	cancel()
+	if err != nil {
+		lg.Warn("the agents of earlier leaders are unknown; recovery waits on its grace alone", "err", err)
+	}
+	start := time.Now()
+	m.rec.expect = func() int {
+		if time.Since(start) >= cfg.UnmountAfter {
+			return 0
+		}
+		n := 0
+		for _, id := range known {
+			if !m.Sessions.Connected(id) {
+				n++
+			}
+		}
+		return n
+	}
+	if len(known) > 0 {
+		lg.Info("waiting for the agents earlier leaders knew", "agents", len(known))
+	}
+	type change struct {
+		id string
+		up bool
+	}
+	q := make(chan change, 1024)
+	m.Sessions.SetEvents(func(id string, up bool) {
+		select {
+		case q <- change{id, up}:
+		default:
+			lg.Warn("agent list change dropped (queue full)", "agent_id", id, "up", up)
+		}
+	})
+	wg.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case c := <-q:
+				rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				if err := term.SetAgent(rctx, c.id, c.up); err != nil && ctx.Err() == nil {
+					lg.Warn("agent not recorded in etcd", "agent_id", c.id, "up", c.up, "err", err)
+				}
+				cancel()
+			}
+		}
+	})
 }
 
 // listenRetry binds srv's ports, retrying briefly: the previous server on

@@ -22,9 +22,12 @@ import (
 type recovery struct {
 	grace, max  time.Duration
 	registering func() int
-	lg          *slog.Logger
-	seconds     prometheus.Gauge
-	recovering  prometheus.Gauge
+	// expect, if set before Run, counts agents recovery still waits for
+	// (an elected leader's: the agents earlier leaders knew).
+	expect     func() int
+	lg         *slog.Logger
+	seconds    prometheus.Gauge
+	recovering prometheus.Gauge
 
 	// mu guards began and ended.
 	mu    sync.Mutex
@@ -80,6 +83,9 @@ func (r *recovery) check(now time.Time) (recovering bool, retry time.Duration, r
 		return true, r.grace - since, r.registering()
 	}
 	n := r.registering()
+	if r.expect != nil {
+		n += r.expect()
+	}
 	if n > 0 && since < r.max {
 		return true, 500 * time.Millisecond, n
 	}

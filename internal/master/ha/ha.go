@@ -354,3 +354,40 @@ func (t *Term) close(ctx context.Context) {
 		t.e.lg.Warn("master lease not revoked; it expires by itself", "err", err)
 	}
 }
+
+func (e *Elector) agentsPrefix() string { return e.cfg.Prefix + "agents/" }
+
+// Agents lists the agents the leaders recorded as registered and not
+// departed (SetAgent): the ones a new leader waits for before it answers
+// for their objects.
+func (t *Term) Agents(ctx context.Context) ([]string, error) {
+	e := t.e
+	resp, err := e.cli.Get(ctx, e.agentsPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, fmt.Errorf("ha: list agents: %w", err)
+	}
+	ids := make([]string, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		ids = append(ids, string(kv.Key[len(e.agentsPrefix()):]))
+	}
+	return ids, nil
+}
+
+// SetAgent records that agent id registered (up) or departed, only while
+// this term holds the election key.
+func (t *Term) SetAgent(ctx context.Context, id string, up bool) error {
+	e := t.e
+	key := e.agentsPrefix() + id
+	op := clientv3.OpDelete(key)
+	if up {
+		op = clientv3.OpPut(key, "")
+	}
+	tr, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(t.election.Key()), "=", t.election.Rev())).Then(op).Commit()
+	if err != nil {
+		return fmt.Errorf("ha: record agent %s: %w", id, err)
+	}
+	if !tr.Succeeded {
+		return errors.New("ha: record agent: no longer the leader")
+	}
+	return nil
+}

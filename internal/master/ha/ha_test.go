@@ -2,6 +2,7 @@ package ha
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -154,5 +155,40 @@ func TestConfigValidate(t *testing.T) {
 		if c.Validate() == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+// TestAgentsList: a leader records agents coming and going; a later term
+// reads them; a term that ended can no longer write.
+func TestAgentsList(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a := newElector(t, etcd.Endpoint, "a:1")
+	ta, err := a.Campaign(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		id string
+		up bool
+	}{{"agent-a", true}, {"agent-b", true}, {"agent-c", true}, {"agent-b", false}} {
+		if err := ta.SetAgent(t.Context(), c.id, c.up); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ta.Resign(t.Context())
+	if err := ta.SetAgent(t.Context(), "agent-d", true); err == nil {
+		t.Fatal("a resigned term recorded an agent")
+	}
+	tb, err := a.Campaign(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tb.Resign(context.Background())
+	got, err := tb.Agents(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, []string{"agent-a", "agent-c"}) {
+		t.Fatalf("agents %q, want [agent-a agent-c]", got)
 	}
 }

@@ -70,6 +70,8 @@ type Manager struct {
 	meta atomic.Pointer[metaRef]
 	lg   *slog.Logger
 	met  *metrics
+	// events, if set, hears of agents registering and departing (SetEvents).
+	events atomic.Pointer[func(agentID string, up bool)]
 
 	// base is cancelled by Close; every session and Run derive from it.
 	base       context.Context
@@ -146,6 +148,18 @@ func (m *Manager) metadata() cluster.Metadata {
 	return nil
 }
 
+// SetEvents installs fn, called (on the session's goroutine: it must not
+// block) when an agent finished registering (up) and when one departed:
+// lost (no heartbeat within UnmountAfter) or stopped gracefully. A master
+// that leads under HA keeps the list of its agents with it (issue 15).
+func (m *Manager) SetEvents(fn func(agentID string, up bool)) { m.events.Store(&fn) }
+
+func (m *Manager) event(agentID string, up bool) {
+	if fn := m.events.Load(); fn != nil {
+		(*fn)(agentID, up)
+	}
+}
+
 // Config returns the effective configuration (defaults applied).
 func (m *Manager) Config() Config { return m.cfg }
 
@@ -200,6 +214,7 @@ func (m *Manager) sweep() {
 	for _, aid := range x.Lost {
 		m.lg.Warn("agent lost", "agent_id", aid, "unmount_after", m.cfg.UnmountAfter)
 		m.closeSession(aid, errLost)
+		m.event(aid, false)
 	}
 	if len(x.Unmounting) > 0 {
 		m.unmount(x.Unmounting)
@@ -382,6 +397,7 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 	m.met.registerSeconds.WithLabelValues(reg.AgentID).Set(took.Seconds())
 	m.met.registerAllocs.WithLabelValues(reg.AgentID).Set(float64(n))
 	doneRegistering()
+	m.event(reg.AgentID, true)
 	m.lg.Info("agent registered", "agent_id", reg.AgentID, "host_id", reg.HostID, "data_endpoint", reg.DataEndpoint,
 		"gen", gen, "segments", len(reg.Segments), "allocations", n, "chunked", r.GetChunked(),
 		"released", len(release), "graceful", reg.Graceful, "took", took)
@@ -440,6 +456,7 @@ func (m *Manager) end(s *session) {
 	m.uninstall(s)
 	if ids := m.reg.Disconnect(s.agentID, s.gen); len(ids) > 0 {
 		m.unmount(ids)
+		m.event(s.agentID, false) // it stopped gracefully
 	}
 }
 
