@@ -146,10 +146,10 @@ func lead(ctx context.Context, cfg Config, lg *slog.Logger, term *ha.Term) error
 		return err
 	}
 	gate.rec = m.rec // before the server serves
+	var books sync.WaitGroup
+	defer books.Wait() // after cancel below: the recorder stops on mctx
 	mctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var books sync.WaitGroup
-	defer books.Wait()
 	expectAgents(mctx, cfg, lg, term, m, &books)
 	go func() {
 		select {
