@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 20m
 TESTFLAGS    ?=
 COMPOSE      := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
-.PHONY: all gen check-gen lint build test test-unit test-e2e run run-secure run-ha up down bench bench-gateway-state bench-restart fuzz clean tidy
+.PHONY: all gen check-gen lint build test test-unit test-e2e run run-secure run-ha up up-ha down bench bench-gateway-state bench-restart fuzz clean tidy
 
 all: build
 
@@ -88,8 +88,14 @@ up: build
 	./deploy/docker/wait-healthy.sh
 	$(COMPOSE) ps
 
+## up-ha: the three-master cluster of `make run-ha` under Docker Compose (profile ha, its own ports; issue 15)
+up-ha: build $(BIN)/etcd
+	./deploy/docker/build-images.sh
+	$(COMPOSE) --profile ha up -d etcd master-ha-0 master-ha-1 master-ha-2 agent-a-ha agent-b-ha gateway-ha
+	$(COMPOSE) --profile ha ps
+
 down:
-	$(COMPOSE) down -v
+	$(COMPOSE) --profile secure --profile ha down -v
 
 ## bench: the benchmarks recorded in BENCHMARKS.md
 bench:

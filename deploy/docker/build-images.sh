@@ -9,3 +9,8 @@ for b in crescent-master crescent-agent crescent-gateway crescentctl; do
   if ! out=$(docker build -q -f deploy/docker/Dockerfile --build-arg BIN="$b" -t "crescent/$name:dev" . 2>&1); then echo "$out" >&2; exit 1; fi
   echo "built crescent/$name:dev"
 done
+# crescent/etcd:dev (etcd's own server, `make bin/etcd`) for the compose profile `ha`.
+if [ -x bin/etcd ]; then
+  if ! out=$(docker build -q -f deploy/docker/Dockerfile --build-arg BIN=etcd -t crescent/etcd:dev . 2>&1); then echo "$out" >&2; exit 1; fi
+  echo "built crescent/etcd:dev"
+fi
