@@ -158,6 +158,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.HA.EtcdEndpoints, "etcd-endpoints", c.HA.EtcdEndpoints, "comma-separated etcd client addresses: masters elect a leader there and the others stand by, answering NOT_LEADER with the leader's address (empty: a single master)")
 	fs.StringVar(&c.HA.EtcdPrefix, "etcd-prefix", c.HA.EtcdPrefix, "etcd key prefix of this cluster's masters (ends in /)")
 	fs.DurationVar(&c.HA.EtcdLeaseTTL, "etcd-lease-ttl", c.HA.EtcdLeaseTTL, "leader lease in whole seconds: a dead leader is replaced after about this long; a leader cut off from etcd stops acknowledging before it ends")
+	fs.StringVar(&c.HA.EtcdTLSCA, "etcd-tls-ca", c.HA.EtcdTLSCA, "CA certificate (PEM) that signed etcd's server certificate; any etcd-tls-* flag turns TLS on for etcd")
+	fs.StringVar(&c.HA.EtcdTLSCert, "etcd-tls-cert", c.HA.EtcdTLSCert, "this master's client certificate (PEM) for etcd's --client-cert-auth, with etcd-tls-key")
+	fs.StringVar(&c.HA.EtcdTLSKey, "etcd-tls-key", c.HA.EtcdTLSKey, "the key of etcd-tls-cert (PEM)")
 	fs.StringVar(&c.HA.AdvertiseAddr, "advertise-addr", c.HA.AdvertiseAddr, "gRPC host:port clients are redirected to while this master leads (default: the host name and the grpc-addr port)")
 }
 

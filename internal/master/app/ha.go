@@ -2,6 +2,8 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,6 +36,40 @@ type HA struct {
 	// AdvertiseAddr is the gRPC address clients are redirected to while
 	// this master leads (default: this host's name and the grpc-addr port).
 	AdvertiseAddr string
+	// EtcdTLSCA, EtcdTLSCert and EtcdTLSKey secure the etcd connection:
+	// the CA that signed etcd's server certificate, and this master's
+	// client certificate and key (for etcd's --client-cert-auth). Any of
+	// them set turns TLS on; read once at start.
+	EtcdTLSCA, EtcdTLSCert, EtcdTLSKey string
+}
+
+// etcdTLS returns the etcd connection's TLS configuration (nil: plaintext).
+func (h *HA) etcdTLS() (*tls.Config, error) {
+	if h.EtcdTLSCA == "" && h.EtcdTLSCert == "" && h.EtcdTLSKey == "" {
+		return nil, nil
+	}
+	if (h.EtcdTLSCert == "") != (h.EtcdTLSKey == "") {
+		return nil, errors.New("etcd-tls-cert and etcd-tls-key go together")
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12}
+	if h.EtcdTLSCA != "" {
+		pem, err := os.ReadFile(h.EtcdTLSCA)
+		if err != nil {
+			return nil, fmt.Errorf("etcd-tls-ca: %w", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("etcd-tls-ca %s: no certificate in it", h.EtcdTLSCA)
+		}
+	}
+	if h.EtcdTLSCert != "" {
+		kp, err := tls.LoadX509KeyPair(h.EtcdTLSCert, h.EtcdTLSKey)
+		if err != nil {
+			return nil, fmt.Errorf("etcd-tls-cert/key: %w", err)
+		}
+		c.Certificates = []tls.Certificate{kp}
+	}
+	return c, nil
 }
 
 func (h *HA) enabled() bool { return h.EtcdEndpoints != "" }
@@ -60,7 +96,11 @@ func (h *HA) haConfig(grpcAddr string) (ha.Config, error) {
 			eps = append(eps, e)
 		}
 	}
-	return ha.Config{Endpoints: eps, Prefix: h.EtcdPrefix, LeaseTTL: h.EtcdLeaseTTL, Advertise: adv, DialTimeout: 5 * time.Second}, nil
+	tc, err := h.etcdTLS()
+	if err != nil {
+		return ha.Config{}, err
+	}
+	return ha.Config{Endpoints: eps, Prefix: h.EtcdPrefix, LeaseTTL: h.EtcdLeaseTTL, Advertise: adv, DialTimeout: 5 * time.Second, TLS: tc}, nil
 }
 
 // notLeader is the answer of a master that does not lead.

@@ -3,10 +3,13 @@ package app
 import (
 	"context"
 	"net"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/auth/devcerts"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/testutil/etcdtest"
@@ -32,13 +35,18 @@ func freePort(t *testing.T) string {
 	return l.Addr().String()
 }
 
-func startHAMaster(t *testing.T, etcd string, grace ...time.Duration) *haMaster {
+func startHAMaster(t *testing.T, etcd string, opts ...any) *haMaster {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.GRPCAddr, cfg.AdminAddr = freePort(t), "127.0.0.1:0"
 	cfg.RecoveryGrace = 200 * time.Millisecond
-	if len(grace) > 0 {
-		cfg.RecoveryGrace = grace[0]
+	for _, o := range opts {
+		switch o := o.(type) {
+		case time.Duration:
+			cfg.RecoveryGrace = o
+		case func(*Config):
+			o(&cfg)
+		}
 	}
 	cfg.HA.EtcdEndpoints, cfg.HA.EtcdPrefix, cfg.HA.EtcdLeaseTTL = etcd, "/t/master/", 2*time.Second
 	cfg.HA.AdvertiseAddr = cfg.GRPCAddr
@@ -210,4 +218,52 @@ func TestHALeaderPartitioned(t *testing.T) {
 		t.Fatalf("new epoch %d not above %d", eb, ea)
 	}
 	proxy.Restore()
+}
+
+// TestHAEtcdTLS: with etcd requiring client certificates, a master given
+// the CA and a client certificate (--etcd-tls-*) leads; wrong flag sets
+// are refused at start.
+func TestHAEtcdTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := devcerts.NewCA("crescent.local", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	caFile := write("ca.pem", ca.CertPEM)
+	sc, sk, err := ca.Issue(devcerts.Leaf{CommonName: "etcd", Hosts: []string{"127.0.0.1"}, ServerAuth: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, ck, err := ca.Issue(devcerts.Leaf{CommonName: "master", ClientAuth: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	etcd := etcdtest.StartTLS(t, write("etcd.pem", sc), write("etcd-key.pem", sk), caFile)
+	certFile, keyFile := write("master.pem", cc), write("master-key.pem", ck)
+
+	cfg := DefaultConfig()
+	cfg.HA = HA{EtcdEndpoints: etcd.Endpoint, EtcdPrefix: "/t/", EtcdLeaseTTL: 2 * time.Second, AdvertiseAddr: "a:1",
+		EtcdTLSCA: caFile, EtcdTLSCert: certFile}
+	if err := cfg.Validate(); err == nil {
+		t.Fatal("a certificate without its key was accepted")
+	}
+	cfg.HA.EtcdTLSKey = keyFile
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	// Without a client certificate etcd refuses the master: it stands by.
+	intruder := startHAMaster(t, etcd.Endpoint, func(c *Config) { c.HA.EtcdTLSCA = caFile })
+	time.Sleep(3 * time.Second)
+	if e, _, err := intruder.status(t); err != nil || e != 0 {
+		t.Fatalf("a master without a client certificate: epoch %d, err %v; want a standby", e, err)
+	}
+	m := startHAMaster(t, etcd.Endpoint, func(c *Config) { c.HA.EtcdTLSCA, c.HA.EtcdTLSCert, c.HA.EtcdTLSKey = caFile, certFile, keyFile })
+	leaderOf(t, []*haMaster{m})
 }

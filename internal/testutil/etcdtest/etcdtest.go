@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 )
 
@@ -21,7 +22,16 @@ type Server struct {
 
 // Start runs an etcd member with its data in a temporary directory and
 // stops it when the test ends (or earlier with Stop).
-func Start(t testing.TB) *Server {
+func Start(t testing.TB) *Server { return start(t, nil) }
+
+// StartTLS is Start with TLS on the client port: etcd's certificate and
+// key, and the CA its clients' certificates must chain to (etcd's
+// --client-cert-auth).
+func StartTLS(t testing.TB, certFile, keyFile, caFile string) *Server {
+	return start(t, &transport.TLSInfo{CertFile: certFile, KeyFile: keyFile, TrustedCAFile: caFile, ClientCertAuth: true})
+}
+
+func start(t testing.TB, tlsInfo *transport.TLSInfo) *Server {
 	t.Helper()
 	cfg := embed.NewConfig()
 	cfg.Name = "test"
@@ -29,6 +39,10 @@ func Start(t testing.TB) *Server {
 	cfg.LogLevel = "error"
 	cfg.Logger = "zap"
 	client, peer := freeURL(t), freeURL(t)
+	if tlsInfo != nil {
+		client.Scheme = "https"
+		cfg.ClientTLSInfo = *tlsInfo
+	}
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
