@@ -56,6 +56,25 @@ func (c *Client) PutFrom(ctx context.Context, key string, r io.ReaderAt, size in
 }
 
 func (c *Client) put(ctx context.Context, key string, size int64, src source, sum uint64, o *putOptions) error {
+	err := c.putOnce(ctx, key, size, src, sum, o)
+	var lost *leaderChanged
+	if errors.As(err, &lost) {
+		// The master that started the put is gone and the new leader never
+		// saw it (a failover between PutStart and PutEnd: issue 15). It was
+		// not acknowledged; put it again, once.
+		return c.putOnce(ctx, key, size, src, sum, o)
+	}
+	return err
+}
+
+// leaderChanged is putOnce's error when PutEnd found no put to end on a
+// master other than the one that started it.
+type leaderChanged struct{ err error }
+
+func (e *leaderChanged) Error() string { return e.err.Error() }
+func (e *leaderChanged) Unwrap() error { return e.err }
+
+func (c *Client) putOnce(ctx context.Context, key string, size int64, src source, sum uint64, o *putOptions) error {
 	start, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.PutStartResponse, error) {
 		return s.PutStart(ctx, &masterv1.PutStartRequest{
 			Tenant: c.tenant, Key: key, Size: uint64(size), Config: o.cfg, ClientId: c.s.cfg.ClientID, Upsert: o.upsert,
@@ -69,6 +88,7 @@ func (c *Client) put(ctx context.Context, key string, size int64, src source, su
 		}
 		return fmt.Errorf("put %q: %w", key, err)
 	}
+	startedAt, _ := c.s.masters.current() // the master that answered PutStart
 	var done atomic.Int64
 	total := size * int64(len(start.GetReplicas()))
 	progress := func(n int) {
@@ -86,7 +106,11 @@ func (c *Client) put(ctx context.Context, key string, size int64, src source, su
 		if !errors.Is(err, ErrChecksum) {
 			c.revoke(ctx, key)
 		}
-		return fmt.Errorf("put %q: %w", key, err)
+		err = fmt.Errorf("put %q: %w", key, err)
+		if endedAt, _ := c.s.masters.current(); endedAt != startedAt && (errors.Is(err, ErrNotFound) || errors.Is(err, ErrPutExpired)) {
+			return &leaderChanged{err}
+		}
+		return err
 	}
 	return nil
 }
