@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"github.com/crescent-kv/crescent/internal/masterlist"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -122,45 +121,6 @@ func (l *Link) creds() credentials.TransportCredentials {
 	return insecure.NewCredentials()
 }
 
-// masterConns holds one ClientConn per master address of the list, and one
-// more for the last leader hint outside it (replaced by the next one): at
-// most masterlist.MaxMasters+1. Only Run's loop uses it, between sessions.
-type masterConns struct {
-	opts  []grpc.DialOption
-	list  []string
-	conns map[string]*grpc.ClientConn
-	extra string // the address outside the list with a conn, if any
-}
-
-func (c *masterConns) client(addr string) (masterv1.SegmentServiceClient, error) {
-	if cc, ok := c.conns[addr]; ok {
-		return masterv1.NewSegmentServiceClient(cc), nil
-	}
-	if !slices.Contains(c.list, addr) && c.extra != "" {
-		_ = c.conns[c.extra].Close()
-		delete(c.conns, c.extra)
-		c.extra = ""
-	}
-	cc, err := grpc.NewClient(addr, c.opts...)
-	if err != nil {
-		return nil, fmt.Errorf("link: master address %q: %w", addr, err)
-	}
-	if c.conns == nil {
-		c.conns = map[string]*grpc.ClientConn{}
-	}
-	c.conns[addr] = cc
-	if !slices.Contains(c.list, addr) {
-		c.extra = addr
-	}
-	return masterv1.NewSegmentServiceClient(cc), nil
-}
-
-func (c *masterConns) close() {
-	for _, cc := range c.conns {
-		_ = cc.Close()
-	}
-}
-
 // Run keeps a session with the master until ctx ends, then deregisters,
 // keeps serving for ShutdownGrace and returns. It returns nil on a clean
 // shutdown.
@@ -183,8 +143,11 @@ func (l *Link) Run(ctx context.Context) error {
 		}),
 	}, l.deps.MasterDialOptions...)
 	ms := masterlist.NewPicker(l.masters)
-	conns := &masterConns{opts: opts, list: l.masters}
-	defer conns.close()
+	conns, err := masterlist.NewConns(l.masters, opts...)
+	if err != nil {
+		return fmt.Errorf("link: %w", err)
+	}
+	defer conns.Close()
 
 	// work outlives ctx by the shutdown grace (plus the close timeout as a
 	// hard bound); sessions and the sweeper run under it.
@@ -221,10 +184,10 @@ func (l *Link) Run(ctx context.Context) error {
 		l.setState(StateConnecting)
 		addr := ms.Current()
 		l.master.Store(&addr)
-		client, err := conns.client(addr)
+		cc, err := conns.Get(addr)
 		established := false
 		if err == nil {
-			established, err = l.session(work, client, sh)
+			established, err = l.session(work, masterv1.NewSegmentServiceClient(cc), sh)
 		}
 		l.setState(StateDisconnected)
 		if sh.over(time.Now()) || work.Err() != nil {

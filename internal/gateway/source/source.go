@@ -106,7 +106,7 @@ func New(cfg Config, client masterv1.ChangeServiceClient, sink Sink, lg *slog.Lo
 // (issue 15, HA; masters.go). It does no I/O; the caller closes masters
 // after Run returned.
 func NewFollowing(cfg Config, masters *Masters, sink Sink, lg *slog.Logger) *Source {
-	s := newSource(cfg, sink, lg, masters.list)
+	s := newSource(cfg, sink, lg, masters.List())
 	s.masters = masters
 	return s
 }
@@ -203,11 +203,11 @@ func (s *Source) connect() error {
 	if s.masters == nil {
 		return nil
 	}
-	c, err := s.masters.client(s.pick.Current())
+	cc, err := s.masters.Get(s.pick.Current())
 	if err != nil {
 		return err
 	}
-	s.client = c
+	s.client = masterv1.NewChangeServiceClient(cc)
 	return nil
 }
 

@@ -1,0 +1,79 @@
+package masterlist
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"google.golang.org/grpc"
+)
+
+// Conns holds one ClientConn per address of a master list, made on first
+// use, and one more for the last leader hint outside the list (replaced by
+// the next such hint): at most MaxMasters+1. Safe for concurrent use.
+type Conns struct {
+	list []string
+	opts []grpc.DialOption
+
+	// mu guards conns, extra and closed.
+	mu     sync.Mutex
+	conns  map[string]*grpc.ClientConn
+	extra  string // the address outside the list with a conn, if any
+	closed bool
+}
+
+// NewConns returns the connection set of list (Split's result). It dials
+// nothing (grpc.NewClient connects lazily).
+func NewConns(list []string, opts ...grpc.DialOption) (*Conns, error) {
+	if len(list) == 0 || len(list) > MaxMasters {
+		return nil, fmt.Errorf("%d master addresses, want 1 to %d", len(list), MaxMasters)
+	}
+	return &Conns{list: slices.Clone(list), opts: opts, conns: map[string]*grpc.ClientConn{}}, nil
+}
+
+// Get returns the connection to addr.
+func (c *Conns) Get(addr string) (*grpc.ClientConn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, errors.New("master connections closed")
+	}
+	if cc, ok := c.conns[addr]; ok {
+		return cc, nil
+	}
+	inList := slices.Contains(c.list, addr)
+	if !inList && c.extra != "" {
+		_ = c.conns[c.extra].Close()
+		delete(c.conns, c.extra)
+		c.extra = ""
+	}
+	cc, err := grpc.NewClient(addr, c.opts...)
+	if err != nil {
+		return nil, fmt.Errorf("master address %q: %w", addr, err)
+	}
+	c.conns[addr] = cc
+	if !inList {
+		c.extra = addr
+	}
+	return cc, nil
+}
+
+// Close closes every connection. It is idempotent.
+func (c *Conns) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	var errs []error
+	for _, cc := range c.conns {
+		errs = append(errs, cc.Close())
+	}
+	c.conns = nil
+	return errors.Join(errs...)
+}
+
+// List is the master list the set was made of (a copy).
+func (c *Conns) List() []string { return slices.Clone(c.list) }
