@@ -103,9 +103,6 @@ func (h *HA) haConfig(grpcAddr string) (ha.Config, error) {
 	return ha.Config{Endpoints: eps, Prefix: h.EtcdPrefix, LeaseTTL: h.EtcdLeaseTTL, Advertise: adv, DialTimeout: 5 * time.Second, TLS: tc}, nil
 }
 
-// notLeader is the answer of a master that does not lead.
-func notLeader(leader string) error { return rpcerr.NotLeader(leader) }
-
 // runHA campaigns for leadership until ctx ends. While it stands by, a
 // standby server on the master's ports answers every RPC NOT_LEADER with
 // the leader's address, and /readyz fails (so a Kubernetes Service of
@@ -158,7 +155,7 @@ func standBy(ctx context.Context, cfg Config, lg *slog.Logger, el *ha.Elector) (
 		GRPCAddr: cfg.GRPCAddr, AdminAddr: cfg.AdminAddr, ShutdownTimeout: cfg.ShutdownTimeout,
 		Credentials: creds, Table: authTable(),
 	}, lg.With("part", "standby"), obs.NewRegistry(), grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
-		return rpcerr.Status(notLeader(el.Leader()))
+		return rpcerr.Status(rpcerr.NotLeader(el.Leader()))
 	}))
 	srv.SetReadiness(func() error { return fmt.Errorf("standby: not the leader (leader: %q)", el.Leader()) })
 	if err := listenRetry(ctx, srv); err != nil {
@@ -311,18 +308,18 @@ func (g *leaderGate) objects(ctx context.Context, req any, info *grpc.UnaryServe
 
 func (g *leaderGate) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	if !g.valid() {
-		return nil, rpcerr.Status(notLeader(""))
+		return nil, rpcerr.Status(rpcerr.NotLeader(""))
 	}
 	resp, err := h(ctx, req)
 	if err == nil && !g.valid() {
-		return nil, rpcerr.Status(notLeader(""))
+		return nil, rpcerr.Status(rpcerr.NotLeader(""))
 	}
 	return resp, err
 }
 
 func (g *leaderGate) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 	if !g.valid() {
-		return rpcerr.Status(notLeader(""))
+		return rpcerr.Status(rpcerr.NotLeader(""))
 	}
 	return h(srv, ss)
 }

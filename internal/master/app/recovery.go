@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
@@ -29,6 +30,9 @@ type recovery struct {
 	seconds    prometheus.Gauge
 	recovering prometheus.Gauge
 
+	// over mirrors ended for check's lock-free fast path: the ObjectService
+	// gate of an elected leader asks on every call.
+	over atomic.Bool
 	// mu guards began and ended.
 	mu    sync.Mutex
 	began time.Time // zero before Run
@@ -61,6 +65,7 @@ func (r *recovery) start(now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.began, r.ended = now, r.grace == 0
+	r.over.Store(r.ended)
 	if !r.ended {
 		r.recovering.Set(1)
 	}
@@ -70,6 +75,9 @@ func (r *recovery) start(now time.Time) {
 // is, how long the caller should wait before it asks again. It ends the
 // recovery when its condition holds.
 func (r *recovery) check(now time.Time) (recovering bool, retry time.Duration, registering int) {
+	if r.over.Load() {
+		return false, 0, 0
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.ended {
@@ -90,6 +98,7 @@ func (r *recovery) check(now time.Time) (recovering bool, retry time.Duration, r
 		return true, 500 * time.Millisecond, n
 	}
 	r.ended, r.took = true, since
+	r.over.Store(true)
 	r.recovering.Set(0)
 	r.seconds.Set(since.Seconds())
 	if n > 0 {
