@@ -156,7 +156,18 @@ func (c TraceConfig) Enabled() bool {
 	if strings.EqualFold(strings.TrimSpace(os.Getenv(envTracesExporter)), "none") {
 		return false
 	}
-	return c.Endpoint != "" || os.Getenv(envEndpoint) != "" || os.Getenv(envTracesEndpoint) != ""
+	return c.Target() != ""
+}
+
+// Target is the collector spans go to: Endpoint, or else the environment's
+// (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT over OTEL_EXPORTER_OTLP_ENDPOINT).
+func (c TraceConfig) Target() string {
+	for _, ep := range []string{c.Endpoint, os.Getenv(envTracesEndpoint), os.Getenv(envEndpoint)} {
+		if ep != "" {
+			return ep
+		}
+	}
+	return ""
 }
 
 // TraceKeys reports whether spans may carry object keys (--trace-keys).

@@ -17,7 +17,7 @@ import (
 
 // Process describes one Crescent binary for Main: the part every main.go
 // would otherwise repeat (healthcheck subcommand, flags + env + YAML,
-// validation, JSON logger, SIGINT/SIGTERM).
+// validation, JSON logger, tracing, SIGINT/SIGTERM).
 type Process struct {
 	// Name is the binary ("crescent-agent"); Component tags its logs ("agent").
 	Name, Component string
@@ -36,16 +36,27 @@ type Process struct {
 	// Security reads the loaded security configuration (nil: none); the
 	// healthcheck subcommand takes its CA (and certificate) from it.
 	Security func() Security
+	// Instance reads the loaded name of this instance (the master or agent
+	// id), its traces' service.instance.id; nil or "" is host-pid.
+	Instance func() string
 	// Run serves until ctx ends (SIGINT or SIGTERM).
 	Run func(ctx context.Context, lg *slog.Logger) error
 }
 
 // Main runs p with args (os.Args[1:]) and returns the exit code: 0 after a
 // clean stop or --help, 1 when Run fails, 2 for bad flags or configuration.
+//
+// Every process gets the tracing flags (obs.TraceConfig: --otlp-endpoint,
+// --otlp-insecure, --otlp-ca, --trace-sample-ratio, --trace-keys); the
+// standard OTEL_* variables are read from the process environment by the
+// OpenTelemetry SDK itself. Tracing is set up before Run and its queued
+// spans flushed after it returns.
 func Main(p Process, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) int {
 	fs := flag.NewFlagSet(p.Name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	p.Flags(fs)
+	var tc obs.TraceConfig
+	tc.RegisterFlags(fs)
 	if len(args) > 0 && args[0] == "healthcheck" {
 		return p.healthcheck(fs, args[1:], lookupEnv, stderr)
 	}
@@ -62,7 +73,7 @@ func Main(p Process, args []string, lookupEnv func(string) (string, bool), stder
 		fmt.Fprintf(stderr, "%s: %v\n", p.Name, err)
 		return 2
 	}
-	if err := p.Validate(); err != nil {
+	if err := errors.Join(p.Validate(), tc.Validate()); err != nil {
 		fmt.Fprintf(stderr, "%s: invalid config: %v\n", p.Name, err)
 		return 2
 	}
@@ -73,12 +84,30 @@ func Main(p Process, args []string, lookupEnv func(string) (string, bool), stder
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	instance := ""
+	if p.Instance != nil {
+		instance = p.Instance()
+	}
+	tc.ErrorLog = lg
+	stopTracing, err := obs.SetupTracing(ctx, tc, p.Name, instance)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: tracing: %v\n", p.Name, err)
+		return 2
+	}
+	if tc.Enabled() {
+		lg.Info("tracing on", "otlp_endpoint", tc.Target(), "sample_ratio", tc.SampleRatio, "trace_keys", tc.Keys)
+	}
+	code := 0
 	if err := p.Run(ctx, lg); err != nil {
 		lg.Error("stopped with error", "err", err)
-		return 1
+		code = 1
+	} else {
+		lg.Info("stopped")
 	}
-	lg.Info("stopped")
-	return 0
+	if err := stopTracing(context.Background()); err != nil {
+		lg.Warn("tracing: spans not flushed", "err", err)
+	}
+	return code
 }
 
 // healthcheck is `NAME healthcheck [URL] [flags]`: the flags, environment

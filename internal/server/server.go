@@ -1,6 +1,7 @@
 // Package server is the gRPC and admin-HTTP bootstrap every Crescent process
 // shares: a grpc.Server with health, reflection (so bare grpcurl works),
-// recovery, slog logging and Prometheus interceptors, and an admin mux with
+// OpenTelemetry tracing (internal/obs/tracing), recovery, slog logging and
+// Prometheus interceptors, and an admin mux with
 // /healthz, /readyz and /metrics. New starts nothing; Run serves until its
 // context ends, then stops gracefully with a hard-stop timeout (open bidi
 // streams would otherwise block GracefulStop forever).
@@ -34,6 +35,7 @@ import (
 	"time"
 
 	"github.com/crescent-kv/crescent/internal/auth"
+	"github.com/crescent-kv/crescent/internal/obs/tracing"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
@@ -180,6 +182,9 @@ func New(cfg Config, lg *slog.Logger, reg *prometheus.Registry, opts ...grpc.Ser
 	}
 	base := []grpc.ServerOption{
 		rpccodec.ServerOption(),
+		// A server span per call (issue 16), in the context every
+		// interceptor and handler sees, so their log lines carry its ids.
+		tracing.ServerOption(),
 		grpc.MaxRecvMsgSize(MaxMessageBytes),
 		grpc.MaxSendMsgSize(MaxMessageBytes),
 		grpc.MaxConcurrentStreams(MaxConcurrentStreams),
@@ -250,6 +255,8 @@ func (s *Server) protect(h http.Handler, audit bool, roles ...auth.Role) http.Ha
 // failed), for listeners beside the gRPC port that share its principals.
 func (s *Server) Authorizer() *auth.Authorizer { return s.authz }
 
+// slogAdapter logs the interceptor's lines with the call's context, which
+// holds its server span: they carry trace_id and span_id (obs.TraceHandler).
 func slogAdapter(l *slog.Logger) logging.Logger {
 	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
 		l.Log(ctx, slog.Level(lvl), msg, fields...)

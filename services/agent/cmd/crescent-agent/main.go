@@ -22,6 +22,7 @@ func main() {
 		Validate: cfg.Validate,
 		LogLevel: func() string { return cfg.LogLevel },
 		Security: func() server.Security { return cfg.Security },
+		Instance: func() string { return cfg.AgentID },
 		Run: func(ctx context.Context, lg *slog.Logger) error {
 			return app.New(cfg, lg, obs.NewRegistry()).Run(ctx)
 		},

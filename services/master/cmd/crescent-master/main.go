@@ -21,6 +21,7 @@ func main() {
 		Validate: cfg.Validate,
 		LogLevel: func() string { return cfg.LogLevel },
 		Security: func() server.Security { return cfg.Security },
+		Instance: func() string { return cfg.MasterID },
 		Run:      func(ctx context.Context, lg *slog.Logger) error { return app.Run(ctx, cfg, lg) },
 	}, os.Args[1:], os.LookupEnv, os.Stderr))
 }
