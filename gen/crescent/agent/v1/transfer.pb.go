@@ -156,9 +156,12 @@ func (x *TransferItem) GetLength() uint64 {
 
 // TransferRequest is the header of one request frame.
 type TransferRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Op            TransferOp             `protobuf:"varint,1,opt,name=op,proto3,enum=crescent.agent.v1.TransferOp" json:"op,omitempty"`
-	Items         []*TransferItem        `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Op    TransferOp             `protobuf:"varint,1,opt,name=op,proto3,enum=crescent.agent.v1.TransferOp" json:"op,omitempty"`
+	Items []*TransferItem        `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
+	// The caller's span, when it is sampled: the agent's span for this
+	// request is its child. Absent (zero bytes on the wire) otherwise.
+	TraceContext  *TraceContext `protobuf:"bytes,3,opt,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -207,6 +210,71 @@ func (x *TransferRequest) GetItems() []*TransferItem {
 	return nil
 }
 
+func (x *TransferRequest) GetTraceContext() *TraceContext {
+	if x != nil {
+		return x.TraceContext
+	}
+	return nil
+}
+
+// TraceContext is a W3C Trace Context (https://www.w3.org/TR/trace-context/).
+// The agent ignores a traceparent longer than 128 bytes, a tracestate longer
+// than 512 bytes and anything the W3C parser refuses: the request is served,
+// untraced.
+type TraceContext struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The traceparent header value.
+	Traceparent string `protobuf:"bytes,1,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	// The tracestate header value; usually empty.
+	Tracestate    string `protobuf:"bytes,2,opt,name=tracestate,proto3" json:"tracestate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceContext) Reset() {
+	*x = TraceContext{}
+	mi := &file_crescent_agent_v1_transfer_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceContext) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceContext) ProtoMessage() {}
+
+func (x *TraceContext) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_agent_v1_transfer_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceContext.ProtoReflect.Descriptor instead.
+func (*TraceContext) Descriptor() ([]byte, []int) {
+	return file_crescent_agent_v1_transfer_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *TraceContext) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
+}
+
+func (x *TraceContext) GetTracestate() string {
+	if x != nil {
+		return x.Tracestate
+	}
+	return ""
+}
+
 // TransferResult is one item's outcome.
 type TransferResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -223,7 +291,7 @@ type TransferResult struct {
 
 func (x *TransferResult) Reset() {
 	*x = TransferResult{}
-	mi := &file_crescent_agent_v1_transfer_proto_msgTypes[2]
+	mi := &file_crescent_agent_v1_transfer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -235,7 +303,7 @@ func (x *TransferResult) String() string {
 func (*TransferResult) ProtoMessage() {}
 
 func (x *TransferResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_agent_v1_transfer_proto_msgTypes[2]
+	mi := &file_crescent_agent_v1_transfer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -248,7 +316,7 @@ func (x *TransferResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferResult.ProtoReflect.Descriptor instead.
 func (*TransferResult) Descriptor() ([]byte, []int) {
-	return file_crescent_agent_v1_transfer_proto_rawDescGZIP(), []int{2}
+	return file_crescent_agent_v1_transfer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *TransferResult) GetStatus() *ItemResult {
@@ -293,7 +361,7 @@ type TransferResponse struct {
 
 func (x *TransferResponse) Reset() {
 	*x = TransferResponse{}
-	mi := &file_crescent_agent_v1_transfer_proto_msgTypes[3]
+	mi := &file_crescent_agent_v1_transfer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -305,7 +373,7 @@ func (x *TransferResponse) String() string {
 func (*TransferResponse) ProtoMessage() {}
 
 func (x *TransferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_agent_v1_transfer_proto_msgTypes[3]
+	mi := &file_crescent_agent_v1_transfer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -318,7 +386,7 @@ func (x *TransferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferResponse.ProtoReflect.Descriptor instead.
 func (*TransferResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_agent_v1_transfer_proto_rawDescGZIP(), []int{3}
+	return file_crescent_agent_v1_transfer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *TransferResponse) GetError() *ItemResult {
@@ -346,10 +414,16 @@ const file_crescent_agent_v1_transfer_proto_rawDesc = "" +
 	"\rallocation_id\x18\x02 \x01(\x04R\fallocationId\x12\x14\n" +
 	"\x05token\x18\x03 \x01(\fR\x05token\x12\x16\n" +
 	"\x06offset\x18\x04 \x01(\x04R\x06offset\x12\x16\n" +
-	"\x06length\x18\x05 \x01(\x04R\x06length\"w\n" +
+	"\x06length\x18\x05 \x01(\x04R\x06length\"\xbd\x01\n" +
 	"\x0fTransferRequest\x12-\n" +
 	"\x02op\x18\x01 \x01(\x0e2\x1d.crescent.agent.v1.TransferOpR\x02op\x125\n" +
-	"\x05items\x18\x02 \x03(\v2\x1f.crescent.agent.v1.TransferItemR\x05items\"\x9c\x01\n" +
+	"\x05items\x18\x02 \x03(\v2\x1f.crescent.agent.v1.TransferItemR\x05items\x12D\n" +
+	"\rtrace_context\x18\x03 \x01(\v2\x1f.crescent.agent.v1.TraceContextR\ftraceContext\"P\n" +
+	"\fTraceContext\x12 \n" +
+	"\vtraceparent\x18\x01 \x01(\tR\vtraceparent\x12\x1e\n" +
+	"\n" +
+	"tracestate\x18\x02 \x01(\tR\n" +
+	"tracestate\"\x9c\x01\n" +
 	"\x0eTransferResult\x125\n" +
 	"\x06status\x18\x01 \x01(\v2\x1d.crescent.agent.v1.ItemResultR\x06status\x12\x16\n" +
 	"\x06length\x18\x02 \x01(\x04R\x06length\x12\x1f\n" +
@@ -379,26 +453,28 @@ func file_crescent_agent_v1_transfer_proto_rawDescGZIP() []byte {
 }
 
 var file_crescent_agent_v1_transfer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_crescent_agent_v1_transfer_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_crescent_agent_v1_transfer_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_crescent_agent_v1_transfer_proto_goTypes = []any{
 	(TransferOp)(0),          // 0: crescent.agent.v1.TransferOp
 	(*TransferItem)(nil),     // 1: crescent.agent.v1.TransferItem
 	(*TransferRequest)(nil),  // 2: crescent.agent.v1.TransferRequest
-	(*TransferResult)(nil),   // 3: crescent.agent.v1.TransferResult
-	(*TransferResponse)(nil), // 4: crescent.agent.v1.TransferResponse
-	(*ItemResult)(nil),       // 5: crescent.agent.v1.ItemResult
+	(*TraceContext)(nil),     // 3: crescent.agent.v1.TraceContext
+	(*TransferResult)(nil),   // 4: crescent.agent.v1.TransferResult
+	(*TransferResponse)(nil), // 5: crescent.agent.v1.TransferResponse
+	(*ItemResult)(nil),       // 6: crescent.agent.v1.ItemResult
 }
 var file_crescent_agent_v1_transfer_proto_depIdxs = []int32{
 	0, // 0: crescent.agent.v1.TransferRequest.op:type_name -> crescent.agent.v1.TransferOp
 	1, // 1: crescent.agent.v1.TransferRequest.items:type_name -> crescent.agent.v1.TransferItem
-	5, // 2: crescent.agent.v1.TransferResult.status:type_name -> crescent.agent.v1.ItemResult
-	5, // 3: crescent.agent.v1.TransferResponse.error:type_name -> crescent.agent.v1.ItemResult
-	3, // 4: crescent.agent.v1.TransferResponse.results:type_name -> crescent.agent.v1.TransferResult
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	3, // 2: crescent.agent.v1.TransferRequest.trace_context:type_name -> crescent.agent.v1.TraceContext
+	6, // 3: crescent.agent.v1.TransferResult.status:type_name -> crescent.agent.v1.ItemResult
+	6, // 4: crescent.agent.v1.TransferResponse.error:type_name -> crescent.agent.v1.ItemResult
+	4, // 5: crescent.agent.v1.TransferResponse.results:type_name -> crescent.agent.v1.TransferResult
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_crescent_agent_v1_transfer_proto_init() }
@@ -413,7 +489,7 @@ func file_crescent_agent_v1_transfer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crescent_agent_v1_transfer_proto_rawDesc), len(file_crescent_agent_v1_transfer_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   4,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -237,8 +237,12 @@ type WatchResponse struct {
 	HeadRevision uint64 `protobuf:"varint,3,opt,name=head_revision,json=headRevision,proto3" json:"head_revision,omitempty"`
 	// Oldest revision still retained.
 	CompactRevision uint64 `protobuf:"varint,4,opt,name=compact_revision,json=compactRevision,proto3" json:"compact_revision,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The sampled spans that recorded changes of this response (a PutEnd, a
+	// Remove, an eviction pass), at most 8: the gateway's publish span links
+	// to them. Empty with tracing off.
+	Links         []*TraceContext `protobuf:"bytes,5,rep,name=links,proto3" json:"links,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchResponse) Reset() {
@@ -297,6 +301,13 @@ func (x *WatchResponse) GetCompactRevision() uint64 {
 		return x.CompactRevision
 	}
 	return 0
+}
+
+func (x *WatchResponse) GetLinks() []*TraceContext {
+	if x != nil {
+		return x.Links
+	}
+	return nil
 }
 
 type SnapshotRequest struct {
@@ -498,12 +509,13 @@ const file_crescent_master_v1_change_proto_rawDesc = "" +
 	"\x11timestamp_unix_ms\x18\a \x01(\x03R\x0ftimestampUnixMs\"I\n" +
 	"\fWatchRequest\x12#\n" +
 	"\rfrom_revision\x18\x01 \x01(\x04R\ffromRevision\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\xab\x01\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\xe3\x01\n" +
 	"\rWatchResponse\x124\n" +
 	"\achanges\x18\x01 \x03(\v2\x1a.crescent.master.v1.ChangeR\achanges\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12#\n" +
 	"\rhead_revision\x18\x03 \x01(\x04R\fheadRevision\x12)\n" +
-	"\x10compact_revision\x18\x04 \x01(\x04R\x0fcompactRevision\")\n" +
+	"\x10compact_revision\x18\x04 \x01(\x04R\x0fcompactRevision\x126\n" +
+	"\x05links\x18\x05 \x03(\v2 .crescent.master.v1.TraceContextR\x05links\")\n" +
 	"\x0fSnapshotRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"\x95\x01\n" +
 	"\x10SnapshotResponse\x12\x1a\n" +
@@ -550,22 +562,24 @@ var file_crescent_master_v1_change_proto_goTypes = []any{
 	(*SnapshotResponse)(nil), // 5: crescent.master.v1.SnapshotResponse
 	(*SnapshotEntry)(nil),    // 6: crescent.master.v1.SnapshotEntry
 	(Medium)(0),              // 7: crescent.master.v1.Medium
+	(*TraceContext)(nil),     // 8: crescent.master.v1.TraceContext
 }
 var file_crescent_master_v1_change_proto_depIdxs = []int32{
 	0, // 0: crescent.master.v1.Change.type:type_name -> crescent.master.v1.ChangeType
 	7, // 1: crescent.master.v1.Change.medium:type_name -> crescent.master.v1.Medium
 	1, // 2: crescent.master.v1.WatchResponse.changes:type_name -> crescent.master.v1.Change
-	6, // 3: crescent.master.v1.SnapshotResponse.entries:type_name -> crescent.master.v1.SnapshotEntry
-	7, // 4: crescent.master.v1.SnapshotEntry.medium:type_name -> crescent.master.v1.Medium
-	2, // 5: crescent.master.v1.ChangeService.Watch:input_type -> crescent.master.v1.WatchRequest
-	4, // 6: crescent.master.v1.ChangeService.Snapshot:input_type -> crescent.master.v1.SnapshotRequest
-	3, // 7: crescent.master.v1.ChangeService.Watch:output_type -> crescent.master.v1.WatchResponse
-	5, // 8: crescent.master.v1.ChangeService.Snapshot:output_type -> crescent.master.v1.SnapshotResponse
-	7, // [7:9] is the sub-list for method output_type
-	5, // [5:7] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	8, // 3: crescent.master.v1.WatchResponse.links:type_name -> crescent.master.v1.TraceContext
+	6, // 4: crescent.master.v1.SnapshotResponse.entries:type_name -> crescent.master.v1.SnapshotEntry
+	7, // 5: crescent.master.v1.SnapshotEntry.medium:type_name -> crescent.master.v1.Medium
+	2, // 6: crescent.master.v1.ChangeService.Watch:input_type -> crescent.master.v1.WatchRequest
+	4, // 7: crescent.master.v1.ChangeService.Snapshot:input_type -> crescent.master.v1.SnapshotRequest
+	3, // 8: crescent.master.v1.ChangeService.Watch:output_type -> crescent.master.v1.WatchResponse
+	5, // 9: crescent.master.v1.ChangeService.Snapshot:output_type -> crescent.master.v1.SnapshotResponse
+	8, // [8:10] is the sub-list for method output_type
+	6, // [6:8] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_crescent_master_v1_change_proto_init() }

@@ -1391,9 +1391,16 @@ func (x *AllocationRef) GetAllocationId() uint64 {
 type ReserveRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Correlates the ReserveResult; unique per session.
-	RequestId     uint64         `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Epoch         uint64         `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Items         []*ReserveItem `protobuf:"bytes,3,rep,name=items,proto3" json:"items,omitempty"`
+	RequestId uint64         `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Epoch     uint64         `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Items     []*ReserveItem `protobuf:"bytes,3,rep,name=items,proto3" json:"items,omitempty"`
+	// The span this command runs under (set by a master whose span is
+	// sampled): the agent starts its own span for the command as a child.
+	TraceContext *TraceContext `protobuf:"bytes,4,opt,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty"`
+	// Further callers' spans whose items share this message (the master
+	// batches concurrent calls): the agent's span links to them. At most 8;
+	// an agent uses the first 8.
+	TraceLinks    []*TraceContext `protobuf:"bytes,5,rep,name=trace_links,json=traceLinks,proto3" json:"trace_links,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1445,6 +1452,20 @@ func (x *ReserveRequest) GetEpoch() uint64 {
 func (x *ReserveRequest) GetItems() []*ReserveItem {
 	if x != nil {
 		return x.Items
+	}
+	return nil
+}
+
+func (x *ReserveRequest) GetTraceContext() *TraceContext {
+	if x != nil {
+		return x.TraceContext
+	}
+	return nil
+}
+
+func (x *ReserveRequest) GetTraceLinks() []*TraceContext {
+	if x != nil {
+		return x.TraceLinks
 	}
 	return nil
 }
@@ -1666,10 +1687,17 @@ func (x *ReserveItemResult) GetOffset() uint64 {
 
 // ReleaseRequest frees allocations; unknown ids are no-ops (idempotent).
 type ReleaseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     uint64                 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Items         []*AllocationRef       `protobuf:"bytes,3,rep,name=items,proto3" json:"items,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId uint64                 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Epoch     uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Items     []*AllocationRef       `protobuf:"bytes,3,rep,name=items,proto3" json:"items,omitempty"`
+	// The span this command runs under (set by a master whose span is
+	// sampled): the agent starts its own span for the command as a child.
+	TraceContext *TraceContext `protobuf:"bytes,4,opt,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty"`
+	// Further callers' spans whose items share this message (the master
+	// batches concurrent calls): the agent's span links to them. At most 8;
+	// an agent uses the first 8.
+	TraceLinks    []*TraceContext `protobuf:"bytes,5,rep,name=trace_links,json=traceLinks,proto3" json:"trace_links,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1721,6 +1749,20 @@ func (x *ReleaseRequest) GetEpoch() uint64 {
 func (x *ReleaseRequest) GetItems() []*AllocationRef {
 	if x != nil {
 		return x.Items
+	}
+	return nil
+}
+
+func (x *ReleaseRequest) GetTraceContext() *TraceContext {
+	if x != nil {
+		return x.TraceContext
+	}
+	return nil
+}
+
+func (x *ReleaseRequest) GetTraceLinks() []*TraceContext {
+	if x != nil {
+		return x.TraceLinks
 	}
 	return nil
 }
@@ -1780,10 +1822,17 @@ func (x *ReleaseResult) GetItems() []*ItemStatus {
 // SealRequest seals written allocations; the agent verifies each checksum
 // against the bytes before it answers OK.
 type SealRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     uint64                 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Items         []*SealItem            `protobuf:"bytes,3,rep,name=items,proto3" json:"items,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId uint64                 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Epoch     uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Items     []*SealItem            `protobuf:"bytes,3,rep,name=items,proto3" json:"items,omitempty"`
+	// The span this command runs under (set by a master whose span is
+	// sampled): the agent starts its own span for the command as a child.
+	TraceContext *TraceContext `protobuf:"bytes,4,opt,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty"`
+	// Further callers' spans whose items share this message (the master
+	// batches concurrent calls): the agent's span links to them. At most 8;
+	// an agent uses the first 8.
+	TraceLinks    []*TraceContext `protobuf:"bytes,5,rep,name=trace_links,json=traceLinks,proto3" json:"trace_links,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1835,6 +1884,20 @@ func (x *SealRequest) GetEpoch() uint64 {
 func (x *SealRequest) GetItems() []*SealItem {
 	if x != nil {
 		return x.Items
+	}
+	return nil
+}
+
+func (x *SealRequest) GetTraceContext() *TraceContext {
+	if x != nil {
+		return x.TraceContext
+	}
+	return nil
+}
+
+func (x *SealRequest) GetTraceLinks() []*TraceContext {
+	if x != nil {
+		return x.TraceLinks
 	}
 	return nil
 }
@@ -1973,7 +2036,9 @@ type CopyRequest struct {
 	TargetEndpoint string         `protobuf:"bytes,4,opt,name=target_endpoint,json=targetEndpoint,proto3" json:"target_endpoint,omitempty"`
 	Target         *AllocationRef `protobuf:"bytes,5,opt,name=target,proto3" json:"target,omitempty"`
 	// Write token for the target allocation.
-	TargetToken   []byte `protobuf:"bytes,6,opt,name=target_token,json=targetToken,proto3" json:"target_token,omitempty"`
+	TargetToken []byte `protobuf:"bytes,6,opt,name=target_token,json=targetToken,proto3" json:"target_token,omitempty"`
+	// The span this copy runs under (see ReserveRequest.trace_context).
+	TraceContext  *TraceContext `protobuf:"bytes,7,opt,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2046,6 +2111,13 @@ func (x *CopyRequest) GetTarget() *AllocationRef {
 func (x *CopyRequest) GetTargetToken() []byte {
 	if x != nil {
 		return x.TargetToken
+	}
+	return nil
+}
+
+func (x *CopyRequest) GetTraceContext() *TraceContext {
+	if x != nil {
+		return x.TraceContext
 	}
 	return nil
 }
@@ -2205,12 +2277,15 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\rAllocationRef\x12\x1d\n" +
 	"\n" +
 	"segment_id\x18\x01 \x01(\tR\tsegmentId\x12#\n" +
-	"\rallocation_id\x18\x02 \x01(\x04R\fallocationId\"|\n" +
+	"\rallocation_id\x18\x02 \x01(\x04R\fallocationId\"\x86\x02\n" +
 	"\x0eReserveRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x125\n" +
-	"\x05items\x18\x03 \x03(\v2\x1f.crescent.master.v1.ReserveItemR\x05items\"\xf3\x01\n" +
+	"\x05items\x18\x03 \x03(\v2\x1f.crescent.master.v1.ReserveItemR\x05items\x12E\n" +
+	"\rtrace_context\x18\x04 \x01(\v2 .crescent.master.v1.TraceContextR\ftraceContext\x12A\n" +
+	"\vtrace_links\x18\x05 \x03(\v2 .crescent.master.v1.TraceContextR\n" +
+	"traceLinks\"\xf3\x01\n" +
 	"\vReserveItem\x12\x1d\n" +
 	"\n" +
 	"segment_id\x18\x01 \x01(\tR\tsegmentId\x12\x12\n" +
@@ -2229,21 +2304,27 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\x11ReserveItemResult\x126\n" +
 	"\x06status\x18\x01 \x01(\v2\x1e.crescent.master.v1.ItemStatusR\x06status\x12#\n" +
 	"\rallocation_id\x18\x02 \x01(\x04R\fallocationId\x12\x16\n" +
-	"\x06offset\x18\x03 \x01(\x04R\x06offset\"~\n" +
+	"\x06offset\x18\x03 \x01(\x04R\x06offset\"\x88\x02\n" +
 	"\x0eReleaseRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x127\n" +
-	"\x05items\x18\x03 \x03(\v2!.crescent.master.v1.AllocationRefR\x05items\"d\n" +
+	"\x05items\x18\x03 \x03(\v2!.crescent.master.v1.AllocationRefR\x05items\x12E\n" +
+	"\rtrace_context\x18\x04 \x01(\v2 .crescent.master.v1.TraceContextR\ftraceContext\x12A\n" +
+	"\vtrace_links\x18\x05 \x03(\v2 .crescent.master.v1.TraceContextR\n" +
+	"traceLinks\"d\n" +
 	"\rReleaseResult\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x124\n" +
-	"\x05items\x18\x02 \x03(\v2\x1e.crescent.master.v1.ItemStatusR\x05items\"v\n" +
+	"\x05items\x18\x02 \x03(\v2\x1e.crescent.master.v1.ItemStatusR\x05items\"\x80\x02\n" +
 	"\vSealRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x122\n" +
-	"\x05items\x18\x03 \x03(\v2\x1c.crescent.master.v1.SealItemR\x05items\"\x9e\x01\n" +
+	"\x05items\x18\x03 \x03(\v2\x1c.crescent.master.v1.SealItemR\x05items\x12E\n" +
+	"\rtrace_context\x18\x04 \x01(\v2 .crescent.master.v1.TraceContextR\ftraceContext\x12A\n" +
+	"\vtrace_links\x18\x05 \x03(\v2 .crescent.master.v1.TraceContextR\n" +
+	"traceLinks\"\x9e\x01\n" +
 	"\bSealItem\x12\x1d\n" +
 	"\n" +
 	"segment_id\x18\x01 \x01(\tR\tsegmentId\x12#\n" +
@@ -2254,7 +2335,7 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"SealResult\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x124\n" +
-	"\x05items\x18\x02 \x03(\v2\x1e.crescent.master.v1.ItemStatusR\x05items\"\x84\x02\n" +
+	"\x05items\x18\x02 \x03(\v2\x1e.crescent.master.v1.ItemStatusR\x05items\"\xcb\x02\n" +
 	"\vCopyRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x14\n" +
@@ -2262,7 +2343,8 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\x06source\x18\x03 \x01(\v2!.crescent.master.v1.AllocationRefR\x06source\x12'\n" +
 	"\x0ftarget_endpoint\x18\x04 \x01(\tR\x0etargetEndpoint\x129\n" +
 	"\x06target\x18\x05 \x01(\v2!.crescent.master.v1.AllocationRefR\x06target\x12!\n" +
-	"\ftarget_token\x18\x06 \x01(\fR\vtargetToken\"c\n" +
+	"\ftarget_token\x18\x06 \x01(\fR\vtargetToken\x12E\n" +
+	"\rtrace_context\x18\a \x01(\v2 .crescent.master.v1.TraceContextR\ftraceContext\"c\n" +
 	"\n" +
 	"CopyResult\x12\x1d\n" +
 	"\n" +
@@ -2331,7 +2413,8 @@ var file_crescent_master_v1_segment_proto_goTypes = []any{
 	(*CopyResult)(nil),          // 25: crescent.master.v1.CopyResult
 	(Medium)(0),                 // 26: crescent.master.v1.Medium
 	(*durationpb.Duration)(nil), // 27: google.protobuf.Duration
-	(*ItemStatus)(nil),          // 28: crescent.master.v1.ItemStatus
+	(*TraceContext)(nil),        // 28: crescent.master.v1.TraceContext
+	(*ItemStatus)(nil),          // 29: crescent.master.v1.ItemStatus
 }
 var file_crescent_master_v1_segment_proto_depIdxs = []int32{
 	26, // 0: crescent.master.v1.SegmentInfo.medium:type_name -> crescent.master.v1.Medium
@@ -2363,22 +2446,29 @@ var file_crescent_master_v1_segment_proto_depIdxs = []int32{
 	14, // 26: crescent.master.v1.Settings.release_allocations:type_name -> crescent.master.v1.AllocationRef
 	13, // 27: crescent.master.v1.Settings.token_keys:type_name -> crescent.master.v1.TokenKey
 	16, // 28: crescent.master.v1.ReserveRequest.items:type_name -> crescent.master.v1.ReserveItem
-	18, // 29: crescent.master.v1.ReserveResult.items:type_name -> crescent.master.v1.ReserveItemResult
-	28, // 30: crescent.master.v1.ReserveItemResult.status:type_name -> crescent.master.v1.ItemStatus
-	14, // 31: crescent.master.v1.ReleaseRequest.items:type_name -> crescent.master.v1.AllocationRef
-	28, // 32: crescent.master.v1.ReleaseResult.items:type_name -> crescent.master.v1.ItemStatus
-	22, // 33: crescent.master.v1.SealRequest.items:type_name -> crescent.master.v1.SealItem
-	28, // 34: crescent.master.v1.SealResult.items:type_name -> crescent.master.v1.ItemStatus
-	14, // 35: crescent.master.v1.CopyRequest.source:type_name -> crescent.master.v1.AllocationRef
-	14, // 36: crescent.master.v1.CopyRequest.target:type_name -> crescent.master.v1.AllocationRef
-	28, // 37: crescent.master.v1.CopyResult.status:type_name -> crescent.master.v1.ItemStatus
-	5,  // 38: crescent.master.v1.SegmentService.Connect:input_type -> crescent.master.v1.ConnectRequest
-	11, // 39: crescent.master.v1.SegmentService.Connect:output_type -> crescent.master.v1.ConnectResponse
-	39, // [39:40] is the sub-list for method output_type
-	38, // [38:39] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	28, // 29: crescent.master.v1.ReserveRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	28, // 30: crescent.master.v1.ReserveRequest.trace_links:type_name -> crescent.master.v1.TraceContext
+	18, // 31: crescent.master.v1.ReserveResult.items:type_name -> crescent.master.v1.ReserveItemResult
+	29, // 32: crescent.master.v1.ReserveItemResult.status:type_name -> crescent.master.v1.ItemStatus
+	14, // 33: crescent.master.v1.ReleaseRequest.items:type_name -> crescent.master.v1.AllocationRef
+	28, // 34: crescent.master.v1.ReleaseRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	28, // 35: crescent.master.v1.ReleaseRequest.trace_links:type_name -> crescent.master.v1.TraceContext
+	29, // 36: crescent.master.v1.ReleaseResult.items:type_name -> crescent.master.v1.ItemStatus
+	22, // 37: crescent.master.v1.SealRequest.items:type_name -> crescent.master.v1.SealItem
+	28, // 38: crescent.master.v1.SealRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	28, // 39: crescent.master.v1.SealRequest.trace_links:type_name -> crescent.master.v1.TraceContext
+	29, // 40: crescent.master.v1.SealResult.items:type_name -> crescent.master.v1.ItemStatus
+	14, // 41: crescent.master.v1.CopyRequest.source:type_name -> crescent.master.v1.AllocationRef
+	14, // 42: crescent.master.v1.CopyRequest.target:type_name -> crescent.master.v1.AllocationRef
+	28, // 43: crescent.master.v1.CopyRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	29, // 44: crescent.master.v1.CopyResult.status:type_name -> crescent.master.v1.ItemStatus
+	5,  // 45: crescent.master.v1.SegmentService.Connect:input_type -> crescent.master.v1.ConnectRequest
+	11, // 46: crescent.master.v1.SegmentService.Connect:output_type -> crescent.master.v1.ConnectResponse
+	46, // [46:47] is the sub-list for method output_type
+	45, // [45:46] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_crescent_master_v1_segment_proto_init() }

@@ -522,6 +522,68 @@ func (x *ObjectKey) GetKey() string {
 	return ""
 }
 
+// TraceContext is a W3C Trace Context (https://www.w3.org/TR/trace-context/)
+// carried where gRPC metadata does not reach: master commands on an agent's
+// Connect stream and the links of a change batch. It is set only when the
+// sender's span is sampled, so with tracing off nothing travels. A receiver
+// treats it as untrusted input: a traceparent longer than 128 bytes or a
+// tracestate longer than 512 bytes is ignored, as is anything the W3C parser
+// refuses; the receiver's work is then simply not traced.
+type TraceContext struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The traceparent header value, for example
+	// "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".
+	Traceparent string `protobuf:"bytes,1,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	// The tracestate header value; usually empty.
+	Tracestate    string `protobuf:"bytes,2,opt,name=tracestate,proto3" json:"tracestate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceContext) Reset() {
+	*x = TraceContext{}
+	mi := &file_crescent_master_v1_types_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceContext) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceContext) ProtoMessage() {}
+
+func (x *TraceContext) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_types_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceContext.ProtoReflect.Descriptor instead.
+func (*TraceContext) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_types_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *TraceContext) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
+}
+
+func (x *TraceContext) GetTracestate() string {
+	if x != nil {
+		return x.Tracestate
+	}
+	return ""
+}
+
 var File_crescent_master_v1_types_proto protoreflect.FileDescriptor
 
 const file_crescent_master_v1_types_proto_rawDesc = "" +
@@ -562,7 +624,12 @@ const file_crescent_master_v1_types_proto_rawDesc = "" +
 	"\amessage\x18\x03 \x01(\tR\amessage\"5\n" +
 	"\tObjectKey\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\tR\x03key*D\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"P\n" +
+	"\fTraceContext\x12 \n" +
+	"\vtraceparent\x18\x01 \x01(\tR\vtraceparent\x12\x1e\n" +
+	"\n" +
+	"tracestate\x18\x02 \x01(\tR\n" +
+	"tracestate*D\n" +
 	"\x06Medium\x12\x16\n" +
 	"\x12MEDIUM_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rMEDIUM_MEMORY\x10\x01\x12\x0f\n" +
@@ -589,7 +656,7 @@ func file_crescent_master_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_crescent_master_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_crescent_master_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_crescent_master_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_crescent_master_v1_types_proto_goTypes = []any{
 	(Medium)(0),                 // 0: crescent.master.v1.Medium
 	(ReplicaStatus)(0),          // 1: crescent.master.v1.ReplicaStatus
@@ -597,11 +664,12 @@ var file_crescent_master_v1_types_proto_goTypes = []any{
 	(*ReplicaDescriptor)(nil),   // 3: crescent.master.v1.ReplicaDescriptor
 	(*ItemStatus)(nil),          // 4: crescent.master.v1.ItemStatus
 	(*ObjectKey)(nil),           // 5: crescent.master.v1.ObjectKey
-	(*durationpb.Duration)(nil), // 6: google.protobuf.Duration
+	(*TraceContext)(nil),        // 6: crescent.master.v1.TraceContext
+	(*durationpb.Duration)(nil), // 7: google.protobuf.Duration
 }
 var file_crescent_master_v1_types_proto_depIdxs = []int32{
 	0, // 0: crescent.master.v1.ReplicateConfig.medium:type_name -> crescent.master.v1.Medium
-	6, // 1: crescent.master.v1.ReplicateConfig.soft_pin_ttl:type_name -> google.protobuf.Duration
+	7, // 1: crescent.master.v1.ReplicateConfig.soft_pin_ttl:type_name -> google.protobuf.Duration
 	0, // 2: crescent.master.v1.ReplicaDescriptor.medium:type_name -> crescent.master.v1.Medium
 	1, // 3: crescent.master.v1.ReplicaDescriptor.status:type_name -> crescent.master.v1.ReplicaStatus
 	4, // [4:4] is the sub-list for method output_type
@@ -622,7 +690,7 @@ func file_crescent_master_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crescent_master_v1_types_proto_rawDesc), len(file_crescent_master_v1_types_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   4,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
