@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/crescent-kv/crescent/internal/obs/tracing"
 	"google.golang.org/grpc"
 )
 
@@ -23,12 +24,14 @@ type Conns struct {
 	closed bool
 }
 
-// NewConns returns the connection set of list (Split's result). It dials
+// NewConns returns the connection set of list (Split's result), each
+// connection dialled with opts and traced (tracing.DialOption). It dials
 // nothing (grpc.NewClient connects lazily).
 func NewConns(list []string, opts ...grpc.DialOption) (*Conns, error) {
 	if len(list) == 0 || len(list) > MaxMasters {
 		return nil, fmt.Errorf("%d master addresses, want 1 to %d", len(list), MaxMasters)
 	}
+	opts = append(slices.Clip(opts), tracing.DialOption())
 	return &Conns{list: slices.Clone(list), opts: opts, conns: map[string]*grpc.ClientConn{}}, nil
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/auth/devcerts"
+	"github.com/crescent-kv/crescent/internal/obs/tracing"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/crescent-kv/crescent/pkg/client"
@@ -89,7 +90,7 @@ func (c *Cluster) DialAs(role auth.Role, name string) *grpc.ClientConn {
 		}
 		creds = grpc.WithTransportCredentials(src.ClientCredentials("", auth.ServerIdentity{TrustDomain: TrustDomain, Roles: []auth.Role{auth.RoleMaster}}))
 	}
-	cc, err := grpc.NewClient(c.masterAddr, creds, rpccodec.DialOption())
+	cc, err := grpc.NewClient(c.masterAddr, creds, rpccodec.DialOption(), tracing.DialOption())
 	if err != nil {
 		c.t.Fatalf("dial master: %v", err)
 	}

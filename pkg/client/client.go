@@ -46,6 +46,7 @@ import (
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/auth"
+	"github.com/crescent-kv/crescent/internal/obs/tracing"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/xfer"
@@ -135,7 +136,10 @@ type Config struct {
 	// bytes go through DataService, as with DisableTransfer.
 	BearerToken string
 	// DialOptions are added to every gRPC connection (interceptors...).
-	// Transport credentials among them replace those TLS gives.
+	// Transport credentials among them replace those TLS gives. Every
+	// connection is already traced with OpenTelemetry (spans to the global
+	// TracerProvider, the W3C trace context sent to the servers): an
+	// otelgrpc handler here would make each call's span twice.
 	DialOptions []grpc.DialOption
 }
 
@@ -220,6 +224,8 @@ func (s *shared) dialOpts() []grpc.DialOption {
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		rpccodec.DialOption(),
+		// Spans to the global TracerProvider, context to the servers.
+		tracing.DialOption(),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsg), grpc.MaxCallSendMsgSize(maxMsg)),
 		// Large windows and buffers: bulk streams are bound by flow control
 		// otherwise.

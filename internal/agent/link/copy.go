@@ -5,6 +5,7 @@ import (
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/obs/tracing"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"google.golang.org/grpc"
@@ -86,6 +87,7 @@ func (l *Link) conn(endpoint string) (*grpc.ClientConn, error) {
 	opts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(l.creds()),
 		rpccodec.DialOption(),
+		tracing.DialOption(),
 		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(256<<20), grpc.MaxCallRecvMsgSize(256<<20)),
 	}, l.deps.CopyDialOptions...)
 	c, err := grpc.NewClient(endpoint, opts...)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/obs/tracing"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"google.golang.org/grpc"
@@ -67,7 +68,7 @@ func Serve(m *Master) (addr string, stop func(), err error) {
 	if err != nil {
 		return "", nil, err
 	}
-	gs := grpc.NewServer(rpccodec.ServerOption()) // the master's codec
+	gs := grpc.NewServer(rpccodec.ServerOption(), tracing.ServerOption()) // the master's codec, traced like it
 	masterv1.RegisterChangeServiceServer(gs, m)
 	done := make(chan struct{})
 	go func() {

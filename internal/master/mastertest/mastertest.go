@@ -10,6 +10,7 @@ import (
 	"time"
 
 	masterapp "github.com/crescent-kv/crescent/internal/master/app"
+	"github.com/crescent-kv/crescent/internal/obs/tracing"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"google.golang.org/grpc"
@@ -79,7 +80,7 @@ func StartStandby(t testing.TB, leader string) (addr string, stop func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer(grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
+	gs := grpc.NewServer(tracing.ServerOption(), grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
 		return rpcerr.Status(rpcerr.NotLeader(leader))
 	}))
 	go func() { _ = gs.Serve(lis) }()

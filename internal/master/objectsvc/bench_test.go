@@ -12,6 +12,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/master/meta"
 	"github.com/crescent-kv/crescent/internal/master/meta/metatest"
 	"github.com/crescent-kv/crescent/internal/obs"
+	"github.com/crescent-kv/crescent/internal/obs/tracing"
 	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/token"
@@ -21,8 +22,9 @@ import (
 )
 
 // benchServer runs the production server bootstrap (internal/server: health,
-// reflection, recovery, logging and metrics interceptors) on loopback with
-// an ObjectService over fake agents that keep their allocation tables.
+// reflection, tracing, recovery, logging and metrics interceptors) on
+// loopback with an ObjectService over fake agents that keep their
+// allocation tables; the client is traced as pkg/client's are.
 func benchServer(b *testing.B) (*grpc.ClientConn, *meta.Store) {
 	b.Helper()
 	c := metatest.NewCluster(4, 2, 1<<50)
@@ -40,7 +42,7 @@ func benchServer(b *testing.B) (*grpc.ClientConn, *meta.Store) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx) }()
-	cc, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()), tracing.DialOption())
 	if err != nil {
 		b.Fatal(err)
 	}
