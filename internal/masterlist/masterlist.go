@@ -12,13 +12,20 @@
 //     verifies that the server is a master), at most MaxRedirects times in a
 //     row without a backoff between, so two masters naming each other cannot
 //     keep it spinning.
+//   - A NOT_LEADER answer naming the master that gave it comes from a master
+//     that won the election and is waiting out its predecessor's lease: the
+//     caller stays and asks it again after NotLeaderPoll.
 //   - Anything else (NOT_LEADER without a hint, during an election; a
 //     transport failure; a session that ended) moves to the next address of
 //     the list.
 //   - The backoff grows by one step per round of the list, not per address,
-//     so every address is tried at the short delay first; after a NOT_LEADER
-//     it is at most NotLeaderDelay, since the answering master is up and an
-//     election settles in about a second.
+//     so every address is tried at the short delay first. Once a master has
+//     answered NOT_LEADER the masters are up and a leader serves within about
+//     a lease TTL, so for the next ElectionPolls attempts the delay is at
+//     most NotLeaderPoll (the agents then register with the new leader a
+//     poll after it serves, not a grown backoff later: the failover time of
+//     issue 15 is set by the slowest agent); after those, a NOT_LEADER caps
+//     it at NotLeaderDelay. A working session resets all of it (Healthy).
 package masterlist
 
 import (
@@ -40,6 +47,12 @@ const (
 	MaxRedirects = 3
 	// NotLeaderDelay caps the delay after a NOT_LEADER answer.
 	NotLeaderDelay = time.Second
+	// NotLeaderPoll caps the delay while an election settles (jittered to
+	// half to full); ElectionPolls is for how many attempts after a
+	// NOT_LEADER answer: 40 polls, 6–8 s, cover a lease TTL of 5 s with
+	// etcd's lease expiry check and the new leader's wait.
+	NotLeaderPoll = 200 * time.Millisecond
+	ElectionPolls = 40
 )
 
 // Split splits a comma-separated master list, trimming spaces. It refuses
@@ -87,6 +100,8 @@ type Picker struct {
 	cur       string // the address of the next attempt
 	redirects int    // hints followed in a row, without a backoff between
 	fails     int    // attempts failed since the last healthy session, hints not counted
+	polls     int    // NotLeaderPoll delays given since the last healthy session
+	electing  bool   // a NOT_LEADER answer came since the last healthy session
 }
 
 // NewPicker starts at list[0] (list non-empty: Split's result).
@@ -97,12 +112,18 @@ func (p *Picker) Current() string { return p.cur }
 
 // Healthy resets the backoff after a session that worked (registered,
 // delivered).
-func (p *Picker) Healthy() { p.fails = 0 }
+func (p *Picker) Healthy() { p.fails, p.polls, p.electing = 0, 0, false }
 
 // Next moves on after a failure err and returns the delay before the next
 // attempt and whether it follows a leader hint.
 func (p *Picker) Next(err error, lo, hi time.Duration) (delay time.Duration, redirected bool) {
 	hint, notLeader := rpcerr.LeaderHint(err)
+	p.electing = p.electing || notLeader
+	if notLeader && hint == p.cur {
+		// Elected, not serving yet: ask it again shortly.
+		p.redirects = 0
+		return p.poll(retry.Delay(lo, hi, p.fails/len(p.list))), false
+	}
 	if hint != "" && hint != p.cur && p.redirects < MaxRedirects {
 		p.redirects++
 		p.cur = hint
@@ -119,7 +140,16 @@ func (p *Picker) Next(err error, lo, hi time.Duration) (delay time.Duration, red
 	if notLeader {
 		delay = min(delay, NotLeaderDelay)
 	}
-	return delay, false
+	return p.poll(delay), false
+}
+
+// poll caps delay at NotLeaderPoll while an election settles.
+func (p *Picker) poll(delay time.Duration) time.Duration {
+	if !p.electing || p.polls >= ElectionPolls {
+		return delay
+	}
+	p.polls++
+	return min(delay, retry.Jitter(NotLeaderPoll))
 }
 
 // Stay returns the delay before trying the same master again, and grows

@@ -50,10 +50,27 @@ func TestPickerNext(t *testing.T) {
 			{notLeader("a:1"), "a:1", true, 0},
 			{transport, "b:1", false, base},
 		}},
-		{"no hint, a bad hint or a self hint rotates", []string{"a:1", "b:1"}, []step{
+		{"no hint or a bad hint rotates", []string{"a:1", "b:1"}, []step{
 			{notLeader(""), "b:1", false, base},
 			{notLeader("no-port"), "a:1", false, base},
-			{notLeader("a:1"), "b:1", false, 2 * base},
+			{notLeader(""), "b:1", false, NotLeaderPoll},
+		}},
+		{"a self hint stays: elected, not serving yet", []string{"a:1", "b:1"}, []step{
+			{notLeader("a:1"), "a:1", false, base},
+			{notLeader("a:1"), "a:1", false, base},
+			{transport, "b:1", false, base},
+		}},
+		{"a dead leader's hint polls until the election settles", []string{"a:1", "b:1"}, []step{
+			// a (a standby) still names the killed b; b refuses connections.
+			{notLeader("b:1"), "b:1", true, 0},
+			{transport, "a:1", false, NotLeaderPoll}, {notLeader("b:1"), "b:1", true, 0},
+			{transport, "a:1", false, NotLeaderPoll}, {notLeader("b:1"), "b:1", true, 0},
+			{transport, "a:1", false, NotLeaderPoll}, {notLeader("b:1"), "b:1", true, 0},
+			{transport, "a:1", false, NotLeaderPoll}, {notLeader("b:1"), "b:1", true, 0},
+			{transport, "a:1", false, NotLeaderPoll}, {notLeader("b:1"), "b:1", true, 0},
+			{transport, "a:1", false, NotLeaderPoll},
+			// a won: it names itself until it serves.
+			{notLeader("a:1"), "a:1", false, NotLeaderPoll},
 		}},
 		{"hints in a row are bounded", []string{"a:1", "b:1"}, []step{
 			{notLeader("b:1"), "b:1", true, 0},
@@ -67,6 +84,13 @@ func TestPickerNext(t *testing.T) {
 			{transport, "a:1", false, 8 * base}, {transport, "a:1", false, 16 * base},
 			{notLeader(""), "a:1", false, NotLeaderDelay},
 		}},
+		{"polls are bounded", []string{"a:1"}, func() []step {
+			var steps []step
+			for range ElectionPolls {
+				steps = append(steps, step{notLeader(""), "a:1", false, NotLeaderPoll})
+			}
+			return append(steps, step{notLeader(""), "a:1", false, NotLeaderDelay}, step{transport, "a:1", false, hi})
+		}()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := NewPicker(tc.list)
