@@ -15,6 +15,7 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/ha"
+	"github.com/crescent-kv/crescent/internal/master/session"
 	"github.com/crescent-kv/crescent/internal/obs"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/server"
@@ -210,10 +211,16 @@ func lead(ctx context.Context, cfg Config, lg *slog.Logger, term *ha.Term) error
 // expectAgents makes the new leader's recovery wait for every agent the
 // earlier leaders recorded in etcd (as registered and not departed), up
 // to unmount-after (by then a live master would have declared a missing
-// one lost) and recovery-max; and records this leader's own agents as
-// they register and depart. Without it recovery ends on the grace alone,
-// and an agent still in its reconnect backoff when the grace ends has its
-// objects answered OBJECT_NOT_FOUND until it is back.
+// one lost) and recovery-max; and records this leader's own agents.
+//
+// An agent is recorded before its registration is acknowledged (so before
+// any put is placed on it), so the list read here holds every agent that
+// may hold an acknowledged object: once they are all back the recovery
+// ends, without waiting out the recovery grace (which exists for a master
+// that cannot know its agents: a single master's restart, or an etcd read
+// that failed here). Departures are recorded in the background; one that
+// is missed only makes a later leader wait for that agent until
+// unmount-after.
 func expectAgents(ctx context.Context, cfg Config, lg *slog.Logger, term *ha.Term, m *Master, wg *sync.WaitGroup) {
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	known, err := term.Agents(lctx)
@@ -234,30 +241,56 @@ func expectAgents(ctx context.Context, cfg Config, lg *slog.Logger, term *ha.Ter
 		}
 		return n
 	}
+	m.rec.exact = err == nil
 	if len(known) > 0 {
 		lg.Info("waiting for the agents earlier leaders knew", "agents", len(known))
 	}
-	type change struct {
-		id string
-		up bool
+	var (
+		mu       sync.Mutex
+		recorded = make(map[string]bool, len(known))
+	)
+	for _, id := range known {
+		recorded[id] = true
 	}
-	q := make(chan change, 1024)
-	m.Sessions.SetEvents(func(id string, up bool) {
-		select {
-		case q <- change{id, up}:
-		default:
-			lg.Warn("agent list change dropped (queue full)", "agent_id", id, "up", up)
-		}
+	departed := make(chan string, 1024)
+	m.Sessions.SetEvents(session.Events{
+		Arrive: func(ctx context.Context, id string) error {
+			mu.Lock()
+			done := recorded[id]
+			mu.Unlock()
+			if done {
+				return nil
+			}
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			if err := term.SetAgent(rctx, id, true); err != nil {
+				return err
+			}
+			mu.Lock()
+			recorded[id] = true
+			mu.Unlock()
+			return nil
+		},
+		Depart: func(id string) {
+			select {
+			case departed <- id:
+			default:
+				lg.Warn("agent departure not recorded (queue full)", "agent_id", id)
+			}
+		},
 	})
 	wg.Go(func() {
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case c := <-q:
+			case id := <-departed:
+				mu.Lock()
+				delete(recorded, id)
+				mu.Unlock()
 				rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				if err := term.SetAgent(rctx, c.id, c.up); err != nil && ctx.Err() == nil {
-					lg.Warn("agent not recorded in etcd", "agent_id", c.id, "up", c.up, "err", err)
+				if err := term.SetAgent(rctx, id, false); err != nil && ctx.Err() == nil {
+					lg.Warn("agent departure not recorded in etcd", "agent_id", id, "err", err)
 				}
 				cancel()
 			}

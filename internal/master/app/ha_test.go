@@ -13,6 +13,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/testutil/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -158,32 +159,57 @@ func TestHAFailover(t *testing.T) {
 }
 
 // TestHANewLeaderRecovering: a newly elected leader answers ObjectService
-// MASTER_RECOVERING while agents may still be re-registering (not
-// OBJECT_NOT_FOUND for objects about to come back), then serves.
+// MASTER_RECOVERING while an agent the earlier leaders recorded has not
+// re-registered (not OBJECT_NOT_FOUND for objects about to come back),
+// until unmount-after; one that knows of no agent serves at once, without
+// waiting out its recovery grace: every agent that may hold an object is
+// recorded before its registration is acknowledged.
 func TestHANewLeaderRecovering(t *testing.T) {
 	etcd := etcdtest.Start(t)
-	a := startHAMaster(t, etcd.Endpoint, 5*time.Second)
-	leaderOf(t, []*haMaster{a})
-	cc, err := grpc.NewClient(a.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	exist := func(addr string) error {
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		_, err = masterv1.NewObjectServiceClient(cc).Exist(t.Context(), &masterv1.ExistRequest{Key: "k"})
+		return err
+	}
+
+	fresh := startHAMaster(t, etcd.Endpoint, 30*time.Second)
+	leaderOf(t, []*haMaster{fresh})
+	if err := exist(fresh.addr); err != nil {
+		t.Fatalf("Exist on a new leader of no known agent (grace 30s): %v, want an answer at once", err)
+	}
+	fresh.stop(t)
+
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint}, DialTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cc.Close()
-	objects := masterv1.NewObjectServiceClient(cc)
-	exist := func() error {
-		_, err := objects.Exist(t.Context(), &masterv1.ExistRequest{Key: "k"})
-		return err
+	defer cli.Close()
+	if _, err := cli.Put(t.Context(), "/t/master/agents/agent-x", ""); err != nil {
+		t.Fatal(err)
 	}
-	if err := exist(); rpcerr.Reason(err) != "MASTER_RECOVERING" {
-		t.Fatalf("Exist within the new leader's recovery grace: %v, want MASTER_RECOVERING", err)
+	const unmountAfter = 3 * time.Second
+	a := startHAMaster(t, etcd.Endpoint, 30*time.Second, func(c *Config) {
+		c.HeartbeatInterval, c.SuspectAfter, c.UnmountAfter = 200*time.Millisecond, time.Second, unmountAfter
+	})
+	leaderOf(t, []*haMaster{a})
+	began := time.Now()
+	if err := exist(a.addr); rpcerr.Reason(err) != "MASTER_RECOVERING" {
+		t.Fatalf("Exist on a new leader whose agent-x is not back: %v, want MASTER_RECOVERING", err)
 	}
 	testutil.Eventually(t, 15*time.Second, func() bool {
-		err := exist()
+		err := exist(a.addr)
 		if err != nil && rpcerr.Reason(err) != "MASTER_RECOVERING" {
 			t.Fatalf("Exist on a new leader: %v", err)
 		}
 		return err == nil
 	}, "the new leader to serve ObjectService")
+	if took := time.Since(began); took > unmountAfter+2*time.Second {
+		t.Fatalf("served %v after election; want about unmount-after (%v), not the 30s grace", took, unmountAfter)
+	}
 }
 
 // TestHALeaderPartitioned: the leader's etcd traffic is blackholed. It

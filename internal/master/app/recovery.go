@@ -16,7 +16,8 @@ import (
 
 // recovery gates ChangeService while a restarted master rebuilds its object
 // map from agent registrations. It ends at the first moment, at least grace
-// after Run started, when no agent is registering (waiting for its
+// after Run started (or at once, for an elected leader that knows its
+// agents: expect and exact), when no agent is registering (waiting for its
 // Register, receiving or reconciling its table), or when max has passed:
 // a gateway that resynced against a partly rebuilt master would publish
 // `removed` for every object still to come back. A grace of 0 disables it.
@@ -24,8 +25,11 @@ type recovery struct {
 	grace, max  time.Duration
 	registering func() int
 	// expect, if set before Run, counts agents recovery still waits for
-	// (an elected leader's: the agents earlier leaders knew).
+	// (an elected leader's: the agents earlier leaders knew); exact says
+	// that list holds every agent that may hold an object, so the grace
+	// is not waited out once they are all back.
 	expect     func() int
+	exact      bool
 	lg         *slog.Logger
 	seconds    prometheus.Gauge
 	recovering prometheus.Gauge
@@ -87,7 +91,7 @@ func (r *recovery) check(now time.Time) (recovering bool, retry time.Duration, r
 		return true, r.grace, 0
 	}
 	since := now.Sub(r.began)
-	if since < r.grace {
+	if since < r.grace && !r.exact {
 		return true, r.grace - since, r.registering()
 	}
 	n := r.registering()

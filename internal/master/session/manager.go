@@ -29,6 +29,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/master/registry"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -71,7 +72,7 @@ type Manager struct {
 	lg   *slog.Logger
 	met  *metrics
 	// events, if set, hears of agents registering and departing (SetEvents).
-	events atomic.Pointer[func(agentID string, up bool)]
+	events atomic.Pointer[Events]
 
 	// base is cancelled by Close; every session and Run derive from it.
 	base       context.Context
@@ -148,15 +149,34 @@ func (m *Manager) metadata() cluster.Metadata {
 	return nil
 }
 
-// SetEvents installs fn, called (on the session's goroutine: it must not
-// block) when an agent finished registering (up) and when one departed:
-// lost (no heartbeat within UnmountAfter) or stopped gracefully. A master
-// that leads under HA keeps the list of its agents with it (issue 15).
-func (m *Manager) SetEvents(fn func(agentID string, up bool)) { m.events.Store(&fn) }
+// Events hear of agents arriving and departing. A master that leads under
+// HA keeps the list of its agents with them (issue 15): a new leader's
+// recovery waits for exactly the agents that list holds.
+type Events struct {
+	// Arrive is called on the session's goroutine once a registering
+	// agent's Register is valid, before its table is taken in and before it
+	// is acknowledged (so before any put can be placed on it); an error
+	// refuses the registration (the agent retries). It may block until ctx
+	// ends.
+	Arrive func(ctx context.Context, agentID string) error
+	// Depart is called when an agent departed: lost (no heartbeat within
+	// UnmountAfter) or stopped gracefully. It must not block.
+	Depart func(agentID string)
+}
 
-func (m *Manager) event(agentID string, up bool) {
-	if fn := m.events.Load(); fn != nil {
-		(*fn)(agentID, up)
+// SetEvents installs e (before Run and the first Connect).
+func (m *Manager) SetEvents(e Events) { m.events.Store(&e) }
+
+func (m *Manager) arrive(ctx context.Context, agentID string) error {
+	if e := m.events.Load(); e != nil && e.Arrive != nil {
+		return e.Arrive(ctx, agentID)
+	}
+	return nil
+}
+
+func (m *Manager) depart(agentID string) {
+	if e := m.events.Load(); e != nil && e.Depart != nil {
+		e.Depart(agentID)
 	}
 }
 
@@ -214,7 +234,7 @@ func (m *Manager) sweep() {
 	for _, aid := range x.Lost {
 		m.lg.Warn("agent lost", "agent_id", aid, "unmount_after", m.cfg.UnmountAfter)
 		m.closeSession(aid, errLost)
-		m.event(aid, false)
+		m.depart(aid)
 	}
 	if len(x.Unmounting) > 0 {
 		m.unmount(x.Unmounting)
@@ -343,6 +363,11 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 		m.lg.Warn("agent registration rejected", "agent_id", first.GetRegister().GetAgentId(), "err", err)
 		return rpcerr.Status(err)
 	}
+	if err := m.arrive(ctx, reg.AgentID); err != nil {
+		m.met.registrations.WithLabelValues("failed").Inc()
+		m.lg.Warn("agent registration failed: its arrival was not recorded", "agent_id", reg.AgentID, "err", err)
+		return status.Errorf(codes.Unavailable, "agent %q not recorded by the leader: %v", reg.AgentID, err)
+	}
 	gen, gone, err := m.reg.Register(reg)
 	if err != nil {
 		m.met.registrations.WithLabelValues("rejected").Inc()
@@ -397,7 +422,6 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 	m.met.registerSeconds.WithLabelValues(reg.AgentID).Set(took.Seconds())
 	m.met.registerAllocs.WithLabelValues(reg.AgentID).Set(float64(n))
 	doneRegistering()
-	m.event(reg.AgentID, true)
 	m.lg.Info("agent registered", "agent_id", reg.AgentID, "host_id", reg.HostID, "data_endpoint", reg.DataEndpoint,
 		"gen", gen, "segments", len(reg.Segments), "allocations", n, "chunked", r.GetChunked(),
 		"released", len(release), "graceful", reg.Graceful, "took", took)
@@ -456,7 +480,7 @@ func (m *Manager) end(s *session) {
 	m.uninstall(s)
 	if ids := m.reg.Disconnect(s.agentID, s.gen); len(ids) > 0 {
 		m.unmount(ids)
-		m.event(s.agentID, false) // it stopped gracefully
+		m.depart(s.agentID) // it stopped gracefully
 	}
 }
 

@@ -718,3 +718,64 @@ func TestRegisterBoundToCertificate(t *testing.T) {
 		t.Fatalf("rightful register: got %v, %v", first, err)
 	}
 }
+
+// TestEventsArriveBeforeAcknowledged: Arrive runs before the registration
+// is acknowledged, and its error refuses the registration (UNAVAILABLE:
+// the agent retries), leaving nothing registered; Depart hears of a
+// graceful stop.
+func TestEventsArriveBeforeAcknowledged(t *testing.T) {
+	h := newHarness(t, fastConfig(), harnessOpts{})
+	var (
+		mu       sync.Mutex
+		arrived  []string
+		departed = make(chan string, 1)
+		refuse   = true
+	)
+	h.m.SetEvents(Events{
+		Arrive: func(_ context.Context, id string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if refuse {
+				return errors.New("etcd unreachable")
+			}
+			arrived = append(arrived, id)
+			return nil
+		},
+		Depart: func(id string) { departed <- id },
+	})
+	conn, stream, cancel := h.open(&masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: registerMsg("a1")}})
+	_, err := stream.Recv()
+	cancel()
+	conn.Close()
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "etcd unreachable") {
+		t.Fatalf("registration whose arrival failed: %v, want UNAVAILABLE naming the cause", err)
+	}
+	if h.m.Connected("a1") {
+		t.Fatal("a1 connected although its arrival was refused")
+	}
+	if _, ok := h.reg.Segment("a1-mem-0"); ok {
+		t.Fatal("a1's segment registered although its arrival was refused")
+	}
+
+	mu.Lock()
+	refuse = false
+	mu.Unlock()
+	a := h.connectAgent("a1")
+	mu.Lock()
+	got := slices.Clone(arrived)
+	mu.Unlock()
+	if !slices.Equal(got, []string{"a1"}) {
+		t.Fatalf("arrivals before the acknowledgement: %v, want [a1]", got)
+	}
+	a.send(&masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Deregister{Deregister: &masterv1.Deregister{Grace: durationpb.New(time.Minute)}}})
+	waitState(t, h, "a1-mem-0", "gracefully_unmounting/healthy", time.Second)
+	a.stop()
+	select {
+	case id := <-departed:
+		if id != "a1" {
+			t.Fatalf("departed %q, want a1", id)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no departure after a graceful stop")
+	}
+}
