@@ -3,11 +3,14 @@ package session
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/tracectx"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -34,6 +37,10 @@ type call struct {
 	seal    []*masterv1.SealItem
 	release []*masterv1.AllocationRef
 	copyReq *masterv1.CopyRequest
+	// sc is the master span the call runs under when it is recording
+	// (zero otherwise): the message carrying the call names it, so the
+	// agent's span for the command is its child (or links to it).
+	sc trace.SpanContext
 
 	// state is callWaiting until either the result is delivered or the
 	// caller abandons the call; whichever wins the CAS decides who owns the
@@ -254,33 +261,65 @@ func (s *session) releaseSlot() {
 	s.mu.Unlock()
 }
 
-// build assembles one command message, stamped with the master's epoch.
+// build assembles one command message, stamped with the master's epoch
+// and the trace context of the calls it carries (traceOf).
 func (s *session) build(k kind, id uint64, batch []*call, n int) *masterv1.ConnectResponse {
 	epoch := s.m.id.Epoch
+	tc, links := traceOf(batch)
 	switch k {
 	case kindReserve:
 		items := make([]*masterv1.ReserveItem, 0, n)
 		for _, c := range batch {
 			items = append(items, c.reserve...)
 		}
-		return &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Reserve{Reserve: &masterv1.ReserveRequest{RequestId: id, Epoch: epoch, Items: items}}}
+		return &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Reserve{Reserve: &masterv1.ReserveRequest{RequestId: id, Epoch: epoch, Items: items,
+			TraceContext: tc, TraceLinks: links}}}
 	case kindSeal:
 		items := make([]*masterv1.SealItem, 0, n)
 		for _, c := range batch {
 			items = append(items, c.seal...)
 		}
-		return &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Seal{Seal: &masterv1.SealRequest{RequestId: id, Epoch: epoch, Items: items}}}
+		return &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Seal{Seal: &masterv1.SealRequest{RequestId: id, Epoch: epoch, Items: items,
+			TraceContext: tc, TraceLinks: links}}}
 	case kindRelease:
 		items := make([]*masterv1.AllocationRef, 0, n)
 		for _, c := range batch {
 			items = append(items, c.release...)
 		}
-		return &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Release{Release: &masterv1.ReleaseRequest{RequestId: id, Epoch: epoch, Items: items}}}
+		return &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Release{Release: &masterv1.ReleaseRequest{RequestId: id, Epoch: epoch, Items: items,
+			TraceContext: tc, TraceLinks: links}}}
 	default:
 		req := proto.CloneOf(batch[0].copyReq)
-		req.RequestId, req.Epoch = id, epoch
+		req.RequestId, req.Epoch, req.TraceContext = id, epoch, tc
 		return &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Copy{Copy: req}}
 	}
+}
+
+// traceOf is the trace context of a message carrying batch: the first
+// traced call's span is the parent of the agent's span, and up to
+// tracectx.MaxLinks other calls' spans are links (concurrent callers
+// share one message). Nil, nil when no call is traced: nothing more on the
+// wire.
+func traceOf(batch []*call) (*masterv1.TraceContext, []*masterv1.TraceContext) {
+	var parent trace.SpanContext
+	var tc *masterv1.TraceContext
+	var links []*masterv1.TraceContext
+	for _, c := range batch {
+		if !c.sc.IsValid() || c.sc.Equal(parent) {
+			continue
+		}
+		if tc == nil {
+			parent, tc = c.sc, tracectx.CommandOf(c.sc)
+			continue
+		}
+		if len(links) == tracectx.MaxLinks {
+			break
+		}
+		if l := tracectx.CommandOf(c.sc); l != nil && !slices.ContainsFunc(links, func(x *masterv1.TraceContext) bool { return x.GetTraceparent() == l.GetTraceparent() }) {
+			links = append(links, l)
+		}
+	}
+	return tc, links
 }
 
 // do submits a call to the agent's session and waits for its outcome, the
@@ -336,7 +375,7 @@ func (m *Manager) ctxErr(ctx context.Context, k kind, agentID string) error {
 }
 
 // Reserve asks the agent to reserve allocations; results are in item order.
-func (m *Manager) Reserve(ctx context.Context, agentID string, items []*masterv1.ReserveItem) ([]*masterv1.ReserveItemResult, error) {
+func (m *Manager) Reserve(ctx context.Context, agentID string, items []*masterv1.ReserveItem) (_ []*masterv1.ReserveItemResult, err error) {
 	if len(items) == 0 {
 		return nil, nil
 	}
@@ -345,9 +384,12 @@ func (m *Manager) Reserve(ctx context.Context, agentID string, items []*masterv1
 			return nil, invalid("reserve item %d: segment_id is required", i)
 		}
 	}
+	ctx, span := startCommand(ctx, kindReserve, agentID, len(items))
+	sc := tracedBy(span)
 	out := make([]*masterv1.ReserveItemResult, 0, len(items))
-	err := m.doChunked(ctx, agentID, len(items), func(lo, hi int) *call {
-		return &call{kind: kindReserve, reserve: items[lo:hi]}
+	defer func() { endCommand(span, err, out, (*masterv1.ReserveItemResult).GetStatus) }()
+	err = m.doChunked(ctx, agentID, len(items), func(lo, hi int) *call {
+		return &call{kind: kindReserve, reserve: items[lo:hi], sc: sc}
 	}, func(o outcome) { out = append(out, o.reserve...) })
 	if err != nil {
 		return nil, err
@@ -355,8 +397,50 @@ func (m *Manager) Reserve(ctx context.Context, agentID string, items []*masterv1
 	return out, nil
 }
 
+// tracer makes the master's command spans.
+var tracer = tracectx.NewTracer("github.com/crescent-kv/crescent/internal/master/session")
+
+// startCommand starts the span of one command call to an agent (its
+// chunks, in as many messages): a child of the caller's span when that is
+// recording, else none.
+func startCommand(ctx context.Context, k kind, agentID string, n int) (context.Context, trace.Span) {
+	ctx, span := tracer.Child(ctx, commandSpans[k], trace.WithSpanKind(trace.SpanKindClient))
+	if span.IsRecording() {
+		span.SetAttributes(tracectx.Agent.String(agentID), tracectx.Items.Int(n))
+	}
+	return ctx, span
+}
+
+// commandSpans are the names of the master's command spans, by kind.
+var commandSpans = [numKinds]string{"master.reserve", "master.seal", "master.release", "master.copy"}
+
+// tracedBy is the span context a call carries: span's when it records.
+func tracedBy(span trace.Span) trace.SpanContext {
+	if !span.IsRecording() {
+		return trace.SpanContext{}
+	}
+	return span.SpanContext()
+}
+
+// endCommand ends a command span with the call's error, or the count and
+// first reason of the items that failed.
+func endCommand[T any](span trace.Span, err error, out []T, status func(T) *masterv1.ItemStatus) {
+	if err == nil && span.IsRecording() {
+		failed, first := 0, ""
+		for _, o := range out {
+			if st := status(o); st.GetCode() != 0 {
+				if failed++; first == "" {
+					first = st.GetReason()
+				}
+			}
+		}
+		tracectx.Outcome(span, failed, first)
+	}
+	tracectx.End(span, err)
+}
+
 // Seal asks the agent to seal written allocations; statuses are in item order.
-func (m *Manager) Seal(ctx context.Context, agentID string, items []*masterv1.SealItem) ([]*masterv1.ItemStatus, error) {
+func (m *Manager) Seal(ctx context.Context, agentID string, items []*masterv1.SealItem) (_ []*masterv1.ItemStatus, err error) {
 	if len(items) == 0 {
 		return nil, nil
 	}
@@ -365,9 +449,12 @@ func (m *Manager) Seal(ctx context.Context, agentID string, items []*masterv1.Se
 			return nil, invalid("seal item %d: segment_id is required", i)
 		}
 	}
+	ctx, span := startCommand(ctx, kindSeal, agentID, len(items))
+	sc := tracedBy(span)
 	out := make([]*masterv1.ItemStatus, 0, len(items))
-	err := m.doChunked(ctx, agentID, len(items), func(lo, hi int) *call {
-		return &call{kind: kindSeal, seal: items[lo:hi]}
+	defer func() { endCommand(span, err, out, func(st *masterv1.ItemStatus) *masterv1.ItemStatus { return st }) }()
+	err = m.doChunked(ctx, agentID, len(items), func(lo, hi int) *call {
+		return &call{kind: kindSeal, seal: items[lo:hi], sc: sc}
 	}, func(o outcome) { out = append(out, o.status...) })
 	if err != nil {
 		return nil, err
@@ -385,9 +472,13 @@ func (m *Manager) Release(ctx context.Context, agentID string, items []*masterv1
 			return invalid("release item %d: segment_id is required", i)
 		}
 	}
-	return m.doChunked(ctx, agentID, len(items), func(lo, hi int) *call {
-		return &call{kind: kindRelease, release: items[lo:hi]}
+	ctx, span := startCommand(ctx, kindRelease, agentID, len(items))
+	sc := tracedBy(span)
+	err := m.doChunked(ctx, agentID, len(items), func(lo, hi int) *call {
+		return &call{kind: kindRelease, release: items[lo:hi], sc: sc}
 	}, func(outcome) {})
+	tracectx.End(span, err)
+	return err
 }
 
 // doChunked runs a call of n items as calls of at most MaxBatchItems each —
@@ -432,6 +523,11 @@ func (m *Manager) Copy(ctx context.Context, agentID string, req *masterv1.CopyRe
 	if req == nil || req.GetSource().GetSegmentId() == "" || req.GetTarget().GetSegmentId() == "" || req.GetTargetEndpoint() == "" {
 		return invalid("copy: source, target and target_endpoint are required")
 	}
-	_, err := m.do(ctx, agentID, &call{kind: kindCopy, copyReq: req}, m.cfg.CopyTimeout)
+	ctx, span := startCommand(ctx, kindCopy, agentID, 1)
+	if span.IsRecording() {
+		span.SetAttributes(tracectx.Segment.String(req.GetSource().GetSegmentId()))
+	}
+	_, err := m.do(ctx, agentID, &call{kind: kindCopy, copyReq: req, sc: tracedBy(span)}, m.cfg.CopyTimeout)
+	tracectx.End(span, err)
 	return err
 }

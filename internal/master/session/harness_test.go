@@ -260,8 +260,16 @@ type fakeAgent struct {
 	epochs   []uint64
 	released []*masterv1.AllocationRef
 	copies   []*masterv1.CopyRequest
-	endErr   error // the stream's final error
+	traced   []tracedCmd // every command's trace context, in arrival order
+	endErr   error       // the stream's final error
 	ended    chan struct{}
+}
+
+// tracedCmd is the trace context a command message carried.
+type tracedCmd struct {
+	kind  string
+	tc    *masterv1.TraceContext
+	links []*masterv1.TraceContext
 }
 
 type agentOpt func(*masterv1.Register)
@@ -464,6 +472,7 @@ func (a *fakeAgent) handle(msg *masterv1.ConnectResponse) {
 		a.msgs["reserve"]++
 		a.items["reserve"] += len(v.Reserve.GetItems())
 		a.epochs = append(a.epochs, v.Reserve.GetEpoch())
+		a.traced = append(a.traced, tracedCmd{"reserve", v.Reserve.GetTraceContext(), v.Reserve.GetTraceLinks()})
 		res := &masterv1.ReserveResult{RequestId: v.Reserve.GetRequestId()}
 		for _, it := range v.Reserve.GetItems() {
 			// The offset echoes the replica id so callers can check routing.
@@ -474,6 +483,7 @@ func (a *fakeAgent) handle(msg *masterv1.ConnectResponse) {
 		a.msgs["seal"]++
 		a.items["seal"] += len(v.Seal.GetItems())
 		a.epochs = append(a.epochs, v.Seal.GetEpoch())
+		a.traced = append(a.traced, tracedCmd{"seal", v.Seal.GetTraceContext(), v.Seal.GetTraceLinks()})
 		res := &masterv1.SealResult{RequestId: v.Seal.GetRequestId()}
 		for _, it := range v.Seal.GetItems() {
 			st := &masterv1.ItemStatus{}
@@ -487,6 +497,7 @@ func (a *fakeAgent) handle(msg *masterv1.ConnectResponse) {
 		a.msgs["release"]++
 		a.items["release"] += len(v.Release.GetItems())
 		a.epochs = append(a.epochs, v.Release.GetEpoch())
+		a.traced = append(a.traced, tracedCmd{"release", v.Release.GetTraceContext(), v.Release.GetTraceLinks()})
 		a.released = append(a.released, v.Release.GetItems()...)
 		res := &masterv1.ReleaseResult{RequestId: v.Release.GetRequestId()}
 		for range v.Release.GetItems() {
@@ -497,6 +508,7 @@ func (a *fakeAgent) handle(msg *masterv1.ConnectResponse) {
 		a.msgs["copy"]++
 		a.epochs = append(a.epochs, v.Copy.GetEpoch())
 		a.copies = append(a.copies, v.Copy)
+		a.traced = append(a.traced, tracedCmd{"copy", v.Copy.GetTraceContext(), nil})
 		reply = &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_CopyResult{CopyResult: &masterv1.CopyResult{RequestId: v.Copy.GetRequestId(), Status: &masterv1.ItemStatus{}}}}
 	case *masterv1.ConnectResponse_Settings:
 		a.settings = v.Settings

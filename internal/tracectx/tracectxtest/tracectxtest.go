@@ -79,7 +79,7 @@ func ChildOf(t testing.TB, child sdktrace.ReadOnlySpan, parent trace.SpanContext
 func Attr(span sdktrace.ReadOnlySpan, key string) string {
 	for _, kv := range span.Attributes() {
 		if string(kv.Key) == key {
-			return kv.Value.Emit()
+			return kv.Value.String()
 		}
 	}
 	return ""
