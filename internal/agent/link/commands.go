@@ -1,10 +1,13 @@
 package link
 
 import (
+	"context"
 	"fmt"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/tracectx"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // errEpoch is a command's answer when its epoch is stale.
@@ -22,7 +25,7 @@ func (s *session) handle(rcv received) error {
 		return s.applySettings(m.Settings)
 	case *masterv1.ConnectResponse_Reserve:
 		r := m.Reserve
-		s.command("reserve", r.GetEpoch(), func() *masterv1.ConnectRequest {
+		s.command("reserve", r.GetEpoch(), traced{r.GetTraceContext(), r.GetTraceLinks(), len(r.GetItems())}, func(context.Context) *masterv1.ConnectRequest {
 			return &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_ReserveResult{ReserveResult: &masterv1.ReserveResult{
 				RequestId: r.GetRequestId(), Items: l.deps.Segments.Reserve(r.GetItems(), l.now()),
 			}}}
@@ -35,7 +38,7 @@ func (s *session) handle(rcv received) error {
 		}, rcv.held)
 	case *masterv1.ConnectResponse_Release:
 		r := m.Release
-		s.command("release", r.GetEpoch(), func() *masterv1.ConnectRequest {
+		s.command("release", r.GetEpoch(), traced{r.GetTraceContext(), r.GetTraceLinks(), len(r.GetItems())}, func(context.Context) *masterv1.ConnectRequest {
 			return &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_ReleaseResult{ReleaseResult: &masterv1.ReleaseResult{
 				RequestId: r.GetRequestId(), Items: l.deps.Segments.Release(r.GetItems()),
 			}}}
@@ -44,7 +47,7 @@ func (s *session) handle(rcv received) error {
 		}, rcv.held)
 	case *masterv1.ConnectResponse_Seal:
 		r := m.Seal
-		s.command("seal", r.GetEpoch(), func() *masterv1.ConnectRequest {
+		s.command("seal", r.GetEpoch(), traced{r.GetTraceContext(), r.GetTraceLinks(), len(r.GetItems())}, func(context.Context) *masterv1.ConnectRequest {
 			return &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_SealResult{SealResult: &masterv1.SealResult{
 				RequestId: r.GetRequestId(), Items: l.deps.Segments.Seal(r.GetItems(), l.now()),
 			}}}
@@ -53,8 +56,8 @@ func (s *session) handle(rcv received) error {
 		}, rcv.held)
 	case *masterv1.ConnectResponse_Copy:
 		r := m.Copy
-		s.command("copy", r.GetEpoch(), func() *masterv1.ConnectRequest {
-			err := l.copy(s.ctx, r)
+		s.command("copy", r.GetEpoch(), traced{r.GetTraceContext(), nil, 1}, func(ctx context.Context) *masterv1.ConnectRequest {
+			err := l.copy(ctx, r)
 			if err != nil {
 				l.lg.Warn("copy failed", "source_segment", r.GetSource().GetSegmentId(), "source_allocation", r.GetSource().GetAllocationId(),
 					"target", r.GetTargetEndpoint(), "err", err)
@@ -78,19 +81,79 @@ func repeatItem(err error, n int) []*masterv1.ItemStatus {
 	return out
 }
 
+// traced is what a command says about its trace: the master span it runs
+// under, other callers' spans that share it, and its item count.
+type traced struct {
+	parent *masterv1.TraceContext
+	links  []*masterv1.TraceContext
+	items  int
+}
+
+// tracer makes the agent's command spans.
+var tracer = tracectx.NewTracer("github.com/crescent-kv/crescent/internal/agent/link")
+
+// span starts the span of a command ("agent.<kind>") as a child of the
+// master's span it names; none when it names no sampled span (or an
+// invalid one: the command runs untraced).
+func (s *session) span(kind string, tr traced) (context.Context, trace.Span) {
+	if tr.parent == nil {
+		return s.ctx, trace.SpanFromContext(context.Background())
+	}
+	ctx, span := tracer.Remote(s.ctx, "agent."+kind, tracectx.ParseCommand(tr.parent), tracectx.ParseLinks(tr.links), trace.WithSpanKind(trace.SpanKindServer))
+	if span.IsRecording() {
+		span.SetAttributes(tracectx.Agent.String(s.l.cfg.AgentID), tracectx.Items.Int(tr.items))
+	}
+	return ctx, span
+}
+
+// endSpan ends a command's span with the outcome its result reports.
+func endSpan(span trace.Span, msg *masterv1.ConnectRequest) {
+	if !span.IsRecording() {
+		return
+	}
+	var statuses []*masterv1.ItemStatus
+	switch r := msg.GetMsg().(type) {
+	case *masterv1.ConnectRequest_ReserveResult:
+		for _, it := range r.ReserveResult.GetItems() {
+			statuses = append(statuses, it.GetStatus())
+		}
+	case *masterv1.ConnectRequest_SealResult:
+		statuses = r.SealResult.GetItems()
+	case *masterv1.ConnectRequest_ReleaseResult:
+		statuses = r.ReleaseResult.GetItems()
+	case *masterv1.ConnectRequest_CopyResult:
+		tracectx.End(span, rpcerr.FromItem(r.CopyResult.GetStatus()))
+		return
+	}
+	failed, first := 0, ""
+	for _, st := range statuses {
+		if st.GetCode() != 0 {
+			if failed++; first == "" {
+				first = st.GetReason()
+			}
+		}
+	}
+	tracectx.Outcome(span, failed, first)
+	span.End()
+}
+
 // command runs one master command on a worker (at most MaxInFlight at once)
 // after the epoch check, and enqueues its result. A stale command is
 // answered at once with every item refused. held, when not nil, holds the
-// command's items: it is released once run or refuse has returned.
-func (s *session) command(kind string, epoch uint64, run func() *masterv1.ConnectRequest, refuse func(error) *masterv1.ConnectRequest, held releaser) {
+// command's items: it is released once run or refuse has returned. run
+// gets the context of the command's span (tr: a child of the master's).
+func (s *session) command(kind string, epoch uint64, tr traced, run func(context.Context) *masterv1.ConnectRequest, refuse func(error) *masterv1.ConnectRequest, held releaser) {
 	l := s.l
 	if !l.raiseEpoch(epoch) {
 		l.met.commands.WithLabelValues(kind, "stale_epoch").Inc()
 		l.lg.Warn("command from a stale master epoch refused", "kind", kind, "epoch", epoch, "accepted_epoch", l.epoch.Load())
-		msg := refuse(errEpoch(epoch, l.epoch.Load()))
+		err := errEpoch(epoch, l.epoch.Load())
+		_, span := s.span(kind, tr)
+		msg := refuse(err)
 		if held != nil {
 			held.release()
 		}
+		tracectx.End(span, err)
 		s.enqueue(msg)
 		return
 	}
@@ -102,10 +165,12 @@ func (s *session) command(kind string, epoch uint64, run func() *masterv1.Connec
 	l.met.commands.WithLabelValues(kind, "accepted").Inc()
 	s.wg.Go(func() {
 		defer func() { <-s.sem }()
-		msg := run()
+		ctx, span := s.span(kind, tr)
+		msg := run(ctx)
 		if held != nil {
 			held.release()
 		}
+		endSpan(span, msg)
 		s.enqueue(msg)
 	})
 }

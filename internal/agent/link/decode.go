@@ -113,19 +113,19 @@ func (m *connectResponse) fast(b []byte, checkUTF8 bool) bool {
 	switch num {
 	case fieldReserve:
 		r := &masterv1.ReserveRequest{}
-		if m.held = decodeBatch(body, &r.RequestId, &r.Epoch, &r.Items, &reservePool, d.reserveItem); m.held == nil {
+		if m.held = decodeBatch(body, &r.RequestId, &r.Epoch, &r.TraceContext, &r.Items, &reservePool, &d, d.reserveItem); m.held == nil {
 			return false
 		}
 		m.Msg = &masterv1.ConnectResponse_Reserve{Reserve: r}
 	case fieldSeal:
 		r := &masterv1.SealRequest{}
-		if m.held = decodeBatch(body, &r.RequestId, &r.Epoch, &r.Items, &sealPool, d.sealItem); m.held == nil {
+		if m.held = decodeBatch(body, &r.RequestId, &r.Epoch, &r.TraceContext, &r.Items, &sealPool, &d, d.sealItem); m.held == nil {
 			return false
 		}
 		m.Msg = &masterv1.ConnectResponse_Seal{Seal: r}
 	case fieldRelease:
 		r := &masterv1.ReleaseRequest{}
-		if m.held = decodeBatch(body, &r.RequestId, &r.Epoch, &r.Items, &releasePool, d.allocationRef); m.held == nil {
+		if m.held = decodeBatch(body, &r.RequestId, &r.Epoch, &r.TraceContext, &r.Items, &releasePool, &d, d.allocationRef); m.held == nil {
 			return false
 		}
 		m.Msg = &masterv1.ConnectResponse_Release{Release: r}
@@ -136,10 +136,12 @@ func (m *connectResponse) fast(b []byte, checkUTF8 bool) bool {
 }
 
 // decodeBatch decodes a ReserveRequest, SealRequest or ReleaseRequest (all
-// request_id = 1, epoch = 2, repeated items = 3). The items are in arrays
-// from pool, which it returns (their releaser); nil for anything but known
-// fields with their wire types.
-func decodeBatch[T any](b []byte, requestID, epoch *uint64, items *[]*T, pool *sync.Pool, item func([]byte, *T) bool) releaser {
+// request_id = 1, epoch = 2, repeated items = 3, trace_context = 4). The
+// items are in arrays from pool, which it returns (their releaser); nil for
+// anything but known fields with their wire types. trace_links (5), which
+// only a batch of several traced callers carries, is left to the generated
+// decoder.
+func decodeBatch[T any](b []byte, requestID, epoch *uint64, tc **masterv1.TraceContext, items *[]*T, pool *sync.Pool, d *itemDecoder, item func([]byte, *T) bool) releaser {
 	n := 0
 	for rest := b; len(rest) > 0; {
 		num, typ, k := protowire.ConsumeTag(rest)
@@ -153,6 +155,8 @@ func decodeBatch[T any](b []byte, requestID, epoch *uint64, items *[]*T, pool *s
 		case num == 3 && typ == protowire.BytesType:
 			k = protowire.ConsumeFieldValue(num, typ, rest)
 			n++
+		case num == fieldTraceContext && typ == protowire.BytesType:
+			k = protowire.ConsumeFieldValue(num, typ, rest)
 		default:
 			return nil
 		}
@@ -179,6 +183,18 @@ func decodeBatch[T any](b []byte, requestID, epoch *uint64, items *[]*T, pool *s
 		}
 		v, k := protowire.ConsumeBytes(b)
 		b = b[k:]
+		if num == fieldTraceContext {
+			// A message field given twice is merged, as the generated
+			// decoder does: each string the later one holds replaces.
+			if *tc == nil {
+				*tc = &masterv1.TraceContext{}
+			}
+			if !d.traceContext(v, *tc) {
+				held.release()
+				return nil
+			}
+			continue
+		}
 		if !item(v, &arr[i]) {
 			held.release()
 			return nil
@@ -188,6 +204,36 @@ func decodeBatch[T any](b []byte, requestID, epoch *uint64, items *[]*T, pool *s
 	}
 	*items = ptrs
 	return held
+}
+
+// fieldTraceContext is the trace_context field of the three commands.
+const fieldTraceContext = 4
+
+// traceContext decodes a TraceContext (traceparent = 1, tracestate = 2,
+// both strings) into tc; false for anything else. The values are bounded
+// and parsed later (tracectx.ParseCommand), not here.
+func (d *itemDecoder) traceContext(b []byte, tc *masterv1.TraceContext) bool {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || (num != 1 && num != 2) {
+			return false
+		}
+		_, p, k, ok := fieldValue(b[n:], typ, protowire.BytesType)
+		if !ok {
+			return false
+		}
+		b = b[n+k:]
+		s, ok := d.newString(p)
+		if !ok {
+			return false
+		}
+		if num == 1 {
+			tc.Traceparent = s
+		} else {
+			tc.Tracestate = s
+		}
+	}
+	return true
 }
 
 // itemDecoder decodes the items of one batch.

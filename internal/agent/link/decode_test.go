@@ -122,7 +122,46 @@ func seedMessages(t testing.TB) [][]byte {
 		{Tenant: "t\xe2\x82", Key: "a"}, {Tenant: "t\xe2\x82", Key: "b"}, {Tenant: "ok", GroupId: "\x80"},
 	}}}})
 	seeds = append(seeds, badSeg, badTenant)
-	return seeds
+	return append(seeds, traceSeeds(t)...)
+}
+
+const testParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+// traceSeeds are commands with trace contexts: plain, with links (which
+// the fast path leaves to the generated decoder), given twice (merged),
+// and malformed inside.
+func traceSeeds(t testing.TB) [][]byte {
+	tc := &masterv1.TraceContext{Traceparent: testParent, Tracestate: "v=1"}
+	var seeds [][]byte
+	for _, m := range []*masterv1.ConnectResponse{
+		{Msg: &masterv1.ConnectResponse_Reserve{Reserve: &masterv1.ReserveRequest{RequestId: 1, Items: reserveMsg(2).GetReserve().GetItems(), TraceContext: tc}}},
+		{Msg: &masterv1.ConnectResponse_Seal{Seal: &masterv1.SealRequest{RequestId: 2, Items: []*masterv1.SealItem{{SegmentId: testSeg}}, TraceContext: &masterv1.TraceContext{Traceparent: testParent}}}},
+		{Msg: &masterv1.ConnectResponse_Release{Release: &masterv1.ReleaseRequest{RequestId: 3, Items: []*masterv1.AllocationRef{{SegmentId: testSeg}}, TraceContext: &masterv1.TraceContext{}}}},
+		{Msg: &masterv1.ConnectResponse_Release{Release: &masterv1.ReleaseRequest{RequestId: 4, TraceContext: tc, TraceLinks: []*masterv1.TraceContext{tc, {}}}}},
+		{Msg: &masterv1.ConnectResponse_Copy{Copy: &masterv1.CopyRequest{RequestId: 5, TraceContext: tc}}},
+	} {
+		seeds = append(seeds, marshal(t, m))
+	}
+	wrap := func(fields ...[]byte) []byte {
+		body := protowire.AppendVarint(protowire.AppendTag(nil, 1, protowire.VarintType), 8)
+		for _, f := range fields {
+			body = protowire.AppendBytes(protowire.AppendTag(body, fieldTraceContext, protowire.BytesType), f)
+		}
+		return protowire.AppendBytes(protowire.AppendTag(nil, fieldSeal, protowire.BytesType), body)
+	}
+	str := func(num protowire.Number, v string) []byte {
+		return protowire.AppendString(protowire.AppendTag(nil, num, protowire.BytesType), v)
+	}
+	unknown := protowire.AppendVarint(protowire.AppendTag(str(1, testParent), 3, protowire.VarintType), 1)
+	wrongType := protowire.AppendVarint(protowire.AppendTag(nil, 1, protowire.VarintType), 1)
+	return append(seeds,
+		wrap(str(1, testParent), str(2, "a=b")),          // two occurrences, merged
+		wrap(append(str(1, "x"), str(1, testParent)...)), // a field twice: the last wins
+		wrap(str(1, "\xff\xfe")),                         // invalid UTF-8
+		wrap(str(2, "ok\xc3")),
+		wrap(unknown),   // an unknown field inside
+		wrap(wrongType), // a known field with the wrong wire type
+	)
 }
 
 // TestConnectResponseDecode checks the fast path against the generated
@@ -148,6 +187,35 @@ func TestConnectResponseDecode(t *testing.T) {
 	if allocs > 140 {
 		t.Fatalf("decoding 130 reserve items took %v allocations, want about one per key", allocs)
 	}
+}
+
+// TestTracedCommandFastPath: a command with a trace context (and no
+// links) still takes the fast path, and decodes its field.
+func TestTracedCommandFastPath(t *testing.T) {
+	for i, b := range traceSeeds(t)[:3] {
+		w := &connectResponse{ConnectResponse: &masterv1.ConnectResponse{}, ids: testIDs}
+		if !w.fast(b, true) {
+			t.Fatalf("seed %d: the fast path declined a traced command", i)
+		}
+		if i < 2 && tracectxParent(w.ConnectResponse) != testParent {
+			t.Fatalf("seed %d: decoded trace context %v", i, w.ConnectResponse)
+		}
+		if w.held != nil {
+			w.held.release()
+		}
+	}
+}
+
+func tracectxParent(m *masterv1.ConnectResponse) string {
+	switch v := m.GetMsg().(type) {
+	case *masterv1.ConnectResponse_Reserve:
+		return v.Reserve.GetTraceContext().GetTraceparent()
+	case *masterv1.ConnectResponse_Seal:
+		return v.Seal.GetTraceContext().GetTraceparent()
+	case *masterv1.ConnectResponse_Release:
+		return v.Release.GetTraceContext().GetTraceparent()
+	}
+	return ""
 }
 
 // FuzzConnectResponseDecode: whatever the bytes, the fast path decodes (or
