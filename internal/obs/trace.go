@@ -342,6 +342,13 @@ func (p *switchProvider) unset(tp trace.TracerProvider) {
 	}
 }
 
+// TracingEnabled reports whether p forwards to a provider (tracing.Active
+// asks).
+func (p *switchProvider) TracingEnabled() bool {
+	h := p.cur.Load()
+	return h != nil && h != noopProvider
+}
+
 func (p *switchProvider) load() *providerHolder {
 	if h := p.cur.Load(); h != nil {
 		return h

@@ -64,6 +64,9 @@ func TestSetupTracingExports(t *testing.T) {
 	r := otlptest.Start(t)
 	flush := setup(t, obs.TraceConfig{Endpoint: r.Endpoint()}, "crescent-master")
 
+	if !tracing.Active() {
+		t.Fatal("tracing.Active false after SetupTracing with an endpoint")
+	}
 	_, span := otel.Tracer("test").Start(t.Context(), "op")
 	if !span.SpanContext().IsSampled() {
 		t.Fatal("span not sampled with the default sampler")
@@ -90,6 +93,9 @@ func TestSetupTracingExports(t *testing.T) {
 	}
 
 	// After shutdown tracing is off: spans are no longer recorded.
+	if tracing.Active() {
+		t.Fatal("tracing.Active true after shutdown")
+	}
 	_, span = otel.Tracer("test").Start(t.Context(), "after")
 	if span.IsRecording() || span.SpanContext().IsSampled() {
 		t.Fatal("span recorded after shutdown")
@@ -185,7 +191,7 @@ func TestSetupTracingOff(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, span := otel.Tracer("test").Start(t.Context(), "op")
-		if span.IsRecording() {
+		if span.IsRecording() || tracing.Active() {
 			t.Fatalf("recording span with tracing off (env %v)", env)
 		}
 		span.End()

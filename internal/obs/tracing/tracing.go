@@ -5,23 +5,30 @@
 // the SDK, the exporter and the flags live in internal/obs (SetupTracing),
 // which pkg/client does not import.
 //
-// Spans go to the global TracerProvider: a no-op one until obs.SetupTracing
-// installs the SDK, so with tracing off an instrumented call costs a
-// propagator extract and a non-recording span, and a trace context a peer
-// sent is still passed on to the next hop.
+// Spans go to the global TracerProvider. While it is the default or a
+// no-op one (tracing off: obs.SetupTracing was not called, or found no
+// endpoint, or was shut down) a call costs a look at the global provider
+// and, on a server, one at the call's metadata: otelgrpc runs only for a
+// call that carries a trace context, so that it is still passed on to the
+// next hop (a non-recording span holding it), and no span is made.
 //
 // Internal to the Crescent module: the services, the CLI and pkg/client
 // import it; other modules cannot, so it may change in any release.
 package tracing
 
 import (
+	"context"
 	"strings"
 	"sync/atomic"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/stats"
 )
 
@@ -64,15 +71,81 @@ func options() []otelgrpc.Option {
 // the caller's span when the call carries a W3C traceparent), except health
 // checks and reflection.
 func ServerOption() grpc.ServerOption {
-	return grpc.StatsHandler(otelgrpc.NewServerHandler(options()...))
+	return grpc.StatsHandler(&gated{inner: otelgrpc.NewServerHandler(options()...), server: true})
 }
 
 // DialOption instruments a gRPC client connection: a client span per call,
 // child of the span in the call's context, whose context is sent to the
 // server as a W3C traceparent; health checks and reflection excepted.
 func DialOption() grpc.DialOption {
-	return grpc.WithStatsHandler(otelgrpc.NewClientHandler(options()...))
+	return grpc.WithStatsHandler(&gated{inner: otelgrpc.NewClientHandler(options()...)})
 }
+
+// defaultProvider is the global TracerProvider before anything set one.
+var defaultProvider = otel.GetTracerProvider()
+
+// Active reports whether spans are recorded: the global TracerProvider is
+// neither otel's default nor a no-op one (nor obs's, turned off).
+func Active() bool {
+	tp := otel.GetTracerProvider()
+	if tp == defaultProvider {
+		return false
+	}
+	switch p := tp.(type) {
+	case noop.TracerProvider:
+		return false
+	case interface{ TracingEnabled() bool }:
+		return p.TracingEnabled()
+	}
+	return true
+}
+
+// gated runs otelgrpc's handler for a call only when it has something to
+// do: tracing is Active, or the call carries a trace context to pass on.
+// Otherwise the call goes untouched (otelgrpc would otherwise spend some
+// 25 allocations a call on each side on attributes, contexts and
+// metadata for a span nobody records).
+type gated struct {
+	inner  stats.Handler
+	server bool
+}
+
+// taggedKey marks the context of a call the inner handler tagged, so that
+// only its events reach it (never those of a call that began while
+// tracing was off: the inner handler would take the caller's span for the
+// call's and end it).
+type taggedKey struct{}
+
+func (g *gated) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
+	if !Active() && !g.carries(ctx) {
+		return ctx
+	}
+	return context.WithValue(g.inner.TagRPC(ctx, info), taggedKey{}, true)
+}
+
+// carries reports whether the call has a trace context to pass on: on a
+// server, a traceparent from the caller; on a client, a valid span
+// context in the call's context.
+func (g *gated) carries(ctx context.Context) bool {
+	if g.server {
+		return len(metadata.ValueFromIncomingContext(ctx, "traceparent")) > 0
+	}
+	return trace.SpanContextFromContext(ctx).IsValid()
+}
+
+func (g *gated) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	// Off, the inner handler has nothing to record (and a span begun
+	// before tracing was turned off is dropped unended).
+	if Active() && ctx.Value(taggedKey{}) != nil {
+		g.inner.HandleRPC(ctx, s)
+	}
+}
+
+func (g *gated) TagConn(ctx context.Context, info *stats.ConnTagInfo) context.Context {
+	return g.inner.TagConn(ctx, info)
+}
+
+func (g *gated) HandleConn(ctx context.Context, s stats.ConnStats) { g.inner.HandleConn(ctx, s) }
 
 var keys atomic.Bool
 
