@@ -18,6 +18,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/master/session"
 	"github.com/crescent-kv/crescent/internal/obs"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/server"
 	"google.golang.org/grpc"
 )
@@ -126,14 +127,27 @@ func runHA(ctx context.Context, cfg Config, lg *slog.Logger) error {
 	follow.Go(func() { el.Follow(fctx) })
 	defer func() { stopFollow(); follow.Wait() }()
 
+	// A campaign that fails (its lease expired while the machine or etcd
+	// was slow, the epoch write lost a race, etcd unreachable) is tried
+	// again: a standby that gave up would leave the cluster without one.
+	backoff := retry.NewBackoff(100*time.Millisecond, 2*time.Second)
 	for ctx.Err() == nil {
 		term, err := standBy(ctx, cfg, lg, el)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return err
+			var ce *campaignError
+			if !errors.As(err, &ce) {
+				return err
+			}
+			lg.Warn("campaign failed; campaigning again", "err", err)
+			if backoff.Wait(ctx) != nil {
+				return nil
+			}
+			continue
 		}
+		backoff.Reset()
 		err = lead(ctx, cfg, lg, term)
 		if ctx.Err() != nil {
 			term.Resign(context.WithoutCancel(ctx))
@@ -172,8 +186,18 @@ func standBy(ctx context.Context, cfg Config, lg *slog.Logger, el *ha.Elector) (
 		term.Resign(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("standby server: %w", err)
 	}
-	return term, cerr
+	if cerr != nil {
+		return nil, &campaignError{cerr}
+	}
+	return term, nil
 }
+
+// campaignError is standBy's error when the campaign, not the standby
+// server, failed: runHA campaigns again.
+type campaignError struct{ err error }
+
+func (e *campaignError) Error() string { return e.err.Error() }
+func (e *campaignError) Unwrap() error { return e.err }
 
 // lead runs a master under term until ctx ends or the term is lost.
 func lead(ctx context.Context, cfg Config, lg *slog.Logger, term *ha.Term) error {

@@ -246,6 +246,30 @@ func TestHALeaderPartitioned(t *testing.T) {
 	proxy.Restore()
 }
 
+// TestHAStandbyLeaseExpired: a standby cut off from etcd long enough for
+// its campaign's lease to expire (a loaded machine can do that to a 2 s
+// lease) campaigns again once etcd is back, instead of exiting, and takes
+// over when the leader stops.
+func TestHAStandbyLeaseExpired(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	proxy := etcdtest.NewProxy(t, etcd.Endpoint)
+	a := startHAMaster(t, etcd.Endpoint)
+	leaderOf(t, []*haMaster{a})
+	b := startHAMaster(t, proxy.Addr)
+	leaderOf(t, []*haMaster{a, b})
+
+	proxy.Blackhole()
+	time.Sleep(4 * time.Second) // the 2 s lease expires in etcd
+	proxy.Restore()
+	a.stop(t)
+	select {
+	case err := <-b.done:
+		t.Fatalf("the standby stopped after its lease expired: %v", err)
+	default:
+	}
+	leaderOf(t, []*haMaster{b})
+}
+
 // TestHAEtcdTLS: with etcd requiring client certificates, a master given
 // the CA and a client certificate (--etcd-tls-*) leads; wrong flag sets
 // are refused at start.
