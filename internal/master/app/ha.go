@@ -17,8 +17,8 @@ import (
 	"github.com/crescent-kv/crescent/internal/master/ha"
 	"github.com/crescent-kv/crescent/internal/master/session"
 	"github.com/crescent-kv/crescent/internal/obs"
-	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/retry"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/server"
 	"google.golang.org/grpc"
 )
