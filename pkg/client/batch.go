@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -30,11 +31,28 @@ const (
 // agent (small objects in shared BatchWrite calls, large ones streamed) with
 // bounded concurrency, then one BatchPutEnd; items whose writes failed are
 // revoked. It returns one error per item (nil = stored).
+//
+// Items whose put a failover interrupted (PutEnd on a new leader that never
+// saw their PutStart: issue 15) were not acknowledged; they are put again,
+// once, like Put's.
 func (c *Client) BatchPut(ctx context.Context, items []Item, opts ...PutOption) []error {
 	errs := make([]error, len(items))
+	o := newPutOptions(c, opts)
 	for lo := 0; lo < len(items); lo += masterBatch {
 		hi := min(lo+masterBatch, len(items))
-		c.batchPut(ctx, items[lo:hi], errs[lo:hi], newPutOptions(c, opts))
+		again := c.batchPut(ctx, items[lo:hi], errs[lo:hi], o)
+		if len(again) == 0 {
+			continue
+		}
+		retry := make([]Item, len(again))
+		for j, i := range again {
+			retry[j] = items[lo+i]
+		}
+		rerrs := make([]error, len(retry))
+		c.batchPut(ctx, retry, rerrs, o)
+		for j, i := range again {
+			errs[lo+i] = rerrs[j]
+		}
 	}
 	return errs
 }
@@ -60,7 +78,10 @@ type write struct {
 	data []byte
 }
 
-func (c *Client) batchPut(ctx context.Context, items []Item, errs []error, o *putOptions) {
+// batchPut puts items, setting errs, and returns the indices of the items
+// to put again: those whose PutEnd found no put to end (NOT_FOUND,
+// PUT_EXPIRED) on a master other than the one that started them.
+func (c *Client) batchPut(ctx context.Context, items []Item, errs []error, o *putOptions) (again []int) {
 	req := &masterv1.BatchPutStartRequest{Items: make([]*masterv1.PutStartRequest, len(items))}
 	for i, it := range items {
 		req.Items[i] = &masterv1.PutStartRequest{
@@ -84,8 +105,9 @@ func (c *Client) batchPut(ctx context.Context, items []Item, errs []error, o *pu
 			}
 			c.batchRevoke(ctx, items, all)
 		}
-		return
+		return nil
 	}
+	startedAt, _ := c.s.masters.current() // the master that answered BatchPutStart
 	var writes []write
 	for i, r := range resp.GetResults() {
 		if e := rpcerr.FromItem(r.GetStatus()); e != nil {
@@ -113,7 +135,7 @@ func (c *Client) batchPut(ctx context.Context, items []Item, errs []error, o *pu
 		c.batchRevoke(ctx, items, revoke)
 	}
 	if len(end) == 0 {
-		return
+		return nil
 	}
 	ereq := &masterv1.BatchPutEndRequest{Items: make([]*masterv1.PutEndRequest, len(end))}
 	for j, i := range end {
@@ -130,18 +152,23 @@ func (c *Client) batchPut(ctx context.Context, items []Item, errs []error, o *pu
 			errs[i] = fmt.Errorf("put %q: %w", items[i].Key, err)
 		}
 		c.batchRevoke(ctx, items, end)
-		return
+		return nil
 	}
+	endedAt, _ := c.s.masters.current()
 	var failed []int
 	for j, i := range end {
 		if e := rpcerr.FromItem(eresp.GetResults()[j]); e != nil {
 			errs[i] = fmt.Errorf("put %q: %w", items[i].Key, e)
 			failed = append(failed, i)
+			if endedAt != startedAt && (errors.Is(e, ErrNotFound) || errors.Is(e, ErrPutExpired)) {
+				again = append(again, i)
+			}
 		}
 	}
 	if len(failed) > 0 {
 		c.batchRevoke(ctx, items, failed)
 	}
+	return again
 }
 
 func (c *Client) batchRevoke(ctx context.Context, items []Item, idx []int) {
