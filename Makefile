@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 20m
 TESTFLAGS    ?=
 COMPOSE      := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
-.PHONY: all gen check-gen lint build test test-unit test-e2e run run-secure run-ha up up-ha down bench bench-gateway-state bench-restart fuzz clean tidy
+.PHONY: all gen check-gen lint build test test-unit test-e2e run run-secure run-ha up up-ha down bench bench-gateway-state bench-restart bench-failover fuzz clean tidy
 
 all: build
 
@@ -109,6 +109,13 @@ bench-gateway-state:
 RESTART_OBJECTS ?= 4000000
 bench-restart:
 	$(GO) test -run '^$$' -bench MasterRestart -benchtime 1x -count 3 -timeout 30m $(TESTFLAGS) ./internal/testcluster/ -args -restart-objects $(RESTART_OBJECTS)
+
+## bench-failover: three masters on etcd, FAILOVER_OBJECTS (default 1M) objects, FAILOVERS (default 20) kills of the leader under load, with a strict subscriber compared after each (issue 15, BENCHMARKS.md)
+FAILOVERS ?= 20
+FAILOVER_OBJECTS ?= 1000000
+bench-failover: build
+	CRESCENT_BIN=$(CURDIR)/bin CRESCENT_E2E_FAILOVERS=$(FAILOVERS) CRESCENT_E2E_FAILOVER_OBJECTS=$(FAILOVER_OBJECTS) CRESCENT_E2E_AGENT_MEMORY=256MiB \
+		$(GO) test -count 1 -run '^TestMasterFailover$$' -timeout 60m -v ./e2e/
 
 ## fuzz: run every fuzz target briefly (FUZZTIME=30s for longer)
 FUZZTIME ?= 10s
