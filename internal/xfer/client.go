@@ -16,6 +16,8 @@ import (
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/tracectx"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Defaults for Config.
@@ -130,7 +132,44 @@ func (p *Pool) Close() error {
 // requests on one connection; a failure after the first has succeeded still
 // returns only err.
 func (p *Pool) Write(ctx context.Context, endpoint string, items []*agentv1.TransferItem, src [][]byte) (itemErrs []error, err error) {
-	return exchange(ctx, p, endpoint, items, src, "source", (*conn).write)
+	ctx, span := startSpan(ctx, "transfer.write", endpoint, items, src)
+	itemErrs, err = exchange(ctx, p, endpoint, items, src, "source", (*conn).write)
+	endSpan(span, err, itemErrs, func(e error) error { return e })
+	return itemErrs, err
+}
+
+// tracer makes the client's transfer spans.
+var tracer = tracectx.NewTracer("github.com/crescent-kv/crescent/internal/xfer")
+
+// startSpan starts the client span of one Write or Read call when the
+// caller's span records; its requests then carry its context
+// (TransferRequest.trace_context), so the agent's span is its child.
+func startSpan(ctx context.Context, name, endpoint string, items []*agentv1.TransferItem, bufs [][]byte) (context.Context, trace.Span) {
+	ctx, span := tracer.Child(ctx, name, trace.WithSpanKind(trace.SpanKindClient))
+	if span.IsRecording() {
+		n := 0
+		for _, b := range bufs {
+			n += len(b)
+		}
+		span.SetAttributes(tracectx.Endpoint.String(endpoint), tracectx.Items.Int(len(items)), tracectx.Bytes.Int(n))
+	}
+	return ctx, span
+}
+
+// endSpan ends a call's span with its error or its items' outcome.
+func endSpan[R any](span trace.Span, err error, res []R, itemErr func(R) error) {
+	if err == nil && span.IsRecording() {
+		failed, first := 0, ""
+		for _, r := range res {
+			if e := itemErr(r); e != nil {
+				if failed++; first == "" {
+					first = tracectx.ReasonOf(e)
+				}
+			}
+		}
+		tracectx.Outcome(span, failed, first)
+	}
+	tracectx.End(span, err)
 }
 
 // exchange is Write and Read: it checks the arguments, sets each item's
@@ -151,7 +190,9 @@ func exchange[R any](ctx context.Context, p *Pool, endpoint string, items []*age
 	if len(items) == 0 {
 		return out, nil
 	}
+	tc := tracectx.Transfer(ctx) // nil unless the call's span is sampled
 	err := p.run(ctx, endpoint, func(c *conn) error {
+		c.trace = tc
 		for lo := 0; lo < len(items); lo += MaxItems {
 			hi := min(lo+MaxItems, len(items))
 			if err := do(c, items[lo:hi], bufs[lo:hi], out[lo:hi]); err != nil {
@@ -184,7 +225,10 @@ type ReadResult struct {
 // the item fails with INVALID_PARAMS. res[i].Err is item i's error; err is
 // a transport, protocol or argument error, and then res is nil.
 func (p *Pool) Read(ctx context.Context, endpoint string, items []*agentv1.TransferItem, dst [][]byte) (res []ReadResult, err error) {
-	return exchange(ctx, p, endpoint, items, dst, "destination", (*conn).read)
+	ctx, span := startSpan(ctx, "transfer.read", endpoint, items, dst)
+	res, err = exchange(ctx, p, endpoint, items, dst, "destination", (*conn).read)
+	endSpan(span, err, res, func(r ReadResult) error { return r.Err })
+	return res, err
 }
 
 // run performs fn on a pooled connection to endpoint under ctx. When the

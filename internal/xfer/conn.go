@@ -29,6 +29,9 @@ type conn struct {
 	// Per call.
 	dirty    bool // bytes were sent: an error now leaves the stream unframed
 	answered bool // the first byte of a response arrived
+	// trace is the call's trace context, nil when it is not traced: the
+	// header then holds not one byte more.
+	trace *agentv1.TraceContext
 }
 
 // send writes one request frame (with the preamble on a fresh connection)
@@ -38,7 +41,7 @@ func (c *conn) send(op agentv1.TransferOp, items []*agentv1.TransferItem, payloa
 	if !c.greeted {
 		b = append(b, Preamble...)
 	}
-	b, err := AppendFrame(b, &agentv1.TransferRequest{Op: op, Items: items})
+	b, err := AppendFrame(b, &agentv1.TransferRequest{Op: op, Items: items, TraceContext: c.trace})
 	if err != nil {
 		return err // nothing sent: the connection stays usable
 	}
