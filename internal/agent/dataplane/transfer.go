@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -19,7 +21,9 @@ import (
 	"github.com/crescent-kv/crescent/internal/agent/segment"
 	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/tracectx"
 	"github.com/crescent-kv/crescent/internal/xfer"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -262,7 +266,69 @@ type transferConn struct {
 	rvFn  func(fd uintptr) bool
 	rvN   int
 	rvErr error
+
+	// The request's span (a child of the client's when its header names a
+	// sampled span; else one that records nothing) and what it reports.
+	span   trace.Span
+	traced transferOutcome
 }
+
+// transferOutcome is what a request's span reports: the payload bytes
+// moved, the items that failed and the first one's reason.
+type transferOutcome struct {
+	bytes  uint64
+	failed int
+	first  string
+}
+
+// itemFailed counts a failed item for the request's span.
+func (c *transferConn) itemFailed(err error) {
+	if c.span != nil && c.span.IsRecording() {
+		if c.traced.failed++; c.traced.first == "" {
+			c.traced.first = tracectx.ReasonOf(err)
+		}
+	}
+}
+
+// tracer makes the agent's transfer spans.
+var tracer = tracectx.NewTracer("github.com/crescent-kv/crescent/internal/agent/dataplane")
+
+// startSpan starts the span of one request when its header names a sampled
+// client span: "transfer.write" or "transfer.read", its child.
+func startSpan(c *transferConn, req *agentv1.TransferRequest) {
+	c.traced = transferOutcome{}
+	c.span = noSpan
+	tc := req.GetTraceContext()
+	if tc == nil {
+		return
+	}
+	name := "transfer.read"
+	if req.GetOp() == agentv1.TransferOp_TRANSFER_OP_WRITE {
+		name = "transfer.write"
+	}
+	_, c.span = tracer.Remote(context.Background(), name, tracectx.ParseTransfer(tc), nil, trace.WithSpanKind(trace.SpanKindServer))
+	if c.span.IsRecording() {
+		items := req.GetItems()
+		c.span.SetAttributes(tracectx.Items.Int(len(items)))
+		if seg := items[0].GetSegmentId(); !slices.ContainsFunc(items, func(it *agentv1.TransferItem) bool { return it.GetSegmentId() != seg }) {
+			c.span.SetAttributes(tracectx.Segment.String(strings.Clone(seg))) // the id points into the header buffer
+		}
+	}
+}
+
+// endSpan ends the request's span with err or its items' outcome.
+func endSpan(c *transferConn, err error) {
+	if c.span.IsRecording() {
+		c.span.SetAttributes(tracectx.Bytes.Int64(int64(c.traced.bytes)))
+		if err == nil {
+			tracectx.Outcome(c.span, c.traced.failed, c.traced.first)
+		}
+	}
+	tracectx.End(c.span, err)
+	c.span = nil
+}
+
+var noSpan = trace.SpanFromContext(context.Background())
 
 func (t *transferServer) deadline(d time.Duration) time.Time { return time.Now().Add(d) }
 
@@ -359,10 +425,14 @@ func (t *transferServer) request(c *transferConn, hdr []byte) error {
 		t.refuse(c, "transfer", err)
 		return err
 	}
+	startSpan(c, req)
 	if req.GetOp() == agentv1.TransferOp_TRANSFER_OP_WRITE {
-		return t.write(c, req.GetItems())
+		err = t.write(c, req.GetItems())
+	} else {
+		err = t.read(c, req.GetItems())
 	}
-	return t.read(c, req.GetItems())
+	endSpan(c, err)
+	return err
 }
 
 // await waits for the next request to start, up to IdleTimeout; false

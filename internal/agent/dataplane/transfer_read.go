@@ -29,6 +29,7 @@ func (t *transferServer) read(c *transferConn, items []*agentv1.TransferItem) er
 		h, length, err := s.openRange(it, c.callerTenant())
 		if err != nil {
 			s.errs.WithLabelValues("transfer_read", rpcerr.Reason(err)).Inc()
+			c.itemFailed(err)
 			r.Status = xfer.ItemResult(err)
 			continue
 		}
@@ -49,6 +50,7 @@ func (t *transferServer) read(c *transferConn, items []*agentv1.TransferItem) er
 		return err
 	}
 	s.bytesOut.Add(float64(out))
+	c.traced.bytes = out
 	return nil
 }
 

@@ -107,6 +107,7 @@ func (t *transferServer) write(c *transferConn, items []*agentv1.TransferItem) e
 		r := &rs[i]
 		if err != nil {
 			s.errs.WithLabelValues("transfer_write", rpcerr.Reason(err)).Inc()
+			c.itemFailed(err)
 			r.Status = xfer.ItemResult(err)
 		} else {
 			r.Length = items[i].GetLength()
@@ -115,6 +116,7 @@ func (t *transferServer) write(c *transferConn, items []*agentv1.TransferItem) e
 		resp.Results[i] = r
 	}
 	s.bytesIn.Add(float64(in))
+	c.traced.bytes = in
 	hdr, err := t.header(c, resp)
 	if err != nil {
 		return err
