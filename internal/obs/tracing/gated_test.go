@@ -4,12 +4,16 @@ import (
 	"context"
 	"testing"
 
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
 )
 
 // counting is a stats.Handler that counts the calls reaching it.
@@ -80,5 +84,54 @@ func TestGated(t *testing.T) {
 				t.Fatal("an untagged call's event reached the inner handler")
 			}
 		})
+	}
+}
+
+// lastEnd is a counting handler that keeps the End event it was given.
+type lastEnd struct {
+	counting
+	end *stats.End
+}
+
+func (l *lastEnd) HandleRPC(_ context.Context, s stats.RPCStats) {
+	if e, ok := s.(*stats.End); ok {
+		l.end = e
+	}
+}
+
+// TestGatedRedactsStatus: a failed call's message (which may name a key)
+// reaches otelgrpc, and so the span, as its reason or code, unless keys
+// are allowed.
+func TestGatedRedactsStatus(t *testing.T) {
+	sdk := sdktrace.NewTracerProvider()
+	defer func() { _ = sdk.Shutdown(context.Background()) }()
+	otel.SetTracerProvider(sdk)
+	defer otel.SetTracerProvider(noop.NewTracerProvider())
+	defer SetKeys(false)
+
+	info := &stats.RPCTagInfo{FullMethodName: "/crescent.master.v1.ObjectService/GetReplicaList"}
+	withReason := rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND, "object %q not found", "secret/key"))
+	plain := status.Error(codes.Unavailable, "agent at secret/key gone")
+	for _, tt := range []struct {
+		err  error
+		keys bool
+		want string
+	}{
+		{withReason, false, "OBJECT_NOT_FOUND"},
+		{plain, false, "Unavailable"},
+		{plain, true, "agent at secret/key gone"},
+	} {
+		SetKeys(tt.keys)
+		l := &lastEnd{}
+		g := &gated{inner: l}
+		ctx := g.TagRPC(t.Context(), info)
+		g.HandleRPC(ctx, &stats.End{Error: tt.err})
+		if l.end == nil {
+			t.Fatal("End not passed on")
+		}
+		st := status.Convert(l.end.Error)
+		if st.Message() != tt.want || st.Code() != status.Code(tt.err) {
+			t.Fatalf("keys %v: got %v %q, want %v %q", tt.keys, st.Code(), st.Message(), status.Code(tt.err), tt.want)
+		}
 	}
 }

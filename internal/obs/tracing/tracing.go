@@ -21,6 +21,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
@@ -30,6 +31,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
 )
 
 // Propagator is the W3C trace context and baggage propagator: what
@@ -69,7 +71,9 @@ func options() []otelgrpc.Option {
 
 // ServerOption instruments a gRPC server: a server span per call (child of
 // the caller's span when the call carries a W3C traceparent), except health
-// checks and reflection.
+// checks and reflection. Unless Keys, a failed call's span says its reason
+// (ErrorInfo) or code, never its message, which may name a key; so do
+// DialOption's.
 func ServerOption() grpc.ServerOption {
 	return grpc.StatsHandler(&gated{inner: otelgrpc.NewServerHandler(options()...), server: true})
 }
@@ -136,9 +140,28 @@ func (g *gated) carries(ctx context.Context) bool {
 func (g *gated) HandleRPC(ctx context.Context, s stats.RPCStats) {
 	// Off, the inner handler has nothing to record (and a span begun
 	// before tracing was turned off is dropped unended).
-	if Active() && ctx.Value(taggedKey{}) != nil {
-		g.inner.HandleRPC(ctx, s)
+	if !Active() || ctx.Value(taggedKey{}) == nil {
+		return
 	}
+	if e, ok := s.(*stats.End); ok && e.Error != nil && !Keys() {
+		// otelgrpc makes a failed call's status message the span's status
+		// description, and Crescent's messages name keys.
+		redacted := *e
+		redacted.Error = redact(e.Error)
+		s = &redacted
+	}
+	g.inner.HandleRPC(ctx, s)
+}
+
+// redact is err with its message replaced by its reason (ErrorInfo) or,
+// without one, its code's name.
+func redact(err error) error {
+	c := status.Code(err)
+	msg := rpcerr.Reason(err)
+	if msg == "" {
+		msg = c.String()
+	}
+	return status.Error(c, msg)
 }
 
 func (g *gated) TagConn(ctx context.Context, info *stats.ConnTagInfo) context.Context {
