@@ -146,6 +146,8 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	pf.StringVar(&e.tlsCert, "tls-cert", envOr("CRESCENT_TLS_CERT", ""), "client certificate (its SPIFFE id is who you are: tenant, admin) (env CRESCENT_TLS_CERT)")
 	pf.StringVar(&e.tlsKey, "tls-key", envOr("CRESCENT_TLS_KEY", ""), "the client certificate's key (env CRESCENT_TLS_KEY)")
 	pf.StringVar(&e.tokenFile, "token-file", envOr("CRESCENT_TOKEN_FILE", ""), "file holding a bearer token, for a principal without a certificate; needs --tls-ca (env CRESCENT_TOKEN_FILE)")
+	var tr tracer
+	tr.register(pf)
 	root.SetArgs(args)
 	root.SetIn(stdin)
 	root.SetOut(stdout)
@@ -161,6 +163,9 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 		if e.output != "" && e.output != "json" && cmd.Name() != "get" {
 			return usagef("unknown output format %q (want json)", e.output)
 		}
+		if err := tr.start(cmd, stderr); err != nil {
+			return err
+		}
 		if e.timeout > 0 {
 			var c context.Context
 			c, cancel = context.WithTimeout(cmd.Context(), e.timeout)
@@ -170,6 +175,13 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	}
 	err := root.ExecuteContext(ctx)
 	cancel()
+	code := exitCode(err, stderr)
+	tr.finish(code, stderr)
+	return code
+}
+
+// exitCode reports err on stderr and returns the exit code it means.
+func exitCode(err error, stderr io.Writer) int {
 	if err == nil {
 		return ExitOK
 	}
