@@ -345,7 +345,7 @@ func newMaster(cfg Config, lg *slog.Logger, epoch uint64, opts ...grpc.ServerOpt
 		Credentials: creds, Table: authTable(),
 	}, lg, reg, append([]grpc.ServerOption{
 		grpc.ChainStreamInterceptor(rec.streamInterceptor),
-		grpc.ChainUnaryInterceptor(removeAllForce),
+		grpc.ChainUnaryInterceptor(rec.unaryInterceptor, removeAllForce),
 	}, opts...)...)
 	// The services authTable covers (authServices).
 	objectsvc.New(objectsvc.Config{}, store).Register(srv.GRPC)

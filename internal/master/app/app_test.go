@@ -82,10 +82,16 @@ func TestRunServesAndStops(t *testing.T) {
 	if err != nil || !st.GetLeader() || st.GetEpoch() == 0 {
 		t.Fatalf("GetClusterStatus: %v, %v", st, err)
 	}
-	if _, err := masterv1.NewObjectServiceClient(cc).Exist(rctx, &masterv1.ExistRequest{Key: "k"}); err != nil {
-		t.Fatalf("Exist: %v", err)
+	// ObjectService and ChangeService wait out the recovery grace (a get
+	// must not answer OBJECT_NOT_FOUND for an object whose agent is still
+	// re-registering), then serve.
+	exist := func() error {
+		_, err := masterv1.NewObjectServiceClient(cc).Exist(rctx, &masterv1.ExistRequest{Key: "k"})
+		return err
 	}
-	// ChangeService waits out the recovery grace, then serves.
+	if err := exist(); rpcerr.Reason(err) != "MASTER_RECOVERING" {
+		t.Fatalf("Exist right after start: got %v, want MASTER_RECOVERING", err)
+	}
 	snapshot := func() error {
 		st, err := masterv1.NewChangeServiceClient(cc).Snapshot(rctx, &masterv1.SnapshotRequest{})
 		if err == nil {
@@ -97,6 +103,9 @@ func TestRunServesAndStops(t *testing.T) {
 		t.Fatalf("Snapshot right after start: got %v, want MASTER_RECOVERING", err)
 	}
 	testutil.EventuallyNoError(t, 5*time.Second, snapshot)
+	if err := exist(); err != nil {
+		t.Fatalf("Exist after the recovery: %v", err)
+	}
 	cc.Close()
 	start := time.Now()
 	cancel()

@@ -247,6 +247,7 @@ func TestAuthorization(t *testing.T) {
 func TestPlaintextAllowsEverything(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.GRPCAddr, cfg.AdminAddr = "127.0.0.1:0", ""
+	cfg.RecoveryGrace = 0
 	m, err := New(cfg, testutil.Logger())
 	if err != nil {
 		t.Fatal(err)

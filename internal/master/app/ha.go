@@ -13,7 +13,6 @@ import (
 	"sync"
 	"time"
 
-	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/ha"
 	"github.com/crescent-kv/crescent/internal/master/session"
 	"github.com/crescent-kv/crescent/internal/obs"
@@ -203,11 +202,10 @@ func (e *campaignError) Unwrap() error { return e.err }
 func lead(ctx context.Context, cfg Config, lg *slog.Logger, term *ha.Term) error {
 	gate := &leaderGate{valid: term.Valid}
 	m, err := newMaster(cfg, lg, term.Epoch,
-		grpc.ChainUnaryInterceptor(gate.unary, gate.objects), grpc.ChainStreamInterceptor(gate.stream))
+		grpc.ChainUnaryInterceptor(gate.unary), grpc.ChainStreamInterceptor(gate.stream))
 	if err != nil {
 		return err
 	}
-	gate.rec = m.rec // before the server serves
 	var books sync.WaitGroup
 	defer books.Wait() // after cancel below: the recorder stops on mctx
 	mctx, cancel := context.WithCancel(ctx)
@@ -346,21 +344,6 @@ func listenRetry(ctx context.Context, srv *server.Server) error {
 // taken over.
 type leaderGate struct {
 	valid func() bool
-	rec   *recovery
-}
-
-// objects answers ObjectService MASTER_RECOVERING while the new leader
-// rebuilds its objects from the agents' registrations: before they are
-// back a get would answer OBJECT_NOT_FOUND for an object that exists, and
-// a put NO_AVAILABLE_HANDLE. Clients retry MASTER_RECOVERING.
-func (g *leaderGate) objects(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if strings.HasPrefix(info.FullMethod, "/"+masterv1.ObjectService_ServiceDesc.ServiceName+"/") {
-		if rec, retry, n := g.rec.check(time.Now()); rec {
-			return nil, rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_MASTER_RECOVERING,
-				"this master was elected moments ago; agents are re-registering (%d registering, retry in %v)", n, retry.Round(time.Millisecond)))
-		}
-	}
-	return h(ctx, req)
 }
 
 func (g *leaderGate) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {

@@ -14,8 +14,10 @@ import (
 	"google.golang.org/grpc"
 )
 
-// recovery gates ChangeService while a restarted master rebuilds its object
-// map from agent registrations. It ends at the first moment, at least grace
+// recovery gates ChangeService and ObjectService while a restarted master
+// rebuilds its object map from agent registrations (a get would otherwise
+// answer OBJECT_NOT_FOUND for an object whose agent is not back yet). It
+// ends at the first moment, at least grace
 // after Run started (or at once, for an elected leader that knows its
 // agents: expect and exact), when no agent is registering (waiting for its
 // Register, receiving or reconciling its table), or when max has passed:
@@ -128,6 +130,22 @@ func (r *recovery) run(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// unaryInterceptor answers ObjectService MASTER_RECOVERING while the
+// master rebuilds its objects from the agents' registrations (after a
+// restart, or once elected): before they are back a get would answer
+// OBJECT_NOT_FOUND for an object that exists, and a put could place a
+// second copy of a key an agent still holds. Clients retry
+// MASTER_RECOVERING.
+func (r *recovery) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if strings.HasPrefix(info.FullMethod, "/"+masterv1.ObjectService_ServiceDesc.ServiceName+"/") {
+		if rec, retry, n := r.check(time.Now()); rec {
+			return nil, rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_MASTER_RECOVERING,
+				"master started moments ago; agents are re-registering (%d registering, retry in %v)", n, retry.Round(time.Millisecond)))
+		}
+	}
+	return h(ctx, req)
 }
 
 func (r *recovery) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
