@@ -291,7 +291,7 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 	if o.UnmountAfter == 0 {
 		o.UnmountAfter = 3 * time.Second
 	}
-	c := &Cluster{t: t, bin: binDir(t), dir: t.TempDir(), adminHTTP: &http.Client{Timeout: 10 * time.Second}}
+	c := &Cluster{t: t, bin: binDir(t), dir: clusterDir(t), adminHTTP: &http.Client{Timeout: 10 * time.Second}}
 	if tlsMode(t) {
 		c.initCerts(o.Agents)
 	}
@@ -387,6 +387,25 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 		}
 	})
 	return c
+}
+
+// clusterDir is the cluster's directory (logs, disk segments, gateway
+// state): a temporary one, or CRESCENT_E2E_KEEP/<test name>, emptied
+// first and kept afterwards, to read every process's whole log.
+func clusterDir(t testing.TB) string {
+	keep := os.Getenv("CRESCENT_E2E_KEEP")
+	if keep == "" {
+		return t.TempDir()
+	}
+	dir := filepath.Join(keep, strings.ReplaceAll(t.Name(), "/", "_"))
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cluster directory (kept): %s", dir)
+	return dir
 }
 
 // proc prepares a process that runs as principal role/name in TLS mode.
