@@ -11,11 +11,15 @@ package changelog
 
 import (
 	"context"
+	"slices"
+	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // DefaultRetention is the number of records kept when Config.Retention is 0.
@@ -82,7 +86,25 @@ type Log struct {
 	// notify is closed and replaced on an append when waiting is set.
 	notify  chan struct{}
 	waiting bool
+	// spans are the sampled spans of the latest traced appends, oldest
+	// first, at most maxSpans (a ring; spanHead is the oldest): what Links
+	// answers. Empty with tracing off.
+	spans    []spanMark
+	spanHead int
+	// traced is set at the first traced append, so a log that never saw
+	// one answers Links without taking mu.
+	traced atomic.Bool
 }
+
+// spanMark is one traced append: its revisions and its span.
+type spanMark struct {
+	first, last uint64
+	sc          trace.SpanContext
+}
+
+// maxSpans bounds the traced appends the log remembers: a watcher more
+// than this many traced appends behind loses their links, not records.
+const maxSpans = 1024
 
 // New returns an empty log for epoch, retaining retention records (0 means
 // DefaultRetention). It does no I/O.
@@ -104,11 +126,22 @@ func (l *Log) Epoch() uint64 { return l.epoch }
 // Append assigns the next revisions to recs (in order, writing them back
 // into recs) and stores them. It returns the last revision assigned.
 func (l *Log) Append(recs []Record) uint64 {
+	return l.AppendTraced(recs, trace.SpanContext{})
+}
+
+// AppendTraced is Append for records made under span sc: when sc is
+// sampled, Links names it for their revisions (the gateway's publish span
+// links to it).
+func (l *Log) AppendTraced(recs []Record, sc trace.SpanContext) uint64 {
 	if len(recs) == 0 {
 		return l.Head()
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if sc.IsSampled() {
+		l.traced.Store(true)
+		l.markLocked(spanMark{first: l.head + 1, last: l.head + uint64(len(recs)), sc: sc})
+	}
 	for i := range recs {
 		l.head++
 		recs[i].Revision = l.head
@@ -131,6 +164,50 @@ func (l *Log) Append(recs []Record) uint64 {
 }
 
 const chunkSize = 4096
+
+// markLocked remembers m, merging it into the newest mark of the same span
+// (a batch appends once per shard).
+func (l *Log) markLocked(m spanMark) {
+	if n := len(l.spans); n > 0 {
+		newest := &l.spans[(l.spanHead+n-1)%n]
+		if newest.sc.Equal(m.sc) && newest.last+1 == m.first {
+			newest.last = m.last
+			return
+		}
+	}
+	if len(l.spans) < maxSpans {
+		l.spans = append(l.spans, m)
+		return
+	}
+	l.spans[l.spanHead] = m
+	l.spanHead = (l.spanHead + 1) % maxSpans
+}
+
+// Links appends to dst the distinct sampled spans that recorded revisions
+// in (from, to], oldest first, at most max of them (the first max).
+func (l *Log) Links(from, to uint64, max int, dst []trace.SpanContext) []trace.SpanContext {
+	if !l.traced.Load() {
+		return dst
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := len(l.spans)
+	if n == 0 || from >= to {
+		return dst
+	}
+	// Marks are in revision order: find the first that ends after from.
+	i := sort.Search(n, func(i int) bool { return l.spans[(l.spanHead+i)%n].last > from })
+	for ; i < n && len(dst) < max; i++ {
+		m := &l.spans[(l.spanHead+i)%n]
+		if m.first > to {
+			break
+		}
+		if !slices.ContainsFunc(dst, m.sc.Equal) {
+			dst = append(dst, m.sc)
+		}
+	}
+	return dst
+}
 
 // slotLocked returns the ring slot of revision r, allocating its chunk.
 func (l *Log) slotLocked(r uint64) *entry {

@@ -13,6 +13,8 @@ import (
 	"github.com/crescent-kv/crescent/internal/master/changelog"
 	"github.com/crescent-kv/crescent/internal/master/meta"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/tracectx"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 )
 
@@ -95,6 +97,7 @@ func (s *Service) Watch(req *masterv1.WatchRequest, stream grpc.ServerStreamingS
 	defer context.AfterFunc(s.stopping, cancel)()
 	from := req.GetFromRevision()
 	var buf []changelog.Record
+	var links []trace.SpanContext
 	for {
 		recs, head, compact, err := l.Read(from, s.cfg.MaxChangesPerResponse, buf[:0])
 		if err != nil {
@@ -122,6 +125,14 @@ func (s *Service) Watch(req *masterv1.WatchRequest, stream grpc.ServerStreamingS
 		for i, r := range recs {
 			r.Fill(&arena[i])
 			resp.Changes[i] = &arena[i]
+		}
+		// The sampled spans that recorded these changes (none with
+		// tracing off): the gateway's publish span links to them.
+		links = l.Links(from, recs[len(recs)-1].Revision, tracectx.MaxLinks, links[:0])
+		for _, sc := range links {
+			if tc := tracectx.CommandOf(sc); tc != nil {
+				resp.Links = append(resp.Links, tc)
+			}
 		}
 		if err := stream.Send(resp); err != nil {
 			return err
