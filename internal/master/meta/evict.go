@@ -4,6 +4,8 @@ import (
 	"context"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/tracectx"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Eviction frees space on segments whose placed bytes crossed the high
@@ -42,9 +44,26 @@ func (s *Store) evictOverHigh(ctx context.Context) {
 			targets = append(targets, evictTarget{seg: idx, need: used - int64(s.cfg.LowWatermark*float64(sg.Capacity))})
 		}
 	}
-	if len(targets) > 0 {
-		s.evict(ctx, targets)
+	if len(targets) == 0 {
+		return
 	}
+	// A pass of its own: a root span (the store's loop has none).
+	ctx, span := tracer.Start(ctx, "master.evict")
+	n := s.evict(ctx, targets)
+	endEvict(span, "watermark", targets, n)
+}
+
+// endEvict ends an eviction span: why, how many segments needed room and
+// how many bytes, how many objects went.
+func endEvict(span trace.Span, why string, targets []evictTarget, evicted int) {
+	if span.IsRecording() {
+		var need int64
+		for _, t := range targets {
+			need += max(t.need, 0)
+		}
+		span.SetAttributes(attrEvictWhy.String(why), attrSegments.Int(len(targets)), attrNeedBytes.Int64(need), attrEvicted.Int(evicted))
+	}
+	span.End()
 }
 
 // overHighLocked reports whether seg crossed the high watermark (PutStart
@@ -83,13 +102,25 @@ func (s *Store) evictFor(ctx context.Context, medium masterv1.Medium, need, maxS
 	if len(targets) == 0 && fullest != nil {
 		targets = append(targets, *fullest)
 	}
+	ctx, span := tracer.Child(ctx, "master.evict")
+	evicted := 0
 	if len(targets) > 0 {
-		s.evict(ctx, targets)
+		evicted = s.evict(ctx, targets)
 	}
+	endEvict(span, "put", targets, evicted)
 	if len(segs) == 0 || maxSize == 0 {
 		return ""
 	}
-	return s.makeHole(ctx, segs, maxSize)
+	ctx, span = tracer.Child(ctx, "master.make_hole")
+	hole := s.makeHole(ctx, segs, maxSize)
+	if span.IsRecording() {
+		span.SetAttributes(tracectx.Bytes.Int64(int64(maxSize)), attrSegments.Int(len(segs)))
+		if hole != "" {
+			span.SetAttributes(tracectx.Segment.String(hole))
+		}
+	}
+	span.End()
+	return hole
 }
 
 // evictCand is an object chosen for eviction: what evictVictimsLocked
@@ -131,10 +162,11 @@ func (s *Store) evictVictims(ctx context.Context, victims []evictCand) int {
 func (s *Store) evictVictimsLocked(ctx context.Context, runs [][]evictCand) int {
 	rel := &releases{}
 	n := 0
+	sc := sampled(ctx)
 	for _, run := range runs {
 		shd := &s.shards[run[0].shard]
 		shd.mu.Lock()
-		m := s.begin(shd, rel)
+		m := s.begin(shd, rel).under(sc)
 		for _, c := range run {
 			o := shd.getLocked(c.tenant, c.key)
 			if o == nil {

@@ -6,6 +6,7 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/changelog"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // mut is the one mutation path. A task opens one on a shard it has locked,
@@ -23,6 +24,16 @@ type mut struct {
 	// relink holds objects whose access clock touchLater set, out of the
 	// shard's recency list until commit places them all in one merge.
 	relink []*object
+	// span is the sampled span of the task (zero: none), named with its
+	// change records (under).
+	span trace.SpanContext
+}
+
+// under names sc (a sampled span, or zero) as the span of m's change
+// records, and returns m.
+func (m *mut) under(sc trace.SpanContext) *mut {
+	m.span = sc
+	return m
 }
 
 // mutPool recycles mutation sessions (and their record buffers).
@@ -44,12 +55,12 @@ func (m *mut) commit() {
 		m.relink = m.relink[:0]
 	}
 	if len(m.recs) > 0 {
-		m.s.log.Append(m.recs)
+		m.s.log.AppendTraced(m.recs, m.span)
 		m.s.changes.Add(float64(len(m.recs)))
 		clear(m.recs)
 		m.recs = m.recs[:0]
 	}
-	m.s, m.sh, m.rel = nil, nil, nil
+	m.s, m.sh, m.rel, m.span = nil, nil, nil, trace.SpanContext{}
 	mutPool.Put(m)
 }
 

@@ -8,6 +8,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/token"
+	"github.com/crescent-kv/crescent/internal/tracectx"
 )
 
 // PutSpec is one PutStart, already validated for shape by the adapter (New
@@ -157,7 +158,29 @@ type putItem struct {
 // are normalised in place (default tenant, replica_num, medium). A size
 // above maxObjectSize fails with OBJECT_TOO_LARGE before any of that.
 func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartResult {
+	ctx, span := tracer.Child(ctx, "master.put_start")
 	res := make([]PutStartResult, len(specs))
+	rounds := 0
+	defer func() {
+		if span.IsRecording() {
+			var size uint64
+			for i := range specs {
+				size += specs[i].Size
+			}
+			span.SetAttributes(tracectx.Items.Int(len(specs)), tracectx.Bytes.Int64(int64(min(size, 1<<63-1))), attrRounds.Int(rounds))
+			if t := uniformTenant(specs, func(sp *PutSpec) string { return sp.Tenant }); t != "" {
+				span.SetAttributes(tracectx.Tenant.String(t))
+			}
+			batchOutcome(span, func(yield func(error) bool) {
+				for i := range res {
+					if !yield(res[i].Err) {
+						return
+					}
+				}
+			})
+		}
+		span.End()
+	}()
 	items := make([]*putItem, 0, len(specs))
 	arena := make([]putItem, len(specs))
 	// One registry snapshot gives the size limit and the first round's
@@ -194,6 +217,7 @@ func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartRe
 		if round > 0 {
 			segs = s.reg.Segments() // after eviction and exclusions
 		}
+		rounds++
 		s.putStartRound(ctx, specs, items, s.newPlacerFrom(segs, exclude), exclude)
 		now := s.now()
 		wd.reset(items, now.Add(s.cfg.WriteTokenTTL), s.keys.Signer(now))
@@ -237,17 +261,30 @@ func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartRe
 // added to exclude).
 func (s *Store) putStartRound(ctx context.Context, specs []PutSpec, items []*putItem, p *placer, exclude *exclusions) {
 	rel := &releases{}
-	// Phase 1: per shard, under its lock, decide and record.
+	// Phase 1: per shard, under its lock, decide and record (an upsert's
+	// old replicas are removed here: their records name the span).
+	pctx, place := tracer.Child(ctx, "master.place")
+	sc := sampled(pctx)
 	forShards(items, func(it *putItem) int { return it.shard }, func(sh int, group []*putItem) {
 		shd := &s.shards[sh]
 		shd.mu.Lock()
-		m := s.begin(shd, rel)
+		m := s.begin(shd, rel).under(sc)
 		for _, it := range group {
 			s.placeLocked(m, p, &specs[it.i], it)
 		}
 		m.commit()
 		shd.mu.Unlock()
 	})
+	if place.IsRecording() {
+		placed := 0
+		for _, it := range items {
+			if it.err == nil {
+				placed++
+			}
+		}
+		place.SetAttributes(tracectx.Items.Int(len(items)), tracectx.Failed.Int(len(items)-placed))
+	}
+	place.End()
 	// Phase 2: reserve at the agents, batched per agent.
 	type batch struct {
 		items []*masterv1.ReserveItem

@@ -2,9 +2,11 @@ package meta
 
 import (
 	"context"
+	"slices"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/tracectx"
 )
 
 // PutEndSpec is one PutEnd.
@@ -42,7 +44,19 @@ type endItem struct {
 // in parallel); then per shard it marks the sealed replicas COMPLETE
 // (recording `stored`) and removes the ones that failed.
 func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
+	ctx, span := tracer.Child(ctx, "master.put_end")
+	sc := recorded(span)
 	res := make([]error, len(specs))
+	defer func() {
+		if span.IsRecording() {
+			span.SetAttributes(tracectx.Items.Int(len(specs)))
+			if t := uniformTenant(specs, func(sp *PutEndSpec) string { return sp.Tenant }); t != "" {
+				span.SetAttributes(tracectx.Tenant.String(t))
+			}
+			batchOutcome(span, slices.Values(res))
+		}
+		span.End()
+	}()
 	items := make([]*endItem, 0, len(specs))
 	arena := make([]endItem, len(specs))
 	for i := range specs {
@@ -144,7 +158,7 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 	forShards(items, func(it *endItem) int { return it.shard }, func(sh int, group []*endItem) {
 		shd := &s.shards[sh]
 		shd.mu.Lock()
-		m := s.begin(shd, rel)
+		m := s.begin(shd, rel).under(sc)
 		for _, it := range group {
 			if !it.settled {
 				s.settleSealsLocked(m, &specs[it.i], it)

@@ -8,6 +8,8 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/cluster"
+	"github.com/crescent-kv/crescent/internal/tracectx"
+	"go.opentelemetry.io/otel/trace"
 )
 
 type allocKey struct {
@@ -57,12 +59,20 @@ func (s *Store) Reconcile(ctx context.Context, agentID string, segments []cluste
 // before (a reconnect, not a rebuild after a master restart) does the run
 // remember the allocations it claimed, so Finish can remove the replicas
 // no chunk vouched for; a rebuild's Finish does nothing.
-func (s *Store) BeginReconcile(_ context.Context, agentID string, segments []cluster.Segment, expected uint64) cluster.Reconciler {
+func (s *Store) BeginReconcile(ctx context.Context, agentID string, segments []cluster.Segment, expected uint64) cluster.Reconciler {
 	s.owedMu.Lock()
 	owed := len(s.owed) > 0
 	s.owedMu.Unlock()
 	r := &reconcileRun{s: s, agentID: agentID, segs: len(segments), segSet: make(map[uint32]cluster.Segment, len(segments)),
 		expected: expected, owedCheck: owed}
+	// A trace of its own, linked to the caller's span (the agent's Connect
+	// stream, which lives as long as the session): Finish ends it.
+	opts := []trace.SpanStartOption{trace.WithNewRoot()}
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+	}
+	_, r.span = tracer.Start(ctx, "master.reconcile", opts...)
+	r.sc = recorded(r.span)
 	for _, sg := range segments {
 		idx := s.segs.intern(sg.ID)
 		r.segSet[idx] = sg
@@ -99,6 +109,11 @@ type reconcileRun struct {
 	owedCheck bool
 
 	allocs, removed, adopted, returned int
+
+	// span is the run's span (master.reconcile), ended by Finish; sc its
+	// context when it records, named by the records the run commits.
+	span trace.Span
+	sc   trace.SpanContext
 }
 
 // presizeTrust bounds how far a run believes an agent's announced table
@@ -204,7 +219,7 @@ func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation,
 		})
 		shd := &s.shards[sh]
 		shd.mu.Lock()
-		m := s.begin(shd, rel)
+		m := s.begin(shd, rel).under(r.sc)
 		var one [1]*masterv1.Allocation
 		for _, it := range its {
 			if presize > 0 && len(shd.tenants) == 0 {
@@ -298,7 +313,7 @@ func (r *reconcileRun) Finish(ctx context.Context) []*masterv1.AllocationRef {
 		for sh := range s.shards {
 			shd := &s.shards[sh]
 			shd.mu.Lock()
-			m := s.begin(shd, nil)
+			m := s.begin(shd, nil).under(r.sc)
 			for _, objs := range shd.tenants {
 				for _, o := range objs {
 					for i := len(o.replicas) - 1; i >= 0; i-- {
@@ -326,6 +341,11 @@ func (r *reconcileRun) Finish(ctx context.Context) []*masterv1.AllocationRef {
 	}
 	s.lg.Info("reconciled agent allocations", "agent_id", r.agentID, "segments", r.segs,
 		"allocations", r.allocs, "replicas_removed", r.removed, "replicas_adopted", r.adopted, "returned", r.returned)
+	if r.span.IsRecording() {
+		r.span.SetAttributes(tracectx.Agent.String(r.agentID), attrSegments.Int(r.segs), tracectx.Items.Int(r.allocs),
+			attrAdopted.Int(r.adopted), attrRemoved.Int(r.removed), attrReturned.Int(r.returned), attrRebuild.Bool(r.claimed == nil))
+	}
+	r.span.End()
 	return out
 }
 

@@ -12,6 +12,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/changelog"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // RemoveSpec is one Remove.
@@ -54,10 +55,11 @@ func (s *Store) BatchRemove(ctx context.Context, specs []RemoveSpec) []error {
 		func(i int) (*string, string) { return &specs[i].Tenant, specs[i].Key },
 		func(i int, err error) { res[i] = err })
 	rel := &releases{}
+	sc := sampled(ctx)
 	forShards(items, located.shardOf, func(sh int, group []located) {
 		shd := &s.shards[sh]
 		shd.mu.Lock()
-		m := s.begin(shd, rel)
+		m := s.begin(shd, rel).under(sc)
 		for _, it := range group {
 			sp := &specs[it.i]
 			o := shd.getLocked(it.tenant, sp.Key)
@@ -85,10 +87,11 @@ func (s *Store) BatchRemove(ctx context.Context, specs []RemoveSpec) []error {
 func (s *Store) removeEvery(ctx context.Context, t uint32, force bool) (removed, skipped uint64) {
 	rel := &releases{}
 	name := s.tenants.get(t).name
+	sc := sampled(ctx)
 	for i := range s.shards {
 		shd := &s.shards[i]
 		shd.mu.Lock()
-		m := s.begin(shd, rel)
+		m := s.begin(shd, rel).under(sc)
 		for _, o := range shd.tenants[t] {
 			if s.removableLocked(o, force, m.nowMs, name) != nil {
 				skipped++
@@ -133,7 +136,7 @@ func (s *Store) RemoveAll(ctx context.Context, tenant string, force bool) (remov
 	}
 	if empty {
 		recs := []changelog.Record{{Type: changelog.Cleared, Tenant: tenant, TimeMs: s.nowMs()}}
-		s.log.Append(recs)
+		s.log.AppendTraced(recs, sampled(ctx))
 		s.changes.Inc()
 	}
 	for i := range s.shards {
@@ -240,6 +243,7 @@ func (s *Store) scanRemove(ctx context.Context, t uint32, force bool, cur scanCu
 		s.sendReleases(cctx, rel)
 	}()
 	name := s.tenants.get(t).name
+	sc := sampled(ctx)
 	var keys []string
 	examined, visited, work := 0, 0, 0
 	for i := cur.shard; i < len(s.shards); i++ {
@@ -282,7 +286,7 @@ func (s *Store) scanRemove(ctx context.Context, t uint32, force bool, cur scanCu
 				break
 			}
 		}
-		removed, skipped = s.removeKeys(shd, rel, t, name, force, keys[:matched], removed, skipped)
+		removed, skipped = s.removeKeys(shd, rel, sc, t, name, force, keys[:matched], removed, skipped)
 		clear(keys)
 		if stop != "" {
 			return removed, skipped, encodeScanToken(scanCursor{shard: i, after: stop}), nil
@@ -293,13 +297,13 @@ func (s *Store) scanRemove(ctx context.Context, t uint32, force bool, cur scanCu
 
 // removeKeys removes the tenant's objects under keys from one shard, if
 // they are still there and removable, adding to the counts.
-func (s *Store) removeKeys(shd *shard, rel *releases, t uint32, name string, force bool, keys []string, removed, skipped uint64) (uint64, uint64) {
+func (s *Store) removeKeys(shd *shard, rel *releases, sc trace.SpanContext, t uint32, name string, force bool, keys []string, removed, skipped uint64) (uint64, uint64) {
 	if len(keys) == 0 {
 		return removed, skipped
 	}
 	shd.mu.Lock()
 	defer shd.mu.Unlock()
-	m := s.begin(shd, rel)
+	m := s.begin(shd, rel).under(sc)
 	for _, key := range keys {
 		o := shd.getLocked(t, key)
 		if o == nil {
