@@ -31,8 +31,11 @@ import (
 	"time"
 
 	"github.com/crescent-kv/crescent/internal/gateway/statedir"
+	"github.com/crescent-kv/crescent/internal/tracectx"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"github.com/crescent-kv/crescent/pkg/kvevent/zmtp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Config configures a Publisher.
@@ -341,7 +344,8 @@ type Publisher struct {
 	pos          statedir.Position // of the last batch
 	items        []item
 	evs          []kvevent.Event
-	scratch      []byte // a message is encoded here, then copied out at its size
+	links        []trace.SpanContext // of the batch being published
+	scratch      []byte              // a message is encoded here, then copied out at its size
 	lastSend     time.Time
 	runJournal   Journal
 	runRecorder  Recorder
@@ -653,6 +657,8 @@ func (p *Publisher) publishNext(pub *pubSocket) {
 		return
 	}
 	p.seq++
+	span := p.publishSpan(len(p.items))
+	defer span.End()
 	ts := p.now().UnixMilli()
 	p.evs = p.evs[:0]
 	for _, it := range p.items {
@@ -678,7 +684,34 @@ func (p *Publisher) publishNext(pub *pubSocket) {
 		return
 	}
 	p.send(pub, buf, ts, p.evs)
+	if span.IsRecording() {
+		span.SetAttributes(tracectx.Bytes.Int(len(buf)-p.headroom), attrSeq.Int64(int64(p.seq)))
+	}
 	clear(p.evs) // keep no strings alive
+}
+
+// tracer makes the gateway's publish, replay and snapshot spans.
+var tracer = tracectx.NewTracer("github.com/crescent-kv/crescent/internal/gateway/publisher")
+
+// attrSeq is the batch sequence number a span published or a replay
+// started from.
+const attrSeq = attribute.Key("crescent.kv.seq")
+
+// publishSpan starts the span of one batch of n events: a trace of its
+// own (ZMQ carries no context), linked to the spans that recorded the
+// changes behind its events (at most tracectx.MaxLinks; none with tracing
+// off), so a put's trace leads to the batch that announced it.
+func (p *Publisher) publishSpan(n int) trace.Span {
+	p.links = p.q.linksTaken(p.links[:0])
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer)}
+	if len(p.links) > 0 {
+		opts = append(opts, trace.WithLinks(tracectx.Links(p.links)...))
+	}
+	_, span := tracer.Start(context.Background(), "gateway.publish", opts...)
+	if span.IsRecording() {
+		span.SetAttributes(tracectx.Items.Int(n))
+	}
+	return span
 }
 
 // heartbeat publishes a batch with no events (FormatSnapshot): it takes
@@ -743,6 +776,13 @@ func (p *Publisher) Enqueue(evs ...kvevent.Event) { p.EnqueueAt(statedir.Positio
 // call without events (or whose events are all skipped) still advances the
 // position of the next batch (or heartbeat).
 func (p *Publisher) EnqueueAt(pos statedir.Position, evs ...kvevent.Event) {
+	p.EnqueueLinkedAt(pos, nil, evs...)
+}
+
+// EnqueueLinkedAt is EnqueueAt for events whose changes were recorded
+// under links (sampled spans at the master): the batch publishing the
+// last of them links its span to them.
+func (p *Publisher) EnqueueLinkedAt(pos statedir.Position, links []trace.SpanContext, evs ...kvevent.Event) {
 	p.enqMu.Lock()
 	defer p.enqMu.Unlock()
 	items := p.enqBuf[:0]
@@ -752,7 +792,7 @@ func (p *Publisher) EnqueueAt(pos statedir.Position, evs ...kvevent.Event) {
 		}
 	}
 	// One push: the events of one call are queued (or dropped) together.
-	p.q.push(items, pos)
+	p.q.pushLinked(items, pos, links)
 	clear(items) // keep no strings alive
 	p.enqBuf = items[:0]
 }

@@ -2,10 +2,13 @@ package publisher
 
 import (
 	"context"
+	"slices"
 	"sync"
 
 	"github.com/crescent-kv/crescent/internal/gateway/statedir"
+	"github.com/crescent-kv/crescent/internal/tracectx"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // item is one queued event: only what varies per event (the envelope, id
@@ -48,7 +51,22 @@ type queue struct {
 	dropped uint64 // drops ever
 	pushed  uint64 // events ever queued
 	room    chan struct{}
+	// marks are the trace links of the latest linked pushes, oldest first,
+	// at most maxLinkMarks (empty with tracing off); taken holds those of
+	// the items the last take took (linksTaken).
+	marks []linkMark
+	taken []trace.SpanContext
 }
+
+// linkMark is one linked push: the spans behind its events, and end, the
+// number of events ever queued once it was (its last item's index + 1).
+type linkMark struct {
+	end   uint64
+	links []trace.SpanContext
+}
+
+// maxLinkMarks bounds the linked pushes the queue remembers.
+const maxLinkMarks = 64
 
 func newQueue(capacity int) *queue {
 	return &queue{buf: make([]item, capacity), notify: make(chan struct{}, 1), room: make(chan struct{})}
@@ -73,7 +91,11 @@ func (q *queue) mark(pos statedir.Position) {
 
 // push appends items, dropping the oldest ones when full; pos (if not
 // zero) is the master position after them.
-func (q *queue) push(items []item, pos statedir.Position) {
+func (q *queue) push(items []item, pos statedir.Position) { q.pushLinked(items, pos, nil) }
+
+// pushLinked is push, with links: the spans behind these items, which the
+// batch publishing the last of them links to.
+func (q *queue) pushLinked(items []item, pos statedir.Position, links []trace.SpanContext) {
 	if len(items) == 0 && pos == (statedir.Position{}) {
 		return
 	}
@@ -91,10 +113,54 @@ func (q *queue) push(items []item, pos statedir.Position) {
 	}
 	q.mark(pos)
 	q.pushed += uint64(len(items))
+	if len(links) > 0 && len(items) > 0 {
+		q.markLinksLocked(links)
+	}
 	q.mu.Unlock()
 	if len(items) > 0 {
 		q.signal()
 	}
+}
+
+// markLinksLocked remembers links for the items just pushed (a copy, at
+// most tracectx.MaxLinks), forgetting the oldest mark when full.
+func (q *queue) markLinksLocked(links []trace.SpanContext) {
+	if len(q.marks) == maxLinkMarks {
+		copy(q.marks, q.marks[1:])
+		q.marks = q.marks[:maxLinkMarks-1]
+	}
+	q.marks = append(q.marks, linkMark{end: q.pushed, links: slices.Clone(links[:min(len(links), tracectx.MaxLinks)])})
+}
+
+// takeLinksLocked moves to q.taken the links of the pushes whose last
+// item the take that just ended took (at most tracectx.MaxLinks, distinct),
+// and forgets those of pushes that were dropped.
+func (q *queue) takeLinksLocked(k int) {
+	q.taken = q.taken[:0]
+	if len(q.marks) == 0 {
+		return
+	}
+	next := q.pushed - uint64(q.n) // index of the first item still queued
+	start := next - uint64(k)      // of the first item taken
+	i := 0
+	for ; i < len(q.marks) && q.marks[i].end <= next; i++ {
+		if q.marks[i].end <= start {
+			continue // its items were dropped, or taken with no link room
+		}
+		for _, sc := range q.marks[i].links {
+			if len(q.taken) < tracectx.MaxLinks && !slices.ContainsFunc(q.taken, sc.Equal) {
+				q.taken = append(q.taken, sc)
+			}
+		}
+	}
+	q.marks = q.marks[:copy(q.marks, q.marks[i:])]
+}
+
+// linksTaken appends to dst the links of the items the last take took.
+func (q *queue) linksTaken(dst []trace.SpanContext) []trace.SpanContext {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return append(dst, q.taken...)
 }
 
 func (q *queue) signal() {
@@ -159,6 +225,7 @@ func (q *queue) take(dst []item, max int) ([]item, uint64, statedir.Position) {
 		q.head = (q.head + 1) % len(q.buf)
 	}
 	q.n -= k
+	q.takeLinksLocked(k)
 	b := q.burned
 	q.burned = 0
 	if k > 0 {

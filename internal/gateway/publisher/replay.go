@@ -9,8 +9,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/crescent-kv/crescent/internal/tracectx"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"github.com/crescent-kv/crescent/pkg/kvevent/zmtp"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // delimiter is the empty frame (with MORE) that starts every reply: a
@@ -50,7 +52,9 @@ func newReplaySocket(lg *slog.Logger, l net.Listener, r *ring, cfg Config) *repl
 }
 
 // request answers one replay request; an invalid one is counted and ignored.
-func (s *replaySocket) request(_ context.Context, c *zmtp.Conn, frames [][]byte) error {
+// A valid one is served in a gateway.replay span of its own (ZMQ carries
+// no trace context): the sequence asked for and the batches sent.
+func (s *replaySocket) request(ctx context.Context, c *zmtp.Conn, frames [][]byte) error {
 	start, ok := parseRequest(frames)
 	if !ok {
 		s.invalid.Add(1)
@@ -58,10 +62,16 @@ func (s *replaySocket) request(_ context.Context, c *zmtp.Conn, frames [][]byte)
 		return nil
 	}
 	s.requests.Add(1)
-	if err := s.reply(c, start); err != nil {
-		return fmt.Errorf("replay from %d: %w", start, err)
+	_, span := tracer.Start(ctx, "gateway.replay", trace.WithSpanKind(trace.SpanKindServer))
+	n, err := s.reply(c, start)
+	if span.IsRecording() {
+		span.SetAttributes(attrSeq.Int64(int64(start)), tracectx.Items.Int(n))
 	}
-	return nil
+	if err != nil {
+		err = fmt.Errorf("replay from %d: %w", start, err)
+	}
+	tracectx.End(span, err)
+	return err
 }
 
 // parseRequest accepts [b"", start_seq] or a single [start_seq] frame.
@@ -82,7 +92,9 @@ func parseRequest(frames [][]byte) (uint64, bool) {
 // replyChunk bounds the messages written per vectored write.
 const replyChunk = 256
 
-func (s *replaySocket) reply(c *zmtp.Conn, start uint64) error {
+// reply sends the retained batches from start, then the end marker; n is
+// how many batches it sent.
+func (s *replaySocket) reply(c *zmtp.Conn, start uint64) (n int, err error) {
 	w := newVecWriter(c, s.writeTimeout)
 	var head [16]byte
 	for _, e := range s.ring.from(start) {
@@ -100,7 +112,7 @@ func (s *replaySocket) reply(c *zmtp.Conn, start uint64) error {
 				h = append(h, 0x01, 0)
 			default: // the topic frame as published (referenced, not copied)
 				if err = w.put(h, e.wire[:2+s.topicLen]); err != nil {
-					return err
+					return n, err
 				}
 				h = head[:0]
 			}
@@ -108,15 +120,16 @@ func (s *replaySocket) reply(c *zmtp.Conn, start uint64) error {
 			err = w.put(h, e.wire[2+s.topicLen+2+8+s.seqSuffix:])
 		}
 		if err != nil {
-			return err
+			return n, err
 		}
+		n++
 	}
 	end := endMarker
 	if s.legacy {
 		end = endMarkerLegacy
 	}
 	if err := w.put(nil, end); err != nil {
-		return err
+		return n, err
 	}
-	return w.flush()
+	return n, w.flush()
 }

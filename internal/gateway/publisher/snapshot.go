@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/crescent-kv/crescent/internal/gateway/statedir"
+	"github.com/crescent-kv/crescent/internal/tracectx"
 	"github.com/crescent-kv/crescent/pkg/kvevent/zmtp"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // SnapshotSource builds snapshot replies (the recorder,
@@ -55,22 +57,40 @@ func newSnapshotSocket(lg *slog.Logger, l net.Listener, epoch statedir.Epoch, cf
 
 // request answers one snapshot request with one multipart message:
 // envelope, then the source's frames or [-2, epoch].
+//
+// It is served in a gateway.snapshot span of its own (ZMQ carries no trace
+// context): the bytes sent, and why none were when the source had no
+// snapshot to give.
 func (s *snapshotSocket) request(ctx context.Context, c *zmtp.Conn, frames [][]byte) error {
 	s.requests.Add(1)
+	ctx, span := tracer.Start(ctx, "gateway.snapshot", trace.WithSpanKind(trace.SpanKindServer))
 	reply, release, err := s.build(ctx)
 	if err != nil {
 		s.errors.Add(1)
 		s.lg.Debug("snapshot unavailable", "remote", c.RemoteAddr().String(), "err", err)
 		reply, release = s.unavailable, func() {}
+		if span.IsRecording() {
+			span.SetAttributes(tracectx.Reason.String("SNAPSHOT_UNAVAILABLE"))
+		}
+	}
+	if span.IsRecording() {
+		n := 0
+		for _, f := range reply {
+			n += len(f)
+		}
+		span.SetAttributes(tracectx.Bytes.Int(n))
 	}
 	werr := writeMultipart(c, s.writeTimeout, envelope(frames), reply)
 	release() // nothing reads reply's buffers after the write returned
 	if werr != nil {
-		return fmt.Errorf("snapshot reply: %w", werr)
+		werr = fmt.Errorf("snapshot reply: %w", werr)
+		tracectx.End(span, werr)
+		return werr
 	}
 	if err == nil {
 		s.served.Add(1)
 	}
+	span.End()
 	return nil
 }
 

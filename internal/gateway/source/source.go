@@ -28,7 +28,10 @@ import (
 	"github.com/crescent-kv/crescent/internal/gateway/announced"
 	"github.com/crescent-kv/crescent/internal/gateway/statedir"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/tracectx"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 )
 
@@ -39,6 +42,13 @@ import (
 type Sink interface {
 	EnqueueAt(pos statedir.Position, evs ...kvevent.Event)
 	EnqueueWaitAt(ctx context.Context, pos statedir.Position, evs ...kvevent.Event) error
+}
+
+// LinkSink is a Sink that also takes the spans that recorded the changes
+// behind some events (WatchResponse.links, parsed and bounded): the
+// publisher links the span of the batch announcing them to those spans.
+type LinkSink interface {
+	EnqueueLinkedAt(pos statedir.Position, links []trace.SpanContext, evs ...kvevent.Event)
 }
 
 // Config tunes the source.
@@ -290,7 +300,7 @@ func (s *Source) watch(ctx context.Context) (healthy bool, err error) {
 				continue // already applied (a resend after a reconnect)
 			}
 			if r != s.rev+1 {
-				s.flush(evs)
+				s.flush(evs, nil)
 				return healthy, fmt.Errorf("%w: change stream jumped from revision %d to %d", errResync, s.rev, r)
 			}
 			if ev, ok := s.apply(ch); ok {
@@ -298,13 +308,21 @@ func (s *Source) watch(ctx context.Context) (healthy bool, err error) {
 			}
 			s.rev = r
 		}
-		s.flush(evs)
+		s.flush(evs, resp.GetLinks())
 	}
 }
 
-func (s *Source) flush(evs []kvevent.Event) {
+// flush hands evs to the sink with the response's links (nil with tracing
+// off at the master): parsed, at most tracectx.MaxLinks, invalid ones
+// dropped.
+func (s *Source) flush(evs []kvevent.Event, links []*masterv1.TraceContext) {
 	if len(evs) > 0 {
-		s.sink.EnqueueAt(statedir.Position{Epoch: s.ep, Revision: s.rev}, evs...)
+		pos := statedir.Position{Epoch: s.ep, Revision: s.rev}
+		if ls, ok := s.sink.(LinkSink); ok && len(links) > 0 {
+			ls.EnqueueLinkedAt(pos, tracectx.ParseLinks(links), evs...)
+		} else {
+			s.sink.EnqueueAt(pos, evs...)
+		}
 	}
 	s.revision.Store(s.rev)
 	s.announcedN.Store(int64(s.announced.Len()))
@@ -331,9 +349,21 @@ func (s *Source) apply(ch *masterv1.Change) (kvevent.Event, bool) {
 	}
 }
 
+// tracer makes the source's resync spans.
+var tracer = tracectx.NewTracer("github.com/crescent-kv/crescent/internal/gateway/source")
+
+// Attributes of a resync span: the events its difference published.
+const (
+	attrStored  = attribute.Key("crescent.resync.stored")
+	attrRemoved = attribute.Key("crescent.resync.removed")
+)
+
 // resync lists the master's readable set and publishes the difference from
-// the announced set.
-func (s *Source) resync(ctx context.Context) error {
+// the announced set, in a gateway.resync span of its own (the Snapshot
+// call is its child).
+func (s *Source) resync(ctx context.Context) (err error) {
+	ctx, span := tracer.Start(ctx, "gateway.resync")
+	defer func() { tracectx.End(span, err) }()
 	sctx, cancel := context.WithCancel(ctx) // ends the snapshot stream early on error
 	defer cancel()
 	stream, err := s.client.Snapshot(sctx, &masterv1.SnapshotRequest{})
@@ -387,6 +417,9 @@ func (s *Source) resync(ctx context.Context) error {
 	}
 	s.lg.Info("resynced from master snapshot", "epoch", epoch, "revision", rev, "entries", next.Len(),
 		"stored", len(all)-removed, "removed", removed, "previous_epoch", s.ep, "previous_revision", s.rev)
+	if span.IsRecording() {
+		span.SetAttributes(tracectx.Items.Int(next.Len()), attrStored.Int(len(all)-removed), attrRemoved.Int(removed))
+	}
 	s.announced, s.rev, s.ep, s.synced = next, rev, epoch, true
 	s.epoch.Store(epoch)
 	s.revision.Store(rev)

@@ -74,6 +74,7 @@ func (c watchCodec) Unmarshal(data grpcmem.BufferSlice, v any) error {
 func decodeWatchResponse(b []byte, m *masterv1.WatchResponse) bool {
 	spare, held := m.Changes[:cap(m.Changes)], len(m.Changes)
 	m.Changes = m.Changes[:0]
+	m.Links = nil
 	var epoch, head, compact uint64
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -99,6 +100,19 @@ func decodeWatchResponse(b []byte, m *masterv1.WatchResponse) bool {
 				return false
 			}
 			m.Changes = append(m.Changes, ch)
+		case num == 5 && typ == protowire.BytesType:
+			// A link to a span that recorded some of the changes (only
+			// with tracing on): parsed and bounded by the source.
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return false
+			}
+			b = b[n:]
+			tc := &masterv1.TraceContext{}
+			if !decodeTraceContext(v, tc) {
+				return false
+			}
+			m.Links = append(m.Links, tc)
 		case num >= 2 && num <= 4 && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
@@ -124,6 +138,32 @@ func decodeWatchResponse(b []byte, m *masterv1.WatchResponse) bool {
 		}
 	}
 	m.Epoch, m.HeadRevision, m.CompactRevision = epoch, head, compact
+	return true
+}
+
+// decodeTraceContext decodes b into the zero TraceContext tc.
+func decodeTraceContext(b []byte, tc *masterv1.TraceContext) bool {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || (num != 1 && num != 2) || typ != protowire.BytesType {
+			return false
+		}
+		b = b[n:]
+		v, n := protowire.ConsumeBytes(b)
+		if n < 0 || !utf8.Valid(v) {
+			return false
+		}
+		b = b[n:]
+		s := ""
+		if len(v) > 0 {
+			s = unsafe.String(&v[0], len(v))
+		}
+		if num == 1 {
+			tc.Traceparent = s
+		} else {
+			tc.Tracestate = s
+		}
+	}
 	return true
 }
 

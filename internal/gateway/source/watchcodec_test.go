@@ -27,6 +27,18 @@ func watchResponse(n int, group string) *masterv1.WatchResponse {
 	return r
 }
 
+// withLinks adds n trace-context links to r (as a traced master sends).
+func withLinks(r *masterv1.WatchResponse, n int) *masterv1.WatchResponse {
+	for i := range n {
+		tc := &masterv1.TraceContext{Traceparent: fmt.Sprintf("00-4bf92f3577b34da6a3ce929d0e0e47%02x-00f067aa0ba902b7-01", i)}
+		if i%2 == 1 {
+			tc.Tracestate = "v=1"
+		}
+		r.Links = append(r.Links, tc)
+	}
+	return r
+}
+
 func mustMarshal(t testing.TB, m proto.Message) []byte {
 	b, err := proto.Marshal(m)
 	if err != nil {
@@ -44,8 +56,9 @@ func TestWatchCodecFastPath(t *testing.T) {
 	for _, tc := range []struct {
 		n     int
 		group string
-	}{{5, "g"}, {1, ""}, {300, "group-1"}, {0, ""}, {64, ""}} {
-		want := watchResponse(tc.n, tc.group)
+		links int
+	}{{5, "g", 0}, {1, "", 2}, {300, "group-1", 8}, {0, "", 0}, {64, "", 1}, {3, "", 0}} {
+		want := withLinks(watchResponse(tc.n, tc.group), tc.links)
 		b := mustMarshal(t, want)
 		if !decodeWatchResponse(b, &masterv1.WatchResponse{}) {
 			t.Fatalf("%d changes: the master's shape did not take the fast path", tc.n)
@@ -79,8 +92,17 @@ func TestWatchCodecFallback(t *testing.T) {
 	change := protowire.AppendString(protowire.AppendTag(nil, 3, protowire.BytesType), "t\xff")
 	badUTF8 := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), change)
 	wrongType := protowire.AppendFixed64(protowire.AppendTag(append([]byte(nil), good...), 2, protowire.Fixed64Type), 9)
+	link := func(inner []byte) []byte {
+		return protowire.AppendBytes(protowire.AppendTag(append([]byte(nil), good...), 5, protowire.BytesType), inner)
+	}
+	linkUnknown := link(protowire.AppendVarint(protowire.AppendTag(nil, 3, protowire.VarintType), 1))
+	linkUTF8 := link(protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "00-\xc3"))
+	linkWrongType := link(protowire.AppendVarint(protowire.AppendTag(nil, 2, protowire.VarintType), 1))
+	linkVarint := protowire.AppendVarint(protowire.AppendTag(append([]byte(nil), good...), 5, protowire.VarintType), 1)
 	for name, b := range map[string][]byte{
 		"unknown field": unknown, "invalid UTF-8": badUTF8, "wrong wire type": wrongType, "truncated": good[:len(good)-3],
+		"link with an unknown field": linkUnknown, "link not UTF-8": linkUTF8, "link field of the wrong type": linkWrongType,
+		"links as a varint": linkVarint,
 	} {
 		if decodeWatchResponse(b, &masterv1.WatchResponse{}) {
 			t.Errorf("%s: took the fast path", name)
@@ -93,7 +115,7 @@ func checkLikeProto(t *testing.T, b []byte) {
 	t.Helper()
 	want := &masterv1.WatchResponse{}
 	werr := proto.Unmarshal(b, want)
-	got := watchResponse(3, "stale") // decoding replaces what it held
+	got := withLinks(watchResponse(3, "stale"), 2) // decoding replaces what it held
 	gerr := newWatchCodec().Unmarshal(grpcmem.BufferSlice{grpcmem.SliceBuffer(b)}, got)
 	if (werr == nil) != (gerr == nil) {
 		t.Fatalf("%x: watchCodec err %v, proto.Unmarshal err %v", b, gerr, werr)
@@ -110,6 +132,9 @@ func known(m *masterv1.WatchResponse) *masterv1.WatchResponse {
 	for _, ch := range m.Changes {
 		ch.ProtoReflect().SetUnknown(nil)
 	}
+	for _, l := range m.Links {
+		l.ProtoReflect().SetUnknown(nil)
+	}
 	return m
 }
 
@@ -119,6 +144,7 @@ func FuzzWatchCodec(f *testing.F) {
 	f.Add(mustMarshal(f, watchResponse(3, "g")))
 	f.Add(mustMarshal(f, watchResponse(1, "")))
 	f.Add([]byte{})
+	f.Add(mustMarshal(f, withLinks(watchResponse(2, ""), 3)))
 	f.Add(protowire.AppendVarint(protowire.AppendTag(nil, 2, protowire.VarintType), 1<<63))
 	f.Fuzz(func(t *testing.T, b []byte) { checkLikeProto(t, b) })
 }
