@@ -113,8 +113,8 @@ bench-restart:
 ## bench-failover: three masters on etcd, FAILOVER_OBJECTS (default 1M) objects, FAILOVERS (default 20) kills of the leader under load, with a strict subscriber compared after each (issue 15, BENCHMARKS.md)
 FAILOVERS ?= 20
 FAILOVER_OBJECTS ?= 1000000
-bench-failover: build
-	CRESCENT_BIN=$(CURDIR)/bin CRESCENT_E2E_FAILOVERS=$(FAILOVERS) CRESCENT_E2E_FAILOVER_OBJECTS=$(FAILOVER_OBJECTS) CRESCENT_E2E_AGENT_MEMORY=256MiB \
+bench-failover: build $(BIN)/etcd
+	CRESCENT_BIN=$(CURDIR)/bin CRESCENT_E2E_ETCD=$(CURDIR)/$(BIN)/etcd CRESCENT_E2E_FAILOVERS=$(FAILOVERS) CRESCENT_E2E_FAILOVER_OBJECTS=$(FAILOVER_OBJECTS) CRESCENT_E2E_AGENT_MEMORY=256MiB \
 		$(GO) test -count 1 -run '^TestMasterFailover$$' -timeout 60m -v ./e2e/
 
 ## fuzz: run every fuzz target briefly (FUZZTIME=30s for longer)

@@ -52,9 +52,9 @@ func envInt(t *testing.T, name string, def int) int {
 //     `removed` event was published at all (nothing was removed: a
 //     failover must not make the cache vanish and come back).
 //
-// CRESCENT_E2E_FAILOVER_OBJECTS preloads that many 64-byte objects (with
-// CRESCENT_E2E_AGENT_MEMORY sized for them) before the first round; they
-// are read back at the end.
+// CRESCENT_E2E_FAILOVER_OBJECTS preloads that many 64-byte objects with two
+// replicas (with CRESCENT_E2E_AGENT_MEMORY sized for them) before the
+// first round; they are read back at the end.
 func TestMasterFailover(t *testing.T) {
 	rounds := envInt(t, "CRESCENT_E2E_FAILOVERS", 2)
 	preload := envInt(t, "CRESCENT_E2E_FAILOVER_OBJECTS", 0)
@@ -97,7 +97,7 @@ func TestMasterFailover(t *testing.T) {
 			for j := i; j < min(i+batch, preload); j++ {
 				items = append(items, client.Item{Key: "pre/" + strconv.Itoa(j), Data: val})
 			}
-			for _, err := range cl.BatchPut(ctxT(t, time.Minute), items) {
+			for _, err := range cl.BatchPut(ctxT(t, time.Minute), items, client.WithReplicas(2)) {
 				if err != nil {
 					t.Fatalf("preload: %v", err)
 				}

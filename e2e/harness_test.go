@@ -300,13 +300,13 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 		"--heartbeat-interval", "100ms", "--suspect-after", o.SuspectAfter.String(), "--unmount-after", o.UnmountAfter.String(),
 	}, o.MasterFlags...)
 	if o.Masters > 1 {
-		etcd := etcdtest.Start(t)
+		endpoint := c.startEtcd()
 		var addrs []string
 		for i := range o.Masters {
 			addr := freeAddr(t)
 			addrs = append(addrs, addr)
 			p := c.proc(fmt.Sprintf("master-%d", i), "crescent-master", auth.RoleMaster, masterName, append([]string{
-				"--grpc-addr", addr, "--etcd-endpoints", etcd.Endpoint, "--advertise-addr", addr, "--master-id", fmt.Sprintf("master-%d", i),
+				"--grpc-addr", addr, "--etcd-endpoints", endpoint, "--advertise-addr", addr, "--master-id", fmt.Sprintf("master-%d", i),
 			}, masterArgs...))
 			p.start()
 			c.Masters = append(c.Masters, p)
@@ -387,6 +387,28 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 		}
 	})
 	return c
+}
+
+// startEtcd starts the masters' etcd and returns its client endpoint:
+// embedded in the test's process (go.etcd.io/etcd/server/v3/embed), or,
+// with CRESCENT_E2E_ETCD naming etcd's binary (make bin/etcd), as its own
+// process, so a test process busy with millions of objects cannot starve
+// it and make the masters' 2 s leases expire.
+func (c *Cluster) startEtcd() string {
+	bin := os.Getenv("CRESCENT_E2E_ETCD")
+	if bin == "" {
+		return etcdtest.Start(c.t).Endpoint
+	}
+	client, peer := freeAddr(c.t), freeAddr(c.t)
+	p := &Proc{t: c.t, Name: "etcd", bin: bin, log: filepath.Join(c.dir, "etcd.log"), http: c.adminHTTP, scheme: "http", args: []string{
+		"--name", "e2e", "--data-dir", filepath.Join(c.dir, "etcd"), "--log-level", "warn",
+		"--listen-client-urls", "http://" + client, "--advertise-client-urls", "http://" + client,
+		"--listen-peer-urls", "http://" + peer, "--initial-advertise-peer-urls", "http://" + peer,
+		"--initial-cluster", "e2e=http://" + peer,
+	}}
+	p.start()
+	c.t.Cleanup(p.Stop)
+	return client
 }
 
 // clusterDir is the cluster's directory (logs, disk segments, gateway
