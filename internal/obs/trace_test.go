@@ -421,3 +421,27 @@ func TestTraceHandlerSharedRecord(t *testing.T) {
 		t.Fatalf("wrapped: %s\nother: %s", a.String(), b.String())
 	}
 }
+
+// TestSetupTracingBadResourceEnv: a malformed OTEL_RESOURCE_ATTRIBUTES
+// is reported and the rest of the resource kept; tracing still starts.
+func TestSetupTracingBadResourceEnv(t *testing.T) {
+	cleanEnv(t)
+	t.Setenv("OTEL_RESOURCE_ATTRIBUTES", "no-equals-sign,%zz=1")
+	r := otlptest.Start(t)
+	var buf bytes.Buffer
+	shutdown, err := obs.SetupTracing(t.Context(), obs.TraceConfig{Endpoint: r.Endpoint(), ErrorLog: slog.New(slog.NewJSONHandler(&buf, nil))}, "crescent-gateway", "g-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, s := otel.Tracer("test").Start(t.Context(), "op")
+	s.End()
+	if err := shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Spans(); len(got) != 1 || got[0].Service != "crescent-gateway" || got[0].Resource["service.instance.id"] != "g-1" {
+		t.Fatalf("spans: got %v", got)
+	}
+	if !strings.Contains(buf.String(), "tracing resource incomplete") {
+		t.Fatalf("malformed env not reported: %q", buf.String())
+	}
+}
