@@ -24,7 +24,9 @@
 //
 // A field is written only for a sampled span (Command, Transfer), so with
 // tracing off, and for the unsampled calls when sampling, nothing more
-// goes on the wire. Work done for a caller gets a span only when the
+// goes on the wire. A process that does not trace still passes on a
+// sampled caller's context (Carried), as its gRPC instrumentation does, so
+// it does not cut a trace in two. Work done for a caller gets a span only when the
 // caller's span is recording (Tracer.Child) or the peer's is sampled
 // (Tracer.Remote): otherwise no tracer is looked up and no span is made.
 // Attributes are built only for a recording span.
@@ -250,6 +252,20 @@ func (t *Tracer) Remote(ctx context.Context, name string, parent trace.SpanConte
 		opts = append(opts, trace.WithLinks(Links(links)...))
 	}
 	return t.tracer().Start(ctx, name, opts...)
+}
+
+// Carried is the span context work done for ctx's caller names to its
+// peers (a command's or a change record's): span's when it records, else
+// the caller's when that is sampled — a process that does not trace passes
+// a sampled trace on rather than cutting it — else the zero one.
+func Carried(ctx context.Context, span trace.Span) trace.SpanContext {
+	if span.IsRecording() {
+		return span.SpanContext()
+	}
+	if sc := trace.SpanContextFromContext(ctx); sc.IsSampled() {
+		return sc
+	}
+	return trace.SpanContext{}
 }
 
 // Links turns span contexts into links, at most MaxLinks, skipping invalid

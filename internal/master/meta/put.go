@@ -264,7 +264,7 @@ func (s *Store) putStartRound(ctx context.Context, specs []PutSpec, items []*put
 	// Phase 1: per shard, under its lock, decide and record (an upsert's
 	// old replicas are removed here: their records name the span).
 	pctx, place := tracer.Child(ctx, "master.place")
-	sc := sampled(pctx)
+	sc := tracectx.Carried(pctx, place)
 	forShards(items, func(it *putItem) int { return it.shard }, func(sh int, group []*putItem) {
 		shd := &s.shards[sh]
 		shd.mu.Lock()

@@ -45,7 +45,7 @@ type endItem struct {
 // (recording `stored`) and removes the ones that failed.
 func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 	ctx, span := tracer.Child(ctx, "master.put_end")
-	sc := recorded(span)
+	sc := tracectx.Carried(ctx, span)
 	res := make([]error, len(specs))
 	defer func() {
 		if span.IsRecording() {

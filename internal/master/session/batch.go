@@ -37,8 +37,9 @@ type call struct {
 	seal    []*masterv1.SealItem
 	release []*masterv1.AllocationRef
 	copyReq *masterv1.CopyRequest
-	// sc is the master span the call runs under when it is recording
-	// (zero otherwise): the message carrying the call names it, so the
+	// sc is the span the call runs under (tracectx.Carried: the master's
+	// command span, or a sampled caller's when the master does not trace;
+	// zero otherwise): the message carrying the call names it, so the
 	// agent's span for the command is its child (or links to it).
 	sc trace.SpanContext
 
@@ -385,7 +386,7 @@ func (m *Manager) Reserve(ctx context.Context, agentID string, items []*masterv1
 		}
 	}
 	ctx, span := startCommand(ctx, kindReserve, agentID, len(items))
-	sc := tracedBy(span)
+	sc := tracectx.Carried(ctx, span)
 	out := make([]*masterv1.ReserveItemResult, 0, len(items))
 	defer func() { endCommand(span, err, out, (*masterv1.ReserveItemResult).GetStatus) }()
 	err = m.doChunked(ctx, agentID, len(items), func(lo, hi int) *call {
@@ -413,14 +414,6 @@ func startCommand(ctx context.Context, k kind, agentID string, n int) (context.C
 
 // commandSpans are the names of the master's command spans, by kind.
 var commandSpans = [numKinds]string{"master.reserve", "master.seal", "master.release", "master.copy"}
-
-// tracedBy is the span context a call carries: span's when it records.
-func tracedBy(span trace.Span) trace.SpanContext {
-	if !span.IsRecording() {
-		return trace.SpanContext{}
-	}
-	return span.SpanContext()
-}
 
 // endCommand ends a command span with the call's error, or the count and
 // first reason of the items that failed.
@@ -450,7 +443,7 @@ func (m *Manager) Seal(ctx context.Context, agentID string, items []*masterv1.Se
 		}
 	}
 	ctx, span := startCommand(ctx, kindSeal, agentID, len(items))
-	sc := tracedBy(span)
+	sc := tracectx.Carried(ctx, span)
 	out := make([]*masterv1.ItemStatus, 0, len(items))
 	defer func() { endCommand(span, err, out, func(st *masterv1.ItemStatus) *masterv1.ItemStatus { return st }) }()
 	err = m.doChunked(ctx, agentID, len(items), func(lo, hi int) *call {
@@ -473,7 +466,7 @@ func (m *Manager) Release(ctx context.Context, agentID string, items []*masterv1
 		}
 	}
 	ctx, span := startCommand(ctx, kindRelease, agentID, len(items))
-	sc := tracedBy(span)
+	sc := tracectx.Carried(ctx, span)
 	err := m.doChunked(ctx, agentID, len(items), func(lo, hi int) *call {
 		return &call{kind: kindRelease, release: items[lo:hi], sc: sc}
 	}, func(outcome) {})
@@ -527,7 +520,7 @@ func (m *Manager) Copy(ctx context.Context, agentID string, req *masterv1.CopyRe
 	if span.IsRecording() {
 		span.SetAttributes(tracectx.Segment.String(req.GetSource().GetSegmentId()))
 	}
-	_, err := m.do(ctx, agentID, &call{kind: kindCopy, copyReq: req, sc: tracedBy(span)}, m.cfg.CopyTimeout)
+	_, err := m.do(ctx, agentID, &call{kind: kindCopy, copyReq: req, sc: tracectx.Carried(ctx, span)}, m.cfg.CopyTimeout)
 	tracectx.End(span, err)
 	return err
 }

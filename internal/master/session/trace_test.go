@@ -147,3 +147,26 @@ func TestCoalescedCallersLink(t *testing.T) {
 	}
 	t.Logf("%d callers in %d messages, up to %d links", callers, len(got), maxLinks)
 }
+
+// TestSampledCallerPassedOn: a master that does not record (tracing off,
+// or its caller's span not recording here) still names a sampled caller's
+// span in the command, so the trace is not cut in two; no span is made.
+func TestSampledCallerPassedOn(t *testing.T) {
+	rec := tracectxtest.Install(t)
+	h := newHarness(t, fastConfig(), harnessOpts{})
+	a := h.connectAgent("a1")
+	caller := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{7}, SpanID: trace.SpanID{8}, TraceFlags: trace.FlagsSampled, Remote: true})
+	ctx := trace.ContextWithRemoteSpanContext(t.Context(), caller)
+	if _, err := h.m.Reserve(ctx, "a1", []*masterv1.ReserveItem{{SegmentId: "a1-mem-0", Size: 64, Key: "k"}}); err != nil {
+		t.Fatal(err)
+	}
+	a.mu.Lock()
+	got := a.traced[0]
+	a.mu.Unlock()
+	if sc := tracectx.ParseCommand(got.tc); !sc.Equal(caller) {
+		t.Fatalf("command names %v, want the caller's span %v", sc, caller)
+	}
+	if n := len(rec.Ended()); n != 0 {
+		t.Fatalf("%d spans under a non-recording caller", n)
+	}
+}
