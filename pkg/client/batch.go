@@ -37,6 +37,8 @@ const (
 // once, like Put's.
 func (c *Client) BatchPut(ctx context.Context, items []Item, opts ...PutOption) []error {
 	errs := make([]error, len(items))
+	ctx, span := c.startCall(ctx, "client.batch_put", len(items), itemBytes(items), "")
+	defer endBatch(span, errs)
 	o := newPutOptions(c, opts)
 	for lo := 0; lo < len(items); lo += masterBatch {
 		hi := min(lo+masterBatch, len(items))
@@ -291,6 +293,8 @@ func (c *Client) runBounded(tasks []func()) {
 func (c *Client) BatchGet(ctx context.Context, keys []string) ([][]byte, []error) {
 	out := make([][]byte, len(keys))
 	errs := make([]error, len(keys))
+	ctx, span := c.startCall(ctx, "client.batch_get", len(keys), -1, "")
+	defer endBatch(span, errs)
 	for lo := 0; lo < len(keys); lo += masterBatch {
 		hi := min(lo+masterBatch, len(keys))
 		c.batchGet(ctx, keys[lo:hi], out[lo:hi], errs[lo:hi], nil)
@@ -306,6 +310,8 @@ func (c *Client) BatchGet(ctx context.Context, keys []string) ([][]byte, []error
 func (c *Client) BatchGetInto(ctx context.Context, keys []string, bufs [][]byte) ([]int, []error) {
 	sizes := make([]int, len(keys))
 	errs := make([]error, len(keys))
+	ctx, span := c.startCall(ctx, "client.batch_get", len(keys), -1, "")
+	defer endBatch(span, errs)
 	if len(bufs) != len(keys) {
 		err := rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "%d buffers for %d keys", len(bufs), len(keys))
 		for i := range errs {

@@ -14,6 +14,7 @@ import (
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/tracectx"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 )
@@ -55,8 +56,10 @@ func (c *Client) PutFrom(ctx context.Context, key string, r io.ReaderAt, size in
 	return c.put(ctx, key, size, readerSource(r), h.Sum64(), newPutOptions(c, opts))
 }
 
-func (c *Client) put(ctx context.Context, key string, size int64, src source, sum uint64, o *putOptions) error {
-	err := c.putOnce(ctx, key, size, src, sum, o)
+func (c *Client) put(ctx context.Context, key string, size int64, src source, sum uint64, o *putOptions) (err error) {
+	ctx, span := c.startCall(ctx, "client.put", 1, size, key)
+	defer func() { tracectx.End(span, err) }()
+	err = c.putOnce(ctx, key, size, src, sum, o)
 	var lost *leaderChanged
 	if errors.As(err, &lost) {
 		// The master that started the put is gone and the new leader never
@@ -246,7 +249,9 @@ func (c *Client) GetInto(ctx context.Context, key string, buf []byte) (int, erro
 // get fetches the replica list and reads the nearest good replica into the
 // buffer alloc returns. If every replica fails and the lease may have run
 // out, it fetches a fresh list once.
-func (c *Client) get(ctx context.Context, key string, alloc func(size uint64) ([]byte, error)) error {
+func (c *Client) get(ctx context.Context, key string, alloc func(size uint64) ([]byte, error)) (err error) {
+	ctx, span := c.startCall(ctx, "client.get", 1, -1, key)
+	defer func() { tracectx.End(span, err) }()
 	var lastErr error
 	for round := 0; round < 2; round++ {
 		rl, err := c.replicaList(ctx, key)
@@ -413,7 +418,9 @@ var readStreamDesc = grpc.StreamDesc{StreamName: "Read", ServerStreams: true}
 // GetTo streams the object into w without buffering it whole, verifying the
 // checksum at the end, and returns the bytes written. Replicas are tried in
 // order only until the first byte reaches w.
-func (c *Client) GetTo(ctx context.Context, key string, w io.Writer, progress func(done, total int64)) (int64, error) {
+func (c *Client) GetTo(ctx context.Context, key string, w io.Writer, progress func(done, total int64)) (_ int64, err error) {
+	ctx, span := c.startCall(ctx, "client.get", 1, -1, key)
+	defer func() { tracectx.End(span, err) }()
 	rl, err := c.replicaList(ctx, key)
 	if err != nil {
 		return 0, fmt.Errorf("get %q: %w", key, err)
