@@ -10,7 +10,10 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/tracectx"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 )
 
@@ -39,12 +42,18 @@ type recovery struct {
 	// over mirrors ended for check's lock-free fast path: the ObjectService
 	// gate of an elected leader asks on every call.
 	over atomic.Bool
-	// mu guards began and ended.
+	// mu guards began, ended, took and span.
 	mu    sync.Mutex
 	began time.Time // zero before Run
 	ended bool
 	took  time.Duration
+	// span is the recovery's master.rebuild span (a trace of its own),
+	// from start until the recovery ends; nil when there is none.
+	span trace.Span
 }
+
+// rebuildTracer makes the recovery's span.
+var rebuildTracer = tracectx.NewTracer("github.com/crescent-kv/crescent/internal/master/app")
 
 func newRecovery(grace, max time.Duration, registering func() int, reg prometheus.Registerer, lg *slog.Logger) (*recovery, error) {
 	r := &recovery{
@@ -74,8 +83,28 @@ func (r *recovery) start(now time.Time) {
 	r.over.Store(r.ended)
 	if !r.ended {
 		r.recovering.Set(1)
+		_, r.span = rebuildTracer.Start(context.Background(), "master.rebuild", trace.WithTimestamp(now))
 	}
 }
+
+// endSpanLocked ends the recovery's span at end: outcome "recovered",
+// "recovery_max" (agents still registering) or "stopped".
+func (r *recovery) endSpanLocked(outcome string, registering int, end time.Time) {
+	if r.span == nil {
+		return
+	}
+	if r.span.IsRecording() {
+		r.span.SetAttributes(attrRecovery.String(outcome), attrRegistering.Int(registering))
+	}
+	r.span.End(trace.WithTimestamp(end))
+	r.span = nil
+}
+
+// Attributes of the master.rebuild span.
+const (
+	attrRecovery    = attribute.Key("crescent.recovery.outcome")
+	attrRegistering = attribute.Key("crescent.recovery.registering")
+)
 
 // check reports whether the master is still recovering at now and, if it
 // is, how long the caller should wait before it asks again. It ends the
@@ -109,8 +138,10 @@ func (r *recovery) check(now time.Time) (recovering bool, retry time.Duration, r
 	r.seconds.Set(since.Seconds())
 	if n > 0 {
 		r.lg.Warn("master recovery ended at recovery-max with agents still registering", "took", since, "registering", n)
+		r.endSpanLocked("recovery_max", n, now)
 	} else {
 		r.lg.Info("master recovered: every registering agent finished", "took", since)
+		r.endSpanLocked("recovered", 0, now)
 	}
 	return false, 0, 0
 }
@@ -126,6 +157,9 @@ func (r *recovery) run(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
+			r.mu.Lock()
+			r.endSpanLocked("stopped", r.registering(), time.Now())
+			r.mu.Unlock()
 			return nil
 		case <-t.C:
 		}
