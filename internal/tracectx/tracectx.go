@@ -194,7 +194,9 @@ func ParseLinks(tcs []*masterv1.TraceContext) []trace.SpanContext {
 // Tracer starts Crescent's spans under one instrumentation scope (the
 // package's import path). It asks the global TracerProvider for its tracer
 // again whenever the provider changed (a test installs its own), and only
-// when a span is to be made.
+// when a span is to be made. While no provider was ever installed (tracing
+// off: obs.SetupTracing installs none) it makes no span at all, not even a
+// non-recording one: a span costs an atomic load and a comparison.
 type Tracer struct {
 	scope  string
 	cached atomic.Pointer[bound]
@@ -209,14 +211,25 @@ type bound struct {
 // "github.com/crescent-kv/crescent/internal/master/meta".
 func NewTracer(scope string) *Tracer { return &Tracer{scope: scope} }
 
-func (t *Tracer) tracer() trace.Tracer {
+// unset is the global TracerProvider before any is installed: the API's
+// default, whose spans never record. (OpenTelemetry's eBPF
+// auto-instrumentation, which hooks that default, sees none of Crescent's
+// spans; the SDK is the way to trace Crescent.)
+var unset = otel.GetTracerProvider()
+
+// tracer is the scope's tracer from the global provider; false while none
+// was installed.
+func (t *Tracer) tracer() (trace.Tracer, bool) {
 	tp := otel.GetTracerProvider()
+	if tp == unset {
+		return nil, false
+	}
 	if b := t.cached.Load(); b != nil && b.tp == tp {
-		return b.t
+		return b.t, true
 	}
 	b := &bound{tp: tp, t: tp.Tracer(t.scope)}
 	t.cached.Store(b)
-	return b.t
+	return b.t, true
 }
 
 // noSpan is the span of untraced work: it records nothing.
@@ -226,7 +239,11 @@ var noSpan = trace.SpanFromContext(context.Background())
 // traced on its own account (an eviction pass, a gateway batch) or that
 // users call directly (the SDK's calls).
 func (t *Tracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
-	return t.tracer().Start(ctx, name, opts...)
+	tr, ok := t.tracer()
+	if !ok {
+		return ctx, noSpan
+	}
+	return tr.Start(ctx, name, opts...)
 }
 
 // Child starts a span under ctx's span when that span is recording, and
@@ -236,7 +253,7 @@ func (t *Tracer) Child(ctx context.Context, name string, opts ...trace.SpanStart
 	if !trace.SpanFromContext(ctx).IsRecording() {
 		return ctx, noSpan
 	}
-	return t.tracer().Start(ctx, name, opts...)
+	return t.Start(ctx, name, opts...)
 }
 
 // Remote starts the span of work a peer asked for, as a child of the
@@ -247,11 +264,15 @@ func (t *Tracer) Remote(ctx context.Context, name string, parent trace.SpanConte
 	if !parent.IsValid() || !parent.IsSampled() {
 		return ctx, noSpan
 	}
-	ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
-	if len(links) > 0 {
-		opts = append(opts, trace.WithLinks(Links(links)...))
+	ctx = trace.ContextWithRemoteSpanContext(ctx, parent) // passed on even untraced
+	tr, ok := t.tracer()
+	if !ok {
+		return ctx, noSpan
 	}
-	return t.tracer().Start(ctx, name, opts...)
+	if len(links) > 0 {
+		opts = append(opts[:len(opts):len(opts)], trace.WithLinks(Links(links)...))
+	}
+	return tr.Start(ctx, name, opts...)
 }
 
 // Carried is the span context work done for ctx's caller names to its
@@ -267,6 +288,14 @@ func Carried(ctx context.Context, span trace.Span) trace.SpanContext {
 	}
 	return trace.SpanContext{}
 }
+
+// Span kind options, made once: a variadic option built at each call
+// escapes to the heap even when no span is made.
+var (
+	ClientKind   = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+	ServerKind   = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
+	ProducerKind = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer)}
+)
 
 // Links turns span contexts into links, at most MaxLinks, skipping invalid
 // ones.

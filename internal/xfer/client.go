@@ -145,7 +145,7 @@ var tracer = tracectx.NewTracer("github.com/crescent-kv/crescent/internal/xfer")
 // caller's span records; its requests then carry its context
 // (TransferRequest.trace_context), so the agent's span is its child.
 func startSpan(ctx context.Context, name, endpoint string, items []*agentv1.TransferItem, bufs [][]byte) (context.Context, trace.Span) {
-	ctx, span := tracer.Child(ctx, name, trace.WithSpanKind(trace.SpanKindClient))
+	ctx, span := tracer.Child(ctx, name, tracectx.ClientKind...)
 	if span.IsRecording() {
 		n := 0
 		for _, b := range bufs {

@@ -306,7 +306,7 @@ func startSpan(c *transferConn, req *agentv1.TransferRequest) {
 	if req.GetOp() == agentv1.TransferOp_TRANSFER_OP_WRITE {
 		name = "transfer.write"
 	}
-	_, c.span = tracer.Remote(context.Background(), name, tracectx.ParseTransfer(tc), nil, trace.WithSpanKind(trace.SpanKindServer))
+	_, c.span = tracer.Remote(context.Background(), name, tracectx.ParseTransfer(tc), nil, tracectx.ServerKind...)
 	if c.span.IsRecording() {
 		items := req.GetItems()
 		c.span.SetAttributes(tracectx.Items.Int(len(items)))

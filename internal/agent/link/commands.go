@@ -99,7 +99,7 @@ func (s *session) span(kind string, tr traced) (context.Context, trace.Span) {
 	if tr.parent == nil {
 		return s.ctx, trace.SpanFromContext(context.Background())
 	}
-	ctx, span := tracer.Remote(s.ctx, "agent."+kind, tracectx.ParseCommand(tr.parent), tracectx.ParseLinks(tr.links), trace.WithSpanKind(trace.SpanKindServer))
+	ctx, span := tracer.Remote(s.ctx, "agent."+kind, tracectx.ParseCommand(tr.parent), tracectx.ParseLinks(tr.links), tracectx.ServerKind...)
 	if span.IsRecording() {
 		span.SetAttributes(tracectx.Agent.String(s.l.cfg.AgentID), tracectx.Items.Int(tr.items))
 	}

@@ -703,9 +703,9 @@ const attrSeq = attribute.Key("crescent.kv.seq")
 // off), so a put's trace leads to the batch that announced it.
 func (p *Publisher) publishSpan(n int) trace.Span {
 	p.links = p.q.linksTaken(p.links[:0])
-	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer)}
+	opts := tracectx.ProducerKind
 	if len(p.links) > 0 {
-		opts = append(opts, trace.WithLinks(tracectx.Links(p.links)...))
+		opts = append(opts[:len(opts):len(opts)], trace.WithLinks(tracectx.Links(p.links)...))
 	}
 	_, span := tracer.Start(context.Background(), "gateway.publish", opts...)
 	if span.IsRecording() {

@@ -12,7 +12,6 @@ import (
 	"github.com/crescent-kv/crescent/internal/tracectx"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"github.com/crescent-kv/crescent/pkg/kvevent/zmtp"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // delimiter is the empty frame (with MORE) that starts every reply: a
@@ -62,7 +61,7 @@ func (s *replaySocket) request(ctx context.Context, c *zmtp.Conn, frames [][]byt
 		return nil
 	}
 	s.requests.Add(1)
-	_, span := tracer.Start(ctx, "gateway.replay", trace.WithSpanKind(trace.SpanKindServer))
+	_, span := tracer.Start(ctx, "gateway.replay", tracectx.ServerKind...)
 	n, err := s.reply(c, start)
 	if span.IsRecording() {
 		span.SetAttributes(attrSeq.Int64(int64(start)), tracectx.Items.Int(n))

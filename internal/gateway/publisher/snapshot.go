@@ -13,7 +13,6 @@ import (
 	"github.com/crescent-kv/crescent/internal/gateway/statedir"
 	"github.com/crescent-kv/crescent/internal/tracectx"
 	"github.com/crescent-kv/crescent/pkg/kvevent/zmtp"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // SnapshotSource builds snapshot replies (the recorder,
@@ -63,7 +62,7 @@ func newSnapshotSocket(lg *slog.Logger, l net.Listener, epoch statedir.Epoch, cf
 // snapshot to give.
 func (s *snapshotSocket) request(ctx context.Context, c *zmtp.Conn, frames [][]byte) error {
 	s.requests.Add(1)
-	ctx, span := tracer.Start(ctx, "gateway.snapshot", trace.WithSpanKind(trace.SpanKindServer))
+	ctx, span := tracer.Start(ctx, "gateway.snapshot", tracectx.ServerKind...)
 	reply, release, err := s.build(ctx)
 	if err != nil {
 		s.errors.Add(1)

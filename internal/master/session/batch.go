@@ -41,7 +41,7 @@ type call struct {
 	// command span, or a sampled caller's when the master does not trace;
 	// zero otherwise): the message carrying the call names it, so the
 	// agent's span for the command is its child (or links to it).
-	sc trace.SpanContext
+	sc *trace.SpanContext
 
 	// state is callWaiting until either the result is delivered or the
 	// caller abandons the call; whichever wins the CAS decides who owns the
@@ -302,21 +302,21 @@ func (s *session) build(k kind, id uint64, batch []*call, n int) *masterv1.Conne
 // share one message). Nil, nil when no call is traced: nothing more on the
 // wire.
 func traceOf(batch []*call) (*masterv1.TraceContext, []*masterv1.TraceContext) {
-	var parent trace.SpanContext
+	var parent *trace.SpanContext
 	var tc *masterv1.TraceContext
 	var links []*masterv1.TraceContext
 	for _, c := range batch {
-		if !c.sc.IsValid() || c.sc.Equal(parent) {
+		if c.sc == nil || c.sc == parent {
 			continue
 		}
 		if tc == nil {
-			parent, tc = c.sc, tracectx.CommandOf(c.sc)
+			parent, tc = c.sc, tracectx.CommandOf(*c.sc)
 			continue
 		}
 		if len(links) == tracectx.MaxLinks {
 			break
 		}
-		if l := tracectx.CommandOf(c.sc); l != nil && !slices.ContainsFunc(links, func(x *masterv1.TraceContext) bool { return x.GetTraceparent() == l.GetTraceparent() }) {
+		if l := tracectx.CommandOf(*c.sc); l != nil && !slices.ContainsFunc(links, func(x *masterv1.TraceContext) bool { return x.GetTraceparent() == l.GetTraceparent() }) {
 			links = append(links, l)
 		}
 	}
@@ -376,7 +376,7 @@ func (m *Manager) ctxErr(ctx context.Context, k kind, agentID string) error {
 }
 
 // Reserve asks the agent to reserve allocations; results are in item order.
-func (m *Manager) Reserve(ctx context.Context, agentID string, items []*masterv1.ReserveItem) (_ []*masterv1.ReserveItemResult, err error) {
+func (m *Manager) Reserve(ctx context.Context, agentID string, items []*masterv1.ReserveItem) ([]*masterv1.ReserveItemResult, error) {
 	if len(items) == 0 {
 		return nil, nil
 	}
@@ -386,12 +386,12 @@ func (m *Manager) Reserve(ctx context.Context, agentID string, items []*masterv1
 		}
 	}
 	ctx, span := startCommand(ctx, kindReserve, agentID, len(items))
-	sc := tracectx.Carried(ctx, span)
+	sc := carried(ctx, span)
 	out := make([]*masterv1.ReserveItemResult, 0, len(items))
-	defer func() { endCommand(span, err, out, (*masterv1.ReserveItemResult).GetStatus) }()
-	err = m.doChunked(ctx, agentID, len(items), func(lo, hi int) *call {
+	err := m.doChunked(ctx, agentID, len(items), func(lo, hi int) *call {
 		return &call{kind: kindReserve, reserve: items[lo:hi], sc: sc}
 	}, func(o outcome) { out = append(out, o.reserve...) })
+	endCommand(span, err, out, (*masterv1.ReserveItemResult).GetStatus)
 	if err != nil {
 		return nil, err
 	}
@@ -405,11 +405,24 @@ var tracer = tracectx.NewTracer("github.com/crescent-kv/crescent/internal/master
 // chunks, in as many messages): a child of the caller's span when that is
 // recording, else none.
 func startCommand(ctx context.Context, k kind, agentID string, n int) (context.Context, trace.Span) {
-	ctx, span := tracer.Child(ctx, commandSpans[k], trace.WithSpanKind(trace.SpanKindClient))
+	ctx, span := tracer.Child(ctx, commandSpans[k], tracectx.ClientKind...)
 	if span.IsRecording() {
 		span.SetAttributes(tracectx.Agent.String(agentID), tracectx.Items.Int(n))
 	}
 	return ctx, span
+}
+
+// carried is the span context a command call names (tracectx.Carried), or
+// nil: one pointer per call, shared by its chunks, so an untraced call
+// costs the call no bytes.
+func carried(ctx context.Context, span trace.Span) *trace.SpanContext {
+	sc := tracectx.Carried(ctx, span)
+	if !sc.IsValid() {
+		return nil
+	}
+	p := new(trace.SpanContext) // only now: &sc would put sc on the heap every time
+	*p = sc
+	return p
 }
 
 // commandSpans are the names of the master's command spans, by kind.
@@ -433,7 +446,7 @@ func endCommand[T any](span trace.Span, err error, out []T, status func(T) *mast
 }
 
 // Seal asks the agent to seal written allocations; statuses are in item order.
-func (m *Manager) Seal(ctx context.Context, agentID string, items []*masterv1.SealItem) (_ []*masterv1.ItemStatus, err error) {
+func (m *Manager) Seal(ctx context.Context, agentID string, items []*masterv1.SealItem) ([]*masterv1.ItemStatus, error) {
 	if len(items) == 0 {
 		return nil, nil
 	}
@@ -443,12 +456,12 @@ func (m *Manager) Seal(ctx context.Context, agentID string, items []*masterv1.Se
 		}
 	}
 	ctx, span := startCommand(ctx, kindSeal, agentID, len(items))
-	sc := tracectx.Carried(ctx, span)
+	sc := carried(ctx, span)
 	out := make([]*masterv1.ItemStatus, 0, len(items))
-	defer func() { endCommand(span, err, out, func(st *masterv1.ItemStatus) *masterv1.ItemStatus { return st }) }()
-	err = m.doChunked(ctx, agentID, len(items), func(lo, hi int) *call {
+	err := m.doChunked(ctx, agentID, len(items), func(lo, hi int) *call {
 		return &call{kind: kindSeal, seal: items[lo:hi], sc: sc}
 	}, func(o outcome) { out = append(out, o.status...) })
+	endCommand(span, err, out, func(st *masterv1.ItemStatus) *masterv1.ItemStatus { return st })
 	if err != nil {
 		return nil, err
 	}
@@ -466,7 +479,7 @@ func (m *Manager) Release(ctx context.Context, agentID string, items []*masterv1
 		}
 	}
 	ctx, span := startCommand(ctx, kindRelease, agentID, len(items))
-	sc := tracectx.Carried(ctx, span)
+	sc := carried(ctx, span)
 	err := m.doChunked(ctx, agentID, len(items), func(lo, hi int) *call {
 		return &call{kind: kindRelease, release: items[lo:hi], sc: sc}
 	}, func(outcome) {})
@@ -520,7 +533,7 @@ func (m *Manager) Copy(ctx context.Context, agentID string, req *masterv1.CopyRe
 	if span.IsRecording() {
 		span.SetAttributes(tracectx.Segment.String(req.GetSource().GetSegmentId()))
 	}
-	_, err := m.do(ctx, agentID, &call{kind: kindCopy, copyReq: req, sc: tracectx.Carried(ctx, span)}, m.cfg.CopyTimeout)
+	_, err := m.do(ctx, agentID, &call{kind: kindCopy, copyReq: req, sc: carried(ctx, span)}, m.cfg.CopyTimeout)
 	tracectx.End(span, err)
 	return err
 }
