@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 20m
 TESTFLAGS    ?=
 COMPOSE      := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
-.PHONY: all gen check-gen lint build test test-unit test-e2e run run-secure run-ha up up-ha down bench bench-gateway-state bench-restart bench-failover fuzz clean tidy
+.PHONY: all gen check-gen lint build test test-unit test-e2e run run-secure run-ha up up-ha down bench bench-gateway-state bench-restart bench-failover fuzz clean tidy check-observability
 
 all: build
 
@@ -34,13 +34,28 @@ check-gen: gen
 	fi
 	@echo "gen/ is up to date"
 
-## lint: gofmt, buf lint, go vet, staticcheck
+## lint: gofmt, buf lint, go vet, staticcheck, and promtool on deploy/observability
 lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "not gofmt'd (run gofmt -w):"; echo "$$unformatted"; exit 1; fi
 	$(GO) tool buf lint
 	$(GO) vet $(PKGS)
 	$(GO) tool staticcheck $(PKGS)
+	@$(MAKE) --no-print-directory check-observability
+
+## check-observability: promtool (pinned in tools/go.mod) checks deploy/observability: the scrape configs, the alert rules and their unit tests. The package's Go test (the dashboard decoded strictly, every query parsed, every metric named checked against a live cluster's /metrics) runs in `make test`.
+# remove_all_sd leaves out the cloud service discoveries (AWS, Azure, GCE...)
+# that nothing here uses: half promtool's build (kubernetes_sd stays).
+# `go tool -n` builds it (or finds it in the build cache) and names the
+# binary, so the four checks pay for one up-to-date check, not four.
+OBS := deploy/observability
+check-observability:
+	@promtool=$$(GOFLAGS="$(GOFLAGS) -tags=remove_all_sd" $(GO) tool -n promtool) && set -x && \
+	$$promtool check rules $(OBS)/alerts.yml && \
+	$$promtool test rules $(OBS)/alerts_test.yml && \
+	$$promtool check config $(OBS)/prometheus.yml $(OBS)/prometheus-ha.yml $(OBS)/prometheus-k8s.yml && \
+	: the secure configs name certificate and token files that exist only beside a secure cluster && \
+	$$promtool check config --syntax-only $(OBS)/prometheus-secure.yml $(OBS)/prometheus-token.yml
 
 ## build: static (CGO_ENABLED=0) binaries in bin/
 build:
