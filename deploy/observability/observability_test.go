@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -285,6 +286,11 @@ type scrapeConfig struct {
 			CredentialsFile string `yaml:"credentials_file"`
 		} `yaml:"authorization"`
 		KubernetesSDConfigs []any `yaml:"kubernetes_sd_configs"`
+		RelabelConfigs      []struct {
+			SourceLabels []string `yaml:"source_labels"`
+			Regex        string   `yaml:"regex"`
+			Action       string   `yaml:"action"`
+		} `yaml:"relabel_configs"`
 	} `yaml:"scrape_configs"`
 }
 
@@ -318,8 +324,9 @@ func TestScrapeConfigs(t *testing.T) {
 		}
 		if f == "prometheus-k8s.yml" {
 			if len(c.ScrapeConfigs) != 1 || len(c.ScrapeConfigs[0].KubernetesSDConfigs) != 1 {
-				t.Errorf("%s: want one job discovering pods", f)
+				t.Fatalf("%s: want one job discovering pods", f)
 			}
+			checkK8sPods(t, f, c)
 			continue
 		}
 		var names []string
@@ -348,6 +355,84 @@ func TestScrapeConfigs(t *testing.T) {
 	sort.Strings(got)
 	if !slices.Equal(got, want) {
 		t.Errorf("prometheus.yml scrapes %v; the compose file's default services serve admin on %v", got, want)
+	}
+}
+
+// checkK8sPods checks prometheus-k8s.yml against the pods deploy/k8s
+// runs: the relabelling keeps exactly the master, agent and gateway pods,
+// each on a container port named admin, and their name label is the job.
+func checkK8sPods(t *testing.T, file string, c scrapeConfig) {
+	t.Helper()
+	keep := map[string]*regexp.Regexp{}
+	for _, rc := range c.ScrapeConfigs[0].RelabelConfigs {
+		if rc.Action == "keep" && len(rc.SourceLabels) == 1 {
+			keep[rc.SourceLabels[0]] = regexp.MustCompile("^(?:" + rc.Regex + ")$")
+		}
+	}
+	nameKeep, portKeep := keep["__meta_kubernetes_pod_label_app_kubernetes_io_name"], keep["__meta_kubernetes_pod_container_port_name"]
+	if nameKeep == nil || portKeep == nil {
+		t.Fatalf("%s: want keep rules on the pods' app.kubernetes.io/name and on the container port name", file)
+	}
+	manifests, err := filepath.Glob("../k8s/*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept []string
+	for _, m := range manifests {
+		f, err := os.Open(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := yaml.NewDecoder(f)
+		for {
+			var obj struct {
+				Kind string `yaml:"kind"`
+				Spec struct {
+					Template struct {
+						Metadata struct {
+							Labels map[string]string `yaml:"labels"`
+						} `yaml:"metadata"`
+						Spec struct {
+							Containers []struct {
+								Ports []struct {
+									Name string `yaml:"name"`
+								} `yaml:"ports"`
+							} `yaml:"containers"`
+						} `yaml:"spec"`
+					} `yaml:"template"`
+				} `yaml:"spec"`
+			}
+			if err := dec.Decode(&obj); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				t.Fatalf("%s: %v", m, err)
+			}
+			switch obj.Kind {
+			case "StatefulSet", "DaemonSet", "Deployment":
+			default:
+				continue
+			}
+			name := obj.Spec.Template.Metadata.Labels["app.kubernetes.io/name"]
+			if !nameKeep.MatchString(name) {
+				continue
+			}
+			kept = append(kept, name)
+			admin := false
+			for _, ct := range obj.Spec.Template.Spec.Containers {
+				for _, p := range ct.Ports {
+					admin = admin || portKeep.MatchString(p.Name)
+				}
+			}
+			if !admin {
+				t.Errorf("%s: %s pods have no container port %s keeps", m, name, portKeep)
+			}
+		}
+		_ = f.Close()
+	}
+	sort.Strings(kept)
+	want := slices.Sorted(slices.Values(jobs))
+	if !slices.Equal(kept, want) {
+		t.Errorf("%s keeps the pods of %v in deploy/k8s, want %v (their name label becomes the job)", file, kept, want)
 	}
 }
 
