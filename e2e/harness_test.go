@@ -272,6 +272,18 @@ type Options struct {
 	// server run in the test's process (issue 15, HA); MasterAddr is then
 	// their comma-separated list, which every client takes.
 	Masters int
+	// OTLPEndpoint, when set (host:port), has every master, agent and
+	// gateway send all its spans there in plaintext (issue 16).
+	OTLPEndpoint string
+}
+
+// traceFlags are the tracing flags of every process: none unless
+// OTLPEndpoint is set.
+func (o Options) traceFlags() []string {
+	if o.OTLPEndpoint == "" {
+		return nil
+	}
+	return []string{"--otlp-endpoint", o.OTLPEndpoint, "--otlp-insecure", "--trace-sample-ratio", "1"}
 }
 
 // StartCluster starts a cluster and waits until every agent's segments are
@@ -298,7 +310,7 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 	masterArgs := append([]string{
 		"--log-level", "debug",
 		"--heartbeat-interval", "100ms", "--suspect-after", o.SuspectAfter.String(), "--unmount-after", o.UnmountAfter.String(),
-	}, o.MasterFlags...)
+	}, append(o.traceFlags(), o.MasterFlags...)...)
 	if o.Masters > 1 {
 		endpoint := c.startEtcd()
 		var addrs []string
@@ -331,6 +343,7 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 			}
 			args = append(args, "--disk-dir", dd, "--disk-size", "64MiB")
 		}
+		args = append(args, o.traceFlags()...)
 		p := c.proc(name, "crescent-agent", auth.RoleAgent, hostID(i), append(args, o.AgentFlags...))
 		p.start()
 		c.Agents = append(c.Agents, p)
@@ -361,7 +374,7 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 			"--master", c.MasterAddr, "--pub", c.GatewayPub, "--replay", c.GatewayRepl, "--grpc-addr", freeAddr(t),
 			"--snapshot-endpoint", c.GatewaySnap, "--state-dir", c.GatewayState,
 			"--backend-id", "e2e", "--log-level", "debug",
-		}, flags...))
+		}, append(o.traceFlags(), flags...)...))
 		c.GatewayHTTP = c.Gateway.admin
 		c.Gateway.start()
 		waitReady(t, c.Gateway)
