@@ -104,10 +104,13 @@ func (c *carrier) Keys() []string { return []string{traceparentKey, tracestateKe
 
 // fields encodes sc with the global propagator; ok is false when sc is not
 // sampled (nothing worth sending) or the propagator wrote no traceparent.
-func fields(sc trace.SpanContext) (c carrier, ok bool) {
+func fields(sc trace.SpanContext) (carrier, bool) {
 	if !sc.IsValid() || !sc.IsSampled() {
 		return carrier{}, false
 	}
+	// Declared here, not as a result: the propagator takes its address,
+	// which puts it on the heap, and only a sampled span should pay that.
+	var c carrier
 	otel.GetTextMapPropagator().Inject(trace.ContextWithSpanContext(context.Background(), sc), &c)
 	if c.parent == "" || len(c.parent) > MaxTraceparent {
 		return carrier{}, false
