@@ -3,7 +3,7 @@
 # per round, per configuration (OLD_BIN_DIR, then bin/ with tracing off, at 1 % and at 100 %) a fresh
 # `make run` cluster and four crescentctl bench workloads. Needs `go build -o /tmp/otlpsink ./internal/testutil/otlptest/otlpsink`.
 set -u
-cd /work/main
+cd "$(dirname "$0")/.."
 ROUNDS=${1:-2}
 OLD=${2:?old binaries directory (make build of the revision to compare with)}
 /tmp/otlpsink --addr 127.0.0.1:4317 --every 0 > /tmp/trbench-sink.log 2>&1 &
