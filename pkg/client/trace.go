@@ -16,7 +16,8 @@ import (
 // (transfer.write and transfer.read, one per agent request, internal/xfer)
 // and, through them, the master's and the agents' spans. A batch is one
 // span however many items it has. Spans go to the global TracerProvider:
-// with none installed they cost a non-recording span per call.
+// with none installed there is no span, and a sampled trace context in the
+// caller's context still goes on to the cluster.
 var tracer = tracectx.NewTracer("github.com/crescent-kv/crescent/pkg/client")
 
 // startCall starts the span of one call of n items and size bytes; key is
