@@ -3,8 +3,10 @@ package dataplane
 import (
 	"strings"
 	"testing"
+	"time"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/crescent-kv/crescent/internal/tracectx"
 	"github.com/crescent-kv/crescent/internal/tracectx/tracectxtest"
@@ -37,6 +39,11 @@ func TestTransferSpans(t *testing.T) {
 		t.Fatalf("Read = %v, %v", res, err)
 	}
 	caller.End()
+	// The agent ends its span once the answer is written: maybe after the
+	// client went on.
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		return len(tracectxtest.Named(rec, "transfer.write")) == 2 && len(tracectxtest.Named(rec, "transfer.read")) == 2
+	}, "the client's and the agent's spans")
 
 	for _, tc := range []struct {
 		name          string
@@ -114,7 +121,9 @@ func TestTransferUntracedAndHostileTraceContext(t *testing.T) {
 		}
 	}
 	// The third carried a valid, sampled parent with an oversized trace
-	// state: traced, without the state.
+	// state: traced, without the state. (The agent ends its span once the
+	// answer is written: maybe after the client read it.)
+	testutil.Eventually(t, 10*time.Second, func() bool { return len(tracectxtest.Named(rec, "transfer.write")) > 0 }, "the agent's span")
 	spans := tracectxtest.Named(rec, "transfer.write")
 	if len(spans) != 1 || spans[0].SpanContext().TraceState().Len() != 0 {
 		t.Fatalf("%d spans for the hostile headers, want the one with a valid parent (and no trace state)", len(spans))
