@@ -161,7 +161,7 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 		m := s.begin(shd, rel).under(sc)
 		for _, it := range group {
 			if !it.settled {
-				s.settleSealsLocked(m, &specs[it.i], it)
+				s.settleSealsLocked(ctx, m, &specs[it.i], it)
 			}
 		}
 		m.commit()
@@ -176,7 +176,7 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 	return res
 }
 
-func (s *Store) settleSealsLocked(m *mut, sp *PutEndSpec, it *endItem) {
+func (s *Store) settleSealsLocked(ctx context.Context, m *mut, sp *PutEndSpec, it *endItem) {
 	o := it.obj
 	if o == nil || o.put == nil || o.put.seq != it.seq {
 		if o != nil && o.put == nil && o.hasComplete() && o.checksum == sp.Checksum {
@@ -217,7 +217,7 @@ func (s *Store) settleSealsLocked(m *mut, sp *PutEndSpec, it *endItem) {
 		return
 	}
 	if firstErr != nil {
-		s.lg.Warn("put ended with fewer replicas", "tenant", sp.Tenant, "key", sp.Key, "completed", completed, "err", firstErr)
+		s.lg.WarnContext(ctx, "put ended with fewer replicas", "tenant", sp.Tenant, "key", sp.Key, "completed", completed, "err", firstErr)
 	}
 	// Any replica of the put left PROCESSING (not sealed) is dropped.
 	for i := len(o.replicas) - 1; i >= 0; i-- {
