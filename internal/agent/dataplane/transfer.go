@@ -316,6 +316,15 @@ func startSpan(c *transferConn, req *agentv1.TransferRequest) {
 	}
 }
 
+// logContext is a context holding the request's span, for log lines
+// written while serving it (they then carry its trace_id and span_id).
+func (c *transferConn) logContext() context.Context {
+	if c.span == nil {
+		return context.Background()
+	}
+	return trace.ContextWithSpan(context.Background(), c.span)
+}
+
 // endSpan ends the request's span with err or its items' outcome.
 func endSpan(c *transferConn, err error) {
 	if c.span.IsRecording() {

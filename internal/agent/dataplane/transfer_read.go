@@ -169,7 +169,7 @@ func (t *transferServer) sendDisk(c *transferConn, h *segment.Handle, off, n uin
 	for n > 0 {
 		k := min(n, uint64(len(buf)))
 		if err := h.ReadAt(buf[:k], off); err != nil {
-			t.s.lg.Warn("transfer read of a disk allocation failed; closing the connection", "allocation_id", h.ID(), "err", err)
+			t.s.lg.WarnContext(c.logContext(), "transfer read of a disk allocation failed; closing the connection", "allocation_id", h.ID(), "err", err)
 			return err
 		}
 		_ = c.nc.SetWriteDeadline(t.deadline(t.cfg.IOTimeout))
