@@ -141,6 +141,20 @@ func decodeWatchResponse(b []byte, m *masterv1.WatchResponse) bool {
 	return true
 }
 
+// consumeString reads one length-prefixed UTF-8 string field value at the
+// start of b, aliasing b (no copy), and its length in bytes; n < 0 when it
+// is malformed or not UTF-8.
+func consumeString(b []byte) (s string, n int) {
+	v, n := protowire.ConsumeBytes(b)
+	if n < 0 || !utf8.Valid(v) {
+		return "", -1
+	}
+	if len(v) > 0 {
+		s = unsafe.String(&v[0], len(v))
+	}
+	return s, n
+}
+
 // decodeTraceContext decodes b into the zero TraceContext tc.
 func decodeTraceContext(b []byte, tc *masterv1.TraceContext) bool {
 	for len(b) > 0 {
@@ -149,15 +163,11 @@ func decodeTraceContext(b []byte, tc *masterv1.TraceContext) bool {
 			return false
 		}
 		b = b[n:]
-		v, n := protowire.ConsumeBytes(b)
-		if n < 0 || !utf8.Valid(v) {
+		s, n := consumeString(b)
+		if n < 0 {
 			return false
 		}
 		b = b[n:]
-		s := ""
-		if len(v) > 0 {
-			s = unsafe.String(&v[0], len(v))
-		}
 		if num == 1 {
 			tc.Traceparent = s
 		} else {
@@ -199,15 +209,11 @@ func decodeChange(b []byte, ch *masterv1.Change) bool {
 			if typ != protowire.BytesType {
 				return false
 			}
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 || !utf8.Valid(v) {
+			s, n := consumeString(b)
+			if n < 0 {
 				return false
 			}
 			b = b[n:]
-			s := ""
-			if len(v) > 0 {
-				s = unsafe.String(&v[0], len(v))
-			}
 			switch num {
 			case 3:
 				ch.Tenant = s
