@@ -63,6 +63,7 @@ var codeOf = map[masterv1.ErrorReason]codes.Code{
 	masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED:        codes.ResourceExhausted,
 	masterv1.ErrorReason_ERROR_REASON_MASTER_SHUTTING_DOWN:  codes.Unavailable,
 	masterv1.ErrorReason_ERROR_REASON_SESSION_REPLACED:      codes.Aborted,
+	masterv1.ErrorReason_ERROR_REASON_MASTER_IS_LEADER:      codes.FailedPrecondition,
 }
 
 // Code is the gRPC code that goes with reason r: the one place Crescent

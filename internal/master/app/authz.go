@@ -59,6 +59,7 @@ func authTable() auth.Table {
 		masterv1.AdminService_GetClusterStatus_FullMethodName: admin,
 
 		masterv1.SegmentService_Connect_FullMethodName: {Roles: []auth.Role{auth.RoleAgent}},
+		masterv1.SegmentService_Follow_FullMethodName:  {Roles: []auth.Role{auth.RoleAgent}},
 
 		masterv1.ChangeService_Watch_FullMethodName:    {Roles: []auth.Role{auth.RoleGateway, auth.RoleAdmin}},
 		masterv1.ChangeService_Snapshot_FullMethodName: {Roles: []auth.Role{auth.RoleGateway, auth.RoleAdmin}},

@@ -107,6 +107,10 @@ const (
 	// ABORTED: the agent session was replaced by a newer Connect with the same
 	// agent_id; the newer session stands.
 	ErrorReason_ERROR_REASON_SESSION_REPLACED ErrorReason = 28
+	// FAILED_PRECONDITION: SegmentService.Follow reached the leader (or a
+	// master without election): only a standby is followed; the agent's
+	// Connect session already feeds this master.
+	ErrorReason_ERROR_REASON_MASTER_IS_LEADER ErrorReason = 29
 )
 
 // Enum value maps for ErrorReason.
@@ -141,6 +145,7 @@ var (
 		26: "ERROR_REASON_LIMIT_EXCEEDED",
 		27: "ERROR_REASON_MASTER_SHUTTING_DOWN",
 		28: "ERROR_REASON_SESSION_REPLACED",
+		29: "ERROR_REASON_MASTER_IS_LEADER",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":           0,
@@ -172,6 +177,7 @@ var (
 		"ERROR_REASON_LIMIT_EXCEEDED":        26,
 		"ERROR_REASON_MASTER_SHUTTING_DOWN":  27,
 		"ERROR_REASON_SESSION_REPLACED":      28,
+		"ERROR_REASON_MASTER_IS_LEADER":      29,
 	}
 )
 
@@ -206,7 +212,7 @@ var File_crescent_master_v1_errors_proto protoreflect.FileDescriptor
 
 const file_crescent_master_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1fcrescent/master/v1/errors.proto\x12\x12crescent.master.v1*\xf6\a\n" +
+	"\x1fcrescent/master/v1/errors.proto\x12\x12crescent.master.v1*\x99\b\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dERROR_REASON_OBJECT_NOT_FOUND\x10\x01\x12&\n" +
@@ -237,7 +243,8 @@ const file_crescent_master_v1_errors_proto_rawDesc = "" +
 	"\x1dERROR_REASON_OBJECT_TOO_LARGE\x10\x19\x12\x1f\n" +
 	"\x1bERROR_REASON_LIMIT_EXCEEDED\x10\x1a\x12%\n" +
 	"!ERROR_REASON_MASTER_SHUTTING_DOWN\x10\x1b\x12!\n" +
-	"\x1dERROR_REASON_SESSION_REPLACED\x10\x1cB\xd0\x01\n" +
+	"\x1dERROR_REASON_SESSION_REPLACED\x10\x1c\x12!\n" +
+	"\x1dERROR_REASON_MASTER_IS_LEADER\x10\x1dB\xd0\x01\n" +
 	"\x16com.crescent.master.v1B\vErrorsProtoP\x01Z?github.com/crescent-kv/crescent/gen/crescent/master/v1;masterv1\xa2\x02\x03CMX\xaa\x02\x12Crescent.Master.V1\xca\x02\x12Crescent\\Master\\V1\xe2\x02\x1eCrescent\\Master\\V1\\GPBMetadata\xea\x02\x14Crescent::Master::V1b\x06proto3"
 
 var (

@@ -465,6 +465,7 @@ type ConnectRequest struct {
 	//	*ConnectRequest_CopyResult
 	//	*ConnectRequest_SegmentsUpdate
 	//	*ConnectRequest_RegisterChunk
+	//	*ConnectRequest_TableDelta
 	Msg           isConnectRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -588,6 +589,15 @@ func (x *ConnectRequest) GetRegisterChunk() *RegisterChunk {
 	return nil
 }
 
+func (x *ConnectRequest) GetTableDelta() *TableDelta {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectRequest_TableDelta); ok {
+			return x.TableDelta
+		}
+	}
+	return nil
+}
+
 type isConnectRequest_Msg interface {
 	isConnectRequest_Msg()
 }
@@ -628,6 +638,11 @@ type ConnectRequest_RegisterChunk struct {
 	RegisterChunk *RegisterChunk `protobuf:"bytes,9,opt,name=register_chunk,json=registerChunk,proto3,oneof"`
 }
 
+type ConnectRequest_TableDelta struct {
+	// Follow streams only.
+	TableDelta *TableDelta `protobuf:"bytes,10,opt,name=table_delta,json=tableDelta,proto3,oneof"`
+}
+
 func (*ConnectRequest_Register) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_Heartbeat) isConnectRequest_Msg() {}
@@ -645,6 +660,8 @@ func (*ConnectRequest_CopyResult) isConnectRequest_Msg() {}
 func (*ConnectRequest_SegmentsUpdate) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_RegisterChunk) isConnectRequest_Msg() {}
+
+func (*ConnectRequest_TableDelta) isConnectRequest_Msg() {}
 
 // Register is the first message of every session: the agent's full state.
 // A large allocation table follows it in RegisterChunk messages (chunked
@@ -682,8 +699,22 @@ type Register struct {
 	// master refuses a sequence that carries more, or fewer by its last
 	// chunk.
 	AllocationCount uint64 `protobuf:"varint,11,opt,name=allocation_count,json=allocationCount,proto3" json:"allocation_count,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Where the agent's table is in its change feed: the instance (a random
+	// id per agent process) and the number of changes (allocations sealed,
+	// sealed allocations released) it has counted. On Follow it is the
+	// position read before the table was taken: the deltas that follow carry
+	// every change after it (re-applying one the table already shows is a
+	// no-op). On Connect it is the table's position now.
+	TablePosition *TablePosition `protobuf:"bytes,12,opt,name=table_position,json=tablePosition,proto3" json:"table_position,omitempty"`
+	// Connect only, with table_position: the agent offers to skip the table.
+	// It sends no chunk and waits for the master's answer: Settings (the
+	// master followed this instance to exactly this position and took the
+	// table from its Follow stream) or TableRequest, after which the agent
+	// registers again in full (a chunked Register without resume, then its
+	// table) on the same stream.
+	Resume        bool `protobuf:"varint,13,opt,name=resume,proto3" json:"resume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Register) Reset() {
@@ -793,6 +824,197 @@ func (x *Register) GetAllocationCount() uint64 {
 	return 0
 }
 
+func (x *Register) GetTablePosition() *TablePosition {
+	if x != nil {
+		return x.TablePosition
+	}
+	return nil
+}
+
+func (x *Register) GetResume() bool {
+	if x != nil {
+		return x.Resume
+	}
+	return false
+}
+
+// TablePosition is a point in an agent's table change feed.
+type TablePosition struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Random per agent process; a restarted agent starts a new instance.
+	Instance string `protobuf:"bytes,1,opt,name=instance,proto3" json:"instance,omitempty"`
+	// Changes counted by this instance so far.
+	Version       uint64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TablePosition) Reset() {
+	*x = TablePosition{}
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TablePosition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TablePosition) ProtoMessage() {}
+
+func (x *TablePosition) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TablePosition.ProtoReflect.Descriptor instead.
+func (*TablePosition) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *TablePosition) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
+func (x *TablePosition) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+// TableDelta is a run of changes of the agent's table, sent on Follow: the
+// changes after from_version up to version. An allocation is sealed before
+// it is released, and ids are never reused, so the standby applies sealed
+// before released.
+type TableDelta struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	FromVersion uint64                 `protobuf:"varint,1,opt,name=from_version,json=fromVersion,proto3" json:"from_version,omitempty"`
+	Version     uint64                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	// Allocations that became SEALED, complete (segment_id set).
+	Sealed []*Allocation `protobuf:"bytes,3,rep,name=sealed,proto3" json:"sealed,omitempty"`
+	// SEALED allocations released: segment_id, allocation_id, tenant and key
+	// set (the standby finds the object by its key).
+	Released      []*Allocation `protobuf:"bytes,4,rep,name=released,proto3" json:"released,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TableDelta) Reset() {
+	*x = TableDelta{}
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TableDelta) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TableDelta) ProtoMessage() {}
+
+func (x *TableDelta) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TableDelta.ProtoReflect.Descriptor instead.
+func (*TableDelta) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *TableDelta) GetFromVersion() uint64 {
+	if x != nil {
+		return x.FromVersion
+	}
+	return 0
+}
+
+func (x *TableDelta) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *TableDelta) GetSealed() []*Allocation {
+	if x != nil {
+		return x.Sealed
+	}
+	return nil
+}
+
+func (x *TableDelta) GetReleased() []*Allocation {
+	if x != nil {
+		return x.Released
+	}
+	return nil
+}
+
+// TableRequest answers a Connect's resume Register the master cannot take
+// without the table: the agent registers again in full.
+type TableRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Why (for the agent's log): no Follow of this instance, behind, ...
+	Reason        string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TableRequest) Reset() {
+	*x = TableRequest{}
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TableRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TableRequest) ProtoMessage() {}
+
+func (x *TableRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TableRequest.ProtoReflect.Descriptor instead.
+func (*TableRequest) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *TableRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // RegisterChunk is one bounded part of a chunked Register's allocation
 // table: allocations of one segment. Chunks come grouped by segment, in the
 // order of Register.segments, with allocation ids strictly increasing
@@ -816,7 +1038,7 @@ type RegisterChunk struct {
 
 func (x *RegisterChunk) Reset() {
 	*x = RegisterChunk{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[4]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -828,7 +1050,7 @@ func (x *RegisterChunk) String() string {
 func (*RegisterChunk) ProtoMessage() {}
 
 func (x *RegisterChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[4]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -841,7 +1063,7 @@ func (x *RegisterChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterChunk.ProtoReflect.Descriptor instead.
 func (*RegisterChunk) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{4}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RegisterChunk) GetAllocations() []*Allocation {
@@ -877,7 +1099,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[5]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -889,7 +1111,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[5]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -902,7 +1124,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{5}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Heartbeat) GetSeq() uint64 {
@@ -930,7 +1152,7 @@ type SegmentsUpdate struct {
 
 func (x *SegmentsUpdate) Reset() {
 	*x = SegmentsUpdate{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[6]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -942,7 +1164,7 @@ func (x *SegmentsUpdate) String() string {
 func (*SegmentsUpdate) ProtoMessage() {}
 
 func (x *SegmentsUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[6]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -955,7 +1177,7 @@ func (x *SegmentsUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentsUpdate.ProtoReflect.Descriptor instead.
 func (*SegmentsUpdate) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{6}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SegmentsUpdate) GetMounted() []*SegmentInfo {
@@ -984,7 +1206,7 @@ type Deregister struct {
 
 func (x *Deregister) Reset() {
 	*x = Deregister{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[7]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -996,7 +1218,7 @@ func (x *Deregister) String() string {
 func (*Deregister) ProtoMessage() {}
 
 func (x *Deregister) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[7]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1009,7 +1231,7 @@ func (x *Deregister) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Deregister.ProtoReflect.Descriptor instead.
 func (*Deregister) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{7}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Deregister) GetGrace() *durationpb.Duration {
@@ -1036,6 +1258,7 @@ type ConnectResponse struct {
 	//	*ConnectResponse_Release
 	//	*ConnectResponse_Seal
 	//	*ConnectResponse_Copy
+	//	*ConnectResponse_TableRequest
 	Msg           isConnectResponse_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1043,7 +1266,7 @@ type ConnectResponse struct {
 
 func (x *ConnectResponse) Reset() {
 	*x = ConnectResponse{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[8]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1055,7 +1278,7 @@ func (x *ConnectResponse) String() string {
 func (*ConnectResponse) ProtoMessage() {}
 
 func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[8]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1068,7 +1291,7 @@ func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectResponse.ProtoReflect.Descriptor instead.
 func (*ConnectResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{8}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ConnectResponse) GetMsg() isConnectResponse_Msg {
@@ -1123,6 +1346,15 @@ func (x *ConnectResponse) GetCopy() *CopyRequest {
 	return nil
 }
 
+func (x *ConnectResponse) GetTableRequest() *TableRequest {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectResponse_TableRequest); ok {
+			return x.TableRequest
+		}
+	}
+	return nil
+}
+
 type isConnectResponse_Msg interface {
 	isConnectResponse_Msg()
 }
@@ -1147,6 +1379,10 @@ type ConnectResponse_Copy struct {
 	Copy *CopyRequest `protobuf:"bytes,5,opt,name=copy,proto3,oneof"`
 }
 
+type ConnectResponse_TableRequest struct {
+	TableRequest *TableRequest `protobuf:"bytes,6,opt,name=table_request,json=tableRequest,proto3,oneof"`
+}
+
 func (*ConnectResponse_Settings) isConnectResponse_Msg() {}
 
 func (*ConnectResponse_Reserve) isConnectResponse_Msg() {}
@@ -1156,6 +1392,8 @@ func (*ConnectResponse_Release) isConnectResponse_Msg() {}
 func (*ConnectResponse_Seal) isConnectResponse_Msg() {}
 
 func (*ConnectResponse_Copy) isConnectResponse_Msg() {}
+
+func (*ConnectResponse_TableRequest) isConnectResponse_Msg() {}
 
 // Settings is sent first on every session and again whenever one changes
 // (after every token key rotation). It carries everything the agent needs to
@@ -1181,14 +1419,18 @@ type Settings struct {
 	// key by id; the agent accepts a token under any key of its latest
 	// Settings and no other, so a key leaves service one rotation after it
 	// stopped signing. The master re-sends Settings after every rotation.
-	TokenKeys     []*TokenKey `protobuf:"bytes,10,rep,name=token_keys,json=tokenKeys,proto3" json:"token_keys,omitempty"`
+	TokenKeys []*TokenKey `protobuf:"bytes,10,rep,name=token_keys,json=tokenKeys,proto3" json:"token_keys,omitempty"`
+	// On Follow: this master stands by; no command follows on this stream.
+	Standby bool `protobuf:"varint,11,opt,name=standby,proto3" json:"standby,omitempty"`
+	// On Connect: the resume Register was accepted; the table was not needed.
+	Resumed       bool `protobuf:"varint,12,opt,name=resumed,proto3" json:"resumed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Settings) Reset() {
 	*x = Settings{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[9]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1200,7 +1442,7 @@ func (x *Settings) String() string {
 func (*Settings) ProtoMessage() {}
 
 func (x *Settings) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[9]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1213,7 +1455,7 @@ func (x *Settings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Settings.ProtoReflect.Descriptor instead.
 func (*Settings) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{9}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Settings) GetEpoch() uint64 {
@@ -1279,6 +1521,20 @@ func (x *Settings) GetTokenKeys() []*TokenKey {
 	return nil
 }
 
+func (x *Settings) GetStandby() bool {
+	if x != nil {
+		return x.Standby
+	}
+	return false
+}
+
+func (x *Settings) GetResumed() bool {
+	if x != nil {
+		return x.Resumed
+	}
+	return false
+}
+
 // TokenKey is one data-plane token signing key.
 type TokenKey struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1292,7 +1548,7 @@ type TokenKey struct {
 
 func (x *TokenKey) Reset() {
 	*x = TokenKey{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[10]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1304,7 +1560,7 @@ func (x *TokenKey) String() string {
 func (*TokenKey) ProtoMessage() {}
 
 func (x *TokenKey) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[10]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1317,7 +1573,7 @@ func (x *TokenKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenKey.ProtoReflect.Descriptor instead.
 func (*TokenKey) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{10}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TokenKey) GetId() uint32 {
@@ -1345,7 +1601,7 @@ type AllocationRef struct {
 
 func (x *AllocationRef) Reset() {
 	*x = AllocationRef{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1357,7 +1613,7 @@ func (x *AllocationRef) String() string {
 func (*AllocationRef) ProtoMessage() {}
 
 func (x *AllocationRef) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1370,7 +1626,7 @@ func (x *AllocationRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationRef.ProtoReflect.Descriptor instead.
 func (*AllocationRef) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{11}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AllocationRef) GetSegmentId() string {
@@ -1407,7 +1663,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1419,7 +1675,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1432,7 +1688,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{12}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReserveRequest) GetRequestId() uint64 {
@@ -1487,7 +1743,7 @@ type ReserveItem struct {
 
 func (x *ReserveItem) Reset() {
 	*x = ReserveItem{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1499,7 +1755,7 @@ func (x *ReserveItem) String() string {
 func (*ReserveItem) ProtoMessage() {}
 
 func (x *ReserveItem) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1512,7 +1768,7 @@ func (x *ReserveItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveItem.ProtoReflect.Descriptor instead.
 func (*ReserveItem) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{13}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReserveItem) GetSegmentId() string {
@@ -1582,7 +1838,7 @@ type ReserveResult struct {
 
 func (x *ReserveResult) Reset() {
 	*x = ReserveResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1594,7 +1850,7 @@ func (x *ReserveResult) String() string {
 func (*ReserveResult) ProtoMessage() {}
 
 func (x *ReserveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1607,7 +1863,7 @@ func (x *ReserveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveResult.ProtoReflect.Descriptor instead.
 func (*ReserveResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{14}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReserveResult) GetRequestId() uint64 {
@@ -1636,7 +1892,7 @@ type ReserveItemResult struct {
 
 func (x *ReserveItemResult) Reset() {
 	*x = ReserveItemResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1648,7 +1904,7 @@ func (x *ReserveItemResult) String() string {
 func (*ReserveItemResult) ProtoMessage() {}
 
 func (x *ReserveItemResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1661,7 +1917,7 @@ func (x *ReserveItemResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveItemResult.ProtoReflect.Descriptor instead.
 func (*ReserveItemResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{15}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReserveItemResult) GetStatus() *ItemStatus {
@@ -1704,7 +1960,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1716,7 +1972,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1729,7 +1985,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{16}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReleaseRequest) GetRequestId() uint64 {
@@ -1777,7 +2033,7 @@ type ReleaseResult struct {
 
 func (x *ReleaseResult) Reset() {
 	*x = ReleaseResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1789,7 +2045,7 @@ func (x *ReleaseResult) String() string {
 func (*ReleaseResult) ProtoMessage() {}
 
 func (x *ReleaseResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1802,7 +2058,7 @@ func (x *ReleaseResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResult.ProtoReflect.Descriptor instead.
 func (*ReleaseResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{17}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReleaseResult) GetRequestId() uint64 {
@@ -1839,7 +2095,7 @@ type SealRequest struct {
 
 func (x *SealRequest) Reset() {
 	*x = SealRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1851,7 +2107,7 @@ func (x *SealRequest) String() string {
 func (*SealRequest) ProtoMessage() {}
 
 func (x *SealRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1864,7 +2120,7 @@ func (x *SealRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealRequest.ProtoReflect.Descriptor instead.
 func (*SealRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{18}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SealRequest) GetRequestId() uint64 {
@@ -1917,7 +2173,7 @@ type SealItem struct {
 
 func (x *SealItem) Reset() {
 	*x = SealItem{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1929,7 +2185,7 @@ func (x *SealItem) String() string {
 func (*SealItem) ProtoMessage() {}
 
 func (x *SealItem) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1942,7 +2198,7 @@ func (x *SealItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealItem.ProtoReflect.Descriptor instead.
 func (*SealItem) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{19}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SealItem) GetSegmentId() string {
@@ -1983,7 +2239,7 @@ type SealResult struct {
 
 func (x *SealResult) Reset() {
 	*x = SealResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[20]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1995,7 +2251,7 @@ func (x *SealResult) String() string {
 func (*SealResult) ProtoMessage() {}
 
 func (x *SealResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[20]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2008,7 +2264,7 @@ func (x *SealResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealResult.ProtoReflect.Descriptor instead.
 func (*SealResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{20}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SealResult) GetRequestId() uint64 {
@@ -2045,7 +2301,7 @@ type CopyRequest struct {
 
 func (x *CopyRequest) Reset() {
 	*x = CopyRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[21]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2057,7 +2313,7 @@ func (x *CopyRequest) String() string {
 func (*CopyRequest) ProtoMessage() {}
 
 func (x *CopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[21]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2070,7 +2326,7 @@ func (x *CopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyRequest.ProtoReflect.Descriptor instead.
 func (*CopyRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{21}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CopyRequest) GetRequestId() uint64 {
@@ -2132,7 +2388,7 @@ type CopyResult struct {
 
 func (x *CopyResult) Reset() {
 	*x = CopyResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[22]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2144,7 +2400,7 @@ func (x *CopyResult) String() string {
 func (*CopyResult) ProtoMessage() {}
 
 func (x *CopyResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[22]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2157,7 +2413,7 @@ func (x *CopyResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyResult.ProtoReflect.Descriptor instead.
 func (*CopyResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{22}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CopyResult) GetRequestId() uint64 {
@@ -2206,7 +2462,7 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\bhard_pin\x18\v \x01(\bR\ahardPin\x122\n" +
 	"\x16soft_pin_until_unix_ms\x18\f \x01(\x03R\x12softPinUntilUnixMs\x12&\n" +
 	"\x0fcreated_unix_ms\x18\r \x01(\x03R\rcreatedUnixMs\x12$\n" +
-	"\x0esealed_unix_ms\x18\x0e \x01(\x03R\fsealedUnixMs\"\x8d\x05\n" +
+	"\x0esealed_unix_ms\x18\x0e \x01(\x03R\fsealedUnixMs\"\xd0\x05\n" +
 	"\x0eConnectRequest\x12:\n" +
 	"\bregister\x18\x01 \x01(\v2\x1c.crescent.master.v1.RegisterH\x00R\bregister\x12=\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x1d.crescent.master.v1.HeartbeatH\x00R\theartbeat\x12J\n" +
@@ -2220,8 +2476,11 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\vcopy_result\x18\a \x01(\v2\x1e.crescent.master.v1.CopyResultH\x00R\n" +
 	"copyResult\x12M\n" +
 	"\x0fsegments_update\x18\b \x01(\v2\".crescent.master.v1.SegmentsUpdateH\x00R\x0esegmentsUpdate\x12J\n" +
-	"\x0eregister_chunk\x18\t \x01(\v2!.crescent.master.v1.RegisterChunkH\x00R\rregisterChunkB\x05\n" +
-	"\x03msg\"\xba\x03\n" +
+	"\x0eregister_chunk\x18\t \x01(\v2!.crescent.master.v1.RegisterChunkH\x00R\rregisterChunk\x12A\n" +
+	"\vtable_delta\x18\n" +
+	" \x01(\v2\x1e.crescent.master.v1.TableDeltaH\x00R\n" +
+	"tableDeltaB\x05\n" +
+	"\x03msg\"\x9c\x04\n" +
 	"\bRegister\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x17\n" +
 	"\ahost_id\x18\x02 \x01(\tR\x06hostId\x12#\n" +
@@ -2235,7 +2494,20 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\x11transfer_endpoint\x18\t \x01(\tR\x10transferEndpoint\x12\x18\n" +
 	"\achunked\x18\n" +
 	" \x01(\bR\achunked\x12)\n" +
-	"\x10allocation_count\x18\v \x01(\x04R\x0fallocationCount\"\x84\x01\n" +
+	"\x10allocation_count\x18\v \x01(\x04R\x0fallocationCount\x12H\n" +
+	"\x0etable_position\x18\f \x01(\v2!.crescent.master.v1.TablePositionR\rtablePosition\x12\x16\n" +
+	"\x06resume\x18\r \x01(\bR\x06resume\"E\n" +
+	"\rTablePosition\x12\x1a\n" +
+	"\binstance\x18\x01 \x01(\tR\binstance\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\"\xbd\x01\n" +
+	"\n" +
+	"TableDelta\x12!\n" +
+	"\ffrom_version\x18\x01 \x01(\x04R\vfromVersion\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\x126\n" +
+	"\x06sealed\x18\x03 \x03(\v2\x1e.crescent.master.v1.AllocationR\x06sealed\x12:\n" +
+	"\breleased\x18\x04 \x03(\v2\x1e.crescent.master.v1.AllocationR\breleased\"&\n" +
+	"\fTableRequest\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"\x84\x01\n" +
 	"\rRegisterChunk\x12@\n" +
 	"\vallocations\x18\x01 \x03(\v2\x1e.crescent.master.v1.AllocationR\vallocations\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\bR\x04last\x12\x1d\n" +
@@ -2250,14 +2522,15 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\n" +
 	"Deregister\x12/\n" +
 	"\x05grace\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05grace\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xc2\x02\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x8b\x03\n" +
 	"\x0fConnectResponse\x12:\n" +
 	"\bsettings\x18\x01 \x01(\v2\x1c.crescent.master.v1.SettingsH\x00R\bsettings\x12>\n" +
 	"\areserve\x18\x02 \x01(\v2\".crescent.master.v1.ReserveRequestH\x00R\areserve\x12>\n" +
 	"\arelease\x18\x03 \x01(\v2\".crescent.master.v1.ReleaseRequestH\x00R\arelease\x125\n" +
 	"\x04seal\x18\x04 \x01(\v2\x1f.crescent.master.v1.SealRequestH\x00R\x04seal\x125\n" +
-	"\x04copy\x18\x05 \x01(\v2\x1f.crescent.master.v1.CopyRequestH\x00R\x04copyB\x05\n" +
-	"\x03msg\"\x8c\x04\n" +
+	"\x04copy\x18\x05 \x01(\v2\x1f.crescent.master.v1.CopyRequestH\x00R\x04copy\x12G\n" +
+	"\rtable_request\x18\x06 \x01(\v2 .crescent.master.v1.TableRequestH\x00R\ftableRequestB\x05\n" +
+	"\x03msg\"\xc0\x04\n" +
 	"\bSettings\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12H\n" +
 	"\x12heartbeat_interval\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\x12>\n" +
@@ -2270,7 +2543,9 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\x13release_allocations\x18\t \x03(\v2!.crescent.master.v1.AllocationRefR\x12releaseAllocations\x12;\n" +
 	"\n" +
 	"token_keys\x18\n" +
-	" \x03(\v2\x1c.crescent.master.v1.TokenKeyR\ttokenKeysJ\x04\b\x06\x10\aR\ttoken_key\",\n" +
+	" \x03(\v2\x1c.crescent.master.v1.TokenKeyR\ttokenKeys\x12\x18\n" +
+	"\astandby\x18\v \x01(\bR\astandby\x12\x18\n" +
+	"\aresumed\x18\f \x01(\bR\aresumedJ\x04\b\x06\x10\aR\ttoken_key\",\n" +
 	"\bTokenKey\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\"S\n" +
@@ -2365,9 +2640,10 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\x0fAllocationState\x12 \n" +
 	"\x1cALLOCATION_STATE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19ALLOCATION_STATE_RESERVED\x10\x01\x12\x1b\n" +
-	"\x17ALLOCATION_STATE_SEALED\x10\x022h\n" +
+	"\x17ALLOCATION_STATE_SEALED\x10\x022\xbf\x01\n" +
 	"\x0eSegmentService\x12V\n" +
-	"\aConnect\x12\".crescent.master.v1.ConnectRequest\x1a#.crescent.master.v1.ConnectResponse(\x010\x01B\xd1\x01\n" +
+	"\aConnect\x12\".crescent.master.v1.ConnectRequest\x1a#.crescent.master.v1.ConnectResponse(\x010\x01\x12U\n" +
+	"\x06Follow\x12\".crescent.master.v1.ConnectRequest\x1a#.crescent.master.v1.ConnectResponse(\x010\x01B\xd1\x01\n" +
 	"\x16com.crescent.master.v1B\fSegmentProtoP\x01Z?github.com/crescent-kv/crescent/gen/crescent/master/v1;masterv1\xa2\x02\x03CMX\xaa\x02\x12Crescent.Master.V1\xca\x02\x12Crescent\\Master\\V1\xe2\x02\x1eCrescent\\Master\\V1\\GPBMetadata\xea\x02\x14Crescent::Master::V1b\x06proto3"
 
 var (
@@ -2383,7 +2659,7 @@ func file_crescent_master_v1_segment_proto_rawDescGZIP() []byte {
 }
 
 var file_crescent_master_v1_segment_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_crescent_master_v1_segment_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_crescent_master_v1_segment_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_crescent_master_v1_segment_proto_goTypes = []any{
 	(SegmentLifecycle)(0),       // 0: crescent.master.v1.SegmentLifecycle
 	(SegmentHealth)(0),          // 1: crescent.master.v1.SegmentHealth
@@ -2392,83 +2668,93 @@ var file_crescent_master_v1_segment_proto_goTypes = []any{
 	(*Allocation)(nil),          // 4: crescent.master.v1.Allocation
 	(*ConnectRequest)(nil),      // 5: crescent.master.v1.ConnectRequest
 	(*Register)(nil),            // 6: crescent.master.v1.Register
-	(*RegisterChunk)(nil),       // 7: crescent.master.v1.RegisterChunk
-	(*Heartbeat)(nil),           // 8: crescent.master.v1.Heartbeat
-	(*SegmentsUpdate)(nil),      // 9: crescent.master.v1.SegmentsUpdate
-	(*Deregister)(nil),          // 10: crescent.master.v1.Deregister
-	(*ConnectResponse)(nil),     // 11: crescent.master.v1.ConnectResponse
-	(*Settings)(nil),            // 12: crescent.master.v1.Settings
-	(*TokenKey)(nil),            // 13: crescent.master.v1.TokenKey
-	(*AllocationRef)(nil),       // 14: crescent.master.v1.AllocationRef
-	(*ReserveRequest)(nil),      // 15: crescent.master.v1.ReserveRequest
-	(*ReserveItem)(nil),         // 16: crescent.master.v1.ReserveItem
-	(*ReserveResult)(nil),       // 17: crescent.master.v1.ReserveResult
-	(*ReserveItemResult)(nil),   // 18: crescent.master.v1.ReserveItemResult
-	(*ReleaseRequest)(nil),      // 19: crescent.master.v1.ReleaseRequest
-	(*ReleaseResult)(nil),       // 20: crescent.master.v1.ReleaseResult
-	(*SealRequest)(nil),         // 21: crescent.master.v1.SealRequest
-	(*SealItem)(nil),            // 22: crescent.master.v1.SealItem
-	(*SealResult)(nil),          // 23: crescent.master.v1.SealResult
-	(*CopyRequest)(nil),         // 24: crescent.master.v1.CopyRequest
-	(*CopyResult)(nil),          // 25: crescent.master.v1.CopyResult
-	(Medium)(0),                 // 26: crescent.master.v1.Medium
-	(*durationpb.Duration)(nil), // 27: google.protobuf.Duration
-	(*TraceContext)(nil),        // 28: crescent.master.v1.TraceContext
-	(*ItemStatus)(nil),          // 29: crescent.master.v1.ItemStatus
+	(*TablePosition)(nil),       // 7: crescent.master.v1.TablePosition
+	(*TableDelta)(nil),          // 8: crescent.master.v1.TableDelta
+	(*TableRequest)(nil),        // 9: crescent.master.v1.TableRequest
+	(*RegisterChunk)(nil),       // 10: crescent.master.v1.RegisterChunk
+	(*Heartbeat)(nil),           // 11: crescent.master.v1.Heartbeat
+	(*SegmentsUpdate)(nil),      // 12: crescent.master.v1.SegmentsUpdate
+	(*Deregister)(nil),          // 13: crescent.master.v1.Deregister
+	(*ConnectResponse)(nil),     // 14: crescent.master.v1.ConnectResponse
+	(*Settings)(nil),            // 15: crescent.master.v1.Settings
+	(*TokenKey)(nil),            // 16: crescent.master.v1.TokenKey
+	(*AllocationRef)(nil),       // 17: crescent.master.v1.AllocationRef
+	(*ReserveRequest)(nil),      // 18: crescent.master.v1.ReserveRequest
+	(*ReserveItem)(nil),         // 19: crescent.master.v1.ReserveItem
+	(*ReserveResult)(nil),       // 20: crescent.master.v1.ReserveResult
+	(*ReserveItemResult)(nil),   // 21: crescent.master.v1.ReserveItemResult
+	(*ReleaseRequest)(nil),      // 22: crescent.master.v1.ReleaseRequest
+	(*ReleaseResult)(nil),       // 23: crescent.master.v1.ReleaseResult
+	(*SealRequest)(nil),         // 24: crescent.master.v1.SealRequest
+	(*SealItem)(nil),            // 25: crescent.master.v1.SealItem
+	(*SealResult)(nil),          // 26: crescent.master.v1.SealResult
+	(*CopyRequest)(nil),         // 27: crescent.master.v1.CopyRequest
+	(*CopyResult)(nil),          // 28: crescent.master.v1.CopyResult
+	(Medium)(0),                 // 29: crescent.master.v1.Medium
+	(*durationpb.Duration)(nil), // 30: google.protobuf.Duration
+	(*TraceContext)(nil),        // 31: crescent.master.v1.TraceContext
+	(*ItemStatus)(nil),          // 32: crescent.master.v1.ItemStatus
 }
 var file_crescent_master_v1_segment_proto_depIdxs = []int32{
-	26, // 0: crescent.master.v1.SegmentInfo.medium:type_name -> crescent.master.v1.Medium
+	29, // 0: crescent.master.v1.SegmentInfo.medium:type_name -> crescent.master.v1.Medium
 	2,  // 1: crescent.master.v1.Allocation.state:type_name -> crescent.master.v1.AllocationState
 	6,  // 2: crescent.master.v1.ConnectRequest.register:type_name -> crescent.master.v1.Register
-	8,  // 3: crescent.master.v1.ConnectRequest.heartbeat:type_name -> crescent.master.v1.Heartbeat
-	17, // 4: crescent.master.v1.ConnectRequest.reserve_result:type_name -> crescent.master.v1.ReserveResult
-	20, // 5: crescent.master.v1.ConnectRequest.release_result:type_name -> crescent.master.v1.ReleaseResult
-	23, // 6: crescent.master.v1.ConnectRequest.seal_result:type_name -> crescent.master.v1.SealResult
-	10, // 7: crescent.master.v1.ConnectRequest.deregister:type_name -> crescent.master.v1.Deregister
-	25, // 8: crescent.master.v1.ConnectRequest.copy_result:type_name -> crescent.master.v1.CopyResult
-	9,  // 9: crescent.master.v1.ConnectRequest.segments_update:type_name -> crescent.master.v1.SegmentsUpdate
-	7,  // 10: crescent.master.v1.ConnectRequest.register_chunk:type_name -> crescent.master.v1.RegisterChunk
-	3,  // 11: crescent.master.v1.Register.segments:type_name -> crescent.master.v1.SegmentInfo
-	4,  // 12: crescent.master.v1.Register.allocations:type_name -> crescent.master.v1.Allocation
-	4,  // 13: crescent.master.v1.RegisterChunk.allocations:type_name -> crescent.master.v1.Allocation
-	3,  // 14: crescent.master.v1.Heartbeat.segments:type_name -> crescent.master.v1.SegmentInfo
-	3,  // 15: crescent.master.v1.SegmentsUpdate.mounted:type_name -> crescent.master.v1.SegmentInfo
-	27, // 16: crescent.master.v1.Deregister.grace:type_name -> google.protobuf.Duration
-	12, // 17: crescent.master.v1.ConnectResponse.settings:type_name -> crescent.master.v1.Settings
-	15, // 18: crescent.master.v1.ConnectResponse.reserve:type_name -> crescent.master.v1.ReserveRequest
-	19, // 19: crescent.master.v1.ConnectResponse.release:type_name -> crescent.master.v1.ReleaseRequest
-	21, // 20: crescent.master.v1.ConnectResponse.seal:type_name -> crescent.master.v1.SealRequest
-	24, // 21: crescent.master.v1.ConnectResponse.copy:type_name -> crescent.master.v1.CopyRequest
-	27, // 22: crescent.master.v1.Settings.heartbeat_interval:type_name -> google.protobuf.Duration
-	27, // 23: crescent.master.v1.Settings.suspect_after:type_name -> google.protobuf.Duration
-	27, // 24: crescent.master.v1.Settings.unmount_after:type_name -> google.protobuf.Duration
-	27, // 25: crescent.master.v1.Settings.reserved_grace:type_name -> google.protobuf.Duration
-	14, // 26: crescent.master.v1.Settings.release_allocations:type_name -> crescent.master.v1.AllocationRef
-	13, // 27: crescent.master.v1.Settings.token_keys:type_name -> crescent.master.v1.TokenKey
-	16, // 28: crescent.master.v1.ReserveRequest.items:type_name -> crescent.master.v1.ReserveItem
-	28, // 29: crescent.master.v1.ReserveRequest.trace_context:type_name -> crescent.master.v1.TraceContext
-	28, // 30: crescent.master.v1.ReserveRequest.trace_links:type_name -> crescent.master.v1.TraceContext
-	18, // 31: crescent.master.v1.ReserveResult.items:type_name -> crescent.master.v1.ReserveItemResult
-	29, // 32: crescent.master.v1.ReserveItemResult.status:type_name -> crescent.master.v1.ItemStatus
-	14, // 33: crescent.master.v1.ReleaseRequest.items:type_name -> crescent.master.v1.AllocationRef
-	28, // 34: crescent.master.v1.ReleaseRequest.trace_context:type_name -> crescent.master.v1.TraceContext
-	28, // 35: crescent.master.v1.ReleaseRequest.trace_links:type_name -> crescent.master.v1.TraceContext
-	29, // 36: crescent.master.v1.ReleaseResult.items:type_name -> crescent.master.v1.ItemStatus
-	22, // 37: crescent.master.v1.SealRequest.items:type_name -> crescent.master.v1.SealItem
-	28, // 38: crescent.master.v1.SealRequest.trace_context:type_name -> crescent.master.v1.TraceContext
-	28, // 39: crescent.master.v1.SealRequest.trace_links:type_name -> crescent.master.v1.TraceContext
-	29, // 40: crescent.master.v1.SealResult.items:type_name -> crescent.master.v1.ItemStatus
-	14, // 41: crescent.master.v1.CopyRequest.source:type_name -> crescent.master.v1.AllocationRef
-	14, // 42: crescent.master.v1.CopyRequest.target:type_name -> crescent.master.v1.AllocationRef
-	28, // 43: crescent.master.v1.CopyRequest.trace_context:type_name -> crescent.master.v1.TraceContext
-	29, // 44: crescent.master.v1.CopyResult.status:type_name -> crescent.master.v1.ItemStatus
-	5,  // 45: crescent.master.v1.SegmentService.Connect:input_type -> crescent.master.v1.ConnectRequest
-	11, // 46: crescent.master.v1.SegmentService.Connect:output_type -> crescent.master.v1.ConnectResponse
-	46, // [46:47] is the sub-list for method output_type
-	45, // [45:46] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	11, // 3: crescent.master.v1.ConnectRequest.heartbeat:type_name -> crescent.master.v1.Heartbeat
+	20, // 4: crescent.master.v1.ConnectRequest.reserve_result:type_name -> crescent.master.v1.ReserveResult
+	23, // 5: crescent.master.v1.ConnectRequest.release_result:type_name -> crescent.master.v1.ReleaseResult
+	26, // 6: crescent.master.v1.ConnectRequest.seal_result:type_name -> crescent.master.v1.SealResult
+	13, // 7: crescent.master.v1.ConnectRequest.deregister:type_name -> crescent.master.v1.Deregister
+	28, // 8: crescent.master.v1.ConnectRequest.copy_result:type_name -> crescent.master.v1.CopyResult
+	12, // 9: crescent.master.v1.ConnectRequest.segments_update:type_name -> crescent.master.v1.SegmentsUpdate
+	10, // 10: crescent.master.v1.ConnectRequest.register_chunk:type_name -> crescent.master.v1.RegisterChunk
+	8,  // 11: crescent.master.v1.ConnectRequest.table_delta:type_name -> crescent.master.v1.TableDelta
+	3,  // 12: crescent.master.v1.Register.segments:type_name -> crescent.master.v1.SegmentInfo
+	4,  // 13: crescent.master.v1.Register.allocations:type_name -> crescent.master.v1.Allocation
+	7,  // 14: crescent.master.v1.Register.table_position:type_name -> crescent.master.v1.TablePosition
+	4,  // 15: crescent.master.v1.TableDelta.sealed:type_name -> crescent.master.v1.Allocation
+	4,  // 16: crescent.master.v1.TableDelta.released:type_name -> crescent.master.v1.Allocation
+	4,  // 17: crescent.master.v1.RegisterChunk.allocations:type_name -> crescent.master.v1.Allocation
+	3,  // 18: crescent.master.v1.Heartbeat.segments:type_name -> crescent.master.v1.SegmentInfo
+	3,  // 19: crescent.master.v1.SegmentsUpdate.mounted:type_name -> crescent.master.v1.SegmentInfo
+	30, // 20: crescent.master.v1.Deregister.grace:type_name -> google.protobuf.Duration
+	15, // 21: crescent.master.v1.ConnectResponse.settings:type_name -> crescent.master.v1.Settings
+	18, // 22: crescent.master.v1.ConnectResponse.reserve:type_name -> crescent.master.v1.ReserveRequest
+	22, // 23: crescent.master.v1.ConnectResponse.release:type_name -> crescent.master.v1.ReleaseRequest
+	24, // 24: crescent.master.v1.ConnectResponse.seal:type_name -> crescent.master.v1.SealRequest
+	27, // 25: crescent.master.v1.ConnectResponse.copy:type_name -> crescent.master.v1.CopyRequest
+	9,  // 26: crescent.master.v1.ConnectResponse.table_request:type_name -> crescent.master.v1.TableRequest
+	30, // 27: crescent.master.v1.Settings.heartbeat_interval:type_name -> google.protobuf.Duration
+	30, // 28: crescent.master.v1.Settings.suspect_after:type_name -> google.protobuf.Duration
+	30, // 29: crescent.master.v1.Settings.unmount_after:type_name -> google.protobuf.Duration
+	30, // 30: crescent.master.v1.Settings.reserved_grace:type_name -> google.protobuf.Duration
+	17, // 31: crescent.master.v1.Settings.release_allocations:type_name -> crescent.master.v1.AllocationRef
+	16, // 32: crescent.master.v1.Settings.token_keys:type_name -> crescent.master.v1.TokenKey
+	19, // 33: crescent.master.v1.ReserveRequest.items:type_name -> crescent.master.v1.ReserveItem
+	31, // 34: crescent.master.v1.ReserveRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	31, // 35: crescent.master.v1.ReserveRequest.trace_links:type_name -> crescent.master.v1.TraceContext
+	21, // 36: crescent.master.v1.ReserveResult.items:type_name -> crescent.master.v1.ReserveItemResult
+	32, // 37: crescent.master.v1.ReserveItemResult.status:type_name -> crescent.master.v1.ItemStatus
+	17, // 38: crescent.master.v1.ReleaseRequest.items:type_name -> crescent.master.v1.AllocationRef
+	31, // 39: crescent.master.v1.ReleaseRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	31, // 40: crescent.master.v1.ReleaseRequest.trace_links:type_name -> crescent.master.v1.TraceContext
+	32, // 41: crescent.master.v1.ReleaseResult.items:type_name -> crescent.master.v1.ItemStatus
+	25, // 42: crescent.master.v1.SealRequest.items:type_name -> crescent.master.v1.SealItem
+	31, // 43: crescent.master.v1.SealRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	31, // 44: crescent.master.v1.SealRequest.trace_links:type_name -> crescent.master.v1.TraceContext
+	32, // 45: crescent.master.v1.SealResult.items:type_name -> crescent.master.v1.ItemStatus
+	17, // 46: crescent.master.v1.CopyRequest.source:type_name -> crescent.master.v1.AllocationRef
+	17, // 47: crescent.master.v1.CopyRequest.target:type_name -> crescent.master.v1.AllocationRef
+	31, // 48: crescent.master.v1.CopyRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	32, // 49: crescent.master.v1.CopyResult.status:type_name -> crescent.master.v1.ItemStatus
+	5,  // 50: crescent.master.v1.SegmentService.Connect:input_type -> crescent.master.v1.ConnectRequest
+	5,  // 51: crescent.master.v1.SegmentService.Follow:input_type -> crescent.master.v1.ConnectRequest
+	14, // 52: crescent.master.v1.SegmentService.Connect:output_type -> crescent.master.v1.ConnectResponse
+	14, // 53: crescent.master.v1.SegmentService.Follow:output_type -> crescent.master.v1.ConnectResponse
+	52, // [52:54] is the sub-list for method output_type
+	50, // [50:52] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_crescent_master_v1_segment_proto_init() }
@@ -2487,13 +2773,15 @@ func file_crescent_master_v1_segment_proto_init() {
 		(*ConnectRequest_CopyResult)(nil),
 		(*ConnectRequest_SegmentsUpdate)(nil),
 		(*ConnectRequest_RegisterChunk)(nil),
+		(*ConnectRequest_TableDelta)(nil),
 	}
-	file_crescent_master_v1_segment_proto_msgTypes[8].OneofWrappers = []any{
+	file_crescent_master_v1_segment_proto_msgTypes[11].OneofWrappers = []any{
 		(*ConnectResponse_Settings)(nil),
 		(*ConnectResponse_Reserve)(nil),
 		(*ConnectResponse_Release)(nil),
 		(*ConnectResponse_Seal)(nil),
 		(*ConnectResponse_Copy)(nil),
+		(*ConnectResponse_TableRequest)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2501,7 +2789,7 @@ func file_crescent_master_v1_segment_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crescent_master_v1_segment_proto_rawDesc), len(file_crescent_master_v1_segment_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   23,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

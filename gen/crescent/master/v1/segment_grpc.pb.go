@@ -20,6 +20,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	SegmentService_Connect_FullMethodName = "/crescent.master.v1.SegmentService/Connect"
+	SegmentService_Follow_FullMethodName  = "/crescent.master.v1.SegmentService/Follow"
 )
 
 // SegmentServiceClient is the client API for SegmentService service.
@@ -37,6 +38,18 @@ type SegmentServiceClient interface {
 	// commands (reserve, release, seal, drain/copy) from the master. A second
 	// Connect for the same agent_id replaces the first session.
 	Connect(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConnectRequest, ConnectResponse], error)
+	// Follow keeps a standby master warm (issue 15): an agent opens one Follow
+	// stream to every master of its list that stands by. It registers as on
+	// Connect (a chunked Register with its table_position, then the table),
+	// and the standby answers Settings with standby set once the table is in;
+	// then the agent sends a TableDelta for every change of its table, its
+	// heartbeats and SegmentsUpdates. The standby never sends commands: it
+	// only keeps its object map built from the agents' tables, so that when
+	// it is elected an agent's Connect with resume set skips the table (the
+	// master answers Settings at once) and puts succeed within milliseconds
+	// of the election instead of after a rebuild. The leader, and a master
+	// without election, refuse Follow with MASTER_IS_LEADER.
+	Follow(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConnectRequest, ConnectResponse], error)
 }
 
 type segmentServiceClient struct {
@@ -60,6 +73,19 @@ func (c *segmentServiceClient) Connect(ctx context.Context, opts ...grpc.CallOpt
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SegmentService_ConnectClient = grpc.BidiStreamingClient[ConnectRequest, ConnectResponse]
 
+func (c *segmentServiceClient) Follow(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConnectRequest, ConnectResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SegmentService_ServiceDesc.Streams[1], SegmentService_Follow_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ConnectRequest, ConnectResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SegmentService_FollowClient = grpc.BidiStreamingClient[ConnectRequest, ConnectResponse]
+
 // SegmentServiceServer is the server API for SegmentService service.
 // All implementations must embed UnimplementedSegmentServiceServer
 // for forward compatibility.
@@ -75,6 +101,18 @@ type SegmentServiceServer interface {
 	// commands (reserve, release, seal, drain/copy) from the master. A second
 	// Connect for the same agent_id replaces the first session.
 	Connect(grpc.BidiStreamingServer[ConnectRequest, ConnectResponse]) error
+	// Follow keeps a standby master warm (issue 15): an agent opens one Follow
+	// stream to every master of its list that stands by. It registers as on
+	// Connect (a chunked Register with its table_position, then the table),
+	// and the standby answers Settings with standby set once the table is in;
+	// then the agent sends a TableDelta for every change of its table, its
+	// heartbeats and SegmentsUpdates. The standby never sends commands: it
+	// only keeps its object map built from the agents' tables, so that when
+	// it is elected an agent's Connect with resume set skips the table (the
+	// master answers Settings at once) and puts succeed within milliseconds
+	// of the election instead of after a rebuild. The leader, and a master
+	// without election, refuse Follow with MASTER_IS_LEADER.
+	Follow(grpc.BidiStreamingServer[ConnectRequest, ConnectResponse]) error
 	mustEmbedUnimplementedSegmentServiceServer()
 }
 
@@ -87,6 +125,9 @@ type UnimplementedSegmentServiceServer struct{}
 
 func (UnimplementedSegmentServiceServer) Connect(grpc.BidiStreamingServer[ConnectRequest, ConnectResponse]) error {
 	return status.Error(codes.Unimplemented, "method Connect not implemented")
+}
+func (UnimplementedSegmentServiceServer) Follow(grpc.BidiStreamingServer[ConnectRequest, ConnectResponse]) error {
+	return status.Error(codes.Unimplemented, "method Follow not implemented")
 }
 func (UnimplementedSegmentServiceServer) mustEmbedUnimplementedSegmentServiceServer() {}
 func (UnimplementedSegmentServiceServer) testEmbeddedByValue()                        {}
@@ -116,6 +157,13 @@ func _SegmentService_Connect_Handler(srv interface{}, stream grpc.ServerStream) 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SegmentService_ConnectServer = grpc.BidiStreamingServer[ConnectRequest, ConnectResponse]
 
+func _SegmentService_Follow_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(SegmentServiceServer).Follow(&grpc.GenericServerStream[ConnectRequest, ConnectResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SegmentService_FollowServer = grpc.BidiStreamingServer[ConnectRequest, ConnectResponse]
+
 // SegmentService_ServiceDesc is the grpc.ServiceDesc for SegmentService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -127,6 +175,12 @@ var SegmentService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Connect",
 			Handler:       _SegmentService_Connect_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "Follow",
+			Handler:       _SegmentService_Follow_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
 		},
