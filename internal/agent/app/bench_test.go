@@ -58,6 +58,7 @@ const (
 	benchWindow = 8       // batches each worker keeps live before releasing its oldest
 	benchFill   = 48 << 10
 	benchMemory = 256 << 20
+	benchTenant = "bench"
 )
 
 // benchAgentChild runs an agent for the put-cycle benchmark until its stdin
@@ -351,7 +352,7 @@ func benchPutCycle(b *testing.B, conc int) {
 		for i, id := range ids {
 			it := w.items[i]
 			it.AllocationId = id
-			it.Token = signer.Sign(token.Claims{Mode: token.Write, SegmentID: seg, AllocationID: id, Expiry: exp})
+			it.Token = signer.Sign(token.Claims{Mode: token.Write, Tenant: benchTenant, Key: w.keys[i], SegmentID: seg, AllocationID: id, Expiry: exp})
 		}
 		errs, err := pool.Write(ctx, endpoint, w.items, w.src)
 		if err != nil {
@@ -427,16 +428,18 @@ type benchWorker struct {
 	seg     string
 	reserve func() ([]uint64, error)
 	items   []*agentv1.TransferItem
+	keys    []string // the object key of each item (its token names it)
 	src     [][]byte
 	sums    []uint64
 	live    [][]uint64
 }
 
 func newBenchWorker(s *benchSession, seg, name string, n int) *benchWorker {
-	w := &benchWorker{s: s, seg: seg, items: make([]*agentv1.TransferItem, n), src: make([][]byte, n), sums: make([]uint64, n)}
+	w := &benchWorker{s: s, seg: seg, items: make([]*agentv1.TransferItem, n), keys: make([]string, n), src: make([][]byte, n), sums: make([]uint64, n)}
 	ritems := make([]*masterv1.ReserveItem, n)
 	for i := range n {
-		ritems[i] = &masterv1.ReserveItem{SegmentId: seg, Size: benchObject, Tenant: "bench", Key: fmt.Sprintf("bench/%s/object-%06d", name, i), ReplicaId: 1}
+		w.keys[i] = fmt.Sprintf("bench/%s/object-%06d", name, i)
+		ritems[i] = &masterv1.ReserveItem{SegmentId: seg, Size: benchObject, Tenant: benchTenant, Key: w.keys[i], ReplicaId: 1}
 		w.items[i] = &agentv1.TransferItem{SegmentId: seg}
 		w.src[i] = make([]byte, benchObject)
 		for j := range w.src[i] {
