@@ -14,7 +14,8 @@ import (
 // of the batch, a write handle opened and closed per object, Set.Seal (the
 // hash verification), and Set.Release of the batch put benchWindow cycles
 // earlier. The segment holds fill sealed objects first, as an agent serving
-// a cluster does. ns/obj and allocs/obj are per object.
+// a cluster does, and records its changes in a Feed, as an agent's
+// segments do. ns/obj and allocs/obj are per object.
 func BenchmarkSetCycle(b *testing.B) {
 	const (
 		batch  = 128
@@ -28,6 +29,7 @@ func BenchmarkSetCycle(b *testing.B) {
 	}
 	defer mem.Close()
 	set := NewSet(mem)
+	set.SetFeed(NewFeed(0))
 	now := time.Now()
 	reserve := make([]*masterv1.ReserveItem, batch)
 	for i := range reserve {

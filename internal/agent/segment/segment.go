@@ -42,7 +42,9 @@ type backing interface {
 	close() error
 }
 
-// entry is one row of the allocation table.
+// entry is one row of the allocation table. The object fields (id to
+// sealed) do not change once the entry is SEALED: the feed keeps sealed
+// entries and reads them without Segment.mu (Change.Allocation).
 type entry struct {
 	id       uint64
 	offset   uint64
@@ -96,6 +98,9 @@ type Segment struct {
 	// CHECKSUM_MISMATCH instead of ALLOCATION_NOT_FOUND. Bounded by the
 	// sealed allocations at the reopen; ids are never reused.
 	corrupt map[uint64]struct{}
+	// feed records this segment's seals and releases of sealed
+	// allocations (SetFeed); nil records nothing.
+	feed *Feed
 }
 
 func newSegment(id, name string, medium masterv1.Medium, store backing, a *alloc.Allocator) *Segment {
@@ -110,6 +115,14 @@ func (s *Segment) Name() string { return s.name }
 
 // Medium is memory or disk.
 func (s *Segment) Medium() masterv1.Medium { return s.medium }
+
+// SetFeed makes the segment record its changes in f (nil stops it): each
+// allocation sealed and each sealed allocation released from now on.
+func (s *Segment) SetFeed(f *Feed) {
+	s.mu.Lock()
+	s.feed = f
+	s.mu.Unlock()
+}
 
 // Info describes the segment with its current usage.
 func (s *Segment) Info() *masterv1.SegmentInfo {
@@ -243,6 +256,9 @@ func (s *Segment) Release(id uint64) error {
 	}
 	s.table.del(id)
 	e.released = true
+	if s.feed != nil && e.state == masterv1.AllocationState_ALLOCATION_STATE_SEALED {
+		s.feed.add(s, e, true)
+	}
 	s.freeIfIdleLocked(e)
 	return nil
 }
@@ -352,6 +368,17 @@ func (s *Segment) Seal(args []SealArg, now time.Time) []error {
 				errs[j.i] = rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, err, "journal seal of %d", e.id)
 			}
 		}
+	}
+	if s.feed != nil {
+		// The batch's seals, under one feed lock, while mu still holds
+		// them in the table (Feed's invariant).
+		s.feed.mu.Lock()
+		for k, j := range jobs {
+			if ok[k] && errs[j.i] == nil {
+				s.feed.addLocked(s, j.e, false)
+			}
+		}
+		s.feed.mu.Unlock()
 	}
 	s.mu.Unlock()
 	if anyOK && s.jrn != nil && durErr == nil {

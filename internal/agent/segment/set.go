@@ -25,6 +25,13 @@ func NewSet(segs ...*Segment) *Set {
 	return s
 }
 
+// SetFeed makes every segment record its changes in f (Segment.SetFeed).
+func (s *Set) SetFeed(f *Feed) {
+	for _, sg := range s.segs {
+		sg.SetFeed(f)
+	}
+}
+
 // Get returns the segment with id.
 func (s *Set) Get(id string) (*Segment, bool) {
 	sg, ok := s.byID[id]

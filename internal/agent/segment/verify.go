@@ -206,6 +206,9 @@ func (s *Segment) dropCorrupt(bad []*entry) error {
 		// served by this process; a restart verifies them again.
 		s.table.del(e.id)
 		e.released = true
+		if s.feed != nil {
+			s.feed.add(s, e, true)
+		}
 		s.freeIfIdleLocked(e)
 		s.corrupt[e.id] = struct{}{}
 	}
