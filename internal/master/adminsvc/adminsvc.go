@@ -52,6 +52,9 @@ type Deps struct {
 	// Leader reports whether this master leads and, when not, the leader's
 	// address. Nil means a single master that always leads.
 	Leader func() (leader bool, hint string)
+	// Epoch, if set, is the current epoch (an elected standby's changes
+	// at its election); nil means Identity.Epoch.
+	Epoch func() uint64
 }
 
 // Service implements masterv1.AdminServiceServer.
@@ -233,8 +236,12 @@ func (s *Service) ListTenants(ctx context.Context, _ *masterv1.ListTenantsReques
 func (s *Service) GetClusterStatus(ctx context.Context, _ *masterv1.GetClusterStatusRequest) (*masterv1.GetClusterStatusResponse, error) {
 	objects, bytes, revision := s.deps.Meta.Stats()
 	leader, hint := s.deps.Leader()
+	epoch := s.deps.Identity.Epoch
+	if s.deps.Epoch != nil {
+		epoch = s.deps.Epoch()
+	}
 	resp := &masterv1.GetClusterStatusResponse{
-		MasterId: s.deps.Identity.MasterID, Epoch: s.deps.Identity.Epoch, Leader: leader, LeaderHint: hint,
+		MasterId: s.deps.Identity.MasterID, Epoch: epoch, Leader: leader, LeaderHint: hint,
 		Objects: objects, Bytes: bytes, Revision: revision,
 	}
 	for _, a := range s.deps.Registry.Agents() {

@@ -332,7 +332,7 @@ func newMaster(cfg Config, lg *slog.Logger, epoch uint64, opts ...grpc.ServerOpt
 	// metadata needs the sessions to reach agents. Close the cycle before
 	// anything runs.
 	sessions.SetMetadata(store)
-	admin, err := adminsvc.New(adminsvc.Deps{Identity: id, Registry: segReg, Meta: store}, lg.With("part", "admin"))
+	admin, err := adminsvc.New(adminsvc.Deps{Identity: id, Registry: segReg, Meta: store, Epoch: store.Epoch}, lg.With("part", "admin"))
 	if err != nil {
 		return nil, err
 	}
@@ -358,6 +358,22 @@ func newMaster(cfg Config, lg *slog.Logger, epoch uint64, opts ...grpc.ServerOpt
 
 // Run serves until ctx ends, then stops the server (which ends the agent
 // sessions), the sessions and the store.
+// promote makes a standby's master the leader's under the term's epoch:
+// the store keeps the objects it followed and starts its change log over
+// in that epoch, and the sessions stamp it on Settings and commands.
+func (m *Master) promote(epoch uint64) {
+	m.Identity.Epoch = epoch
+	m.Store.Promote(m.Identity)
+	m.Sessions.SetEpoch(epoch)
+}
+
+// discard releases a master that will not run (a standby's, when the
+// process stops before it was elected).
+func (m *Master) discard() {
+	_ = m.Sessions.Close()
+	_ = m.Store.Close()
+}
+
 func (m *Master) Run(ctx context.Context) error {
 	if err := m.Server.Listen(); err != nil {
 		return err

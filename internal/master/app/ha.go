@@ -11,8 +11,10 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/ha"
 	"github.com/crescent-kv/crescent/internal/master/session"
 	"github.com/crescent-kv/crescent/internal/obs"
@@ -107,10 +109,13 @@ func (h *HA) haConfig(grpcAddr string) (ha.Config, error) {
 // runHA campaigns for leadership until ctx ends. While it stands by, a
 // standby server on the master's ports answers every RPC NOT_LEADER with
 // the leader's address, and /readyz fails (so a Kubernetes Service of
-// ready pods routes to the leader only). Once elected it builds a fresh
-// master (its objects rebuilt from the agents' registrations, issue 15 item
-// 1) under the term's epoch and serves while the term holds; if the term
-// is lost the master stops and the process stands by again.
+// ready pods routes to the leader only); it also serves the agents' Follow
+// streams into a master built for the next term (warm: its objects are
+// kept from the agents' tables as they change). Once elected that master
+// takes the term's epoch and serves while the term holds, its agents
+// resuming their registrations without sending their tables; if the term
+// is lost the master stops and the process stands by again with a fresh
+// one.
 func runHA(ctx context.Context, cfg Config, lg *slog.Logger) error {
 	hc, err := cfg.HA.haConfig(cfg.GRPCAddr)
 	if err != nil {
@@ -130,8 +135,24 @@ func runHA(ctx context.Context, cfg Config, lg *slog.Logger) error {
 	// was slow, the epoch write lost a race, etcd unreachable) is tried
 	// again: a standby that gave up would leave the cluster without one.
 	backoff := retry.NewBackoff(100*time.Millisecond, 2*time.Second)
+	var (
+		m    *Master
+		gate *leaderGate
+	)
+	defer func() {
+		if m != nil {
+			m.discard()
+		}
+	}()
 	for ctx.Err() == nil {
-		term, err := standBy(ctx, cfg, lg, el)
+		if m == nil {
+			gate = &leaderGate{}
+			if m, err = newMaster(cfg, lg, 0, grpc.ChainUnaryInterceptor(gate.unary), grpc.ChainStreamInterceptor(gate.stream)); err != nil {
+				return err
+			}
+			m.Store.SetFollowing(true)
+		}
+		term, err := standBy(ctx, cfg, lg, el, m)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -147,7 +168,11 @@ func runHA(ctx context.Context, cfg Config, lg *slog.Logger) error {
 			continue
 		}
 		backoff.Reset()
-		err = lead(ctx, cfg, lg, term)
+		m.promote(term.Epoch)
+		valid := term.Valid
+		gate.valid.Store(&valid)
+		err = lead(ctx, cfg, lg, term, m)
+		m = nil // run closed it; the next term gets a fresh one
 		if ctx.Err() != nil {
 			term.Resign(context.WithoutCancel(ctx))
 			return err
@@ -159,28 +184,40 @@ func runHA(ctx context.Context, cfg Config, lg *slog.Logger) error {
 }
 
 // standBy serves NOT_LEADER on the master's ports while it campaigns, and
-// returns the term once elected (the standby server stopped).
-func standBy(ctx context.Context, cfg Config, lg *slog.Logger, el *ha.Elector) (*ha.Term, error) {
+// the agents' Follow streams into m; it returns the term once elected (the
+// standby server stopped, the follow streams ended).
+func standBy(ctx context.Context, cfg Config, lg *slog.Logger, el *ha.Elector, m *Master) (*ha.Term, error) {
 	creds, err := cfg.Security.Load(lg)
 	if err != nil {
 		return nil, err
 	}
+	notLeader := func() error { return rpcerr.Status(rpcerr.NotLeader(el.Leader())) }
 	srv := server.New(server.Config{
 		GRPCAddr: cfg.GRPCAddr, AdminAddr: cfg.AdminAddr, ShutdownTimeout: cfg.ShutdownTimeout,
 		Credentials: creds, Table: authTable(),
 	}, lg.With("part", "standby"), obs.NewRegistry(), grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
-		return rpcerr.Status(rpcerr.NotLeader(el.Leader()))
+		return notLeader()
 	}))
+	masterv1.RegisterSegmentServiceServer(srv.GRPC, &standbySegments{m: m.Sessions, notLeader: notLeader})
 	srv.SetReadiness(func() error { return fmt.Errorf("standby: not the leader (leader: %q)", el.Leader()) })
+	m.Sessions.SetStandby()
 	if err := listenRetry(ctx, srv); err != nil {
 		return nil, err
 	}
 	sctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(sctx) }()
+	// The liveness sweep runs for the followed agents: one that is lost
+	// while this master stands by is unmounted here as on the leader.
+	var sweep sync.WaitGroup
+	sweep.Go(func() { _ = m.Sessions.Run(sctx) })
 	lg.Info("master standing by", "grpc", srv.GRPCAddr(), "leader", el.Leader())
 	term, cerr := el.Campaign(ctx)
+	// Follow streams end first: the server's graceful stop waits for
+	// streams, and the metadata must be still before it is promoted.
+	m.Sessions.EndFollowing()
 	stop()
+	sweep.Wait()
 	if err := <-done; err != nil && cerr == nil {
 		term.Resign(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("standby server: %w", err)
@@ -191,6 +228,20 @@ func standBy(ctx context.Context, cfg Config, lg *slog.Logger, el *ha.Elector) (
 	return term, nil
 }
 
+// standbySegments is a standby's SegmentService: agents follow it; their
+// Connect is refused with the leader's address.
+type standbySegments struct {
+	masterv1.UnimplementedSegmentServiceServer
+	m         *session.Manager
+	notLeader func() error
+}
+
+func (s *standbySegments) Connect(masterv1.SegmentService_ConnectServer) error { return s.notLeader() }
+
+func (s *standbySegments) Follow(stream masterv1.SegmentService_FollowServer) error {
+	return s.m.Follow(stream)
+}
+
 // campaignError is standBy's error when the campaign, not the standby
 // server, failed: runHA campaigns again.
 type campaignError struct{ err error }
@@ -198,14 +249,8 @@ type campaignError struct{ err error }
 func (e *campaignError) Error() string { return e.err.Error() }
 func (e *campaignError) Unwrap() error { return e.err }
 
-// lead runs a master under term until ctx ends or the term is lost.
-func lead(ctx context.Context, cfg Config, lg *slog.Logger, term *ha.Term) error {
-	gate := &leaderGate{valid: term.Valid}
-	m, err := newMaster(cfg, lg, term.Epoch,
-		grpc.ChainUnaryInterceptor(gate.unary), grpc.ChainStreamInterceptor(gate.stream))
-	if err != nil {
-		return err
-	}
+// lead runs m, promoted to term, until ctx ends or the term is lost.
+func lead(ctx context.Context, cfg Config, lg *slog.Logger, term *ha.Term, m *Master) error {
 	var books sync.WaitGroup
 	defer books.Wait() // after cancel below: the recorder stops on mctx
 	mctx, cancel := context.WithCancel(ctx)
@@ -219,9 +264,10 @@ func lead(ctx context.Context, cfg Config, lg *slog.Logger, term *ha.Term) error
 		}
 	}()
 	if err := listenRetry(mctx, m.Server); err != nil {
+		m.discard()
 		return err
 	}
-	err = m.run(mctx)
+	err := m.run(mctx)
 	select {
 	case <-term.Lost():
 		return errors.Join(ha.ErrLost, err)
@@ -343,22 +389,28 @@ func listenRetry(ctx context.Context, srv *server.Server) error {
 // from etcd must not acknowledge anything after a new leader may have
 // taken over.
 type leaderGate struct {
-	valid func() bool
+	// valid is the term's check, set once elected; nil refuses everything.
+	valid atomic.Pointer[func() bool]
+}
+
+func (g *leaderGate) ok() bool {
+	v := g.valid.Load()
+	return v != nil && (*v)()
 }
 
 func (g *leaderGate) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if !g.valid() {
+	if !g.ok() {
 		return nil, rpcerr.Status(rpcerr.NotLeader(""))
 	}
 	resp, err := h(ctx, req)
-	if err == nil && !g.valid() {
+	if err == nil && !g.ok() {
 		return nil, rpcerr.Status(rpcerr.NotLeader(""))
 	}
 	return resp, err
 }
 
 func (g *leaderGate) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	if !g.valid() {
+	if !g.ok() {
 		return rpcerr.Status(rpcerr.NotLeader(""))
 	}
 	return h(srv, ss)

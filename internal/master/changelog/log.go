@@ -71,7 +71,7 @@ type entry struct {
 
 // Log is the change log. Safe for concurrent use.
 type Log struct {
-	epoch     uint64
+	epoch     atomic.Uint64
 	retention uint64
 
 	// mu guards every field below. It is a leaf lock: callers may hold a
@@ -112,16 +112,33 @@ func New(retention int, epoch uint64) *Log {
 	if retention <= 0 {
 		retention = DefaultRetention
 	}
-	return &Log{
-		epoch:     epoch,
+	l := &Log{
 		retention: uint64(retention),
 		tenIdx:    make(map[string]uint32),
 		notify:    make(chan struct{}),
 	}
+	l.epoch.Store(epoch)
+	return l
 }
 
 // Epoch is the epoch the revisions belong to.
-func (l *Log) Epoch() uint64 { return l.epoch }
+func (l *Log) Epoch() uint64 { return l.epoch.Load() }
+
+// Reset empties the log and starts epoch's revisions at 1: a warm
+// standby's store, elected, keeps its objects but not the records it made
+// while following (nobody watched them). Waiters are woken (they read an
+// empty log of another epoch).
+func (l *Log) Reset(epoch uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.epoch.Store(epoch)
+	l.ring, l.head = nil, 0
+	l.tenants, l.tenIdx = nil, make(map[string]uint32)
+	l.spans, l.spanHead = nil, 0
+	l.traced.Store(false)
+	close(l.notify)
+	l.notify, l.waiting = make(chan struct{}), false
+}
 
 // Append assigns the next revisions to recs (in order, writing them back
 // into recs) and stores them. It returns the last revision assigned.
@@ -275,7 +292,7 @@ func (l *Log) Read(from uint64, max int, dst []Record) (recs []Record, head, com
 	}
 	if from > l.head {
 		return dst, l.head, compact, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
-			"revision %d is beyond the head %d of epoch %d", from, l.head, l.epoch)
+			"revision %d is beyond the head %d of epoch %d", from, l.head, l.epoch.Load())
 	}
 	for r := from + 1; r <= l.head && (max <= 0 || len(dst) < max); r++ {
 		e := l.slotLocked(r)

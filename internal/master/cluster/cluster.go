@@ -166,3 +166,20 @@ type Metadata interface {
 	// segment id, for AdminService.
 	SegmentReplicaCounts() map[string]uint64
 }
+
+// FollowingMetadata is metadata a warm standby keeps from its agents'
+// Follow streams (issue 15). A registration's table is reconciled as on
+// Connect (ChunkedMetadata); what it would return for release is owed
+// instead (a standby commands no agent), and handed to the agent in the
+// Settings of its resumed registration once the master leads.
+type FollowingMetadata interface {
+	ChunkedMetadata
+	// FollowDelta applies one TableDelta of agentID, whose segments are
+	// segments: sealed allocations adopted (one already held is left as
+	// it is), the replicas of released ones removed.
+	FollowDelta(ctx context.Context, agentID string, segments []Segment, sealed, released []*masterv1.Allocation)
+	// Owe remembers allocations to release later.
+	Owe(refs []*masterv1.AllocationRef)
+	// TakeOwed returns and forgets the releases owed on the segments.
+	TakeOwed(segmentIDs []string) []*masterv1.AllocationRef
+}

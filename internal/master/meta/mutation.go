@@ -240,6 +240,12 @@ func (s *Store) sendReleases(ctx context.Context, r *releases) {
 	if len(items) == 0 {
 		return
 	}
+	if s.following.Load() {
+		for seg, allocs := range items {
+			s.owe(seg, allocs) // a standby sends nothing; the leader it becomes does
+		}
+		return
+	}
 	per := make(map[string][]*masterv1.AllocationRef)
 	for seg, allocs := range items {
 		e := s.segs.get(seg)

@@ -107,6 +107,9 @@ type reconcileRun struct {
 	// later is for a replica this run adopted, from an allocation already
 	// seen, so the run skips the lookup per allocation.
 	owedCheck bool
+	// skipHeld leaves an allocation that is already a replica as it is
+	// (FollowDelta: a delta may repeat what the followed table showed).
+	skipHeld bool
 
 	allocs, removed, adopted, returned int
 
@@ -225,7 +228,7 @@ func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation,
 			if presize > 0 && len(shd.tenants) == 0 {
 				shd.tenants[it.tenant] = make(map[string]*object, presize)
 			}
-			if track && !r.claimLocked(m, it) {
+			if track && !r.claimLocked(m, it) || r.skipHeld && r.heldLocked(m, it) {
 				continue
 			}
 			one[0] = it.a

@@ -68,6 +68,9 @@ type Store struct {
 	// owedMu guards owed: releases that could not be delivered (leaf lock).
 	owedMu sync.Mutex
 	owed   map[allocKey]struct{}
+	// following: a warm standby's store (follow.go); releases are owed,
+	// never sent.
+	following atomic.Bool
 
 	closeOnce sync.Once
 	closed    chan struct{}

@@ -265,7 +265,7 @@ func (s *session) releaseSlot() {
 // build assembles one command message, stamped with the master's epoch
 // and the trace context of the calls it carries (traceOf).
 func (s *session) build(k kind, id uint64, batch []*call, n int) *masterv1.ConnectResponse {
-	epoch := s.m.id.Epoch
+	epoch := s.m.epoch.Load()
 	tc, links := traceOf(batch)
 	switch k {
 	case kindReserve:

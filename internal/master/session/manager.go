@@ -91,6 +91,16 @@ type Manager struct {
 	// registering (from the stream's start to Settings queued and the
 	// segments activated, or the handler's end).
 	registering atomic.Int64
+
+	// epoch is stamped on commands and Settings (Identity.Epoch at New,
+	// the term's once a standby is elected: SetEpoch).
+	epoch atomic.Uint64
+	// fmu guards standby and images (follow.go); fwg counts Follow
+	// handlers.
+	fmu     sync.Mutex
+	standby bool
+	images  map[string]*image
+	fwg     sync.WaitGroup
 }
 
 // Registering reports how many agent streams are still registering: waiting
@@ -122,8 +132,9 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Manager, error) {
 	base, cancel := context.WithCancelCause(context.Background())
 	m := &Manager{
 		cfg: cfg, id: deps.Identity, reg: deps.Registry, lg: lg, met: met,
-		base: base, cancelBase: cancel, sessions: map[string]*session{},
+		base: base, cancelBase: cancel, sessions: map[string]*session{}, images: map[string]*image{},
 	}
+	m.epoch.Store(deps.Identity.Epoch)
 	if deps.Metadata != nil {
 		m.SetMetadata(deps.Metadata)
 	}
@@ -245,6 +256,7 @@ func (m *Manager) sweep() {
 // marks them UNMOUNTED. No lock of ours is held.
 func (m *Manager) unmount(ids []string) {
 	m.lg.Info("unmounting segments", "segment_ids", ids)
+	m.forgetImages(ids)
 	m.metadata().DropSegments(m.base, ids)
 	m.reg.MarkUnmounted(ids)
 }
@@ -350,18 +362,9 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 	}
 	defer doneRegistering()
 	started := time.Now()
-	first, err := m.awaitRegister(ctx, recvc, recvErr)
+	first, reg, resumed, err := m.register(ctx, stream, recvc, recvErr)
 	if err != nil {
 		return err
-	}
-	reg, err := validateRegister(first.GetRegister(), m.id.Epoch, m.cfg.MaxSegmentsPerAgent)
-	if err == nil {
-		err = bindHost(stream.Context(), &reg)
-	}
-	if err != nil {
-		m.met.registrations.WithLabelValues("rejected").Inc()
-		m.lg.Warn("agent registration rejected", "agent_id", first.GetRegister().GetAgentId(), "err", err)
-		return rpcerr.Status(err)
 	}
 	if err := m.arrive(ctx, reg.AgentID); err != nil {
 		m.met.registrations.WithLabelValues("failed").Inc()
@@ -393,20 +396,32 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 		}
 	}
 	r := first.GetRegister()
-	rec := m.reconciler(ctx, reg.AgentID, segs, r.GetAllocationCount())
-	release := rec.Apply(ctx, r.GetAllocations())
-	if r.GetChunked() {
-		more, err := m.receiveTable(ctx, s, r, rec, recvc, recvErr)
-		if err != nil {
-			m.met.registrations.WithLabelValues("failed").Inc()
-			m.lg.Warn("agent registration failed", "agent_id", reg.AgentID, "allocations", r.GetAllocationCount(),
-				"elapsed", time.Since(started), "err", err)
-			return rpcerr.Status(err)
+	var release []*masterv1.AllocationRef
+	if resumed {
+		// The table is the one this master followed: nothing to reconcile;
+		// what its reconciles would have released is owed.
+		ids := make([]string, len(segs))
+		for i, sg := range segs {
+			ids[i] = sg.ID
 		}
-		release = append(release, more...)
+		release = m.followingMetadata().TakeOwed(ids)
+	} else {
+		rec := m.reconciler(ctx, reg.AgentID, segs, r.GetAllocationCount())
+		release = rec.Apply(ctx, r.GetAllocations())
+		if r.GetChunked() {
+			more, err := m.receiveTable(ctx, s.agentID, s.gen, r, rec, recvc, recvErr)
+			if err != nil {
+				m.met.registrations.WithLabelValues("failed").Inc()
+				m.lg.Warn("agent registration failed", "agent_id", reg.AgentID, "allocations", r.GetAllocationCount(),
+					"elapsed", time.Since(started), "err", err)
+				return rpcerr.Status(err)
+			}
+			release = append(release, more...)
+		}
+		release = append(release, rec.Finish(ctx)...)
 	}
-	release = append(release, rec.Finish(ctx)...)
 	settings := m.settings(release)
+	settings.Resumed = resumed
 	select {
 	case s.sendq <- &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Settings{Settings: settings}}:
 	case <-ctx.Done():
@@ -423,7 +438,7 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 	m.met.registerAllocs.WithLabelValues(reg.AgentID).Set(float64(n))
 	doneRegistering()
 	m.lg.Info("agent registered", "agent_id", reg.AgentID, "host_id", reg.HostID, "data_endpoint", reg.DataEndpoint,
-		"gen", gen, "segments", len(reg.Segments), "allocations", n, "chunked", r.GetChunked(),
+		"gen", gen, "segments", len(reg.Segments), "allocations", n, "chunked", r.GetChunked(), "resumed", resumed,
 		"released", len(release), "graceful", reg.Graceful, "took", took)
 
 	for {
@@ -442,6 +457,58 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 			return nil
 		case <-ctx.Done():
 			return causeStatus(ctx)
+		}
+	}
+}
+
+// register takes a Connect's Register: validated, bound to the caller's
+// identity, and when it offers to resume, either accepted (resumed: this
+// master followed the agent's table to exactly its position) or answered
+// with TableRequest, after which the agent registers again in full on
+// the same stream. Nothing else sends on the stream yet.
+func (m *Manager) register(ctx context.Context, stream masterv1.SegmentService_ConnectServer,
+	recvc <-chan *masterv1.ConnectRequest, recvErr <-chan error) (*masterv1.ConnectRequest, registry.Registration, bool, error) {
+	m.fmu.Lock()
+	standby := m.standby
+	m.fmu.Unlock()
+	if standby {
+		return nil, registry.Registration{}, false, rpcerr.Status(rpcerr.NotLeader(""))
+	}
+	for again := false; ; again = true {
+		first, err := m.awaitRegister(ctx, recvc, recvErr)
+		if err != nil {
+			return nil, registry.Registration{}, false, err
+		}
+		r := first.GetRegister()
+		reg, err := validateRegister(r, m.epoch.Load(), m.cfg.MaxSegmentsPerAgent)
+		if err == nil {
+			err = bindHost(stream.Context(), &reg)
+		}
+		if err == nil && r.GetResume() && (again || r.GetTablePosition() == nil || !r.GetChunked() ||
+			r.GetAllocationCount() != 0 || len(r.GetAllocations()) != 0) {
+			err = invalid("register: resume needs a table_position and no table, once per stream")
+		}
+		if err != nil {
+			m.met.registrations.WithLabelValues("rejected").Inc()
+			m.lg.Warn("agent registration rejected", "agent_id", r.GetAgentId(), "err", err)
+			return nil, registry.Registration{}, false, rpcerr.Status(err)
+		}
+		if !r.GetResume() {
+			return first, reg, false, nil
+		}
+		why := "this master keeps no followed tables"
+		if m.followingMetadata() != nil {
+			why = m.resumeRefusal(reg.AgentID, r.GetTablePosition(), r.GetSegments())
+		}
+		if why == "" {
+			m.met.resumes.WithLabelValues("resumed").Inc()
+			return first, reg, true, nil
+		}
+		m.met.resumes.WithLabelValues("refused").Inc()
+		m.lg.Info("agent's table asked for: its resume was refused", "agent_id", reg.AgentID, "reason", why)
+		if err := stream.Send(&masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_TableRequest{
+			TableRequest: &masterv1.TableRequest{Reason: why}}}); err != nil {
+			return nil, registry.Registration{}, false, err
 		}
 	}
 }
@@ -489,7 +556,7 @@ func (m *Manager) end(s *session) {
 // sending is never lost.
 func (m *Manager) settings(release []*masterv1.AllocationRef) *masterv1.Settings {
 	return &masterv1.Settings{
-		Epoch:              m.id.Epoch,
+		Epoch:              m.epoch.Load(),
 		HeartbeatInterval:  durationpb.New(m.cfg.HeartbeatInterval),
 		SuspectAfter:       durationpb.New(m.cfg.SuspectAfter),
 		UnmountAfter:       durationpb.New(m.cfg.UnmountAfter),

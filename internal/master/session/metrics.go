@@ -14,6 +14,10 @@ type metrics struct {
 
 	registerSeconds *prometheus.GaugeVec
 	registerAllocs  *prometheus.GaugeVec
+
+	follows       *prometheus.CounterVec
+	followChanges prometheus.Counter
+	resumes       *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -51,9 +55,22 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "crescent_master_agent_registration_allocations",
 			Help: "Allocations in the agent's last accepted registration.",
 		}, []string{"agent_id"}),
+		follows: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "crescent_master_agent_follows_total",
+			Help: "Agent Follow streams a standby took (accepted: table taken; rejected; failed while taking the table).",
+		}, []string{"result"}),
+		followChanges: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "crescent_master_agent_follow_changes_total",
+			Help: "Allocation table changes a standby applied from its agents' Follow streams.",
+		}),
+		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "crescent_master_agent_resumes_total",
+			Help: "Registrations that offered to resume from a followed table, by result (resumed: no table sent; refused: the table was asked for).",
+		}, []string{"result"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.sessions, m.registrations, m.batches, m.batchItems, m.timeouts, m.keyRotations, m.registerSeconds, m.registerAllocs} {
+		for _, c := range []prometheus.Collector{m.sessions, m.registrations, m.batches, m.batchItems, m.timeouts, m.keyRotations, m.registerSeconds, m.registerAllocs,
+			m.follows, m.followChanges, m.resumes} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -96,7 +96,7 @@ func errStalled(timeout time.Duration, got, want uint64) error {
 // the one before (the deadline follows progress, not the table's size), and
 // each one refreshes the agent's liveness. It returns the allocations the
 // agent should release.
-func (m *Manager) receiveTable(ctx context.Context, s *session, r *masterv1.Register, rec cluster.Reconciler,
+func (m *Manager) receiveTable(ctx context.Context, agentID string, gen uint64, r *masterv1.Register, rec cluster.Reconciler,
 	recvc <-chan *masterv1.ConnectRequest, recvErr <-chan error) ([]*masterv1.AllocationRef, error) {
 	cur := newTableCursor(r)
 	var release []*masterv1.AllocationRef
@@ -113,7 +113,7 @@ func (m *Manager) receiveTable(ctx context.Context, s *session, r *masterv1.Regi
 				return nil, err
 			}
 			release = append(release, rec.Apply(ctx, ch.GetAllocations())...)
-			m.reg.Progress(s.agentID, s.gen)
+			m.reg.Progress(agentID, gen)
 			if ch.GetLast() {
 				return release, nil
 			}

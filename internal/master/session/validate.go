@@ -52,6 +52,8 @@ func validateRegister(r *masterv1.Register, epoch uint64, maxSegs int) (registry
 		return registry.Registration{}, invalid("register: endpoints are limited to %d bytes", maxIDLen)
 	case len(r.GetVersion()) > maxIDLen:
 		return registry.Registration{}, invalid("register: version longer than %d bytes", maxIDLen)
+	case len(r.GetTablePosition().GetInstance()) > maxIDLen:
+		return registry.Registration{}, invalid("register: table_position.instance longer than %d bytes", maxIDLen)
 	}
 	if r.GetKnownEpoch() > epoch {
 		return registry.Registration{}, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_STALE_EPOCH,

@@ -1,0 +1,148 @@
+package meta
+
+import (
+	"context"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/master/cluster"
+)
+
+// A warm standby (issue 15) keeps a Store built from the agents' Follow
+// streams: each agent's table arrives as in a registration (BeginReconcile,
+// chunk by chunk), then as TableDeltas that FollowDelta applies. While the
+// store follows it decides nothing on its own (Run is not running, no
+// RPC reaches it) and sends nothing to agents: the releases its reconciles
+// would send are owed instead, and handed to each agent in the Settings of
+// its resumed registration once this master leads (TakeOwed). Promote
+// turns it into the leader's store under the term's identity.
+
+// SetFollowing puts the store in (or out of) following mode: releases are
+// owed to the agents instead of sent. Set before any follow stream is
+// served; Promote clears it.
+func (s *Store) SetFollowing(on bool) { s.following.Store(on) }
+
+// Promote makes a following store the leader's: its identity becomes id
+// (the term's epoch, the same token key ring) and the change log starts
+// over at id.Epoch, empty (a subscriber resyncs from a Snapshot after a
+// leader change anyway; the records made while following were never
+// served). Call it while nothing else uses the store: after the follow
+// streams ended, before the leader serves.
+func (s *Store) Promote(id cluster.Identity) {
+	s.id = id
+	s.log.Reset(id.Epoch)
+	s.following.Store(false)
+}
+
+// FollowDelta applies one TableDelta of agentID, whose segments are
+// segments: sealed allocations are adopted as a registration would adopt
+// them (an allocation already held as a replica is left as it is: a delta
+// may repeat what the table showed), and the replicas of released ones are
+// removed. Nothing is sent to any agent: what a registration would have
+// returned for release is owed.
+func (s *Store) FollowDelta(ctx context.Context, agentID string, segments []cluster.Segment, sealed, released []*masterv1.Allocation) {
+	r := &reconcileRun{s: s, agentID: agentID, segs: len(segments), segSet: make(map[uint32]cluster.Segment, len(segments)),
+		skipHeld: true, owedCheck: true}
+	for _, sg := range segments {
+		r.segSet[s.segs.intern(sg.ID)] = sg
+	}
+	if len(sealed) > 0 {
+		s.Owe(r.apply(ctx, sealed, false))
+	}
+	if len(released) > 0 {
+		s.followReleased(r, released)
+	}
+}
+
+// followReleased removes the replicas whose allocations the agent released.
+func (s *Store) followReleased(r *reconcileRun, released []*masterv1.Allocation) {
+	type item struct {
+		a      *masterv1.Allocation
+		seg    uint32
+		tenant uint32
+		shard  int
+	}
+	items := make([]item, 0, len(released))
+	for _, a := range released {
+		idx, ok := s.segs.lookup(a.GetSegmentId())
+		if _, mine := r.segSet[idx]; !ok || !mine {
+			continue
+		}
+		s.takeOwed(allocKey{idx, a.GetAllocationId()}) // released: nothing owed any more
+		t, ok := s.tenants.lookup(NormalizeTenant(a.GetTenant()))
+		if !ok {
+			continue
+		}
+		items = append(items, item{a: a, seg: idx, tenant: t, shard: s.shardIndex(t, a.GetKey())})
+	}
+	forShards(items, func(it item) int { return it.shard }, func(sh int, its []item) {
+		shd := &s.shards[sh]
+		shd.mu.Lock()
+		m := s.begin(shd, nil)
+		for _, it := range its {
+			o := shd.getLocked(it.tenant, it.a.GetKey())
+			if o == nil {
+				continue
+			}
+			for i, rp := range o.replicas {
+				if rp.seg == it.seg && !rp.pending && rp.allocID == it.a.GetAllocationId() {
+					m.remove(o, i, false)
+					break
+				}
+			}
+			if len(o.replicas) == 0 {
+				shd.endPutLocked(o)
+				m.dropIfEmpty(o)
+			}
+		}
+		m.commit()
+		shd.mu.Unlock()
+	})
+}
+
+// heldLocked reports whether the allocation is already one of its object's
+// replicas (m's shard locked).
+func (r *reconcileRun) heldLocked(m *mut, it reconcileItem) bool {
+	o := m.sh.getLocked(it.tenant, it.a.GetKey())
+	if o == nil {
+		return false
+	}
+	for _, rp := range o.replicas {
+		if rp.seg == it.seg && !rp.pending && rp.allocID == it.a.GetAllocationId() {
+			return true
+		}
+	}
+	return false
+}
+
+// Owe remembers allocations to release at their agents later: a following
+// store's reconciles return what they will not adopt, which only the
+// leader may release (TakeOwed).
+func (s *Store) Owe(refs []*masterv1.AllocationRef) {
+	for _, ref := range refs {
+		if idx, ok := s.segs.lookup(ref.GetSegmentId()); ok {
+			s.owe(idx, []uint64{ref.GetAllocationId()})
+		}
+	}
+}
+
+// TakeOwed returns and forgets the releases owed on the segments, for the
+// Settings of their agent's resumed registration (which has no reconcile
+// to return them).
+func (s *Store) TakeOwed(segmentIDs []string) []*masterv1.AllocationRef {
+	set := make(map[uint32]bool, len(segmentIDs))
+	for _, id := range segmentIDs {
+		if idx, ok := s.segs.lookup(id); ok {
+			set[idx] = true
+		}
+	}
+	s.owedMu.Lock()
+	defer s.owedMu.Unlock()
+	var out []*masterv1.AllocationRef
+	for k := range s.owed {
+		if set[k.seg] {
+			out = append(out, &masterv1.AllocationRef{SegmentId: s.segs.get(k.seg).id, AllocationId: k.alloc})
+			delete(s.owed, k)
+		}
+	}
+	return out
+}
