@@ -34,10 +34,10 @@ func (s *Store) Promote(id cluster.Identity) {
 }
 
 // FollowDelta applies one TableDelta of agentID, whose segments are
-// segments: sealed allocations are adopted as a registration would adopt
-// them (an allocation already held as a replica is left as it is: a delta
-// may repeat what the table showed), and the replicas of released ones are
-// removed. Nothing is sent to any agent: what a registration would have
+// segments: the replicas of released allocations are removed, then sealed
+// ones are adopted as a registration would adopt them (an allocation
+// already held as a replica is left as it is: a delta may repeat what the
+// table showed; on a tie of sealed times the version heard of last wins). Nothing is sent to any agent: what a registration would have
 // returned for release is owed.
 func (s *Store) FollowDelta(ctx context.Context, agentID string, segments []cluster.Segment, sealed, released []*masterv1.Allocation) {
 	r := &reconcileRun{s: s, agentID: agentID, segs: len(segments), segSet: make(map[uint32]cluster.Segment, len(segments)),
@@ -45,12 +45,35 @@ func (s *Store) FollowDelta(ctx context.Context, agentID string, segments []clus
 	for _, sg := range segments {
 		r.segSet[s.segs.intern(sg.ID)] = sg
 	}
+	// Releases first: an upsert releases the old version before it seals
+	// the new one. An allocation sealed and released within the delta is
+	// skipped (it came and went).
+	var gone map[allocID]bool
+	if len(released) > 0 {
+		gone = make(map[allocID]bool, len(released))
+		for _, a := range released {
+			gone[allocID{a.GetSegmentId(), a.GetAllocationId()}] = true
+		}
+		s.followReleased(r, released)
+	}
+	if len(gone) > 0 {
+		kept := make([]*masterv1.Allocation, 0, len(sealed))
+		for _, a := range sealed {
+			if !gone[allocID{a.GetSegmentId(), a.GetAllocationId()}] {
+				kept = append(kept, a)
+			}
+		}
+		sealed = kept
+	}
 	if len(sealed) > 0 {
 		s.Owe(r.apply(ctx, sealed, false))
 	}
-	if len(released) > 0 {
-		s.followReleased(r, released)
-	}
+}
+
+// allocID names an allocation by its segment id.
+type allocID struct {
+	seg string
+	id  uint64
 }
 
 // followReleased removes the replicas whose allocations the agent released.

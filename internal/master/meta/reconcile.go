@@ -363,8 +363,13 @@ func (s *Store) adoptLocked(m *mut, t uint32, key string, allocs []*masterv1.All
 		}
 		return 0
 	}
-	if o != nil && (o.checksum != newest.GetChecksum() || o.size != newest.GetSize()) && newest.GetSealedUnixMs() > o.sealedMs {
-		// The newer version wins: drop the current one's replicas.
+	if o != nil && (o.checksum != newest.GetChecksum() || o.size != newest.GetSize()) &&
+		(newest.GetSealedUnixMs() > o.sealedMs || newest.GetSealedUnixMs() == o.sealedMs && s.following.Load()) {
+		// The newer version wins: drop the current one's replicas. A
+		// following store hears of seals as they happen, so on a tie
+		// (sealed in the same millisecond) the version it hears of last
+		// is the newer: an upsert's new version may arrive from one agent
+		// before the old version's release arrives from another.
 		for i := len(o.replicas) - 1; i >= 0; i-- {
 			r := o.replicas[i]
 			if _, mine := segSet[r.seg]; mine && !r.pending {

@@ -894,9 +894,10 @@ func (x *TablePosition) GetVersion() uint64 {
 }
 
 // TableDelta is a run of changes of the agent's table, sent on Follow: the
-// changes after from_version up to version. An allocation is sealed before
-// it is released, and ids are never reused, so the standby applies sealed
-// before released.
+// changes after from_version up to version. The standby applies the
+// releases first (an upsert releases the old version before it seals the
+// new one) and skips an allocation both sealed and released in the delta
+// (ids are never reused: it came and went).
 type TableDelta struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	FromVersion uint64                 `protobuf:"varint,1,opt,name=from_version,json=fromVersion,proto3" json:"from_version,omitempty"`
