@@ -30,6 +30,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,6 +80,10 @@ type Config struct {
 	// enforced with TLS only: in plaintext every call is allowed and runs
 	// as auth.InsecurePrincipal.
 	Table auth.Table
+	// QuietCodes are codes this server answers as a matter of course,
+	// logged at debug level instead of warn (a standby master answers
+	// every call UNAVAILABLE NOT_LEADER).
+	QuietCodes []codes.Code
 }
 
 // PublicMethods are the gRPC methods every server allows unauthenticated:
@@ -151,6 +156,9 @@ func New(cfg Config, lg *slog.Logger, reg *prometheus.Registry, opts ...grpc.Ser
 	logOpts := []logging.Option{
 		logging.WithLogOnEvents(logging.FinishCall),
 		logging.WithLevels(func(c codes.Code) logging.Level {
+			if slices.Contains(cfg.QuietCodes, c) {
+				return logging.LevelDebug
+			}
 			switch c {
 			case codes.OK, codes.NotFound, codes.AlreadyExists, codes.Canceled, codes.FailedPrecondition, codes.InvalidArgument, codes.OutOfRange:
 				return logging.LevelDebug

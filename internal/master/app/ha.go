@@ -21,7 +21,9 @@ import (
 	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/server"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 )
 
 // HA is the high-availability part of the master's configuration (issue
@@ -192,10 +194,12 @@ func standBy(ctx context.Context, cfg Config, lg *slog.Logger, el *ha.Elector, m
 		return nil, err
 	}
 	notLeader := func() error { return rpcerr.Status(rpcerr.NotLeader(el.Leader())) }
+	reg := obs.NewRegistry()
+	reg.MustRegister(leaderGauge(func() bool { return false }))
 	srv := server.New(server.Config{
 		GRPCAddr: cfg.GRPCAddr, AdminAddr: cfg.AdminAddr, ShutdownTimeout: cfg.ShutdownTimeout,
-		Credentials: creds, Table: authTable(),
-	}, lg.With("part", "standby"), obs.NewRegistry(), grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
+		Credentials: creds, Table: authTable(), QuietCodes: []codes.Code{codes.Unavailable},
+	}, lg.With("part", "standby"), reg, grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
 		return notLeader()
 	}))
 	masterv1.RegisterSegmentServiceServer(srv.GRPC, &standbySegments{m: m.Sessions, notLeader: notLeader})
@@ -263,6 +267,10 @@ func lead(ctx context.Context, cfg Config, lg *slog.Logger, term *ha.Term, m *Ma
 		case <-mctx.Done():
 		}
 	}()
+	if err := m.Server.Registry.Register(leaderGauge(term.Valid)); err != nil {
+		m.discard()
+		return err
+	}
 	if err := listenRetry(mctx, m.Server); err != nil {
 		m.discard()
 		return err
@@ -414,4 +422,19 @@ func (g *leaderGate) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 		return rpcerr.Status(rpcerr.NotLeader(""))
 	}
 	return h(srv, ss)
+}
+
+// leaderGauge is crescent_master_leader: 1 while this master leads (its
+// term provably valid), 0 while it stands by. Exactly one master of a
+// healthy cluster reports 1.
+func leaderGauge(leads func() bool) prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "crescent_master_leader",
+		Help: "1 while this master leads (its etcd term valid), 0 while it stands by; masters without election do not export it.",
+	}, func() float64 {
+		if leads() {
+			return 1
+		}
+		return 0
+	})
 }
