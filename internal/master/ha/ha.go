@@ -53,7 +53,15 @@ type Config struct {
 	DialTimeout time.Duration
 	// TLS secures the etcd connection (nil: plaintext).
 	TLS *tls.Config
+	// MaxAgents bounds the agent list a new leader reads (0:
+	// DefaultMaxAgents); a longer list is not read at all (Agents fails,
+	// and the leader recovers on its grace as a single master does).
+	MaxAgents int
 }
+
+// DefaultMaxAgents is Config.MaxAgents's default: far past any cluster's
+// agents, and a list of that many 256-byte ids is 16 MiB at most.
+const DefaultMaxAgents = 1 << 16
 
 // Validate reports every invalid field.
 func (c Config) Validate() error {
@@ -362,9 +370,16 @@ func (e *Elector) agentsPrefix() string { return e.cfg.Prefix + "agents/" }
 // for their objects.
 func (t *Term) Agents(ctx context.Context) ([]string, error) {
 	e := t.e
-	resp, err := e.cli.Get(ctx, e.agentsPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	limit := e.cfg.MaxAgents
+	if limit <= 0 {
+		limit = DefaultMaxAgents
+	}
+	resp, err := e.cli.Get(ctx, e.agentsPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(int64(limit)))
 	if err != nil {
 		return nil, fmt.Errorf("ha: list agents: %w", err)
+	}
+	if resp.More {
+		return nil, fmt.Errorf("ha: list agents: more than %d recorded under %s", limit, e.agentsPrefix())
 	}
 	ids := make([]string, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {

@@ -191,4 +191,9 @@ func TestAgentsList(t *testing.T) {
 	if !slices.Equal(got, []string{"agent-a", "agent-c"}) {
 		t.Fatalf("agents %q, want [agent-a agent-c]", got)
 	}
+	// A list past MaxAgents is refused, not read.
+	a.cfg.MaxAgents = 1
+	if got, err := tb.Agents(t.Context()); err == nil {
+		t.Fatalf("agents %q past MaxAgents 1: want an error", got)
+	}
 }
