@@ -58,8 +58,9 @@ func TestFeedRecordsSealsAndReleases(t *testing.T) {
 			if err := seal(s, a.GetAllocationId(), xxhash.Sum64(data)); err != nil {
 				t.Fatal(err)
 			}
-			sealed, _ := s.Lookup(a.GetAllocationId()) // the table's row
-			if err := seal(s, a.GetAllocationId(), xxhash.Sum64(data)); err != nil { // a retry
+			sealed, _ := s.Lookup(a.GetAllocationId())
+			// A retry of the seal changes nothing.
+			if err := seal(s, a.GetAllocationId(), xxhash.Sum64(data)); err != nil {
 				t.Fatal(err)
 			}
 			if err := seal(s, b.GetAllocationId(), 42); err == nil {
