@@ -57,6 +57,15 @@ type Config struct {
 	KeepaliveTimeout time.Duration
 	// CopyChunk is the message size of a Copy to another agent.
 	CopyChunk int
+	// FollowStandbys, with Deps.Feed and several master addresses, keeps
+	// a Follow stream to every master of the list (follow.go): standbys
+	// then hold the agent's table when elected, and the agent's next
+	// Connect skips it. The agent's --follow-standbys sets it (true by
+	// default there); the zero Config does not follow.
+	FollowStandbys bool
+	// FollowRetry is the wait before following again a master that
+	// answered MASTER_IS_LEADER (it may lose the leadership later).
+	FollowRetry time.Duration
 }
 
 // DefaultConfig returns the defaults.
@@ -73,6 +82,7 @@ func DefaultConfig() Config {
 		KeepaliveTime:    10 * time.Second,
 		KeepaliveTimeout: 5 * time.Second,
 		CopyChunk:        1 << 20,
+		FollowRetry:      2 * time.Second,
 	}
 }
 
@@ -90,6 +100,7 @@ func (c Config) withDefaults() Config {
 	dur(&c.ReservedGrace, d.ReservedGrace)
 	dur(&c.KeepaliveTime, d.KeepaliveTime)
 	dur(&c.KeepaliveTimeout, d.KeepaliveTimeout)
+	dur(&c.FollowRetry, d.FollowRetry)
 	if c.ShutdownGrace < 0 {
 		c.ShutdownGrace = 0
 	}
@@ -117,6 +128,9 @@ func (c Config) Validate() error {
 	if c.DataEndpoint == "" {
 		errs = append(errs, errors.New("data endpoint is required"))
 	}
+	if c.FollowRetry < 0 {
+		errs = append(errs, fmt.Errorf("follow retry %v is negative", c.FollowRetry))
+	}
 	if c.BackoffMax < c.BackoffBase {
 		errs = append(errs, fmt.Errorf("backoff max %v is below backoff base %v", c.BackoffMax, c.BackoffBase))
 	}
@@ -126,6 +140,11 @@ func (c Config) Validate() error {
 // Deps are the link's collaborators.
 type Deps struct {
 	Segments *segment.Set
+	// Feed is the change feed of Segments' tables (Set.SetFeed). With it
+	// a Connect offers to resume (Register.resume: the table is sent
+	// only when the master asks for it) and standbys are followed
+	// (Config.FollowStandbys). Nil: every registration sends the table.
+	Feed *segment.Feed
 	// OnSettings is called with every Settings the master sends (the data
 	// plane takes its token key from it). It must not block.
 	OnSettings func(*masterv1.Settings)

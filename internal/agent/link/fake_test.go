@@ -13,6 +13,7 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -24,10 +25,25 @@ import (
 )
 
 // fakeMaster is a hand-written SegmentService: every Connect becomes a
-// fakeSession the test drives message by message.
+// fakeSession the test drives message by message, and so does every Follow
+// unless followErr answers it.
 type fakeMaster struct {
 	masterv1.UnimplementedSegmentServiceServer
 	sessions chan *fakeSession
+	follows  chan *fakeSession
+	// followErr, when set, answers every Follow at once (the leader's
+	// MASTER_IS_LEADER); set before the link starts.
+	followErr func() error
+	// followCalls counts Follow calls.
+	followCalls atomic.Int64
+}
+
+func newFakeMaster() *fakeMaster {
+	return &fakeMaster{sessions: make(chan *fakeSession, 16), follows: make(chan *fakeSession, 16)}
+}
+
+func errMasterLeader() error {
+	return rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_MASTER_IS_LEADER, "this master is the leader"))
 }
 
 type fakeSession struct {
@@ -44,27 +60,50 @@ type fakeSession struct {
 }
 
 func (f *fakeMaster) Connect(stream masterv1.SegmentService_ConnectServer) error {
-	first, err := stream.Recv()
-	if err != nil {
-		return err
+	return f.serve(stream, f.sessions)
+}
+
+func (f *fakeMaster) Follow(stream masterv1.SegmentService_FollowServer) error {
+	f.followCalls.Add(1)
+	if f.followErr != nil {
+		return f.followErr()
 	}
-	// A chunked Register's table follows it, up to the last chunk.
+	return f.serve(stream, f.follows)
+}
+
+// recvTable receives a chunked Register's table, up to the last chunk.
+func recvTable(recv func() (*masterv1.ConnectRequest, error)) ([]*masterv1.Allocation, error) {
 	var table []*masterv1.Allocation
-	for first.GetRegister().GetChunked() {
-		m, err := stream.Recv()
+	for {
+		m, err := recv()
 		if err != nil {
-			return err
+			return nil, err
 		}
 		ch := m.GetRegisterChunk()
 		if ch == nil {
-			return fmt.Errorf("fake master: got %T inside the registration", m.GetMsg())
+			return nil, fmt.Errorf("fake master: got %T inside the registration", m.GetMsg())
 		}
 		for _, a := range ch.GetAllocations() {
 			a.SegmentId = ch.GetSegmentId()
 		}
 		table = append(table, ch.GetAllocations()...)
 		if ch.GetLast() {
-			break
+			return table, nil
+		}
+	}
+}
+
+// serve hands the stream to the test as a fakeSession on out once its
+// registration is in (a resume Register has no table after it).
+func (f *fakeMaster) serve(stream masterv1.SegmentService_ConnectServer, out chan<- *fakeSession) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	var table []*masterv1.Allocation
+	if r := first.GetRegister(); r.GetChunked() && !r.GetResume() {
+		if table, err = recvTable(stream.Recv); err != nil {
+			return err
 		}
 	}
 	s := &fakeSession{
@@ -78,7 +117,7 @@ func (f *fakeMaster) Connect(stream masterv1.SegmentService_ConnectServer) error
 	defer close(s.ended)
 	ctx := stream.Context()
 	select {
-	case f.sessions <- s:
+	case out <- s:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -123,11 +162,16 @@ func (f *fakeMaster) Connect(stream masterv1.SegmentService_ConnectServer) error
 type harness struct {
 	t      *testing.T
 	master *fakeMaster
-	segs   *segment.Set
-	mem    *segment.Segment
-	link   *Link
-	cancel context.CancelFunc
-	done   chan error
+	// standbys are further fake masters (harnessOpts.standbys), at
+	// passthrough:///standby-<i> after the master in the link's list.
+	standbys []*fakeMaster
+	segs     *segment.Set
+	mem      *segment.Segment
+	feed     *segment.Feed // nil without harnessOpts.feed
+	reg      *prometheus.Registry
+	link     *Link
+	cancel   context.CancelFunc
+	done     chan error
 
 	mu       sync.Mutex
 	settings []*masterv1.Settings
@@ -145,6 +189,15 @@ type harnessOpts struct {
 	// server adds options to the fake master's server (TLS credentials,
 	// an interceptor).
 	server []grpc.ServerOption
+	// feed attaches a table change feed of feedSize changes (0: the
+	// default) to the segments and the link.
+	feed     bool
+	feedSize int
+	// standbys adds fake masters to the list (bufconn only); the first
+	// master then answers Follow with MASTER_IS_LEADER, and the standbys
+	// with standbyFollowErr when set.
+	standbys         int
+	standbyFollowErr func() error
 }
 
 func newHarness(t *testing.T, o harnessOpts) *harness {
@@ -153,12 +206,45 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{t: t, master: &fakeMaster{sessions: make(chan *fakeSession, 16)}, mem: mem, segs: segment.NewSet(mem), done: make(chan error, 1), serverOpts: o.server}
+	h := &harness{t: t, master: newFakeMaster(), mem: mem, segs: segment.NewSet(mem), done: make(chan error, 1), serverOpts: o.server, reg: prometheus.NewRegistry()}
+	if o.feed {
+		h.feed = segment.NewFeed(o.feedSize)
+		h.segs.SetFeed(h.feed)
+	}
+	if o.standbys > 0 {
+		h.master.followErr = errMasterLeader
+	}
 
 	gs := h.newServer()
 	var dial []grpc.DialOption
 	addr := "passthrough:///master"
-	if o.tcp {
+	if o.standbys > 0 {
+		if o.tcp {
+			t.Fatal("harness: standbys need bufconn")
+		}
+		ml := bufconn.Listen(1 << 20)
+		lis := map[string]*bufconn.Listener{"master": ml}
+		go func() { _ = gs.Serve(ml) }()
+		for i := range o.standbys {
+			fm := newFakeMaster()
+			fm.followErr = o.standbyFollowErr
+			h.standbys = append(h.standbys, fm)
+			sgs := h.grpcServer(fm)
+			name := fmt.Sprintf("standby-%d", i)
+			sl := bufconn.Listen(1 << 20)
+			lis[name] = sl
+			go func() { _ = sgs.Serve(sl) }()
+			t.Cleanup(sgs.Stop)
+			addr += ",passthrough:///" + name
+		}
+		dial = append(dial, grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
+			l, ok := lis[a]
+			if !ok {
+				return nil, fmt.Errorf("no fake master at %q", a)
+			}
+			return l.DialContext(ctx)
+		}))
+	} else if o.tcp {
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
@@ -188,13 +274,14 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	}
 	l, err := New(cfg, Deps{
 		Segments: h.segs,
+		Feed:     h.feed,
 		OnSettings: func(s *masterv1.Settings) {
 			h.mu.Lock()
 			h.settings = append(h.settings, s)
 			h.mu.Unlock()
 		},
 		MasterDialOptions: dial,
-		Registerer:        prometheus.NewRegistry(),
+		Registerer:        h.reg,
 	}, testutil.Logger())
 	if err != nil {
 		t.Fatal(err)
@@ -211,9 +298,15 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	return h
 }
 
-func (h *harness) newServer() *grpc.Server {
+// grpcServer is a fake master's server with the harness's options.
+func (h *harness) grpcServer(m *fakeMaster) *grpc.Server {
 	gs := grpc.NewServer(append([]grpc.ServerOption{grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true})}, h.serverOpts...)...)
-	masterv1.RegisterSegmentServiceServer(gs, h.master)
+	masterv1.RegisterSegmentServiceServer(gs, m)
+	return gs
+}
+
+func (h *harness) newServer() *grpc.Server {
+	gs := h.grpcServer(h.master)
 	h.mu.Lock()
 	h.gs = gs
 	h.mu.Unlock()
@@ -273,6 +366,41 @@ func (h *harness) sessionWithin(d time.Duration) *fakeSession {
 		h.t.Fatal("agent did not connect")
 		return nil
 	}
+}
+
+// standbySettings is a standby's answer to a Follow registration.
+func standbySettings() *masterv1.ConnectResponse {
+	m := settings(0)
+	m.GetSettings().Standby = true
+	return m
+}
+
+// follow returns the next Follow stream the fake master m accepted.
+func (h *harness) follow(m *fakeMaster) *fakeSession {
+	h.t.Helper()
+	select {
+	case s := <-m.follows:
+		return s
+	case <-time.After(5 * time.Second):
+		h.t.Fatal("agent did not follow")
+		return nil
+	}
+}
+
+// requestTable answers a resume Register with TableRequest and returns the
+// full registration that follows on the same stream.
+func (s *fakeSession) requestTable(t *testing.T, reason string) (*masterv1.Register, []*masterv1.Allocation) {
+	t.Helper()
+	s.send <- &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_TableRequest{TableRequest: &masterv1.TableRequest{Reason: reason}}}
+	r := s.next(t).GetRegister()
+	if r == nil {
+		t.Fatal("no Register after TableRequest")
+	}
+	table, err := recvTable(func() (*masterv1.ConnectRequest, error) { return s.next(t), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, table
 }
 
 func settings(epoch uint64) *masterv1.ConnectResponse {

@@ -6,13 +6,20 @@
 // ends. Commands from an epoch older than the highest one seen are refused
 // item by item with STALE_EPOCH.
 //
+// With a table change feed (Deps.Feed) a registration offers to resume
+// instead: it carries the table's position and sends the table only when
+// the master asks for it (TableRequest). With several masters it also keeps
+// a SegmentService.Follow stream to each (follow.go), so the standbys hold
+// the table when elected.
+//
 // Per session exactly one goroutine (the sender) calls Send and CloseSend;
 // the receive loop and the command workers enqueue on a bounded channel.
+// Per follow stream, likewise, one goroutine sends.
 //
 // Run's context is the shutdown signal: when it ends the link announces a
 // graceful unmount (Deregister{grace}), keeps the session (heartbeats,
 // commands) and the data plane's reads going for ShutdownGrace, then closes
-// the stream and returns.
+// the stream and returns. Follow streams end with the context.
 package link
 
 import (
@@ -148,17 +155,34 @@ func (l *Link) Run(ctx context.Context) error {
 		return fmt.Errorf("link: %w", err)
 	}
 	defer conns.Close()
+	// Follow streams have connections of their own, made alike, so a
+	// standby's whole table never queues behind the session's commands.
+	var fconns *masterlist.Conns
+	if l.following() {
+		if fconns, err = masterlist.NewConns(l.masters, opts...); err != nil {
+			return fmt.Errorf("link: %w", err)
+		}
+		defer fconns.Close()
+	}
 
 	// work outlives ctx by the shutdown grace (plus the close timeout as a
 	// hard bound); sessions and the sweeper run under it.
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	sh := &shutdown{stop: make(chan struct{})}
+	// Followers end with ctx: a standby needs no graceful unmount.
+	followCtx, cancelFollow := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() {
 		cancelWork()
+		cancelFollow()
 		wg.Wait()
 	}()
 	wg.Go(func() { l.sweep(work) })
+	if fconns != nil {
+		for _, addr := range l.masters {
+			wg.Go(func() { l.follow(followCtx, addr, fconns) })
+		}
+	}
 	wg.Go(func() {
 		select {
 		case <-ctx.Done():

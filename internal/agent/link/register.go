@@ -49,6 +49,15 @@ func newRegistration(r *masterv1.Register, table []*masterv1.Allocation) *regist
 	return &registration{register: r, table: kept}
 }
 
+// resumeRegistration is a Connect's offer to resume (Register.resume): a
+// chunked Register of no allocations with the table's position, and no
+// chunk after it.
+func resumeRegistration(r *masterv1.Register, pos *masterv1.TablePosition) *registration {
+	r.Chunked, r.AllocationCount, r.Allocations = true, 0, nil
+	r.TablePosition, r.Resume = pos, true
+	return &registration{register: r}
+}
+
 // messages calls send with the Register, then each chunk (allocations of
 // one segment, named once by the chunk); the last chunk (empty when the
 // table is) carries last. It stops when send fails. It clears the table's
@@ -56,6 +65,9 @@ func newRegistration(r *masterv1.Register, table []*masterv1.Allocation) *regist
 func (g *registration) messages(send func(*masterv1.ConnectRequest) bool) bool {
 	if !send(&masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: g.register}}) {
 		return false
+	}
+	if g.register.GetResume() {
+		return true
 	}
 	rest := g.table
 	for {

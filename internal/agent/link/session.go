@@ -17,6 +17,11 @@ var errSettingsTimeout = errors.New("no Settings from the master in time")
 
 // session runs one Connect stream. established reports whether Settings
 // arrived (the session was healthy, so the backoff resets).
+//
+// With a feed the Register offers to resume: it carries the table's
+// position and no table. The master answers Settings (it followed this
+// agent's table to that position on a Follow stream) or TableRequest, after
+// which the agent registers again in full on the same stream.
 func (l *Link) session(parent context.Context, client masterv1.SegmentServiceClient, sh *shutdown) (established bool, err error) {
 	ctx, cancel := context.WithCancelCause(parent)
 	defer cancel(nil)
@@ -27,24 +32,33 @@ func (l *Link) session(parent context.Context, client masterv1.SegmentServiceCli
 	s := &session{
 		l: l, ctx: ctx, cancel: cancel, stream: stream,
 		out:       make(chan *masterv1.ConnectRequest, l.cfg.SendQueue),
+		uploads:   make(chan *upload, 1),
 		interval:  make(chan time.Duration, 1),
 		closeSend: make(chan struct{}),
 		sem:       make(chan struct{}, l.cfg.MaxInFlight),
 	}
 	graceful := sh.stopping()
-	reg := newRegistration(&masterv1.Register{
-		AgentId: l.cfg.AgentID, HostId: l.cfg.HostID, DataEndpoint: l.cfg.DataEndpoint, TransferEndpoint: l.cfg.TransferEndpoint,
-		Segments:   l.deps.Segments.Infos(),
-		KnownEpoch: l.epoch.Load(), GracefulUnmount: graceful, Version: l.cfg.Version,
-	}, l.deps.Segments.Table())
-	uploaded := make(chan struct{})
+	register := func() *masterv1.Register {
+		return &masterv1.Register{
+			AgentId: l.cfg.AgentID, HostId: l.cfg.HostID, DataEndpoint: l.cfg.DataEndpoint, TransferEndpoint: l.cfg.TransferEndpoint,
+			Segments:   l.deps.Segments.Infos(),
+			KnownEpoch: l.epoch.Load(), GracefulUnmount: graceful, Version: l.cfg.Version,
+		}
+	}
+	var first *upload
+	if l.deps.Feed != nil {
+		// The table is not taken: at a million allocations that alone
+		// is seconds, which a resumed registration saves.
+		first = &upload{reg: resumeRegistration(register(), l.position()), done: make(chan struct{})}
+	} else {
+		first = &upload{reg: newRegistration(register(), l.deps.Segments.Table()), done: make(chan struct{})}
+	}
 	recvc := make(chan received)
 	recvErr := make(chan error, 1)
 	s.wg.Go(func() {
 		// The sender opens the stream with the registration, so nothing
 		// enqueued meanwhile (a SegmentsUpdate) lands inside the table.
-		if reg.messages(s.send) {
-			close(uploaded)
+		if s.upload(first) {
 			s.sendLoop()
 		}
 	})
@@ -54,48 +68,28 @@ func (l *Link) session(parent context.Context, client masterv1.SegmentServiceCli
 		s.wg.Wait()
 	}()
 
-	// The first message must be Settings. The wait starts once the whole
-	// table is sent: sending paces itself by the master's progress (flow
-	// control), however long the table. The master may answer before the
-	// sender has noticed its last Send returned; Settings then arrives
-	// while uploaded is still open, which is fine.
-	var t *time.Timer
-	var settingsC <-chan time.Time
-	var first *received
-	for t == nil && first == nil {
-		select {
-		case <-uploaded:
-			t = time.NewTimer(l.cfg.SettingsTimeout)
-			settingsC = t.C
-			l.lg.Info("registration sent", "allocations", len(reg.table))
-		case rcv := <-recvc:
-			first = &rcv
-		case err := <-recvErr:
+	answer, err := s.awaitAnswer(first, recvc, recvErr)
+	if err != nil {
+		return false, err
+	}
+	if tr := answer.msg.GetTableRequest(); tr != nil {
+		if !first.reg.register.GetResume() {
+			return false, errors.New("master sent TableRequest to a registration that carried the table")
+		}
+		l.met.resumes.WithLabelValues("table_requested").Inc()
+		l.lg.Info("master asked for the table; registering in full", "master", l.Master(), "reason", tr.GetReason())
+		full := &upload{reg: l.fullRegistration(register()), done: make(chan struct{})}
+		s.uploads <- full // buffered: the only upload after the first
+		if answer, err = s.awaitAnswer(full, recvc, recvErr); err != nil {
 			return false, err
-		case <-ctx.Done():
-			return false, context.Cause(ctx)
+		}
+		if answer.msg.GetTableRequest() != nil {
+			return false, errors.New("master sent TableRequest to a registration that carried the table")
 		}
 	}
-	if first == nil {
-		select {
-		case rcv := <-recvc:
-			first = &rcv
-		case err := <-recvErr:
-			t.Stop()
-			return false, err
-		case <-settingsC:
-			return false, errSettingsTimeout
-		case <-ctx.Done():
-			t.Stop()
-			return false, context.Cause(ctx)
-		}
-	}
-	if t != nil {
-		t.Stop()
-	}
-	st := first.msg.GetSettings()
+	st := answer.msg.GetSettings()
 	if st == nil {
-		return false, fmt.Errorf("master sent %T before Settings", first.msg.GetMsg())
+		return false, fmt.Errorf("master sent %T before Settings", answer.msg.GetMsg())
 	}
 	if err := s.applySettings(st); err != nil {
 		return false, err
@@ -105,7 +99,11 @@ func (l *Link) session(parent context.Context, client masterv1.SegmentServiceCli
 	} else {
 		l.setState(StateConnected)
 	}
-	l.lg.Info("registered with master", "master", l.Master(), "epoch", l.epoch.Load(), "segments", len(l.deps.Segments.All()), "graceful", graceful)
+	if st.GetResumed() {
+		l.met.resumes.WithLabelValues("resumed").Inc()
+	}
+	l.lg.Info("registered with master", "master", l.Master(), "epoch", l.epoch.Load(), "segments", len(l.deps.Segments.All()),
+		"graceful", graceful, "resumed", st.GetResumed())
 
 	deregistered := false
 	var graceC <-chan time.Time
@@ -153,6 +151,75 @@ func (l *Link) session(parent context.Context, client masterv1.SegmentServiceCli
 	}
 }
 
+// position is the feed's position as the wire carries it.
+func (l *Link) position() *masterv1.TablePosition {
+	inst, v := l.deps.Feed.Position()
+	return &masterv1.TablePosition{Instance: inst, Version: v}
+}
+
+// fullRegistration is r with the whole table; with a feed it also carries
+// the position, read before the table is taken.
+func (l *Link) fullRegistration(r *masterv1.Register) *registration {
+	if l.deps.Feed != nil {
+		r.TablePosition = l.position()
+	}
+	return newRegistration(r, l.deps.Segments.Table())
+}
+
+// upload is a registration for the sender to send, and done, which it
+// closes once every message of it is sent.
+type upload struct {
+	reg  *registration
+	done chan struct{}
+}
+
+// upload sends u's messages; false when the stream is over.
+func (s *session) upload(u *upload) bool {
+	if !u.reg.messages(s.send) {
+		return false
+	}
+	close(u.done)
+	return true
+}
+
+// awaitAnswer waits for the master's first message after the registration
+// u: the wait is bounded by SettingsTimeout once the whole registration is
+// sent (sending paces itself by the master's progress, flow control,
+// however long the table). The master may answer before the sender has
+// noticed its last Send returned; the answer then arrives while u.done is
+// still open, which is fine.
+func (s *session) awaitAnswer(u *upload, recvc <-chan received, recvErr <-chan error) (received, error) {
+	var t *time.Timer
+	var settingsC <-chan time.Time
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	uploaded := u.done
+	for {
+		select {
+		case <-uploaded:
+			uploaded = nil
+			t = time.NewTimer(s.l.cfg.SettingsTimeout)
+			settingsC = t.C
+			if r := u.reg.register; r.GetResume() {
+				s.l.lg.Info("registration sent", "resume", true, "instance", r.GetTablePosition().GetInstance(), "version", r.GetTablePosition().GetVersion())
+			} else {
+				s.l.lg.Info("registration sent", "allocations", len(u.reg.table))
+			}
+		case rcv := <-recvc:
+			return rcv, nil
+		case err := <-recvErr:
+			return received{}, err
+		case <-settingsC:
+			return received{}, errSettingsTimeout
+		case <-s.ctx.Done():
+			return received{}, context.Cause(s.ctx)
+		}
+	}
+}
+
 // session is one Connect stream's state.
 type session struct {
 	l      *Link
@@ -163,6 +230,7 @@ type session struct {
 	// out is the only way to the stream: sendLoop is its sole reader and
 	// the only caller of Send and CloseSend.
 	out       chan *masterv1.ConnectRequest
+	uploads   chan *upload       // a full registration after a TableRequest
 	interval  chan time.Duration // heartbeat interval updates for sendLoop
 	closeSend chan struct{}      // closed to make sendLoop flush and CloseSend
 	sem       chan struct{}      // command workers in flight
@@ -206,6 +274,10 @@ func (s *session) sendLoop() {
 			return
 		case msg := <-s.out:
 			if !s.send(msg) {
+				return
+			}
+		case u := <-s.uploads:
+			if !s.upload(u) {
 				return
 			}
 		case d := <-s.interval:
