@@ -108,6 +108,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}()
 	a.reg.MustRegister(segment.NewCollector(segs))
+	// Attached after mount: start-up (journal replay, VerifySealed)
+	// changes nothing a master has followed.
+	feed := segment.NewFeed(a.cfg.TableFeedSize)
+	segs.SetFeed(feed)
 	creds, err := a.cfg.Security.Load(a.lg)
 	if err != nil {
 		return err
@@ -161,11 +165,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	lk, err := link.New(link.Config{
 		MasterAddr: a.cfg.Master, AgentID: agentID, HostID: a.cfg.HostID, DataEndpoint: endpoint, TransferEndpoint: xferEndpoint, Version: Version,
-		ShutdownGrace: a.cfg.ShutdownGrace,
+		ShutdownGrace: a.cfg.ShutdownGrace, FollowStandbys: a.cfg.FollowStandbys,
 		// mTLS with this agent's certificate; the server must be a master.
 		Creds: creds.Client(auth.RoleMaster),
 	}, link.Deps{
 		Segments:   segs,
+		Feed:       feed,
 		OnSettings: func(s *masterv1.Settings) { keys.Set(s.GetTokenKeys()) },
 		// A Copy's target must be an agent: these credentials, given
 		// last, replace Creds on those connections.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/crescent-kv/crescent/internal/agent/dataplane"
+	"github.com/crescent-kv/crescent/internal/agent/segment"
 	"github.com/crescent-kv/crescent/internal/config"
 	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/crescent-kv/crescent/internal/xfer"
@@ -20,7 +21,16 @@ import (
 type Config struct {
 	// Master is the master's gRPC host:port, or several comma-separated
 	// (issue 15, HA: the agent follows the leader among them).
-	Master         string
+	Master string
+	// FollowStandbys keeps a Follow stream to every master of a list of
+	// several, so a standby holds this agent's table when it is elected
+	// and the agent's registration with it skips the table (issue 15,
+	// warm standbys).
+	FollowStandbys bool
+	// TableFeedSize is how many recent table changes the agent keeps for
+	// its Follow streams; one that falls further behind sends the whole
+	// table again.
+	TableFeedSize  int
 	GRPCAddr       string
 	AdminAddr      string
 	AdvertiseAddr  string
@@ -63,6 +73,8 @@ type Config struct {
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
+		FollowStandbys:  true,
+		TableFeedSize:   segment.DefaultFeedSize,
 		GRPCAddr:        ":50052",
 		AdminAddr:       ":9004",
 		HostID:          host,
@@ -89,6 +101,8 @@ func DefaultConfig() Config {
 // RegisterFlags binds every field to fs with its current value as default.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Master, "master", c.Master, "master gRPC address (host:port), or several comma-separated (at most 16): the agent registers with the leader, following a standby's NOT_LEADER hint or trying the next address")
+	fs.BoolVar(&c.FollowStandbys, "follow-standbys", c.FollowStandbys, "with several --master addresses, keep every standby master's copy of this agent's allocation table current (a Follow stream each), so a failover needs no table upload")
+	fs.IntVar(&c.TableFeedSize, "table-feed-size", c.TableFeedSize, "recent allocation table changes kept for the standbys' Follow streams; a stream that falls further behind sends the whole table again")
 	fs.StringVar(&c.GRPCAddr, "grpc-addr", c.GRPCAddr, "gRPC listen address (DataService)")
 	fs.StringVar(&c.AdminAddr, "admin-addr", c.AdminAddr, "admin HTTP listen address (/healthz, /readyz, /metrics)")
 	fs.StringVar(&c.AdvertiseAddr, "advertise-addr", c.AdvertiseAddr, "host:port clients dial for DataService (default: the bound gRPC address, with the host name for an unspecified IP)")
@@ -122,6 +136,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, errors.New("master must be set (the master's gRPC host:port)"))
 	} else if err := validMasters(c.Master); err != nil {
 		errs = append(errs, err)
+	}
+	if c.TableFeedSize < minTableFeed || c.TableFeedSize > maxTableFeed {
+		errs = append(errs, fmt.Errorf("table-feed-size must be within [%d, %d], got %d", minTableFeed, maxTableFeed, c.TableFeedSize))
 	}
 	if c.GRPCAddr == "" {
 		errs = append(errs, errors.New("grpc-addr must be set"))
@@ -193,6 +210,14 @@ func validMasters(s string) error {
 	}
 	return nil
 }
+
+// Bounds of --table-feed-size: a ring of fewer changes than a few batches
+// makes a standby resync under any load; one of 16M changes holds
+// 384 MiB of entries.
+const (
+	minTableFeed = 1 << 10
+	maxTableFeed = 1 << 24
+)
 
 // TransferOff as --transfer-addr disables the bulk transfer listener.
 const TransferOff = "off"

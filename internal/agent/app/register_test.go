@@ -8,13 +8,26 @@ import (
 
 // recvRegister receives an agent's registration: its Register and, when
 // chunked, the table's RegisterChunk messages, which the fake masters of
-// these tests fold back into Register.allocations.
+// these tests fold back into Register.allocations. These masters follow no
+// agent: they answer a resume Register with TableRequest, and the agent
+// registers again in full.
 func recvRegister(stream masterv1.SegmentService_ConnectServer) (*masterv1.Register, error) {
 	first, err := stream.Recv()
 	if err != nil {
 		return nil, err
 	}
 	r := first.GetRegister()
+	if r.GetResume() {
+		if err := stream.Send(&masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_TableRequest{TableRequest: &masterv1.TableRequest{Reason: "fake master"}}}); err != nil {
+			return nil, err
+		}
+		if first, err = stream.Recv(); err != nil {
+			return nil, err
+		}
+		if r = first.GetRegister(); r == nil || r.GetResume() {
+			return nil, fmt.Errorf("fake master: got %v after TableRequest, want a full Register", first)
+		}
+	}
 	for r.GetChunked() {
 		msg, err := stream.Recv()
 		if err != nil {
