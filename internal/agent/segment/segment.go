@@ -42,9 +42,7 @@ type backing interface {
 	close() error
 }
 
-// entry is one row of the allocation table. The object fields (id to
-// sealed) do not change once the entry is SEALED: the feed keeps sealed
-// entries and reads them without Segment.mu (Change.Allocation).
+// entry is one row of the allocation table.
 type entry struct {
 	id       uint64
 	offset   uint64
@@ -257,7 +255,7 @@ func (s *Segment) Release(id uint64) error {
 	s.table.del(id)
 	e.released = true
 	if s.feed != nil && e.state == masterv1.AllocationState_ALLOCATION_STATE_SEALED {
-		s.feed.add(s, e, true)
+		s.feed.released(s, e)
 	}
 	s.freeIfIdleLocked(e)
 	return nil
@@ -370,15 +368,12 @@ func (s *Segment) Seal(args []SealArg, now time.Time) []error {
 		}
 	}
 	if s.feed != nil {
-		// The batch's seals, under one feed lock, while mu still holds
-		// them in the table (Feed's invariant).
-		s.feed.mu.Lock()
+		// While mu still holds the seals in the table (Feed's invariant).
 		for k, j := range jobs {
 			if ok[k] && errs[j.i] == nil {
-				s.feed.addLocked(s, j.e, false)
+				s.feed.sealed(s, j.e)
 			}
 		}
-		s.feed.mu.Unlock()
 	}
 	s.mu.Unlock()
 	if anyOK && s.jrn != nil && durErr == nil {

@@ -207,7 +207,7 @@ func (s *Segment) dropCorrupt(bad []*entry) error {
 		s.table.del(e.id)
 		e.released = true
 		if s.feed != nil {
-			s.feed.add(s, e, true)
+			s.feed.released(s, e)
 		}
 		s.freeIfIdleLocked(e)
 		s.corrupt[e.id] = struct{}{}
