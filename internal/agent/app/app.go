@@ -20,6 +20,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/agent/link"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
 	"github.com/crescent-kv/crescent/internal/auth"
+	"github.com/crescent-kv/crescent/internal/masterlist"
 	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/crescent-kv/crescent/internal/xfer"
 	"github.com/prometheus/client_golang/prometheus"
@@ -108,10 +109,16 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}()
 	a.reg.MustRegister(segment.NewCollector(segs))
-	// Attached after mount: start-up (journal replay, VerifySealed)
-	// changes nothing a master has followed.
-	feed := segment.NewFeed(a.cfg.TableFeedSize)
-	segs.SetFeed(feed)
+	// The table change feed serves only standbys this agent follows: a
+	// single master (or --follow-standbys=false) is never followed, so
+	// could never resume a registration, and the put path then records
+	// nothing. Attached after mount: start-up (journal replay,
+	// VerifySealed) changes nothing a master has followed.
+	var feed *segment.Feed
+	if masters, _ := masterlist.Split(a.cfg.Master); a.cfg.FollowStandbys && len(masters) > 1 {
+		feed = segment.NewFeed(a.cfg.TableFeedSize)
+		segs.SetFeed(feed)
+	}
 	creds, err := a.cfg.Security.Load(a.lg)
 	if err != nil {
 		return err

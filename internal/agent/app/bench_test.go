@@ -29,6 +29,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/crescent-kv/crescent/internal/xfer"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // The put-cycle benchmark runs the agent in a child process (this test
@@ -50,6 +51,11 @@ const (
 	// benchFillEnv overrides how many sealed 4 KiB objects the table holds
 	// before timing starts (default benchFill).
 	benchFillEnv = "CRESCENT_BENCH_FILL"
+	// benchFollowEnv, when set, lists the fake master twice in the
+	// child's --master: the agent then keeps its table change feed and
+	// two Follow streams, which the fake master serves as a standby
+	// (issue 15, warm standbys), as an agent of an HA cluster does.
+	benchFollowEnv = "CRESCENT_BENCH_FOLLOW"
 )
 
 const (
@@ -73,6 +79,9 @@ func benchAgentChild(master string) int {
 	}
 	cfg := DefaultConfig()
 	cfg.Master, cfg.GRPCAddr, cfg.AdminAddr, cfg.HostID = master, "127.0.0.1:0", "127.0.0.1:0", "bench"
+	if os.Getenv(benchFollowEnv) != "" {
+		cfg.Master = master + "," + master
+	}
 	cfg.Memory, cfg.MemorySegments = config.ByteSize(benchMemory), 1
 	if v, err := strconv.ParseUint(os.Getenv(benchMemoryEnv), 10, 64); err == nil && v > 0 {
 		cfg.Memory = config.ByteSize(v)
@@ -134,10 +143,35 @@ func benchAgentChild(master string) int {
 
 // benchMaster is a SegmentService for the benchmark: it hands over the
 // agent's session and routes the agent's answers to the waiting requests
-// by request id.
+// by request id. It serves Follow as a standby that takes the table and
+// counts the changes of the deltas.
 type benchMaster struct {
 	masterv1.UnimplementedSegmentServiceServer
 	sessions chan *benchSession
+	followed atomic.Uint64 // changes received in TableDeltas
+}
+
+func (m *benchMaster) Follow(stream masterv1.SegmentService_FollowServer) error {
+	if _, err := recvRegister(stream); err != nil {
+		return err
+	}
+	if err := stream.Send(&masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Settings{Settings: &masterv1.Settings{
+		Standby: true, HeartbeatInterval: durationpb.New(time.Second),
+	}}}); err != nil {
+		return err
+	}
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		if d := msg.GetTableDelta(); d != nil {
+			m.followed.Add(d.GetVersion() - d.GetFromVersion())
+		}
+	}
 }
 
 type benchSession struct {
@@ -266,7 +300,10 @@ func (c *benchChild) stop() error {
 // Set CRESCENT_BENCH_AGENT_CPUPROFILE=path for a CPU profile of the agent,
 // CRESCENT_BENCH_AGENT_MEMPROFILE=path for its allocations (which slows it).
 // -benchtime=Nx (N cycles) avoids setting the agent up again for every
-// b.N the framework tries.
+// b.N the framework tries. CRESCENT_BENCH_FOLLOW=1 runs the agent of an HA
+// cluster: its table feed records every seal and release and two Follow
+// streams send them to the fake master (standby-changes/obj: about 2 per
+// stream, a seal and a release of each object).
 func BenchmarkPutCycle(b *testing.B) {
 	for _, conc := range []int{1, 4} {
 		b.Run("conc="+strconv.Itoa(conc), func(b *testing.B) { benchPutCycle(b, conc) })
@@ -388,6 +425,7 @@ func benchPutCycle(b *testing.B, conc int) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	followed0 := m.followed.Load()
 	b.ResetTimer()
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -419,6 +457,9 @@ func benchPutCycle(b *testing.B, conc int) {
 	b.ReportMetric(float64(st1.mallocs-st0.mallocs)/objs, "agent-allocs/obj")
 	b.ReportMetric(float64(st1.bytes-st0.bytes)/objs, "agent-B/obj")
 	b.ReportMetric(float64(st1.gcs-st0.gcs)*1e6/objs, "agent-gcs/Mobj")
+	if os.Getenv(benchFollowEnv) != "" {
+		b.ReportMetric(float64(m.followed.Load()-followed0)/objs, "standby-changes/obj")
+	}
 }
 
 // benchWorker is one client of the benchmark: its request messages, reused

@@ -2,8 +2,12 @@ package app
 
 import (
 	"fmt"
+	"testing"
+	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/agent/link"
+	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
 // recvRegister receives an agent's registration: its Register and, when
@@ -46,4 +50,20 @@ func recvRegister(stream masterv1.SegmentService_ConnectServer) (*masterv1.Regis
 		}
 	}
 	return r, nil
+}
+
+// TestAgentWithStandbysResumes: with several masters the agent keeps a
+// table feed: its Connect offers to resume at the feed's position, and
+// registers in full, with the position, when the master asks for the
+// table (recvRegister).
+func TestAgentWithStandbysResumes(t *testing.T) {
+	m, addr := startMaster(t)
+	r := startAgentWith(t, addr, t.TempDir(), func(c *Config) { c.Master = addr + "," + addr })
+	defer r.stop(t)
+	c := <-m.conns
+	if p := c.reg.GetTablePosition(); len(p.GetInstance()) != 32 || p.GetVersion() != 0 || c.reg.GetResume() {
+		t.Fatalf("Register table_position %v, resume %v; want the feed's instance at version 0 and a full registration", p, c.reg.GetResume())
+	}
+	c.out <- settingsMsg()
+	testutil.Eventually(t, 5*time.Second, func() bool { return r.agent.Link().State() == link.StateConnected }, "connected")
 }
