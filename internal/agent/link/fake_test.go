@@ -198,6 +198,8 @@ type harnessOpts struct {
 	// with standbyFollowErr when set.
 	standbys         int
 	standbyFollowErr func() error
+	// masters, when set, rewrites the link's master list.
+	masters func(list string) string
 }
 
 func newHarness(t *testing.T, o harnessOpts) *harness {
@@ -261,6 +263,9 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 		dial = append(dial, grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
 	}
 
+	if o.masters != nil {
+		addr = o.masters(addr)
+	}
 	cfg := o.cfg
 	cfg.MasterAddr, cfg.AgentID, cfg.HostID, cfg.DataEndpoint, cfg.TransferEndpoint = addr, "agent-1", "host-1", "agent-1:50052", "agent-1:50054"
 	if cfg.BackoffBase == 0 {

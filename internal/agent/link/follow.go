@@ -58,7 +58,15 @@ var (
 
 // following reports whether Run follows standbys.
 func (l *Link) following() bool {
-	return l.cfg.FollowStandbys && l.deps.Feed != nil && len(l.masters) > 1
+	if !l.cfg.FollowStandbys || l.deps.Feed == nil {
+		return false
+	}
+	for _, a := range l.masters[1:] {
+		if a != l.masters[0] {
+			return true
+		}
+	}
+	return false
 }
 
 // follow keeps the master at addr warm, or asks again whether it stands

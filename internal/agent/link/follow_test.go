@@ -240,6 +240,19 @@ func TestFollowNeedsStandby(t *testing.T) {
 	testutil.Eventually(t, 5*time.Second, func() bool { return promtest.ToFloat64(h.link.met.following) == 1 }, "following")
 }
 
+// TestFollowOncePerMaster: a master listed twice is followed once (two
+// streams of one agent would replace each other at the master).
+func TestFollowOncePerMaster(t *testing.T) {
+	h := followHarness(t, harnessOpts{masters: func(list string) string { return list + ",passthrough:///standby-0" }})
+	fs := h.follow(h.standbys[0])
+	fs.send <- standbySettings()
+	testutil.Eventually(t, 5*time.Second, func() bool { return promtest.ToFloat64(h.link.met.following) == 1 }, "following")
+	time.Sleep(200 * time.Millisecond)
+	if n := h.standbys[0].followCalls.Load(); n != 1 {
+		t.Fatalf("standby asked to be followed %d times, want 1", n)
+	}
+}
+
 // TestNoFollowUnlessEnabled: without FollowStandbys the link never calls
 // Follow.
 func TestNoFollowUnlessEnabled(t *testing.T) {

@@ -179,8 +179,14 @@ func (l *Link) Run(ctx context.Context) error {
 	}()
 	wg.Go(func() { l.sweep(work) })
 	if fconns != nil {
+		// One loop per master: two streams of one agent to one master
+		// would replace each other there, over and over.
+		seen := map[string]bool{}
 		for _, addr := range l.masters {
-			wg.Go(func() { l.follow(followCtx, addr, fconns) })
+			if !seen[addr] {
+				seen[addr] = true
+				wg.Go(func() { l.follow(followCtx, addr, fconns) })
+			}
 		}
 	}
 	wg.Go(func() {
