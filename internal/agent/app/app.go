@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -115,7 +116,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// nothing. Attached after mount: start-up (journal replay,
 	// VerifySealed) changes nothing a master has followed.
 	var feed *segment.Feed
-	if masters, _ := masterlist.Split(a.cfg.Master); a.cfg.FollowStandbys && len(masters) > 1 {
+	if masters, _ := masterlist.Split(a.cfg.Master); a.cfg.FollowStandbys && len(slices.Compact(slices.Sorted(slices.Values(masters)))) > 1 {
 		feed = segment.NewFeed(a.cfg.TableFeedSize)
 		segs.SetFeed(feed)
 	}

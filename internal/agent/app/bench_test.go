@@ -25,10 +25,12 @@ import (
 	"github.com/crescent-kv/crescent/internal/config"
 	"github.com/crescent-kv/crescent/internal/obs"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/crescent-kv/crescent/internal/xfer"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -51,11 +53,14 @@ const (
 	// benchFillEnv overrides how many sealed 4 KiB objects the table holds
 	// before timing starts (default benchFill).
 	benchFillEnv = "CRESCENT_BENCH_FILL"
-	// benchFollowEnv, when set, lists the fake master twice in the
-	// child's --master: the agent then keeps its table change feed and
-	// two Follow streams, which the fake master serves as a standby
-	// (issue 15, warm standbys), as an agent of an HA cluster does.
+	// benchFollowEnv, when set, lists the fake master three times in the
+	// child's --master, by three addresses it listens on: the agent then
+	// keeps its table change feed and, beside its session, Follow streams
+	// the fake master serves as a standby, two as the standbys of a
+	// cluster of three masters (issue 15, warm standbys).
 	benchFollowEnv = "CRESCENT_BENCH_FOLLOW"
+	// benchStandbysEnv holds the two standby addresses in the child.
+	benchStandbysEnv = "CRESCENT_BENCH_AGENT_STANDBYS"
 )
 
 const (
@@ -79,8 +84,8 @@ func benchAgentChild(master string) int {
 	}
 	cfg := DefaultConfig()
 	cfg.Master, cfg.GRPCAddr, cfg.AdminAddr, cfg.HostID = master, "127.0.0.1:0", "127.0.0.1:0", "bench"
-	if os.Getenv(benchFollowEnv) != "" {
-		cfg.Master = master + "," + master
+	if sb := os.Getenv(benchStandbysEnv); sb != "" {
+		cfg.Master = master + "," + sb
 	}
 	cfg.Memory, cfg.MemorySegments = config.ByteSize(benchMemory), 1
 	if v, err := strconv.ParseUint(os.Getenv(benchMemoryEnv), 10, 64); err == nil && v > 0 {
@@ -144,14 +149,28 @@ func benchAgentChild(master string) int {
 // benchMaster is a SegmentService for the benchmark: it hands over the
 // agent's session and routes the agent's answers to the waiting requests
 // by request id. It serves Follow as a standby that takes the table and
-// counts the changes of the deltas.
+// counts the changes of the deltas; the leader at its first address
+// answers Follow with MASTER_IS_LEADER.
 type benchMaster struct {
 	masterv1.UnimplementedSegmentServiceServer
 	sessions chan *benchSession
+	leader   string        // the address that answers Follow as the leader
 	followed atomic.Uint64 // changes received in TableDeltas
 }
 
+// peerLocalAddr is the address the stream's connection reached.
+func peerLocalAddr(ctx context.Context) (string, bool) {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.LocalAddr == nil {
+		return "", false
+	}
+	return p.LocalAddr.String(), true
+}
+
 func (m *benchMaster) Follow(stream masterv1.SegmentService_FollowServer) error {
+	if p, ok := peerLocalAddr(stream.Context()); ok && p == m.leader {
+		return rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_MASTER_IS_LEADER, "the benchmark's leader"))
+	}
 	if _, err := recvRegister(stream); err != nil {
 		return err
 	}
@@ -315,7 +334,7 @@ func benchPutCycle(b *testing.B, conc int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	m := &benchMaster{sessions: make(chan *benchSession, 1)}
+	m := &benchMaster{sessions: make(chan *benchSession, 1), leader: lis.Addr().String()}
 	gs := grpc.NewServer(rpccodec.ServerOption())
 	masterv1.RegisterSegmentServiceServer(gs, m)
 	go func() { _ = gs.Serve(lis) }()
@@ -323,6 +342,18 @@ func benchPutCycle(b *testing.B, conc int) {
 
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), benchAgentEnv+"="+lis.Addr().String())
+	if os.Getenv(benchFollowEnv) != "" {
+		var standbys []string
+		for range 2 {
+			sl, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			go func() { _ = gs.Serve(sl) }()
+			standbys = append(standbys, sl.Addr().String())
+		}
+		cmd.Env = append(cmd.Env, benchStandbysEnv+"="+strings.Join(standbys, ","))
+	}
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {

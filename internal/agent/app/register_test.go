@@ -52,13 +52,13 @@ func recvRegister(stream masterv1.SegmentService_ConnectServer) (*masterv1.Regis
 	return r, nil
 }
 
-// TestAgentWithStandbysResumes: with several masters the agent keeps a
-// table feed: its Connect offers to resume at the feed's position, and
-// registers in full, with the position, when the master asks for the
-// table (recvRegister).
+// TestAgentWithStandbysResumes: with several masters (the second one down)
+// the agent keeps a table feed: its Connect offers to resume at the feed's
+// position, and registers in full, with the position, when the master
+// asks for the table (recvRegister).
 func TestAgentWithStandbysResumes(t *testing.T) {
 	m, addr := startMaster(t)
-	r := startAgentWith(t, addr, t.TempDir(), func(c *Config) { c.Master = addr + "," + addr })
+	r := startAgentWith(t, addr, t.TempDir(), func(c *Config) { c.Master = addr + ",127.0.0.1:1" })
 	defer r.stop(t)
 	c := <-m.conns
 	if p := c.reg.GetTablePosition(); len(p.GetInstance()) != 32 || p.GetVersion() != 0 || c.reg.GetResume() {
