@@ -261,8 +261,8 @@ func (f *followStream) send(msg *masterv1.ConnectRequest) bool {
 }
 
 // recvLoop hands the first message to answer and ignores later ones (a
-// standby sends nothing after Settings but a Settings again after a token
-// rotation); the stream's end goes to errc.
+// standby sends nothing after its Settings; a newer one might); the
+// stream's end goes to errc.
 func (f *followStream) recvLoop(answer chan<- *masterv1.ConnectResponse, errc chan<- error) {
 	first := true
 	for {
@@ -278,10 +278,11 @@ func (f *followStream) recvLoop(answer chan<- *masterv1.ConnectResponse, errc ch
 	}
 }
 
-// sendLoop is the only goroutine that calls Send once the registration is
-// sent: from the standby's Settings on, the changes after version from in
-// TableDeltas, sent as soon as there are any (what gathered while the
-// previous one was sent goes in one), and a heartbeat every interval.
+// sendLoop runs on the goroutine that sent the registration, the stream's
+// only sender: from the standby's Settings on, it sends the changes after
+// version from in TableDeltas, as soon as there are any (what gathered
+// while the previous one was sent goes in one), and a heartbeat every
+// interval.
 func (f *followStream) sendLoop(from uint64) {
 	var iv time.Duration
 	select {
@@ -322,7 +323,7 @@ func (f *followStream) sendLoop(from uint64) {
 			f.l.met.followDeltas.Inc()
 			f.l.met.followChanges.Add(float64(d.GetVersion() - from))
 			from = d.GetVersion()
-			clear(buf) // the entries may be collected once the ring lets them go
+			clear(changes) // collectable once the ring lets them go
 			continue
 		}
 		select {
