@@ -234,7 +234,16 @@ func TestMasterFailover(t *testing.T) {
 			return false
 		}, "round %d: a put acknowledged after the kill", round)
 		took = append(took, d)
-		t.Logf("round %d: %s killed%s, %s leads; puts acknowledged again within %v", round, lead.Name, agent, next.Name, d.Round(10*time.Millisecond))
+		// The standby was warm: the agents it followed resumed their
+		// registrations without their tables (an agent restarted meanwhile
+		// may have had to send its table).
+		resumed := c.metric(t, next, `crescent_master_agent_resumes_total{result="resumed"}`)
+		refused := c.metric(t, next, `crescent_master_agent_resumes_total{result="refused"}`)
+		if want := float64(len(c.Agents)); agent == "" && resumed < want || resumed < want-1 {
+			t.Fatalf("round %d: %v registrations with %s resumed (%v refused), want every agent's but a restarted one's", round, resumed, next.Name, refused)
+		}
+		t.Logf("round %d: %s killed%s, %s leads; puts acknowledged again within %v; %v agents resumed, %v sent their tables",
+			round, lead.Name, agent, next.Name, d.Round(10*time.Millisecond), resumed, refused)
 		lead.start() // back as a standby
 		c.WaitSegments(4)
 		readAcked(fmt.Sprintf("round %d", round))
