@@ -84,6 +84,11 @@ type Config struct {
 	// logged at debug level instead of warn (a standby master answers
 	// every call UNAVAILABLE NOT_LEADER).
 	QuietCodes []codes.Code
+	// ExtraMetrics, if set, is gathered on /metrics besides the server's
+	// registry (a standby master exports its warm master's follow
+	// metrics and runtime collectors this way). Its families must not
+	// repeat the registry's.
+	ExtraMetrics prometheus.Gatherer
 }
 
 // PublicMethods are the gRPC methods every server allows unauthenticated:
@@ -224,7 +229,11 @@ func New(cfg Config, lg *slog.Logger, reg *prometheus.Registry, opts ...grpc.Ser
 	})
 	// Prometheus scrapes with an admin certificate (or an admin bearer
 	// token) when TLS is on.
-	s.Mux.Handle("GET /metrics", s.Protect(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), auth.RoleAdmin))
+	var gather prometheus.Gatherer = reg
+	if cfg.ExtraMetrics != nil {
+		gather = prometheus.Gatherers{reg, cfg.ExtraMetrics}
+	}
+	s.Mux.Handle("GET /metrics", s.Protect(promhttp.HandlerFor(gather, promhttp.HandlerOpts{Registry: reg}), auth.RoleAdmin))
 	if creds.Pprof {
 		// Profiles reveal memory contents (heap, goroutine stacks with
 		// arguments): admins only, every request audited.

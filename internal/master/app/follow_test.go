@@ -2,12 +2,16 @@ package app
 
 import (
 	"context"
+	"io"
 	"net"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil/etcdtest"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -229,5 +233,50 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 10s")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestStandbyMetrics scrapes a leader and a standby: crescent_master_leader
+// tells them apart, the standby exports its follow metrics and runtime
+// collectors but none of the serving master's families (the alerts count
+// the masters that export crescent_master_recovering).
+func TestStandbyMetrics(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	admin := map[*haMaster]string{}
+	var ms []*haMaster
+	for range 2 {
+		a := freePort(t)
+		m := startHAMaster(t, etcd.Endpoint, func(c *Config) { c.AdminAddr = a })
+		admin[m] = a
+		ms = append(ms, m)
+	}
+	lead, _ := leaderOf(t, ms)
+	scrape := func(m *haMaster) string {
+		resp, err := http.Get("http://" + admin[m] + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("scrape %s: %d %v", admin[m], resp.StatusCode, err)
+		}
+		return string(b)
+	}
+	for _, m := range ms {
+		body := scrape(m)
+		has := func(s string) bool { return strings.Contains(body, s) }
+		if m == lead {
+			if !has("\ncrescent_master_leader 1\n") || !has("\ncrescent_master_recovering ") {
+				t.Fatalf("leader's metrics lack crescent_master_leader 1 or crescent_master_recovering")
+			}
+			continue
+		}
+		if !has("\ncrescent_master_leader 0\n") || !has("\ncrescent_master_agent_follow_changes_total 0\n") || !has("\ngo_goroutines ") {
+			t.Fatalf("standby's metrics lack crescent_master_leader 0, the follow metrics or the runtime's:\n%s", body)
+		}
+		if has("crescent_master_recovering") || has("crescent_master_objects") {
+			t.Fatalf("standby exports the serving master's families")
+		}
 	}
 }

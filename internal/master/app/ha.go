@@ -17,11 +17,11 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/ha"
 	"github.com/crescent-kv/crescent/internal/master/session"
-	"github.com/crescent-kv/crescent/internal/obs"
 	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 )
@@ -194,11 +194,17 @@ func standBy(ctx context.Context, cfg Config, lg *slog.Logger, el *ha.Elector, m
 		return nil, err
 	}
 	notLeader := func() error { return rpcerr.Status(rpcerr.NotLeader(el.Leader())) }
-	reg := obs.NewRegistry()
+	// The standby's own registry has its gRPC metrics and
+	// crescent_master_leader; the warm master's adds the runtime
+	// collectors and the follow metrics, and nothing else (a standby must
+	// not export crescent_master_recovering and the serving master's
+	// other families, which the alerts count).
+	reg := prometheus.NewRegistry()
 	reg.MustRegister(leaderGauge(func() bool { return false }))
 	srv := server.New(server.Config{
 		GRPCAddr: cfg.GRPCAddr, AdminAddr: cfg.AdminAddr, ShutdownTimeout: cfg.ShutdownTimeout,
 		Credentials: creds, Table: authTable(), QuietCodes: []codes.Code{codes.Unavailable},
+		ExtraMetrics: standbyMetrics(m.Server.Registry),
 	}, lg.With("part", "standby"), reg, grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
 		return notLeader()
 	}))
@@ -436,5 +442,21 @@ func leaderGauge(leads func() bool) prometheus.Collector {
 			return 1
 		}
 		return 0
+	})
+}
+
+// standbyMetrics is the part of a warm master's registry a standby
+// exports: the runtime collectors and the agents' follow streams.
+func standbyMetrics(g prometheus.Gatherer) prometheus.Gatherer {
+	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		mfs, err := g.Gather()
+		kept := mfs[:0]
+		for _, mf := range mfs {
+			if n := mf.GetName(); strings.HasPrefix(n, "go_") || strings.HasPrefix(n, "process_") ||
+				strings.HasPrefix(n, "crescent_master_agent_follow") {
+				kept = append(kept, mf)
+			}
+		}
+		return kept, err
 	})
 }
