@@ -9,6 +9,7 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/cluster"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/token"
 )
 
@@ -161,4 +162,26 @@ func segIDs(segs []cluster.Segment) []string {
 		out[i] = s.ID
 	}
 	return out
+}
+
+// TestPutEndRetriedAfterEnd: a PutEnd for an object that has ended (the
+// retry of one whose answer was lost, or one sent to a new leader that
+// holds the object from the agents' tables) is OK for the same bytes and
+// PUT_EXPIRED for others, alone and in a batch.
+func TestPutEndRetriedAfterEnd(t *testing.T) {
+	e := newEnv(t, 2, 1, 1<<20, Config{Shards: 4})
+	ctx := context.Background()
+	e.put(t, PutSpec{Key: "k", Size: 10, ReplicaNum: 2}) // checksum 70
+	for _, sum := range []uint64{70, 71} {
+		single := e.s.PutEnd(ctx, PutEndSpec{Key: "k", ClientID: "w", Checksum: sum})
+		batch := e.s.BatchPutEnd(ctx, []PutEndSpec{{Key: "k", ClientID: "w", Checksum: sum}})[0]
+		for name, err := range map[string]error{"PutEnd": single, "BatchPutEnd": batch} {
+			if ok := err == nil; ok != (sum == 70) {
+				t.Fatalf("%s again with checksum %d: %v", name, sum, err)
+			}
+			if sum == 71 && rpcerr.Reason(err) != "PUT_EXPIRED" {
+				t.Fatalf("%s with other bytes: %v, want PUT_EXPIRED", name, err)
+			}
+		}
+	}
 }

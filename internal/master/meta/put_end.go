@@ -90,7 +90,9 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 				it.err, it.settled = s.notFoundOrExpired(errNotFound(sp.Tenant, sp.Key), sp.Tenant, sp.Key), true
 				continue
 			case o.put == nil:
-				if !o.hasComplete() {
+				// Ended already (a retried PutEnd): OK for the same bytes,
+				// as settleSealsLocked answers a concurrent one.
+				if !o.hasComplete() || o.checksum != sp.Checksum {
 					it.err = errPutExpired(sp.Tenant, sp.Key)
 				}
 				it.settled = true
