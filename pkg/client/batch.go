@@ -170,6 +170,21 @@ func (c *Client) batchPut(ctx context.Context, items []Item, errs []error, o *pu
 	if len(failed) > 0 {
 		c.batchRevoke(ctx, items, failed)
 	}
+	if endedAt != startedAt {
+		var ok []int
+		var keys []string
+		for _, i := range end {
+			if errs[i] == nil {
+				ok = append(ok, i)
+				keys = append(keys, items[i].Key)
+			}
+		}
+		for j, err := range c.fewerReplicas(ctx, keys, o) {
+			if err != nil {
+				errs[ok[j]] = fmt.Errorf("put %q: %w", items[ok[j]].Key, err)
+			}
+		}
+	}
 	return again
 }
 

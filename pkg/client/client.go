@@ -73,6 +73,12 @@ var (
 	// ErrPutExpired: the put was preempted or timed out before PutEnd, so
 	// its bytes are gone; start it again.
 	ErrPutExpired error = &rpcerr.Error{Reason: masterv1.ErrorReason_ERROR_REASON_PUT_EXPIRED}
+	// ErrFewerReplicas: the object was stored, and is readable, but with
+	// fewer replicas than the put asked for: a master failover cut the put
+	// between sealing one replica and the next, and the new leader holds
+	// only the sealed ones (issue 15). The put is not acknowledged as
+	// asked; put it again with WithUpsert to restore the count.
+	ErrFewerReplicas = errors.New("stored with fewer replicas than asked (a master failover cut the put)")
 )
 
 // Config configures a Client.

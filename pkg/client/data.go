@@ -115,7 +115,43 @@ func (c *Client) putOnce(ctx context.Context, key string, size int64, src source
 		}
 		return err
 	}
+	if endedAt, _ := c.s.masters.current(); endedAt != startedAt {
+		if short := c.fewerReplicas(ctx, []string{key}, o); short[0] != nil {
+			return fmt.Errorf("put %q: %w", key, short[0])
+		}
+	}
 	return nil
+}
+
+// fewerReplicas checks puts whose PutEnd a master other than the one that
+// started them answered (a failover between the two): the new leader
+// knows only the replicas the agents had sealed, and answers a PutEnd for
+// an object it holds complete with OK however few they are. It returns,
+// per key, ErrFewerReplicas when the object has fewer readable replicas
+// than o asks for (nil otherwise, or when the check itself failed: the
+// object is stored either way).
+func (c *Client) fewerReplicas(ctx context.Context, keys []string, o *putOptions) []error {
+	out := make([]error, len(keys))
+	want := max(int(o.cfg.GetReplicaNum()), 1)
+	if want == 1 {
+		return out
+	}
+	req := &masterv1.BatchGetReplicaListRequest{Items: make([]*masterv1.GetReplicaListRequest, len(keys))}
+	for i, k := range keys {
+		req.Items[i] = &masterv1.GetReplicaListRequest{Tenant: c.tenant, Key: k}
+	}
+	resp, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.BatchGetReplicaListResponse, error) {
+		return s.BatchGetReplicaList(ctx, req)
+	})
+	if err != nil || len(resp.GetResults()) != len(keys) {
+		return out
+	}
+	for i, r := range resp.GetResults() {
+		if n := len(r.GetReplicaList().GetReplicas()); rpcerr.FromItem(r.GetStatus()) == nil && n < want {
+			out[i] = fmt.Errorf("%w: %d of %d", ErrFewerReplicas, n, want)
+		}
+	}
+	return out
 }
 
 // abandoned reports whether a call failed because the caller's context
