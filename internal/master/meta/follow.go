@@ -122,19 +122,20 @@ func (s *Store) followReleased(r *reconcileRun, released []*masterv1.Allocation)
 	})
 }
 
-// heldLocked reports whether the allocation is already one of its object's
-// replicas (m's shard locked).
-func (r *reconcileRun) heldLocked(m *mut, it reconcileItem) bool {
+// heldLocked returns the allocation's object (nil when there is none) and
+// reports whether the allocation is already one of its replicas (m's
+// shard locked).
+func (r *reconcileRun) heldLocked(m *mut, it reconcileItem) (*object, bool) {
 	o := m.sh.getLocked(it.tenant, it.a.GetKey())
 	if o == nil {
-		return false
+		return nil, false
 	}
 	for _, rp := range o.replicas {
 		if rp.seg == it.seg && !rp.pending && rp.allocID == it.a.GetAllocationId() {
-			return true
+			return o, true
 		}
 	}
-	return false
+	return o, false
 }
 
 // Owe remembers allocations to release at their agents later: a following
