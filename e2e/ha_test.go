@@ -67,15 +67,15 @@ func TestMasterFailover(t *testing.T) {
 	cl := c.Client("default")
 
 	var (
-		mu       sync.Mutex
-		removed  = map[string]int{}
-		acked    = map[string][]byte{}
-		ackedAt  = map[string][2]time.Time{} // put's start and end, for a failure's report
+		mu      sync.Mutex
+		removed = map[string]int{}
+		acked   = map[string][]byte{}
+		ackedAt = map[string][2]time.Time{} // put's start and end, for a failure's report
 		// unacked: puts that failed. One cut by a failover may still have
 		// stored its object, with fewer replicas than asked
 		// (ErrFewerReplicas), which the agent killed next may take away:
 		// its removal is announced, and is no loss.
-		unacked = map[string]bool{}
+		unacked  = map[string]bool{}
 		ackStart []time.Time // start of each acknowledged put
 		failed   atomic.Int64
 		lastErr  atomic.Value

@@ -11,8 +11,8 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
-	"github.com/crescent-kv/crescent/internal/testutil/etcdtest"
 	"github.com/crescent-kv/crescent/internal/testutil"
+	"github.com/crescent-kv/crescent/internal/testutil/etcdtest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
