@@ -122,20 +122,19 @@ func (s *Store) followReleased(r *reconcileRun, released []*masterv1.Allocation)
 	})
 }
 
-// heldLocked returns the allocation's object (nil when there is none) and
-// reports whether the allocation is already one of its replicas (m's
-// shard locked).
-func (r *reconcileRun) heldLocked(m *mut, it reconcileItem) (*object, bool) {
+// heldLocked reports whether the allocation is already one of its object's
+// replicas (m's shard locked).
+func (r *reconcileRun) heldLocked(m *mut, it reconcileItem) bool {
 	o := m.sh.getLocked(it.tenant, it.a.GetKey())
 	if o == nil {
-		return nil, false
+		return false
 	}
 	for _, rp := range o.replicas {
 		if rp.seg == it.seg && !rp.pending && rp.allocID == it.a.GetAllocationId() {
-			return o, true
+			return true
 		}
 	}
-	return o, false
+	return false
 }
 
 // Owe remembers allocations to release at their agents later: a following

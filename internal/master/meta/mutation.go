@@ -65,12 +65,6 @@ func (m *mut) commit() {
 }
 
 func (m *mut) record(typ changelog.Type, o *object, medium uint8) {
-	if m.s.following.Load() {
-		// A warm standby's change log is never served: Promote starts it
-		// over. Recording each adopted object of every TableDelta cost a
-		// standby a tenth of its CPU (BenchmarkFollowDelta).
-		return
-	}
 	r := changelog.Record{
 		Type:   typ,
 		Tenant: m.s.tenants.get(o.tenant).name,

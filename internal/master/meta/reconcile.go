@@ -228,21 +228,11 @@ func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation,
 			if presize > 0 && len(shd.tenants) == 0 {
 				shd.tenants[it.tenant] = make(map[string]*object, presize)
 			}
-			if track && !r.claimLocked(m, it) {
+			if track && !r.claimLocked(m, it) || r.skipHeld && r.heldLocked(m, it) {
 				continue
 			}
 			one[0] = it.a
-			if r.skipHeld {
-				// One lookup for both: the held check was a third of a
-				// following store's apply (BenchmarkFollowDelta).
-				o, held := r.heldLocked(m, it)
-				if held {
-					continue
-				}
-				r.adopted += s.adoptObjLocked(m, o, it.tenant, it.a.GetKey(), one[:], r.segSet, ref)
-			} else {
-				r.adopted += s.adoptLocked(m, it.tenant, it.a.GetKey(), one[:], r.segSet, ref)
-			}
+			r.adopted += s.adoptLocked(m, it.tenant, it.a.GetKey(), one[:], r.segSet, ref)
 			if track {
 				r.markAdoptedLocked(m, it)
 			}
@@ -364,14 +354,9 @@ func (r *reconcileRun) Finish(ctx context.Context) []*masterv1.AllocationRef {
 
 // adoptLocked adopts one object's sealed allocations (newest first).
 func (s *Store) adoptLocked(m *mut, t uint32, key string, allocs []*masterv1.Allocation, segSet map[uint32]cluster.Segment, ref func(uint32, uint64)) int {
-	return s.adoptObjLocked(m, m.sh.getLocked(t, key), t, key, allocs, segSet, ref)
-}
-
-// adoptObjLocked is adoptLocked with the object (t, key) already looked
-// up: o, nil when there is none.
-func (s *Store) adoptObjLocked(m *mut, o *object, t uint32, key string, allocs []*masterv1.Allocation, segSet map[uint32]cluster.Segment, ref func(uint32, uint64)) int {
 	seg := func(a *masterv1.Allocation) uint32 { idx, _ := s.segs.lookup(a.GetSegmentId()); return idx }
 	newest := allocs[0]
+	o := m.sh.getLocked(t, key)
 	if o != nil && o.put != nil {
 		for _, a := range allocs {
 			ref(seg(a), a.GetAllocationId())
