@@ -37,6 +37,9 @@ type SegmentServiceClient interface {
 	// graceful-unmount announcement from the agent, and settings and batched
 	// commands (reserve, release, seal, drain/copy) from the master. A second
 	// Connect for the same agent_id replaces the first session.
+	// Follow carries the same messages (registration, heartbeats, Settings),
+	// so the two share their envelopes:
+	// buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
 	Connect(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConnectRequest, ConnectResponse], error)
 	// Follow keeps a standby master warm (issue 15): an agent opens one Follow
 	// stream to every master of its list that stands by. It registers as on
@@ -48,7 +51,11 @@ type SegmentServiceClient interface {
 	// it is elected an agent's Connect with resume set skips the table (the
 	// master answers Settings at once) and puts succeed within milliseconds
 	// of the election instead of after a rebuild. The leader, and a master
-	// without election, refuse Follow with MASTER_IS_LEADER.
+	// without election, refuse Follow with MASTER_IS_LEADER. It uses
+	// Connect's envelopes: a registration is the same on both.
+	// buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+	// buf:lint:ignore RPC_REQUEST_STANDARD_NAME
+	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
 	Follow(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConnectRequest, ConnectResponse], error)
 }
 
@@ -100,6 +107,9 @@ type SegmentServiceServer interface {
 	// graceful-unmount announcement from the agent, and settings and batched
 	// commands (reserve, release, seal, drain/copy) from the master. A second
 	// Connect for the same agent_id replaces the first session.
+	// Follow carries the same messages (registration, heartbeats, Settings),
+	// so the two share their envelopes:
+	// buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
 	Connect(grpc.BidiStreamingServer[ConnectRequest, ConnectResponse]) error
 	// Follow keeps a standby master warm (issue 15): an agent opens one Follow
 	// stream to every master of its list that stands by. It registers as on
@@ -111,7 +121,11 @@ type SegmentServiceServer interface {
 	// it is elected an agent's Connect with resume set skips the table (the
 	// master answers Settings at once) and puts succeed within milliseconds
 	// of the election instead of after a rebuild. The leader, and a master
-	// without election, refuse Follow with MASTER_IS_LEADER.
+	// without election, refuse Follow with MASTER_IS_LEADER. It uses
+	// Connect's envelopes: a registration is the same on both.
+	// buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+	// buf:lint:ignore RPC_REQUEST_STANDARD_NAME
+	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
 	Follow(grpc.BidiStreamingServer[ConnectRequest, ConnectResponse]) error
 	mustEmbedUnimplementedSegmentServiceServer()
 }
