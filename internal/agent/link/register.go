@@ -28,23 +28,60 @@ type registration struct {
 // segment not in the list (mounted between the two snapshots) are left
 // out: the segment's SegmentsUpdate follows, and its table with the next
 // registration.
+//
+// A table comes grouped by segment (Set.Table), each group mostly in id
+// order (the ring's ids are; the long-lived old ones are not), so the
+// segment is looked up once per group and each group is sorted by id alone:
+// at 2M allocations a sort of the whole table comparing segment positions
+// through a map cost about a second of the agent's CPU on every
+// registration, the time a restarted master waits. A table that is not
+// grouped so is sorted whole.
 func newRegistration(r *masterv1.Register, table []*masterv1.Allocation) *registration {
 	pos := make(map[string]int, len(r.GetSegments()))
 	for i, s := range r.GetSegments() {
 		pos[s.GetSegmentId()] = i
 	}
-	kept := table[:0]
-	for _, a := range table {
-		if _, ok := pos[a.GetSegmentId()]; ok {
-			kept = append(kept, a)
+	type run struct{ pos, lo, hi int }
+	var runs []run
+	kept := table[:0] // compacted in place: never ahead of the reading index
+	grouped := true
+	seen := make(map[int]bool, len(pos))
+	for i := 0; i < len(table); {
+		seg := table[i].GetSegmentId()
+		j := i + 1
+		for j < len(table) && table[j].GetSegmentId() == seg {
+			j++
+		}
+		if p, ok := pos[seg]; ok {
+			grouped = grouped && !seen[p]
+			seen[p] = true
+			lo := len(kept)
+			kept = append(kept, table[i:j]...)
+			runs = append(runs, run{p, lo, len(kept)})
+		}
+		i = j
+	}
+	byID := func(a, b *masterv1.Allocation) int { return cmp.Compare(a.GetAllocationId(), b.GetAllocationId()) }
+	switch {
+	case !grouped:
+		slices.SortFunc(kept, func(a, b *masterv1.Allocation) int {
+			return cmp.Or(cmp.Compare(pos[a.GetSegmentId()], pos[b.GetSegmentId()]), byID(a, b))
+		})
+	default:
+		for _, rn := range runs {
+			if part := kept[rn.lo:rn.hi]; !slices.IsSortedFunc(part, byID) {
+				slices.SortFunc(part, byID)
+			}
+		}
+		if !slices.IsSortedFunc(runs, func(a, b run) int { return cmp.Compare(a.pos, b.pos) }) {
+			slices.SortFunc(runs, func(a, b run) int { return cmp.Compare(a.pos, b.pos) })
+			ordered := make([]*masterv1.Allocation, 0, len(kept))
+			for _, rn := range runs {
+				ordered = append(ordered, kept[rn.lo:rn.hi]...)
+			}
+			kept = ordered
 		}
 	}
-	slices.SortFunc(kept, func(a, b *masterv1.Allocation) int {
-		if c := cmp.Compare(pos[a.GetSegmentId()], pos[b.GetSegmentId()]); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.GetAllocationId(), b.GetAllocationId())
-	})
 	r.Chunked, r.AllocationCount, r.Allocations = true, uint64(len(kept)), nil
 	return &registration{register: r, table: kept}
 }

@@ -1,7 +1,10 @@
 package link
 
 import (
+	"cmp"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -75,5 +78,48 @@ func TestRegistrationChunks(t *testing.T) {
 				t.Fatalf("chunks carried %d allocations, want %d", total, tc.n)
 			}
 		})
+	}
+}
+
+// TestNewRegistrationOrder: whatever the table's order (grouped by segment
+// or not, ids out of order, segments in another order than the Register's,
+// allocations of unlisted segments), the registration's table is the
+// listed segments' allocations ordered by the Register's segment order,
+// then id: what the master's table cursor checks.
+func TestNewRegistrationOrder(t *testing.T) {
+	segs := []*masterv1.SegmentInfo{{SegmentId: "s0"}, {SegmentId: "s1"}, {SegmentId: "s2"}}
+	rng := rand.New(rand.NewPCG(7, 7))
+	for trial := range 200 {
+		var table []*masterv1.Allocation
+		grouped := trial%2 == 0
+		for _, seg := range []string{"s2", "x", "s0", "s1"} {
+			n := rng.IntN(50)
+			for i := range n {
+				id := uint64(i + 1)
+				if rng.IntN(4) == 0 {
+					id = uint64(rng.IntN(1000) + 100) // an old id, out of order
+				}
+				table = append(table, &masterv1.Allocation{SegmentId: seg, AllocationId: id})
+			}
+		}
+		if !grouped {
+			rng.Shuffle(len(table), func(i, j int) { table[i], table[j] = table[j], table[i] })
+		}
+		want := slices.Clone(table)
+		want = slices.DeleteFunc(want, func(a *masterv1.Allocation) bool { return a.GetSegmentId() == "x" })
+		order := map[string]int{"s0": 0, "s1": 1, "s2": 2}
+		slices.SortStableFunc(want, func(a, b *masterv1.Allocation) int {
+			return cmp.Or(cmp.Compare(order[a.GetSegmentId()], order[b.GetSegmentId()]), cmp.Compare(a.GetAllocationId(), b.GetAllocationId()))
+		})
+		g := newRegistration(&masterv1.Register{Segments: segs}, table)
+		if len(g.table) != len(want) || g.register.GetAllocationCount() != uint64(len(want)) {
+			t.Fatalf("trial %d: %d allocations (count %d), want %d", trial, len(g.table), g.register.GetAllocationCount(), len(want))
+		}
+		for i := range want {
+			if g.table[i].GetSegmentId() != want[i].GetSegmentId() || g.table[i].GetAllocationId() != want[i].GetAllocationId() {
+				t.Fatalf("trial %d (grouped %v): at %d got %s/%d, want %s/%d", trial, grouped, i,
+					g.table[i].GetSegmentId(), g.table[i].GetAllocationId(), want[i].GetSegmentId(), want[i].GetAllocationId())
+			}
+		}
 	}
 }
