@@ -46,6 +46,13 @@ const (
 	// maxDeltaChanges and maxDeltaBytes bound one TableDelta.
 	maxDeltaChanges = 4096
 	maxDeltaBytes   = 1 << 20
+	// followLinger is how long a stream waits after a TableDelta that was
+	// not full before it reads the feed again, so the changes of a busy
+	// agent travel a few hundred to a delta instead of a few dozen: every
+	// delta costs both ends a message (framing, syscalls, the standby's
+	// per-delta apply), and a standby applies the changes that long later,
+	// which nothing waits for (an election takes seconds).
+	followLinger = 5 * time.Millisecond
 )
 
 var (
@@ -281,8 +288,8 @@ func (f *followStream) recvLoop(answer chan<- *masterv1.ConnectResponse, errc ch
 // sendLoop runs on the goroutine that sent the registration, the stream's
 // only sender: from the standby's Settings on, it sends the changes after
 // version from in TableDeltas, as soon as there are any (what gathered
-// while the previous one was sent goes in one), and a heartbeat every
-// interval.
+// while the previous one was sent, and followLinger after it, goes in
+// one), and a heartbeat every interval.
 func (f *followStream) sendLoop(from uint64) {
 	var iv time.Duration
 	select {
@@ -301,6 +308,9 @@ func (f *followStream) sendLoop(from uint64) {
 		}}})
 	}
 	buf := make([]segment.Change, 0, maxDeltaChanges)
+	linger := time.NewTimer(followLinger)
+	linger.Stop()
+	defer linger.Stop()
 	for {
 		// A steady run of changes must not hold the heartbeats back.
 		select {
@@ -322,8 +332,17 @@ func (f *followStream) sendLoop(from uint64) {
 			}
 			f.l.met.followDeltas.Inc()
 			f.l.met.followChanges.Add(float64(d.GetVersion() - from))
+			full := d.GetVersion()-from < uint64(len(changes)) || len(changes) == maxDeltaChanges
 			from = d.GetVersion()
 			clear(changes) // collectable once the ring lets them go
+			if !full {
+				linger.Reset(followLinger)
+				select {
+				case <-linger.C:
+				case <-f.ctx.Done():
+					return
+				}
+			}
 			continue
 		}
 		select {
