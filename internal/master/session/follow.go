@@ -104,14 +104,8 @@ func (m *Manager) Follow(stream masterv1.SegmentService_FollowServer) error {
 	if fm == nil {
 		return errNotReady
 	}
-	ctx, cancel := context.WithCancelCause(stream.Context())
-	defer cancel(errEnded)
-	stop := context.AfterFunc(m.base, func() { cancel(errClosing) })
-	defer stop()
-
-	recvc := make(chan *masterv1.ConnectRequest)
-	recvErr := make(chan error, 1)
-	m.wg.Go(func() { recvLoop(ctx, stream, recvc, recvErr) })
+	ctx, cancel, recvc, recvErr, done := m.openStream(stream)
+	defer done()
 
 	started := time.Now()
 	first, err := m.awaitRegister(ctx, recvc, recvErr)

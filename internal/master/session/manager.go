@@ -339,18 +339,8 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 	if m.metadata() == nil {
 		return errNotReady
 	}
-	ctx, cancel := context.WithCancelCause(stream.Context())
-	defer cancel(errEnded)
-	stop := context.AfterFunc(m.base, func() { cancel(errClosing) })
-	defer stop()
-
-	recvc := make(chan *masterv1.ConnectRequest)
-	recvErr := make(chan error, 1)
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
-		recvLoop(ctx, stream, recvc, recvErr)
-	}()
+	ctx, cancel, recvc, recvErr, done := m.openStream(stream)
+	defer done()
 
 	m.registering.Add(1)
 	registering := true
@@ -510,6 +500,23 @@ func (m *Manager) register(ctx context.Context, stream masterv1.SegmentService_C
 			TableRequest: &masterv1.TableRequest{Reason: why}}}); err != nil {
 			return nil, registry.Registration{}, false, err
 		}
+	}
+}
+
+// openStream starts serving an agent stream (Connect or Follow): its
+// context, ended by the stream, by Close (errClosing) and by done
+// (errEnded, when the handler returns), and its receiver, which hands
+// messages to recvc and the stream's end to recvErr.
+func (m *Manager) openStream(stream masterv1.SegmentService_ConnectServer) (ctx context.Context, cancel context.CancelCauseFunc,
+	recvc <-chan *masterv1.ConnectRequest, recvErr <-chan error, done func()) {
+	ctx, cancel = context.WithCancelCause(stream.Context())
+	stop := context.AfterFunc(m.base, func() { cancel(errClosing) })
+	msgs := make(chan *masterv1.ConnectRequest)
+	errc := make(chan error, 1)
+	m.wg.Go(func() { recvLoop(ctx, stream, msgs, errc) })
+	return ctx, cancel, msgs, errc, func() {
+		stop()
+		cancel(errEnded)
 	}
 }
 
