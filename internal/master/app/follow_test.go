@@ -280,3 +280,47 @@ func TestStandbyMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestEndFollowingEndsEveryStream: an election ends every Follow stream at
+// once, including one that has not registered yet (EndFollowing waits for
+// their handlers, and the standby's server stops only after it returns).
+func TestEndFollowingEndsEveryStream(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.GRPCAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0"
+	m, err := newMaster(cfg, testutil.Logger(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.discard()
+	m.Store.SetFollowing(true)
+	m.Sessions.SetStandby()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	masterv1.RegisterSegmentServiceServer(gs, &standbySegments{m: m.Sessions, notLeader: func() error { return nil }})
+	go func() { _ = gs.Serve(lis) }()
+	defer gs.Stop()
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	// A stream that has sent nothing yet: its handler waits for a Register.
+	f, err := masterv1.NewSegmentServiceClient(cc).Follow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = f
+	time.Sleep(200 * time.Millisecond) // the handler is running, waiting
+	done := make(chan struct{})
+	go func() { m.Sessions.EndFollowing(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+		t.Fatal("EndFollowing still waiting 3s after the election: a follow stream was not ended")
+	}
+}

@@ -57,6 +57,7 @@ type image struct {
 func (m *Manager) SetStandby() {
 	m.fmu.Lock()
 	m.standby = true
+	m.followCtx, m.endFollow = context.WithCancelCause(m.base)
 	m.fmu.Unlock()
 }
 
@@ -68,10 +69,10 @@ func (m *Manager) SetStandby() {
 func (m *Manager) EndFollowing() {
 	m.fmu.Lock()
 	m.standby = false
-	for _, img := range m.images {
-		if img.live {
-			img.cancel(errFollowEnded)
-		}
+	if m.endFollow != nil {
+		// Every handler counted in fwg, registered or still waiting for
+		// its Register, watches followCtx.
+		m.endFollow(errFollowEnded)
 	}
 	m.fmu.Unlock()
 	m.fwg.Wait()
@@ -98,6 +99,7 @@ func (m *Manager) Follow(stream masterv1.SegmentService_FollowServer) error {
 		return rpcerr.Status(errIsLeader())
 	}
 	m.fwg.Add(1)
+	fctx := m.followCtx
 	m.fmu.Unlock()
 	defer m.fwg.Done()
 	fm := m.followingMetadata()
@@ -106,6 +108,8 @@ func (m *Manager) Follow(stream masterv1.SegmentService_FollowServer) error {
 	}
 	ctx, cancel, recvc, recvErr, done := m.openStream(stream)
 	defer done()
+	ended := context.AfterFunc(fctx, func() { cancel(context.Cause(fctx)) })
+	defer ended()
 
 	started := time.Now()
 	first, err := m.awaitRegister(ctx, recvc, recvErr)

@@ -101,6 +101,10 @@ type Manager struct {
 	standby bool
 	images  map[string]*image
 	fwg     sync.WaitGroup
+	// followCtx ends every Follow handler when the standby is elected
+	// (endFollow, from EndFollowing); set by SetStandby.
+	followCtx context.Context
+	endFollow context.CancelCauseFunc
 }
 
 // Registering reports how many agent streams are still registering: waiting
