@@ -4,8 +4,10 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/crescent-kv/crescent/internal/testcluster"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/testutil/otlptest"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 )
@@ -43,15 +45,18 @@ func TestTrace(t *testing.T) {
 			t.Fatalf("span names the key (no --trace-keys): %v %q", s, s.StatusMessage)
 		}
 	}
+	// The master's server span ends after its answer went out, so it may
+	// reach the collector after the command's own spans were flushed:
+	// wait for it.
 	var server otlptest.Span
-	for _, s := range spans {
-		if s.Kind == tracepb.Span_SPAN_KIND_SERVER && strings.HasPrefix(s.Name, "crescent.master.v1.ObjectService/") {
-			server = s
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		for _, s := range r.ByTrace(m[1]) {
+			if s.Kind == tracepb.Span_SPAN_KIND_SERVER && strings.HasPrefix(s.Name, "crescent.master.v1.ObjectService/") {
+				server = s
+			}
 		}
-	}
-	if server.SpanID == "" {
-		t.Fatalf("no ObjectService server span: %v", spans)
-	}
+		return server.SpanID != ""
+	}, "an ObjectService server span in trace %s", m[1])
 	// Up from the server span: a client call, then (maybe through the
 	// SDK's own spans) the root.
 	p, ok := r.Parent(server)
