@@ -84,11 +84,10 @@ func TestWarmStandbyResumes(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.GRPCAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.RecoveryGrace = 0
-	m, err := newMaster(cfg, testutil.Logger(), 0)
+	m, err := newStandbyMaster(cfg, testutil.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Store.SetFollowing(true)
 	m.Sessions.SetStandby()
 
 	// The standby's SegmentService, as standBy serves it.
@@ -287,12 +286,11 @@ func TestStandbyMetrics(t *testing.T) {
 func TestEndFollowingEndsEveryStream(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.GRPCAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0"
-	m, err := newMaster(cfg, testutil.Logger(), 0)
+	m, err := newStandbyMaster(cfg, testutil.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.discard()
-	m.Store.SetFollowing(true)
 	m.Sessions.SetStandby()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -149,10 +149,9 @@ func runHA(ctx context.Context, cfg Config, lg *slog.Logger) error {
 	for ctx.Err() == nil {
 		if m == nil {
 			gate = &leaderGate{}
-			if m, err = newMaster(cfg, lg, 0, grpc.ChainUnaryInterceptor(gate.unary), grpc.ChainStreamInterceptor(gate.stream)); err != nil {
+			if m, err = newStandbyMaster(cfg, lg, grpc.ChainUnaryInterceptor(gate.unary), grpc.ChainStreamInterceptor(gate.stream)); err != nil {
 				return err
 			}
-			m.Store.SetFollowing(true)
 		}
 		term, err := standBy(ctx, cfg, lg, el, m)
 		if err != nil {
@@ -183,6 +182,19 @@ func runHA(ctx context.Context, cfg Config, lg *slog.Logger) error {
 		lg.Error("master lost leadership; standing by", "epoch", term.Epoch, "err", err)
 	}
 	return nil
+}
+
+// newStandbyMaster builds the master a standby keeps warm for the next
+// term: no epoch yet, its store following the agents' tables (releases
+// owed, not sent); standBy serves its Follow streams, promote makes it the
+// leader's.
+func newStandbyMaster(cfg Config, lg *slog.Logger, opts ...grpc.ServerOption) (*Master, error) {
+	m, err := newMaster(cfg, lg, 0, opts...)
+	if err != nil {
+		return nil, err
+	}
+	m.Store.SetFollowing(true)
+	return m, nil
 }
 
 // standBy serves NOT_LEADER on the master's ports while it campaigns, and

@@ -157,12 +157,7 @@ func (m *Manager) Follow(stream masterv1.SegmentService_FollowServer) error {
 	if len(gone) > 0 {
 		m.unmount(gone)
 	}
-	segs := make([]cluster.Segment, 0, len(reg.Segments))
-	for _, info := range reg.Segments {
-		if sg, ok := m.reg.Segment(info.GetSegmentId()); ok {
-			segs = append(segs, sg)
-		}
-	}
+	segs := m.registeredSegments(reg)
 	rec := m.reconciler(ctx, reg.AgentID, segs, r.GetAllocationCount())
 	fm.Owe(rec.Apply(ctx, r.GetAllocations()))
 	more, err := m.receiveTable(ctx, reg.AgentID, gen, r, rec, recvc, recvErr)

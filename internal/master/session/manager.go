@@ -383,12 +383,7 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 	if len(gone) > 0 {
 		m.unmount(gone)
 	}
-	segs := make([]cluster.Segment, 0, len(reg.Segments))
-	for _, info := range reg.Segments {
-		if sg, ok := m.reg.Segment(info.GetSegmentId()); ok {
-			segs = append(segs, sg)
-		}
-	}
+	segs := m.registeredSegments(reg)
 	r := first.GetRegister()
 	var release []*masterv1.AllocationRef
 	if resumed {
@@ -505,6 +500,17 @@ func (m *Manager) register(ctx context.Context, stream masterv1.SegmentService_C
 			return nil, registry.Registration{}, false, err
 		}
 	}
+}
+
+// registeredSegments is the registry's view of the segments reg lists.
+func (m *Manager) registeredSegments(reg registry.Registration) []cluster.Segment {
+	segs := make([]cluster.Segment, 0, len(reg.Segments))
+	for _, info := range reg.Segments {
+		if sg, ok := m.reg.Segment(info.GetSegmentId()); ok {
+			segs = append(segs, sg)
+		}
+	}
+	return segs
 }
 
 // openStream starts serving an agent stream (Connect or Follow): its
