@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 20m
 TESTFLAGS    ?=
 COMPOSE      := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
-.PHONY: all gen check-gen lint build test test-unit test-e2e run run-secure run-ha up up-ha down bench bench-gateway-state bench-restart bench-failover fuzz clean tidy check-observability
+.PHONY: all gen check-gen lint build test test-unit test-e2e run run-secure run-ha up up-ha down bench bench-gateway-state bench-restart bench-drain bench-failover fuzz clean tidy check-observability
 
 all: build
 
@@ -124,6 +124,11 @@ bench-gateway-state:
 RESTART_OBJECTS ?= 4000000
 bench-restart:
 	$(GO) test -run '^$$' -bench MasterRestart -benchtime 1x -count 3 -timeout 30m $(TESTFLAGS) ./internal/testcluster/ -args -restart-objects $(RESTART_OBJECTS)
+
+## bench-drain: drain of one agent's 100k objects of 4 KiB into another against the same cluster's BatchPut objects/s, and agent-to-agent copy of 1 MiB objects against raw loopback TCP (issue 17, BENCHMARKS.md), 3 runs each
+DRAIN_OBJECTS ?= 100000
+bench-drain:
+	$(GO) test -run '^$$' -bench 'Drain|AgentCopy' -benchtime 1x -count 3 -timeout 30m $(TESTFLAGS) ./internal/testcluster/ -args -drain-objects $(DRAIN_OBJECTS)
 
 ## bench-failover: three masters on etcd, FAILOVER_OBJECTS (default 1M) objects, FAILOVERS (default 20) kills of the leader under load, with a strict subscriber compared after each (issue 15, BENCHMARKS.md)
 FAILOVERS ?= 20
