@@ -2282,20 +2282,32 @@ func (x *SealResult) GetItems() []*ItemStatus {
 	return nil
 }
 
-// CopyRequest asks the agent to copy a sealed allocation of its own into an
-// allocation reserved at another agent (used by drain and move).
+// CopyRequest asks the agent to copy sealed allocations of its own into
+// allocations reserved at other agents (used by drain and move). The batch
+// form (items, issue 17) carries many copies; the agent moves them over the
+// targets' bulk transfer listeners (many items per transfer request, at most
+// a bounded number of bytes in flight) or, for a target without one, through
+// its DataService, and answers one status per item. The single form
+// (source, target_endpoint, target, target_token with no items) is one copy
+// and is answered in CopyResult.status; a request with both is refused.
+// An agent refuses a request of more than 4,096 items (RESOURCE_EXHAUSTED
+// LIMIT_EXCEEDED) and checks every item before it copies any.
 type CopyRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	RequestId uint64                 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	Epoch     uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Source    *AllocationRef         `protobuf:"bytes,3,opt,name=source,proto3" json:"source,omitempty"`
-	// Target agent's DataService endpoint.
-	TargetEndpoint string         `protobuf:"bytes,4,opt,name=target_endpoint,json=targetEndpoint,proto3" json:"target_endpoint,omitempty"`
-	Target         *AllocationRef `protobuf:"bytes,5,opt,name=target,proto3" json:"target,omitempty"`
-	// Write token for the target allocation.
+	// Single form: the local sealed allocation to copy.
+	Source *AllocationRef `protobuf:"bytes,3,opt,name=source,proto3" json:"source,omitempty"`
+	// Single form: the target agent's DataService endpoint.
+	TargetEndpoint string `protobuf:"bytes,4,opt,name=target_endpoint,json=targetEndpoint,proto3" json:"target_endpoint,omitempty"`
+	// Single form: the reserved allocation at the target.
+	Target *AllocationRef `protobuf:"bytes,5,opt,name=target,proto3" json:"target,omitempty"`
+	// Single form: write token for the target allocation.
 	TargetToken []byte `protobuf:"bytes,6,opt,name=target_token,json=targetToken,proto3" json:"target_token,omitempty"`
 	// The span this copy runs under (see ReserveRequest.trace_context).
-	TraceContext  *TraceContext `protobuf:"bytes,7,opt,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty"`
+	TraceContext *TraceContext `protobuf:"bytes,7,opt,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty"`
+	// Batch form: the copies, each answered in CopyResult.items.
+	Items         []*CopyItem `protobuf:"bytes,8,rep,name=items,proto3" json:"items,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2379,17 +2391,111 @@ func (x *CopyRequest) GetTraceContext() *TraceContext {
 	return nil
 }
 
+func (x *CopyRequest) GetItems() []*CopyItem {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+// CopyItem is one copy of a batched CopyRequest.
+type CopyItem struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The local sealed allocation to copy.
+	Source *AllocationRef `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	// The target agent's DataService endpoint (the fallback path).
+	TargetEndpoint string `protobuf:"bytes,2,opt,name=target_endpoint,json=targetEndpoint,proto3" json:"target_endpoint,omitempty"`
+	// The target agent's bulk transfer endpoint (internal/xfer), as the
+	// agent registered it; empty when it has none (DataService is used).
+	TargetTransferEndpoint string `protobuf:"bytes,3,opt,name=target_transfer_endpoint,json=targetTransferEndpoint,proto3" json:"target_transfer_endpoint,omitempty"`
+	// The reserved allocation at the target.
+	Target *AllocationRef `protobuf:"bytes,4,opt,name=target,proto3" json:"target,omitempty"`
+	// Write token for the target allocation.
+	TargetToken   []byte `protobuf:"bytes,5,opt,name=target_token,json=targetToken,proto3" json:"target_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyItem) Reset() {
+	*x = CopyItem{}
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyItem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyItem) ProtoMessage() {}
+
+func (x *CopyItem) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyItem.ProtoReflect.Descriptor instead.
+func (*CopyItem) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *CopyItem) GetSource() *AllocationRef {
+	if x != nil {
+		return x.Source
+	}
+	return nil
+}
+
+func (x *CopyItem) GetTargetEndpoint() string {
+	if x != nil {
+		return x.TargetEndpoint
+	}
+	return ""
+}
+
+func (x *CopyItem) GetTargetTransferEndpoint() string {
+	if x != nil {
+		return x.TargetTransferEndpoint
+	}
+	return ""
+}
+
+func (x *CopyItem) GetTarget() *AllocationRef {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
+func (x *CopyItem) GetTargetToken() []byte {
+	if x != nil {
+		return x.TargetToken
+	}
+	return nil
+}
+
 type CopyResult struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     uint64                 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Status        *ItemStatus            `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId uint64                 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The single form's outcome, or the whole batch's when it was refused
+	// (items is then empty).
+	Status *ItemStatus `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	// The batch form's outcomes, one per CopyRequest.items entry, in order.
+	Items         []*ItemStatus `protobuf:"bytes,3,rep,name=items,proto3" json:"items,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CopyResult) Reset() {
 	*x = CopyResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[25]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2401,7 +2507,7 @@ func (x *CopyResult) String() string {
 func (*CopyResult) ProtoMessage() {}
 
 func (x *CopyResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[25]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2414,7 +2520,7 @@ func (x *CopyResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyResult.ProtoReflect.Descriptor instead.
 func (*CopyResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{25}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CopyResult) GetRequestId() uint64 {
@@ -2427,6 +2533,13 @@ func (x *CopyResult) GetRequestId() uint64 {
 func (x *CopyResult) GetStatus() *ItemStatus {
 	if x != nil {
 		return x.Status
+	}
+	return nil
+}
+
+func (x *CopyResult) GetItems() []*ItemStatus {
+	if x != nil {
+		return x.Items
 	}
 	return nil
 }
@@ -2611,7 +2724,7 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"SealResult\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x124\n" +
-	"\x05items\x18\x02 \x03(\v2\x1e.crescent.master.v1.ItemStatusR\x05items\"\xcb\x02\n" +
+	"\x05items\x18\x02 \x03(\v2\x1e.crescent.master.v1.ItemStatusR\x05items\"\xff\x02\n" +
 	"\vCopyRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x14\n" +
@@ -2620,12 +2733,20 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\x0ftarget_endpoint\x18\x04 \x01(\tR\x0etargetEndpoint\x129\n" +
 	"\x06target\x18\x05 \x01(\v2!.crescent.master.v1.AllocationRefR\x06target\x12!\n" +
 	"\ftarget_token\x18\x06 \x01(\fR\vtargetToken\x12E\n" +
-	"\rtrace_context\x18\a \x01(\v2 .crescent.master.v1.TraceContextR\ftraceContext\"c\n" +
+	"\rtrace_context\x18\a \x01(\v2 .crescent.master.v1.TraceContextR\ftraceContext\x122\n" +
+	"\x05items\x18\b \x03(\v2\x1c.crescent.master.v1.CopyItemR\x05items\"\x86\x02\n" +
+	"\bCopyItem\x129\n" +
+	"\x06source\x18\x01 \x01(\v2!.crescent.master.v1.AllocationRefR\x06source\x12'\n" +
+	"\x0ftarget_endpoint\x18\x02 \x01(\tR\x0etargetEndpoint\x128\n" +
+	"\x18target_transfer_endpoint\x18\x03 \x01(\tR\x16targetTransferEndpoint\x129\n" +
+	"\x06target\x18\x04 \x01(\v2!.crescent.master.v1.AllocationRefR\x06target\x12!\n" +
+	"\ftarget_token\x18\x05 \x01(\fR\vtargetToken\"\x99\x01\n" +
 	"\n" +
 	"CopyResult\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x126\n" +
-	"\x06status\x18\x02 \x01(\v2\x1e.crescent.master.v1.ItemStatusR\x06status*\xfe\x01\n" +
+	"\x06status\x18\x02 \x01(\v2\x1e.crescent.master.v1.ItemStatusR\x06status\x124\n" +
+	"\x05items\x18\x03 \x03(\v2\x1e.crescent.master.v1.ItemStatusR\x05items*\xfe\x01\n" +
 	"\x10SegmentLifecycle\x12!\n" +
 	"\x1dSEGMENT_LIFECYCLE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14SEGMENT_LIFECYCLE_OK\x10\x01\x12\x1e\n" +
@@ -2660,7 +2781,7 @@ func file_crescent_master_v1_segment_proto_rawDescGZIP() []byte {
 }
 
 var file_crescent_master_v1_segment_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_crescent_master_v1_segment_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_crescent_master_v1_segment_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_crescent_master_v1_segment_proto_goTypes = []any{
 	(SegmentLifecycle)(0),       // 0: crescent.master.v1.SegmentLifecycle
 	(SegmentHealth)(0),          // 1: crescent.master.v1.SegmentHealth
@@ -2690,14 +2811,15 @@ var file_crescent_master_v1_segment_proto_goTypes = []any{
 	(*SealItem)(nil),            // 25: crescent.master.v1.SealItem
 	(*SealResult)(nil),          // 26: crescent.master.v1.SealResult
 	(*CopyRequest)(nil),         // 27: crescent.master.v1.CopyRequest
-	(*CopyResult)(nil),          // 28: crescent.master.v1.CopyResult
-	(Medium)(0),                 // 29: crescent.master.v1.Medium
-	(*durationpb.Duration)(nil), // 30: google.protobuf.Duration
-	(*TraceContext)(nil),        // 31: crescent.master.v1.TraceContext
-	(*ItemStatus)(nil),          // 32: crescent.master.v1.ItemStatus
+	(*CopyItem)(nil),            // 28: crescent.master.v1.CopyItem
+	(*CopyResult)(nil),          // 29: crescent.master.v1.CopyResult
+	(Medium)(0),                 // 30: crescent.master.v1.Medium
+	(*durationpb.Duration)(nil), // 31: google.protobuf.Duration
+	(*TraceContext)(nil),        // 32: crescent.master.v1.TraceContext
+	(*ItemStatus)(nil),          // 33: crescent.master.v1.ItemStatus
 }
 var file_crescent_master_v1_segment_proto_depIdxs = []int32{
-	29, // 0: crescent.master.v1.SegmentInfo.medium:type_name -> crescent.master.v1.Medium
+	30, // 0: crescent.master.v1.SegmentInfo.medium:type_name -> crescent.master.v1.Medium
 	2,  // 1: crescent.master.v1.Allocation.state:type_name -> crescent.master.v1.AllocationState
 	6,  // 2: crescent.master.v1.ConnectRequest.register:type_name -> crescent.master.v1.Register
 	11, // 3: crescent.master.v1.ConnectRequest.heartbeat:type_name -> crescent.master.v1.Heartbeat
@@ -2705,7 +2827,7 @@ var file_crescent_master_v1_segment_proto_depIdxs = []int32{
 	23, // 5: crescent.master.v1.ConnectRequest.release_result:type_name -> crescent.master.v1.ReleaseResult
 	26, // 6: crescent.master.v1.ConnectRequest.seal_result:type_name -> crescent.master.v1.SealResult
 	13, // 7: crescent.master.v1.ConnectRequest.deregister:type_name -> crescent.master.v1.Deregister
-	28, // 8: crescent.master.v1.ConnectRequest.copy_result:type_name -> crescent.master.v1.CopyResult
+	29, // 8: crescent.master.v1.ConnectRequest.copy_result:type_name -> crescent.master.v1.CopyResult
 	12, // 9: crescent.master.v1.ConnectRequest.segments_update:type_name -> crescent.master.v1.SegmentsUpdate
 	10, // 10: crescent.master.v1.ConnectRequest.register_chunk:type_name -> crescent.master.v1.RegisterChunk
 	8,  // 11: crescent.master.v1.ConnectRequest.table_delta:type_name -> crescent.master.v1.TableDelta
@@ -2717,45 +2839,49 @@ var file_crescent_master_v1_segment_proto_depIdxs = []int32{
 	4,  // 17: crescent.master.v1.RegisterChunk.allocations:type_name -> crescent.master.v1.Allocation
 	3,  // 18: crescent.master.v1.Heartbeat.segments:type_name -> crescent.master.v1.SegmentInfo
 	3,  // 19: crescent.master.v1.SegmentsUpdate.mounted:type_name -> crescent.master.v1.SegmentInfo
-	30, // 20: crescent.master.v1.Deregister.grace:type_name -> google.protobuf.Duration
+	31, // 20: crescent.master.v1.Deregister.grace:type_name -> google.protobuf.Duration
 	15, // 21: crescent.master.v1.ConnectResponse.settings:type_name -> crescent.master.v1.Settings
 	18, // 22: crescent.master.v1.ConnectResponse.reserve:type_name -> crescent.master.v1.ReserveRequest
 	22, // 23: crescent.master.v1.ConnectResponse.release:type_name -> crescent.master.v1.ReleaseRequest
 	24, // 24: crescent.master.v1.ConnectResponse.seal:type_name -> crescent.master.v1.SealRequest
 	27, // 25: crescent.master.v1.ConnectResponse.copy:type_name -> crescent.master.v1.CopyRequest
 	9,  // 26: crescent.master.v1.ConnectResponse.table_request:type_name -> crescent.master.v1.TableRequest
-	30, // 27: crescent.master.v1.Settings.heartbeat_interval:type_name -> google.protobuf.Duration
-	30, // 28: crescent.master.v1.Settings.suspect_after:type_name -> google.protobuf.Duration
-	30, // 29: crescent.master.v1.Settings.unmount_after:type_name -> google.protobuf.Duration
-	30, // 30: crescent.master.v1.Settings.reserved_grace:type_name -> google.protobuf.Duration
+	31, // 27: crescent.master.v1.Settings.heartbeat_interval:type_name -> google.protobuf.Duration
+	31, // 28: crescent.master.v1.Settings.suspect_after:type_name -> google.protobuf.Duration
+	31, // 29: crescent.master.v1.Settings.unmount_after:type_name -> google.protobuf.Duration
+	31, // 30: crescent.master.v1.Settings.reserved_grace:type_name -> google.protobuf.Duration
 	17, // 31: crescent.master.v1.Settings.release_allocations:type_name -> crescent.master.v1.AllocationRef
 	16, // 32: crescent.master.v1.Settings.token_keys:type_name -> crescent.master.v1.TokenKey
 	19, // 33: crescent.master.v1.ReserveRequest.items:type_name -> crescent.master.v1.ReserveItem
-	31, // 34: crescent.master.v1.ReserveRequest.trace_context:type_name -> crescent.master.v1.TraceContext
-	31, // 35: crescent.master.v1.ReserveRequest.trace_links:type_name -> crescent.master.v1.TraceContext
+	32, // 34: crescent.master.v1.ReserveRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	32, // 35: crescent.master.v1.ReserveRequest.trace_links:type_name -> crescent.master.v1.TraceContext
 	21, // 36: crescent.master.v1.ReserveResult.items:type_name -> crescent.master.v1.ReserveItemResult
-	32, // 37: crescent.master.v1.ReserveItemResult.status:type_name -> crescent.master.v1.ItemStatus
+	33, // 37: crescent.master.v1.ReserveItemResult.status:type_name -> crescent.master.v1.ItemStatus
 	17, // 38: crescent.master.v1.ReleaseRequest.items:type_name -> crescent.master.v1.AllocationRef
-	31, // 39: crescent.master.v1.ReleaseRequest.trace_context:type_name -> crescent.master.v1.TraceContext
-	31, // 40: crescent.master.v1.ReleaseRequest.trace_links:type_name -> crescent.master.v1.TraceContext
-	32, // 41: crescent.master.v1.ReleaseResult.items:type_name -> crescent.master.v1.ItemStatus
+	32, // 39: crescent.master.v1.ReleaseRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	32, // 40: crescent.master.v1.ReleaseRequest.trace_links:type_name -> crescent.master.v1.TraceContext
+	33, // 41: crescent.master.v1.ReleaseResult.items:type_name -> crescent.master.v1.ItemStatus
 	25, // 42: crescent.master.v1.SealRequest.items:type_name -> crescent.master.v1.SealItem
-	31, // 43: crescent.master.v1.SealRequest.trace_context:type_name -> crescent.master.v1.TraceContext
-	31, // 44: crescent.master.v1.SealRequest.trace_links:type_name -> crescent.master.v1.TraceContext
-	32, // 45: crescent.master.v1.SealResult.items:type_name -> crescent.master.v1.ItemStatus
+	32, // 43: crescent.master.v1.SealRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	32, // 44: crescent.master.v1.SealRequest.trace_links:type_name -> crescent.master.v1.TraceContext
+	33, // 45: crescent.master.v1.SealResult.items:type_name -> crescent.master.v1.ItemStatus
 	17, // 46: crescent.master.v1.CopyRequest.source:type_name -> crescent.master.v1.AllocationRef
 	17, // 47: crescent.master.v1.CopyRequest.target:type_name -> crescent.master.v1.AllocationRef
-	31, // 48: crescent.master.v1.CopyRequest.trace_context:type_name -> crescent.master.v1.TraceContext
-	32, // 49: crescent.master.v1.CopyResult.status:type_name -> crescent.master.v1.ItemStatus
-	5,  // 50: crescent.master.v1.SegmentService.Connect:input_type -> crescent.master.v1.ConnectRequest
-	5,  // 51: crescent.master.v1.SegmentService.Follow:input_type -> crescent.master.v1.ConnectRequest
-	14, // 52: crescent.master.v1.SegmentService.Connect:output_type -> crescent.master.v1.ConnectResponse
-	14, // 53: crescent.master.v1.SegmentService.Follow:output_type -> crescent.master.v1.ConnectResponse
-	52, // [52:54] is the sub-list for method output_type
-	50, // [50:52] is the sub-list for method input_type
-	50, // [50:50] is the sub-list for extension type_name
-	50, // [50:50] is the sub-list for extension extendee
-	0,  // [0:50] is the sub-list for field type_name
+	32, // 48: crescent.master.v1.CopyRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	28, // 49: crescent.master.v1.CopyRequest.items:type_name -> crescent.master.v1.CopyItem
+	17, // 50: crescent.master.v1.CopyItem.source:type_name -> crescent.master.v1.AllocationRef
+	17, // 51: crescent.master.v1.CopyItem.target:type_name -> crescent.master.v1.AllocationRef
+	33, // 52: crescent.master.v1.CopyResult.status:type_name -> crescent.master.v1.ItemStatus
+	33, // 53: crescent.master.v1.CopyResult.items:type_name -> crescent.master.v1.ItemStatus
+	5,  // 54: crescent.master.v1.SegmentService.Connect:input_type -> crescent.master.v1.ConnectRequest
+	5,  // 55: crescent.master.v1.SegmentService.Follow:input_type -> crescent.master.v1.ConnectRequest
+	14, // 56: crescent.master.v1.SegmentService.Connect:output_type -> crescent.master.v1.ConnectResponse
+	14, // 57: crescent.master.v1.SegmentService.Follow:output_type -> crescent.master.v1.ConnectResponse
+	56, // [56:58] is the sub-list for method output_type
+	54, // [54:56] is the sub-list for method input_type
+	54, // [54:54] is the sub-list for extension type_name
+	54, // [54:54] is the sub-list for extension extendee
+	0,  // [0:54] is the sub-list for field type_name
 }
 
 func init() { file_crescent_master_v1_segment_proto_init() }
@@ -2790,7 +2916,7 @@ func file_crescent_master_v1_segment_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crescent_master_v1_segment_proto_rawDesc), len(file_crescent_master_v1_segment_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
