@@ -155,6 +155,17 @@ func (c *Credentials) Client(roles ...auth.Role) credentials.TransportCredential
 	return c.Source.ClientCredentials("", auth.ServerIdentity{TrustDomain: c.TrustDomain, Roles: roles})
 }
 
+// ClientTLS is Client as a TLS configuration, for connections that are
+// not gRPC (an agent's Copy to another agent's bulk transfer listener,
+// through xfer.ClientTLS, which names each endpoint's host); nil in
+// plaintext mode.
+func (c *Credentials) ClientTLS(roles ...auth.Role) *tls.Config {
+	if !c.Secure() {
+		return nil
+	}
+	return c.Source.ClientTLSExpect("", auth.ServerIdentity{TrustDomain: c.TrustDomain, Roles: roles})
+}
+
 // CheckListen enforces protected mode on a bound listener address: a
 // plaintext server may listen on loopback only, unless Insecure. what names
 // the listener in the error ("grpc-addr").

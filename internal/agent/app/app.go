@@ -183,7 +183,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		// A Copy's target must be an agent: these credentials, given
 		// last, replace Creds on those connections.
 		CopyDialOptions: append(dataplane.DialOptions(), grpc.WithTransportCredentials(creds.Client(auth.RoleAgent))),
-		Registerer:      a.reg,
+		// The same for the other agents' bulk transfer listeners.
+		CopyTLS:    creds.ClientTLS(auth.RoleAgent),
+		Registerer: a.reg,
 	}, a.lg.With("agent_id", agentID))
 	if err != nil {
 		return err

@@ -56,13 +56,9 @@ func (s *session) handle(rcv received) error {
 		}, rcv.held)
 	case *masterv1.ConnectResponse_Copy:
 		r := m.Copy
-		s.command("copy", r.GetEpoch(), traced{r.GetTraceContext(), nil, 1}, func(ctx context.Context) *masterv1.ConnectRequest {
-			err := l.copy(ctx, r)
-			if err != nil {
-				l.lg.Warn("copy failed", "source_segment", r.GetSource().GetSegmentId(), "source_allocation", r.GetSource().GetAllocationId(),
-					"target", r.GetTargetEndpoint(), "err", err)
-			}
-			return &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_CopyResult{CopyResult: &masterv1.CopyResult{RequestId: r.GetRequestId(), Status: rpcerr.Item(err)}}}
+		n := max(len(r.GetItems()), 1)
+		s.command("copy", r.GetEpoch(), traced{r.GetTraceContext(), nil, n}, func(ctx context.Context) *masterv1.ConnectRequest {
+			return &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_CopyResult{CopyResult: l.copyResult(ctx, r)}}
 		}, func(err error) *masterv1.ConnectRequest {
 			return &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_CopyResult{CopyResult: &masterv1.CopyResult{RequestId: r.GetRequestId(), Status: rpcerr.Item(err)}}}
 		}, nil)
@@ -122,8 +118,11 @@ func endSpan(span trace.Span, msg *masterv1.ConnectRequest) {
 	case *masterv1.ConnectRequest_ReleaseResult:
 		statuses = r.ReleaseResult.GetItems()
 	case *masterv1.ConnectRequest_CopyResult:
-		tracectx.End(span, rpcerr.FromItem(r.CopyResult.GetStatus()))
-		return
+		if len(r.CopyResult.GetItems()) == 0 {
+			tracectx.End(span, rpcerr.FromItem(r.CopyResult.GetStatus()))
+			return
+		}
+		statuses = r.CopyResult.GetItems()
 	}
 	failed, first := 0, ""
 	for _, st := range statuses {

@@ -1,6 +1,7 @@
 package link
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"github.com/crescent-kv/crescent/internal/masterlist"
@@ -8,6 +9,7 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"github.com/crescent-kv/crescent/internal/xfer"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -55,8 +57,26 @@ type Config struct {
 	// (a blackholed network never errors a Recv on its own).
 	KeepaliveTime    time.Duration
 	KeepaliveTimeout time.Duration
-	// CopyChunk is the message size of a Copy to another agent.
+	// CopyChunk is the message size of a Copy to another agent through
+	// its DataService.
 	CopyChunk int
+	// CopyPeers bounds the target agents one batched Copy writes to at
+	// once.
+	CopyPeers int
+	// CopyConnsPerPeer bounds the transfer requests in flight to one
+	// target agent (each on its own connection).
+	CopyConnsPerPeer int
+	// CopyRequestBytes is the payload of one transfer request of a Copy:
+	// small objects share a request up to it, larger ones travel in ranges
+	// of it. At most xfer.MaxDrainBytes and CopyMaxBytes.
+	CopyRequestBytes int
+	// CopyMaxBytes bounds the bytes of all Copy transfer requests in
+	// flight (and the buffers disk sources are read into).
+	CopyMaxBytes int
+	// CopyPeerTimeout bounds one transfer request (or one object through
+	// DataService) to a target agent; a target that does not answer within
+	// it fails the request's items with AGENT_UNAVAILABLE.
+	CopyPeerTimeout time.Duration
 	// FollowStandbys, with Deps.Feed and several master addresses, keeps
 	// a Follow stream to every master of the list (follow.go): standbys
 	// then hold the agent's table when elected, and the agent's next
@@ -82,6 +102,11 @@ func DefaultConfig() Config {
 		KeepaliveTime:    10 * time.Second,
 		KeepaliveTimeout: 5 * time.Second,
 		CopyChunk:        1 << 20,
+		CopyPeers:        8,
+		CopyConnsPerPeer: 2,
+		CopyRequestBytes: 4 << 20,
+		CopyMaxBytes:     64 << 20,
+		CopyPeerTimeout:  30 * time.Second,
 		FollowRetry:      2 * time.Second,
 	}
 }
@@ -113,6 +138,18 @@ func (c Config) withDefaults() Config {
 	if c.CopyChunk <= 0 {
 		c.CopyChunk = d.CopyChunk
 	}
+	for _, v := range []struct {
+		p   *int
+		def int
+	}{
+		{&c.CopyPeers, d.CopyPeers}, {&c.CopyConnsPerPeer, d.CopyConnsPerPeer},
+		{&c.CopyRequestBytes, d.CopyRequestBytes}, {&c.CopyMaxBytes, d.CopyMaxBytes},
+	} {
+		if *v.p <= 0 {
+			*v.p = v.def
+		}
+	}
+	dur(&c.CopyPeerTimeout, d.CopyPeerTimeout)
 	return c
 }
 
@@ -130,6 +167,9 @@ func (c Config) Validate() error {
 	}
 	if c.FollowRetry < 0 {
 		errs = append(errs, fmt.Errorf("follow retry %v is negative", c.FollowRetry))
+	}
+	if c.CopyRequestBytes > c.CopyMaxBytes || c.CopyRequestBytes > xfer.MaxDrainBytes {
+		errs = append(errs, fmt.Errorf("copy request bytes %d exceed copy max bytes %d or the transfer limit %d", c.CopyRequestBytes, c.CopyMaxBytes, xfer.MaxDrainBytes))
 	}
 	if c.BackoffMax < c.BackoffBase {
 		errs = append(errs, fmt.Errorf("backoff max %v is below backoff base %v", c.BackoffMax, c.BackoffBase))
@@ -153,6 +193,10 @@ type Deps struct {
 	MasterDialOptions []grpc.DialOption
 	// CopyDialOptions are added to connections to other agents for Copy.
 	CopyDialOptions []grpc.DialOption
+	// CopyTLS, when set, makes the Copy connections to other agents' bulk
+	// transfer listeners TLS with it (per endpoint, xfer.ClientTLS); nil
+	// is plaintext.
+	CopyTLS *tls.Config
 	// Registerer receives the link metrics; nil skips them.
 	Registerer prometheus.Registerer
 	// Now is the clock for allocation times; nil means time.Now.

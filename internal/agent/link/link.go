@@ -35,6 +35,8 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"github.com/crescent-kv/crescent/internal/server"
+	"github.com/crescent-kv/crescent/internal/xfer"
+	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
@@ -79,6 +81,11 @@ type Link struct {
 	resGrce atomic.Int64  // reserved grace, ns
 	graceCh chan struct{} // wakes the sweeper when the reserved grace changes
 
+	// pool holds the Copy connections to other agents' bulk transfer
+	// listeners; copyBudget bounds the Copy bytes in flight.
+	pool       *xfer.Pool
+	copyBudget *semaphore.Weighted
+
 	// mu guards conns and closed.
 	mu     sync.Mutex
 	conns  map[string]*grpc.ClientConn // Copy targets by endpoint
@@ -98,7 +105,9 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Link, error) {
 	if err != nil {
 		return nil, fmt.Errorf("link config: %w", err)
 	}
-	l := &Link{cfg: cfg, deps: deps, lg: lg, now: deps.Now, masters: masters, conns: map[string]*grpc.ClientConn{}, graceCh: make(chan struct{}, 1)}
+	l := &Link{cfg: cfg, deps: deps, lg: lg, now: deps.Now, masters: masters, conns: map[string]*grpc.ClientConn{}, graceCh: make(chan struct{}, 1),
+		pool:       xfer.NewPool(xfer.Config{MaxIdlePerEndpoint: cfg.CopyConnsPerPeer, TLS: deps.CopyTLS}),
+		copyBudget: semaphore.NewWeighted(int64(cfg.CopyMaxBytes))}
 	l.master.Store(&masters[0])
 	if l.now == nil {
 		l.now = time.Now
@@ -330,7 +339,7 @@ func (l *Link) Close() error {
 		return nil
 	}
 	l.closed = true
-	var errs []error
+	errs := []error{l.pool.Close()}
 	for _, c := range l.conns {
 		errs = append(errs, c.Close())
 	}
