@@ -112,8 +112,12 @@ type Agents interface {
 	// the agent is not connected the call returns an error and the agent's
 	// own reconcile on reconnect (or its unmount) frees the space.
 	Release(ctx context.Context, agentID string, items []*masterv1.AllocationRef) error
-	// Copy asks the agent owning req.Source to copy it into req.Target.
-	Copy(ctx context.Context, agentID string, req *masterv1.CopyRequest) error
+	// Copy asks the agent to copy sealed allocations of its own into
+	// allocations reserved at other agents (items[i].Source into
+	// items[i].Target, over the target's bulk transfer endpoint when the
+	// item names one); statuses are in item order. A failed item wrote
+	// nothing the master may rely on: its target is still RESERVED.
+	Copy(ctx context.Context, agentID string, items []*masterv1.CopyItem) ([]*masterv1.ItemStatus, error)
 }
 
 // Reconciler applies one registration's allocation table in parts, as a

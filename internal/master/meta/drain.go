@@ -238,22 +238,42 @@ func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chun
 		o.replicas[di].allocID, o.replicas[di].offset, o.replicas[di].pending = mv.dstAlloc, mv.dstOff, false
 		return true
 	})
-	// Phase 4: copy (source agent), then seal (target agents).
+	// Phase 4: copy (the source agent: the chunk's items in one batched
+	// call, which it runs over the targets' bulk transfer listeners), then
+	// seal (target agents). A failed item fails its move alone: phase 5 removes its
+	// target, as for a failed seal.
 	now := s.now()
 	exp, signer := now.Add(s.cfg.WriteTokenTTL), s.keys.Signer(now)
 	srcID := s.segs.get(src).id
+	var items []*masterv1.CopyItem
+	var copying []*move
 	for _, mv := range chunk {
 		if mv.err != nil || mv.dst == 0 {
 			continue
 		}
-		mv.err = s.agents.Copy(ctx, srcAgent, &masterv1.CopyRequest{
-			Epoch:          s.id.Epoch,
-			Source:         &masterv1.AllocationRef{SegmentId: srcID, AllocationId: mv.srcAlloc},
-			TargetEndpoint: mv.target.seg.DataEndpoint,
-			Target:         &masterv1.AllocationRef{SegmentId: mv.target.seg.ID, AllocationId: mv.dstAlloc},
+		tgt := &mv.target.seg
+		items = append(items, &masterv1.CopyItem{
+			Source:                 &masterv1.AllocationRef{SegmentId: srcID, AllocationId: mv.srcAlloc},
+			TargetEndpoint:         tgt.DataEndpoint,
+			TargetTransferEndpoint: tgt.TransferEndpoint,
+			Target:                 &masterv1.AllocationRef{SegmentId: tgt.ID, AllocationId: mv.dstAlloc},
 			TargetToken: signer.Sign(token.Claims{Mode: token.Write, Tenant: mv.tenantName, Key: mv.key,
-				SegmentID: mv.target.seg.ID, AllocationID: mv.dstAlloc, Expiry: exp}),
+				SegmentID: tgt.ID, AllocationID: mv.dstAlloc, Expiry: exp}),
 		})
+		copying = append(copying, mv)
+	}
+	if len(items) > 0 {
+		out, err := s.agents.Copy(ctx, srcAgent, items)
+		if err == nil && len(out) != len(items) {
+			err = errInternal("agent %s answered %d copies for %d items", srcAgent, len(out), len(items))
+		}
+		for i, mv := range copying {
+			if err != nil {
+				mv.err = err
+			} else {
+				mv.err = rpcerr.FromItem(out[i])
+			}
+		}
 	}
 	type sbatch struct {
 		items []*masterv1.SealItem

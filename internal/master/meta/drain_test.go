@@ -3,6 +3,7 @@ package meta
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
@@ -60,6 +61,53 @@ func TestDrainWithoutRoomRemoves(t *testing.T) {
 	}
 	if got, want := e.records(t), []string{"stored:default/a", "stored:default/b", "removed:default/a"}; !slices.Equal(got, want) {
 		t.Fatalf("changes: got %v, want %v", got, want)
+	}
+	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
+}
+
+// TestDrainCopyBatchedPerItemFailures: a drain sends each chunk's copies
+// in one batched Copy call, and an item that fails is handled alone,
+// exactly as a failed copy was: its target is released (no half-visible
+// replica, no allocation left behind), its source removed (recording
+// `removed`), while the chunk's other items move.
+func TestDrainCopyBatchedPerItemFailures(t *testing.T) {
+	e := newEnv(t, 2, 1, 1<<20, Config{Shards: 4})
+	n := drainChunk + 44
+	for i := range n {
+		e.put(t, PutSpec{Key: fmt.Sprintf("k%03d", i), Size: 10, Preferred: []string{"seg-0-0"}})
+	}
+	seen := 0
+	e.c.Agents.FailCopy = func(*masterv1.CopyItem) error {
+		seen++
+		if seen%3 == 0 {
+			return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, "target stopped")
+		}
+		return nil
+	}
+	if err := e.s.DrainSegment(t.Context(), "seg-0-0"); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.c.Agents.CopyCalls(); got != 2 {
+		t.Fatalf("Copy calls: got %d, want 2 (one per chunk)", got)
+	}
+	failed := n / 3
+	counts := e.s.SegmentReplicaCounts()
+	if counts["seg-0-0"] != 0 || counts["seg-1-0"] != uint64(n-failed) {
+		t.Fatalf("replicas: got %v, want none on seg-0-0 and %d on seg-1-0", counts, n-failed)
+	}
+	removed := 0
+	for _, r := range e.records(t) {
+		if strings.HasPrefix(r, "removed") {
+			removed++
+		}
+	}
+	if removed != failed {
+		t.Fatalf("removed records: got %d, want %d (one per failed copy)", removed, failed)
+	}
+	for r, al := range e.c.Agents.Live() {
+		if !al.Sealed {
+			t.Fatalf("allocation %v left reserved: a failed copy's target must be released", r)
+		}
 	}
 	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
 }

@@ -26,12 +26,12 @@ type gatedAgents struct {
 	release chan struct{} // the first Copy returns once this is closed
 }
 
-func (g *gatedAgents) Copy(ctx context.Context, agent string, req *masterv1.CopyRequest) error {
+func (g *gatedAgents) Copy(ctx context.Context, agent string, items []*masterv1.CopyItem) ([]*masterv1.ItemStatus, error) {
 	g.once.Do(func() {
 		close(g.copying)
 		<-g.release
 	})
-	return g.Agents.Copy(ctx, agent, req)
+	return g.Agents.Copy(ctx, agent, items)
 }
 
 func wantStatus(t testing.TB, err error, code codes.Code, reason string) {

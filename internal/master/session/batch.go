@@ -11,7 +11,6 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/tracectx"
 	"go.opentelemetry.io/otel/trace"
-	"google.golang.org/protobuf/proto"
 )
 
 // kind is a command type.
@@ -36,7 +35,7 @@ type call struct {
 	reserve []*masterv1.ReserveItem
 	seal    []*masterv1.SealItem
 	release []*masterv1.AllocationRef
-	copyReq *masterv1.CopyRequest
+	copy    []*masterv1.CopyItem
 	// sc is the span the call runs under (tracectx.Carried: the master's
 	// command span, or a sampled caller's when the master does not trace;
 	// zero otherwise): the message carrying the call names it, so the
@@ -70,6 +69,8 @@ func (c *call) items() int {
 		return len(c.seal)
 	case kindRelease:
 		return len(c.release)
+	case kindCopy:
+		return len(c.copy)
 	}
 	return 1
 }
@@ -290,9 +291,9 @@ func (s *session) build(k kind, id uint64, batch []*call, n int) *masterv1.Conne
 		return &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Release{Release: &masterv1.ReleaseRequest{RequestId: id, Epoch: epoch, Items: items,
 			TraceContext: tc, TraceLinks: links}}}
 	default:
-		req := proto.CloneOf(batch[0].copyReq)
-		req.RequestId, req.Epoch, req.TraceContext = id, epoch, tc
-		return &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Copy{Copy: req}}
+		// One call per copy message (flush): a copy's items are its own.
+		return &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Copy{Copy: &masterv1.CopyRequest{RequestId: id, Epoch: epoch, Items: batch[0].copy,
+			TraceContext: tc}}}
 	}
 }
 
@@ -388,7 +389,7 @@ func (m *Manager) Reserve(ctx context.Context, agentID string, items []*masterv1
 	ctx, span := startCommand(ctx, kindReserve, agentID, len(items))
 	sc := carried(ctx, span)
 	out := make([]*masterv1.ReserveItemResult, 0, len(items))
-	err := m.doChunked(ctx, agentID, len(items), func(lo, hi int) *call {
+	err := m.doChunked(ctx, agentID, len(items), m.cfg.MaxBatchItems, m.cfg.RequestTimeout, func(lo, hi int) *call {
 		return &call{kind: kindReserve, reserve: items[lo:hi], sc: sc}
 	}, func(o outcome) { out = append(out, o.reserve...) })
 	endCommand(span, err, out, (*masterv1.ReserveItemResult).GetStatus)
@@ -458,7 +459,7 @@ func (m *Manager) Seal(ctx context.Context, agentID string, items []*masterv1.Se
 	ctx, span := startCommand(ctx, kindSeal, agentID, len(items))
 	sc := carried(ctx, span)
 	out := make([]*masterv1.ItemStatus, 0, len(items))
-	err := m.doChunked(ctx, agentID, len(items), func(lo, hi int) *call {
+	err := m.doChunked(ctx, agentID, len(items), m.cfg.MaxBatchItems, m.cfg.RequestTimeout, func(lo, hi int) *call {
 		return &call{kind: kindSeal, seal: items[lo:hi], sc: sc}
 	}, func(o outcome) { out = append(out, o.status...) })
 	endCommand(span, err, out, func(st *masterv1.ItemStatus) *masterv1.ItemStatus { return st })
@@ -480,22 +481,24 @@ func (m *Manager) Release(ctx context.Context, agentID string, items []*masterv1
 	}
 	ctx, span := startCommand(ctx, kindRelease, agentID, len(items))
 	sc := carried(ctx, span)
-	err := m.doChunked(ctx, agentID, len(items), func(lo, hi int) *call {
+	err := m.doChunked(ctx, agentID, len(items), m.cfg.MaxBatchItems, m.cfg.RequestTimeout, func(lo, hi int) *call {
 		return &call{kind: kindRelease, release: items[lo:hi], sc: sc}
 	}, func(outcome) {})
 	tracectx.End(span, err)
 	return err
 }
 
-// doChunked runs a call of n items as calls of at most MaxBatchItems each —
-// a single call is never split across messages, and one huge call (a
-// RemoveByPrefix releasing 100k allocations) would otherwise become one
-// message past the agent's receive limit. The chunks run concurrently; merge
-// sees their outcomes in item order. Any chunk's failure fails the call.
-func (m *Manager) doChunked(ctx context.Context, agentID string, n int, mk func(lo, hi int) *call, merge func(outcome)) error {
-	size := max(m.cfg.MaxBatchItems, 1)
+// doChunked runs a call of n items as calls of at most size items each
+// (MaxBatchItems for Reserve, Seal and Release) — a single call is never
+// split across messages, and one huge call (a RemoveByPrefix releasing 100k
+// allocations) would otherwise become one message past the agent's receive
+// limit. Each chunk waits at most timeout. The chunks run concurrently;
+// merge sees their outcomes in item order. Any chunk's failure fails the
+// call.
+func (m *Manager) doChunked(ctx context.Context, agentID string, n, size int, timeout time.Duration, mk func(lo, hi int) *call, merge func(outcome)) error {
+	size = max(size, 1)
 	if n <= size {
-		o, err := m.do(ctx, agentID, mk(0, n), m.cfg.RequestTimeout)
+		o, err := m.do(ctx, agentID, mk(0, n), timeout)
 		if err != nil {
 			return err
 		}
@@ -508,7 +511,7 @@ func (m *Manager) doChunked(ctx context.Context, agentID string, n int, mk func(
 	var wg sync.WaitGroup
 	for i := range chunks {
 		wg.Go(func() {
-			outs[i], errs[i] = m.do(ctx, agentID, mk(i*size, min((i+1)*size, n)), m.cfg.RequestTimeout)
+			outs[i], errs[i] = m.do(ctx, agentID, mk(i*size, min((i+1)*size, n)), timeout)
 		})
 	}
 	wg.Wait()
@@ -523,17 +526,38 @@ func (m *Manager) doChunked(ctx context.Context, agentID string, n int, mk func(
 	return nil
 }
 
-// Copy asks the agent owning req.Source to copy it into req.Target. The
-// request id and epoch are set here.
-func (m *Manager) Copy(ctx context.Context, agentID string, req *masterv1.CopyRequest) error {
-	if req == nil || req.GetSource().GetSegmentId() == "" || req.GetTarget().GetSegmentId() == "" || req.GetTargetEndpoint() == "" {
-		return invalid("copy: source, target and target_endpoint are required")
+// MaxCopyItems bounds the items of one copy message, as agents enforce it
+// (CopyRequest in proto/crescent/master/v1/segment.proto).
+const MaxCopyItems = 4096
+
+// Copy asks the agent to copy sealed allocations of its own into
+// allocations reserved at other agents (items[i].source into
+// items[i].target); statuses are in item order. The items travel in
+// messages of at most min(MaxBatchItems, MaxCopyItems), each given
+// CopyTimeout (a message moves whole objects). The request id and epoch
+// are set here.
+func (m *Manager) Copy(ctx context.Context, agentID string, items []*masterv1.CopyItem) ([]*masterv1.ItemStatus, error) {
+	if len(items) == 0 {
+		return nil, nil
 	}
-	ctx, span := startCommand(ctx, kindCopy, agentID, 1)
+	for i, it := range items {
+		if it == nil || it.GetSource().GetSegmentId() == "" || it.GetTarget().GetSegmentId() == "" ||
+			(it.GetTargetEndpoint() == "" && it.GetTargetTransferEndpoint() == "") {
+			return nil, invalid("copy item %d: source, target and a target endpoint are required", i)
+		}
+	}
+	ctx, span := startCommand(ctx, kindCopy, agentID, len(items))
 	if span.IsRecording() {
-		span.SetAttributes(tracectx.Segment.String(req.GetSource().GetSegmentId()))
+		span.SetAttributes(tracectx.Segment.String(items[0].GetSource().GetSegmentId()))
 	}
-	_, err := m.do(ctx, agentID, &call{kind: kindCopy, copyReq: req, sc: carried(ctx, span)}, m.cfg.CopyTimeout)
-	tracectx.End(span, err)
-	return err
+	sc := carried(ctx, span)
+	out := make([]*masterv1.ItemStatus, 0, len(items))
+	err := m.doChunked(ctx, agentID, len(items), min(m.cfg.MaxBatchItems, MaxCopyItems), m.cfg.CopyTimeout, func(lo, hi int) *call {
+		return &call{kind: kindCopy, copy: items[lo:hi], sc: sc}
+	}, func(o outcome) { out = append(out, o.status...) })
+	endCommand(span, err, out, func(st *masterv1.ItemStatus) *masterv1.ItemStatus { return st })
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }

@@ -84,6 +84,9 @@ func FuzzHandle(f *testing.F) {
 		{Msg: &masterv1.ConnectRequest_SealResult{SealResult: &masterv1.SealResult{RequestId: 2, Items: []*masterv1.ItemStatus{{}, {Code: 15, Reason: "CHECKSUM_MISMATCH"}}}}},
 		{Msg: &masterv1.ConnectRequest_ReleaseResult{ReleaseResult: &masterv1.ReleaseResult{RequestId: 3, Items: []*masterv1.ItemStatus{{}, {}}}}},
 		{Msg: &masterv1.ConnectRequest_CopyResult{CopyResult: &masterv1.CopyResult{RequestId: 4, Status: &masterv1.ItemStatus{Code: 5}}}},
+		{Msg: &masterv1.ConnectRequest_CopyResult{CopyResult: &masterv1.CopyResult{RequestId: 4, Items: []*masterv1.ItemStatus{{}, {Code: 9, Reason: "ALLOCATION_STATE"}}}}},
+		{Msg: &masterv1.ConnectRequest_CopyResult{CopyResult: &masterv1.CopyResult{RequestId: 4, Items: []*masterv1.ItemStatus{{}}}}},
+		{Msg: &masterv1.ConnectRequest_CopyResult{CopyResult: &masterv1.CopyResult{RequestId: 4}}},
 		{Msg: &masterv1.ConnectRequest_Deregister{Deregister: &masterv1.Deregister{Grace: durationpb.New(-time.Second)}}},
 		{Msg: &masterv1.ConnectRequest_SegmentsUpdate{SegmentsUpdate: &masterv1.SegmentsUpdate{
 			Mounted: []*masterv1.SegmentInfo{{SegmentId: "s2", Medium: masterv1.Medium_MEDIUM_DISK, Capacity: 1}}, UnmountedSegmentIds: []string{"s1", "zz"}}}},
@@ -129,7 +132,7 @@ func FuzzHandle(f *testing.F) {
 			case kindRelease:
 				c.release = []*masterv1.AllocationRef{{SegmentId: "s1"}, {SegmentId: "s1"}}
 			case kindCopy:
-				c.copyReq = &masterv1.CopyRequest{}
+				c.copy = []*masterv1.CopyItem{{}, {}}
 			}
 			return c
 		}

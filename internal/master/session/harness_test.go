@@ -509,7 +509,20 @@ func (a *fakeAgent) handle(msg *masterv1.ConnectResponse) {
 		a.epochs = append(a.epochs, v.Copy.GetEpoch())
 		a.copies = append(a.copies, v.Copy)
 		a.traced = append(a.traced, tracedCmd{"copy", v.Copy.GetTraceContext(), nil})
-		reply = &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_CopyResult{CopyResult: &masterv1.CopyResult{RequestId: v.Copy.GetRequestId(), Status: &masterv1.ItemStatus{}}}}
+		// Items whose token is "bad" fail; a request of no items is
+		// refused as a whole, as an agent refuses one.
+		res := &masterv1.CopyResult{RequestId: v.Copy.GetRequestId()}
+		for _, it := range v.Copy.GetItems() {
+			st := &masterv1.ItemStatus{}
+			if string(it.GetTargetToken()) == "bad" {
+				st = &masterv1.ItemStatus{Code: 7, Reason: "INVALID_TOKEN"}
+			}
+			res.Items = append(res.Items, st)
+		}
+		if len(res.Items) == 0 {
+			res.Status = &masterv1.ItemStatus{Code: 3, Reason: "INVALID_PARAMS"}
+		}
+		reply = &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_CopyResult{CopyResult: res}}
 	case *masterv1.ConnectResponse_Settings:
 		a.settings = v.Settings
 	}

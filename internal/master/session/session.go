@@ -151,8 +151,18 @@ func (s *session) handle(msg *masterv1.ConnectRequest) error {
 		})
 	case *masterv1.ConnectRequest_CopyResult:
 		r := v.CopyResult
-		s.complete(kindCopy, r.GetRequestId(), 1, func(c *call, _, _ int) outcome {
-			return outcome{err: rpcerr.FromItem(r.GetStatus())}
+		if len(r.GetItems()) == 0 {
+			// The agent refused the whole request (a limit, a stale epoch)
+			// or knows only the single form: its status fails every item.
+			err := rpcerr.FromItem(r.GetStatus())
+			if err == nil {
+				err = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INTERNAL, "agent %q answered copy request %d without item statuses", s.agentID, r.GetRequestId())
+			}
+			s.complete(kindCopy, r.GetRequestId(), wholeRequest, func(*call, int, int) outcome { return outcome{err: err} })
+			break
+		}
+		s.complete(kindCopy, r.GetRequestId(), len(r.GetItems()), func(c *call, off, n int) outcome {
+			return outcome{status: r.GetItems()[off : off+n]}
 		})
 	case *masterv1.ConnectRequest_Deregister:
 		grace := v.Deregister.GetGrace().AsDuration()
@@ -187,6 +197,10 @@ func (s *session) handle(msg *masterv1.ConnectRequest) error {
 	return nil
 }
 
+// wholeRequest is complete's item count for a result that answers the
+// whole request with one outcome (a refused copy).
+const wholeRequest = -1
+
 // complete routes one result to the calls of its request.
 func (s *session) complete(k kind, id uint64, n int, split func(c *call, off, n int) outcome) {
 	s.mu.Lock()
@@ -210,7 +224,7 @@ func (s *session) complete(k kind, id uint64, n int, split func(c *call, off, n 
 		s.m.lg.Debug("agent result for unknown request", "agent_id", s.agentID, "kind", k.String(), "request_id", id)
 		return
 	}
-	if n != f.items {
+	if n != wholeRequest && n != f.items {
 		err := rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INTERNAL,
 			"agent %q answered %s request %d with %d items for %d", s.agentID, k, id, n, f.items)
 		s.m.lg.Error("agent result malformed", "agent_id", s.agentID, "kind", k.String(), "request_id", id, "got", n, "want", f.items)

@@ -466,27 +466,89 @@ func TestSessionEndFailsPending(t *testing.T) {
 	}
 }
 
+// TestCopy: a batched Copy travels as one message of the session's epoch
+// with the caller's items, split at MaxBatchItems; statuses come back per
+// item in order; items without a source, a target or an endpoint are
+// refused before anything is sent.
 func TestCopy(t *testing.T) {
-	h := newHarness(t, fastConfig(), harnessOpts{})
+	cfg := fastConfig()
+	cfg.MaxBatchItems = 3
+	h := newHarness(t, cfg, harnessOpts{})
 	a := h.connectAgent("a1")
-	req := &masterv1.CopyRequest{
-		Source: &masterv1.AllocationRef{SegmentId: "a1-mem-0", AllocationId: 5}, TargetEndpoint: "b:50052",
-		Target: &masterv1.AllocationRef{SegmentId: "b-mem-0", AllocationId: 6}, TargetToken: []byte("tok"),
+	item := func(alloc uint64, tok string) *masterv1.CopyItem {
+		return &masterv1.CopyItem{
+			Source: &masterv1.AllocationRef{SegmentId: "a1-mem-0", AllocationId: alloc}, TargetEndpoint: "b:50052", TargetTransferEndpoint: "b:50053",
+			Target: &masterv1.AllocationRef{SegmentId: "b-mem-0", AllocationId: alloc + 100}, TargetToken: []byte(tok),
+		}
 	}
-	if err := h.m.Copy(t.Context(), "a1", req); err != nil {
+	items := []*masterv1.CopyItem{item(1, "tok"), item(2, "bad"), item(3, "tok"), item(4, "tok"), item(5, "bad")}
+	out, err := h.m.Copy(t.Context(), "a1", items)
+	if err != nil {
 		t.Fatal(err)
 	}
+	var codes []int32
+	for _, st := range out {
+		codes = append(codes, st.GetCode())
+	}
+	if want := []int32{0, 7, 0, 0, 7}; !slices.Equal(codes, want) {
+		t.Fatalf("statuses: got %v, want %v", codes, want)
+	}
 	a.mu.Lock()
-	got := a.copies[0]
+	sent := append([]*masterv1.CopyRequest(nil), a.copies...)
 	a.mu.Unlock()
-	if got.GetEpoch() != testEpoch || got.GetRequestId() == 0 || got.GetTarget().GetAllocationId() != 6 || string(got.GetTargetToken()) != "tok" {
-		t.Fatalf("copy request: got %v", got)
+	if len(sent) != 2 {
+		t.Fatalf("copy messages: got %d, want 2 (5 items at MaxBatchItems 3)", len(sent))
 	}
-	if req.GetRequestId() != 0 {
-		t.Fatal("Copy mutated the caller's request")
+	n := 0
+	for _, req := range sent {
+		if req.GetEpoch() != testEpoch || req.GetRequestId() == 0 || req.GetSource() != nil {
+			t.Fatalf("copy request: got %v", req)
+		}
+		n += len(req.GetItems())
 	}
-	if err := h.m.Copy(t.Context(), "a1", &masterv1.CopyRequest{}); rpcerr.Reason(err) != "INVALID_PARAMS" {
-		t.Fatalf("empty copy: got %v, want INVALID_PARAMS", err)
+	if n != len(items) {
+		t.Fatalf("items sent: got %d, want %d", n, len(items))
+	}
+	if items[0].GetTarget().GetAllocationId() != 101 || string(items[0].GetTargetToken()) != "tok" {
+		t.Fatal("Copy mutated the caller's items")
+	}
+	for _, bad := range [][]*masterv1.CopyItem{{{}}, {nil}, {{Source: items[0].GetSource(), Target: items[0].GetTarget()}}} {
+		if _, err := h.m.Copy(t.Context(), "a1", bad); rpcerr.Reason(err) != "INVALID_PARAMS" {
+			t.Fatalf("copy of %v: got %v, want INVALID_PARAMS", bad, err)
+		}
+	}
+	if out, err := h.m.Copy(t.Context(), "a1", nil); err != nil || out != nil {
+		t.Fatalf("empty copy: got %v, %v; want nothing", out, err)
+	}
+}
+
+// TestCopyRefusedWhole: an agent that answers a copy with one status and
+// no item statuses (it refused the request, or knows only the single form)
+// fails the whole call with that status.
+func TestCopyRefusedWhole(t *testing.T) {
+	h := newHarness(t, fastConfig(), harnessOpts{})
+	a := h.connectAgent("a1")
+	a.answer.Store(false)
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.m.Copy(t.Context(), "a1", []*masterv1.CopyItem{{Source: &masterv1.AllocationRef{SegmentId: "a1-mem-0"},
+			Target: &masterv1.AllocationRef{SegmentId: "b-mem-0"}, TargetEndpoint: "b:1"}})
+		done <- err
+	}()
+	var id uint64
+	testutil.Eventually(t, time.Second, func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if len(a.copies) == 0 {
+			return false
+		}
+		id = a.copies[0].GetRequestId()
+		return true
+	}, "copy sent")
+	a.send(&masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_CopyResult{CopyResult: &masterv1.CopyResult{RequestId: id,
+		Status: &masterv1.ItemStatus{Code: 8, Reason: "LIMIT_EXCEEDED"}}}})
+	if err := <-done; rpcerr.Reason(err) != "LIMIT_EXCEEDED" {
+		t.Fatalf("refused copy: got %v, want LIMIT_EXCEEDED", err)
 	}
 }
 

@@ -34,7 +34,7 @@ func TestCommandsCarryTraceContext(t *testing.T) {
 	if err := h.m.Release(ctx, "a1", []*masterv1.AllocationRef{ref}); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.m.Copy(ctx, "a1", &masterv1.CopyRequest{Source: ref, TargetEndpoint: "b:1", Target: &masterv1.AllocationRef{SegmentId: "b-mem-0"}}); err != nil {
+	if _, err := h.m.Copy(ctx, "a1", []*masterv1.CopyItem{{Source: ref, TargetEndpoint: "b:1", Target: &masterv1.AllocationRef{SegmentId: "b-mem-0"}}}); err != nil {
 		t.Fatal(err)
 	}
 	caller.End()

@@ -126,6 +126,10 @@ type Agents struct {
 	// Extents makes Reserve allocate real offsets first-fit (64-byte
 	// aligned), so fragmentation happens as at a real agent. Set before use.
 	Extents bool
+	// FailCopy, when set, is asked about every Copy item (under the fake's
+	// lock, so it must not call the fake); a non-nil error fails the item
+	// with it. Set before use.
+	FailCopy func(*masterv1.CopyItem) error
 
 	mu       sync.Mutex
 	next     uint64
@@ -138,6 +142,7 @@ type Agents struct {
 	reserveN int
 	sealN    int
 	releaseN int
+	copyN    int
 	gone     map[string]bool // unmounted segments
 	ext      map[string][]span
 }
@@ -334,23 +339,44 @@ func (a *Agents) Release(ctx context.Context, agent string, items []*masterv1.Al
 	return nil
 }
 
-// Copy implements cluster.Agents: the target receives the source's bytes
-// (its checksum).
-func (a *Agents) Copy(ctx context.Context, agent string, req *masterv1.CopyRequest) error {
+// Copy implements cluster.Agents: each target receives its source's bytes
+// (its checksum); an item whose allocations are not a sealed source and a
+// reserved target fails with ALLOCATION_STATE, alone. FailCopy, when set,
+// fails the items it names with its error.
+func (a *Agents) Copy(ctx context.Context, agent string, items []*masterv1.CopyItem) ([]*masterv1.ItemStatus, error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := a.check(agent); err != nil {
-		return err
+		return nil, err
 	}
-	src := a.live[Ref{req.GetSource().GetSegmentId(), req.GetSource().GetAllocationId()}]
-	dst := a.live[Ref{req.GetTarget().GetSegmentId(), req.GetTarget().GetAllocationId()}]
-	if src == nil || dst == nil || !src.Sealed || dst.Sealed {
-		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_ALLOCATION_STATE, "copy %v -> %v: bad allocations", req.GetSource(), req.GetTarget())
+	a.copyN++
+	out := make([]*masterv1.ItemStatus, len(items))
+	for i, it := range items {
+		if a.FailCopy != nil {
+			if err := a.FailCopy(it); err != nil {
+				out[i] = rpcerr.Item(err)
+				continue
+			}
+		}
+		src := a.live[Ref{it.GetSource().GetSegmentId(), it.GetSource().GetAllocationId()}]
+		dst := a.live[Ref{it.GetTarget().GetSegmentId(), it.GetTarget().GetAllocationId()}]
+		if src == nil || dst == nil || !src.Sealed || dst.Sealed {
+			out[i] = rpcerr.Item(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_ALLOCATION_STATE, "copy %v -> %v: bad allocations", it.GetSource(), it.GetTarget()))
+			continue
+		}
+		out[i] = &masterv1.ItemStatus{}
 	}
-	return nil
+	return out, nil
+}
+
+// CopyCalls is the number of Copy calls that reached a connected agent.
+func (a *Agents) CopyCalls() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.copyN
 }
 
 // Unmount forgets a segment's allocations, as an agent does when the
@@ -490,7 +516,12 @@ func (n *NullAgents) Release(ctx context.Context, agent string, items []*masterv
 	return nil
 }
 
-// Copy implements cluster.Agents.
-func (n *NullAgents) Copy(ctx context.Context, agent string, req *masterv1.CopyRequest) error {
-	return nil
+// Copy implements cluster.Agents: every item succeeds.
+func (n *NullAgents) Copy(ctx context.Context, agent string, items []*masterv1.CopyItem) ([]*masterv1.ItemStatus, error) {
+	out := make([]*masterv1.ItemStatus, len(items))
+	ok := &masterv1.ItemStatus{}
+	for i := range out {
+		out[i] = ok
+	}
+	return out, nil
 }
