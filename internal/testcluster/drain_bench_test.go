@@ -47,11 +47,12 @@ func drainCluster(tb testing.TB, mem uint64) *testcluster.Cluster {
 // memSegment is agent i's (first) memory segment id.
 func memSegment(c *testcluster.Cluster, i int) string { return c.Agent(i).Segments().All()[0].ID() }
 
-// putInto stores objects [0, n) of size bytes under prefix on segment seg
-// with BatchPut: workers goroutines, batch items per call (the shape of
-// `crescentctl bench --mode put --batch 128 --concurrency 8`, BENCHMARKS.md
-// issue 6). It returns the time the puts took.
-func putInto(ctx context.Context, tb testing.TB, cl *client.Client, prefix, seg string, n, size, batch, workers int) time.Duration {
+// putInto stores objects [0, n) of size bytes under prefix with BatchPut
+// and opts (the segments to prefer): workers goroutines, batch items per
+// call (the shape of `crescentctl bench --mode put --batch 128
+// --concurrency 8`, BENCHMARKS.md issue 6). It returns the time the puts
+// took.
+func putInto(ctx context.Context, tb testing.TB, cl *client.Client, prefix string, n, size, batch, workers int, opts ...client.PutOption) time.Duration {
 	tb.Helper()
 	var next sync.Mutex
 	lo := 0
@@ -76,7 +77,7 @@ func putInto(ctx context.Context, tb testing.TB, cl *client.Client, prefix, seg 
 					drainValue(v, i)
 					items = append(items, client.Item{Key: drainKey(prefix, i), Data: v})
 				}
-				for j, err := range cl.BatchPut(ctx, items, client.WithPreferredSegments(seg)) {
+				for j, err := range cl.BatchPut(ctx, items, opts...) {
 					if err != nil {
 						errc <- fmt.Errorf("put %s: %w", items[j].Key, err)
 						return
@@ -139,7 +140,7 @@ func BenchmarkDrain(b *testing.B) {
 		cl := c.Client(b)
 		ctx := b.Context()
 		src := memSegment(c, 0)
-		putD += putInto(ctx, b, cl, "d", src, n, size, 128, 8)
+		putD += putInto(ctx, b, cl, "d", n, size, 128, 8, client.WithPreferredSegments(src))
 		b.StartTimer()
 		start := time.Now()
 		if err := c.Master().Store.DrainSegment(ctx, src); err != nil {
@@ -175,7 +176,7 @@ func BenchmarkAgentCopy(b *testing.B) {
 		cl := c.Client(b)
 		ctx := b.Context()
 		src := memSegment(c, 0)
-		putInto(ctx, b, cl, "c", src, n, size, 8, 4)
+		putInto(ctx, b, cl, "c", n, size, 8, 4, client.WithPreferredSegments(src))
 		rawD += rawCopy(b, n, size)
 		b.StartTimer()
 		start := time.Now()

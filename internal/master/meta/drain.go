@@ -42,6 +42,10 @@ type move struct {
 // COMPLETE(target) before REMOVE(source) — a Move, so readers never lose
 // the object. A replica with no room elsewhere (or whose copy fails) is
 // removed instead, recording `removed` if it was the last on its medium.
+// Each chunk's copies go to the source agent as one batched Copy (issue
+// 17), which it runs over the targets' bulk transfer listeners. A replica
+// whose target vanished before its copy (its agent stopped) stays, and a
+// further pass (at most drainPasses in all) places it again.
 // Finally the segment is marked DRAINED. Writes in progress on the segment
 // are left to finish (a later drain or the unmount removes them). An
 // UndrainSegment meanwhile stops it between chunks with ABORTED /
@@ -62,6 +66,49 @@ func (s *Store) DrainSegment(ctx context.Context, segmentID string) error {
 		return errUndrained(segmentID, 0, 0) // undrained (or gone) before the scan
 	}
 	src := s.segs.intern(segmentID)
+	moved, dropped := 0, 0
+	// A move whose target vanished before its copy (the target's agent
+	// stopped, its segment unmounted) leaves its source in place: the
+	// next pass places it again (elsewhere, or removes it when nothing
+	// has room). A pass that finds what the last one found stops.
+	for pass, left := 0, -1; pass < drainPasses; pass++ {
+		moves := s.drainScan(src)
+		if len(moves) == 0 || len(moves) == left {
+			break
+		}
+		left = len(moves)
+		if pass > 0 {
+			s.lg.Info("drain pass again", "segment_id", segmentID, "pass", pass+1, "replicas", len(moves))
+		}
+		for start := 0; start < len(moves); start += drainChunk {
+			if err := ctx.Err(); err != nil {
+				return rpcerr.Status(err)
+			}
+			if undrains.Load() != gen {
+				return errUndrained(segmentID, moved, dropped)
+			}
+			chunk := moves[start:min(start+drainChunk, len(moves))]
+			m, d := s.drainStep(ctx, sv.AgentID, src, chunk)
+			moved += m
+			dropped += d
+		}
+	}
+	if undrains.Load() != gen {
+		return errUndrained(segmentID, moved, dropped)
+	}
+	if err := s.reg.SetLifecycle(segmentID, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINED); err != nil {
+		return asSegmentErr(err, segmentID)
+	}
+	s.lg.Info("segment drained", "segment_id", segmentID, "moved", moved, "removed", dropped)
+	return nil
+}
+
+// drainPasses bounds DrainSegment's passes over the segment.
+const drainPasses = 3
+
+// drainScan lists the COMPLETE replicas on segment src of objects with no
+// put in progress.
+func (s *Store) drainScan(src uint32) []*move {
 	var moves []*move
 	for sh := range s.shards {
 		shd := &s.shards[sh]
@@ -80,27 +127,7 @@ func (s *Store) DrainSegment(ctx context.Context, segmentID string) error {
 		}
 		shd.mu.Unlock()
 	}
-	moved, dropped := 0, 0
-	for start := 0; start < len(moves); start += drainChunk {
-		if err := ctx.Err(); err != nil {
-			return rpcerr.Status(err)
-		}
-		if undrains.Load() != gen {
-			return errUndrained(segmentID, moved, dropped)
-		}
-		chunk := moves[start:min(start+drainChunk, len(moves))]
-		m, d := s.drainStep(ctx, sv.AgentID, src, chunk)
-		moved += m
-		dropped += d
-	}
-	if undrains.Load() != gen {
-		return errUndrained(segmentID, moved, dropped)
-	}
-	if err := s.reg.SetLifecycle(segmentID, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINED); err != nil {
-		return asSegmentErr(err, segmentID)
-	}
-	s.lg.Info("segment drained", "segment_id", segmentID, "moved", moved, "removed", dropped)
-	return nil
+	return moves
 }
 
 // UndrainSegment is DrainSegment's inverse: a DRAINING or DRAINED segment
