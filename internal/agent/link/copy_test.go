@@ -25,7 +25,7 @@ type copyTarget struct {
 	endpoint string
 }
 
-func newCopyTarget(t *testing.T, size uint64) *copyTarget {
+func newCopyTarget(t testing.TB, size uint64) *copyTarget {
 	t.Helper()
 	mem, err := segment.NewMemory("target", size)
 	if err != nil {
@@ -55,7 +55,7 @@ func newCopyTarget(t *testing.T, size uint64) *copyTarget {
 
 // reserve reserves size bytes for key at the target and returns the
 // allocation and its write token.
-func (c *copyTarget) reserve(t *testing.T, key string, size int) (*masterv1.AllocationRef, []byte) {
+func (c *copyTarget) reserve(t testing.TB, key string, size int) (*masterv1.AllocationRef, []byte) {
 	t.Helper()
 	a, err := c.mem.Reserve(&masterv1.ReserveItem{SegmentId: c.mem.ID(), Size: uint64(size), Tenant: "t", Key: key, ReplicaId: 2}, time.Now())
 	if err != nil {
@@ -67,7 +67,7 @@ func (c *copyTarget) reserve(t *testing.T, key string, size int) (*masterv1.Allo
 }
 
 // copyLink is a link that is never run: copyResult is called directly.
-func copyLink(t *testing.T, cfg Config, segs ...*segment.Segment) *Link {
+func copyLink(t testing.TB, cfg Config, segs ...*segment.Segment) *Link {
 	t.Helper()
 	cfg.MasterAddr, cfg.AgentID, cfg.DataEndpoint = "passthrough:///master", "a1", "a1:1"
 	l, err := New(cfg, Deps{Segments: segment.NewSet(segs...)}, testutil.Logger())

@@ -26,7 +26,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func sealedAlloc(t *testing.T, seg *segment.Segment, key string, data []byte) *masterv1.Allocation {
+func sealedAlloc(t testing.TB, seg *segment.Segment, key string, data []byte) *masterv1.Allocation {
 	t.Helper()
 	a, err := seg.Reserve(&masterv1.ReserveItem{SegmentId: seg.ID(), Size: uint64(len(data)), Tenant: "t", Key: key, ReplicaId: 1}, time.Now())
 	if err != nil {
