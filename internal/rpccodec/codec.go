@@ -196,10 +196,29 @@ func UnmarshalLimited(b []byte, m proto.Message) error {
 	return unmarshal(b, m, MessageBudget(len(b)))
 }
 
+// FastDecoder is a message with a decoder of its own for some encodings
+// of it. DecodeFast is given the reset message; it either declines (false,
+// the message left empty), and the codec decodes b as usual, or decodes b
+// into the message exactly as the codec would and reports true, and the
+// codec skips its own check of b, a walk of the whole message. So it must
+// decline whatever the codec would refuse or treat specially: a string
+// field that is not UTF-8, more than budget nested messages (each costs
+// one, as in check), anything malformed. session.connectRequest decodes
+// agents' allocation tables so.
+type FastDecoder interface {
+	DecodeFast(b []byte, budget int) bool
+}
+
 func unmarshal(b []byte, m proto.Message, budget int) error {
 	vm, ok := m.(vtMessage)
 	if !ok {
 		return proto.Unmarshal(b, m)
+	}
+	if fd, ok := m.(FastDecoder); ok {
+		proto.Reset(m)
+		if fd.DecodeFast(b, budget) {
+			return nil
+		}
 	}
 	switch shapeOf(m.ProtoReflect().Descriptor()).check(b, &budget) {
 	case badUTF8:

@@ -595,13 +595,13 @@ func (m *Manager) tokenKeys() []*masterv1.TokenKey {
 
 func recvLoop(ctx context.Context, stream masterv1.SegmentService_ConnectServer, out chan<- *masterv1.ConnectRequest, errc chan<- error) {
 	for {
-		msg, err := stream.Recv()
-		if err != nil {
+		msg := new(connectRequest) // its RegisterChunks decode fast (chunkcodec.go)
+		if err := stream.RecvMsg(msg); err != nil {
 			errc <- err
 			return
 		}
 		select {
-		case out <- msg:
+		case out <- &msg.ConnectRequest:
 		case <-ctx.Done():
 			return
 		}
