@@ -113,8 +113,11 @@ func (g *registration) messages(send func(*masterv1.ConnectRequest) bool) bool {
 			seg = rest[0].GetSegmentId()
 		}
 		for n < len(rest) && n < maxChunkAllocs && (n == 0 || size < maxChunkBytes) && rest[n].GetSegmentId() == seg {
-			rest[n].SegmentId = "" // the chunk names it once
-			size += rest[n].SizeVT() + 4
+			a := rest[n]
+			a.SegmentId = "" // the chunk names it once
+			// About its encoded size (the numbers take 30-60 bytes): the
+			// codec computes every size again when it marshals the chunk.
+			size += len(a.GetKey()) + len(a.GetTenant()) + len(a.GetGroupId()) + 48
 			n++
 		}
 		ch := &masterv1.RegisterChunk{SegmentId: seg, Allocations: rest[:n:n], Last: n == len(rest)}

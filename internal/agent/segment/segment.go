@@ -67,11 +67,16 @@ type entry struct {
 }
 
 func (e *entry) proto(segID string) *masterv1.Allocation {
-	return &masterv1.Allocation{
-		SegmentId: segID, AllocationId: e.id, Offset: e.offset, Size: e.size, State: e.state,
-		Tenant: e.tenant, Key: e.key, ReplicaId: e.replica, Checksum: e.checksum, GroupId: e.group,
-		HardPin: e.hardPin, SoftPinUntilUnixMs: e.softPin, CreatedUnixMs: e.created, SealedUnixMs: e.sealed,
-	}
+	a := &masterv1.Allocation{}
+	e.fill(a, segID)
+	return a
+}
+
+// fill sets a's fields (a is new).
+func (e *entry) fill(a *masterv1.Allocation, segID string) {
+	a.SegmentId, a.AllocationId, a.Offset, a.Size, a.State = segID, e.id, e.offset, e.size, e.state
+	a.Tenant, a.Key, a.ReplicaId, a.Checksum, a.GroupId = e.tenant, e.key, e.replica, e.checksum, e.group
+	a.HardPin, a.SoftPinUntilUnixMs, a.CreatedUnixMs, a.SealedUnixMs = e.hardPin, e.softPin, e.created, e.sealed
 }
 
 // Segment is one mounted segment.
@@ -153,11 +158,17 @@ func (s *Segment) Stats() (alloc.Stats, int, int) {
 func (s *Segment) Table() []*masterv1.Allocation {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]*masterv1.Allocation, 0, s.table.len())
+	// One array of Allocations, not one each: a registration copies the
+	// whole table (millions of entries) while the master waits for it.
+	all := make([]masterv1.Allocation, s.table.len())
+	out := make([]*masterv1.Allocation, len(all))
+	i := 0
 	for e := range s.table.all() {
-		out = append(out, e.proto(s.id))
+		e.fill(&all[i], s.id)
+		out[i] = &all[i]
+		i++
 	}
-	return out
+	return out[:i]
 }
 
 // Lookup returns one allocation.

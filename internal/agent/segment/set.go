@@ -91,6 +91,9 @@ func (s *Set) Infos() []*masterv1.SegmentInfo {
 
 // Table returns the full allocation table of every segment.
 func (s *Set) Table() []*masterv1.Allocation {
+	if len(s.segs) == 1 {
+		return s.segs[0].Table()
+	}
 	var out []*masterv1.Allocation
 	for _, sg := range s.segs {
 		out = append(out, sg.Table()...)
