@@ -237,3 +237,40 @@ func TestEvictWalksPastSoftPinned(t *testing.T) {
 		})
 	}
 }
+
+// TestRelinkPlacesBatches: relinkLocked places a batch in order whether it
+// lies among the list's newest accesses, its oldest (a lagging agent's
+// registration) or across the whole list, with ties and duplicates, and
+// the list stays whole and ordered.
+func TestRelinkPlacesBatches(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := range 300 {
+		sh := &shard{tenants: map[uint32]map[string]*object{0: {}}}
+		n := rng.IntN(40)
+		for i := range n {
+			sh.insertLocked(&object{key: fmt.Sprint("a", i), accessMs: int64(rng.IntN(100))})
+		}
+		var xs []*object
+		lo, span := int64(rng.IntN(120)-10), int64(1+rng.IntN(30))
+		for i := range rng.IntN(20) {
+			o := &object{key: fmt.Sprint("b", i), accessMs: lo + rng.Int64N(span)}
+			sh.tenants[0][o.key] = o // in the maps, not yet in the list (mut.touchLater)
+			xs = append(xs, o)
+		}
+		if len(xs) > 0 && rng.IntN(3) == 0 {
+			xs = append(xs, xs[0]) // a duplicate
+		}
+		sh.relinkLocked(xs)
+		var got int
+		var prev *object
+		for o := sh.head; o != nil; o = o.next {
+			if o.prev != prev || prev != nil && prev.accessMs > o.accessMs {
+				t.Fatalf("round %d: list out of order or badly linked at %s", round, o.key)
+			}
+			prev, got = o, got+1
+		}
+		if sh.tail != prev || got != len(sh.tenants[0]) {
+			t.Fatalf("round %d: %d objects listed (tail %v), want %d", round, got, sh.tail, len(sh.tenants[0]))
+		}
+	}
+}

@@ -1,9 +1,11 @@
 package meta
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"testing"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
@@ -19,7 +21,16 @@ import (
 // decodes them and applied to a new, empty store. It reports the time, the
 // bytes and the allocations per object of decode and apply together: fresh
 // heap is what a restarted master pays for most, page faults included.
+//
+// together: the agents' chunks interleave (they register at once); turns:
+// one agent's whole table, then the other's, whose objects are older than
+// most of the list by then (a registration that lags).
 func BenchmarkReconcileRebuild(b *testing.B) {
+	b.Run("together", func(b *testing.B) { benchRebuild(b, true) })
+	b.Run("turns", func(b *testing.B) { benchRebuild(b, false) })
+}
+
+func benchRebuild(b *testing.B, together bool) {
 	const perAgent, chunk = 1 << 19, 16384
 	c := metatest.NewCluster(2, 1, 1<<40)
 	segs := c.Reg.Segments()
@@ -61,9 +72,19 @@ func BenchmarkReconcileRebuild(b *testing.B) {
 		for a, sg := range segs {
 			runs[a] = s.BeginReconcile(ctx, sg.AgentID, []cluster.Segment{sg}, perAgent)
 		}
+		type step struct{ agent, chunk int }
+		var order []step
 		for i := range chunks[0] {
-			for a, r := range runs {
-				buf := chunks[a][i]
+			for a := range runs {
+				order = append(order, step{a, i})
+			}
+		}
+		if !together {
+			slices.SortStableFunc(order, func(x, y step) int { return cmp.Compare(x.agent, y.agent) })
+		}
+		for _, st := range order {
+			{
+				r, buf := runs[st.agent], chunks[st.agent][st.chunk]
 				ch := &masterv1.RegisterChunk{}
 				if err := ch.UnmarshalVT(buf); err != nil {
 					b.Fatal(err)
