@@ -14,6 +14,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/obs"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/token"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -303,4 +304,58 @@ func FuzzCopyRequest(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestCopyBatchFallsBackToDataService: an item whose target registered no
+// bulk transfer endpoint is copied through the target's DataService, in
+// the same batch as items that go over the transfer path, each answered in
+// its place.
+func TestCopyBatchFallsBackToDataService(t *testing.T) {
+	mem, err := segment.NewMemory("mem-0", 4<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := copyLink(t, Config{}, mem)
+	xt := newCopyTarget(t, 4<<20) // over the transfer path
+	// The DataService target: a real data plane over its own segment.
+	gmem, err := segment.NewMemory("grpc-target", 4<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gset := segment.NewSet(gmem)
+	defer gset.Close()
+	keys := &dataplane.Keyring{}
+	keys.Set([]*masterv1.TokenKey{{Id: xt.key.ID, Key: xt.key.Secret}})
+	l.deps.CopyDialOptions = []grpc.DialOption{serveData(t, dataplane.New(dataplane.Config{}, dataplane.Deps{Segments: gset, Keys: keys}, testutil.Logger()))}
+	gt := &copyTarget{mem: gmem, key: xt.key}
+
+	var items []*masterv1.CopyItem
+	var sums []uint64
+	for i := range 4 {
+		data := pattern(5000+i, i+2)
+		src := sealedAlloc(t, mem, fmt.Sprintf("k%d", i), data)
+		it := &masterv1.CopyItem{Source: &masterv1.AllocationRef{SegmentId: mem.ID(), AllocationId: src.GetAllocationId()}}
+		if i%2 == 0 {
+			it.Target, it.TargetToken = xt.reserve(t, fmt.Sprintf("k%d", i), len(data))
+			it.TargetTransferEndpoint = xt.endpoint
+		} else {
+			it.Target, it.TargetToken = gt.reserve(t, fmt.Sprintf("k%d", i), len(data))
+			it.TargetEndpoint = "passthrough:///grpc-target"
+		}
+		items = append(items, it)
+		sums = append(sums, xxhash.Sum64(data))
+	}
+	res := l.copyResult(t.Context(), &masterv1.CopyRequest{RequestId: 3, Items: items})
+	for i, st := range res.GetItems() {
+		if st.GetCode() != 0 {
+			t.Fatalf("item %d: %v", i, st)
+		}
+		tgt := xt.mem
+		if i%2 == 1 {
+			tgt = gmem
+		}
+		if err := tgt.Seal([]segment.SealArg{{ID: items[i].GetTarget().GetAllocationId(), Checksum: sums[i]}}, time.Now())[0]; err != nil {
+			t.Fatalf("item %d at its target: %v", i, err)
+		}
+	}
 }
