@@ -13,6 +13,11 @@ import (
 // drainChunk bounds how many moves one drain step handles at once.
 const drainChunk = 256
 
+// drainCopyBytes bounds the object bytes of one Copy call of a drain step
+// (a larger object goes alone): at a few hundred MB/s it copies well within
+// the session's copy timeout (2 min).
+const drainCopyBytes = 4 << 30
+
 // move is one replica moving off a draining segment.
 type move struct {
 	tenant uint32
@@ -289,18 +294,27 @@ func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chun
 		})
 		copying = append(copying, mv)
 	}
-	if len(items) > 0 {
-		out, err := s.agents.Copy(ctx, srcAgent, items)
-		if err == nil && len(out) != len(items) {
-			err = errInternal("agent %s answered %d copies for %d items", srcAgent, len(out), len(items))
+	// One call per drainCopyBytes of objects, one after the other: each
+	// call gets the session's copy timeout, which a chunk of large objects
+	// in one call could outrun (failing every move in it).
+	for lo := 0; lo < len(items); {
+		hi, bytes := lo, uint64(0)
+		for hi < len(items) && (hi == lo || bytes+copying[hi].size <= drainCopyBytes) {
+			bytes += copying[hi].size
+			hi++
 		}
-		for i, mv := range copying {
+		out, err := s.agents.Copy(ctx, srcAgent, items[lo:hi])
+		if err == nil && len(out) != hi-lo {
+			err = errInternal("agent %s answered %d copies for %d items", srcAgent, len(out), hi-lo)
+		}
+		for i, mv := range copying[lo:hi] {
 			if err != nil {
 				mv.err = err
 			} else {
 				mv.err = rpcerr.FromItem(out[i])
 			}
 		}
+		lo = hi
 	}
 	type sbatch struct {
 		items []*masterv1.SealItem

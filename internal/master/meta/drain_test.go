@@ -111,3 +111,26 @@ func TestDrainCopyBatchedPerItemFailures(t *testing.T) {
 	}
 	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
 }
+
+// TestDrainCopyCallsBoundedInBytes: a chunk of large objects is copied in
+// several calls of at most drainCopyBytes each (one object larger than
+// that alone), so no call has more bytes to move than its timeout allows.
+func TestDrainCopyCallsBoundedInBytes(t *testing.T) {
+	const gib = 1 << 30
+	e := newEnv(t, 2, 1, 64*gib, Config{Shards: 4, MaxObjectSize: 8 * gib})
+	for i, size := range []uint64{3 * gib, 1 * gib, 5 * gib, 1, 2} {
+		e.put(t, PutSpec{Key: fmt.Sprintf("k%d", i), Size: size, Preferred: []string{"seg-0-0"}})
+	}
+	if err := e.s.DrainSegment(t.Context(), "seg-0-0"); err != nil {
+		t.Fatal(err)
+	}
+	// Placement order is the scan's (map order): at least 5 GiB alone and
+	// 3+1 together, so 2 or 3 calls; never one.
+	if got := e.c.Agents.CopyCalls(); got < 2 || got > 4 {
+		t.Fatalf("Copy calls: got %d, want 2 to 4 for 9 GiB in calls of at most 4 GiB", got)
+	}
+	if n := e.s.SegmentReplicaCounts()["seg-1-0"]; n != 5 {
+		t.Fatalf("replicas moved: got %d, want 5", n)
+	}
+	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
+}
