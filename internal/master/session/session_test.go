@@ -731,6 +731,40 @@ func TestLargeCallSplitIntoMessages(t *testing.T) {
 	}
 }
 
+// TestLargeCopySplitAtAgentLimit: a Copy never sends more items in one
+// message than agents accept (MaxCopyItems), even when MaxBatchItems is
+// larger, and its statuses come back in item order.
+func TestLargeCopySplitAtAgentLimit(t *testing.T) {
+	cfg := fastConfig()
+	cfg.MaxBatchItems = 2 * MaxCopyItems
+	h := newHarness(t, cfg, harnessOpts{})
+	a := h.connectAgent("a1")
+	items := make([]*masterv1.CopyItem, MaxCopyItems+5)
+	for i := range items {
+		items[i] = &masterv1.CopyItem{Source: &masterv1.AllocationRef{SegmentId: "a1-mem-0", AllocationId: uint64(i)}, TargetTransferEndpoint: "b:1",
+			Target: &masterv1.AllocationRef{SegmentId: "b-mem-0", AllocationId: uint64(i)}, TargetToken: []byte("tok")}
+	}
+	items[MaxCopyItems+2].TargetToken = []byte("bad")
+	out, err := h.m.Copy(t.Context(), "a1", items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) != len(items) {
+		t.Fatalf("got %d statuses, want %d", len(out), len(items))
+	}
+	for i, st := range out {
+		if bad := i == MaxCopyItems+2; (st.GetCode() != 0) != bad {
+			t.Fatalf("status %d: %v", i, st)
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.copies) != 2 || len(a.copies[0].GetItems())+len(a.copies[1].GetItems()) != len(items) ||
+		max(len(a.copies[0].GetItems()), len(a.copies[1].GetItems())) != MaxCopyItems {
+		t.Fatalf("copy messages: %d, want 2 of at most %d items", len(a.copies), MaxCopyItems)
+	}
+}
+
 // TestRegisterBoundToCertificate: with an agent principal (mTLS), Register
 // may name only the certificate's host, and a certificate for another host
 // cannot take over a registered agent_id or its segments — the attack in
