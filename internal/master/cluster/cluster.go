@@ -129,6 +129,9 @@ type Agents interface {
 // failed is dropped without Finish (what it adopted stays, on SUSPECTED
 // segments, for the agent's next registration to reconcile).
 type Reconciler interface {
+	// Apply takes the next chunk of the table. It keeps nothing of allocs
+	// once it returns: the receiver decodes later chunks into the same
+	// Allocations.
 	Apply(ctx context.Context, allocs []*masterv1.Allocation) []*masterv1.AllocationRef
 	Finish(ctx context.Context) []*masterv1.AllocationRef
 }

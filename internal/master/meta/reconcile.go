@@ -10,6 +10,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"github.com/crescent-kv/crescent/internal/tracectx"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/proto"
 )
 
 type allocKey struct {
@@ -120,8 +121,14 @@ type reconcileRun struct {
 }
 
 // presizeTrust bounds how far a run believes an agent's announced table
-// size beyond what it has received (see apply's presize).
-const presizeTrust = 64
+// size beyond what it has received (see apply's presize). The shard maps
+// are sized when the first chunk arrives, so at 16,384 allocations a chunk
+// it must cover a whole agent's table from there: at 64 (1M) the maps of a
+// 4M-object rebuild were sized for half of it and every one of them grew by
+// splitting, about a sixth of the rebuild's CPU. At 256 an agent that lies
+// makes the master size maps for 256 times what it sent (a first chunk of
+// 16,384 allocations: maps for 8M keys, about 230 MiB), and no more.
+const presizeTrust = 256
 
 // reconcileItem is one allocation of a chunk, located.
 type reconcileItem struct {
@@ -287,7 +294,7 @@ func (r *reconcileRun) claimLocked(m *mut, it reconcileItem) bool {
 	case !sealed:
 		return false
 	case other:
-		r.deferred = append(r.deferred, a)
+		r.deferred = append(r.deferred, proto.CloneOf(a)) // a is reused once Apply returns
 		return false
 	}
 	return true

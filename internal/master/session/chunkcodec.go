@@ -23,17 +23,61 @@ import (
 // (the same in most of a chunk) once per run of equal values: about a
 // third of the time per allocation. The bytes are the same protobuf
 // encoding either way; agents of any version send what they always sent.
+//
+// A stream's receiver (recvLoop) hands the fast path the arrays to decode
+// into (bufs) and reuses them two chunks later: a rebuild then decodes
+// millions of allocations into the same few MiB instead of fresh heap, and
+// on a VM whose page faults are slow, fresh heap was what the master paid
+// for most.
 type connectRequest struct {
 	masterv1.ConnectRequest
+	// bufs, when set, is where a chunk's Allocations go; used reports
+	// that they went there.
+	bufs *allocBufs
+	used bool
 }
 
 // DecodeFast implements rpccodec.FastDecoder.
 func (m *connectRequest) DecodeFast(b []byte, budget int) bool {
-	ch, ok := decodeChunkRequest(b, budget)
+	bufs := m.bufs
+	if bufs == nil {
+		bufs = &allocBufs{}
+	}
+	ch, ok := decodeChunkRequest(b, budget, bufs)
 	if ok {
 		m.Msg = &masterv1.ConnectRequest_RegisterChunk{RegisterChunk: ch}
+		m.used = len(ch.Allocations) > 0
 	}
 	return ok
+}
+
+// allocBufs holds Allocations in blocks of allocBlock, taken in order and
+// reused from the start by reset.
+type allocBufs struct {
+	blocks [][]masterv1.Allocation
+	next   int // the next one taken, counting over the blocks
+	// fresh is how many of the first Allocations have never been used.
+	fresh int
+}
+
+// reset makes every Allocation available again (their previous contents
+// are cleared as they are taken).
+func (ab *allocBufs) reset() { ab.next = 0 }
+
+// take returns the next Allocation, empty.
+func (ab *allocBufs) take() *masterv1.Allocation {
+	bi, i := ab.next/allocBlock, ab.next%allocBlock
+	if bi == len(ab.blocks) {
+		ab.blocks = append(ab.blocks, make([]masterv1.Allocation, allocBlock))
+	}
+	a := &ab.blocks[bi][i]
+	if ab.next < ab.fresh {
+		a.Reset()
+	} else {
+		ab.fresh = ab.next + 1
+	}
+	ab.next++
+	return a
 }
 
 // ConnectRequest's field number of register_chunk.
@@ -45,7 +89,7 @@ const allocBlock = 1024
 // decodeChunkRequest decodes the encoding of a ConnectRequest made of
 // exactly one register_chunk field, holding at most budget nested
 // messages; it declines (false) anything else.
-func decodeChunkRequest(b []byte, budget int) (*masterv1.RegisterChunk, bool) {
+func decodeChunkRequest(b []byte, budget int, bufs *allocBufs) (*masterv1.RegisterChunk, bool) {
 	num, typ, n := protowire.ConsumeTag(b)
 	if n < 0 || num != registerChunkField || typ != protowire.BytesType {
 		return nil, false
@@ -54,20 +98,18 @@ func decodeChunkRequest(b []byte, budget int) (*masterv1.RegisterChunk, bool) {
 	if m < 0 || n+m != len(b) {
 		return nil, false
 	}
-	return decodeRegisterChunk(body, budget-1)
+	return decodeRegisterChunk(body, budget-1, bufs)
 }
 
 // decodeRegisterChunk decodes a RegisterChunk as the codec would (each
 // allocation by the generated decoder), or declines: a field it does not
 // expect (unknown, or of the wrong wire type) in the chunk or in an
 // allocation, a string that is not UTF-8, more than budget allocations,
-// anything malformed.
-func decodeRegisterChunk(b []byte, budget int) (*masterv1.RegisterChunk, bool) {
+// anything malformed. The Allocations are taken from bufs, reset first.
+func decodeRegisterChunk(b []byte, budget int, bufs *allocBufs) (*masterv1.RegisterChunk, bool) {
 	ch := &masterv1.RegisterChunk{}
-	var (
-		block []masterv1.Allocation
-		own   owner
-	)
+	var own owner
+	bufs.reset()
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -81,14 +123,10 @@ func decodeRegisterChunk(b []byte, budget int) (*masterv1.RegisterChunk, bool) {
 				return nil, false
 			}
 			b = b[m:]
-			if len(block) == 0 {
-				if ch.Allocations == nil {
-					ch.Allocations = make([]*masterv1.Allocation, 0, min(len(b)/32+1, budget, 1<<16))
-				}
-				block = make([]masterv1.Allocation, allocBlock)
+			if ch.Allocations == nil {
+				ch.Allocations = make([]*masterv1.Allocation, 0, min(len(b)/32+1, budget, 1<<16))
 			}
-			a := &block[0]
-			block = block[1:]
+			a := bufs.take()
 			// The unsafe decoder's strings point into b: each is checked
 			// and copied (or shared with an equal one already copied).
 			if a.UnmarshalVTUnsafe(v) != nil || len(a.ProtoReflect().GetUnknown()) > 0 || !utf8.ValidString(a.Key) {

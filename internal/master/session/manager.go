@@ -521,7 +521,7 @@ func (m *Manager) openStream(stream masterv1.SegmentService_ConnectServer) (ctx 
 	recvc <-chan *masterv1.ConnectRequest, recvErr <-chan error, done func()) {
 	ctx, cancel = context.WithCancelCause(stream.Context())
 	stop := context.AfterFunc(m.base, func() { cancel(errClosing) })
-	msgs := make(chan *masterv1.ConnectRequest)
+	msgs := make(chan *masterv1.ConnectRequest) // unbuffered: recvLoop reuses what a message held
 	errc := make(chan error, 1)
 	m.wg.Go(func() { recvLoop(ctx, stream, msgs, errc) })
 	return ctx, cancel, msgs, errc, func() {
@@ -594,11 +594,25 @@ func (m *Manager) tokenKeys() []*masterv1.TokenKey {
 }
 
 func recvLoop(ctx context.Context, stream masterv1.SegmentService_ConnectServer, out chan<- *masterv1.ConnectRequest, errc chan<- error) {
+	// A chunk's Allocations are decoded into bufs[cur] (chunkcodec.go),
+	// which is used again two chunks later: out is unbuffered and the
+	// handler applies a chunk before it takes the next message, so once
+	// chunk k+1 is taken, chunk k is done with. Handlers keep no
+	// Allocation of a chunk once it is applied (cluster.Reconciler). The
+	// buffers go after the table's last chunk.
+	var bufs [2]allocBufs
+	cur := 0
 	for {
-		msg := new(connectRequest) // its RegisterChunks decode fast (chunkcodec.go)
+		msg := &connectRequest{bufs: &bufs[cur]}
 		if err := stream.RecvMsg(msg); err != nil {
 			errc <- err
 			return
+		}
+		if msg.used {
+			if msg.GetRegisterChunk().GetLast() {
+				bufs = [2]allocBufs{}
+			}
+			cur ^= 1
 		}
 		select {
 		case out <- &msg.ConnectRequest:

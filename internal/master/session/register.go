@@ -9,6 +9,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"google.golang.org/protobuf/proto"
 )
 
 // MaxRegisterChunk is the most allocations one RegisterChunk may carry.
@@ -150,7 +151,9 @@ type wholeTable struct {
 }
 
 func (w *wholeTable) Apply(_ context.Context, allocs []*masterv1.Allocation) []*masterv1.AllocationRef {
-	w.allocs = append(w.allocs, allocs...)
+	for _, a := range allocs {
+		w.allocs = append(w.allocs, proto.CloneOf(a)) // allocs are reused once Apply returns
+	}
 	return nil
 }
 
