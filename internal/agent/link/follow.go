@@ -170,12 +170,13 @@ func (l *Link) followOnce(parent context.Context, addr string, client masterv1.S
 	// The position first: the table taken after it shows every change up
 	// to it, and the deltas carry every change after it.
 	inst, from := l.deps.Feed.Position()
-	reg := newRegistration(&masterv1.Register{
+	r := &masterv1.Register{
 		AgentId: l.cfg.AgentID, HostId: l.cfg.HostID, DataEndpoint: l.cfg.DataEndpoint, TransferEndpoint: l.cfg.TransferEndpoint,
 		Segments: l.deps.Segments.Infos(), KnownEpoch: l.epoch.Load(), Version: l.cfg.Version,
 		TablePosition: &masterv1.TablePosition{Instance: inst, Version: from},
-	}, l.deps.Segments.Table())
-	allocations := len(reg.table)
+	}
+	reg := newRegistration(r, tableParts(l.deps.Segments, r))
+	allocations := reg.count
 
 	uploaded := make(chan struct{})
 	answer := make(chan *masterv1.ConnectResponse, 1)

@@ -3,12 +3,15 @@ package link
 import (
 	"cmp"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/cespare/xxhash/v2"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"google.golang.org/protobuf/proto"
 )
 
 // TestRegistrationChunks: the table goes out after a chunked Register in
@@ -37,12 +40,14 @@ func TestRegistrationChunks(t *testing.T) {
 				table = append(table, mk([]string{"s0", "s1"}[i%2], uint64(i), tc.keyLen))
 			}
 			table = append(table, mk("gone", 1, 0))
-			reg := newRegistration(&masterv1.Register{AgentId: "a", Segments: []*masterv1.SegmentInfo{{SegmentId: "s1"}, {SegmentId: "s0"}}}, table)
+			r := &masterv1.Register{AgentId: "a", Segments: []*masterv1.SegmentInfo{{SegmentId: "s1"}, {SegmentId: "s0"}}}
+			reg := newRegistration(r, partsOf(r, table))
 			var msgs []*masterv1.ConnectRequest
-			if !reg.messages(func(m *masterv1.ConnectRequest) bool { msgs = append(msgs, m); return true }) {
+			// The chunks' Allocations are reused: each message is kept as a copy.
+			if !reg.messages(func(m *masterv1.ConnectRequest) bool { msgs = append(msgs, proto.CloneOf(m)); return true }) {
 				t.Fatal("messages stopped")
 			}
-			r := msgs[0].GetRegister()
+			r = msgs[0].GetRegister()
 			if r == nil || !r.GetChunked() || r.GetAllocationCount() != uint64(tc.n) || len(r.GetAllocations()) != 0 {
 				t.Fatalf("first message: got %v, want a chunked Register announcing %d", msgs[0], tc.n)
 			}
@@ -81,45 +86,108 @@ func TestRegistrationChunks(t *testing.T) {
 	}
 }
 
-// TestNewRegistrationOrder: whatever the table's order (grouped by segment
-// or not, ids out of order, segments in another order than the Register's,
-// allocations of unlisted segments), the registration's table is the
-// listed segments' allocations ordered by the Register's segment order,
-// then id: what the master's table cursor checks.
-func TestNewRegistrationOrder(t *testing.T) {
-	segs := []*masterv1.SegmentInfo{{SegmentId: "s0"}, {SegmentId: "s1"}, {SegmentId: "s2"}}
-	rng := rand.New(rand.NewPCG(7, 7))
-	for trial := range 200 {
-		var table []*masterv1.Allocation
-		grouped := trial%2 == 0
-		for _, seg := range []string{"s2", "x", "s0", "s1"} {
-			n := rng.IntN(50)
-			for i := range n {
-				id := uint64(i + 1)
-				if rng.IntN(4) == 0 {
-					id = uint64(rng.IntN(1000) + 100) // an old id, out of order
+// slicePart is a tablePart of Allocations in id order.
+type slicePart struct {
+	seg    string
+	allocs []*masterv1.Allocation
+}
+
+func (p slicePart) SegmentID() string { return p.seg }
+func (p slicePart) Len() int          { return len(p.allocs) }
+func (p slicePart) Fill(dst []*masterv1.Allocation, from int) {
+	for i, a := range p.allocs[from : from+len(dst)] {
+		dst[i].Reset()
+		proto.Merge(dst[i], a)
+		dst[i].SegmentId = ""
+	}
+}
+
+// partsOf groups table by the Register's segments, in its order, each part
+// in id order; allocations of other segments are left out.
+func partsOf(r *masterv1.Register, table []*masterv1.Allocation) []tablePart {
+	var parts []tablePart
+	for _, info := range r.GetSegments() {
+		p := slicePart{seg: info.GetSegmentId()}
+		for _, a := range table {
+			if a.GetSegmentId() == p.seg {
+				p.allocs = append(p.allocs, a)
+			}
+		}
+		slices.SortFunc(p.allocs, func(a, b *masterv1.Allocation) int { return cmp.Compare(a.GetAllocationId(), b.GetAllocationId()) })
+		parts = append(parts, p)
+	}
+	return parts
+}
+
+// TestTablePartsFromSegments: a registration of real segments sends each
+// listed, mounted segment's table in the Register's order, ids increasing
+// (old ids first), with every field of each allocation; a listed segment
+// no longer mounted is left out; the count announced is what is sent.
+func TestTablePartsFromSegments(t *testing.T) {
+	now := time.Now()
+	zeros := xxhash.Sum64(make([]byte, 64)) // a new segment's bytes
+	var segs []*segment.Segment
+	want := map[string][]*masterv1.Allocation{}
+	var ids []string
+	for _, name := range []string{"m0", "m1"} {
+		sg, err := segment.NewMemory(name, 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := sg.ID()
+		ids = append(ids, id)
+		t.Cleanup(func() { sg.Close() })
+		for i := range 700 {
+			a, err := sg.Reserve(&masterv1.ReserveItem{SegmentId: id, Size: 64, Tenant: "t", Key: fmt.Sprint(id, "/", i), ReplicaId: 1, GroupId: "g"}, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i%3 == 0 {
+				for _, err := range sg.Seal([]segment.SealArg{{ID: a.GetAllocationId(), Checksum: zeros}}, now) {
+					if err != nil {
+						t.Fatal(err)
+					}
 				}
-				table = append(table, &masterv1.Allocation{SegmentId: seg, AllocationId: id})
 			}
 		}
-		if !grouped {
-			rng.Shuffle(len(table), func(i, j int) { table[i], table[j] = table[j], table[i] })
-		}
-		want := slices.Clone(table)
-		want = slices.DeleteFunc(want, func(a *masterv1.Allocation) bool { return a.GetSegmentId() == "x" })
-		order := map[string]int{"s0": 0, "s1": 1, "s2": 2}
-		slices.SortStableFunc(want, func(a, b *masterv1.Allocation) int {
-			return cmp.Or(cmp.Compare(order[a.GetSegmentId()], order[b.GetSegmentId()]), cmp.Compare(a.GetAllocationId(), b.GetAllocationId()))
-		})
-		g := newRegistration(&masterv1.Register{Segments: segs}, table)
-		if len(g.table) != len(want) || g.register.GetAllocationCount() != uint64(len(want)) {
-			t.Fatalf("trial %d: %d allocations (count %d), want %d", trial, len(g.table), g.register.GetAllocationCount(), len(want))
-		}
-		for i := range want {
-			if g.table[i].GetSegmentId() != want[i].GetSegmentId() || g.table[i].GetAllocationId() != want[i].GetAllocationId() {
-				t.Fatalf("trial %d (grouped %v): at %d got %s/%d, want %s/%d", trial, grouped, i,
-					g.table[i].GetSegmentId(), g.table[i].GetAllocationId(), want[i].GetSegmentId(), want[i].GetAllocationId())
+		for _, a := range sg.Table() {
+			if a.GetAllocationId()%5 == 0 {
+				if err := sg.Release(a.GetAllocationId()); err != nil {
+					t.Fatal(err)
+				}
 			}
+		}
+		tbl := sg.Table()
+		slices.SortFunc(tbl, func(a, b *masterv1.Allocation) int { return cmp.Compare(a.GetAllocationId(), b.GetAllocationId()) })
+		want[id] = tbl
+		segs = append(segs, sg)
+	}
+	set := segment.NewSet(segs...)
+	r := &masterv1.Register{Segments: []*masterv1.SegmentInfo{{SegmentId: ids[1]}, {SegmentId: "gone"}, {SegmentId: ids[0]}}}
+	g := newRegistration(r, tableParts(set, r))
+	var got []*masterv1.RegisterChunk
+	if !g.messages(func(m *masterv1.ConnectRequest) bool {
+		if ch := m.GetRegisterChunk(); ch != nil {
+			got = append(got, proto.CloneOf(ch)) // the chunk's Allocations are reused
+		}
+		return true
+	}) {
+		t.Fatal("messages stopped")
+	}
+	var sent []*masterv1.Allocation
+	for _, ch := range got {
+		for _, a := range ch.GetAllocations() {
+			a.SegmentId = ch.GetSegmentId()
+			sent = append(sent, a)
+		}
+	}
+	all := append(slices.Clone(want[ids[1]]), want[ids[0]]...)
+	if r.GetAllocationCount() != uint64(len(all)) || len(sent) != len(all) {
+		t.Fatalf("announced %d, sent %d, want %d", r.GetAllocationCount(), len(sent), len(all))
+	}
+	for i := range all {
+		if !proto.Equal(sent[i], all[i]) {
+			t.Fatalf("allocation %d: sent %v, want %v", i, sent[i], all[i])
 		}
 	}
 }

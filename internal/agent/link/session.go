@@ -51,7 +51,8 @@ func (l *Link) session(parent context.Context, client masterv1.SegmentServiceCli
 		// is seconds, which a resumed registration saves.
 		first = &upload{reg: resumeRegistration(register(), l.position()), done: make(chan struct{})}
 	} else {
-		first = &upload{reg: newRegistration(register(), l.deps.Segments.Table()), done: make(chan struct{})}
+		r := register()
+		first = &upload{reg: newRegistration(r, tableParts(l.deps.Segments, r)), done: make(chan struct{})}
 	}
 	recvc := make(chan received)
 	recvErr := make(chan error, 1)
@@ -163,7 +164,7 @@ func (l *Link) fullRegistration(r *masterv1.Register) *registration {
 	if l.deps.Feed != nil {
 		r.TablePosition = l.position()
 	}
-	return newRegistration(r, l.deps.Segments.Table())
+	return newRegistration(r, tableParts(l.deps.Segments, r))
 }
 
 // upload is a registration for the sender to send, and done, which it
@@ -206,7 +207,7 @@ func (s *session) awaitAnswer(u *upload, recvc <-chan received, recvErr <-chan e
 			if r := u.reg.register; r.GetResume() {
 				s.l.lg.Info("registration sent", "resume", true, "instance", r.GetTablePosition().GetInstance(), "version", r.GetTablePosition().GetVersion())
 			} else {
-				s.l.lg.Info("registration sent", "allocations", len(u.reg.table))
+				s.l.lg.Info("registration sent", "allocations", u.reg.count)
 			}
 		case rcv := <-recvc:
 			return rcv, nil
