@@ -14,6 +14,10 @@ func forShards[T any](items []T, shardOf func(T) int, f func(sh int, group []T))
 		f(shardOf(items[0]), items)
 		return
 	}
+	if len(items) >= 256 {
+		forShardsCounting(items, shardOf, f)
+		return
+	}
 	type ent struct {
 		sh, i int
 	}
@@ -36,6 +40,37 @@ func forShards[T any](items []T, shardOf func(T) int, f func(sh int, group []T))
 		}
 		f(ord[i].sh, group)
 		i = j
+	}
+}
+
+// forShardsCounting is forShards for a large batch (a registration's chunk
+// of 16,384 allocations): a counting sort by shard, linear where the
+// comparison sort was a sixth of a rebuild's reconcile. Each group keeps
+// the items' order.
+func forShardsCounting[T any](items []T, shardOf func(T) int, f func(sh int, group []T)) {
+	shs := make([]int, len(items))
+	top := 0
+	for i, it := range items {
+		shs[i] = shardOf(it)
+		top = max(top, shs[i])
+	}
+	start := make([]int, top+2) // start[s]: where shard s's group begins
+	for _, sh := range shs {
+		start[sh+1]++
+	}
+	for k := 1; k < len(start); k++ {
+		start[k] += start[k-1]
+	}
+	next := slices.Clone(start[:top+1])
+	grouped := make([]T, len(items))
+	for i, it := range items {
+		grouped[next[shs[i]]] = it
+		next[shs[i]]++
+	}
+	for sh := range top + 1 {
+		if start[sh] < start[sh+1] {
+			f(sh, grouped[start[sh]:start[sh+1]])
+		}
 	}
 }
 

@@ -274,3 +274,35 @@ func TestRelinkPlacesBatches(t *testing.T) {
 		}
 	}
 }
+
+// TestForShardsGroups: for batches below and above the counting sort's
+// threshold, forShards calls f once per shard present, in shard order,
+// with that shard's items in their batch order.
+func TestForShardsGroups(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, n := range []int{0, 1, 2, 255, 256, 1000, 5000} {
+		items := make([]int, n)
+		for i := range items {
+			items[i] = rng.IntN(300)*10000 + i // shard*10000 + position
+		}
+		var got [][]int
+		forShards(items, func(it int) int { return it / 10000 }, func(sh int, group []int) {
+			got = append(got, slices.Clone(group))
+		})
+		want := map[int][]int{}
+		for _, it := range items {
+			want[it/10000] = append(want[it/10000], it)
+		}
+		prev := -1
+		for _, g := range got {
+			sh := g[0] / 10000
+			if sh <= prev || !slices.Equal(g, want[sh]) {
+				t.Fatalf("n=%d: group for shard %d: got %v, want %v (after shard %d)", n, sh, g, want[sh], prev)
+			}
+			prev = sh
+		}
+		if len(got) != len(want) {
+			t.Fatalf("n=%d: %d groups, want %d", n, len(got), len(want))
+		}
+	}
+}
