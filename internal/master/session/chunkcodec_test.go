@@ -23,6 +23,25 @@ func chunkRequest(n int, seg string) *masterv1.ConnectRequest {
 	return &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_RegisterChunk{RegisterChunk: ch}}
 }
 
+// decodeAsServer marshals want and decodes it as the master's server codec
+// decodes a Connect stream's message, into a connectRequest, which must
+// equal want; it returns it and the bytes.
+func decodeAsServer(t *testing.T, want *masterv1.ConnectRequest) (*connectRequest, []byte) {
+	t.Helper()
+	b, err := proto.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := &connectRequest{}
+	if err := rpccodec.UnmarshalLimited(b, got); err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(&got.ConnectRequest, want) {
+		t.Fatalf("decoded %v, want %v", &got.ConnectRequest, want)
+	}
+	return got, b
+}
+
 // TestConnectRequestDecodesChunksFast: a ConnectRequest holding one
 // RegisterChunk, received through the server's codec, decodes to exactly
 // what the generated decoder makes of it, its allocations in one array
@@ -30,17 +49,7 @@ func chunkRequest(n int, seg string) *masterv1.ConnectRequest {
 func TestConnectRequestDecodesChunksFast(t *testing.T) {
 	for _, n := range []int{0, 1, 7, 1000} {
 		want := chunkRequest(n, "seg-1")
-		b, err := proto.Marshal(want)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got connectRequest
-		if err := rpccodec.UnmarshalLimited(b, &got); err != nil {
-			t.Fatal(err)
-		}
-		if !proto.Equal(&got.ConnectRequest, want) {
-			t.Fatalf("%d allocations: decoded %v, want %v", n, &got.ConnectRequest, want)
-		}
+		got, b := decodeAsServer(t, want)
 		allocs := got.GetRegisterChunk().GetAllocations()
 		for i := 1; i < len(allocs); i++ {
 			if uintptr(unsafe.Pointer(allocs[i]))-uintptr(unsafe.Pointer(allocs[i-1])) != unsafe.Sizeof(*allocs[0]) {
@@ -61,17 +70,7 @@ func TestConnectRequestOtherMessages(t *testing.T) {
 		{Msg: &masterv1.ConnectRequest_Register{Register: registerMsg("a1", withAllocations(&masterv1.Allocation{SegmentId: "a1-mem-0", AllocationId: 1, Key: "k"}))}},
 		{},
 	} {
-		b, err := proto.Marshal(want)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got connectRequest
-		if err := rpccodec.UnmarshalLimited(b, &got); err != nil {
-			t.Fatal(err)
-		}
-		if !proto.Equal(&got.ConnectRequest, want) {
-			t.Fatalf("decoded %v, want %v", &got.ConnectRequest, want)
-		}
+		decodeAsServer(t, want)
 	}
 }
 
