@@ -104,8 +104,8 @@ func decodeChunkRequest(b []byte, budget int, bufs *allocBufs) (*masterv1.Regist
 // decodeRegisterChunk decodes a RegisterChunk as the codec would (each
 // allocation by the generated decoder), or declines: a field it does not
 // expect (unknown, or of the wrong wire type) in the chunk or in an
-// allocation, a string that is not UTF-8, more than budget allocations,
-// anything malformed. The Allocations are taken from bufs, reset first.
+// allocation, a string that is not UTF-8, more than budget or
+// MaxRegisterChunk allocations, anything malformed. The Allocations are taken from bufs, reset first.
 func decodeRegisterChunk(b []byte, budget int, bufs *allocBufs) (*masterv1.RegisterChunk, bool) {
 	ch := &masterv1.RegisterChunk{}
 	var own owner
@@ -119,7 +119,9 @@ func decodeRegisterChunk(b []byte, budget int, bufs *allocBufs) (*masterv1.Regis
 		switch {
 		case num == 1 && typ == protowire.BytesType:
 			v, m := protowire.ConsumeBytes(b)
-			if m < 0 || len(ch.Allocations) >= budget {
+			// Past MaxRegisterChunk the chunk is refused anyway; the
+			// generated decoder takes it, so the reused sets stay small.
+			if m < 0 || len(ch.Allocations) >= min(budget, MaxRegisterChunk) {
 				return nil, false
 			}
 			b = b[m:]

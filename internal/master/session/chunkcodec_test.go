@@ -155,3 +155,26 @@ func BenchmarkDecodeRegisterChunk(b *testing.B) {
 		})
 	}
 }
+
+// TestOversizedChunkNotBuffered: a chunk of more allocations than
+// MaxRegisterChunk (refused by the handler anyway) is decoded by the
+// generated decoder, not into a stream's reused sets, which so stay within
+// MaxRegisterChunk Allocations however large a message an agent sends.
+func TestOversizedChunkNotBuffered(t *testing.T) {
+	var bufs allocBufs
+	want := chunkRequest(MaxRegisterChunk+1, "seg-1")
+	b, err := proto.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := &connectRequest{bufs: &bufs}
+	if err := rpccodec.UnmarshalLimited(b, got); err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(&got.ConnectRequest, want) {
+		t.Fatal("the oversized chunk decoded differently")
+	}
+	if got.used || len(bufs.blocks) > MaxRegisterChunk/allocBlock {
+		t.Fatalf("used the reused sets (%v), %d blocks of %d", got.used, len(bufs.blocks), allocBlock)
+	}
+}
