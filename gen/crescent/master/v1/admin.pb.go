@@ -21,6 +21,223 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type CopyObjectsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The keys' tenant ("" is "default").
+	Tenant        string           `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Keys          []string         `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	Target        *MigrationTarget `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyObjectsRequest) Reset() {
+	*x = CopyObjectsRequest{}
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyObjectsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyObjectsRequest) ProtoMessage() {}
+
+func (x *CopyObjectsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyObjectsRequest.ProtoReflect.Descriptor instead.
+func (*CopyObjectsRequest) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *CopyObjectsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *CopyObjectsRequest) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *CopyObjectsRequest) GetTarget() *MigrationTarget {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
+type CopyObjectsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*MigrationResult     `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyObjectsResponse) Reset() {
+	*x = CopyObjectsResponse{}
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyObjectsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyObjectsResponse) ProtoMessage() {}
+
+func (x *CopyObjectsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyObjectsResponse.ProtoReflect.Descriptor instead.
+func (*CopyObjectsResponse) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *CopyObjectsResponse) GetResults() []*MigrationResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+type MoveObjectsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Keys          []string               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	Target        *MigrationTarget       `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`
+	FromSegmentId string                 `protobuf:"bytes,4,opt,name=from_segment_id,json=fromSegmentId,proto3" json:"from_segment_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveObjectsRequest) Reset() {
+	*x = MoveObjectsRequest{}
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveObjectsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveObjectsRequest) ProtoMessage() {}
+
+func (x *MoveObjectsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveObjectsRequest.ProtoReflect.Descriptor instead.
+func (*MoveObjectsRequest) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *MoveObjectsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *MoveObjectsRequest) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *MoveObjectsRequest) GetTarget() *MigrationTarget {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
+func (x *MoveObjectsRequest) GetFromSegmentId() string {
+	if x != nil {
+		return x.FromSegmentId
+	}
+	return ""
+}
+
+type MoveObjectsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*MigrationResult     `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveObjectsResponse) Reset() {
+	*x = MoveObjectsResponse{}
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveObjectsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveObjectsResponse) ProtoMessage() {}
+
+func (x *MoveObjectsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveObjectsResponse.ProtoReflect.Descriptor instead.
+func (*MoveObjectsResponse) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *MoveObjectsResponse) GetResults() []*MigrationResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
 // Segment is the master's view of a segment.
 type Segment struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -44,7 +261,7 @@ type Segment struct {
 
 func (x *Segment) Reset() {
 	*x = Segment{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[0]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -56,7 +273,7 @@ func (x *Segment) String() string {
 func (*Segment) ProtoMessage() {}
 
 func (x *Segment) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[0]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -69,7 +286,7 @@ func (x *Segment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Segment.ProtoReflect.Descriptor instead.
 func (*Segment) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Segment) GetInfo() *SegmentInfo {
@@ -157,7 +374,7 @@ type ListSegmentsRequest struct {
 
 func (x *ListSegmentsRequest) Reset() {
 	*x = ListSegmentsRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[1]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -169,7 +386,7 @@ func (x *ListSegmentsRequest) String() string {
 func (*ListSegmentsRequest) ProtoMessage() {}
 
 func (x *ListSegmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[1]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -182,7 +399,7 @@ func (x *ListSegmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSegmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListSegmentsRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 type ListSegmentsResponse struct {
@@ -194,7 +411,7 @@ type ListSegmentsResponse struct {
 
 func (x *ListSegmentsResponse) Reset() {
 	*x = ListSegmentsResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[2]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -206,7 +423,7 @@ func (x *ListSegmentsResponse) String() string {
 func (*ListSegmentsResponse) ProtoMessage() {}
 
 func (x *ListSegmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[2]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -219,7 +436,7 @@ func (x *ListSegmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSegmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListSegmentsResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListSegmentsResponse) GetSegments() []*Segment {
@@ -238,7 +455,7 @@ type GetSegmentRequest struct {
 
 func (x *GetSegmentRequest) Reset() {
 	*x = GetSegmentRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[3]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -250,7 +467,7 @@ func (x *GetSegmentRequest) String() string {
 func (*GetSegmentRequest) ProtoMessage() {}
 
 func (x *GetSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[3]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -263,7 +480,7 @@ func (x *GetSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSegmentRequest.ProtoReflect.Descriptor instead.
 func (*GetSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetSegmentRequest) GetSegmentId() string {
@@ -282,7 +499,7 @@ type GetSegmentResponse struct {
 
 func (x *GetSegmentResponse) Reset() {
 	*x = GetSegmentResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[4]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -294,7 +511,7 @@ func (x *GetSegmentResponse) String() string {
 func (*GetSegmentResponse) ProtoMessage() {}
 
 func (x *GetSegmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[4]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -307,7 +524,7 @@ func (x *GetSegmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSegmentResponse.ProtoReflect.Descriptor instead.
 func (*GetSegmentResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetSegmentResponse) GetSegment() *Segment {
@@ -334,7 +551,7 @@ type Agent struct {
 
 func (x *Agent) Reset() {
 	*x = Agent{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[5]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -346,7 +563,7 @@ func (x *Agent) String() string {
 func (*Agent) ProtoMessage() {}
 
 func (x *Agent) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[5]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -359,7 +576,7 @@ func (x *Agent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Agent.ProtoReflect.Descriptor instead.
 func (*Agent) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Agent) GetAgentId() string {
@@ -426,7 +643,7 @@ type ListAgentsRequest struct {
 
 func (x *ListAgentsRequest) Reset() {
 	*x = ListAgentsRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[6]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -438,7 +655,7 @@ func (x *ListAgentsRequest) String() string {
 func (*ListAgentsRequest) ProtoMessage() {}
 
 func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[6]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -451,7 +668,7 @@ func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsRequest.ProtoReflect.Descriptor instead.
 func (*ListAgentsRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 type ListAgentsResponse struct {
@@ -463,7 +680,7 @@ type ListAgentsResponse struct {
 
 func (x *ListAgentsResponse) Reset() {
 	*x = ListAgentsResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[7]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -475,7 +692,7 @@ func (x *ListAgentsResponse) String() string {
 func (*ListAgentsResponse) ProtoMessage() {}
 
 func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[7]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -488,7 +705,7 @@ func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsResponse.ProtoReflect.Descriptor instead.
 func (*ListAgentsResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListAgentsResponse) GetAgents() []*Agent {
@@ -507,7 +724,7 @@ type DrainSegmentRequest struct {
 
 func (x *DrainSegmentRequest) Reset() {
 	*x = DrainSegmentRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[8]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -519,7 +736,7 @@ func (x *DrainSegmentRequest) String() string {
 func (*DrainSegmentRequest) ProtoMessage() {}
 
 func (x *DrainSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[8]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -532,7 +749,7 @@ func (x *DrainSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainSegmentRequest.ProtoReflect.Descriptor instead.
 func (*DrainSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DrainSegmentRequest) GetSegmentId() string {
@@ -551,7 +768,7 @@ type DrainSegmentResponse struct {
 
 func (x *DrainSegmentResponse) Reset() {
 	*x = DrainSegmentResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[9]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -563,7 +780,7 @@ func (x *DrainSegmentResponse) String() string {
 func (*DrainSegmentResponse) ProtoMessage() {}
 
 func (x *DrainSegmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[9]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -576,7 +793,7 @@ func (x *DrainSegmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainSegmentResponse.ProtoReflect.Descriptor instead.
 func (*DrainSegmentResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DrainSegmentResponse) GetSegment() *Segment {
@@ -595,7 +812,7 @@ type UndrainSegmentRequest struct {
 
 func (x *UndrainSegmentRequest) Reset() {
 	*x = UndrainSegmentRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[10]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -607,7 +824,7 @@ func (x *UndrainSegmentRequest) String() string {
 func (*UndrainSegmentRequest) ProtoMessage() {}
 
 func (x *UndrainSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[10]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -620,7 +837,7 @@ func (x *UndrainSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainSegmentRequest.ProtoReflect.Descriptor instead.
 func (*UndrainSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *UndrainSegmentRequest) GetSegmentId() string {
@@ -639,7 +856,7 @@ type UndrainSegmentResponse struct {
 
 func (x *UndrainSegmentResponse) Reset() {
 	*x = UndrainSegmentResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -651,7 +868,7 @@ func (x *UndrainSegmentResponse) String() string {
 func (*UndrainSegmentResponse) ProtoMessage() {}
 
 func (x *UndrainSegmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -664,7 +881,7 @@ func (x *UndrainSegmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainSegmentResponse.ProtoReflect.Descriptor instead.
 func (*UndrainSegmentResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *UndrainSegmentResponse) GetSegment() *Segment {
@@ -690,7 +907,7 @@ type TenantQuota struct {
 
 func (x *TenantQuota) Reset() {
 	*x = TenantQuota{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -702,7 +919,7 @@ func (x *TenantQuota) String() string {
 func (*TenantQuota) ProtoMessage() {}
 
 func (x *TenantQuota) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -715,7 +932,7 @@ func (x *TenantQuota) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantQuota.ProtoReflect.Descriptor instead.
 func (*TenantQuota) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TenantQuota) GetTenant() string {
@@ -764,7 +981,7 @@ type SetTenantQuotaRequest struct {
 
 func (x *SetTenantQuotaRequest) Reset() {
 	*x = SetTenantQuotaRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -776,7 +993,7 @@ func (x *SetTenantQuotaRequest) String() string {
 func (*SetTenantQuotaRequest) ProtoMessage() {}
 
 func (x *SetTenantQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -789,7 +1006,7 @@ func (x *SetTenantQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTenantQuotaRequest.ProtoReflect.Descriptor instead.
 func (*SetTenantQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetTenantQuotaRequest) GetTenant() string {
@@ -822,7 +1039,7 @@ type SetTenantQuotaResponse struct {
 
 func (x *SetTenantQuotaResponse) Reset() {
 	*x = SetTenantQuotaResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -834,7 +1051,7 @@ func (x *SetTenantQuotaResponse) String() string {
 func (*SetTenantQuotaResponse) ProtoMessage() {}
 
 func (x *SetTenantQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -847,7 +1064,7 @@ func (x *SetTenantQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTenantQuotaResponse.ProtoReflect.Descriptor instead.
 func (*SetTenantQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SetTenantQuotaResponse) GetQuota() *TenantQuota {
@@ -866,7 +1083,7 @@ type GetTenantQuotaRequest struct {
 
 func (x *GetTenantQuotaRequest) Reset() {
 	*x = GetTenantQuotaRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -878,7 +1095,7 @@ func (x *GetTenantQuotaRequest) String() string {
 func (*GetTenantQuotaRequest) ProtoMessage() {}
 
 func (x *GetTenantQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -891,7 +1108,7 @@ func (x *GetTenantQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantQuotaRequest.ProtoReflect.Descriptor instead.
 func (*GetTenantQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetTenantQuotaRequest) GetTenant() string {
@@ -910,7 +1127,7 @@ type GetTenantQuotaResponse struct {
 
 func (x *GetTenantQuotaResponse) Reset() {
 	*x = GetTenantQuotaResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -922,7 +1139,7 @@ func (x *GetTenantQuotaResponse) String() string {
 func (*GetTenantQuotaResponse) ProtoMessage() {}
 
 func (x *GetTenantQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -935,7 +1152,7 @@ func (x *GetTenantQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantQuotaResponse.ProtoReflect.Descriptor instead.
 func (*GetTenantQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetTenantQuotaResponse) GetQuota() *TenantQuota {
@@ -953,7 +1170,7 @@ type ListTenantsRequest struct {
 
 func (x *ListTenantsRequest) Reset() {
 	*x = ListTenantsRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -965,7 +1182,7 @@ func (x *ListTenantsRequest) String() string {
 func (*ListTenantsRequest) ProtoMessage() {}
 
 func (x *ListTenantsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -978,7 +1195,7 @@ func (x *ListTenantsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantsRequest.ProtoReflect.Descriptor instead.
 func (*ListTenantsRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 type ListTenantsResponse struct {
@@ -990,7 +1207,7 @@ type ListTenantsResponse struct {
 
 func (x *ListTenantsResponse) Reset() {
 	*x = ListTenantsResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1002,7 +1219,7 @@ func (x *ListTenantsResponse) String() string {
 func (*ListTenantsResponse) ProtoMessage() {}
 
 func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1015,7 +1232,7 @@ func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantsResponse.ProtoReflect.Descriptor instead.
 func (*ListTenantsResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListTenantsResponse) GetTenants() []*TenantQuota {
@@ -1033,7 +1250,7 @@ type GetClusterStatusRequest struct {
 
 func (x *GetClusterStatusRequest) Reset() {
 	*x = GetClusterStatusRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1045,7 +1262,7 @@ func (x *GetClusterStatusRequest) String() string {
 func (*GetClusterStatusRequest) ProtoMessage() {}
 
 func (x *GetClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1058,7 +1275,7 @@ func (x *GetClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 type GetClusterStatusResponse struct {
@@ -1082,7 +1299,7 @@ type GetClusterStatusResponse struct {
 
 func (x *GetClusterStatusResponse) Reset() {
 	*x = GetClusterStatusResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[20]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1311,7 @@ func (x *GetClusterStatusResponse) String() string {
 func (*GetClusterStatusResponse) ProtoMessage() {}
 
 func (x *GetClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[20]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1107,7 +1324,7 @@ func (x *GetClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetClusterStatusResponse) GetMasterId() string {
@@ -1206,7 +1423,7 @@ type MediumUsage struct {
 
 func (x *MediumUsage) Reset() {
 	*x = MediumUsage{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[21]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1218,7 +1435,7 @@ func (x *MediumUsage) String() string {
 func (*MediumUsage) ProtoMessage() {}
 
 func (x *MediumUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[21]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1231,7 +1448,7 @@ func (x *MediumUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MediumUsage.ProtoReflect.Descriptor instead.
 func (*MediumUsage) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *MediumUsage) GetMedium() Medium {
@@ -1259,7 +1476,20 @@ var File_crescent_master_v1_admin_proto protoreflect.FileDescriptor
 
 const file_crescent_master_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x1ecrescent/master/v1/admin.proto\x12\x12crescent.master.v1\x1a crescent/master/v1/segment.proto\x1a\x1ecrescent/master/v1/types.proto\"\xdd\x03\n" +
+	"\x1ecrescent/master/v1/admin.proto\x12\x12crescent.master.v1\x1a\x1fcrescent/master/v1/object.proto\x1a crescent/master/v1/segment.proto\x1a\x1ecrescent/master/v1/types.proto\"}\n" +
+	"\x12CopyObjectsRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04keys\x18\x02 \x03(\tR\x04keys\x12;\n" +
+	"\x06target\x18\x03 \x01(\v2#.crescent.master.v1.MigrationTargetR\x06target\"T\n" +
+	"\x13CopyObjectsResponse\x12=\n" +
+	"\aresults\x18\x01 \x03(\v2#.crescent.master.v1.MigrationResultR\aresults\"\xa5\x01\n" +
+	"\x12MoveObjectsRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04keys\x18\x02 \x03(\tR\x04keys\x12;\n" +
+	"\x06target\x18\x03 \x01(\v2#.crescent.master.v1.MigrationTargetR\x06target\x12&\n" +
+	"\x0ffrom_segment_id\x18\x04 \x01(\tR\rfromSegmentId\"T\n" +
+	"\x13MoveObjectsResponse\x12=\n" +
+	"\aresults\x18\x01 \x03(\v2#.crescent.master.v1.MigrationResultR\aresults\"\xdd\x03\n" +
 	"\aSegment\x123\n" +
 	"\x04info\x18\x01 \x01(\v2\x1f.crescent.master.v1.SegmentInfoR\x04info\x12\x19\n" +
 	"\bagent_id\x18\x02 \x01(\tR\aagentId\x12\x17\n" +
@@ -1347,7 +1577,7 @@ const file_crescent_master_v1_admin_proto_rawDesc = "" +
 	"\x06medium\x18\x01 \x01(\x0e2\x1a.crescent.master.v1.MediumR\x06medium\x12%\n" +
 	"\x0ecapacity_bytes\x18\x02 \x01(\x04R\rcapacityBytes\x12\x1d\n" +
 	"\n" +
-	"used_bytes\x18\x03 \x01(\x04R\tusedBytes2\x98\a\n" +
+	"used_bytes\x18\x03 \x01(\x04R\tusedBytes2\xd8\b\n" +
 	"\fAdminService\x12a\n" +
 	"\fListSegments\x12'.crescent.master.v1.ListSegmentsRequest\x1a(.crescent.master.v1.ListSegmentsResponse\x12[\n" +
 	"\n" +
@@ -1359,7 +1589,9 @@ const file_crescent_master_v1_admin_proto_rawDesc = "" +
 	"\x0eSetTenantQuota\x12).crescent.master.v1.SetTenantQuotaRequest\x1a*.crescent.master.v1.SetTenantQuotaResponse\x12g\n" +
 	"\x0eGetTenantQuota\x12).crescent.master.v1.GetTenantQuotaRequest\x1a*.crescent.master.v1.GetTenantQuotaResponse\x12^\n" +
 	"\vListTenants\x12&.crescent.master.v1.ListTenantsRequest\x1a'.crescent.master.v1.ListTenantsResponse\x12m\n" +
-	"\x10GetClusterStatus\x12+.crescent.master.v1.GetClusterStatusRequest\x1a,.crescent.master.v1.GetClusterStatusResponseB\xcf\x01\n" +
+	"\x10GetClusterStatus\x12+.crescent.master.v1.GetClusterStatusRequest\x1a,.crescent.master.v1.GetClusterStatusResponse\x12^\n" +
+	"\vCopyObjects\x12&.crescent.master.v1.CopyObjectsRequest\x1a'.crescent.master.v1.CopyObjectsResponse\x12^\n" +
+	"\vMoveObjects\x12&.crescent.master.v1.MoveObjectsRequest\x1a'.crescent.master.v1.MoveObjectsResponseB\xcf\x01\n" +
 	"\x16com.crescent.master.v1B\n" +
 	"AdminProtoP\x01Z?github.com/crescent-kv/crescent/gen/crescent/master/v1;masterv1\xa2\x02\x03CMX\xaa\x02\x12Crescent.Master.V1\xca\x02\x12Crescent\\Master\\V1\xe2\x02\x1eCrescent\\Master\\V1\\GPBMetadata\xea\x02\x14Crescent::Master::V1b\x06proto3"
 
@@ -1375,72 +1607,86 @@ func file_crescent_master_v1_admin_proto_rawDescGZIP() []byte {
 	return file_crescent_master_v1_admin_proto_rawDescData
 }
 
-var file_crescent_master_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_crescent_master_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_crescent_master_v1_admin_proto_goTypes = []any{
-	(*Segment)(nil),                  // 0: crescent.master.v1.Segment
-	(*ListSegmentsRequest)(nil),      // 1: crescent.master.v1.ListSegmentsRequest
-	(*ListSegmentsResponse)(nil),     // 2: crescent.master.v1.ListSegmentsResponse
-	(*GetSegmentRequest)(nil),        // 3: crescent.master.v1.GetSegmentRequest
-	(*GetSegmentResponse)(nil),       // 4: crescent.master.v1.GetSegmentResponse
-	(*Agent)(nil),                    // 5: crescent.master.v1.Agent
-	(*ListAgentsRequest)(nil),        // 6: crescent.master.v1.ListAgentsRequest
-	(*ListAgentsResponse)(nil),       // 7: crescent.master.v1.ListAgentsResponse
-	(*DrainSegmentRequest)(nil),      // 8: crescent.master.v1.DrainSegmentRequest
-	(*DrainSegmentResponse)(nil),     // 9: crescent.master.v1.DrainSegmentResponse
-	(*UndrainSegmentRequest)(nil),    // 10: crescent.master.v1.UndrainSegmentRequest
-	(*UndrainSegmentResponse)(nil),   // 11: crescent.master.v1.UndrainSegmentResponse
-	(*TenantQuota)(nil),              // 12: crescent.master.v1.TenantQuota
-	(*SetTenantQuotaRequest)(nil),    // 13: crescent.master.v1.SetTenantQuotaRequest
-	(*SetTenantQuotaResponse)(nil),   // 14: crescent.master.v1.SetTenantQuotaResponse
-	(*GetTenantQuotaRequest)(nil),    // 15: crescent.master.v1.GetTenantQuotaRequest
-	(*GetTenantQuotaResponse)(nil),   // 16: crescent.master.v1.GetTenantQuotaResponse
-	(*ListTenantsRequest)(nil),       // 17: crescent.master.v1.ListTenantsRequest
-	(*ListTenantsResponse)(nil),      // 18: crescent.master.v1.ListTenantsResponse
-	(*GetClusterStatusRequest)(nil),  // 19: crescent.master.v1.GetClusterStatusRequest
-	(*GetClusterStatusResponse)(nil), // 20: crescent.master.v1.GetClusterStatusResponse
-	(*MediumUsage)(nil),              // 21: crescent.master.v1.MediumUsage
-	(*SegmentInfo)(nil),              // 22: crescent.master.v1.SegmentInfo
-	(SegmentLifecycle)(0),            // 23: crescent.master.v1.SegmentLifecycle
-	(SegmentHealth)(0),               // 24: crescent.master.v1.SegmentHealth
-	(Medium)(0),                      // 25: crescent.master.v1.Medium
+	(*CopyObjectsRequest)(nil),       // 0: crescent.master.v1.CopyObjectsRequest
+	(*CopyObjectsResponse)(nil),      // 1: crescent.master.v1.CopyObjectsResponse
+	(*MoveObjectsRequest)(nil),       // 2: crescent.master.v1.MoveObjectsRequest
+	(*MoveObjectsResponse)(nil),      // 3: crescent.master.v1.MoveObjectsResponse
+	(*Segment)(nil),                  // 4: crescent.master.v1.Segment
+	(*ListSegmentsRequest)(nil),      // 5: crescent.master.v1.ListSegmentsRequest
+	(*ListSegmentsResponse)(nil),     // 6: crescent.master.v1.ListSegmentsResponse
+	(*GetSegmentRequest)(nil),        // 7: crescent.master.v1.GetSegmentRequest
+	(*GetSegmentResponse)(nil),       // 8: crescent.master.v1.GetSegmentResponse
+	(*Agent)(nil),                    // 9: crescent.master.v1.Agent
+	(*ListAgentsRequest)(nil),        // 10: crescent.master.v1.ListAgentsRequest
+	(*ListAgentsResponse)(nil),       // 11: crescent.master.v1.ListAgentsResponse
+	(*DrainSegmentRequest)(nil),      // 12: crescent.master.v1.DrainSegmentRequest
+	(*DrainSegmentResponse)(nil),     // 13: crescent.master.v1.DrainSegmentResponse
+	(*UndrainSegmentRequest)(nil),    // 14: crescent.master.v1.UndrainSegmentRequest
+	(*UndrainSegmentResponse)(nil),   // 15: crescent.master.v1.UndrainSegmentResponse
+	(*TenantQuota)(nil),              // 16: crescent.master.v1.TenantQuota
+	(*SetTenantQuotaRequest)(nil),    // 17: crescent.master.v1.SetTenantQuotaRequest
+	(*SetTenantQuotaResponse)(nil),   // 18: crescent.master.v1.SetTenantQuotaResponse
+	(*GetTenantQuotaRequest)(nil),    // 19: crescent.master.v1.GetTenantQuotaRequest
+	(*GetTenantQuotaResponse)(nil),   // 20: crescent.master.v1.GetTenantQuotaResponse
+	(*ListTenantsRequest)(nil),       // 21: crescent.master.v1.ListTenantsRequest
+	(*ListTenantsResponse)(nil),      // 22: crescent.master.v1.ListTenantsResponse
+	(*GetClusterStatusRequest)(nil),  // 23: crescent.master.v1.GetClusterStatusRequest
+	(*GetClusterStatusResponse)(nil), // 24: crescent.master.v1.GetClusterStatusResponse
+	(*MediumUsage)(nil),              // 25: crescent.master.v1.MediumUsage
+	(*MigrationTarget)(nil),          // 26: crescent.master.v1.MigrationTarget
+	(*MigrationResult)(nil),          // 27: crescent.master.v1.MigrationResult
+	(*SegmentInfo)(nil),              // 28: crescent.master.v1.SegmentInfo
+	(SegmentLifecycle)(0),            // 29: crescent.master.v1.SegmentLifecycle
+	(SegmentHealth)(0),               // 30: crescent.master.v1.SegmentHealth
+	(Medium)(0),                      // 31: crescent.master.v1.Medium
 }
 var file_crescent_master_v1_admin_proto_depIdxs = []int32{
-	22, // 0: crescent.master.v1.Segment.info:type_name -> crescent.master.v1.SegmentInfo
-	23, // 1: crescent.master.v1.Segment.lifecycle:type_name -> crescent.master.v1.SegmentLifecycle
-	24, // 2: crescent.master.v1.Segment.health:type_name -> crescent.master.v1.SegmentHealth
-	0,  // 3: crescent.master.v1.ListSegmentsResponse.segments:type_name -> crescent.master.v1.Segment
-	0,  // 4: crescent.master.v1.GetSegmentResponse.segment:type_name -> crescent.master.v1.Segment
-	5,  // 5: crescent.master.v1.ListAgentsResponse.agents:type_name -> crescent.master.v1.Agent
-	0,  // 6: crescent.master.v1.DrainSegmentResponse.segment:type_name -> crescent.master.v1.Segment
-	0,  // 7: crescent.master.v1.UndrainSegmentResponse.segment:type_name -> crescent.master.v1.Segment
-	12, // 8: crescent.master.v1.SetTenantQuotaResponse.quota:type_name -> crescent.master.v1.TenantQuota
-	12, // 9: crescent.master.v1.GetTenantQuotaResponse.quota:type_name -> crescent.master.v1.TenantQuota
-	12, // 10: crescent.master.v1.ListTenantsResponse.tenants:type_name -> crescent.master.v1.TenantQuota
-	21, // 11: crescent.master.v1.GetClusterStatusResponse.media:type_name -> crescent.master.v1.MediumUsage
-	25, // 12: crescent.master.v1.MediumUsage.medium:type_name -> crescent.master.v1.Medium
-	1,  // 13: crescent.master.v1.AdminService.ListSegments:input_type -> crescent.master.v1.ListSegmentsRequest
-	3,  // 14: crescent.master.v1.AdminService.GetSegment:input_type -> crescent.master.v1.GetSegmentRequest
-	6,  // 15: crescent.master.v1.AdminService.ListAgents:input_type -> crescent.master.v1.ListAgentsRequest
-	8,  // 16: crescent.master.v1.AdminService.DrainSegment:input_type -> crescent.master.v1.DrainSegmentRequest
-	10, // 17: crescent.master.v1.AdminService.UndrainSegment:input_type -> crescent.master.v1.UndrainSegmentRequest
-	13, // 18: crescent.master.v1.AdminService.SetTenantQuota:input_type -> crescent.master.v1.SetTenantQuotaRequest
-	15, // 19: crescent.master.v1.AdminService.GetTenantQuota:input_type -> crescent.master.v1.GetTenantQuotaRequest
-	17, // 20: crescent.master.v1.AdminService.ListTenants:input_type -> crescent.master.v1.ListTenantsRequest
-	19, // 21: crescent.master.v1.AdminService.GetClusterStatus:input_type -> crescent.master.v1.GetClusterStatusRequest
-	2,  // 22: crescent.master.v1.AdminService.ListSegments:output_type -> crescent.master.v1.ListSegmentsResponse
-	4,  // 23: crescent.master.v1.AdminService.GetSegment:output_type -> crescent.master.v1.GetSegmentResponse
-	7,  // 24: crescent.master.v1.AdminService.ListAgents:output_type -> crescent.master.v1.ListAgentsResponse
-	9,  // 25: crescent.master.v1.AdminService.DrainSegment:output_type -> crescent.master.v1.DrainSegmentResponse
-	11, // 26: crescent.master.v1.AdminService.UndrainSegment:output_type -> crescent.master.v1.UndrainSegmentResponse
-	14, // 27: crescent.master.v1.AdminService.SetTenantQuota:output_type -> crescent.master.v1.SetTenantQuotaResponse
-	16, // 28: crescent.master.v1.AdminService.GetTenantQuota:output_type -> crescent.master.v1.GetTenantQuotaResponse
-	18, // 29: crescent.master.v1.AdminService.ListTenants:output_type -> crescent.master.v1.ListTenantsResponse
-	20, // 30: crescent.master.v1.AdminService.GetClusterStatus:output_type -> crescent.master.v1.GetClusterStatusResponse
-	22, // [22:31] is the sub-list for method output_type
-	13, // [13:22] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	26, // 0: crescent.master.v1.CopyObjectsRequest.target:type_name -> crescent.master.v1.MigrationTarget
+	27, // 1: crescent.master.v1.CopyObjectsResponse.results:type_name -> crescent.master.v1.MigrationResult
+	26, // 2: crescent.master.v1.MoveObjectsRequest.target:type_name -> crescent.master.v1.MigrationTarget
+	27, // 3: crescent.master.v1.MoveObjectsResponse.results:type_name -> crescent.master.v1.MigrationResult
+	28, // 4: crescent.master.v1.Segment.info:type_name -> crescent.master.v1.SegmentInfo
+	29, // 5: crescent.master.v1.Segment.lifecycle:type_name -> crescent.master.v1.SegmentLifecycle
+	30, // 6: crescent.master.v1.Segment.health:type_name -> crescent.master.v1.SegmentHealth
+	4,  // 7: crescent.master.v1.ListSegmentsResponse.segments:type_name -> crescent.master.v1.Segment
+	4,  // 8: crescent.master.v1.GetSegmentResponse.segment:type_name -> crescent.master.v1.Segment
+	9,  // 9: crescent.master.v1.ListAgentsResponse.agents:type_name -> crescent.master.v1.Agent
+	4,  // 10: crescent.master.v1.DrainSegmentResponse.segment:type_name -> crescent.master.v1.Segment
+	4,  // 11: crescent.master.v1.UndrainSegmentResponse.segment:type_name -> crescent.master.v1.Segment
+	16, // 12: crescent.master.v1.SetTenantQuotaResponse.quota:type_name -> crescent.master.v1.TenantQuota
+	16, // 13: crescent.master.v1.GetTenantQuotaResponse.quota:type_name -> crescent.master.v1.TenantQuota
+	16, // 14: crescent.master.v1.ListTenantsResponse.tenants:type_name -> crescent.master.v1.TenantQuota
+	25, // 15: crescent.master.v1.GetClusterStatusResponse.media:type_name -> crescent.master.v1.MediumUsage
+	31, // 16: crescent.master.v1.MediumUsage.medium:type_name -> crescent.master.v1.Medium
+	5,  // 17: crescent.master.v1.AdminService.ListSegments:input_type -> crescent.master.v1.ListSegmentsRequest
+	7,  // 18: crescent.master.v1.AdminService.GetSegment:input_type -> crescent.master.v1.GetSegmentRequest
+	10, // 19: crescent.master.v1.AdminService.ListAgents:input_type -> crescent.master.v1.ListAgentsRequest
+	12, // 20: crescent.master.v1.AdminService.DrainSegment:input_type -> crescent.master.v1.DrainSegmentRequest
+	14, // 21: crescent.master.v1.AdminService.UndrainSegment:input_type -> crescent.master.v1.UndrainSegmentRequest
+	17, // 22: crescent.master.v1.AdminService.SetTenantQuota:input_type -> crescent.master.v1.SetTenantQuotaRequest
+	19, // 23: crescent.master.v1.AdminService.GetTenantQuota:input_type -> crescent.master.v1.GetTenantQuotaRequest
+	21, // 24: crescent.master.v1.AdminService.ListTenants:input_type -> crescent.master.v1.ListTenantsRequest
+	23, // 25: crescent.master.v1.AdminService.GetClusterStatus:input_type -> crescent.master.v1.GetClusterStatusRequest
+	0,  // 26: crescent.master.v1.AdminService.CopyObjects:input_type -> crescent.master.v1.CopyObjectsRequest
+	2,  // 27: crescent.master.v1.AdminService.MoveObjects:input_type -> crescent.master.v1.MoveObjectsRequest
+	6,  // 28: crescent.master.v1.AdminService.ListSegments:output_type -> crescent.master.v1.ListSegmentsResponse
+	8,  // 29: crescent.master.v1.AdminService.GetSegment:output_type -> crescent.master.v1.GetSegmentResponse
+	11, // 30: crescent.master.v1.AdminService.ListAgents:output_type -> crescent.master.v1.ListAgentsResponse
+	13, // 31: crescent.master.v1.AdminService.DrainSegment:output_type -> crescent.master.v1.DrainSegmentResponse
+	15, // 32: crescent.master.v1.AdminService.UndrainSegment:output_type -> crescent.master.v1.UndrainSegmentResponse
+	18, // 33: crescent.master.v1.AdminService.SetTenantQuota:output_type -> crescent.master.v1.SetTenantQuotaResponse
+	20, // 34: crescent.master.v1.AdminService.GetTenantQuota:output_type -> crescent.master.v1.GetTenantQuotaResponse
+	22, // 35: crescent.master.v1.AdminService.ListTenants:output_type -> crescent.master.v1.ListTenantsResponse
+	24, // 36: crescent.master.v1.AdminService.GetClusterStatus:output_type -> crescent.master.v1.GetClusterStatusResponse
+	1,  // 37: crescent.master.v1.AdminService.CopyObjects:output_type -> crescent.master.v1.CopyObjectsResponse
+	3,  // 38: crescent.master.v1.AdminService.MoveObjects:output_type -> crescent.master.v1.MoveObjectsResponse
+	28, // [28:39] is the sub-list for method output_type
+	17, // [17:28] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_crescent_master_v1_admin_proto_init() }
@@ -1448,6 +1694,7 @@ func file_crescent_master_v1_admin_proto_init() {
 	if File_crescent_master_v1_admin_proto != nil {
 		return
 	}
+	file_crescent_master_v1_object_proto_init()
 	file_crescent_master_v1_segment_proto_init()
 	file_crescent_master_v1_types_proto_init()
 	type x struct{}
@@ -1456,7 +1703,7 @@ func file_crescent_master_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crescent_master_v1_admin_proto_rawDesc), len(file_crescent_master_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

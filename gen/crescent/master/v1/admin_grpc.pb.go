@@ -28,6 +28,8 @@ const (
 	AdminService_GetTenantQuota_FullMethodName   = "/crescent.master.v1.AdminService/GetTenantQuota"
 	AdminService_ListTenants_FullMethodName      = "/crescent.master.v1.AdminService/ListTenants"
 	AdminService_GetClusterStatus_FullMethodName = "/crescent.master.v1.AdminService/GetClusterStatus"
+	AdminService_CopyObjects_FullMethodName      = "/crescent.master.v1.AdminService/CopyObjects"
+	AdminService_MoveObjects_FullMethodName      = "/crescent.master.v1.AdminService/MoveObjects"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -61,6 +63,12 @@ type AdminServiceClient interface {
 	ListTenants(ctx context.Context, in *ListTenantsRequest, opts ...grpc.CallOption) (*ListTenantsResponse, error)
 	// GetClusterStatus summarises the master: epoch, leader, counts, revision.
 	GetClusterStatus(ctx context.Context, in *GetClusterStatusRequest, opts ...grpc.CallOption) (*GetClusterStatusResponse, error)
+	// CopyObjects is ObjectService.Copy for operators: admins only, any
+	// tenant, same limits, guarantees and answers. Audited.
+	CopyObjects(ctx context.Context, in *CopyObjectsRequest, opts ...grpc.CallOption) (*CopyObjectsResponse, error)
+	// MoveObjects is ObjectService.Move for operators: admins only, any
+	// tenant, same limits, guarantees and answers. Audited.
+	MoveObjects(ctx context.Context, in *MoveObjectsRequest, opts ...grpc.CallOption) (*MoveObjectsResponse, error)
 }
 
 type adminServiceClient struct {
@@ -161,6 +169,26 @@ func (c *adminServiceClient) GetClusterStatus(ctx context.Context, in *GetCluste
 	return out, nil
 }
 
+func (c *adminServiceClient) CopyObjects(ctx context.Context, in *CopyObjectsRequest, opts ...grpc.CallOption) (*CopyObjectsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CopyObjectsResponse)
+	err := c.cc.Invoke(ctx, AdminService_CopyObjects_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) MoveObjects(ctx context.Context, in *MoveObjectsRequest, opts ...grpc.CallOption) (*MoveObjectsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MoveObjectsResponse)
+	err := c.cc.Invoke(ctx, AdminService_MoveObjects_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -192,6 +220,12 @@ type AdminServiceServer interface {
 	ListTenants(context.Context, *ListTenantsRequest) (*ListTenantsResponse, error)
 	// GetClusterStatus summarises the master: epoch, leader, counts, revision.
 	GetClusterStatus(context.Context, *GetClusterStatusRequest) (*GetClusterStatusResponse, error)
+	// CopyObjects is ObjectService.Copy for operators: admins only, any
+	// tenant, same limits, guarantees and answers. Audited.
+	CopyObjects(context.Context, *CopyObjectsRequest) (*CopyObjectsResponse, error)
+	// MoveObjects is ObjectService.Move for operators: admins only, any
+	// tenant, same limits, guarantees and answers. Audited.
+	MoveObjects(context.Context, *MoveObjectsRequest) (*MoveObjectsResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -228,6 +262,12 @@ func (UnimplementedAdminServiceServer) ListTenants(context.Context, *ListTenants
 }
 func (UnimplementedAdminServiceServer) GetClusterStatus(context.Context, *GetClusterStatusRequest) (*GetClusterStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetClusterStatus not implemented")
+}
+func (UnimplementedAdminServiceServer) CopyObjects(context.Context, *CopyObjectsRequest) (*CopyObjectsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CopyObjects not implemented")
+}
+func (UnimplementedAdminServiceServer) MoveObjects(context.Context, *MoveObjectsRequest) (*MoveObjectsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MoveObjects not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -412,6 +452,42 @@ func _AdminService_GetClusterStatus_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_CopyObjects_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CopyObjectsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).CopyObjects(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_CopyObjects_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).CopyObjects(ctx, req.(*CopyObjectsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_MoveObjects_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MoveObjectsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).MoveObjects(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_MoveObjects_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).MoveObjects(ctx, req.(*MoveObjectsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -454,6 +530,14 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetClusterStatus",
 			Handler:    _AdminService_GetClusterStatus_Handler,
+		},
+		{
+			MethodName: "CopyObjects",
+			Handler:    _AdminService_CopyObjects_Handler,
+		},
+		{
+			MethodName: "MoveObjects",
+			Handler:    _AdminService_MoveObjects_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -22,6 +22,404 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// MigrationTarget is where Copy and Move put the new replica.
+type MigrationTarget struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Target:
+	//
+	//	*MigrationTarget_SegmentId
+	//	*MigrationTarget_HostId
+	//	*MigrationTarget_Medium
+	Target        isMigrationTarget_Target `protobuf_oneof:"target"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigrationTarget) Reset() {
+	*x = MigrationTarget{}
+	mi := &file_crescent_master_v1_object_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigrationTarget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigrationTarget) ProtoMessage() {}
+
+func (x *MigrationTarget) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_object_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigrationTarget.ProtoReflect.Descriptor instead.
+func (*MigrationTarget) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *MigrationTarget) GetTarget() isMigrationTarget_Target {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
+func (x *MigrationTarget) GetSegmentId() string {
+	if x != nil {
+		if x, ok := x.Target.(*MigrationTarget_SegmentId); ok {
+			return x.SegmentId
+		}
+	}
+	return ""
+}
+
+func (x *MigrationTarget) GetHostId() string {
+	if x != nil {
+		if x, ok := x.Target.(*MigrationTarget_HostId); ok {
+			return x.HostId
+		}
+	}
+	return ""
+}
+
+func (x *MigrationTarget) GetMedium() Medium {
+	if x != nil {
+		if x, ok := x.Target.(*MigrationTarget_Medium); ok {
+			return x.Medium
+		}
+	}
+	return Medium_MEDIUM_UNSPECIFIED
+}
+
+type isMigrationTarget_Target interface {
+	isMigrationTarget_Target()
+}
+
+type MigrationTarget_SegmentId struct {
+	// A segment that can allocate.
+	SegmentId string `protobuf:"bytes,1,opt,name=segment_id,json=segmentId,proto3,oneof"`
+}
+
+type MigrationTarget_HostId struct {
+	// Any segment of the host that can allocate, of the source replica's
+	// medium, the one with the most free space.
+	HostId string `protobuf:"bytes,2,opt,name=host_id,json=hostId,proto3,oneof"`
+}
+
+type MigrationTarget_Medium struct {
+	// Any segment of the medium (placement's usual choice).
+	Medium Medium `protobuf:"varint,3,opt,name=medium,proto3,enum=crescent.master.v1.Medium,oneof"`
+}
+
+func (*MigrationTarget_SegmentId) isMigrationTarget_Target() {}
+
+func (*MigrationTarget_HostId) isMigrationTarget_Target() {}
+
+func (*MigrationTarget_Medium) isMigrationTarget_Target() {}
+
+// ObjectServiceCopyRequest is Copy's request (CopyRequest is the agents'
+// copy, in segment.proto).
+type ObjectServiceCopyRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// 1..1024 keys, distinct, each 1..4096 bytes.
+	Keys          []string         `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	Target        *MigrationTarget `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ObjectServiceCopyRequest) Reset() {
+	*x = ObjectServiceCopyRequest{}
+	mi := &file_crescent_master_v1_object_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ObjectServiceCopyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ObjectServiceCopyRequest) ProtoMessage() {}
+
+func (x *ObjectServiceCopyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_object_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ObjectServiceCopyRequest.ProtoReflect.Descriptor instead.
+func (*ObjectServiceCopyRequest) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ObjectServiceCopyRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ObjectServiceCopyRequest) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *ObjectServiceCopyRequest) GetTarget() *MigrationTarget {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
+type ObjectServiceCopyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per key, in request order.
+	Results       []*MigrationResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ObjectServiceCopyResponse) Reset() {
+	*x = ObjectServiceCopyResponse{}
+	mi := &file_crescent_master_v1_object_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ObjectServiceCopyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ObjectServiceCopyResponse) ProtoMessage() {}
+
+func (x *ObjectServiceCopyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_object_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ObjectServiceCopyResponse.ProtoReflect.Descriptor instead.
+func (*ObjectServiceCopyResponse) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ObjectServiceCopyResponse) GetResults() []*MigrationResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+type ObjectServiceMoveRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// 1..1024 keys, distinct, each 1..4096 bytes.
+	Keys   []string         `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	Target *MigrationTarget `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`
+	// The replica to move, by its segment; empty: the object's first COMPLETE
+	// replica (in placement order) that is not on the target.
+	FromSegmentId string `protobuf:"bytes,4,opt,name=from_segment_id,json=fromSegmentId,proto3" json:"from_segment_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ObjectServiceMoveRequest) Reset() {
+	*x = ObjectServiceMoveRequest{}
+	mi := &file_crescent_master_v1_object_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ObjectServiceMoveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ObjectServiceMoveRequest) ProtoMessage() {}
+
+func (x *ObjectServiceMoveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_object_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ObjectServiceMoveRequest.ProtoReflect.Descriptor instead.
+func (*ObjectServiceMoveRequest) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ObjectServiceMoveRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ObjectServiceMoveRequest) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *ObjectServiceMoveRequest) GetTarget() *MigrationTarget {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
+func (x *ObjectServiceMoveRequest) GetFromSegmentId() string {
+	if x != nil {
+		return x.FromSegmentId
+	}
+	return ""
+}
+
+type ObjectServiceMoveResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per key, in request order.
+	Results       []*MigrationResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ObjectServiceMoveResponse) Reset() {
+	*x = ObjectServiceMoveResponse{}
+	mi := &file_crescent_master_v1_object_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ObjectServiceMoveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ObjectServiceMoveResponse) ProtoMessage() {}
+
+func (x *ObjectServiceMoveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_object_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ObjectServiceMoveResponse.ProtoReflect.Descriptor instead.
+func (*ObjectServiceMoveResponse) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ObjectServiceMoveResponse) GetResults() []*MigrationResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// MigrationResult is one key's outcome of a Copy or Move.
+type MigrationResult struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Key    string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Status *ItemStatus            `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	// The new replica (COMPLETE, without a token) when status is OK.
+	Replica *ReplicaDescriptor `protobuf:"bytes,3,opt,name=replica,proto3" json:"replica,omitempty"`
+	// The segment the bytes were copied from (for Move, the removed replica).
+	SourceSegmentId string `protobuf:"bytes,4,opt,name=source_segment_id,json=sourceSegmentId,proto3" json:"source_segment_id,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *MigrationResult) Reset() {
+	*x = MigrationResult{}
+	mi := &file_crescent_master_v1_object_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigrationResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigrationResult) ProtoMessage() {}
+
+func (x *MigrationResult) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_object_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigrationResult.ProtoReflect.Descriptor instead.
+func (*MigrationResult) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *MigrationResult) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *MigrationResult) GetStatus() *ItemStatus {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+func (x *MigrationResult) GetReplica() *ReplicaDescriptor {
+	if x != nil {
+		return x.Replica
+	}
+	return nil
+}
+
+func (x *MigrationResult) GetSourceSegmentId() string {
+	if x != nil {
+		return x.SourceSegmentId
+	}
+	return ""
+}
+
 // PutStartRequest starts a write of one object. An upsert replaces an
 // existing object destructively: its old replicas are removed (recording
 // `removed`) before the new ones are placed.
@@ -42,7 +440,7 @@ type PutStartRequest struct {
 
 func (x *PutStartRequest) Reset() {
 	*x = PutStartRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[0]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -54,7 +452,7 @@ func (x *PutStartRequest) String() string {
 func (*PutStartRequest) ProtoMessage() {}
 
 func (x *PutStartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[0]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -67,7 +465,7 @@ func (x *PutStartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutStartRequest.ProtoReflect.Descriptor instead.
 func (*PutStartRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{0}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PutStartRequest) GetTenant() string {
@@ -122,7 +520,7 @@ type PutStartResponse struct {
 
 func (x *PutStartResponse) Reset() {
 	*x = PutStartResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[1]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -134,7 +532,7 @@ func (x *PutStartResponse) String() string {
 func (*PutStartResponse) ProtoMessage() {}
 
 func (x *PutStartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[1]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -147,7 +545,7 @@ func (x *PutStartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutStartResponse.ProtoReflect.Descriptor instead.
 func (*PutStartResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{1}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PutStartResponse) GetReplicas() []*ReplicaDescriptor {
@@ -170,7 +568,7 @@ type PutEndRequest struct {
 
 func (x *PutEndRequest) Reset() {
 	*x = PutEndRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[2]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -182,7 +580,7 @@ func (x *PutEndRequest) String() string {
 func (*PutEndRequest) ProtoMessage() {}
 
 func (x *PutEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[2]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -195,7 +593,7 @@ func (x *PutEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutEndRequest.ProtoReflect.Descriptor instead.
 func (*PutEndRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{2}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PutEndRequest) GetTenant() string {
@@ -234,7 +632,7 @@ type PutEndResponse struct {
 
 func (x *PutEndResponse) Reset() {
 	*x = PutEndResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[3]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -246,7 +644,7 @@ func (x *PutEndResponse) String() string {
 func (*PutEndResponse) ProtoMessage() {}
 
 func (x *PutEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[3]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -259,7 +657,7 @@ func (x *PutEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutEndResponse.ProtoReflect.Descriptor instead.
 func (*PutEndResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{3}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{9}
 }
 
 type PutRevokeRequest struct {
@@ -273,7 +671,7 @@ type PutRevokeRequest struct {
 
 func (x *PutRevokeRequest) Reset() {
 	*x = PutRevokeRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[4]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -285,7 +683,7 @@ func (x *PutRevokeRequest) String() string {
 func (*PutRevokeRequest) ProtoMessage() {}
 
 func (x *PutRevokeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[4]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -298,7 +696,7 @@ func (x *PutRevokeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRevokeRequest.ProtoReflect.Descriptor instead.
 func (*PutRevokeRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{4}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PutRevokeRequest) GetTenant() string {
@@ -330,7 +728,7 @@ type PutRevokeResponse struct {
 
 func (x *PutRevokeResponse) Reset() {
 	*x = PutRevokeResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[5]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -342,7 +740,7 @@ func (x *PutRevokeResponse) String() string {
 func (*PutRevokeResponse) ProtoMessage() {}
 
 func (x *PutRevokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[5]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -355,7 +753,7 @@ func (x *PutRevokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRevokeResponse.ProtoReflect.Descriptor instead.
 func (*PutRevokeResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{5}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{11}
 }
 
 type BatchPutStartRequest struct {
@@ -367,7 +765,7 @@ type BatchPutStartRequest struct {
 
 func (x *BatchPutStartRequest) Reset() {
 	*x = BatchPutStartRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[6]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -379,7 +777,7 @@ func (x *BatchPutStartRequest) String() string {
 func (*BatchPutStartRequest) ProtoMessage() {}
 
 func (x *BatchPutStartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[6]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -392,7 +790,7 @@ func (x *BatchPutStartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutStartRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutStartRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{6}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *BatchPutStartRequest) GetItems() []*PutStartRequest {
@@ -411,7 +809,7 @@ type BatchPutStartResponse struct {
 
 func (x *BatchPutStartResponse) Reset() {
 	*x = BatchPutStartResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[7]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -423,7 +821,7 @@ func (x *BatchPutStartResponse) String() string {
 func (*BatchPutStartResponse) ProtoMessage() {}
 
 func (x *BatchPutStartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[7]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -436,7 +834,7 @@ func (x *BatchPutStartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutStartResponse.ProtoReflect.Descriptor instead.
 func (*BatchPutStartResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{7}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *BatchPutStartResponse) GetResults() []*PutStartResult {
@@ -457,7 +855,7 @@ type PutStartResult struct {
 
 func (x *PutStartResult) Reset() {
 	*x = PutStartResult{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[8]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -469,7 +867,7 @@ func (x *PutStartResult) String() string {
 func (*PutStartResult) ProtoMessage() {}
 
 func (x *PutStartResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[8]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -482,7 +880,7 @@ func (x *PutStartResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutStartResult.ProtoReflect.Descriptor instead.
 func (*PutStartResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{8}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PutStartResult) GetStatus() *ItemStatus {
@@ -508,7 +906,7 @@ type BatchPutEndRequest struct {
 
 func (x *BatchPutEndRequest) Reset() {
 	*x = BatchPutEndRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[9]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -520,7 +918,7 @@ func (x *BatchPutEndRequest) String() string {
 func (*BatchPutEndRequest) ProtoMessage() {}
 
 func (x *BatchPutEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[9]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -533,7 +931,7 @@ func (x *BatchPutEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutEndRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutEndRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{9}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BatchPutEndRequest) GetItems() []*PutEndRequest {
@@ -552,7 +950,7 @@ type BatchPutEndResponse struct {
 
 func (x *BatchPutEndResponse) Reset() {
 	*x = BatchPutEndResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[10]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -564,7 +962,7 @@ func (x *BatchPutEndResponse) String() string {
 func (*BatchPutEndResponse) ProtoMessage() {}
 
 func (x *BatchPutEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[10]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -577,7 +975,7 @@ func (x *BatchPutEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutEndResponse.ProtoReflect.Descriptor instead.
 func (*BatchPutEndResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{10}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *BatchPutEndResponse) GetResults() []*ItemStatus {
@@ -596,7 +994,7 @@ type BatchPutRevokeRequest struct {
 
 func (x *BatchPutRevokeRequest) Reset() {
 	*x = BatchPutRevokeRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -608,7 +1006,7 @@ func (x *BatchPutRevokeRequest) String() string {
 func (*BatchPutRevokeRequest) ProtoMessage() {}
 
 func (x *BatchPutRevokeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -621,7 +1019,7 @@ func (x *BatchPutRevokeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutRevokeRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutRevokeRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{11}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *BatchPutRevokeRequest) GetItems() []*PutRevokeRequest {
@@ -640,7 +1038,7 @@ type BatchPutRevokeResponse struct {
 
 func (x *BatchPutRevokeResponse) Reset() {
 	*x = BatchPutRevokeResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -652,7 +1050,7 @@ func (x *BatchPutRevokeResponse) String() string {
 func (*BatchPutRevokeResponse) ProtoMessage() {}
 
 func (x *BatchPutRevokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -665,7 +1063,7 @@ func (x *BatchPutRevokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutRevokeResponse.ProtoReflect.Descriptor instead.
 func (*BatchPutRevokeResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{12}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *BatchPutRevokeResponse) GetResults() []*ItemStatus {
@@ -687,7 +1085,7 @@ type GetReplicaListRequest struct {
 
 func (x *GetReplicaListRequest) Reset() {
 	*x = GetReplicaListRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -699,7 +1097,7 @@ func (x *GetReplicaListRequest) String() string {
 func (*GetReplicaListRequest) ProtoMessage() {}
 
 func (x *GetReplicaListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -712,7 +1110,7 @@ func (x *GetReplicaListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaListRequest.ProtoReflect.Descriptor instead.
 func (*GetReplicaListRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{13}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetReplicaListRequest) GetTenant() string {
@@ -752,7 +1150,7 @@ type GetReplicaListResponse struct {
 
 func (x *GetReplicaListResponse) Reset() {
 	*x = GetReplicaListResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -764,7 +1162,7 @@ func (x *GetReplicaListResponse) String() string {
 func (*GetReplicaListResponse) ProtoMessage() {}
 
 func (x *GetReplicaListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -777,7 +1175,7 @@ func (x *GetReplicaListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaListResponse.ProtoReflect.Descriptor instead.
 func (*GetReplicaListResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{14}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetReplicaListResponse) GetSize() uint64 {
@@ -824,7 +1222,7 @@ type BatchGetReplicaListRequest struct {
 
 func (x *BatchGetReplicaListRequest) Reset() {
 	*x = BatchGetReplicaListRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +1234,7 @@ func (x *BatchGetReplicaListRequest) String() string {
 func (*BatchGetReplicaListRequest) ProtoMessage() {}
 
 func (x *BatchGetReplicaListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +1247,7 @@ func (x *BatchGetReplicaListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetReplicaListRequest.ProtoReflect.Descriptor instead.
 func (*BatchGetReplicaListRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{15}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *BatchGetReplicaListRequest) GetItems() []*GetReplicaListRequest {
@@ -868,7 +1266,7 @@ type BatchGetReplicaListResponse struct {
 
 func (x *BatchGetReplicaListResponse) Reset() {
 	*x = BatchGetReplicaListResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -880,7 +1278,7 @@ func (x *BatchGetReplicaListResponse) String() string {
 func (*BatchGetReplicaListResponse) ProtoMessage() {}
 
 func (x *BatchGetReplicaListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -893,7 +1291,7 @@ func (x *BatchGetReplicaListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetReplicaListResponse.ProtoReflect.Descriptor instead.
 func (*BatchGetReplicaListResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{16}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BatchGetReplicaListResponse) GetResults() []*GetReplicaListResult {
@@ -914,7 +1312,7 @@ type GetReplicaListResult struct {
 
 func (x *GetReplicaListResult) Reset() {
 	*x = GetReplicaListResult{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -926,7 +1324,7 @@ func (x *GetReplicaListResult) String() string {
 func (*GetReplicaListResult) ProtoMessage() {}
 
 func (x *GetReplicaListResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -939,7 +1337,7 @@ func (x *GetReplicaListResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaListResult.ProtoReflect.Descriptor instead.
 func (*GetReplicaListResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{17}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetReplicaListResult) GetStatus() *ItemStatus {
@@ -966,7 +1364,7 @@ type ExistRequest struct {
 
 func (x *ExistRequest) Reset() {
 	*x = ExistRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -978,7 +1376,7 @@ func (x *ExistRequest) String() string {
 func (*ExistRequest) ProtoMessage() {}
 
 func (x *ExistRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -991,7 +1389,7 @@ func (x *ExistRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistRequest.ProtoReflect.Descriptor instead.
 func (*ExistRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{18}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ExistRequest) GetTenant() string {
@@ -1017,7 +1415,7 @@ type ExistResponse struct {
 
 func (x *ExistResponse) Reset() {
 	*x = ExistResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1029,7 +1427,7 @@ func (x *ExistResponse) String() string {
 func (*ExistResponse) ProtoMessage() {}
 
 func (x *ExistResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1042,7 +1440,7 @@ func (x *ExistResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistResponse.ProtoReflect.Descriptor instead.
 func (*ExistResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{19}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ExistResponse) GetExists() bool {
@@ -1061,7 +1459,7 @@ type BatchExistRequest struct {
 
 func (x *BatchExistRequest) Reset() {
 	*x = BatchExistRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[20]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1073,7 +1471,7 @@ func (x *BatchExistRequest) String() string {
 func (*BatchExistRequest) ProtoMessage() {}
 
 func (x *BatchExistRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[20]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1086,7 +1484,7 @@ func (x *BatchExistRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchExistRequest.ProtoReflect.Descriptor instead.
 func (*BatchExistRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{20}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *BatchExistRequest) GetItems() []*ExistRequest {
@@ -1106,7 +1504,7 @@ type BatchExistResponse struct {
 
 func (x *BatchExistResponse) Reset() {
 	*x = BatchExistResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[21]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1118,7 +1516,7 @@ func (x *BatchExistResponse) String() string {
 func (*BatchExistResponse) ProtoMessage() {}
 
 func (x *BatchExistResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[21]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1131,7 +1529,7 @@ func (x *BatchExistResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchExistResponse.ProtoReflect.Descriptor instead.
 func (*BatchExistResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{21}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *BatchExistResponse) GetExists() []bool {
@@ -1151,7 +1549,7 @@ type GetSizeRequest struct {
 
 func (x *GetSizeRequest) Reset() {
 	*x = GetSizeRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[22]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1163,7 +1561,7 @@ func (x *GetSizeRequest) String() string {
 func (*GetSizeRequest) ProtoMessage() {}
 
 func (x *GetSizeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[22]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1176,7 +1574,7 @@ func (x *GetSizeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSizeRequest.ProtoReflect.Descriptor instead.
 func (*GetSizeRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{22}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetSizeRequest) GetTenant() string {
@@ -1202,7 +1600,7 @@ type GetSizeResponse struct {
 
 func (x *GetSizeResponse) Reset() {
 	*x = GetSizeResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[23]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1214,7 +1612,7 @@ func (x *GetSizeResponse) String() string {
 func (*GetSizeResponse) ProtoMessage() {}
 
 func (x *GetSizeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[23]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1227,7 +1625,7 @@ func (x *GetSizeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSizeResponse.ProtoReflect.Descriptor instead.
 func (*GetSizeResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{23}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetSizeResponse) GetSize() uint64 {
@@ -1247,7 +1645,7 @@ type QueryRouteRequest struct {
 
 func (x *QueryRouteRequest) Reset() {
 	*x = QueryRouteRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[24]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1259,7 +1657,7 @@ func (x *QueryRouteRequest) String() string {
 func (*QueryRouteRequest) ProtoMessage() {}
 
 func (x *QueryRouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[24]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1272,7 +1670,7 @@ func (x *QueryRouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryRouteRequest.ProtoReflect.Descriptor instead.
 func (*QueryRouteRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{24}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *QueryRouteRequest) GetTenant() string {
@@ -1302,7 +1700,7 @@ type QueryRouteResponse struct {
 
 func (x *QueryRouteResponse) Reset() {
 	*x = QueryRouteResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[25]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1314,7 +1712,7 @@ func (x *QueryRouteResponse) String() string {
 func (*QueryRouteResponse) ProtoMessage() {}
 
 func (x *QueryRouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[25]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1327,7 +1725,7 @@ func (x *QueryRouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryRouteResponse.ProtoReflect.Descriptor instead.
 func (*QueryRouteResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{25}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *QueryRouteResponse) GetSize() uint64 {
@@ -1373,7 +1771,7 @@ type ListObjectsRequest struct {
 
 func (x *ListObjectsRequest) Reset() {
 	*x = ListObjectsRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[26]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1385,7 +1783,7 @@ func (x *ListObjectsRequest) String() string {
 func (*ListObjectsRequest) ProtoMessage() {}
 
 func (x *ListObjectsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[26]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1398,7 +1796,7 @@ func (x *ListObjectsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListObjectsRequest.ProtoReflect.Descriptor instead.
 func (*ListObjectsRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{26}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListObjectsRequest) GetTenant() string {
@@ -1440,7 +1838,7 @@ type ListObjectsResponse struct {
 
 func (x *ListObjectsResponse) Reset() {
 	*x = ListObjectsResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[27]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1452,7 +1850,7 @@ func (x *ListObjectsResponse) String() string {
 func (*ListObjectsResponse) ProtoMessage() {}
 
 func (x *ListObjectsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[27]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1465,7 +1863,7 @@ func (x *ListObjectsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListObjectsResponse.ProtoReflect.Descriptor instead.
 func (*ListObjectsResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{27}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListObjectsResponse) GetObjects() []*ObjectInfo {
@@ -1505,7 +1903,7 @@ type ObjectInfo struct {
 
 func (x *ObjectInfo) Reset() {
 	*x = ObjectInfo{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[28]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1517,7 +1915,7 @@ func (x *ObjectInfo) String() string {
 func (*ObjectInfo) ProtoMessage() {}
 
 func (x *ObjectInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[28]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1530,7 +1928,7 @@ func (x *ObjectInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectInfo.ProtoReflect.Descriptor instead.
 func (*ObjectInfo) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{28}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ObjectInfo) GetKey() string {
@@ -1615,7 +2013,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[29]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1627,7 +2025,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[29]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1640,7 +2038,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{29}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RemoveRequest) GetTenant() string {
@@ -1672,7 +2070,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[30]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1684,7 +2082,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[30]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1697,7 +2095,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{30}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{36}
 }
 
 type BatchRemoveRequest struct {
@@ -1709,7 +2107,7 @@ type BatchRemoveRequest struct {
 
 func (x *BatchRemoveRequest) Reset() {
 	*x = BatchRemoveRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[31]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1721,7 +2119,7 @@ func (x *BatchRemoveRequest) String() string {
 func (*BatchRemoveRequest) ProtoMessage() {}
 
 func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[31]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1734,7 +2132,7 @@ func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRemoveRequest.ProtoReflect.Descriptor instead.
 func (*BatchRemoveRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{31}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *BatchRemoveRequest) GetItems() []*RemoveRequest {
@@ -1753,7 +2151,7 @@ type BatchRemoveResponse struct {
 
 func (x *BatchRemoveResponse) Reset() {
 	*x = BatchRemoveResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[32]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1765,7 +2163,7 @@ func (x *BatchRemoveResponse) String() string {
 func (*BatchRemoveResponse) ProtoMessage() {}
 
 func (x *BatchRemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[32]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1778,7 +2176,7 @@ func (x *BatchRemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRemoveResponse.ProtoReflect.Descriptor instead.
 func (*BatchRemoveResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{32}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *BatchRemoveResponse) GetResults() []*ItemStatus {
@@ -1798,7 +2196,7 @@ type RemoveAllRequest struct {
 
 func (x *RemoveAllRequest) Reset() {
 	*x = RemoveAllRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[33]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1810,7 +2208,7 @@ func (x *RemoveAllRequest) String() string {
 func (*RemoveAllRequest) ProtoMessage() {}
 
 func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[33]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1823,7 +2221,7 @@ func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllRequest.ProtoReflect.Descriptor instead.
 func (*RemoveAllRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{33}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RemoveAllRequest) GetTenant() string {
@@ -1852,7 +2250,7 @@ type RemoveAllResponse struct {
 
 func (x *RemoveAllResponse) Reset() {
 	*x = RemoveAllResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[34]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1864,7 +2262,7 @@ func (x *RemoveAllResponse) String() string {
 func (*RemoveAllResponse) ProtoMessage() {}
 
 func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[34]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1877,7 +2275,7 @@ func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllResponse.ProtoReflect.Descriptor instead.
 func (*RemoveAllResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{34}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RemoveAllResponse) GetRemoved() uint64 {
@@ -1908,7 +2306,7 @@ type RemoveByPrefixRequest struct {
 
 func (x *RemoveByPrefixRequest) Reset() {
 	*x = RemoveByPrefixRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[35]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1920,7 +2318,7 @@ func (x *RemoveByPrefixRequest) String() string {
 func (*RemoveByPrefixRequest) ProtoMessage() {}
 
 func (x *RemoveByPrefixRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[35]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1933,7 +2331,7 @@ func (x *RemoveByPrefixRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByPrefixRequest.ProtoReflect.Descriptor instead.
 func (*RemoveByPrefixRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{35}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RemoveByPrefixRequest) GetTenant() string {
@@ -1981,7 +2379,7 @@ type RemoveByPrefixResponse struct {
 
 func (x *RemoveByPrefixResponse) Reset() {
 	*x = RemoveByPrefixResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[36]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1993,7 +2391,7 @@ func (x *RemoveByPrefixResponse) String() string {
 func (*RemoveByPrefixResponse) ProtoMessage() {}
 
 func (x *RemoveByPrefixResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[36]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2006,7 +2404,7 @@ func (x *RemoveByPrefixResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByPrefixResponse.ProtoReflect.Descriptor instead.
 func (*RemoveByPrefixResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{36}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RemoveByPrefixResponse) GetRemoved() uint64 {
@@ -2045,7 +2443,7 @@ type RemoveByRegexRequest struct {
 
 func (x *RemoveByRegexRequest) Reset() {
 	*x = RemoveByRegexRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[37]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2057,7 +2455,7 @@ func (x *RemoveByRegexRequest) String() string {
 func (*RemoveByRegexRequest) ProtoMessage() {}
 
 func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[37]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2070,7 +2468,7 @@ func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByRegexRequest.ProtoReflect.Descriptor instead.
 func (*RemoveByRegexRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{37}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *RemoveByRegexRequest) GetTenant() string {
@@ -2114,7 +2512,7 @@ type RemoveByRegexResponse struct {
 
 func (x *RemoveByRegexResponse) Reset() {
 	*x = RemoveByRegexResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[38]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2126,7 +2524,7 @@ func (x *RemoveByRegexResponse) String() string {
 func (*RemoveByRegexResponse) ProtoMessage() {}
 
 func (x *RemoveByRegexResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[38]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2139,7 +2537,7 @@ func (x *RemoveByRegexResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByRegexResponse.ProtoReflect.Descriptor instead.
 func (*RemoveByRegexResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{38}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RemoveByRegexResponse) GetRemoved() uint64 {
@@ -2167,7 +2565,31 @@ var File_crescent_master_v1_object_proto protoreflect.FileDescriptor
 
 const file_crescent_master_v1_object_proto_rawDesc = "" +
 	"\n" +
-	"\x1fcrescent/master/v1/object.proto\x12\x12crescent.master.v1\x1a\x1ecrescent/master/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\"\xc1\x01\n" +
+	"\x1fcrescent/master/v1/object.proto\x12\x12crescent.master.v1\x1a\x1ecrescent/master/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\"\x8d\x01\n" +
+	"\x0fMigrationTarget\x12\x1f\n" +
+	"\n" +
+	"segment_id\x18\x01 \x01(\tH\x00R\tsegmentId\x12\x19\n" +
+	"\ahost_id\x18\x02 \x01(\tH\x00R\x06hostId\x124\n" +
+	"\x06medium\x18\x03 \x01(\x0e2\x1a.crescent.master.v1.MediumH\x00R\x06mediumB\b\n" +
+	"\x06target\"\x83\x01\n" +
+	"\x18ObjectServiceCopyRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04keys\x18\x02 \x03(\tR\x04keys\x12;\n" +
+	"\x06target\x18\x03 \x01(\v2#.crescent.master.v1.MigrationTargetR\x06target\"Z\n" +
+	"\x19ObjectServiceCopyResponse\x12=\n" +
+	"\aresults\x18\x01 \x03(\v2#.crescent.master.v1.MigrationResultR\aresults\"\xab\x01\n" +
+	"\x18ObjectServiceMoveRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04keys\x18\x02 \x03(\tR\x04keys\x12;\n" +
+	"\x06target\x18\x03 \x01(\v2#.crescent.master.v1.MigrationTargetR\x06target\x12&\n" +
+	"\x0ffrom_segment_id\x18\x04 \x01(\tR\rfromSegmentId\"Z\n" +
+	"\x19ObjectServiceMoveResponse\x12=\n" +
+	"\aresults\x18\x01 \x03(\v2#.crescent.master.v1.MigrationResultR\aresults\"\xc8\x01\n" +
+	"\x0fMigrationResult\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x126\n" +
+	"\x06status\x18\x02 \x01(\v2\x1e.crescent.master.v1.ItemStatusR\x06status\x12?\n" +
+	"\areplica\x18\x03 \x01(\v2%.crescent.master.v1.ReplicaDescriptorR\areplica\x12*\n" +
+	"\x11source_segment_id\x18\x04 \x01(\tR\x0fsourceSegmentId\"\xc1\x01\n" +
 	"\x0fPutStartRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
@@ -2303,7 +2725,7 @@ const file_crescent_master_v1_object_proto_rawDesc = "" +
 	"\x15RemoveByRegexResponse\x12\x18\n" +
 	"\aremoved\x18\x01 \x01(\x04R\aremoved\x12\x18\n" +
 	"\askipped\x18\x02 \x01(\x04R\askipped\x12&\n" +
-	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken2\xb7\r\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken2\x81\x0f\n" +
 	"\rObjectService\x12U\n" +
 	"\bPutStart\x12#.crescent.master.v1.PutStartRequest\x1a$.crescent.master.v1.PutStartResponse\x12O\n" +
 	"\x06PutEnd\x12!.crescent.master.v1.PutEndRequest\x1a\".crescent.master.v1.PutEndResponse\x12X\n" +
@@ -2324,7 +2746,9 @@ const file_crescent_master_v1_object_proto_rawDesc = "" +
 	"\vBatchRemove\x12&.crescent.master.v1.BatchRemoveRequest\x1a'.crescent.master.v1.BatchRemoveResponse\x12X\n" +
 	"\tRemoveAll\x12$.crescent.master.v1.RemoveAllRequest\x1a%.crescent.master.v1.RemoveAllResponse\x12g\n" +
 	"\x0eRemoveByPrefix\x12).crescent.master.v1.RemoveByPrefixRequest\x1a*.crescent.master.v1.RemoveByPrefixResponse\x12d\n" +
-	"\rRemoveByRegex\x12(.crescent.master.v1.RemoveByRegexRequest\x1a).crescent.master.v1.RemoveByRegexResponseB\xd0\x01\n" +
+	"\rRemoveByRegex\x12(.crescent.master.v1.RemoveByRegexRequest\x1a).crescent.master.v1.RemoveByRegexResponse\x12c\n" +
+	"\x04Copy\x12,.crescent.master.v1.ObjectServiceCopyRequest\x1a-.crescent.master.v1.ObjectServiceCopyResponse\x12c\n" +
+	"\x04Move\x12,.crescent.master.v1.ObjectServiceMoveRequest\x1a-.crescent.master.v1.ObjectServiceMoveResponseB\xd0\x01\n" +
 	"\x16com.crescent.master.v1B\vObjectProtoP\x01Z?github.com/crescent-kv/crescent/gen/crescent/master/v1;masterv1\xa2\x02\x03CMX\xaa\x02\x12Crescent.Master.V1\xca\x02\x12Crescent\\Master\\V1\xe2\x02\x1eCrescent\\Master\\V1\\GPBMetadata\xea\x02\x14Crescent::Master::V1b\x06proto3"
 
 var (
@@ -2339,117 +2763,134 @@ func file_crescent_master_v1_object_proto_rawDescGZIP() []byte {
 	return file_crescent_master_v1_object_proto_rawDescData
 }
 
-var file_crescent_master_v1_object_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_crescent_master_v1_object_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_crescent_master_v1_object_proto_goTypes = []any{
-	(*PutStartRequest)(nil),             // 0: crescent.master.v1.PutStartRequest
-	(*PutStartResponse)(nil),            // 1: crescent.master.v1.PutStartResponse
-	(*PutEndRequest)(nil),               // 2: crescent.master.v1.PutEndRequest
-	(*PutEndResponse)(nil),              // 3: crescent.master.v1.PutEndResponse
-	(*PutRevokeRequest)(nil),            // 4: crescent.master.v1.PutRevokeRequest
-	(*PutRevokeResponse)(nil),           // 5: crescent.master.v1.PutRevokeResponse
-	(*BatchPutStartRequest)(nil),        // 6: crescent.master.v1.BatchPutStartRequest
-	(*BatchPutStartResponse)(nil),       // 7: crescent.master.v1.BatchPutStartResponse
-	(*PutStartResult)(nil),              // 8: crescent.master.v1.PutStartResult
-	(*BatchPutEndRequest)(nil),          // 9: crescent.master.v1.BatchPutEndRequest
-	(*BatchPutEndResponse)(nil),         // 10: crescent.master.v1.BatchPutEndResponse
-	(*BatchPutRevokeRequest)(nil),       // 11: crescent.master.v1.BatchPutRevokeRequest
-	(*BatchPutRevokeResponse)(nil),      // 12: crescent.master.v1.BatchPutRevokeResponse
-	(*GetReplicaListRequest)(nil),       // 13: crescent.master.v1.GetReplicaListRequest
-	(*GetReplicaListResponse)(nil),      // 14: crescent.master.v1.GetReplicaListResponse
-	(*BatchGetReplicaListRequest)(nil),  // 15: crescent.master.v1.BatchGetReplicaListRequest
-	(*BatchGetReplicaListResponse)(nil), // 16: crescent.master.v1.BatchGetReplicaListResponse
-	(*GetReplicaListResult)(nil),        // 17: crescent.master.v1.GetReplicaListResult
-	(*ExistRequest)(nil),                // 18: crescent.master.v1.ExistRequest
-	(*ExistResponse)(nil),               // 19: crescent.master.v1.ExistResponse
-	(*BatchExistRequest)(nil),           // 20: crescent.master.v1.BatchExistRequest
-	(*BatchExistResponse)(nil),          // 21: crescent.master.v1.BatchExistResponse
-	(*GetSizeRequest)(nil),              // 22: crescent.master.v1.GetSizeRequest
-	(*GetSizeResponse)(nil),             // 23: crescent.master.v1.GetSizeResponse
-	(*QueryRouteRequest)(nil),           // 24: crescent.master.v1.QueryRouteRequest
-	(*QueryRouteResponse)(nil),          // 25: crescent.master.v1.QueryRouteResponse
-	(*ListObjectsRequest)(nil),          // 26: crescent.master.v1.ListObjectsRequest
-	(*ListObjectsResponse)(nil),         // 27: crescent.master.v1.ListObjectsResponse
-	(*ObjectInfo)(nil),                  // 28: crescent.master.v1.ObjectInfo
-	(*RemoveRequest)(nil),               // 29: crescent.master.v1.RemoveRequest
-	(*RemoveResponse)(nil),              // 30: crescent.master.v1.RemoveResponse
-	(*BatchRemoveRequest)(nil),          // 31: crescent.master.v1.BatchRemoveRequest
-	(*BatchRemoveResponse)(nil),         // 32: crescent.master.v1.BatchRemoveResponse
-	(*RemoveAllRequest)(nil),            // 33: crescent.master.v1.RemoveAllRequest
-	(*RemoveAllResponse)(nil),           // 34: crescent.master.v1.RemoveAllResponse
-	(*RemoveByPrefixRequest)(nil),       // 35: crescent.master.v1.RemoveByPrefixRequest
-	(*RemoveByPrefixResponse)(nil),      // 36: crescent.master.v1.RemoveByPrefixResponse
-	(*RemoveByRegexRequest)(nil),        // 37: crescent.master.v1.RemoveByRegexRequest
-	(*RemoveByRegexResponse)(nil),       // 38: crescent.master.v1.RemoveByRegexResponse
-	(*ReplicateConfig)(nil),             // 39: crescent.master.v1.ReplicateConfig
-	(*ReplicaDescriptor)(nil),           // 40: crescent.master.v1.ReplicaDescriptor
-	(*ItemStatus)(nil),                  // 41: crescent.master.v1.ItemStatus
-	(*durationpb.Duration)(nil),         // 42: google.protobuf.Duration
-	(Medium)(0),                         // 43: crescent.master.v1.Medium
+	(*MigrationTarget)(nil),             // 0: crescent.master.v1.MigrationTarget
+	(*ObjectServiceCopyRequest)(nil),    // 1: crescent.master.v1.ObjectServiceCopyRequest
+	(*ObjectServiceCopyResponse)(nil),   // 2: crescent.master.v1.ObjectServiceCopyResponse
+	(*ObjectServiceMoveRequest)(nil),    // 3: crescent.master.v1.ObjectServiceMoveRequest
+	(*ObjectServiceMoveResponse)(nil),   // 4: crescent.master.v1.ObjectServiceMoveResponse
+	(*MigrationResult)(nil),             // 5: crescent.master.v1.MigrationResult
+	(*PutStartRequest)(nil),             // 6: crescent.master.v1.PutStartRequest
+	(*PutStartResponse)(nil),            // 7: crescent.master.v1.PutStartResponse
+	(*PutEndRequest)(nil),               // 8: crescent.master.v1.PutEndRequest
+	(*PutEndResponse)(nil),              // 9: crescent.master.v1.PutEndResponse
+	(*PutRevokeRequest)(nil),            // 10: crescent.master.v1.PutRevokeRequest
+	(*PutRevokeResponse)(nil),           // 11: crescent.master.v1.PutRevokeResponse
+	(*BatchPutStartRequest)(nil),        // 12: crescent.master.v1.BatchPutStartRequest
+	(*BatchPutStartResponse)(nil),       // 13: crescent.master.v1.BatchPutStartResponse
+	(*PutStartResult)(nil),              // 14: crescent.master.v1.PutStartResult
+	(*BatchPutEndRequest)(nil),          // 15: crescent.master.v1.BatchPutEndRequest
+	(*BatchPutEndResponse)(nil),         // 16: crescent.master.v1.BatchPutEndResponse
+	(*BatchPutRevokeRequest)(nil),       // 17: crescent.master.v1.BatchPutRevokeRequest
+	(*BatchPutRevokeResponse)(nil),      // 18: crescent.master.v1.BatchPutRevokeResponse
+	(*GetReplicaListRequest)(nil),       // 19: crescent.master.v1.GetReplicaListRequest
+	(*GetReplicaListResponse)(nil),      // 20: crescent.master.v1.GetReplicaListResponse
+	(*BatchGetReplicaListRequest)(nil),  // 21: crescent.master.v1.BatchGetReplicaListRequest
+	(*BatchGetReplicaListResponse)(nil), // 22: crescent.master.v1.BatchGetReplicaListResponse
+	(*GetReplicaListResult)(nil),        // 23: crescent.master.v1.GetReplicaListResult
+	(*ExistRequest)(nil),                // 24: crescent.master.v1.ExistRequest
+	(*ExistResponse)(nil),               // 25: crescent.master.v1.ExistResponse
+	(*BatchExistRequest)(nil),           // 26: crescent.master.v1.BatchExistRequest
+	(*BatchExistResponse)(nil),          // 27: crescent.master.v1.BatchExistResponse
+	(*GetSizeRequest)(nil),              // 28: crescent.master.v1.GetSizeRequest
+	(*GetSizeResponse)(nil),             // 29: crescent.master.v1.GetSizeResponse
+	(*QueryRouteRequest)(nil),           // 30: crescent.master.v1.QueryRouteRequest
+	(*QueryRouteResponse)(nil),          // 31: crescent.master.v1.QueryRouteResponse
+	(*ListObjectsRequest)(nil),          // 32: crescent.master.v1.ListObjectsRequest
+	(*ListObjectsResponse)(nil),         // 33: crescent.master.v1.ListObjectsResponse
+	(*ObjectInfo)(nil),                  // 34: crescent.master.v1.ObjectInfo
+	(*RemoveRequest)(nil),               // 35: crescent.master.v1.RemoveRequest
+	(*RemoveResponse)(nil),              // 36: crescent.master.v1.RemoveResponse
+	(*BatchRemoveRequest)(nil),          // 37: crescent.master.v1.BatchRemoveRequest
+	(*BatchRemoveResponse)(nil),         // 38: crescent.master.v1.BatchRemoveResponse
+	(*RemoveAllRequest)(nil),            // 39: crescent.master.v1.RemoveAllRequest
+	(*RemoveAllResponse)(nil),           // 40: crescent.master.v1.RemoveAllResponse
+	(*RemoveByPrefixRequest)(nil),       // 41: crescent.master.v1.RemoveByPrefixRequest
+	(*RemoveByPrefixResponse)(nil),      // 42: crescent.master.v1.RemoveByPrefixResponse
+	(*RemoveByRegexRequest)(nil),        // 43: crescent.master.v1.RemoveByRegexRequest
+	(*RemoveByRegexResponse)(nil),       // 44: crescent.master.v1.RemoveByRegexResponse
+	(Medium)(0),                         // 45: crescent.master.v1.Medium
+	(*ItemStatus)(nil),                  // 46: crescent.master.v1.ItemStatus
+	(*ReplicaDescriptor)(nil),           // 47: crescent.master.v1.ReplicaDescriptor
+	(*ReplicateConfig)(nil),             // 48: crescent.master.v1.ReplicateConfig
+	(*durationpb.Duration)(nil),         // 49: google.protobuf.Duration
 }
 var file_crescent_master_v1_object_proto_depIdxs = []int32{
-	39, // 0: crescent.master.v1.PutStartRequest.config:type_name -> crescent.master.v1.ReplicateConfig
-	40, // 1: crescent.master.v1.PutStartResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
-	0,  // 2: crescent.master.v1.BatchPutStartRequest.items:type_name -> crescent.master.v1.PutStartRequest
-	8,  // 3: crescent.master.v1.BatchPutStartResponse.results:type_name -> crescent.master.v1.PutStartResult
-	41, // 4: crescent.master.v1.PutStartResult.status:type_name -> crescent.master.v1.ItemStatus
-	40, // 5: crescent.master.v1.PutStartResult.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
-	2,  // 6: crescent.master.v1.BatchPutEndRequest.items:type_name -> crescent.master.v1.PutEndRequest
-	41, // 7: crescent.master.v1.BatchPutEndResponse.results:type_name -> crescent.master.v1.ItemStatus
-	4,  // 8: crescent.master.v1.BatchPutRevokeRequest.items:type_name -> crescent.master.v1.PutRevokeRequest
-	41, // 9: crescent.master.v1.BatchPutRevokeResponse.results:type_name -> crescent.master.v1.ItemStatus
-	40, // 10: crescent.master.v1.GetReplicaListResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
-	42, // 11: crescent.master.v1.GetReplicaListResponse.lease_ttl:type_name -> google.protobuf.Duration
-	13, // 12: crescent.master.v1.BatchGetReplicaListRequest.items:type_name -> crescent.master.v1.GetReplicaListRequest
-	17, // 13: crescent.master.v1.BatchGetReplicaListResponse.results:type_name -> crescent.master.v1.GetReplicaListResult
-	41, // 14: crescent.master.v1.GetReplicaListResult.status:type_name -> crescent.master.v1.ItemStatus
-	14, // 15: crescent.master.v1.GetReplicaListResult.replica_list:type_name -> crescent.master.v1.GetReplicaListResponse
-	18, // 16: crescent.master.v1.BatchExistRequest.items:type_name -> crescent.master.v1.ExistRequest
-	40, // 17: crescent.master.v1.QueryRouteResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
-	28, // 18: crescent.master.v1.ListObjectsResponse.objects:type_name -> crescent.master.v1.ObjectInfo
-	43, // 19: crescent.master.v1.ObjectInfo.media:type_name -> crescent.master.v1.Medium
-	29, // 20: crescent.master.v1.BatchRemoveRequest.items:type_name -> crescent.master.v1.RemoveRequest
-	41, // 21: crescent.master.v1.BatchRemoveResponse.results:type_name -> crescent.master.v1.ItemStatus
-	0,  // 22: crescent.master.v1.ObjectService.PutStart:input_type -> crescent.master.v1.PutStartRequest
-	2,  // 23: crescent.master.v1.ObjectService.PutEnd:input_type -> crescent.master.v1.PutEndRequest
-	4,  // 24: crescent.master.v1.ObjectService.PutRevoke:input_type -> crescent.master.v1.PutRevokeRequest
-	6,  // 25: crescent.master.v1.ObjectService.BatchPutStart:input_type -> crescent.master.v1.BatchPutStartRequest
-	9,  // 26: crescent.master.v1.ObjectService.BatchPutEnd:input_type -> crescent.master.v1.BatchPutEndRequest
-	11, // 27: crescent.master.v1.ObjectService.BatchPutRevoke:input_type -> crescent.master.v1.BatchPutRevokeRequest
-	13, // 28: crescent.master.v1.ObjectService.GetReplicaList:input_type -> crescent.master.v1.GetReplicaListRequest
-	15, // 29: crescent.master.v1.ObjectService.BatchGetReplicaList:input_type -> crescent.master.v1.BatchGetReplicaListRequest
-	18, // 30: crescent.master.v1.ObjectService.Exist:input_type -> crescent.master.v1.ExistRequest
-	20, // 31: crescent.master.v1.ObjectService.BatchExist:input_type -> crescent.master.v1.BatchExistRequest
-	22, // 32: crescent.master.v1.ObjectService.GetSize:input_type -> crescent.master.v1.GetSizeRequest
-	24, // 33: crescent.master.v1.ObjectService.QueryRoute:input_type -> crescent.master.v1.QueryRouteRequest
-	26, // 34: crescent.master.v1.ObjectService.ListObjects:input_type -> crescent.master.v1.ListObjectsRequest
-	29, // 35: crescent.master.v1.ObjectService.Remove:input_type -> crescent.master.v1.RemoveRequest
-	31, // 36: crescent.master.v1.ObjectService.BatchRemove:input_type -> crescent.master.v1.BatchRemoveRequest
-	33, // 37: crescent.master.v1.ObjectService.RemoveAll:input_type -> crescent.master.v1.RemoveAllRequest
-	35, // 38: crescent.master.v1.ObjectService.RemoveByPrefix:input_type -> crescent.master.v1.RemoveByPrefixRequest
-	37, // 39: crescent.master.v1.ObjectService.RemoveByRegex:input_type -> crescent.master.v1.RemoveByRegexRequest
-	1,  // 40: crescent.master.v1.ObjectService.PutStart:output_type -> crescent.master.v1.PutStartResponse
-	3,  // 41: crescent.master.v1.ObjectService.PutEnd:output_type -> crescent.master.v1.PutEndResponse
-	5,  // 42: crescent.master.v1.ObjectService.PutRevoke:output_type -> crescent.master.v1.PutRevokeResponse
-	7,  // 43: crescent.master.v1.ObjectService.BatchPutStart:output_type -> crescent.master.v1.BatchPutStartResponse
-	10, // 44: crescent.master.v1.ObjectService.BatchPutEnd:output_type -> crescent.master.v1.BatchPutEndResponse
-	12, // 45: crescent.master.v1.ObjectService.BatchPutRevoke:output_type -> crescent.master.v1.BatchPutRevokeResponse
-	14, // 46: crescent.master.v1.ObjectService.GetReplicaList:output_type -> crescent.master.v1.GetReplicaListResponse
-	16, // 47: crescent.master.v1.ObjectService.BatchGetReplicaList:output_type -> crescent.master.v1.BatchGetReplicaListResponse
-	19, // 48: crescent.master.v1.ObjectService.Exist:output_type -> crescent.master.v1.ExistResponse
-	21, // 49: crescent.master.v1.ObjectService.BatchExist:output_type -> crescent.master.v1.BatchExistResponse
-	23, // 50: crescent.master.v1.ObjectService.GetSize:output_type -> crescent.master.v1.GetSizeResponse
-	25, // 51: crescent.master.v1.ObjectService.QueryRoute:output_type -> crescent.master.v1.QueryRouteResponse
-	27, // 52: crescent.master.v1.ObjectService.ListObjects:output_type -> crescent.master.v1.ListObjectsResponse
-	30, // 53: crescent.master.v1.ObjectService.Remove:output_type -> crescent.master.v1.RemoveResponse
-	32, // 54: crescent.master.v1.ObjectService.BatchRemove:output_type -> crescent.master.v1.BatchRemoveResponse
-	34, // 55: crescent.master.v1.ObjectService.RemoveAll:output_type -> crescent.master.v1.RemoveAllResponse
-	36, // 56: crescent.master.v1.ObjectService.RemoveByPrefix:output_type -> crescent.master.v1.RemoveByPrefixResponse
-	38, // 57: crescent.master.v1.ObjectService.RemoveByRegex:output_type -> crescent.master.v1.RemoveByRegexResponse
-	40, // [40:58] is the sub-list for method output_type
-	22, // [22:40] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	45, // 0: crescent.master.v1.MigrationTarget.medium:type_name -> crescent.master.v1.Medium
+	0,  // 1: crescent.master.v1.ObjectServiceCopyRequest.target:type_name -> crescent.master.v1.MigrationTarget
+	5,  // 2: crescent.master.v1.ObjectServiceCopyResponse.results:type_name -> crescent.master.v1.MigrationResult
+	0,  // 3: crescent.master.v1.ObjectServiceMoveRequest.target:type_name -> crescent.master.v1.MigrationTarget
+	5,  // 4: crescent.master.v1.ObjectServiceMoveResponse.results:type_name -> crescent.master.v1.MigrationResult
+	46, // 5: crescent.master.v1.MigrationResult.status:type_name -> crescent.master.v1.ItemStatus
+	47, // 6: crescent.master.v1.MigrationResult.replica:type_name -> crescent.master.v1.ReplicaDescriptor
+	48, // 7: crescent.master.v1.PutStartRequest.config:type_name -> crescent.master.v1.ReplicateConfig
+	47, // 8: crescent.master.v1.PutStartResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
+	6,  // 9: crescent.master.v1.BatchPutStartRequest.items:type_name -> crescent.master.v1.PutStartRequest
+	14, // 10: crescent.master.v1.BatchPutStartResponse.results:type_name -> crescent.master.v1.PutStartResult
+	46, // 11: crescent.master.v1.PutStartResult.status:type_name -> crescent.master.v1.ItemStatus
+	47, // 12: crescent.master.v1.PutStartResult.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
+	8,  // 13: crescent.master.v1.BatchPutEndRequest.items:type_name -> crescent.master.v1.PutEndRequest
+	46, // 14: crescent.master.v1.BatchPutEndResponse.results:type_name -> crescent.master.v1.ItemStatus
+	10, // 15: crescent.master.v1.BatchPutRevokeRequest.items:type_name -> crescent.master.v1.PutRevokeRequest
+	46, // 16: crescent.master.v1.BatchPutRevokeResponse.results:type_name -> crescent.master.v1.ItemStatus
+	47, // 17: crescent.master.v1.GetReplicaListResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
+	49, // 18: crescent.master.v1.GetReplicaListResponse.lease_ttl:type_name -> google.protobuf.Duration
+	19, // 19: crescent.master.v1.BatchGetReplicaListRequest.items:type_name -> crescent.master.v1.GetReplicaListRequest
+	23, // 20: crescent.master.v1.BatchGetReplicaListResponse.results:type_name -> crescent.master.v1.GetReplicaListResult
+	46, // 21: crescent.master.v1.GetReplicaListResult.status:type_name -> crescent.master.v1.ItemStatus
+	20, // 22: crescent.master.v1.GetReplicaListResult.replica_list:type_name -> crescent.master.v1.GetReplicaListResponse
+	24, // 23: crescent.master.v1.BatchExistRequest.items:type_name -> crescent.master.v1.ExistRequest
+	47, // 24: crescent.master.v1.QueryRouteResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
+	34, // 25: crescent.master.v1.ListObjectsResponse.objects:type_name -> crescent.master.v1.ObjectInfo
+	45, // 26: crescent.master.v1.ObjectInfo.media:type_name -> crescent.master.v1.Medium
+	35, // 27: crescent.master.v1.BatchRemoveRequest.items:type_name -> crescent.master.v1.RemoveRequest
+	46, // 28: crescent.master.v1.BatchRemoveResponse.results:type_name -> crescent.master.v1.ItemStatus
+	6,  // 29: crescent.master.v1.ObjectService.PutStart:input_type -> crescent.master.v1.PutStartRequest
+	8,  // 30: crescent.master.v1.ObjectService.PutEnd:input_type -> crescent.master.v1.PutEndRequest
+	10, // 31: crescent.master.v1.ObjectService.PutRevoke:input_type -> crescent.master.v1.PutRevokeRequest
+	12, // 32: crescent.master.v1.ObjectService.BatchPutStart:input_type -> crescent.master.v1.BatchPutStartRequest
+	15, // 33: crescent.master.v1.ObjectService.BatchPutEnd:input_type -> crescent.master.v1.BatchPutEndRequest
+	17, // 34: crescent.master.v1.ObjectService.BatchPutRevoke:input_type -> crescent.master.v1.BatchPutRevokeRequest
+	19, // 35: crescent.master.v1.ObjectService.GetReplicaList:input_type -> crescent.master.v1.GetReplicaListRequest
+	21, // 36: crescent.master.v1.ObjectService.BatchGetReplicaList:input_type -> crescent.master.v1.BatchGetReplicaListRequest
+	24, // 37: crescent.master.v1.ObjectService.Exist:input_type -> crescent.master.v1.ExistRequest
+	26, // 38: crescent.master.v1.ObjectService.BatchExist:input_type -> crescent.master.v1.BatchExistRequest
+	28, // 39: crescent.master.v1.ObjectService.GetSize:input_type -> crescent.master.v1.GetSizeRequest
+	30, // 40: crescent.master.v1.ObjectService.QueryRoute:input_type -> crescent.master.v1.QueryRouteRequest
+	32, // 41: crescent.master.v1.ObjectService.ListObjects:input_type -> crescent.master.v1.ListObjectsRequest
+	35, // 42: crescent.master.v1.ObjectService.Remove:input_type -> crescent.master.v1.RemoveRequest
+	37, // 43: crescent.master.v1.ObjectService.BatchRemove:input_type -> crescent.master.v1.BatchRemoveRequest
+	39, // 44: crescent.master.v1.ObjectService.RemoveAll:input_type -> crescent.master.v1.RemoveAllRequest
+	41, // 45: crescent.master.v1.ObjectService.RemoveByPrefix:input_type -> crescent.master.v1.RemoveByPrefixRequest
+	43, // 46: crescent.master.v1.ObjectService.RemoveByRegex:input_type -> crescent.master.v1.RemoveByRegexRequest
+	1,  // 47: crescent.master.v1.ObjectService.Copy:input_type -> crescent.master.v1.ObjectServiceCopyRequest
+	3,  // 48: crescent.master.v1.ObjectService.Move:input_type -> crescent.master.v1.ObjectServiceMoveRequest
+	7,  // 49: crescent.master.v1.ObjectService.PutStart:output_type -> crescent.master.v1.PutStartResponse
+	9,  // 50: crescent.master.v1.ObjectService.PutEnd:output_type -> crescent.master.v1.PutEndResponse
+	11, // 51: crescent.master.v1.ObjectService.PutRevoke:output_type -> crescent.master.v1.PutRevokeResponse
+	13, // 52: crescent.master.v1.ObjectService.BatchPutStart:output_type -> crescent.master.v1.BatchPutStartResponse
+	16, // 53: crescent.master.v1.ObjectService.BatchPutEnd:output_type -> crescent.master.v1.BatchPutEndResponse
+	18, // 54: crescent.master.v1.ObjectService.BatchPutRevoke:output_type -> crescent.master.v1.BatchPutRevokeResponse
+	20, // 55: crescent.master.v1.ObjectService.GetReplicaList:output_type -> crescent.master.v1.GetReplicaListResponse
+	22, // 56: crescent.master.v1.ObjectService.BatchGetReplicaList:output_type -> crescent.master.v1.BatchGetReplicaListResponse
+	25, // 57: crescent.master.v1.ObjectService.Exist:output_type -> crescent.master.v1.ExistResponse
+	27, // 58: crescent.master.v1.ObjectService.BatchExist:output_type -> crescent.master.v1.BatchExistResponse
+	29, // 59: crescent.master.v1.ObjectService.GetSize:output_type -> crescent.master.v1.GetSizeResponse
+	31, // 60: crescent.master.v1.ObjectService.QueryRoute:output_type -> crescent.master.v1.QueryRouteResponse
+	33, // 61: crescent.master.v1.ObjectService.ListObjects:output_type -> crescent.master.v1.ListObjectsResponse
+	36, // 62: crescent.master.v1.ObjectService.Remove:output_type -> crescent.master.v1.RemoveResponse
+	38, // 63: crescent.master.v1.ObjectService.BatchRemove:output_type -> crescent.master.v1.BatchRemoveResponse
+	40, // 64: crescent.master.v1.ObjectService.RemoveAll:output_type -> crescent.master.v1.RemoveAllResponse
+	42, // 65: crescent.master.v1.ObjectService.RemoveByPrefix:output_type -> crescent.master.v1.RemoveByPrefixResponse
+	44, // 66: crescent.master.v1.ObjectService.RemoveByRegex:output_type -> crescent.master.v1.RemoveByRegexResponse
+	2,  // 67: crescent.master.v1.ObjectService.Copy:output_type -> crescent.master.v1.ObjectServiceCopyResponse
+	4,  // 68: crescent.master.v1.ObjectService.Move:output_type -> crescent.master.v1.ObjectServiceMoveResponse
+	49, // [49:69] is the sub-list for method output_type
+	29, // [29:49] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_crescent_master_v1_object_proto_init() }
@@ -2458,13 +2899,18 @@ func file_crescent_master_v1_object_proto_init() {
 		return
 	}
 	file_crescent_master_v1_types_proto_init()
+	file_crescent_master_v1_object_proto_msgTypes[0].OneofWrappers = []any{
+		(*MigrationTarget_SegmentId)(nil),
+		(*MigrationTarget_HostId)(nil),
+		(*MigrationTarget_Medium)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crescent_master_v1_object_proto_rawDesc), len(file_crescent_master_v1_object_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   39,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

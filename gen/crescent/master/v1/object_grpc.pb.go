@@ -37,6 +37,8 @@ const (
 	ObjectService_RemoveAll_FullMethodName           = "/crescent.master.v1.ObjectService/RemoveAll"
 	ObjectService_RemoveByPrefix_FullMethodName      = "/crescent.master.v1.ObjectService/RemoveByPrefix"
 	ObjectService_RemoveByRegex_FullMethodName       = "/crescent.master.v1.ObjectService/RemoveByRegex"
+	ObjectService_Copy_FullMethodName                = "/crescent.master.v1.ObjectService/Copy"
+	ObjectService_Move_FullMethodName                = "/crescent.master.v1.ObjectService/Move"
 )
 
 // ObjectServiceClient is the client API for ObjectService service.
@@ -107,6 +109,27 @@ type ObjectServiceClient interface {
 	// paged like RemoveByPrefix. The regex is matched outside the metadata
 	// locks.
 	RemoveByRegex(ctx context.Context, in *RemoveByRegexRequest, opts ...grpc.CallOption) (*RemoveByRegexResponse, error)
+	// Copy adds one replica of each named object of the caller's tenant on a
+	// target (a segment, a host or a medium). Called by the owning tenant (its
+	// own keys; admins may name any tenant, and AdminService.CopyObjects is
+	// the operators' form). At most 1024 keys, none empty or repeated
+	// (INVALID_PARAMS for the whole request otherwise). The bytes go agent to
+	// agent (the source agent copies into a PROCESSING target replica with a
+	// write token the master issues); the target is sealed with the object's
+	// checksum and only then made COMPLETE, recording `stored` when its medium
+	// becomes readable. A failed copy removes the target, which was never
+	// readable. Per key: OBJECT_NOT_FOUND, OBJECT_BUSY (a put in progress),
+	// OBJECT_ALREADY_EXISTS (a replica already on the target),
+	// NO_AVAILABLE_HANDLE (no room on the target; Copy never evicts), or the
+	// copy's or seal's failure; results are in request order.
+	Copy(ctx context.Context, in *ObjectServiceCopyRequest, opts ...grpc.CallOption) (*ObjectServiceCopyResponse, error)
+	// Move is Copy followed by the removal of the source replica: the target
+	// is COMPLETE before the source is removed (so the object stays readable,
+	// and a subscriber sees `stored` on the target medium before `removed` on
+	// the source medium). Who may call it and its limits are Copy's. A failed
+	// copy leaves the source in place. A leased source is moved (readers keep
+	// the target); a hard-pinned object is refused with OBJECT_BUSY.
+	Move(ctx context.Context, in *ObjectServiceMoveRequest, opts ...grpc.CallOption) (*ObjectServiceMoveResponse, error)
 }
 
 type objectServiceClient struct {
@@ -297,6 +320,26 @@ func (c *objectServiceClient) RemoveByRegex(ctx context.Context, in *RemoveByReg
 	return out, nil
 }
 
+func (c *objectServiceClient) Copy(ctx context.Context, in *ObjectServiceCopyRequest, opts ...grpc.CallOption) (*ObjectServiceCopyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ObjectServiceCopyResponse)
+	err := c.cc.Invoke(ctx, ObjectService_Copy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *objectServiceClient) Move(ctx context.Context, in *ObjectServiceMoveRequest, opts ...grpc.CallOption) (*ObjectServiceMoveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ObjectServiceMoveResponse)
+	err := c.cc.Invoke(ctx, ObjectService_Move_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ObjectServiceServer is the server API for ObjectService service.
 // All implementations must embed UnimplementedObjectServiceServer
 // for forward compatibility.
@@ -365,6 +408,27 @@ type ObjectServiceServer interface {
 	// paged like RemoveByPrefix. The regex is matched outside the metadata
 	// locks.
 	RemoveByRegex(context.Context, *RemoveByRegexRequest) (*RemoveByRegexResponse, error)
+	// Copy adds one replica of each named object of the caller's tenant on a
+	// target (a segment, a host or a medium). Called by the owning tenant (its
+	// own keys; admins may name any tenant, and AdminService.CopyObjects is
+	// the operators' form). At most 1024 keys, none empty or repeated
+	// (INVALID_PARAMS for the whole request otherwise). The bytes go agent to
+	// agent (the source agent copies into a PROCESSING target replica with a
+	// write token the master issues); the target is sealed with the object's
+	// checksum and only then made COMPLETE, recording `stored` when its medium
+	// becomes readable. A failed copy removes the target, which was never
+	// readable. Per key: OBJECT_NOT_FOUND, OBJECT_BUSY (a put in progress),
+	// OBJECT_ALREADY_EXISTS (a replica already on the target),
+	// NO_AVAILABLE_HANDLE (no room on the target; Copy never evicts), or the
+	// copy's or seal's failure; results are in request order.
+	Copy(context.Context, *ObjectServiceCopyRequest) (*ObjectServiceCopyResponse, error)
+	// Move is Copy followed by the removal of the source replica: the target
+	// is COMPLETE before the source is removed (so the object stays readable,
+	// and a subscriber sees `stored` on the target medium before `removed` on
+	// the source medium). Who may call it and its limits are Copy's. A failed
+	// copy leaves the source in place. A leased source is moved (readers keep
+	// the target); a hard-pinned object is refused with OBJECT_BUSY.
+	Move(context.Context, *ObjectServiceMoveRequest) (*ObjectServiceMoveResponse, error)
 	mustEmbedUnimplementedObjectServiceServer()
 }
 
@@ -428,6 +492,12 @@ func (UnimplementedObjectServiceServer) RemoveByPrefix(context.Context, *RemoveB
 }
 func (UnimplementedObjectServiceServer) RemoveByRegex(context.Context, *RemoveByRegexRequest) (*RemoveByRegexResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RemoveByRegex not implemented")
+}
+func (UnimplementedObjectServiceServer) Copy(context.Context, *ObjectServiceCopyRequest) (*ObjectServiceCopyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Copy not implemented")
+}
+func (UnimplementedObjectServiceServer) Move(context.Context, *ObjectServiceMoveRequest) (*ObjectServiceMoveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Move not implemented")
 }
 func (UnimplementedObjectServiceServer) mustEmbedUnimplementedObjectServiceServer() {}
 func (UnimplementedObjectServiceServer) testEmbeddedByValue()                       {}
@@ -774,6 +844,42 @@ func _ObjectService_RemoveByRegex_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ObjectService_Copy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ObjectServiceCopyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ObjectServiceServer).Copy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ObjectService_Copy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ObjectServiceServer).Copy(ctx, req.(*ObjectServiceCopyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ObjectService_Move_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ObjectServiceMoveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ObjectServiceServer).Move(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ObjectService_Move_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ObjectServiceServer).Move(ctx, req.(*ObjectServiceMoveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ObjectService_ServiceDesc is the grpc.ServiceDesc for ObjectService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -852,6 +958,14 @@ var ObjectService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RemoveByRegex",
 			Handler:    _ObjectService_RemoveByRegex_Handler,
+		},
+		{
+			MethodName: "Copy",
+			Handler:    _ObjectService_Copy_Handler,
+		},
+		{
+			MethodName: "Move",
+			Handler:    _ObjectService_Move_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
