@@ -7,7 +7,6 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
-	"github.com/crescent-kv/crescent/internal/token"
 )
 
 // drainChunk bounds how many moves one drain step handles at once.
@@ -26,7 +25,10 @@ type move struct {
 	// write token binds it.
 	tenantName string
 	shard      int
-	src        uint32 // replica id on the draining segment
+	idx        int    // the key's index in a Migrate request
+	src        uint32 // replica id on the source (draining) segment
+	srcSeg     string // the source's segment id
+	srcAgent   string // the source segment's agent, which runs the copy
 	srcAlloc   uint64
 	size       uint64
 	checksum   uint64
@@ -181,9 +183,12 @@ func asSegmentErr(err error, id string) error {
 }
 
 // drainStep moves one chunk of replicas; it returns (moved, removed).
+// Phase 1 (here) places the targets, or removes the sources that have
+// nowhere to go; migrateChunk runs the rest, shared with Copy and Move.
 func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chunk []*move) (moved, dropped int) {
 	p := s.newPlacer(newExclusions())
 	rel := &releases{}
+	srcID := s.segs.get(src).id
 	// Phase 1: place targets (or remove sources that have nowhere to go).
 	forShards(chunk, func(mv *move) int { return mv.shard }, func(sh int, group []*move) {
 		shd := &s.shards[sh]
@@ -213,6 +218,7 @@ func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chun
 				mv.err = perr.err
 				continue
 			}
+			mv.srcSeg, mv.srcAgent = srcID, srcAgent
 			mv.srcAlloc, mv.size, mv.checksum, mv.group = r.allocID, o.size, o.checksum, o.group
 			mv.hard = o.flags&flagHardPin != 0
 			if o.flags&flagSoftPin != 0 {
@@ -224,197 +230,6 @@ func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chun
 		m.commit()
 		shd.mu.Unlock()
 	})
-	// Phase 2: reserve the targets, per agent.
-	type rbatch struct {
-		items []*masterv1.ReserveItem
-		moves []*move
-	}
-	per := map[string]*rbatch{}
-	for _, mv := range chunk {
-		if mv.err != nil {
-			continue
-		}
-		b := per[mv.target.seg.AgentID]
-		if b == nil {
-			b = &rbatch{}
-			per[mv.target.seg.AgentID] = b
-		}
-		mv.tenantName = s.tenants.get(mv.tenant).name
-		b.items = append(b.items, &masterv1.ReserveItem{
-			SegmentId: mv.target.seg.ID, Size: mv.size, Tenant: mv.tenantName, Key: mv.key,
-			ReplicaId: mv.dst, GroupId: mv.group, HardPin: mv.hard, SoftPinUntilUnixMs: mv.pinMs,
-		})
-		b.moves = append(b.moves, mv)
-	}
-	fanOut(per, func(agent string, b *rbatch) {
-		out, err := s.agents.Reserve(ctx, agent, b.items)
-		if err == nil && len(out) != len(b.items) {
-			err = errInternal("agent %s answered %d reservations for %d items", agent, len(out), len(b.items))
-		}
-		for i, mv := range b.moves {
-			switch {
-			case err != nil:
-				mv.err = err
-			case out[i].GetStatus().GetCode() != 0:
-				mv.err = rpcerr.FromItem(out[i].GetStatus())
-			default:
-				mv.dstAlloc, mv.dstOff = out[i].GetAllocationId(), out[i].GetOffset()
-			}
-		}
-	})
-	// Phase 3: record the target allocations.
-	dropped += s.drainSettle(chunk, rel, true, func(m *mut, o *object, mv *move, di int) bool {
-		if mv.err != nil {
-			return false
-		}
-		o.replicas[di].allocID, o.replicas[di].offset, o.replicas[di].pending = mv.dstAlloc, mv.dstOff, false
-		return true
-	})
-	// Phase 4: copy (the source agent: the chunk's items in one batched
-	// call, which it runs over the targets' bulk transfer listeners), then
-	// seal (target agents). A failed item fails its move alone: phase 5 removes its
-	// target, as for a failed seal.
-	now := s.now()
-	exp, signer := now.Add(s.cfg.WriteTokenTTL), s.keys.Signer(now)
-	srcID := s.segs.get(src).id
-	var items []*masterv1.CopyItem
-	var copying []*move
-	for _, mv := range chunk {
-		if mv.err != nil || mv.dst == 0 {
-			continue
-		}
-		tgt := &mv.target.seg
-		items = append(items, &masterv1.CopyItem{
-			Source:                 &masterv1.AllocationRef{SegmentId: srcID, AllocationId: mv.srcAlloc},
-			TargetEndpoint:         tgt.DataEndpoint,
-			TargetTransferEndpoint: tgt.TransferEndpoint,
-			Target:                 &masterv1.AllocationRef{SegmentId: tgt.ID, AllocationId: mv.dstAlloc},
-			TargetToken: signer.Sign(token.Claims{Mode: token.Write, Tenant: mv.tenantName, Key: mv.key,
-				SegmentID: tgt.ID, AllocationID: mv.dstAlloc, Expiry: exp}),
-		})
-		copying = append(copying, mv)
-	}
-	// One call per drainCopyBytes of objects, one after the other: each
-	// call gets the session's copy timeout, which a chunk of large objects
-	// in one call could outrun (failing every move in it).
-	for lo := 0; lo < len(items); {
-		hi, bytes := lo, uint64(0)
-		for hi < len(items) && (hi == lo || bytes+copying[hi].size <= drainCopyBytes) {
-			bytes += copying[hi].size
-			hi++
-		}
-		out, err := s.agents.Copy(ctx, srcAgent, items[lo:hi])
-		if err == nil && len(out) != hi-lo {
-			err = errInternal("agent %s answered %d copies for %d items", srcAgent, len(out), hi-lo)
-		}
-		for i, mv := range copying[lo:hi] {
-			if err != nil {
-				mv.err = err
-			} else {
-				mv.err = rpcerr.FromItem(out[i])
-			}
-		}
-		lo = hi
-	}
-	type sbatch struct {
-		items []*masterv1.SealItem
-		moves []*move
-	}
-	seals := map[string]*sbatch{}
-	for _, mv := range chunk {
-		if mv.err != nil || mv.dst == 0 {
-			continue
-		}
-		b := seals[mv.target.seg.AgentID]
-		if b == nil {
-			b = &sbatch{}
-			seals[mv.target.seg.AgentID] = b
-		}
-		b.items = append(b.items, &masterv1.SealItem{SegmentId: mv.target.seg.ID, AllocationId: mv.dstAlloc, Checksum: mv.checksum, SoftPinUntilUnixMs: mv.pinMs})
-		b.moves = append(b.moves, mv)
-	}
-	fanOut(seals, func(agent string, b *sbatch) {
-		out, err := s.agents.Seal(ctx, agent, b.items)
-		if err == nil && len(out) != len(b.items) {
-			err = errInternal("agent %s answered %d seals for %d items", agent, len(out), len(b.items))
-		}
-		for i, mv := range b.moves {
-			if err != nil {
-				mv.err = err
-			} else {
-				mv.err = rpcerr.FromItem(out[i])
-			}
-		}
-	})
-	// Phase 5: COMPLETE(target) before REMOVE(source); on failure drop both.
-	dropped += s.drainSettle(chunk, rel, false, func(m *mut, o *object, mv *move, di int) bool {
-		if mv.err != nil {
-			return false
-		}
-		m.complete(o, di)
-		if si := o.replicaIndex(mv.src); si >= 0 {
-			m.remove(o, si, true)
-		}
-		moved++
-		return true
-	})
-	cctx, cancel := cleanupCtx(ctx)
-	defer cancel()
-	s.sendReleases(cctx, rel)
-	return moved, dropped
-}
-
-// drainSettle re-looks-up each move's target replica under its shard lock
-// and calls f; when f reports failure (or the target vanished) the target
-// and the source are removed and the move is marked done. It returns how
-// many sources were removed that way. pending says the target's allocation
-// is not yet recorded in its replica, so a vanished target's reservation is
-// ours to release (once recorded, whoever removed the replica released it).
-func (s *Store) drainSettle(chunk []*move, rel *releases, pending bool, f func(m *mut, o *object, mv *move, di int) bool) (dropped int) {
-	forShards(chunk, func(mv *move) int { return mv.shard }, func(sh int, group []*move) {
-		shd := &s.shards[sh]
-		shd.mu.Lock()
-		m := s.begin(shd, rel)
-		for _, mv := range group {
-			if mv.dst == 0 {
-				continue
-			}
-			o := shd.getLocked(mv.tenant, mv.key)
-			di := -1
-			if o != nil {
-				di = o.replicaIndex(mv.dst)
-			}
-			if di >= 0 {
-				// Same replica only if it is still ours: our target segment,
-				// and still pending (phase 3) or holding our allocation.
-				r := o.replicas[di]
-				if r.seg != mv.target.idx || r.pending != pending || (!pending && r.allocID != mv.dstAlloc) {
-					di = -1
-				}
-			}
-			if di < 0 {
-				if pending && mv.err == nil && mv.dstAlloc != 0 {
-					rel.add(mv.target.idx, mv.dstAlloc)
-				}
-				if mv.err == nil {
-					mv.err = errNotFound("", mv.key)
-				}
-				mv.dst = 0
-				continue
-			}
-			if f(m, o, mv, di) {
-				continue
-			}
-			m.remove(o, di, true)
-			if si := o.replicaIndex(mv.src); si >= 0 {
-				m.remove(o, si, true)
-				dropped++
-			}
-			m.dropIfEmpty(o)
-			mv.dst = 0
-		}
-		m.commit()
-		shd.mu.Unlock()
-	})
-	return dropped
+	m, d := s.migrateChunk(ctx, chunk, rel, modeDrain)
+	return m, dropped + d
 }
