@@ -10,6 +10,7 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/cluster"
+	"github.com/crescent-kv/crescent/internal/master/meta"
 	"github.com/crescent-kv/crescent/internal/master/registry"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
@@ -32,6 +33,8 @@ type fakeMeta struct {
 	mu      sync.Mutex
 	quotas  map[string]*masterv1.TenantQuota
 	drainFn func(ctx context.Context, id string) error
+	// migrations are the specs Migrate was called with (migrate_test.go).
+	migrations []meta.MigrateSpec
 }
 
 func (f *fakeMeta) DrainSegment(ctx context.Context, id string) error {

@@ -17,8 +17,10 @@ import (
 //   - ObjectService: tenants, for their own tenant only (Tenant: the
 //     request's tenant, or every item's in a Batch*, must be the caller's;
 //     "" is "default"), and admins for any tenant. RemoveAll is audited,
-//     and with force is admin only (removeAllForce).
-//   - AdminService: admins only; the mutating calls are audited.
+//     and with force is admin only (removeAllForce). Copy and Move are the
+//     tenant's, on its own keys.
+//   - AdminService: admins only; the mutating calls are audited (among
+//     them CopyObjects and MoveObjects, Copy and Move for any tenant).
 //   - SegmentService: agents only (the session binds the stream to the
 //     host id of the certificate).
 //   - ChangeService: gateways and admins.
@@ -47,6 +49,8 @@ func authTable() auth.Table {
 		masterv1.ObjectService_RemoveAll_FullMethodName:           audited,
 		masterv1.ObjectService_RemoveByPrefix_FullMethodName:      own,
 		masterv1.ObjectService_RemoveByRegex_FullMethodName:       own,
+		masterv1.ObjectService_Copy_FullMethodName:                own,
+		masterv1.ObjectService_Move_FullMethodName:                own,
 
 		masterv1.AdminService_ListSegments_FullMethodName:     admin,
 		masterv1.AdminService_GetSegment_FullMethodName:       admin,
@@ -57,6 +61,8 @@ func authTable() auth.Table {
 		masterv1.AdminService_GetTenantQuota_FullMethodName:   admin,
 		masterv1.AdminService_ListTenants_FullMethodName:      admin,
 		masterv1.AdminService_GetClusterStatus_FullMethodName: admin,
+		masterv1.AdminService_CopyObjects_FullMethodName:      adminAudit,
+		masterv1.AdminService_MoveObjects_FullMethodName:      adminAudit,
 
 		masterv1.SegmentService_Connect_FullMethodName: {Roles: []auth.Role{auth.RoleAgent}},
 		masterv1.SegmentService_Follow_FullMethodName:  {Roles: []auth.Role{auth.RoleAgent}},

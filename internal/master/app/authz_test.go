@@ -145,6 +145,31 @@ func TestAuthorization(t *testing.T) {
 			return err
 		}
 	}
+	toMemory := &masterv1.MigrationTarget{Target: &masterv1.MigrationTarget_Medium{Medium: masterv1.Medium_MEDIUM_MEMORY}}
+	copyKeys := func(tenant string, move bool) func(context.Context, *grpc.ClientConn) error {
+		return func(ctx context.Context, cc *grpc.ClientConn) error {
+			oc := masterv1.NewObjectServiceClient(cc)
+			var err error
+			if move {
+				_, err = oc.Move(ctx, &masterv1.ObjectServiceMoveRequest{Tenant: tenant, Keys: []string{"k"}, Target: toMemory})
+			} else {
+				_, err = oc.Copy(ctx, &masterv1.ObjectServiceCopyRequest{Tenant: tenant, Keys: []string{"k"}, Target: toMemory})
+			}
+			return err
+		}
+	}
+	adminCopy := func(tenant string, move bool) func(context.Context, *grpc.ClientConn) error {
+		return func(ctx context.Context, cc *grpc.ClientConn) error {
+			ac := masterv1.NewAdminServiceClient(cc)
+			var err error
+			if move {
+				_, err = ac.MoveObjects(ctx, &masterv1.MoveObjectsRequest{Tenant: tenant, Keys: []string{"k"}, Target: toMemory})
+			} else {
+				_, err = ac.CopyObjects(ctx, &masterv1.CopyObjectsRequest{Tenant: tenant, Keys: []string{"k"}, Target: toMemory})
+			}
+			return err
+		}
+	}
 	setQuota := func(ctx context.Context, cc *grpc.ClientConn) error {
 		_, err := masterv1.NewAdminServiceClient(cc).SetTenantQuota(ctx, &masterv1.SetTenantQuotaRequest{Tenant: "a", MaxObjects: 10})
 		return err
@@ -204,7 +229,21 @@ func TestAuthorization(t *testing.T) {
 		{"token of tenant a reads tenant b", tokenA, get("b"), codes.PermissionDenied},
 		{"tenant a removes all of b", tenantA, removeAll("b", false), codes.PermissionDenied},
 		{"tenant a forces RemoveAll on itself", tenantA, removeAll("a", true), codes.PermissionDenied},
+		// Copy and Move: a tenant's own keys only; the admin forms are
+		// admins' (issue 17).
+		{"tenant a copies keys of b", tenantA, copyKeys("b", false), codes.PermissionDenied},
+		{"tenant a moves keys of b", tenantA, copyKeys("b", true), codes.PermissionDenied},
+		{"token of tenant a copies keys of default", tokenA, copyKeys("", false), codes.PermissionDenied},
+		{"tenant a calls CopyObjects on its own", tenantA, adminCopy("a", false), codes.PermissionDenied},
+		{"tenant a calls MoveObjects on its own", tenantA, adminCopy("a", true), codes.PermissionDenied},
+		{"agent copies keys", agent, copyKeys("a", false), codes.PermissionDenied},
+		{"gateway calls MoveObjects", gateway, adminCopy("a", true), codes.PermissionDenied},
 		// What keeps working.
+		{"tenant a copies its own", tenantA, copyKeys("a", false), codes.OK},
+		{"tenant a moves its own", tenantA, copyKeys("a", true), codes.OK},
+		{"admin copies keys of b", admin, copyKeys("b", false), codes.OK},
+		{"admin calls CopyObjects on b", admin, adminCopy("b", false), codes.OK},
+		{"admin calls MoveObjects on b", admin, adminCopy("b", true), codes.OK},
 		{"tenant a reads its own", tenantA, get("a"), codes.NotFound},
 		{"token of tenant a reads its own", tokenA, get("a"), codes.NotFound},
 		{"tenant a batch of its own", tenantA, batchExist("a", "a"), codes.OK},
@@ -235,6 +274,9 @@ func TestAuthorization(t *testing.T) {
 		"spiffe://crescent.local/tenant/a RemoveAll failed", // force: refused after the table let it in
 		"spiffe://crescent.local/tenant/a RemoveAll ok",
 		"spiffe://crescent.local/admin/admin RemoveAll ok",
+		"spiffe://crescent.local/admin/admin CopyObjects ok",
+		"spiffe://crescent.local/admin/admin MoveObjects ok",
+		"spiffe://crescent.local/tenant/a MoveObjects denied",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("audit log lacks %q; it has:\n%s", want, got)

@@ -526,3 +526,23 @@ func (s *Store) migrateSettle(chunk []*move, rel *releases, pending, dropSrc boo
 	})
 	return dropped
 }
+
+// TargetOf converts a request's MigrationTarget (nil is no target, which
+// ValidateMigrate refuses).
+func TargetOf(t *masterv1.MigrationTarget) MigrateTarget {
+	return MigrateTarget{SegmentID: t.GetSegmentId(), HostID: t.GetHostId(), Medium: t.GetMedium()}
+}
+
+// MigrationResults converts Migrate's results for a response.
+func MigrationResults(res []MigrateResult) []*masterv1.MigrationResult {
+	out := make([]*masterv1.MigrationResult, len(res))
+	for i := range res {
+		r := &res[i]
+		st := &masterv1.ItemStatus{}
+		if r.Err != nil {
+			st = rpcerr.Item(r.Err)
+		}
+		out[i] = &masterv1.MigrationResult{Key: r.Key, Status: st, Replica: r.Replica, SourceSegmentId: r.Source}
+	}
+	return out
+}

@@ -26,9 +26,11 @@ func FuzzRequests(f *testing.F) {
 		&masterv1.BatchPutStartRequest{Items: []*masterv1.PutStartRequest{{Key: "a", Size: 1 << 63}, {Key: "b", Size: 1 << 62}, {Key: "c", Size: 1<<20 + 1}}},
 		&masterv1.RemoveByRegexRequest{Regex: "a(", Force: true},
 		&masterv1.ListObjectsRequest{PageToken: "!!", PageSize: 3},
+		&masterv1.ObjectServiceCopyRequest{Keys: []string{"k", "k", ""}, Target: &masterv1.MigrationTarget{Target: &masterv1.MigrationTarget_Medium{Medium: 9}}},
+		&masterv1.ObjectServiceMoveRequest{Keys: []string{"k", "x"}, FromSegmentId: "seg-0-0", Target: &masterv1.MigrationTarget{Target: &masterv1.MigrationTarget_SegmentId{SegmentId: "seg-1-0"}}},
 	} {
 		b, _ := proto.Marshal(m)
-		for kind := range byte(8) {
+		for kind := range byte(10) {
 			f.Add(kind, b)
 		}
 	}
@@ -44,7 +46,7 @@ func FuzzRequests(f *testing.F) {
 			t.Fatal(err)
 		}
 		var callErr error
-		switch kind % 8 {
+		switch kind % 10 {
 		case 0:
 			var r masterv1.PutStartRequest
 			if proto.Unmarshal(b, &r) == nil {
@@ -84,6 +86,16 @@ func FuzzRequests(f *testing.F) {
 			var r masterv1.RemoveAllRequest
 			if proto.Unmarshal(b, &r) == nil {
 				_, callErr = s.RemoveAll(ctx, &r)
+			}
+		case 8:
+			var r masterv1.ObjectServiceCopyRequest
+			if proto.Unmarshal(b, &r) == nil {
+				_, callErr = s.Copy(ctx, &r)
+			}
+		case 9:
+			var r masterv1.ObjectServiceMoveRequest
+			if proto.Unmarshal(b, &r) == nil {
+				_, callErr = s.Move(ctx, &r)
 			}
 		}
 		if callErr != nil {

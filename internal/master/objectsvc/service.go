@@ -312,3 +312,22 @@ func items(errs []error) []*masterv1.ItemStatus {
 	}
 	return out
 }
+
+// Copy implements ObjectService.Copy.
+func (s *Service) Copy(ctx context.Context, r *masterv1.ObjectServiceCopyRequest) (*masterv1.ObjectServiceCopyResponse, error) {
+	res, err := s.store.Migrate(ctx, meta.MigrateSpec{Tenant: r.GetTenant(), Keys: r.GetKeys(), Target: meta.TargetOf(r.GetTarget())})
+	if err != nil {
+		return nil, rpcerr.Status(err)
+	}
+	return &masterv1.ObjectServiceCopyResponse{Results: meta.MigrationResults(res)}, nil
+}
+
+// Move implements ObjectService.Move.
+func (s *Service) Move(ctx context.Context, r *masterv1.ObjectServiceMoveRequest) (*masterv1.ObjectServiceMoveResponse, error) {
+	res, err := s.store.Migrate(ctx, meta.MigrateSpec{Tenant: r.GetTenant(), Keys: r.GetKeys(), Target: meta.TargetOf(r.GetTarget()),
+		Move: true, FromSegment: r.GetFromSegmentId()})
+	if err != nil {
+		return nil, rpcerr.Status(err)
+	}
+	return &masterv1.ObjectServiceMoveResponse{Results: meta.MigrationResults(res)}, nil
+}
