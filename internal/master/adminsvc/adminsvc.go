@@ -11,7 +11,6 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/cluster"
-	"github.com/crescent-kv/crescent/internal/master/meta"
 	"github.com/crescent-kv/crescent/internal/master/registry"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 )
@@ -35,10 +34,10 @@ type Meta interface {
 	Stats() (objects, bytes, revision uint64)
 	// SegmentReplicaCounts returns replicas (any status) per segment id.
 	SegmentReplicaCounts() map[string]uint64
-	// Migrate copies or moves named objects of one tenant to a target
-	// (meta.Store.Migrate): an error for the whole request, else one
-	// result per key.
-	Migrate(ctx context.Context, sp meta.MigrateSpec) ([]meta.MigrateResult, error)
+	// MigrateObjects copies (or with move, moves) named objects of one
+	// tenant to a target: an error for the whole request, else one result
+	// per key, in order.
+	MigrateObjects(ctx context.Context, tenant string, keys []string, target *masterv1.MigrationTarget, move bool, fromSegment string) ([]*masterv1.MigrationResult, error)
 }
 
 // Registry is what AdminService needs from the segment registry
@@ -209,22 +208,21 @@ func (s *Service) UndrainSegment(ctx context.Context, req *masterv1.UndrainSegme
 // CopyObjects copies named objects of any tenant (ObjectService.Copy for
 // operators).
 func (s *Service) CopyObjects(ctx context.Context, req *masterv1.CopyObjectsRequest) (*masterv1.CopyObjectsResponse, error) {
-	res, err := s.deps.Meta.Migrate(ctx, meta.MigrateSpec{Tenant: req.GetTenant(), Keys: req.GetKeys(), Target: meta.TargetOf(req.GetTarget())})
+	res, err := s.deps.Meta.MigrateObjects(ctx, req.GetTenant(), req.GetKeys(), req.GetTarget(), false, "")
 	if err != nil {
 		return nil, rpcerr.Status(err)
 	}
-	return &masterv1.CopyObjectsResponse{Results: meta.MigrationResults(res)}, nil
+	return &masterv1.CopyObjectsResponse{Results: res}, nil
 }
 
 // MoveObjects moves named objects of any tenant (ObjectService.Move for
 // operators).
 func (s *Service) MoveObjects(ctx context.Context, req *masterv1.MoveObjectsRequest) (*masterv1.MoveObjectsResponse, error) {
-	res, err := s.deps.Meta.Migrate(ctx, meta.MigrateSpec{Tenant: req.GetTenant(), Keys: req.GetKeys(), Target: meta.TargetOf(req.GetTarget()),
-		Move: true, FromSegment: req.GetFromSegmentId()})
+	res, err := s.deps.Meta.MigrateObjects(ctx, req.GetTenant(), req.GetKeys(), req.GetTarget(), true, req.GetFromSegmentId())
 	if err != nil {
 		return nil, rpcerr.Status(err)
 	}
-	return &masterv1.MoveObjectsResponse{Results: meta.MigrationResults(res)}, nil
+	return &masterv1.MoveObjectsResponse{Results: res}, nil
 }
 
 // SetTenantQuota sets a tenant's limits.

@@ -10,7 +10,6 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/cluster"
-	"github.com/crescent-kv/crescent/internal/master/meta"
 	"github.com/crescent-kv/crescent/internal/master/registry"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
@@ -34,7 +33,7 @@ type fakeMeta struct {
 	quotas  map[string]*masterv1.TenantQuota
 	drainFn func(ctx context.Context, id string) error
 	// migrations are the specs Migrate was called with (migrate_test.go).
-	migrations []meta.MigrateSpec
+	migrations []migration
 }
 
 func (f *fakeMeta) DrainSegment(ctx context.Context, id string) error {

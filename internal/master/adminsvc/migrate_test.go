@@ -5,30 +5,39 @@ import (
 	"testing"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
-	"github.com/crescent-kv/crescent/internal/master/meta"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"google.golang.org/grpc/codes"
 )
 
-// Migrate records the spec and answers one OK result per key (with the
-// validation meta.Store.Migrate does first).
-func (f *fakeMeta) Migrate(_ context.Context, sp meta.MigrateSpec) ([]meta.MigrateResult, error) {
-	if err := meta.ValidateMigrate(&sp); err != nil {
-		return nil, err
+// migration is one MigrateObjects call the fake received.
+type migration struct {
+	tenant string
+	keys   []string
+	target *masterv1.MigrationTarget
+	move   bool
+	from   string
+}
+
+// MigrateObjects records the call and answers one OK result per key;
+// without a target it fails whole with INVALID_PARAMS, as the store does.
+func (f *fakeMeta) MigrateObjects(_ context.Context, tenant string, keys []string, target *masterv1.MigrationTarget, move bool, from string) ([]*masterv1.MigrationResult, error) {
+	if target == nil {
+		return nil, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "no target")
 	}
 	f.mu.Lock()
-	f.migrations = append(f.migrations, sp)
+	f.migrations = append(f.migrations, migration{tenant, keys, target, move, from})
 	f.mu.Unlock()
-	out := make([]meta.MigrateResult, len(sp.Keys))
-	for i, k := range sp.Keys {
-		out[i] = meta.MigrateResult{Key: k, Source: "mem-a",
+	out := make([]*masterv1.MigrationResult, len(keys))
+	for i, k := range keys {
+		out[i] = &masterv1.MigrationResult{Key: k, Status: &masterv1.ItemStatus{}, SourceSegmentId: "mem-a",
 			Replica: &masterv1.ReplicaDescriptor{SegmentId: "disk-a", Medium: masterv1.Medium_MEDIUM_DISK}}
 	}
 	return out, nil
 }
 
 // TestCopyMoveObjects: the admin forms pass the tenant (any tenant), keys,
-// target and source to the metadata, answer per key, and refuse a bad
-// envelope whole with INVALID_ARGUMENT / INVALID_PARAMS.
+// target and source to the metadata, answer per key, and map a whole
+// request's failure to its status.
 func TestCopyMoveObjects(t *testing.T) {
 	f := newFixture(t)
 	ctx := t.Context()
@@ -48,13 +57,12 @@ func TestCopyMoveObjects(t *testing.T) {
 	f.meta.mu.Lock()
 	got := f.meta.migrations
 	f.meta.mu.Unlock()
-	if len(got) != 2 || got[0].Tenant != "other" || got[0].Move || got[0].Target.Medium != masterv1.Medium_MEDIUM_DISK ||
-		!got[1].Move || got[1].FromSegment != "mem-a" || got[1].Target.SegmentID != "disk-a" {
-		t.Fatalf("specs: got %+v", got)
+	if len(got) != 2 || got[0].tenant != "other" || got[0].move || got[0].target.GetMedium() != masterv1.Medium_MEDIUM_DISK ||
+		!got[1].move || got[1].from != "mem-a" || got[1].target.GetSegmentId() != "disk-a" {
+		t.Fatalf("calls: got %+v", got)
 	}
 	_, err = f.client.CopyObjects(ctx, &masterv1.CopyObjectsRequest{Keys: []string{"a"}})
 	wantErr(t, err, codes.InvalidArgument, "INVALID_PARAMS")
-	_, err = f.client.MoveObjects(ctx, &masterv1.MoveObjectsRequest{Keys: make([]string, meta.MaxMigrateKeys+1),
-		Target: &masterv1.MigrationTarget{Target: &masterv1.MigrationTarget_HostId{HostId: "host-a"}}})
+	_, err = f.client.MoveObjects(ctx, &masterv1.MoveObjectsRequest{Keys: []string{"a"}})
 	wantErr(t, err, codes.InvalidArgument, "INVALID_PARAMS")
 }

@@ -527,14 +527,14 @@ func (s *Store) migrateSettle(chunk []*move, rel *releases, pending, dropSrc boo
 	return dropped
 }
 
-// TargetOf converts a request's MigrationTarget (nil is no target, which
-// ValidateMigrate refuses).
-func TargetOf(t *masterv1.MigrationTarget) MigrateTarget {
-	return MigrateTarget{SegmentID: t.GetSegmentId(), HostID: t.GetHostId(), Medium: t.GetMedium()}
-}
-
-// MigrationResults converts Migrate's results for a response.
-func MigrationResults(res []MigrateResult) []*masterv1.MigrationResult {
+// MigrateObjects is Migrate in Copy's and Move's wire types (the
+// ObjectService and AdminService adapters call it).
+func (s *Store) MigrateObjects(ctx context.Context, tenant string, keys []string, target *masterv1.MigrationTarget, move bool, fromSegment string) ([]*masterv1.MigrationResult, error) {
+	res, err := s.Migrate(ctx, MigrateSpec{Tenant: tenant, Keys: keys, Move: move, FromSegment: fromSegment,
+		Target: MigrateTarget{SegmentID: target.GetSegmentId(), HostID: target.GetHostId(), Medium: target.GetMedium()}})
+	if err != nil {
+		return nil, err
+	}
 	out := make([]*masterv1.MigrationResult, len(res))
 	for i := range res {
 		r := &res[i]
@@ -544,5 +544,5 @@ func MigrationResults(res []MigrateResult) []*masterv1.MigrationResult {
 		}
 		out[i] = &masterv1.MigrationResult{Key: r.Key, Status: st, Replica: r.Replica, SourceSegmentId: r.Source}
 	}
-	return out
+	return out, nil
 }

@@ -315,19 +315,18 @@ func items(errs []error) []*masterv1.ItemStatus {
 
 // Copy implements ObjectService.Copy.
 func (s *Service) Copy(ctx context.Context, r *masterv1.ObjectServiceCopyRequest) (*masterv1.ObjectServiceCopyResponse, error) {
-	res, err := s.store.Migrate(ctx, meta.MigrateSpec{Tenant: r.GetTenant(), Keys: r.GetKeys(), Target: meta.TargetOf(r.GetTarget())})
+	res, err := s.store.MigrateObjects(ctx, r.GetTenant(), r.GetKeys(), r.GetTarget(), false, "")
 	if err != nil {
 		return nil, rpcerr.Status(err)
 	}
-	return &masterv1.ObjectServiceCopyResponse{Results: meta.MigrationResults(res)}, nil
+	return &masterv1.ObjectServiceCopyResponse{Results: res}, nil
 }
 
 // Move implements ObjectService.Move.
 func (s *Service) Move(ctx context.Context, r *masterv1.ObjectServiceMoveRequest) (*masterv1.ObjectServiceMoveResponse, error) {
-	res, err := s.store.Migrate(ctx, meta.MigrateSpec{Tenant: r.GetTenant(), Keys: r.GetKeys(), Target: meta.TargetOf(r.GetTarget()),
-		Move: true, FromSegment: r.GetFromSegmentId()})
+	res, err := s.store.MigrateObjects(ctx, r.GetTenant(), r.GetKeys(), r.GetTarget(), true, r.GetFromSegmentId())
 	if err != nil {
 		return nil, rpcerr.Status(err)
 	}
-	return &masterv1.ObjectServiceMoveResponse{Results: meta.MigrationResults(res)}, nil
+	return &masterv1.ObjectServiceMoveResponse{Results: res}, nil
 }
