@@ -1,7 +1,12 @@
 package testcluster_test
 
 import (
+	"fmt"
+	"slices"
 	"testing"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/master/changelog"
 
 	"github.com/crescent-kv/crescent/internal/testcluster"
 	"github.com/crescent-kv/crescent/pkg/client"
@@ -95,6 +100,50 @@ func checkReplicas(t *testing.T, c *testcluster.Cluster, prefix string, n, size,
 			if string(b) != string(exp) {
 				t.Fatalf("%s replica %d: %d bytes, not the ones put", drainKey(prefix, i), j, len(b))
 			}
+		}
+	}
+}
+
+// TestMoveToDisk: objects in agent 0's memory move to a disk segment (the
+// medium as target); each reads back, and the change log says, per key,
+// stored(memory), then stored(disk), then removed(memory): the target was
+// readable before the source went.
+func TestMoveToDisk(t *testing.T) {
+	const n, size = 200, 4 << 10
+	c := testcluster.Start(t, testcluster.Options{AgentMemory: 32 << 20, AgentDisk: 32 << 20})
+	ctx := t.Context()
+	cl := c.Client(t)
+	src := memSegment(c, 0)
+	if sg, _ := c.Master().Registry.Segment(src); sg.Medium != masterv1.Medium_MEDIUM_MEMORY {
+		t.Fatalf("segment %s is %v, want memory", src, sg.Medium)
+	}
+	putInto(ctx, t, cl, "t", n, size, 50, 2, client.WithPreferredSegments(src))
+	res, err := cl.Move(ctx, keysOf("t", n), client.Target{Medium: masterv1.Medium_MEDIUM_DISK})
+	if err != nil {
+		t.Fatalf("move: %v", err)
+	}
+	for _, r := range res {
+		if r.Err != nil || r.Source != src || r.Replica.GetMedium() != masterv1.Medium_MEDIUM_DISK {
+			t.Fatalf("%s: got %+v, want moved from %s to disk", r.Key, r, src)
+		}
+	}
+	checkReplicas(t, c, "t", n, size, 1)
+	recs, _, _, err := c.Master().Store.Log().Read(0, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string][]string{}
+	for _, r := range recs {
+		seen[r.Key] = append(seen[r.Key], fmt.Sprintf("%v:%v", r.Type, r.Medium))
+	}
+	want := []string{
+		fmt.Sprintf("%v:%v", changelog.Stored, masterv1.Medium_MEDIUM_MEMORY),
+		fmt.Sprintf("%v:%v", changelog.Stored, masterv1.Medium_MEDIUM_DISK),
+		fmt.Sprintf("%v:%v", changelog.Removed, masterv1.Medium_MEDIUM_MEMORY),
+	}
+	for i := range n {
+		if got := seen[drainKey("t", i)]; !slices.Equal(got, want) {
+			t.Fatalf("%s: changes %v, want %v", drainKey("t", i), got, want)
 		}
 	}
 }
