@@ -2,6 +2,8 @@ package meta
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -176,6 +178,43 @@ func TestPropertyInvariants(t *testing.T) {
 				}
 				nextSeg++
 				e.c.Reg.Add(cluster.Segment{ID: fmt.Sprintf("new-%d", nextSeg), AgentID: sg.AgentID, HostID: sg.HostID, Capacity: 4096})
+			},
+			"migrate": func(rt *rapid.T) {
+				// Copy or Move of some keys of one tenant to a segment, a
+				// host or the memory medium (issue 17).
+				var tg MigrateTarget
+				switch rapid.IntRange(0, 3).Draw(rt, "target") {
+				case 0, 1:
+					tg.SegmentID = rapid.SampledFrom(e.c.Reg.Segments()).Draw(rt, "segment").ID
+				case 2:
+					tg.HostID = fmt.Sprintf("host-%d", rapid.IntRange(0, 2).Draw(rt, "host"))
+				default:
+					tg.Medium = masterv1.Medium_MEDIUM_MEMORY
+				}
+				sp := MigrateSpec{Tenant: rapid.SampledFrom(tenants).Draw(rt, "tenant"), Target: tg, Move: rapid.Bool().Draw(rt, "move"),
+					Keys: rapid.SliceOfNDistinct(rapid.SampledFrom(keys), 1, 3, rapid.ID[string]).Draw(rt, "keys")}
+				// Mostly keys that are readable, so most calls copy.
+				var live []rkey
+				for k := range readableSet(e.s) {
+					live = append(live, k)
+				}
+				if len(live) > 0 && rapid.IntRange(0, 3).Draw(rt, "live") > 0 {
+					slices.SortFunc(live, func(a, b rkey) int { return strings.Compare(a.tenant+"/"+a.key, b.tenant+"/"+b.key) })
+					k := rapid.SampledFrom(live).Draw(rt, "object")
+					sp.Tenant, sp.Keys = k.tenant, []string{k.key}
+				}
+				res, err := e.s.Migrate(ctx, sp)
+				if err != nil {
+					if r := rpcerr.Reason(err); r != "SEGMENT_UNAVAILABLE" && r != "SEGMENT_NOT_FOUND" {
+						rt.Fatalf("migrate %+v: %v", sp, err)
+					}
+					return
+				}
+				for _, r := range res {
+					if r.Err == nil && (r.Replica.GetStatus() != masterv1.ReplicaStatus_REPLICA_STATUS_COMPLETE || r.Source == "") {
+						rt.Fatalf("migrate %s: OK without a COMPLETE replica and a source: %+v", r.Key, r)
+					}
+				}
 			},
 			"agentBlip": func(rt *rapid.T) {
 				// An agent is unreachable during one removal-type operation,
