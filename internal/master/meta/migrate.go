@@ -166,7 +166,13 @@ func (s *Store) Migrate(ctx context.Context, sp MigrateSpec) ([]MigrateResult, e
 			}
 		}
 	}
-	s.lg.Info("objects migrated", "tenant", sp.Tenant, "keys", len(sp.Keys), "move", sp.Move)
+	done := 0
+	for i := range res {
+		if res[i].Err == nil {
+			done++
+		}
+	}
+	s.lg.Info("objects migrated", "tenant", sp.Tenant, "move", sp.Move, "keys", len(sp.Keys), "done", done, "failed", len(sp.Keys)-done)
 	return res, nil
 }
 
