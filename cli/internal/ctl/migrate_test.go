@@ -65,6 +65,7 @@ func TestCopyMove(t *testing.T) {
 				tc.args, code, out, errOut, tc.code, tc.out, tc.err)
 		}
 		if tc.after != nil {
+			slices.Sort(tc.after)
 			if got := replicas(); !slices.Equal(got, tc.after) {
 				t.Fatalf("after %v: replicas on %v, want %v", tc.args, got, tc.after)
 			}
