@@ -156,12 +156,11 @@ func (s *Segment) Stats() (alloc.Stats, int, int) {
 	return s.alloc.Stats(), reserved, sealed
 }
 
-// Table returns a copy of the allocation table.
+// Table returns a copy of the allocation table, for tests and diagnostics
+// (a registration reads it through View).
 func (s *Segment) Table() []*masterv1.Allocation {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	// One array of Allocations, not one each: a registration copies the
-	// whole table (millions of entries) while the master waits for it.
 	all := make([]masterv1.Allocation, s.table.len())
 	out := make([]*masterv1.Allocation, len(all))
 	i := 0

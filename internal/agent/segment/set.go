@@ -89,11 +89,9 @@ func (s *Set) Infos() []*masterv1.SegmentInfo {
 	return out
 }
 
-// Table returns the full allocation table of every segment.
+// Table returns a copy of every segment's allocation table, for tests and
+// diagnostics: a registration reads the tables through Segment.View.
 func (s *Set) Table() []*masterv1.Allocation {
-	if len(s.segs) == 1 {
-		return s.segs[0].Table()
-	}
 	var out []*masterv1.Allocation
 	for _, sg := range s.segs {
 		out = append(out, sg.Table()...)
