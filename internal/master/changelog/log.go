@@ -11,6 +11,7 @@ package changelog
 
 import (
 	"context"
+	"math"
 	"slices"
 	"sort"
 	"strconv"
@@ -58,15 +59,34 @@ func (r Record) Fill(c *masterv1.Change) {
 	c.TimestampUnixMs = r.TimeMs
 }
 
-// entry is a record as the ring stores it: tenants are interned so a slot
-// is 48 bytes (the key and group strings share the objects' bytes).
+// entry is a record as the ring stores it, 32 bytes: the key shares the
+// object's bytes, tenants and groups are interned, and the time is an
+// offset from its chunk's base (see chunk). With the default retention
+// the ring holds as many records as a million-object cache has objects,
+// so every byte here is a byte per object.
 type entry struct {
 	key    string
-	group  string
-	timeMs int64
+	group  uint32 // index into Log.groups; 0 is no group
+	dtMs   int32  // timeMs - chunk.baseMs, or farTime
 	tenant uint32
 	typ    Type
 	medium uint8
+}
+
+// farTime marks an entry whose time is too far from its chunk's base for
+// an int32 of milliseconds (about 24.8 days: a chunk that filled slowly on
+// an idle cluster, or a clock that jumped). Its time is in Log.far.
+const farTime = math.MinInt32
+
+// chunk is chunkSize consecutive ring slots. Slots are written in order,
+// one lap of the ring after another, so a chunk holds entries of at most
+// two laps: those of lap (the latest to reach its first slot) are offsets
+// from baseMs, the first of them, and the rest, of the lap before, from
+// prevBaseMs.
+type chunk struct {
+	lap              uint64
+	baseMs, prevBase int64
+	e                []entry
 }
 
 // Log is the change log. Safe for concurrent use.
@@ -79,10 +99,21 @@ type Log struct {
 	mu sync.Mutex
 	// ring holds rev r at position (r-1)%retention, in chunks of chunkSize
 	// entries allocated on first use (no regrowth copies).
-	ring    [][]entry
+	ring    []*chunk
 	head    uint64 // last assigned revision (0 = none)
 	tenants []string
 	tenIdx  map[string]uint32
+	// groups interns the records' group ids: groups[i] is referenced by
+	// groupRefs[i] retained records, and an index whose count drops to
+	// zero goes on groupFree for the next new group. Index 0 is "" and is
+	// never counted. Groups are the clients' strings, so unlike tenants
+	// they are released, and the table never holds more than the ring.
+	groups    []string
+	groupRefs []uint32
+	groupIdx  map[string]uint32
+	groupFree []uint32
+	// far holds the times of the retained farTime entries by revision.
+	far map[uint64]int64
 	// notify is closed and replaced on an append when waiting is set.
 	notify  chan struct{}
 	waiting bool
@@ -114,9 +145,9 @@ func New(retention int, epoch uint64) *Log {
 	}
 	l := &Log{
 		retention: uint64(retention),
-		tenIdx:    make(map[string]uint32),
 		notify:    make(chan struct{}),
 	}
+	l.resetTablesLocked()
 	l.epoch.Store(epoch)
 	return l
 }
@@ -133,7 +164,7 @@ func (l *Log) Reset(epoch uint64) {
 	defer l.mu.Unlock()
 	l.epoch.Store(epoch)
 	l.ring, l.head = nil, 0
-	l.tenants, l.tenIdx = nil, make(map[string]uint32)
+	l.resetTablesLocked()
 	l.spans, l.spanHead = nil, 0
 	l.traced.Store(false)
 	close(l.notify)
@@ -162,15 +193,7 @@ func (l *Log) AppendTraced(recs []Record, sc trace.SpanContext) uint64 {
 	for i := range recs {
 		l.head++
 		recs[i].Revision = l.head
-		e := entry{
-			key:    recs[i].Key,
-			group:  recs[i].Group,
-			timeMs: recs[i].TimeMs,
-			tenant: l.internLocked(recs[i].Tenant),
-			typ:    recs[i].Type,
-			medium: uint8(recs[i].Medium),
-		}
-		*l.slotLocked(l.head) = e
+		l.storeLocked(l.head, &recs[i])
 	}
 	if l.waiting {
 		close(l.notify)
@@ -226,17 +249,106 @@ func (l *Log) Links(from, to uint64, max int, dst []trace.SpanContext) []trace.S
 	return dst
 }
 
-// slotLocked returns the ring slot of revision r, allocating its chunk.
-func (l *Log) slotLocked(r uint64) *entry {
+func (l *Log) resetTablesLocked() {
+	l.tenants, l.tenIdx = nil, make(map[string]uint32)
+	l.groups, l.groupRefs, l.groupFree = []string{""}, []uint32{0}, nil
+	l.groupIdx = map[string]uint32{"": 0}
+	l.far = make(map[uint64]int64)
+}
+
+// storeLocked writes rec as revision r into its ring slot, releasing what
+// the record it overwrites (r-retention) held.
+func (l *Log) storeLocked(r uint64, rec *Record) {
 	pos := (r - 1) % l.retention
 	c := pos / chunkSize
 	for uint64(len(l.ring)) <= c {
 		l.ring = append(l.ring, nil)
 	}
-	if l.ring[c] == nil {
-		l.ring[c] = make([]entry, min(chunkSize, l.retention-c*chunkSize))
+	ch := l.ring[c]
+	if ch == nil {
+		ch = &chunk{e: make([]entry, min(chunkSize, l.retention-c*chunkSize))}
+		l.ring[c] = ch
 	}
-	return &l.ring[c][pos%chunkSize]
+	i := pos % chunkSize
+	e := &ch.e[i]
+	if r > l.retention {
+		l.releaseGroupLocked(e.group)
+		if e.dtMs == farTime {
+			delete(l.far, r-l.retention)
+		}
+	}
+	if i == 0 {
+		ch.lap, ch.prevBase, ch.baseMs = (r-1)/l.retention, ch.baseMs, rec.TimeMs
+	}
+	dt := rec.TimeMs - ch.baseMs
+	if dt <= farTime || dt > math.MaxInt32 {
+		l.far[r] = rec.TimeMs
+		dt = farTime
+	}
+	*e = entry{
+		key:    rec.Key,
+		group:  l.internGroupLocked(rec.Group),
+		dtMs:   int32(dt),
+		tenant: l.internLocked(rec.Tenant),
+		typ:    rec.Type,
+		medium: uint8(rec.Medium),
+	}
+}
+
+// recordLocked returns retained revision r.
+func (l *Log) recordLocked(r uint64) Record {
+	pos := (r - 1) % l.retention
+	ch := l.ring[pos/chunkSize]
+	e := &ch.e[pos%chunkSize]
+	base := ch.baseMs
+	if (r-1)/l.retention != ch.lap {
+		base = ch.prevBase
+	}
+	t := base + int64(e.dtMs)
+	if e.dtMs == farTime {
+		t = l.far[r]
+	}
+	return Record{
+		Revision: r,
+		Type:     e.typ,
+		Tenant:   l.tenants[e.tenant],
+		Key:      e.key,
+		Medium:   masterv1.Medium(e.medium),
+		Group:    l.groups[e.group],
+		TimeMs:   t,
+	}
+}
+
+func (l *Log) internGroupLocked(g string) uint32 {
+	if g == "" {
+		return 0
+	}
+	i, ok := l.groupIdx[g]
+	if !ok {
+		if n := len(l.groupFree); n > 0 {
+			i = l.groupFree[n-1]
+			l.groupFree = l.groupFree[:n-1]
+			l.groups[i] = g
+		} else {
+			i = uint32(len(l.groups))
+			l.groups = append(l.groups, g)
+			l.groupRefs = append(l.groupRefs, 0)
+		}
+		l.groupIdx[g] = i
+	}
+	l.groupRefs[i]++
+	return i
+}
+
+func (l *Log) releaseGroupLocked(i uint32) {
+	if i == 0 {
+		return
+	}
+	if l.groupRefs[i]--; l.groupRefs[i] == 0 {
+		delete(l.groupIdx, l.groups[i])
+		l.groups[i] = ""
+		l.groupFree = append(l.groupFree, i)
+	}
 }
 
 func (l *Log) internLocked(t string) uint32 {
@@ -295,16 +407,7 @@ func (l *Log) Read(from uint64, max int, dst []Record) (recs []Record, head, com
 			"revision %d is beyond the head %d of epoch %d", from, l.head, l.epoch.Load())
 	}
 	for r := from + 1; r <= l.head && (max <= 0 || len(dst) < max); r++ {
-		e := l.slotLocked(r)
-		dst = append(dst, Record{
-			Revision: r,
-			Type:     e.typ,
-			Tenant:   l.tenants[e.tenant],
-			Key:      e.key,
-			Medium:   masterv1.Medium(e.medium),
-			Group:    e.group,
-			TimeMs:   e.timeMs,
-		})
+		dst = append(dst, l.recordLocked(r))
 	}
 	return dst, l.head, compact, nil
 }
