@@ -99,7 +99,7 @@ func (s *Store) Snapshot(ctx context.Context, tenant string) (uint64, []Snapshot
 				continue
 			}
 			name := s.tenants.get(t).name
-			for key, o := range objs {
+			for key, o := range objs.all() {
 				var media uint8
 				for _, r := range o.replicas {
 					if r.status == stComplete && media&(1<<r.medium) == 0 {

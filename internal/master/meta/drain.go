@@ -121,7 +121,7 @@ func (s *Store) drainScan(src uint32) []*move {
 		shd := &s.shards[sh]
 		shd.mu.Lock()
 		for t, objs := range shd.tenants {
-			for key, o := range objs {
+			for key, o := range objs.all() {
 				if o.put != nil {
 					continue
 				}

@@ -31,7 +31,7 @@ func refEvict(s *Store, targets []evictTarget) map[string]bool {
 		sh.mu.Lock()
 		now := s.nowMs()
 		for t, objs := range sh.tenants {
-			for k, o := range objs {
+			for k, o := range objs.all() {
 				var mask uint64
 				for _, r := range o.replicas {
 					if p, ok := pos[r.seg]; ok {
@@ -86,7 +86,7 @@ func liveKeys(s *Store) map[string]bool {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		for t, objs := range sh.tenants {
-			for k := range objs {
+			for k := range objs.all() {
 				out[s.tenants.get(t).name+"/"+k] = true
 			}
 		}

@@ -47,7 +47,7 @@ func listedPuts(t fataler, s *Store) int {
 func putListErr(sh *shard) string {
 	want := map[*putState]bool{}
 	for _, objs := range sh.tenants {
-		for _, o := range objs {
+		for _, o := range objs.all() {
 			if o.put != nil {
 				want[o.put] = true
 			}

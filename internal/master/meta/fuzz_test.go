@@ -61,7 +61,7 @@ func FuzzReconcile(f *testing.F) {
 		n := 0
 		for i := range s.shards {
 			for _, m := range s.shards[i].tenants {
-				n += len(m)
+				n += m.len()
 			}
 		}
 		if int(objs) != n {

@@ -419,7 +419,7 @@ func (s *Store) ListObjects(ctx context.Context, tenant, prefix string, pageSize
 	for i := range s.shards {
 		shd := &s.shards[i]
 		shd.mu.Lock()
-		for key, o := range shd.tenants[t] {
+		for key, o := range shd.tenants[t].all() {
 			if !strings.HasPrefix(key, prefix) || (pageToken != "" && key <= after) {
 				continue
 			}

@@ -58,7 +58,7 @@ func readableSet(s *Store) map[rkey]bool {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		for t, objs := range sh.tenants {
-			for k, o := range objs {
+			for k, o := range objs.all() {
 				for _, r := range o.replicas {
 					if r.status == stComplete {
 						out[rkey{s.tenants.get(t).name, k, masterv1.Medium(r.medium)}] = true
@@ -134,7 +134,7 @@ func checkInvariants(t fataler, e *env, f *follower) {
 				sh.mu.Unlock()
 				t.Fatalf("(d) objects under tenant id %#x, which the table does not hold", tn)
 			}
-			for _, o := range objs {
+			for _, o := range objs.all() {
 				if len(o.replicas) == 0 {
 					sh.mu.Unlock()
 					t.Fatalf("object %q has no replicas but is in the map", o.key)
@@ -216,7 +216,7 @@ func checkRecencyLists(t fataler, s *Store) {
 func recencyListErr(sh *shard) string {
 	inMaps := 0
 	for _, objs := range sh.tenants {
-		inMaps += len(objs)
+		inMaps += objs.len()
 	}
 	seen := map[*object]bool{}
 	var prev *object
@@ -264,7 +264,7 @@ func completeOn(s *Store, segID string) int {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		for _, objs := range sh.tenants {
-			for _, o := range objs {
+			for _, o := range objs.all() {
 				for _, r := range o.replicas {
 					if r.seg == idx && r.status == stComplete {
 						n++

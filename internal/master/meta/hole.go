@@ -40,7 +40,7 @@ func (s *Store) makeHole(ctx context.Context, segs []holeSeg, size uint64) strin
 		shd.mu.Lock()
 		now := s.nowMs()
 		for t, objs := range shd.tenants {
-			for key, o := range objs {
+			for key, o := range objs.all() {
 				ok, pinned := s.evictableLocked(o, now)
 				for _, r := range o.replicas {
 					p, hit := pos[r.seg]

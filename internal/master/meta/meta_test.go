@@ -71,7 +71,7 @@ func views(s *Store) map[ObjectRef]objectView {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		for t, objs := range sh.tenants {
-			for k, o := range objs {
+			for k, o := range objs.all() {
 				var segs []string
 				for _, r := range o.replicas {
 					if r.status == stComplete {

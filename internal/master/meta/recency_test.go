@@ -245,7 +245,7 @@ func TestEvictWalksPastSoftPinned(t *testing.T) {
 func TestRelinkPlacesBatches(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for round := range 300 {
-		sh := &shard{tenants: map[uint32]map[string]*object{0: {}}}
+		sh := &shard{tenants: map[uint32]*objMap{0: newObjMap(0)}}
 		n := rng.IntN(40)
 		for i := range n {
 			sh.insertLocked(&object{key: fmt.Sprint("a", i), accessMs: int64(rng.IntN(100))})
@@ -254,7 +254,7 @@ func TestRelinkPlacesBatches(t *testing.T) {
 		lo, span := int64(rng.IntN(120)-10), int64(1+rng.IntN(30))
 		for i := range rng.IntN(20) {
 			o := &object{key: fmt.Sprint("b", i), accessMs: lo + rng.Int64N(span)}
-			sh.tenants[0][o.key] = o // in the maps, not yet in the list (mut.touchLater)
+			sh.tenants[0].put(o) // in the maps, not yet in the list (mut.touchLater)
 			xs = append(xs, o)
 		}
 		if len(xs) > 0 && rng.IntN(3) == 0 {
@@ -269,8 +269,8 @@ func TestRelinkPlacesBatches(t *testing.T) {
 			}
 			prev, got = o, got+1
 		}
-		if sh.tail != prev || got != len(sh.tenants[0]) {
-			t.Fatalf("round %d: %d objects listed (tail %v), want %d", round, got, sh.tail, len(sh.tenants[0]))
+		if sh.tail != prev || got != sh.tenants[0].len() {
+			t.Fatalf("round %d: %d objects listed (tail %v), want %d", round, got, sh.tail, sh.tenants[0].len())
 		}
 	}
 }

@@ -233,7 +233,7 @@ func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation,
 		var one [1]*masterv1.Allocation
 		for _, it := range its {
 			if presize > 0 && len(shd.tenants) == 0 {
-				shd.tenants[it.tenant] = make(map[string]*object, presize)
+				shd.tenants[it.tenant] = newObjMap(presize)
 			}
 			if track && !r.claimLocked(m, it) || r.skipHeld && r.heldLocked(m, it) {
 				continue
@@ -325,7 +325,7 @@ func (r *reconcileRun) Finish(ctx context.Context) []*masterv1.AllocationRef {
 			shd.mu.Lock()
 			m := s.begin(shd, nil).under(r.sc)
 			for _, objs := range shd.tenants {
-				for _, o := range objs {
+				for _, o := range objs.all() {
 					for i := len(o.replicas) - 1; i >= 0; i-- {
 						rp := o.replicas[i]
 						if _, mine := r.segSet[rp.seg]; !mine || rp.pending || r.claimed[allocKey{rp.seg, rp.allocID}] {
@@ -465,7 +465,7 @@ func (s *Store) DropSegments(ctx context.Context, segmentIDs []string) {
 		shd.mu.Lock()
 		m := s.begin(shd, nil)
 		for _, objs := range shd.tenants {
-			for _, o := range objs {
+			for _, o := range objs.all() {
 				for i := len(o.replicas) - 1; i >= 0; i-- {
 					if set[o.replicas[i].seg] {
 						m.remove(o, i, false)

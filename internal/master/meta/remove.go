@@ -92,7 +92,7 @@ func (s *Store) removeEvery(ctx context.Context, t uint32, force bool) (removed,
 		shd := &s.shards[i]
 		shd.mu.Lock()
 		m := s.begin(shd, rel).under(sc)
-		for _, o := range shd.tenants[t] {
+		for _, o := range shd.tenants[t].all() {
 			if s.removableLocked(o, force, m.nowMs, name) != nil {
 				skipped++
 				continue
@@ -129,7 +129,7 @@ func (s *Store) RemoveAll(ctx context.Context, tenant string, force bool) (remov
 	s.lockAll()
 	empty := true
 	for i := range s.shards {
-		if len(s.shards[i].tenants[t]) > 0 {
+		if s.shards[i].tenants[t].len() > 0 {
 			empty = false
 			break
 		}
@@ -261,8 +261,8 @@ func (s *Store) scanRemove(ctx context.Context, t uint32, force bool, cur scanCu
 		keys = keys[:0]
 		shd.mu.Lock()
 		objs := shd.tenants[t]
-		visited += len(objs)
-		for key := range objs {
+		visited += objs.len()
+		for key := range objs.all() {
 			if (after == "" || key > after) && (pre == nil || pre(key)) {
 				keys = append(keys, key)
 			}

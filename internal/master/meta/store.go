@@ -134,7 +134,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		}),
 	}
 	for i := range s.shards {
-		s.shards[i].tenants = make(map[uint32]map[string]*object)
+		s.shards[i].tenants = make(map[uint32]*objMap)
 	}
 	s.segs.init()
 	s.tenants.init(cfg.MaxTenants)
