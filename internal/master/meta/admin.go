@@ -104,7 +104,7 @@ func (s *Store) Snapshot(ctx context.Context, tenant string) (uint64, []Snapshot
 				for _, r := range o.replicas {
 					if r.status == stComplete && media&(1<<r.medium) == 0 {
 						media |= 1 << r.medium
-						out = append(out, SnapshotEntry{Tenant: name, Key: key, Group: o.group, Medium: masterv1.Medium(r.medium)})
+						out = append(out, SnapshotEntry{Tenant: name, Key: key, Group: shd.groupOf(o), Medium: masterv1.Medium(r.medium)})
 					}
 				}
 			}

@@ -219,10 +219,10 @@ func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chun
 				continue
 			}
 			mv.srcSeg, mv.srcAgent = srcID, srcAgent
-			mv.srcAlloc, mv.size, mv.checksum, mv.group = r.allocID, o.size, o.checksum, o.group
+			mv.srcAlloc, mv.size, mv.checksum, mv.group = r.allocID, o.size, o.checksum, shd.groupOf(o)
 			mv.hard = o.flags&flagHardPin != 0
 			if o.flags&flagSoftPin != 0 {
-				mv.pinMs = o.softPinMs
+				mv.pinMs = shd.softPinLocked(o)
 			}
 			mv.target = vs[0]
 			mv.dst = m.create(o, vs[0].idx, r.medium, true, 0)

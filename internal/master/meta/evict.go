@@ -136,7 +136,7 @@ type evictCand struct {
 
 // evictableLocked reports whether o may be evicted now, and whether it is
 // soft-pinned (second choice).
-func (s *Store) evictableLocked(o *object, nowMs int64) (ok, pinned bool) {
+func (s *Store) evictableLocked(sh *shard, o *object, nowMs int64) (ok, pinned bool) {
 	if o.put != nil || o.flags&flagHardPin != 0 || o.leased(nowMs, s.cfg.LeaseTTL) {
 		return false, false
 	}
@@ -145,7 +145,7 @@ func (s *Store) evictableLocked(o *object, nowMs int64) (ok, pinned bool) {
 			return false, false
 		}
 	}
-	return true, o.softPinned(nowMs)
+	return true, sh.softPinnedLocked(o, nowMs)
 }
 
 // evictVictims removes the chosen objects (serialised with other evictions).
@@ -173,7 +173,7 @@ func (s *Store) evictVictimsLocked(ctx context.Context, runs [][]evictCand) int 
 				continue
 			}
 			// Re-check: it may have been read, pinned or rewritten since.
-			if ok, _ := s.evictableLocked(o, m.nowMs); !ok || o.accessMs != c.access {
+			if ok, _ := s.evictableLocked(shd, o, m.nowMs); !ok || o.accessMs != c.access {
 				continue
 			}
 			m.removeAll(o, true)

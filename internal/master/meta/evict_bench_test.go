@@ -64,7 +64,7 @@ func BenchmarkEvictPass(b *testing.B) {
 	missing := func() []string {
 		var out []string
 		for _, k := range keys {
-			if s.withObject(DefaultTenant, k, func(*object) error { return nil }) != nil {
+			if s.withObject(DefaultTenant, k, func(*shard, *object) error { return nil }) != nil {
 				out = append(out, k)
 			}
 		}

@@ -212,7 +212,7 @@ func (p *evictPass) walkShard(sh int, byLimit bool, limit int64) int64 {
 		if mask == 0 {
 			continue
 		}
-		ok, pinned := s.evictableLocked(o, now)
+		ok, pinned := s.evictableLocked(shd, o, now)
 		if !ok {
 			continue
 		}

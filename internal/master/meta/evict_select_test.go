@@ -38,7 +38,7 @@ func refEvict(s *Store, targets []evictTarget) map[string]bool {
 						mask |= 1 << p
 					}
 				}
-				if ok, pinned := s.evictableLocked(o, now); ok && mask != 0 {
+				if ok, pinned := s.evictableLocked(sh, o, now); ok && mask != 0 {
 					cands = append(cands, cand{s.tenants.get(t).name + "/" + k, o.accessMs, o.size, mask, pinned})
 				}
 			}

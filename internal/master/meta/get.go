@@ -97,13 +97,13 @@ type readView struct {
 
 // readLocked resolves the readable replicas of o (COMPLETE, on a segment
 // that can serve reads) into v, or returns why there are none.
-func (s *Store) readLocked(o *object, c *segCache, tenant, key string, v *readView) error {
-	return s.readIntoLocked(o, c, tenant, key, v, &v.reps)
+func (s *Store) readLocked(sh *shard, o *object, c *segCache, tenant, key string, v *readView) error {
+	return s.readIntoLocked(sh, o, c, tenant, key, v, &v.reps)
 }
 
 // readIntoLocked is readLocked appending the replicas to *arena (shared by
 // a batch) and pointing v.reps at them.
-func (s *Store) readIntoLocked(o *object, c *segCache, tenant, key string, v *readView, arena *[]readRep) error {
+func (s *Store) readIntoLocked(sh *shard, o *object, c *segCache, tenant, key string, v *readView, arena *[]readRep) error {
 	v.tenant, v.key = tenant, key
 	start := len(*arena)
 	if arena == &v.reps {
@@ -132,7 +132,7 @@ func (s *Store) readIntoLocked(o *object, c *segCache, tenant, key string, v *re
 		}
 		return errNotFound(tenant, key)
 	}
-	v.size, v.checksum, v.group = o.size, o.checksum, o.group
+	v.size, v.checksum, v.group = o.size, o.checksum, sh.groupOf(o)
 	return nil
 }
 
@@ -152,7 +152,7 @@ func (s *Store) Get(ctx context.Context, sp GetSpec) (*masterv1.GetReplicaListRe
 	o := shd.getLocked(t, sp.Key)
 	if o == nil {
 		err = errNotFound(sp.Tenant, sp.Key)
-	} else if err = s.readLocked(o, &c, sp.Tenant, sp.Key, &v); err == nil {
+	} else if err = s.readLocked(shd, o, &c, sp.Tenant, sp.Key, &v); err == nil {
 		s.grantLeaseLocked(shd, o)
 	}
 	shd.mu.Unlock()
@@ -202,7 +202,7 @@ func (s *Store) BatchGet(ctx context.Context, specs []GetSpec) []GetResult {
 				res[it.i].Err = errNotFound(sp.Tenant, sp.Key)
 				continue
 			}
-			if err := s.readIntoLocked(o, &c, sp.Tenant, sp.Key, &views[it.i], &arena); err != nil {
+			if err := s.readIntoLocked(shd, o, &c, sp.Tenant, sp.Key, &views[it.i], &arena); err != nil {
 				res[it.i].Err = err
 				continue
 			}
@@ -325,7 +325,7 @@ func (s *Store) BatchExist(ctx context.Context, refs []ObjectRef) ([]bool, error
 		shd.mu.Lock()
 		for _, it := range group {
 			o := shd.getLocked(it.tenant, refs[it.i].Key)
-			if o != nil && s.readLocked(o, &c, "", "", &v) == nil {
+			if o != nil && s.readLocked(shd, o, &c, "", "", &v) == nil {
 				s.grantLeaseLocked(shd, o)
 				out[it.i] = true
 			}
@@ -339,10 +339,10 @@ func (s *Store) BatchExist(ctx context.Context, refs []ObjectRef) ([]bool, error
 func (s *Store) GetSize(ctx context.Context, tenant, key string) (uint64, error) {
 	tenant = NormalizeTenant(tenant)
 	var size uint64
-	err := s.withObject(tenant, key, func(o *object) error {
+	err := s.withObject(tenant, key, func(shd *shard, o *object) error {
 		c := segCache{s: s}
 		var v readView
-		if err := s.readLocked(o, &c, tenant, key, &v); err != nil {
+		if err := s.readLocked(shd, o, &c, tenant, key, &v); err != nil {
 			return err
 		}
 		size = o.size
@@ -356,9 +356,9 @@ func (s *Store) GetSize(ctx context.Context, tenant, key string) (uint64, error)
 func (s *Store) QueryRoute(ctx context.Context, tenant, key string) (*masterv1.QueryRouteResponse, error) {
 	tenant = NormalizeTenant(tenant)
 	var resp *masterv1.QueryRouteResponse
-	err := s.withObject(tenant, key, func(o *object) error {
+	err := s.withObject(tenant, key, func(shd *shard, o *object) error {
 		c := segCache{s: s}
-		resp = &masterv1.QueryRouteResponse{Size: o.size, Checksum: o.checksum, GroupId: o.group}
+		resp = &masterv1.QueryRouteResponse{Size: o.size, Checksum: o.checksum, GroupId: shd.groupOf(o)}
 		for _, r := range o.replicas {
 			e := s.segs.get(r.seg)
 			sv, _ := c.get(r.seg)
@@ -375,7 +375,7 @@ func (s *Store) QueryRoute(ctx context.Context, tenant, key string) (*masterv1.Q
 
 // withObject runs f on one object under its shard lock. tenant must be
 // normalized.
-func (s *Store) withObject(tenant, key string, f func(*object) error) error {
+func (s *Store) withObject(tenant, key string, f func(*shard, *object) error) error {
 	t, shard, err := s.locate(&tenant, key)
 	if err != nil {
 		return err
@@ -387,7 +387,7 @@ func (s *Store) withObject(tenant, key string, f func(*object) error) error {
 	if o == nil {
 		return errNotFound(tenant, key)
 	}
-	return f(o)
+	return f(shd, o)
 }
 
 // ListObjects pages through a tenant's objects in key order. The page token
@@ -427,8 +427,8 @@ func (s *Store) ListObjects(ctx context.Context, tenant, prefix string, pageSize
 				continue
 			}
 			info := &masterv1.ObjectInfo{
-				Key: key, Size: o.size, Replicas: uint32(len(o.replicas)), GroupId: o.group,
-				SoftPinned: o.softPinned(now), HardPinned: o.flags&flagHardPin != 0,
+				Key: key, Size: o.size, Replicas: uint32(len(o.replicas)), GroupId: shd.groupOf(o),
+				SoftPinned: shd.softPinnedLocked(o, now), HardPinned: o.flags&flagHardPin != 0,
 				Processing: o.put != nil, Checksum: o.checksum,
 			}
 			if o.leased(now, s.cfg.LeaseTTL) {

@@ -129,6 +129,7 @@ func checkInvariants(t fataler, e *env, f *follower) {
 	for i := range e.s.shards {
 		sh := &e.s.shards[i]
 		sh.mu.Lock()
+		groups, pinned := map[uint32]uint32{}, 0
 		for tn, objs := range sh.tenants {
 			if tp := e.s.tenants.get(tn); tp.id != tn || tp.retired.Load() {
 				sh.mu.Unlock()
@@ -143,6 +144,14 @@ func checkInvariants(t fataler, e *env, f *follower) {
 				u.bytes += o.size
 				u.objects++
 				sums[tn] = u
+				groups[o.group]++
+				if o.flags&flagSoftPin != 0 {
+					pinned++
+					if _, ok := sh.pins[o]; !ok {
+						sh.mu.Unlock()
+						t.Fatalf("object %q is soft pinned with no expiry", o.key)
+					}
+				}
 				for _, r := range o.replicas {
 					placed[r.seg] += int64(o.size)
 					if r.pending {
@@ -156,6 +165,23 @@ func checkInvariants(t fataler, e *env, f *follower) {
 					}
 					refs[ref] = true
 				}
+			}
+		}
+		// The shard's group table and pin map hold exactly what its
+		// objects reference: nothing leaks when objects go.
+		if pinned != len(sh.pins) {
+			sh.mu.Unlock()
+			t.Fatalf("shard %d: %d soft-pinned objects, %d pin expiries held", i, pinned, len(sh.pins))
+		}
+		delete(groups, 0)
+		if sh.groups.len() != len(groups) {
+			sh.mu.Unlock()
+			t.Fatalf("shard %d: objects use %d groups, the table holds %d", i, len(groups), sh.groups.len())
+		}
+		for g, n := range groups {
+			if sh.groups.refs[g] != n {
+				sh.mu.Unlock()
+				t.Fatalf("shard %d: group %q counted %d, used by %d objects", i, sh.groups.name(g), sh.groups.refs[g], n)
 			}
 		}
 		sh.mu.Unlock()

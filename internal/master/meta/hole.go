@@ -41,7 +41,7 @@ func (s *Store) makeHole(ctx context.Context, segs []holeSeg, size uint64) strin
 		now := s.nowMs()
 		for t, objs := range shd.tenants {
 			for key, o := range objs.all() {
-				ok, pinned := s.evictableLocked(o, now)
+				ok, pinned := s.evictableLocked(shd, o, now)
 				for _, r := range o.replicas {
 					p, hit := pos[r.seg]
 					if !hit || r.pending {

@@ -90,7 +90,7 @@ func TestPutStartOnFragmentedSegment(t *testing.T) {
 		t.Fatalf("Reserve calls for big: got %d, want 1", after-before)
 	}
 	var off uint64
-	_ = e.s.withObject(DefaultTenant, "big", func(o *object) error { off = o.replicas[0].offset; return nil })
+	_ = e.s.withObject(DefaultTenant, "big", func(_ *shard, o *object) error { off = o.replicas[0].offset; return nil })
 	if off != 16<<10 {
 		t.Fatalf("big placed at %d, want 16 KiB (the hole left by k02..k06)", off)
 	}

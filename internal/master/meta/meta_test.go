@@ -80,9 +80,9 @@ func views(s *Store) map[ObjectRef]objectView {
 				}
 				slices.Sort(segs)
 				out[ObjectRef{s.tenants.get(t).name, k}] = objectView{
-					size: o.size, checksum: o.checksum, group: o.group,
+					size: o.size, checksum: o.checksum, group: sh.groupOf(o),
 					hard: o.flags&flagHardPin != 0, soft: o.flags&flagSoftPin != 0,
-					replicas: len(o.replicas), readableOnSegs: fmt.Sprint(segs), softPinDeadline: o.softPinMs,
+					replicas: len(o.replicas), readableOnSegs: fmt.Sprint(segs), softPinDeadline: sh.softPinLocked(o),
 				}
 			}
 		}
@@ -94,11 +94,11 @@ func views(s *Store) map[ObjectRef]objectView {
 func TestSoftPinTTL(t *testing.T) {
 	e := newEnv(t, 1, 1, 1000, Config{Shards: 4})
 	e.put(t, PutSpec{Key: "k", SoftPin: true, SoftPinTTL: time.Minute})
-	_ = e.s.withObject(DefaultTenant, "k", func(o *object) error {
-		if !o.softPinned(e.clk.Now().UnixMilli()) {
+	_ = e.s.withObject(DefaultTenant, "k", func(sh *shard, o *object) error {
+		if !sh.softPinnedLocked(o, e.clk.Now().UnixMilli()) {
 			t.Fatal("want soft-pinned right after PutEnd")
 		}
-		if !o.softPinned(e.clk.Now().UnixMilli()+59_000) || o.softPinned(e.clk.Now().UnixMilli()+61_000) {
+		if !sh.softPinnedLocked(o, e.clk.Now().UnixMilli()+59_000) || sh.softPinnedLocked(o, e.clk.Now().UnixMilli()+61_000) {
 			t.Fatal("soft pin must last one minute from completion")
 		}
 		return nil
@@ -218,7 +218,7 @@ func TestConcurrentOverlappingKeys(t *testing.T) {
 	// pending work; the invariants must hold either way.
 	for _, tn := range tenants {
 		for _, k := range keys {
-			_ = e.s.withObject(tn, k, func(o *object) error {
+			_ = e.s.withObject(tn, k, func(_ *shard, o *object) error {
 				if o.put != nil {
 					t.Logf("open put left on %s/%s", tn, k)
 				}

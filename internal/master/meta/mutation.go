@@ -73,7 +73,7 @@ func (m *mut) record(typ changelog.Type, o *object, medium uint8) {
 		TimeMs: m.nowMs,
 	}
 	if typ == changelog.Stored {
-		r.Group = o.group
+		r.Group = m.sh.groupOf(o)
 	}
 	m.recs = append(m.recs, r)
 }

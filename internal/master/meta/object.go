@@ -32,11 +32,12 @@ const (
 	flagLeased
 )
 
-// object is one (tenant, key). 136 bytes plus its replica array; the key
-// string is shared with the shard map and the change records.
+// object is one (tenant, key): 112 bytes, a size class of its own
+// (TestObjectSize), plus its replica array. The key string is shared with
+// the change records; the group id and the soft pin expiry live in the
+// shard (groupOf, softPinLocked).
 type object struct {
 	key      string
-	group    string
 	size     uint64
 	checksum uint64
 	// accessMs is the last read (or the completion) time, Unix ms: the
@@ -49,13 +50,16 @@ type object struct {
 	prev, next *object
 	// sealedMs is when the current version became COMPLETE (Reconcile's
 	// "newer sealed wins").
-	sealedMs  int64
-	softPinMs int64     // soft pin expiry with flagSoftPin
-	put       *putState // the write in progress, nil when none
-	replicas  []replica
-	nextRID   uint32
-	tenant    uint32
-	flags     uint8
+	sealedMs int64
+	put      *putState // the write in progress, nil when none
+	replicas []replica
+	nextRID  uint32
+	tenant   uint32
+	// group is the group id, interned in the shard (shard.groupOf).
+	group uint32
+	// flags: with flagSoftPin the expiry is in the shard's pins map
+	// (shard.softPinLocked).
+	flags uint8
 }
 
 // putState is a write in progress (PutStart → PutEnd/PutRevoke). Set and
@@ -82,10 +86,6 @@ const (
 
 func (o *object) leased(nowMs int64, ttl time.Duration) bool {
 	return o.flags&flagLeased != 0 && nowMs < o.accessMs+ttl.Milliseconds()
-}
-
-func (o *object) softPinned(nowMs int64) bool {
-	return o.flags&flagSoftPin != 0 && nowMs < o.softPinMs
 }
 
 func (o *object) hasComplete() bool {

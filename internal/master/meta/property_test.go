@@ -42,6 +42,7 @@ func TestPropertyInvariants(t *testing.T) {
 				Medium:     medium,
 				SoftPin:    rapid.Bool().Draw(rt, "softpin"),
 				HardPin:    rapid.IntRange(0, 9).Draw(rt, "hardpin") == 0,
+				Group:      rapid.SampledFrom([]string{"", "", "g1", "g2", "g3"}).Draw(rt, "group"),
 				ClientID:   "c",
 				Upsert:     upsert,
 			}

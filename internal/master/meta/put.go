@@ -384,15 +384,17 @@ func (s *Store) placeLocked(m *mut, p *placer, sp *PutSpec, it *putItem) {
 			m.remove(o, i, true)
 		}
 		m.sh.endPutLocked(o)
-		o.size, o.checksum, o.group = sp.Size, 0, sp.Group
-		o.flags, o.softPinMs, o.sealedMs = 0, 0, 0
+		m.sh.clearSoftPinLocked(o)
+		m.sh.setGroupLocked(o, sp.Group)
+		o.size, o.checksum = sp.Size, 0
+		o.flags, o.sealedMs = 0, 0
 	} else {
 		var err error
 		if o, err = m.newObject(it.tenant, sp.Key, sp.Size, false); err != nil {
 			it.err = err
 			return
 		}
-		o.group = sp.Group
+		m.sh.setGroupLocked(o, sp.Group)
 	}
 	if sp.HardPin {
 		o.flags |= flagHardPin

@@ -231,7 +231,6 @@ func (s *Store) settleSealsLocked(ctx context.Context, m *mut, sp *PutEndSpec, i
 	o.sealedMs = m.nowMs
 	m.sh.touchLocked(o, m.nowMs)
 	if it.pinMs > 0 {
-		o.flags |= flagSoftPin
-		o.softPinMs = it.pinMs
+		m.sh.setSoftPinLocked(o, it.pinMs)
 	}
 }

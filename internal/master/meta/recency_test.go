@@ -77,7 +77,7 @@ func TestRecencyListReadsAndReconcile(t *testing.T) {
 	// loses and stays where it is).
 	access := map[string]int64{}
 	for _, k := range []string{"k0", "k1", "k2", "k3", "k4", "k5", "k6"} {
-		_ = e.s.withObject(DefaultTenant, k, func(o *object) error { access[k] = o.accessMs; return nil })
+		_ = e.s.withObject(DefaultTenant, k, func(_ *shard, o *object) error { access[k] = o.accessMs; return nil })
 	}
 	at := func(k string, d int64) int64 { return access[k] + d }
 	a0 := []*masterv1.Allocation{
@@ -104,7 +104,7 @@ func TestRecencyListReadsAndReconcile(t *testing.T) {
 func sealedOf(t *testing.T, s *Store, key string) int64 {
 	t.Helper()
 	var ms int64
-	if err := s.withObject(DefaultTenant, key, func(o *object) error { ms = o.sealedMs; return nil }); err != nil {
+	if err := s.withObject(DefaultTenant, key, func(_ *shard, o *object) error { ms = o.sealedMs; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	return ms

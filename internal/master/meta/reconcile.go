@@ -415,9 +415,8 @@ func (s *Store) adoptLocked(m *mut, t uint32, key string, allocs []*masterv1.All
 		if a.GetHardPin() {
 			o.flags |= flagHardPin
 		}
-		if p := a.GetSoftPinUntilUnixMs(); p > o.softPinMs {
-			o.flags |= flagSoftPin
-			o.softPinMs = p
+		if p := a.GetSoftPinUntilUnixMs(); p > m.sh.softPinLocked(o) {
+			m.sh.setSoftPinLocked(o, p)
 		}
 		n++
 	}
@@ -431,10 +430,12 @@ func (s *Store) adoptLocked(m *mut, t uint32, key string, allocs []*masterv1.All
 // sealed time, in no particular order across a registration: o is placed in
 // the recency list when m commits, with the rest of the shard's batch.
 func (s *Store) initAdopted(m *mut, o *object, a *masterv1.Allocation) {
-	o.checksum, o.group = a.GetChecksum(), a.GetGroupId()
+	o.checksum = a.GetChecksum()
+	m.sh.setGroupLocked(o, a.GetGroupId())
 	o.sealedMs = a.GetSealedUnixMs()
 	m.touchLater(o, max(a.GetSealedUnixMs(), 0))
-	o.flags, o.softPinMs = 0, 0
+	m.sh.clearSoftPinLocked(o)
+	o.flags = 0
 }
 
 // DropSegments removes every replica on the segments through the mutation

@@ -162,7 +162,7 @@ func TestReconcileRules(t *testing.T) {
 			}
 			var sum uint64
 			n := 0
-			_ = e.s.withObject(DefaultTenant, "k", func(o *object) error { sum, n = o.checksum, len(o.replicas); return nil })
+			_ = e.s.withObject(DefaultTenant, "k", func(_ *shard, o *object) error { sum, n = o.checksum, len(o.replicas); return nil })
 			if sum != tt.checksum || n != tt.replicas {
 				t.Fatalf("object k: checksum %d replicas %d, want %d, %d", sum, n, tt.checksum, tt.replicas)
 			}

@@ -31,7 +31,11 @@ type shard struct {
 	// puts lists the shard's puts in progress, oldest start first (see
 	// expire.go), for the sweep that expires them.
 	puts putList
-	_    [16]byte // keep neighbouring shard locks off one cache line
+	// groups interns the objects' group ids; pins holds the soft pin
+	// expiry of the objects with flagSoftPin (see groups.go).
+	groups groupTable
+	pins   map[*object]int64
+	_      [16]byte // keep neighbouring shard locks off one cache line
 }
 
 func (sh *shard) getLocked(tenant uint32, key string) *object {
@@ -57,6 +61,9 @@ func (sh *shard) deleteLocked(o *object) {
 		delete(sh.tenants, o.tenant)
 	}
 	sh.unlinkLocked(o)
+	sh.clearSoftPinLocked(o)
+	sh.groups.release(o.group)
+	o.group = 0
 }
 
 // objMap is one tenant's objects in a shard, by key. It is keyed by the
