@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/intern"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -103,15 +104,10 @@ type Log struct {
 	head    uint64 // last assigned revision (0 = none)
 	tenants []string
 	tenIdx  map[string]uint32
-	// groups interns the records' group ids: groups[i] is referenced by
-	// groupRefs[i] retained records, and an index whose count drops to
-	// zero goes on groupFree for the next new group. Index 0 is "" and is
-	// never counted. Groups are the clients' strings, so unlike tenants
-	// they are released, and the table never holds more than the ring.
-	groups    []string
-	groupRefs []uint32
-	groupIdx  map[string]uint32
-	groupFree []uint32
+	// groups interns the records' group ids, counted per retained record.
+	// Groups are the clients' strings, so unlike tenants they are
+	// released, and the table never holds more than the ring.
+	groups intern.Table
 	// far holds the times of the retained farTime entries by revision.
 	far map[uint64]int64
 	// notify is closed and replaced on an append when waiting is set.
@@ -251,8 +247,7 @@ func (l *Log) Links(from, to uint64, max int, dst []trace.SpanContext) []trace.S
 
 func (l *Log) resetTablesLocked() {
 	l.tenants, l.tenIdx = nil, make(map[string]uint32)
-	l.groups, l.groupRefs, l.groupFree = []string{""}, []uint32{0}, nil
-	l.groupIdx = map[string]uint32{"": 0}
+	l.groups = intern.Table{}
 	l.far = make(map[uint64]int64)
 }
 
@@ -272,7 +267,7 @@ func (l *Log) storeLocked(r uint64, rec *Record) {
 	i := pos % chunkSize
 	e := &ch.e[i]
 	if r > l.retention {
-		l.releaseGroupLocked(e.group)
+		l.groups.Release(e.group)
 		if e.dtMs == farTime {
 			delete(l.far, r-l.retention)
 		}
@@ -287,7 +282,7 @@ func (l *Log) storeLocked(r uint64, rec *Record) {
 	}
 	*e = entry{
 		key:    rec.Key,
-		group:  l.internGroupLocked(rec.Group),
+		group:  l.groups.Intern(rec.Group),
 		dtMs:   int32(dt),
 		tenant: l.internLocked(rec.Tenant),
 		typ:    rec.Type,
@@ -314,40 +309,8 @@ func (l *Log) recordLocked(r uint64) Record {
 		Tenant:   l.tenants[e.tenant],
 		Key:      e.key,
 		Medium:   masterv1.Medium(e.medium),
-		Group:    l.groups[e.group],
+		Group:    l.groups.Name(e.group),
 		TimeMs:   t,
-	}
-}
-
-func (l *Log) internGroupLocked(g string) uint32 {
-	if g == "" {
-		return 0
-	}
-	i, ok := l.groupIdx[g]
-	if !ok {
-		if n := len(l.groupFree); n > 0 {
-			i = l.groupFree[n-1]
-			l.groupFree = l.groupFree[:n-1]
-			l.groups[i] = g
-		} else {
-			i = uint32(len(l.groups))
-			l.groups = append(l.groups, g)
-			l.groupRefs = append(l.groupRefs, 0)
-		}
-		l.groupIdx[g] = i
-	}
-	l.groupRefs[i]++
-	return i
-}
-
-func (l *Log) releaseGroupLocked(i uint32) {
-	if i == 0 {
-		return
-	}
-	if l.groupRefs[i]--; l.groupRefs[i] == 0 {
-		delete(l.groupIdx, l.groups[i])
-		l.groups[i] = ""
-		l.groupFree = append(l.groupFree, i)
 	}
 }
 

@@ -64,7 +64,7 @@ func TestRecordsSurviveThePacking(t *testing.T) {
 					}
 				}
 				l.mu.Lock()
-				groups, far := len(l.groupIdx)-1, len(l.far)
+				groups, far := l.groups.Len(), len(l.far)
 				l.mu.Unlock()
 				if groups > retention || far > retention {
 					t.Fatalf("%d interned groups and %d far times for %d retained records", groups, far, retention)

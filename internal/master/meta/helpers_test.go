@@ -174,14 +174,14 @@ func checkInvariants(t fataler, e *env, f *follower) {
 			t.Fatalf("shard %d: %d soft-pinned objects, %d pin expiries held", i, pinned, len(sh.pins))
 		}
 		delete(groups, 0)
-		if sh.groups.len() != len(groups) {
+		if sh.groups.Len() != len(groups) {
 			sh.mu.Unlock()
-			t.Fatalf("shard %d: objects use %d groups, the table holds %d", i, len(groups), sh.groups.len())
+			t.Fatalf("shard %d: objects use %d groups, the table holds %d", i, len(groups), sh.groups.Len())
 		}
 		for g, n := range groups {
-			if sh.groups.refs[g] != n {
+			if sh.groups.Refs(g) != n {
 				sh.mu.Unlock()
-				t.Fatalf("shard %d: group %q counted %d, used by %d objects", i, sh.groups.name(g), sh.groups.refs[g], n)
+				t.Fatalf("shard %d: group %q counted %d, used by %d objects", i, sh.groups.Name(g), sh.groups.Refs(g), n)
 			}
 		}
 		sh.mu.Unlock()

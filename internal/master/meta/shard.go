@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/crescent-kv/crescent/internal/intern"
 )
 
 // shard owns a slice of the keyspace.
@@ -33,7 +34,7 @@ type shard struct {
 	puts putList
 	// groups interns the objects' group ids; pins holds the soft pin
 	// expiry of the objects with flagSoftPin (see groups.go).
-	groups groupTable
+	groups intern.Table
 	pins   map[*object]int64
 	_      [16]byte // keep neighbouring shard locks off one cache line
 }
@@ -62,7 +63,7 @@ func (sh *shard) deleteLocked(o *object) {
 	}
 	sh.unlinkLocked(o)
 	sh.clearSoftPinLocked(o)
-	sh.groups.release(o.group)
+	sh.groups.Release(o.group)
 	o.group = 0
 }
 
