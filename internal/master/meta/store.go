@@ -8,15 +8,16 @@
 // mutation.go, which applies primitive replica events (REPLICA_CREATE,
 // REPLICA_COMPLETE, REPLICA_FAILED, REPLICA_REMOVE) plus tenant accounting,
 // and derives the change records, segment accounting and releases from
-// them. Put, Upsert, Remove, Evict, DropSegments, Reconcile and Drain only
-// decide which events to apply.
+// them. Put, Upsert, Remove, Evict, Offload, DropSegments, Reconcile, Drain
+// and Migrate only decide which events to apply.
 //
-// Lock order: metadata shard → segment registry (cluster.Registry, in-memory
-// reads only) → tenant table (adding and retiring tenants) → tenant →
-// change log. A task locks one shard at a time, once
-// per batch. No agent I/O happens under a shard lock: work that must talk to
-// agents records its intent, unlocks, does the I/O, then re-locks and
-// re-looks-up by (tenant, key, put sequence / replica id).
+// Lock order: offloadMu (offload passes, held across their agent I/O) →
+// evictMu (eviction passes) → metadata shard → segment registry
+// (cluster.Registry, in-memory reads only) → tenant table (adding and
+// retiring tenants) → tenant → change log. A task locks one shard at a
+// time, once per batch. No agent I/O happens under a shard lock: work that
+// must talk to agents records its intent, unlocks, does the I/O, then
+// re-locks and re-looks-up by (tenant, key, put sequence / replica id).
 package meta
 
 import (
