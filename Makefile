@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 20m
 TESTFLAGS    ?=
 COMPOSE      := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
-.PHONY: all gen check-gen lint build test test-unit test-e2e run run-secure run-ha up up-ha down bench bench-gateway-state bench-restart bench-drain bench-failover fuzz clean tidy check-observability
+.PHONY: all gen check-gen lint build test test-unit test-e2e run run-secure run-ha up up-ha down bench bench-gateway-state bench-restart bench-drain bench-offload bench-failover fuzz clean tidy check-observability
 
 all: build
 
@@ -130,6 +130,11 @@ DRAIN_OBJECTS ?= 100000
 bench-drain:
 	$(GO) test -run '^$$' -bench 'Drain|AgentCopy' -benchtime 1x -count 3 -timeout 30m $(TESTFLAGS) ./internal/testcluster/ -args -drain-objects $(DRAIN_OBJECTS)
 	$(GO) test -run '^$$' -bench 'BenchmarkCopy' -benchtime 2s -count 3 $(TESTFLAGS) ./internal/agent/link/
+
+## bench-offload: offload on eviction (one agent's memory segment past the high watermark, moved to its disk segment) of 1 MiB and of 4 KiB objects against a plain sequential write of the same bytes to the same filesystem (issue 17 item 3, BENCHMARKS.md), 3 runs each
+bench-offload:
+	$(GO) test -run '^$$' -bench Offload -benchtime 1x -count 3 -timeout 30m $(TESTFLAGS) ./internal/testcluster/
+	$(GO) test -run '^$$' -bench Offload -benchtime 1x -count 3 -timeout 30m $(TESTFLAGS) ./internal/testcluster/ -args -offload-size 4096 -offload-mem 64
 
 ## bench-failover: three masters on etcd, FAILOVER_OBJECTS (default 1M) objects, FAILOVERS (default 20) kills of the leader under load, with a strict subscriber compared after each (issue 15, BENCHMARKS.md)
 FAILOVERS ?= 20

@@ -47,6 +47,10 @@ type Config struct {
 	ChangelogRetention int
 	HighWatermark      float64
 	LowWatermark       float64
+	// EvictPolicy is what the background eviction does with a memory
+	// segment's victims: "offload" (to a disk segment with room; the
+	// default, which drops when there is no disk segment) or "drop".
+	EvictPolicy string
 
 	// WriteTokenTTL is how long PutStart's (and a drain's) write tokens last.
 	WriteTokenTTL time.Duration
@@ -112,6 +116,7 @@ func DefaultConfig() Config {
 		ChangelogRetention: 1 << 20,
 		HighWatermark:      0.90,
 		LowWatermark:       0.80,
+		EvictPolicy:        string(meta.EvictOffload),
 		GCPercent:          400,
 		RecoveryGrace:      3 * time.Second,
 		RecoveryMax:        2 * time.Minute,
@@ -151,6 +156,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.ChangelogRetention, "changelog-retention", c.ChangelogRetention, "change records retained for Watch resumption")
 	fs.Float64Var(&c.HighWatermark, "high-watermark", c.HighWatermark, "segment use fraction that starts eviction")
 	fs.Float64Var(&c.LowWatermark, "low-watermark", c.LowWatermark, "segment use fraction eviction stops at")
+	fs.StringVar(&c.EvictPolicy, "evict-policy", c.EvictPolicy,
+		"what the background eviction does with a memory segment's victims: offload (move them to a disk segment with room below its high watermark, same host first; dropped when none has room or when there is no disk segment) or drop; disk victims and those of a put that found no room are always dropped")
 	fs.DurationVar(&c.RecoveryGrace, "recovery-grace", c.RecoveryGrace, "after start, ChangeService waits at least this long for agents to re-register before serving, and then while any agent is still registering (0 disables)")
 	fs.DurationVar(&c.RecoveryMax, "recovery-max", c.RecoveryMax, "the longest ChangeService waits for agents to finish registering after start")
 	fs.IntVar(&c.GCPercent, "gc-percent", c.GCPercent, "Go GC target percentage (GOGC); bound memory with the GOMEMLIMIT environment variable")
@@ -222,6 +229,9 @@ func (c *Config) Validate() error {
 	}
 	if !(c.LowWatermark > 0 && c.LowWatermark < c.HighWatermark && c.HighWatermark <= 1) {
 		errs = append(errs, fmt.Errorf("want 0 < low-watermark (%v) < high-watermark (%v) <= 1", c.LowWatermark, c.HighWatermark))
+	}
+	if _, err := meta.ParseEvictPolicy(c.EvictPolicy); err != nil {
+		errs = append(errs, err)
 	}
 	if err := c.Security.Validate(); err != nil {
 		errs = append(errs, err)
@@ -321,6 +331,7 @@ func newMaster(cfg Config, lg *slog.Logger, epoch uint64, opts ...grpc.ServerOpt
 		MaxObjectSize:   uint64(cfg.MaxObjectSize),
 		HighWatermark:   cfg.HighWatermark,
 		LowWatermark:    cfg.LowWatermark,
+		EvictPolicy:     meta.EvictPolicy(cfg.EvictPolicy),
 		ChangeRetention: cfg.ChangelogRetention,
 		MaxTenants:      cfg.MaxTenants,
 		ScanBudget:      cfg.ScanBudget,

@@ -27,6 +27,8 @@ func TestValidate(t *testing.T) {
 		{"unmount before suspect", func(c *Config) { c.UnmountAfter = c.SuspectAfter }, false},
 		{"watermarks inverted", func(c *Config) { c.LowWatermark, c.HighWatermark = 0.9, 0.8 }, false},
 		{"tiny changelog", func(c *Config) { c.ChangelogRetention = 10 }, false},
+		{"evict policy drop", func(c *Config) { c.EvictPolicy = "drop" }, true},
+		{"evict policy unknown", func(c *Config) { c.EvictPolicy = "spill" }, false},
 		{"zero lease", func(c *Config) { c.LeaseTTL = 0 }, false},
 		{"gc percent", func(c *Config) { c.GCPercent = 1 }, false},
 		{"negative recovery grace", func(c *Config) { c.RecoveryGrace = -time.Second }, false},

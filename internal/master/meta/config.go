@@ -43,6 +43,13 @@ type Config struct {
 	// EvictInterval is the period of the background eviction check
 	// (default 1 s).
 	EvictInterval time.Duration
+	// EvictPolicy is what the background eviction check does with a
+	// memory segment's victims (issue 17 item 3): EvictOffload (the
+	// default, "") moves them to a disk segment with room, or drops them
+	// when no disk segment can take them; EvictDrop drops them. Disk
+	// segments' victims, and the victims of a PutStart that found no room,
+	// are always dropped.
+	EvictPolicy EvictPolicy
 	// ChangeRetention is the number of change records retained (default
 	// changelog.DefaultRetention).
 	ChangeRetention int
@@ -98,6 +105,9 @@ func (c Config) withDefaults() Config {
 	if c.ScanBudget <= 0 {
 		c.ScanBudget = DefaultScanBudget
 	}
+	if c.EvictPolicy == "" {
+		c.EvictPolicy = EvictOffload
+	}
 	return c
 }
 
@@ -113,10 +123,37 @@ func (c Config) Validate() error {
 	if c.SoftPinTTL > c.MaxSoftPinTTL {
 		return fmt.Errorf("meta: soft pin ttl %v exceeds max %v", c.SoftPinTTL, c.MaxSoftPinTTL)
 	}
+	if _, err := ParseEvictPolicy(string(c.EvictPolicy)); err != nil {
+		return fmt.Errorf("meta: %w", err)
+	}
 	if c.MaxObjectSize > MaxObjectSizeCap {
 		return fmt.Errorf("meta: max object size %d exceeds the cap %d", c.MaxObjectSize, uint64(MaxObjectSizeCap))
 	}
 	return nil
+}
+
+// EvictPolicy says what the background eviction does with a memory
+// segment's victims.
+type EvictPolicy string
+
+const (
+	// EvictOffload moves them to a disk segment that has room (same host
+	// first) and drops only those that find none; with no disk segment it
+	// is EvictDrop.
+	EvictOffload EvictPolicy = "offload"
+	// EvictDrop drops them (removes the objects), as before issue 17.
+	EvictDrop EvictPolicy = "drop"
+)
+
+// ParseEvictPolicy parses "offload" or "drop" ("" is offload).
+func ParseEvictPolicy(v string) (EvictPolicy, error) {
+	switch EvictPolicy(v) {
+	case "", EvictOffload:
+		return EvictOffload, nil
+	case EvictDrop:
+		return EvictDrop, nil
+	}
+	return "", fmt.Errorf("evict policy %q: want offload or drop", v)
 }
 
 // Deps are the metadata's collaborators.

@@ -39,7 +39,10 @@ type move struct {
 	dst        uint32 // target replica id, 0 when none was placed
 	dstAlloc   uint64
 	dstOff     uint64
-	err        error
+	// access is, for an offload (modeOffload), the victim's access clock
+	// when it was chosen: a victim read since is no longer one.
+	access int64
+	err    error
 }
 
 // DrainSegment moves every COMPLETE replica off a segment: it marks the

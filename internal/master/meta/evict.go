@@ -32,25 +32,45 @@ type evictTarget struct {
 // metadata has placed, not the agent's last reported use: that report lags
 // by a heartbeat and would make every tick evict again what the previous
 // one already freed. (A put that finds no room uses both; see evictFor.)
+// With EvictOffload and a disk segment that can allocate, memory segments'
+// victims are offloaded to disk instead of dropped (offload.go), after the
+// drops of this check (disk segments' victims, whose room an offload may
+// use); a memory segment whose offload pass was cut short by its bounds
+// goes on down to the low watermark at the next check.
 func (s *Store) evictOverHigh(ctx context.Context) {
-	var targets []evictTarget
-	for _, sg := range s.reg.Segments() {
+	s.offloadMu.Lock()
+	defer s.offloadMu.Unlock()
+	segs := s.reg.Segments()
+	offload := s.canOffload(segs)
+	var drop, off []evictTarget
+	for _, sg := range segs {
 		idx, ok := s.segs.lookup(sg.ID)
 		if !ok || sg.Capacity == 0 {
 			continue
 		}
 		used := s.segs.get(idx).placed.Load()
-		if float64(used) >= s.cfg.HighWatermark*float64(sg.Capacity) {
-			targets = append(targets, evictTarget{seg: idx, need: used - int64(s.cfg.LowWatermark*float64(sg.Capacity))})
+		low := int64(s.cfg.LowWatermark * float64(sg.Capacity))
+		over := float64(used) >= s.cfg.HighWatermark*float64(sg.Capacity)
+		if offload && sg.Medium == masterv1.Medium_MEDIUM_MEMORY {
+			if over || s.offloadMore[idx] && used > low {
+				off = append(off, evictTarget{seg: idx, need: used - low})
+			}
+			continue
+		}
+		if over {
+			drop = append(drop, evictTarget{seg: idx, need: used - low})
 		}
 	}
-	if len(targets) == 0 {
-		return
+	clear(s.offloadMore)
+	if len(drop) > 0 {
+		// A pass of its own: a root span (the store's loop has none).
+		ctx, span := tracer.Start(ctx, "master.evict")
+		n := s.evict(ctx, drop)
+		endEvict(span, "watermark", drop, n)
 	}
-	// A pass of its own: a root span (the store's loop has none).
-	ctx, span := tracer.Start(ctx, "master.evict")
-	n := s.evict(ctx, targets)
-	endEvict(span, "watermark", targets, n)
+	if len(off) > 0 {
+		s.offloadPass(ctx, off)
+	}
 }
 
 // endEvict ends an eviction span: why, how many segments needed room and
@@ -73,7 +93,11 @@ func (s *Store) overHigh(v *segView) bool {
 }
 
 // evictFor makes room for PutStarts that found none: need is their total
-// size, maxSize the largest of them. Every allocatable segment of medium
+// size, maxSize the largest of them. It drops its victims whatever the
+// evict policy: the put needs the room now, and an offload would free it
+// only after copying the victims to disk, inside the put's latency (the
+// background check offloads from the high watermark on, so that puts seldom
+// get here; see offload.go). Every allocatable segment of medium
 // above the low watermark is evicted down to it (and if none is, the
 // fullest one is asked for need bytes, least recently used first). Then,
 // because free bytes are not free extents, it makes sure some segment has a

@@ -55,6 +55,14 @@ const (
 	modeCopy
 	// modeMove: success removes the source; a failure removes the target.
 	modeMove
+	// modeOffload (offload.go): an eviction victim demoted to disk.
+	// Success completes the target and removes every replica of the
+	// source's medium, if the object is still the victim it was (see
+	// stillVictimLocked; else the target is removed and the object stays
+	// as it is). A failure removes the target and drops the object, as
+	// eviction would have, if it is still the victim (and the pass was
+	// not cancelled).
+	modeOffload
 )
 
 // ValidateMigrate checks a Copy or Move request's envelope: 1..MaxMigrateKeys
@@ -316,13 +324,13 @@ func (p *placer) pickHost(host string, medium masterv1.Medium, size uint64) ([]*
 // target are skipped): reserve the targets, batched per agent; record the
 // allocations; copy, batched per source agent (one call per drainCopyBytes
 // of objects); seal, batched per target agent; then COMPLETE(target) and,
-// in modeDrain and modeMove, REMOVE(source) after it. A move that fails
-// after placement has its target removed (never readable, its allocation
-// released); modeDrain removes its source too. It sends the releases and
-// returns how many moves completed and how many sources were removed for a
-// failure.
+// in modeDrain and modeMove, REMOVE(source) after it (modeOffload: every
+// replica of the source's medium). A move that fails after placement has
+// its target removed (never readable, its allocation released); modeDrain
+// removes its source too, modeOffload the victim. It sends the releases
+// and returns how many moves completed and how many sources (victims) were
+// removed for a failure.
 func (s *Store) migrateChunk(ctx context.Context, chunk []*move, rel *releases, mode migrateMode) (moved, dropped int) {
-	dropSrc := mode == modeDrain
 	// Phase 2: reserve the targets, per agent.
 	type rbatch struct {
 		items []*masterv1.ReserveItem
@@ -362,7 +370,7 @@ func (s *Store) migrateChunk(ctx context.Context, chunk []*move, rel *releases, 
 		}
 	})
 	// Phase 3: record the target allocations.
-	dropped += s.migrateSettle(chunk, rel, true, dropSrc, func(m *mut, o *object, mv *move, di int) bool {
+	dropped += s.migrateSettle(ctx, chunk, rel, true, mode, func(m *mut, o *object, mv *move, di int) bool {
 		if mv.err != nil {
 			return false
 		}
@@ -455,10 +463,27 @@ func (s *Store) migrateChunk(ctx context.Context, chunk []*move, rel *releases, 
 		}
 	})
 	// Phase 5: COMPLETE(target) before REMOVE(source); on failure remove
-	// the target (and in modeDrain the source).
-	dropped += s.migrateSettle(chunk, rel, false, dropSrc, func(m *mut, o *object, mv *move, di int) bool {
+	// the target (and in modeDrain the source, in modeOffload the victim).
+	dropped += s.migrateSettle(ctx, chunk, rel, false, mode, func(m *mut, o *object, mv *move, di int) bool {
 		if mv.err != nil {
 			return false
+		}
+		if mode == modeOffload {
+			if !s.stillVictimLocked(o, mv, di, m.nowMs) {
+				mv.err = errOffloadStale(mv.key)
+				return false
+			}
+			m.complete(o, di)
+			// The object leaves memory: stored(disk) above, then
+			// removed(cpu) with its last replica there.
+			tm := o.replicas[di].medium
+			for i := len(o.replicas) - 1; i >= 0; i-- {
+				if o.replicas[i].medium != tm {
+					m.remove(o, i, true)
+				}
+			}
+			moved++
+			return true
 		}
 		m.complete(o, di)
 		if mode != modeCopy {
@@ -477,16 +502,20 @@ func (s *Store) migrateChunk(ctx context.Context, chunk []*move, rel *releases, 
 
 // migrateSettle re-looks-up each move's target replica under its shard lock
 // and calls f; when f reports failure (or the target vanished) the target
-// is removed (with dropSrc the source too) and the move is marked done. It
-// returns how many sources were removed that way. pending says the
-// target's allocation is not yet recorded in its replica, so a vanished
-// target's reservation is ours to release (once recorded, whoever removed
-// the replica released it).
-func (s *Store) migrateSettle(chunk []*move, rel *releases, pending, dropSrc bool, f func(m *mut, o *object, mv *move, di int) bool) (dropped int) {
+// is removed (in modeDrain the source too; in modeOffload the whole object
+// when it is still the victim and ctx is not done) and the move is marked
+// done. It returns how many sources (objects) were removed that way.
+// pending says the target's allocation is not yet recorded in its
+// replica, so a vanished target's reservation is ours to release (once
+// recorded, whoever removed the replica released it).
+func (s *Store) migrateSettle(ctx context.Context, chunk []*move, rel *releases, pending bool, mode migrateMode, f func(m *mut, o *object, mv *move, di int) bool) (dropped int) {
+	// A cancelled offload pass (the master stopping) keeps its victims.
+	dropVictim := mode == modeOffload && ctx.Err() == nil
+	sc := sampled(ctx)
 	forShards(chunk, func(mv *move) int { return mv.shard }, func(sh int, group []*move) {
 		shd := &s.shards[sh]
 		shd.mu.Lock()
-		m := s.begin(shd, rel)
+		m := s.begin(shd, rel).under(sc)
 		for _, mv := range group {
 			if mv.dst == 0 {
 				continue
@@ -517,12 +546,19 @@ func (s *Store) migrateSettle(chunk []*move, rel *releases, pending, dropSrc boo
 			if f(m, o, mv, di) {
 				continue
 			}
+			victim := dropVictim && s.stillVictimLocked(o, mv, di, m.nowMs)
 			m.remove(o, di, true)
-			if dropSrc {
+			switch {
+			case mode == modeDrain:
 				if si := o.replicaIndex(mv.src); si >= 0 {
 					m.remove(o, si, true)
 					dropped++
 				}
+			case victim: // dropped, as evictVictimsLocked would
+				for i := len(o.replicas) - 1; i >= 0; i-- {
+					m.remove(o, i, true)
+				}
+				dropped++
 			}
 			m.dropIfEmpty(o)
 			mv.dst = 0

@@ -1,6 +1,7 @@
 package meta
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -14,7 +15,8 @@ import (
 )
 
 // TestPropertyInvariants drives random sequences of put / get / remove /
-// upsert / remove-all / evict / revoke / segment loss / clock steps over a
+// upsert / remove-all / evict / offload / revoke / segment loss / drain /
+// copy and move / clock steps over a
 // few tenants and keys, and checks after every step that (a) the change
 // log applied to an empty set gives exactly the readable set, (b) quota
 // usage equals the sum of live object sizes, (c) no allocation is leaked
@@ -25,6 +27,16 @@ func TestPropertyInvariants(t *testing.T) {
 	keys := []string{"a", "b", "c", "d", "e", "f"}
 	rapid.Check(t, func(rt *rapid.T) {
 		e := newEnv(t, 3, 2, 4096, Config{Shards: 4})
+		// Disk segments, so that the background check offloads (issue 17
+		// item 3), and copies that fail now and then.
+		e.withDisk(0, 4096)
+		e.withDisk(1, 2048)
+		e.c.Agents.FailCopy = func(it *masterv1.CopyItem) error {
+			if it.GetSource().GetAllocationId()%7 == 0 {
+				return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, "copy failed")
+			}
+			return nil
+		}
 		f := &follower{set: map[rkey]bool{}}
 		ctx := t.Context()
 		nextSeg := 0
@@ -35,6 +47,9 @@ func TestPropertyInvariants(t *testing.T) {
 		}
 		spec := func(rt *rapid.T, r ObjectRef, upsert bool) PutSpec {
 			medium := masterv1.Medium_MEDIUM_MEMORY
+			if rapid.IntRange(0, 3).Draw(rt, "disk") == 0 {
+				medium = masterv1.Medium_MEDIUM_DISK
+			}
 			return PutSpec{
 				Tenant: r.Tenant, Key: r.Key,
 				Size:       rapid.Uint64Range(1, 1500).Draw(rt, "size"),
@@ -146,6 +161,9 @@ func TestPropertyInvariants(t *testing.T) {
 			"evictOverHigh": func(rt *rapid.T) {
 				e.s.evictOverHigh(ctx)
 			},
+			"offload": func(rt *rapid.T) {
+				offloadSome(rt, e)
+			},
 			"loseSegment": func(rt *rapid.T) {
 				segs := e.c.Reg.Segments()
 				if len(segs) <= 3 {
@@ -190,7 +208,7 @@ func TestPropertyInvariants(t *testing.T) {
 				case 2:
 					tg.HostID = fmt.Sprintf("host-%d", rapid.IntRange(0, 2).Draw(rt, "host"))
 				default:
-					tg.Medium = masterv1.Medium_MEDIUM_MEMORY
+					tg.Medium = rapid.SampledFrom([]masterv1.Medium{masterv1.Medium_MEDIUM_MEMORY, masterv1.Medium_MEDIUM_DISK}).Draw(rt, "medium")
 				}
 				sp := MigrateSpec{Tenant: rapid.SampledFrom(tenants).Draw(rt, "tenant"), Target: tg, Move: rapid.Bool().Draw(rt, "move"),
 					Keys: rapid.SliceOfNDistinct(rapid.SampledFrom(keys), 1, 3, rapid.ID[string]).Draw(rt, "keys")}
@@ -224,7 +242,7 @@ func TestPropertyInvariants(t *testing.T) {
 				agent := fmt.Sprintf("agent-%d", rapid.IntRange(0, 2).Draw(rt, "agent"))
 				e.c.Agents.SetDown(agent, true)
 				r := pickRef(rt)
-				switch rapid.IntRange(0, 3).Draw(rt, "op") {
+				switch rapid.IntRange(0, 4).Draw(rt, "op") {
 				case 0:
 					_ = e.s.Remove(ctx, RemoveSpec{Tenant: r.Tenant, Key: r.Key, Force: true})
 				case 1:
@@ -237,6 +255,8 @@ func TestPropertyInvariants(t *testing.T) {
 					}
 				case 3:
 					e.s.evictFor(ctx, masterv1.Medium_MEDIUM_MEMORY, 2048, 1024)
+				case 4: // offloads whose copies, reserves or seals fail
+					offloadSome(rt, e)
 				}
 				e.c.Agents.SetDown(agent, false)
 				var segs []cluster.Segment
@@ -257,4 +277,24 @@ func TestPropertyInvariants(t *testing.T) {
 			},
 		})
 	})
+}
+
+// offloadSome runs an offload pass (issue 17 item 3) over one memory
+// segment for a random need, as evictOverHigh would for a segment over its
+// high watermark.
+func offloadSome(rt *rapid.T, e *env) {
+	var mem []cluster.Segment
+	for _, sg := range e.c.Reg.Segments() {
+		if sg.Medium == masterv1.Medium_MEDIUM_MEMORY {
+			mem = append(mem, sg)
+		}
+	}
+	if len(mem) == 0 {
+		return
+	}
+	sg := rapid.SampledFrom(mem).Draw(rt, "segment")
+	need := rapid.Int64Range(1, 4096).Draw(rt, "need")
+	e.s.offloadMu.Lock()
+	defer e.s.offloadMu.Unlock()
+	e.s.offloadPass(context.Background(), []evictTarget{{seg: e.s.segs.intern(sg.ID), need: need}})
 }

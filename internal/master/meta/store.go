@@ -8,15 +8,16 @@
 // mutation.go, which applies primitive replica events (REPLICA_CREATE,
 // REPLICA_COMPLETE, REPLICA_FAILED, REPLICA_REMOVE) plus tenant accounting,
 // and derives the change records, segment accounting and releases from
-// them. Put, Upsert, Remove, Evict, DropSegments, Reconcile and Drain only
-// decide which events to apply.
+// them. Put, Upsert, Remove, Evict, Offload, DropSegments, Reconcile, Drain
+// and Migrate only decide which events to apply.
 //
-// Lock order: metadata shard → segment registry (cluster.Registry, in-memory
-// reads only) → tenant table (adding and retiring tenants) → tenant →
-// change log. A task locks one shard at a time, once
-// per batch. No agent I/O happens under a shard lock: work that must talk to
-// agents records its intent, unlocks, does the I/O, then re-locks and
-// re-looks-up by (tenant, key, put sequence / replica id).
+// Lock order: offloadMu (offload passes, held across their agent I/O) →
+// evictMu (eviction passes) → metadata shard → segment registry
+// (cluster.Registry, in-memory reads only) → tenant table (adding and
+// retiring tenants) → tenant → change log. A task locks one shard at a
+// time, once per batch. No agent I/O happens under a shard lock: work that
+// must talk to agents records its intent, unlocks, does the I/O, then
+// re-locks and re-looks-up by (tenant, key, put sequence / replica id).
 package meta
 
 import (
@@ -61,6 +62,19 @@ type Store struct {
 	evictMu  sync.Mutex
 	lastPass evictPassStats // guarded by evictMu
 
+	// offloadMu serialises offload passes (offload.go); it is held across
+	// their agent I/O, so it is taken before evictMu and any shard lock,
+	// never under them. It guards offloadMore.
+	offloadMu sync.Mutex
+	// offloadMore holds the memory segments whose last offload pass was
+	// cut short by its bounds: the next check carries on down to the low
+	// watermark although they are below the high one now.
+	offloadMore map[uint32]bool
+	// offloadObjects and offloadBytes bound one offload pass
+	// (offloadPassObjects, offloadPassBytes; tests lower them).
+	offloadObjects int
+	offloadBytes   int64
+
 	// undrains maps a segment id to its *atomic.Uint64 count of
 	// UndrainSegment calls; a running drain stops when it changes.
 	undrains sync.Map
@@ -79,10 +93,12 @@ type Store struct {
 	// their PutEnd answers PUT_EXPIRED (see expire.go).
 	expiredPuts expiredSet
 
-	evicted  prometheus.Counter
-	changes  prometheus.Counter
-	reserved prometheus.Counter
-	expired  prometheus.Counter
+	evicted        prometheus.Counter
+	offloaded      prometheus.Counter
+	offloadedBytes prometheus.Counter
+	changes        prometheus.Counter
+	reserved       prometheus.Counter
+	expired        prometheus.Counter
 }
 
 var _ cluster.Metadata = (*Store)(nil)
@@ -106,22 +122,31 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		lg = slog.New(slog.DiscardHandler)
 	}
 	s := &Store{
-		cfg:       cfg,
-		reg:       deps.Registry,
-		agents:    deps.Agents,
-		id:        deps.Identity,
-		now:       deps.Now,
-		lg:        lg,
-		shards:    make([]shard, cfg.Shards),
-		shardMask: uint64(cfg.Shards - 1),
-		log:       changelog.New(cfg.ChangeRetention, deps.Identity.Epoch),
-		keys:      deps.Identity.Keys,
-		leaseTTL:  durationpb.New(cfg.LeaseTTL),
-		evictKick: make(chan struct{}, 1),
-		closed:    make(chan struct{}),
-		owed:      make(map[allocKey]struct{}),
+		cfg:            cfg,
+		reg:            deps.Registry,
+		agents:         deps.Agents,
+		id:             deps.Identity,
+		now:            deps.Now,
+		lg:             lg,
+		shards:         make([]shard, cfg.Shards),
+		shardMask:      uint64(cfg.Shards - 1),
+		log:            changelog.New(cfg.ChangeRetention, deps.Identity.Epoch),
+		keys:           deps.Identity.Keys,
+		leaseTTL:       durationpb.New(cfg.LeaseTTL),
+		evictKick:      make(chan struct{}, 1),
+		closed:         make(chan struct{}),
+		owed:           make(map[allocKey]struct{}),
+		offloadMore:    make(map[uint32]bool),
+		offloadObjects: offloadPassObjects,
+		offloadBytes:   offloadPassBytes,
 		evicted: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "crescent_master_evicted_objects_total", Help: "Objects evicted under segment pressure.",
+			Name: "crescent_master_evicted_objects_total", Help: "Objects evicted (dropped) under segment pressure.",
+		}),
+		offloaded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "crescent_master_offloaded_objects_total", Help: "Memory eviction victims moved to a disk segment instead of dropped (--evict-policy=offload).",
+		}),
+		offloadedBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "crescent_master_offloaded_bytes_total", Help: "Bytes of the objects counted in crescent_master_offloaded_objects_total.",
 		}),
 		changes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "crescent_master_change_records_total", Help: "Change records appended to the change log.",
@@ -148,7 +173,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		rev := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "crescent_master_change_revision", Help: "Head revision of the change log.",
 		}, func() float64 { return float64(s.log.Head()) })
-		for _, c := range []prometheus.Collector{s.evicted, s.changes, s.reserved, s.expired, objects, bytes, rev} {
+		for _, c := range []prometheus.Collector{s.evicted, s.offloaded, s.offloadedBytes, s.changes, s.reserved, s.expired, objects, bytes, rev} {
 			if err := deps.Metrics.Register(c); err != nil {
 				return nil, fmt.Errorf("meta: register metrics: %w", err)
 			}

@@ -11,8 +11,9 @@ import (
 // Tracing (issue 16): the store's spans are the work users wait on inside
 // the master's RPCs — master.put_start (with master.place per placement
 // round), master.put_end, master.evict and master.make_hole — and the
-// background work that changes what is readable: master.evict passes of
-// their own and master.reconcile per agent registration. A span under an
+// background work that changes what is readable: master.evict and
+// master.offload passes of their own and master.reconcile per agent
+// registration. A span under an
 // RPC is made only when the RPC's span records (tracectx.Tracer.Child);
 // attributes are built only then. The change records a traced task
 // commits carry its span (mut.under, changelog.AppendTraced), so the
@@ -31,6 +32,7 @@ const (
 	attrReturned  = attribute.Key("crescent.reconcile.returned")
 	attrRebuild   = attribute.Key("crescent.reconcile.rebuild")
 	attrEvicted   = attribute.Key("crescent.evicted")
+	attrOffloaded = attribute.Key("crescent.offloaded")
 	attrNeedBytes = attribute.Key("crescent.evict.need_bytes")
 )
 
