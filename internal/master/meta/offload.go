@@ -202,7 +202,7 @@ func (s *Store) offloadPlace(ctx context.Context, chunk []evictCand, tset map[ui
 				continue
 			}
 			// Re-check: it may have been read, pinned or rewritten since.
-			if ok, _ := s.evictableLocked(o, m.nowMs); !ok || o.accessMs != c.access {
+			if ok, _ := s.evictableLocked(shd, o, m.nowMs); !ok || o.accessMs != c.access {
 				continue
 			}
 			si, onDisk := -1, false
@@ -243,9 +243,9 @@ func (s *Store) offloadPlace(ctx context.Context, chunk []evictCand, tset map[ui
 			}
 			mv := &move{tenant: c.tenant, key: c.key, shard: int(c.shard), src: src.id,
 				srcSeg: sv.ID, srcAgent: sv.AgentID, srcAlloc: src.allocID,
-				size: o.size, checksum: o.checksum, group: o.group, access: c.access, target: tg}
-			if o.softPinned(m.nowMs) { // the soft pin travels with the object
-				mv.pinMs = o.softPinMs
+				size: o.size, checksum: o.checksum, group: shd.groupOf(o), access: c.access, target: tg}
+			if shd.softPinnedLocked(o, m.nowMs) { // the soft pin travels with the object
+				mv.pinMs = shd.softPinLocked(o)
 			}
 			mv.dst = m.create(o, tg.idx, disk, true, 0)
 			moves = append(moves, mv)
