@@ -49,7 +49,7 @@ type migrateMode uint8
 
 const (
 	// modeDrain: success removes the source; a failure removes the
-	// target and the source (drain leaves nothing on the segment).
+	// target and keeps the source, for the drain's next pass.
 	modeDrain migrateMode = iota
 	// modeCopy: success keeps the source; a failure removes the target.
 	modeCopy
@@ -318,11 +318,9 @@ func (p *placer) pickHost(host string, medium masterv1.Medium, size uint64) ([]*
 // of objects); seal, batched per target agent; then COMPLETE(target) and,
 // in modeDrain and modeMove, REMOVE(source) after it. A move that fails
 // after placement has its target removed (never readable, its allocation
-// released); modeDrain removes its source too. It sends the releases and
-// returns how many moves completed and how many sources were removed for a
-// failure.
-func (s *Store) migrateChunk(ctx context.Context, chunk []*move, rel *releases, mode migrateMode) (moved, dropped int) {
-	dropSrc := mode == modeDrain
+// released) and keeps its source, in every mode. It sends the releases and
+// returns how many moves completed.
+func (s *Store) migrateChunk(ctx context.Context, chunk []*move, rel *releases, mode migrateMode) (moved int) {
 	// Phase 2: reserve the targets, per agent.
 	type rbatch struct {
 		items []*masterv1.ReserveItem
@@ -362,7 +360,7 @@ func (s *Store) migrateChunk(ctx context.Context, chunk []*move, rel *releases, 
 		}
 	})
 	// Phase 3: record the target allocations.
-	dropped += s.migrateSettle(chunk, rel, true, dropSrc, func(m *mut, o *object, mv *move, di int) bool {
+	s.migrateSettle(chunk, rel, true, func(m *mut, o *object, mv *move, di int) bool {
 		if mv.err != nil {
 			return false
 		}
@@ -455,8 +453,8 @@ func (s *Store) migrateChunk(ctx context.Context, chunk []*move, rel *releases, 
 		}
 	})
 	// Phase 5: COMPLETE(target) before REMOVE(source); on failure remove
-	// the target (and in modeDrain the source).
-	dropped += s.migrateSettle(chunk, rel, false, dropSrc, func(m *mut, o *object, mv *move, di int) bool {
+	// the target.
+	s.migrateSettle(chunk, rel, false, func(m *mut, o *object, mv *move, di int) bool {
 		if mv.err != nil {
 			return false
 		}
@@ -472,17 +470,16 @@ func (s *Store) migrateChunk(ctx context.Context, chunk []*move, rel *releases, 
 	cctx, cancel := cleanupCtx(ctx)
 	defer cancel()
 	s.sendReleases(cctx, rel)
-	return moved, dropped
+	return moved
 }
 
 // migrateSettle re-looks-up each move's target replica under its shard lock
 // and calls f; when f reports failure (or the target vanished) the target
-// is removed (with dropSrc the source too) and the move is marked done. It
-// returns how many sources were removed that way. pending says the
+// is removed, the source kept, and the move marked done. pending says the
 // target's allocation is not yet recorded in its replica, so a vanished
 // target's reservation is ours to release (once recorded, whoever removed
 // the replica released it).
-func (s *Store) migrateSettle(chunk []*move, rel *releases, pending, dropSrc bool, f func(m *mut, o *object, mv *move, di int) bool) (dropped int) {
+func (s *Store) migrateSettle(chunk []*move, rel *releases, pending bool, f func(m *mut, o *object, mv *move, di int) bool) {
 	forShards(chunk, func(mv *move) int { return mv.shard }, func(sh int, group []*move) {
 		shd := &s.shards[sh]
 		shd.mu.Lock()
@@ -518,19 +515,12 @@ func (s *Store) migrateSettle(chunk []*move, rel *releases, pending, dropSrc boo
 				continue
 			}
 			m.remove(o, di, true)
-			if dropSrc {
-				if si := o.replicaIndex(mv.src); si >= 0 {
-					m.remove(o, si, true)
-					dropped++
-				}
-			}
 			m.dropIfEmpty(o)
 			mv.dst = 0
 		}
 		m.commit()
 		shd.mu.Unlock()
 	})
-	return dropped
 }
 
 // MigrateObjects is Migrate in Copy's and Move's wire types (the
