@@ -601,13 +601,22 @@ func (s *Store) pickBelowHigh(p *placer, medium masterv1.Medium, size uint64, av
 }
 
 // drainEvict evicts other objects to make room for moves that found none:
-// per medium, every segment that can allocate and holds more than the low
-// watermark is evicted down to it, and further so that its share of the
+// per medium, every segment that could take one of them and holds more than
+// the low watermark is evicted down to it, and further so that its share of the
 // moves' bytes fits below the high watermark (if none holds more than the
 // low watermark, the fullest is asked for the moves' bytes). It returns
 // how many objects it evicted.
 func (s *Store) drainEvict(ctx context.Context, moves []*move) int {
 	need := map[masterv1.Medium]int64{}
+	// A segment is evicted only if it could take one of the moves: of its
+	// medium, large enough, and not already holding a replica of the
+	// object (placement avoids those).
+	type want struct {
+		medium masterv1.Medium
+		size   uint64
+		avoid  []uint32
+	}
+	var wants []want
 	for _, mv := range moves {
 		if mv.err != nil {
 			continue
@@ -616,7 +625,12 @@ func (s *Store) drainEvict(ctx context.Context, moves []*move) int {
 		shd.mu.Lock()
 		if o := shd.getLocked(mv.tenant, mv.key); o != nil {
 			if i := o.replicaIndex(mv.src); i >= 0 {
-				need[masterv1.Medium(o.replicas[i].medium)] += int64(o.size)
+				w := want{medium: masterv1.Medium(o.replicas[i].medium), size: o.size}
+				for _, r := range o.replicas {
+					w.avoid = append(w.avoid, r.seg)
+				}
+				wants = append(wants, w)
+				need[w.medium] += int64(o.size)
 			}
 		}
 		shd.mu.Unlock()
@@ -624,11 +638,22 @@ func (s *Store) drainEvict(ctx context.Context, moves []*move) int {
 	if len(need) == 0 {
 		return 0
 	}
-	segs := s.reg.Segments()
+	var segs []cluster.Segment
+	for _, sg := range s.reg.Segments() {
+		if !sg.CanAllocate() || sg.Capacity == 0 {
+			continue
+		}
+		idx := s.segs.intern(sg.ID)
+		for _, w := range wants {
+			if w.medium == sg.Medium && w.size <= sg.Capacity && !slices.Contains(w.avoid, idx) {
+				segs = append(segs, sg)
+				break
+			}
+		}
+	}
 	over := map[masterv1.Medium]int64{} // segments above the low watermark
 	for _, sg := range segs {
-		if _, ok := need[sg.Medium]; ok && sg.CanAllocate() && sg.Capacity > 0 &&
-			s.segs.get(s.segs.intern(sg.ID)).placed.Load() > int64(s.cfg.LowWatermark*float64(sg.Capacity)) {
+		if s.segs.get(s.segs.intern(sg.ID)).placed.Load() > int64(s.cfg.LowWatermark*float64(sg.Capacity)) {
 			over[sg.Medium]++
 		}
 	}
@@ -636,10 +661,7 @@ func (s *Store) drainEvict(ctx context.Context, moves []*move) int {
 	fullest := map[masterv1.Medium]evictTarget{}
 	fullestUsed := map[masterv1.Medium]int64{}
 	for _, sg := range segs {
-		n, ok := need[sg.Medium]
-		if !ok || !sg.CanAllocate() || sg.Capacity == 0 {
-			continue
-		}
+		n := need[sg.Medium]
 		idx := s.segs.intern(sg.ID)
 		used := s.segs.get(idx).placed.Load()
 		if low := int64(s.cfg.LowWatermark * float64(sg.Capacity)); used > low {
