@@ -29,7 +29,7 @@ func segmentsCmd(e *env) *cobra.Command {
 				return err
 			}
 			if !e.json() {
-				fmt.Fprintf(e.stdout, "%-36s %-10s %-8s %-6s %-22s %-10s %12s %12s %8s\n", "SEGMENT", "AGENT", "HOST", "MEDIUM", "LIFECYCLE", "HEALTH", "USED", "CAPACITY", "REPLICAS")
+				fmt.Fprintf(e.stdout, "%-36s %-10s %-8s %-6s %-22s %-10s %12s %12s %8s %s\n", "SEGMENT", "AGENT", "HOST", "MEDIUM", "LIFECYCLE", "HEALTH", "USED", "CAPACITY", "REPLICAS", "DRAIN")
 			}
 			for _, s := range r.GetSegments() {
 				lc := strings.TrimPrefix(s.GetLifecycle().String(), "SEGMENT_LIFECYCLE_")
@@ -40,13 +40,14 @@ func segmentsCmd(e *env) *cobra.Command {
 						"medium": mediumName(s.GetInfo().GetMedium()), "lifecycle": lc, "health": h,
 						"used": s.GetInfo().GetUsed(), "capacity": s.GetInfo().GetCapacity(), "replicas": s.GetReplicas(),
 						"can_allocate": s.GetCanAllocate(), "can_serve_read": s.GetCanServeRead(), "last_heartbeat_unix_ms": s.GetLastHeartbeatUnixMs(),
+						"drain": drainJSON(s.GetDrain()),
 					}); err != nil {
 						return err
 					}
 					continue
 				}
-				fmt.Fprintf(e.stdout, "%-36s %-10s %-8s %-6s %-22s %-10s %12d %12d %8d\n", s.GetInfo().GetSegmentId(), s.GetAgentId(), s.GetHostId(),
-					mediumName(s.GetInfo().GetMedium()), lc, h, s.GetInfo().GetUsed(), s.GetInfo().GetCapacity(), s.GetReplicas())
+				fmt.Fprintf(e.stdout, "%-36s %-10s %-8s %-6s %-22s %-10s %12d %12d %8d %s\n", s.GetInfo().GetSegmentId(), s.GetAgentId(), s.GetHostId(),
+					mediumName(s.GetInfo().GetMedium()), lc, h, s.GetInfo().GetUsed(), s.GetInfo().GetCapacity(), s.GetReplicas(), drainColumn(s.GetDrain()))
 			}
 			return nil
 		}),

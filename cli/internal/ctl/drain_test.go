@@ -255,11 +255,19 @@ func TestDrainWait(t *testing.T) {
 	if got := strings.Count(stderr.String(), mid); got != 1 {
 		t.Fatalf("the mid-drain line appears %d times, want once: %q", got, stderr.String())
 	}
-	// The segment's entry keeps the drain, done.
+	// The segment's entry keeps the drain, done; the listing shows it.
 	for _, s := range segments(t, c) {
 		if s.GetInfo().GetSegmentId() == seg0 && (s.GetDrain().GetState() != masterv1.DrainState_DRAIN_STATE_DONE || s.GetDrain().GetCounts().GetMoved() != n) {
 			t.Fatalf("segment entry after the drain: %v, want DONE with %d moved", s.GetDrain(), n)
 		}
+	}
+	code2, out, errOut := run(t, c.MasterAddr(), "segments")
+	if col := fmt.Sprintf(" DONE %d/%d\n", n, n+1); code2 != ExitOK || !strings.Contains(out, " DRAIN\n") || !strings.Contains(out, col) {
+		t.Fatalf("segments: exit %d, stdout %q, stderr %q; want a DRAIN column with %q", code2, out, errOut, col)
+	}
+	code2, out, _ = run(t, c.MasterAddr(), "-o", "json", "segments")
+	if want := fmt.Sprintf(`"moved":%d,"no_evict":false`, n); code2 != ExitOK || !strings.Contains(out, want) || !strings.Contains(out, `"drain":null`) {
+		t.Fatalf("segments -o json: exit %d, stdout %q; want the drain of %s (%s) and null for the other", code2, out, seg0, want)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
@@ -85,5 +86,34 @@ func (l *drainLine) show(c *masterv1.DrainCounts) {
 func (l *drainLine) end() {
 	if l.rewrite && l.shown {
 		fmt.Fprintln(l.w)
+	}
+}
+
+// drainColumn is the segments table's DRAIN column: the running or last
+// drain as "STATE moved/total", and what else it did when anything; "-"
+// for none.
+func drainColumn(d *masterv1.DrainProgress) string {
+	if d == nil {
+		return "-"
+	}
+	c := d.GetCounts()
+	out := fmt.Sprintf("%s %d/%d", strings.TrimPrefix(d.GetState().String(), "DRAIN_STATE_"), c.GetMoved(), c.GetTotal())
+	if c.GetEvicted()+c.GetDropped()+c.GetLeft() > 0 {
+		out += fmt.Sprintf(" evicted=%d dropped=%d left=%d", c.GetEvicted(), c.GetDropped(), c.GetLeft())
+	}
+	return out
+}
+
+// drainJSON is the segments listing's "drain" field (nil for none).
+func drainJSON(d *masterv1.DrainProgress) map[string]any {
+	if d == nil {
+		return nil
+	}
+	c := d.GetCounts()
+	return map[string]any{
+		"state": strings.TrimPrefix(d.GetState().String(), "DRAIN_STATE_"), "no_evict": d.GetNoEvict(),
+		"started_unix_ms": d.GetStartedUnixMs(), "finished_unix_ms": d.GetFinishedUnixMs(), "error": d.GetError(),
+		"total": c.GetTotal(), "moved": c.GetMoved(), "evicted": c.GetEvicted(), "dropped": c.GetDropped(),
+		"failed": c.GetFailed(), "left": c.GetLeft(), "writes_waited": c.GetWritesWaited(),
 	}
 }
