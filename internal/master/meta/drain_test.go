@@ -363,3 +363,28 @@ func TestDrainCopyCallsBoundedInBytes(t *testing.T) {
 	}
 	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
 }
+
+// TestDrainEvictsOnlyWhereItCanPlace: a drain evicts for room only on the
+// segments that could take the replica, never on one that already holds a
+// replica of the object (placement avoids it, so evicting there frees
+// nothing the drain can use).
+func TestDrainEvictsOnlyWhereItCanPlace(t *testing.T) {
+	e := newEnv(t, 3, 1, 100, Config{Shards: 4})
+	e.put(t, PutSpec{Key: "x", Size: 40, ReplicaNum: 2, Preferred: []string{"seg-0-0", "seg-1-0"}})
+	e.put(t, PutSpec{Key: "z", Size: 50, Preferred: []string{"seg-1-0"}}) // seg-1-0: 90, above the low watermark
+	e.put(t, PutSpec{Key: "y", Size: 60, Preferred: []string{"seg-2-0"}}) // seg-2-0: no room for x below the high one
+	got, err := e.s.Drain(t.Context(), "seg-0-0", DrainOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (&masterv1.DrainCounts{Total: 1, Moved: 1, Evicted: 1}); !proto.Equal(got, want) {
+		t.Fatalf("counts: got %v, want %v", got, want)
+	}
+	if got, want := e.records(t), []string{"stored:default/x", "stored:default/z", "stored:default/y", "removed:default/y"}; !slices.Equal(got, want) {
+		t.Fatalf("changes: got %v, want %v (y evicted, z kept)", got, want)
+	}
+	if got := views(e.s)[ObjectRef{DefaultTenant, "x"}].readableOnSegs; got != "[seg-1-0 seg-2-0]" {
+		t.Fatalf("x: readable on %s, want seg-1-0 and seg-2-0", got)
+	}
+	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
+}
