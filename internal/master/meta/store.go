@@ -61,8 +61,9 @@ type Store struct {
 	evictMu  sync.Mutex
 	lastPass evictPassStats // guarded by evictMu
 
-	// undrains maps a segment id to its *atomic.Uint64 count of
-	// UndrainSegment calls; a running drain stops when it changes.
+	// undrains maps a segment id to its *segDrain (drain.go): the count of
+	// UndrainSegment calls (a running drain stops when it changes) and the
+	// running or last drain.
 	undrains sync.Map
 
 	// owedMu guards owed: releases that could not be delivered (leaf lock).
