@@ -2,14 +2,19 @@ package testcluster_test
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	agentapp "github.com/crescent-kv/crescent/internal/agent/app"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testcluster"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/client"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // TestDrainMovesEveryObject (issue 17): a real master drains one agent's
@@ -112,5 +117,67 @@ func TestDrainTargetStopsMidCopy(t *testing.T) {
 				t.Fatalf("object %d replica %d: %d bytes, not the ones put", i, j, len(b))
 			}
 		}
+	}
+}
+
+// TestDrainCountsAndNoEvict (issue 17 item 5): the target agent is 78 %
+// full and the drained one holds about a third of a segment. A drain with
+// no_evict through the AdminService moves what fits below the target's
+// high watermark, then stops with RESOURCE_EXHAUSTED, the counts in the
+// error: nothing evicted or dropped, every object still readable, the
+// segment DRAINING. A drain without it then evicts other objects to make
+// room, says how many, and finishes: moved + the earlier moved is every
+// replica, none dropped, and exactly the evicted objects are gone.
+func TestDrainCountsAndNoEvict(t *testing.T) {
+	const size, onTarget, onSource = 64 << 10, 200, 80
+	c := testcluster.Start(t, testcluster.Options{AgentMemory: 16 << 20})
+	ctx := t.Context()
+	cl := c.Client(t)
+	admin := masterv1.NewAdminServiceClient(c.Conn())
+	src, tgt := memSegment(c, 0), memSegment(c, 1)
+	putInto(ctx, t, cl, "dst", onTarget, size, 32, 2, client.WithPreferredSegments(tgt))
+	putInto(ctx, t, cl, "src", onSource, size, 32, 2, client.WithPreferredSegments(src))
+
+	_, err := admin.DrainSegment(ctx, &masterv1.DrainSegmentRequest{SegmentId: src, NoEvict: true})
+	if status.Code(err) != codes.ResourceExhausted || rpcerr.Reason(err) != "NO_AVAILABLE_HANDLE" {
+		t.Fatalf("drain with no_evict into a full cluster: got %v, want RESOURCE_EXHAUSTED / NO_AVAILABLE_HANDLE", err)
+	}
+	md := rpcerr.Metadata(err)
+	moved, _ := strconv.Atoi(md["moved"])
+	left, _ := strconv.Atoi(md["left"])
+	if md["total"] != strconv.Itoa(onSource) || moved == 0 || left == 0 || moved+left != onSource || md["evicted"] != "0" || md["dropped"] != "0" {
+		t.Fatalf("counts in the error: %v; want %d in all, some moved, some left, none evicted or dropped", md, onSource)
+	}
+	seg, err := admin.GetSegment(ctx, &masterv1.GetSegmentRequest{SegmentId: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := seg.GetSegment().GetDrain(); seg.GetSegment().GetLifecycle() != masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINING ||
+		d.GetState() != masterv1.DrainState_DRAIN_STATE_STOPPED || !d.GetNoEvict() || d.GetCounts().GetLeft() != uint64(left) || !strings.Contains(d.GetError(), "NO_AVAILABLE_HANDLE") {
+		t.Fatalf("segment after the stopped drain: %v; want DRAINING, its drain STOPPED with %d left", seg.GetSegment(), left)
+	}
+	if got := len(c.Keys("default")); got != onTarget+onSource {
+		t.Fatalf("objects after a drain with no_evict: got %d, want all %d", got, onTarget+onSource)
+	}
+	if got := c.Master().Store.SegmentReplicaCounts()[src]; got != uint64(left) {
+		t.Fatalf("replicas on %s: got %d, want %d", src, got, left)
+	}
+
+	r, err := admin.DrainSegment(ctx, &masterv1.DrainSegmentRequest{SegmentId: src})
+	if err != nil {
+		t.Fatalf("drain: %v", err)
+	}
+	n := r.GetCounts()
+	if n.GetTotal() != uint64(left) || n.GetMoved() != uint64(left) || n.GetEvicted() == 0 || n.GetDropped() != 0 || n.GetLeft() != 0 {
+		t.Fatalf("counts: %v; want the %d left moved, some evicted, none dropped", n, left)
+	}
+	if r.GetSegment().GetLifecycle() != masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINED || r.GetSegment().GetDrain().GetState() != masterv1.DrainState_DRAIN_STATE_DONE {
+		t.Fatalf("segment: %v, want DRAINED and its drain DONE", r.GetSegment())
+	}
+	if got, want := len(c.Keys("default")), onTarget+onSource-int(n.GetEvicted()); got != want {
+		t.Fatalf("objects after the drain: got %d, want %d (all but the %d evicted)", got, want, n.GetEvicted())
+	}
+	if got := c.Master().Store.SegmentReplicaCounts()[src]; got != 0 {
+		t.Fatalf("replicas left on %s: %d", src, got)
 	}
 }

@@ -29,7 +29,7 @@ func segmentsCmd(e *env) *cobra.Command {
 				return err
 			}
 			if !e.json() {
-				fmt.Fprintf(e.stdout, "%-36s %-10s %-8s %-6s %-22s %-10s %12s %12s %8s\n", "SEGMENT", "AGENT", "HOST", "MEDIUM", "LIFECYCLE", "HEALTH", "USED", "CAPACITY", "REPLICAS")
+				fmt.Fprintf(e.stdout, "%-36s %-10s %-8s %-6s %-22s %-10s %12s %12s %8s %s\n", "SEGMENT", "AGENT", "HOST", "MEDIUM", "LIFECYCLE", "HEALTH", "USED", "CAPACITY", "REPLICAS", "DRAIN")
 			}
 			for _, s := range r.GetSegments() {
 				lc := strings.TrimPrefix(s.GetLifecycle().String(), "SEGMENT_LIFECYCLE_")
@@ -40,13 +40,14 @@ func segmentsCmd(e *env) *cobra.Command {
 						"medium": mediumName(s.GetInfo().GetMedium()), "lifecycle": lc, "health": h,
 						"used": s.GetInfo().GetUsed(), "capacity": s.GetInfo().GetCapacity(), "replicas": s.GetReplicas(),
 						"can_allocate": s.GetCanAllocate(), "can_serve_read": s.GetCanServeRead(), "last_heartbeat_unix_ms": s.GetLastHeartbeatUnixMs(),
+						"drain": drainJSON(s.GetDrain()),
 					}); err != nil {
 						return err
 					}
 					continue
 				}
-				fmt.Fprintf(e.stdout, "%-36s %-10s %-8s %-6s %-22s %-10s %12d %12d %8d\n", s.GetInfo().GetSegmentId(), s.GetAgentId(), s.GetHostId(),
-					mediumName(s.GetInfo().GetMedium()), lc, h, s.GetInfo().GetUsed(), s.GetInfo().GetCapacity(), s.GetReplicas())
+				fmt.Fprintf(e.stdout, "%-36s %-10s %-8s %-6s %-22s %-10s %12d %12d %8d %s\n", s.GetInfo().GetSegmentId(), s.GetAgentId(), s.GetHostId(),
+					mediumName(s.GetInfo().GetMedium()), lc, h, s.GetInfo().GetUsed(), s.GetInfo().GetCapacity(), s.GetReplicas(), drainColumn(s.GetDrain()))
 			}
 			return nil
 		}),
@@ -82,38 +83,76 @@ func agentsCmd(e *env) *cobra.Command {
 }
 
 func drainCmd(e *env) *cobra.Command {
-	var undo bool
+	var undo, noEvict, wait bool
+	var interval time.Duration
 	cmd := &cobra.Command{
 		Use:   "drain SEGMENT",
 		Short: "Move a segment's replicas elsewhere and stop allocating on it (--undo: put it back in service)",
-		Long: "drain moves every replica off SEGMENT and marks it DRAINED; it takes no new allocations.\n" +
+		Long: "drain moves every replica off SEGMENT and marks it DRAINED; it takes no new allocations. It waits\n" +
+			"for writes in progress on the segment (at most the master's put timeout) and moves them too, and\n" +
+			"answers what it did: replicas moved, other objects evicted elsewhere to make room, replicas dropped\n" +
+			"for lack of room, and replicas left (copies that kept failing; the segment then stays DRAINING, the\n" +
+			"exit status is 1, and drain can be run again). The drain runs while crescentctl waits for it:\n" +
+			"interrupting crescentctl stops it after the chunk it is copying (the segment stays DRAINING).\n" +
+			"--wait also shows its progress on stderr, from the segment's entry in the master's listing: a\n" +
+			"line rewritten in place on a terminal, otherwise a line each --interval when the counts moved.\n" +
+			"--no-evict never evicts other objects: when the rest of the cluster is full, the drain stops with\n" +
+			"RESOURCE_EXHAUSTED (NO_AVAILABLE_HANDLE), the segment stays DRAINING, and nothing is dropped.\n" +
+			"A drain of a segment already being drained waits for that drain and reports its outcome.\n" +
 			"drain --undo returns a DRAINING or DRAINED segment to OK (replicas already moved stay where they are)\n" +
 			"and stops a drain still in progress after the chunk it is copying.",
 		Args: exactArgs(1),
 		RunE: e.withClient(func(ctx context.Context, c *client.Client, args []string) error {
-			var seg *masterv1.Segment
 			if undo {
+				if noEvict || wait {
+					return usagef("--undo takes neither --no-evict nor --wait")
+				}
 				r, err := c.Admin().UndrainSegment(ctx, &masterv1.UndrainSegmentRequest{SegmentId: args[0]})
 				if err != nil {
 					return err
 				}
-				seg = r.GetSegment()
+				lc := strings.TrimPrefix(r.GetSegment().GetLifecycle().String(), "SEGMENT_LIFECYCLE_")
+				if e.json() {
+					return e.printJSON(map[string]any{"segment_id": args[0], "lifecycle": lc})
+				}
+				fmt.Fprintf(e.stdout, "segment %s: %s\n", args[0], lc)
+				return nil
+			}
+			if interval <= 0 {
+				return usagef("--interval must be positive")
+			}
+			req := &masterv1.DrainSegmentRequest{SegmentId: args[0], NoEvict: noEvict}
+			var r *masterv1.DrainSegmentResponse
+			var err error
+			if wait {
+				r, err = drainShowingProgress(ctx, c.Admin(), req, newDrainLine(e.stderr, args[0], tty(e.stderr)), interval)
 			} else {
-				r, err := c.Admin().DrainSegment(ctx, &masterv1.DrainSegmentRequest{SegmentId: args[0]})
-				if err != nil {
+				r, err = c.Admin().DrainSegment(ctx, req)
+			}
+			if err != nil {
+				return err
+			}
+			lc := strings.TrimPrefix(r.GetSegment().GetLifecycle().String(), "SEGMENT_LIFECYCLE_")
+			n := r.GetCounts()
+			if e.json() {
+				if err := e.printJSON(map[string]any{"segment_id": args[0], "lifecycle": lc, "total": n.GetTotal(), "moved": n.GetMoved(),
+					"evicted": n.GetEvicted(), "dropped": n.GetDropped(), "failed": n.GetFailed(), "left": n.GetLeft(), "writes_waited": n.GetWritesWaited()}); err != nil {
 					return err
 				}
-				seg = r.GetSegment()
+			} else {
+				fmt.Fprintf(e.stdout, "segment %s: %s: moved %d of %d, evicted %d elsewhere, dropped %d, left %d\n",
+					args[0], lc, n.GetMoved(), n.GetTotal(), n.GetEvicted(), n.GetDropped(), n.GetLeft())
 			}
-			lc := strings.TrimPrefix(seg.GetLifecycle().String(), "SEGMENT_LIFECYCLE_")
-			if e.json() {
-				return e.printJSON(map[string]any{"segment_id": args[0], "lifecycle": lc})
+			if n.GetLeft() > 0 {
+				return fmt.Errorf("drain of %s incomplete: %d replicas left on it (%d copies failed); it stays DRAINING, run drain again", args[0], n.GetLeft(), n.GetFailed())
 			}
-			fmt.Fprintf(e.stdout, "segment %s: %s\n", args[0], lc)
 			return nil
 		}),
 	}
 	cmd.Flags().BoolVar(&undo, "undo", false, "undrain: return the segment to OK (UndrainSegment)")
+	cmd.Flags().BoolVar(&noEvict, "no-evict", false, "never evict other objects to make room; stop with RESOURCE_EXHAUSTED when the rest of the cluster is full")
+	cmd.Flags().BoolVar(&wait, "wait", false, "show the drain's progress on stderr while it runs")
+	cmd.Flags().DurationVar(&interval, "interval", time.Second, "with --wait, how often to look at the drain's progress")
 	return cmd
 }
 

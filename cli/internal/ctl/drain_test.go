@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -117,10 +118,12 @@ func TestDrainUndo(t *testing.T) {
 		code     int
 		out, err string
 	}{
-		{[]string{"drain", seg0}, ExitOK, "segment " + seg0 + ": DRAINED\n", ""},
+		{[]string{"drain", seg0}, ExitOK, "segment " + seg0 + ": DRAINED: moved 1 of 1, evicted 0 elsewhere, dropped 0, left 0\n", ""},
 		{[]string{"drain", "--undo", seg0}, ExitOK, "segment " + seg0 + ": OK\n", ""},
 		{[]string{"drain", "--undo", seg0}, ExitOK, "segment " + seg0 + ": OK\n", ""},
 		{[]string{"-o", "json", "drain", "--undo", seg0}, ExitOK, `{"lifecycle":"OK","segment_id":"` + seg0 + `"}` + "\n", ""},
+		{[]string{"drain", "--undo", "--wait", seg0}, ExitUsage, "", "--undo takes neither"},
+		{[]string{"drain", "--wait", "--interval", "0s", seg0}, ExitUsage, "", "--interval must be positive"},
 		{[]string{"drain", "--undo", "nope"}, ExitError, "", "SEGMENT_NOT_FOUND"},
 		{[]string{"drain", "nope"}, ExitError, "", "SEGMENT_NOT_FOUND"},
 	} {
@@ -175,5 +178,117 @@ func TestRemovePrefixFollowsPages(t *testing.T) {
 		if !strings.HasPrefix(k, "q/") {
 			t.Fatalf("rm --prefix p/ left %q", k)
 		}
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for a writer and a reader at once.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestDrainWait: drain --wait shows the drain's progress while it runs.
+// A write in progress on the segment holds the drain (it waits for it)
+// after it moved the rest, so the progress line is seen mid-drain; stderr
+// is not a terminal, so each change is a line of its own. Once the write
+// ends (revoked here) the drain answers, with the counts on stdout.
+func TestDrainWait(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Options{})
+	seg0 := segmentOf(t, c, "agent-0")
+	const n = 300
+	var items []client.Item
+	for i := range n {
+		items = append(items, client.Item{Key: fmt.Sprintf("w/%03d", i), Data: []byte("drain me")})
+	}
+	for i, err := range c.Client(t).BatchPut(t.Context(), items, client.WithPreferredSegments(seg0)) {
+		if err != nil {
+			t.Fatalf("put %s: %v", items[i].Key, err)
+		}
+	}
+	objects := masterv1.NewObjectServiceClient(c.Conn())
+	if _, err := objects.PutStart(t.Context(), &masterv1.PutStartRequest{Key: "inflight", Size: 8, ClientId: "ctl-test",
+		Config: &masterv1.ReplicateConfig{PreferredSegments: []string{seg0}}}); err != nil {
+		t.Fatalf("PutStart: %v", err)
+	}
+
+	var stdout bytes.Buffer
+	var stderr lockedBuffer
+	code := make(chan int, 1)
+	go func() {
+		code <- Main(t.Context(), []string{"--master", c.MasterAddr(), "drain", "--wait", "--interval", "10ms", seg0}, strings.NewReader(""), &stdout, &stderr)
+	}()
+	mid := fmt.Sprintf("drain %s: moved %d/%d (99%%), evicted 0, dropped 0, failed 0", seg0, n, n+1)
+	testutil.EventuallyNoError(t, 30*time.Second, func() error {
+		if !strings.Contains(stderr.String(), mid) {
+			return fmt.Errorf("stderr %q lacks %q", stderr.String(), mid)
+		}
+		return nil
+	})
+	if _, err := objects.PutRevoke(t.Context(), &masterv1.PutRevokeRequest{Key: "inflight", ClientId: "ctl-test"}); err != nil {
+		t.Fatalf("PutRevoke: %v", err)
+	}
+	if got := <-code; got != ExitOK {
+		t.Fatalf("drain --wait: exit %d, stderr %q", got, stderr.String())
+	}
+	if want := fmt.Sprintf("segment %s: DRAINED: moved %d of %d, evicted 0 elsewhere, dropped 0, left 0\n", seg0, n, n+1); stdout.String() != want {
+		t.Fatalf("stdout: got %q, want %q", stdout.String(), want)
+	}
+	lines := strings.Split(strings.TrimSuffix(stderr.String(), "\n"), "\n")
+	for _, l := range lines {
+		if !strings.HasPrefix(l, "drain "+seg0+": moved ") || strings.Contains(l, "\r") {
+			t.Fatalf("stderr line %q: want progress lines alone, no carriage returns", l)
+		}
+	}
+	// Only changes are shown: the line of the wait appears once.
+	if got := strings.Count(stderr.String(), mid); got != 1 {
+		t.Fatalf("the mid-drain line appears %d times, want once: %q", got, stderr.String())
+	}
+	// The segment's entry keeps the drain, done; the listing shows it.
+	for _, s := range segments(t, c) {
+		if s.GetInfo().GetSegmentId() == seg0 && (s.GetDrain().GetState() != masterv1.DrainState_DRAIN_STATE_DONE || s.GetDrain().GetCounts().GetMoved() != n) {
+			t.Fatalf("segment entry after the drain: %v, want DONE with %d moved", s.GetDrain(), n)
+		}
+	}
+	code2, out, errOut := run(t, c.MasterAddr(), "segments")
+	if col := fmt.Sprintf(" DONE %d/%d\n", n, n+1); code2 != ExitOK || !strings.Contains(out, " DRAIN\n") || !strings.Contains(out, col) {
+		t.Fatalf("segments: exit %d, stdout %q, stderr %q; want a DRAIN column with %q", code2, out, errOut, col)
+	}
+	code2, out, _ = run(t, c.MasterAddr(), "-o", "json", "segments")
+	if want := fmt.Sprintf(`"moved":%d,"no_evict":false`, n); code2 != ExitOK || !strings.Contains(out, want) || !strings.Contains(out, `"drain":null`) {
+		t.Fatalf("segments -o json: exit %d, stdout %q; want the drain of %s (%s) and null for the other", code2, out, seg0, want)
+	}
+}
+
+// TestDrainLineRewrites: on a terminal the progress is one line rewritten
+// in place (carriage return, clear to the end), ended by a newline.
+func TestDrainLineRewrites(t *testing.T) {
+	var w bytes.Buffer
+	l := newDrainLine(&w, "s", true)
+	l.show(&masterv1.DrainCounts{Total: 4, Moved: 1})
+	l.show(&masterv1.DrainCounts{Total: 4, Moved: 1})
+	l.show(&masterv1.DrainCounts{Total: 4, Moved: 3, Dropped: 1, Evicted: 2})
+	l.end()
+	out := w.String()
+	if strings.Count(out, "\r") != 3 || strings.Count(out, "\n") != 1 || !strings.HasSuffix(out, "\n") ||
+		!strings.Contains(out, "\rdrain s: moved 3/4 (100%), evicted 2, dropped 1, failed 0, ") {
+		t.Fatalf("terminal progress: got %q", out)
+	}
+	w.Reset()
+	off := newDrainLine(&w, "s", false)
+	off.end()
+	if w.Len() != 0 {
+		t.Fatalf("nothing shown, yet end wrote %q", w.String())
 	}
 }

@@ -17,10 +17,14 @@ import (
 
 // Meta is what AdminService needs from the object metadata.
 type Meta interface {
-	// DrainSegment moves the segment's replicas elsewhere (or removes them
-	// when no room exists) and marks it DRAINING, then DRAINED, through the
-	// registry.
-	DrainSegment(ctx context.Context, segmentID string) error
+	// DrainSegmentCounts marks the segment DRAINING, moves its replicas elsewhere
+	// (evicting other objects for room unless noEvict) and marks it DRAINED
+	// when none is left. It returns what it did; with an error, the counts
+	// so far (nil when it did not start).
+	DrainSegmentCounts(ctx context.Context, segmentID string, noEvict bool) (*masterv1.DrainCounts, error)
+	// DrainProgress is the running or last drain of each segment drained
+	// since the master started, by segment id.
+	DrainProgress() map[string]*masterv1.DrainProgress
 	// UndrainSegment returns a DRAINING or DRAINED segment to OK, stopping
 	// a drain in progress at its next chunk; a no-op on an OK one.
 	UndrainSegment(ctx context.Context, segmentID string) error
@@ -109,10 +113,12 @@ func checkTenant(tenant string) error {
 	return nil
 }
 
-// segmentPB is the wire view of one registry entry.
-func segmentPB(d registry.Detail, replicas uint64) *masterv1.Segment {
+// segmentPB is the wire view of one registry entry and its drain (nil
+// when none).
+func segmentPB(d registry.Detail, replicas uint64, drain *masterv1.DrainProgress) *masterv1.Segment {
 	s := d.Segment
 	return &masterv1.Segment{
+		Drain: drain,
 		Info: &masterv1.SegmentInfo{
 			SegmentId: s.ID, Medium: s.Medium, Capacity: s.Capacity, Used: s.Used,
 			LargestFreeExtent: s.LargestFreeExtent, Alignment: d.Alignment, Name: s.Name,
@@ -127,10 +133,11 @@ func segmentPB(d registry.Detail, replicas uint64) *masterv1.Segment {
 // ListSegments lists every remembered segment, UNMOUNTED ones included.
 func (s *Service) ListSegments(ctx context.Context, _ *masterv1.ListSegmentsRequest) (*masterv1.ListSegmentsResponse, error) {
 	counts := s.deps.Meta.SegmentReplicaCounts()
+	drains := s.deps.Meta.DrainProgress()
 	details := s.deps.Registry.Details()
 	out := make([]*masterv1.Segment, 0, len(details))
 	for _, d := range details {
-		out = append(out, segmentPB(d, counts[d.ID]))
+		out = append(out, segmentPB(d, counts[d.ID], drains[d.ID]))
 	}
 	return &masterv1.ListSegmentsResponse{Segments: out}, nil
 }
@@ -145,7 +152,7 @@ func (s *Service) GetSegment(ctx context.Context, req *masterv1.GetSegmentReques
 	if !ok {
 		return nil, notFound(id)
 	}
-	return &masterv1.GetSegmentResponse{Segment: segmentPB(d, s.deps.Meta.SegmentReplicaCounts()[id])}, nil
+	return &masterv1.GetSegmentResponse{Segment: s.segmentPB(d)}, nil
 }
 
 // ListAgents lists agents, connected or recently lost.
@@ -165,8 +172,16 @@ func (s *Service) ListAgents(ctx context.Context, _ *masterv1.ListAgentsRequest)
 	return &masterv1.ListAgentsResponse{Agents: out}, nil
 }
 
+// segmentPB is the wire view of one segment, with its replica count and
+// drain.
+func (s *Service) segmentPB(d registry.Detail) *masterv1.Segment {
+	return segmentPB(d, s.deps.Meta.SegmentReplicaCounts()[d.ID], s.deps.Meta.DrainProgress()[d.ID])
+}
+
 // DrainSegment drains a segment through the metadata and returns its state
-// afterwards.
+// and the drain's counts afterwards. A drain stopped early is an error
+// whose ErrorInfo metadata carries the counts so far (the metadata sets
+// them).
 func (s *Service) DrainSegment(ctx context.Context, req *masterv1.DrainSegmentRequest) (*masterv1.DrainSegmentResponse, error) {
 	id := req.GetSegmentId()
 	if err := checkSegmentID(id); err != nil {
@@ -175,16 +190,18 @@ func (s *Service) DrainSegment(ctx context.Context, req *masterv1.DrainSegmentRe
 	if _, ok := s.deps.Registry.Detail(id); !ok {
 		return nil, notFound(id)
 	}
-	if err := s.deps.Meta.DrainSegment(ctx, id); err != nil {
-		s.lg.Warn("segment drain failed", "segment_id", id, "err", err)
+	counts, err := s.deps.Meta.DrainSegmentCounts(ctx, id, req.GetNoEvict())
+	if err != nil {
+		s.lg.Warn("segment drain failed", "segment_id", id, "no_evict", req.GetNoEvict(), "err", err)
 		return nil, rpcerr.Status(err)
 	}
 	d, ok := s.deps.Registry.Detail(id)
 	if !ok {
 		return nil, notFound(id)
 	}
-	s.lg.Info("segment drained", "segment_id", id, "lifecycle", registry.LifecycleLabel(d.Lifecycle))
-	return &masterv1.DrainSegmentResponse{Segment: segmentPB(d, s.deps.Meta.SegmentReplicaCounts()[id])}, nil
+	s.lg.Info("segment drain answered", "segment_id", id, "lifecycle", registry.LifecycleLabel(d.Lifecycle),
+		"moved", counts.GetMoved(), "evicted", counts.GetEvicted(), "dropped", counts.GetDropped(), "left", counts.GetLeft())
+	return &masterv1.DrainSegmentResponse{Segment: s.segmentPB(d), Counts: counts}, nil
 }
 
 // UndrainSegment returns a drained or draining segment to service and
@@ -202,7 +219,7 @@ func (s *Service) UndrainSegment(ctx context.Context, req *masterv1.UndrainSegme
 		return nil, notFound(id)
 	}
 	s.lg.Info("segment undrained", "segment_id", id, "lifecycle", registry.LifecycleLabel(d.Lifecycle))
-	return &masterv1.UndrainSegmentResponse{Segment: segmentPB(d, s.deps.Meta.SegmentReplicaCounts()[id])}, nil
+	return &masterv1.UndrainSegmentResponse{Segment: s.segmentPB(d)}, nil
 }
 
 // CopyObjects copies named objects of any tenant (ObjectService.Copy for

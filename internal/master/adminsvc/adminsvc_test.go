@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
 )
 
 func TestMain(m *testing.M) {
@@ -32,18 +33,29 @@ type fakeMeta struct {
 	mu      sync.Mutex
 	quotas  map[string]*masterv1.TenantQuota
 	drainFn func(ctx context.Context, id string) error
+	drains  map[string]*masterv1.DrainProgress
 	// migrations are the specs Migrate was called with (migrate_test.go).
 	migrations []migration
 }
 
-func (f *fakeMeta) DrainSegment(ctx context.Context, id string) error {
+func (f *fakeMeta) DrainSegmentCounts(ctx context.Context, id string, noEvict bool) (*masterv1.DrainCounts, error) {
 	if f.drainFn != nil {
-		return f.drainFn(ctx, id)
+		return nil, f.drainFn(ctx, id)
 	}
 	if err := f.reg.SetLifecycle(id, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINING); err != nil {
-		return err
+		return nil, err
 	}
-	return f.reg.SetLifecycle(id, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINED)
+	c := &masterv1.DrainCounts{Total: 3, Moved: 2, Evicted: 1, Dropped: 1}
+	f.mu.Lock()
+	f.drains = map[string]*masterv1.DrainProgress{id: {State: masterv1.DrainState_DRAIN_STATE_DONE, Counts: c, NoEvict: noEvict}}
+	f.mu.Unlock()
+	return c, f.reg.SetLifecycle(id, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINED)
+}
+
+func (f *fakeMeta) DrainProgress() map[string]*masterv1.DrainProgress {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.drains
 }
 
 // UndrainSegment behaves as the metadata's: OK is a no-op, DRAINING and
@@ -244,6 +256,20 @@ func TestDrainSegment(t *testing.T) {
 	s := resp.GetSegment()
 	if s.GetLifecycle() != masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINED || s.GetCanAllocate() || !s.GetCanServeRead() {
 		t.Fatalf("drained segment: got %v", s)
+	}
+	// The counts come back, and the segment's entry shows the drain.
+	want := &masterv1.DrainCounts{Total: 3, Moved: 2, Evicted: 1, Dropped: 1}
+	if !proto.Equal(resp.GetCounts(), want) || !proto.Equal(s.GetDrain().GetCounts(), want) {
+		t.Fatalf("drain counts: got %v and entry %v, want %v", resp.GetCounts(), s.GetDrain(), want)
+	}
+	list, err := f.client.ListSegments(t.Context(), &masterv1.ListSegmentsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sg := range list.GetSegments() {
+		if d := sg.GetDrain(); (sg.GetInfo().GetSegmentId() == "mem-a") != (d != nil) || (d != nil && d.GetState() != masterv1.DrainState_DRAIN_STATE_DONE) {
+			t.Fatalf("listing: segment %s has drain %v; want mem-a's alone, DONE", sg.GetInfo().GetSegmentId(), d)
+		}
 	}
 	_, err = f.client.DrainSegment(t.Context(), &masterv1.DrainSegmentRequest{})
 	wantErr(t, err, codes.InvalidArgument, "INVALID_PARAMS")

@@ -3,9 +3,14 @@ package meta
 import (
 	"context"
 	"errors"
+	"slices"
+	"strconv"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 )
 
@@ -45,87 +50,229 @@ type move struct {
 	err    error
 }
 
-// DrainSegment moves every COMPLETE replica off a segment: it marks the
-// segment DRAINING (no new allocations), and for each replica places a
-// target on another segment that can allocate, reserves it, has the source
-// agent copy the bytes and the target agent seal them, then applies
-// COMPLETE(target) before REMOVE(source) — a Move, so readers never lose
-// the object. A replica with no room elsewhere (or whose copy fails) is
-// removed instead, recording `removed` if it was the last on its medium.
-// Each chunk's copies go to the source agent as one batched Copy (issue
-// 17), which it runs over the targets' bulk transfer listeners. A replica
-// whose target vanished before its copy (its agent stopped) stays, and a
-// further pass (at most drainPasses in all) places it again.
-// Finally the segment is marked DRAINED. Writes in progress on the segment
-// are left to finish (a later drain or the unmount removes them). An
-// UndrainSegment meanwhile stops it between chunks with ABORTED /
-// SEGMENT_UNAVAILABLE.
+// DrainOptions are a drain's choices.
+type DrainOptions struct {
+	// NoEvict never evicts other objects to make room: a replica that finds
+	// no segment with room below the high watermark stops the drain with
+	// NO_AVAILABLE_HANDLE, its source kept.
+	NoEvict bool
+	// WriteWait bounds the wait for writes in progress on the segment,
+	// from the drain's start by the store's clock: 0 means the put timeout
+	// (PutPreemptAfter, plus two sweep intervals for the sweep to expire
+	// them); < 0 does not wait (they are left, and counted in left).
+	WriteWait time.Duration
+}
+
+// DrainSegmentCounts is Drain in the AdminService's terms.
+func (s *Store) DrainSegmentCounts(ctx context.Context, segmentID string, noEvict bool) (*masterv1.DrainCounts, error) {
+	return s.Drain(ctx, segmentID, DrainOptions{NoEvict: noEvict})
+}
+
+// DrainSegment is Drain with default options, for callers that want only
+// whether it stopped early (tests, the property test): it does not report
+// replicas left behind by failed copies (Drain's counts do).
 func (s *Store) DrainSegment(ctx context.Context, segmentID string) error {
+	_, err := s.Drain(ctx, segmentID, DrainOptions{})
+	return err
+}
+
+// Drain moves every replica off a segment. It marks the segment DRAINING
+// (no new allocations), and for each COMPLETE replica places a target on
+// another segment of its medium, reserves it, has the source agent copy the
+// bytes (each chunk's copies as one batched Copy, issue 17) and the target
+// agent seal them, then applies COMPLETE(target) before REMOVE(source) — a
+// Move, so readers never lose the object.
+//
+// Room: a target is a segment that stays below the high watermark with the
+// replica (so the background check evicts nothing for the drain's sake).
+// When none is, Drain evicts other objects itself, down to the low
+// watermark, counting them (DrainCounts.evicted), and places again; then it
+// takes any segment with room; a replica that still finds none is removed
+// (dropped, recording `removed` if it was the last on its medium). With
+// opts.NoEvict it neither evicts nor drops: it finishes the chunk it is on
+// and stops with NO_AVAILABLE_HANDLE (RESOURCE_EXHAUSTED), the counts so far
+// in the error's metadata, the segment still DRAINING.
+//
+// Writes in progress on the segment (their allocations were made before
+// DRAINING) are waited for after the first pass, until they end or expire
+// (at most the put timeout from the drain's start), and what sealed is
+// moved by the next pass. A copy or seal that fails keeps its source
+// (only its target is removed), and a later pass (at most drainPasses in
+// all, one that moves nothing ends them) places it again. When replicas
+// are left after the last pass the segment stays DRAINING and the counts
+// say how many (left); otherwise it is marked DRAINED.
+//
+// One drain of a segment runs at a time: a second call while it runs waits
+// for it and returns its outcome. Its counts are visible meanwhile through
+// DrainProgress. An UndrainSegment stops it between chunks with
+// SEGMENT_UNAVAILABLE, as does an unmount; the counts are returned with
+// every error after the drain started.
+func (s *Store) Drain(ctx context.Context, segmentID string, opts DrainOptions) (*masterv1.DrainCounts, error) {
 	sv, ok := s.reg.Segment(segmentID)
 	if !ok {
-		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "segment %q not found", segmentID)
+		return nil, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND, "segment %q not found", segmentID)
+	}
+	sd := s.segDrain(segmentID)
+	sd.mu.Lock()
+	if r := sd.run; r != nil && r.finishedMs.Load() == 0 {
+		sd.mu.Unlock()
+		select {
+		case <-r.done:
+			return r.counts(), r.err
+		case <-ctx.Done():
+			return nil, rpcerr.Status(ctx.Err())
+		}
 	}
 	if sv.Lifecycle != masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINING {
 		if err := s.reg.SetLifecycle(segmentID, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINING); err != nil {
-			return asSegmentErr(err, segmentID)
+			sd.mu.Unlock()
+			return nil, asSegmentErr(err, segmentID)
 		}
 	}
-	undrains := s.undrainCount(segmentID)
-	gen := undrains.Load()
+	r := &drainRun{noEvict: opts.NoEvict, startMs: s.nowMs(), done: make(chan struct{})}
+	sd.run = r
+	sd.mu.Unlock()
+	state, err := s.drain(ctx, sd, r, sv, opts)
+	c := r.counts() // final: only drain wrote them
+	if err != nil {
+		var e *rpcerr.Error
+		if errors.As(err, &e) {
+			e.Metadata = countsMetadata(c)
+		}
+	}
+	r.finish(state, err, s.nowMs())
+	s.lg.Info("segment drain ended", "segment_id", segmentID, "state", state.String(), "total", c.Total, "moved", c.Moved,
+		"evicted", c.Evicted, "dropped", c.Dropped, "failed", c.Failed, "left", c.Left, "err", err)
+	return c, err
+}
+
+// drain is Drain's work once the run is registered: it returns the run's
+// final state and error.
+func (s *Store) drain(ctx context.Context, sd *segDrain, r *drainRun, sv cluster.Segment, opts DrainOptions) (masterv1.DrainState, error) {
+	segmentID := sv.ID
+	gen := sd.undrains.Load()
+	stopped := masterv1.DrainState_DRAIN_STATE_STOPPED
 	if sv, ok := s.reg.Segment(segmentID); !ok || sv.Lifecycle != masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINING {
-		return errUndrained(segmentID, 0, 0) // undrained (or gone) before the scan
+		return stopped, errUndrained(segmentID, 0, 0) // undrained (or gone) before the scan
 	}
 	src := s.segs.intern(segmentID)
-	moved, dropped := 0, 0
-	// A move whose target vanished before its copy (the target's agent
-	// stopped, its segment unmounted) leaves its source in place: the
-	// next pass places it again (elsewhere, or removes it when nothing
-	// has room). A pass that finds what the last one found stops.
-	for pass, left := 0, -1; pass < drainPasses; pass++ {
-		moves := s.drainScan(src)
-		if len(moves) == 0 || len(moves) == left {
+	// The put timeout bounds the wait for writes in progress: they were
+	// all allocated before DRAINING, so by then each ended or expired (the
+	// sweep may lag by its interval).
+	wait := opts.WriteWait
+	if wait == 0 {
+		wait = s.cfg.PutPreemptAfter + 2*s.cfg.PutSweepInterval
+	}
+	writesDeadline := s.now().Add(wait)
+	moves, writes := s.drainScan(src)
+	r.total.Store(uint64(len(moves) + writes))
+	r.writes.Store(uint64(writes))
+	failedBefore := uint64(0) // r.failed before the last pass
+	for pass := 0; pass < drainPasses; pass++ {
+		if pass > 0 {
+			if writes > 0 {
+				if err := s.drainWaitWrites(ctx, src, writesDeadline, func() bool { return sd.undrains.Load() != gen }); err != nil {
+					r.left.Store(uint64(s.drainLeft(src)))
+					return stopped, err
+				}
+			} else if failedBefore < r.failed.Load() {
+				// Let a target that failed (an agent stopping) leave the
+				// registry before placing again.
+				if err := sleepCtx(ctx, drainRetryDelay); err != nil {
+					r.left.Store(uint64(s.drainLeft(src)))
+					return stopped, rpcerr.Status(err)
+				}
+			}
+			moves, writes = s.drainScan(src)
+		}
+		if len(moves) == 0 {
+			if writes > 0 && pass == 0 {
+				continue // wait for them, then scan again
+			}
 			break
 		}
-		left = len(moves)
 		if pass > 0 {
 			s.lg.Info("drain pass again", "segment_id", segmentID, "pass", pass+1, "replicas", len(moves))
 		}
+		progress := 0
+		failedBefore = r.failed.Load()
 		for start := 0; start < len(moves); start += drainChunk {
 			if err := ctx.Err(); err != nil {
-				return rpcerr.Status(err)
+				r.left.Store(uint64(s.drainLeft(src)))
+				return stopped, rpcerr.Status(err)
 			}
-			if undrains.Load() != gen {
-				return errUndrained(segmentID, moved, dropped)
+			if sd.undrains.Load() != gen {
+				r.left.Store(uint64(s.drainLeft(src)))
+				return stopped, errUndrained(segmentID, int(r.moved.Load()), int(r.dropped.Load()))
 			}
 			chunk := moves[start:min(start+drainChunk, len(moves))]
-			m, d := s.drainStep(ctx, sv.AgentID, src, chunk)
-			moved += m
-			dropped += d
+			st := s.drainStep(ctx, sv.AgentID, src, chunk, opts.NoEvict)
+			r.moved.Add(uint64(st.moved))
+			r.dropped.Add(uint64(st.dropped))
+			r.evicted.Add(uint64(st.evicted))
+			r.failed.Add(uint64(st.failed))
+			progress += st.moved + st.dropped
+			if st.full {
+				r.left.Store(uint64(s.drainLeft(src)))
+				return stopped, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_NO_AVAILABLE_HANDLE,
+					"drain of segment %q stopped: no other %s segment has room below the high watermark and no_evict is set; %d replicas moved, %d left",
+					segmentID, sv.Medium, r.moved.Load(), r.left.Load())
+			}
+		}
+		if progress == 0 && writes == 0 {
+			break // the same failures again
 		}
 	}
-	if undrains.Load() != gen {
-		return errUndrained(segmentID, moved, dropped)
+	if sd.undrains.Load() != gen {
+		r.left.Store(uint64(s.drainLeft(src)))
+		return stopped, errUndrained(segmentID, int(r.moved.Load()), int(r.dropped.Load()))
+	}
+	if left := s.drainLeft(src); left > 0 {
+		r.left.Store(uint64(left))
+		s.lg.Warn("segment drain incomplete", "segment_id", segmentID, "left", left, "failed", r.failed.Load())
+		return masterv1.DrainState_DRAIN_STATE_INCOMPLETE, nil
 	}
 	if err := s.reg.SetLifecycle(segmentID, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_DRAINED); err != nil {
-		return asSegmentErr(err, segmentID)
+		return stopped, asSegmentErr(err, segmentID)
 	}
-	s.lg.Info("segment drained", "segment_id", segmentID, "moved", moved, "removed", dropped)
-	return nil
+	return masterv1.DrainState_DRAIN_STATE_DONE, nil
 }
 
-// drainPasses bounds DrainSegment's passes over the segment.
-const drainPasses = 3
+// drainPasses bounds Drain's passes over the segment: the first, one after
+// the wait for writes in progress, and retries of failed copies.
+const drainPasses = 4
+
+// drainRetryDelay is the pause before a pass that retries failed copies.
+const drainRetryDelay = 200 * time.Millisecond
+
+// drainWaitPoll is how often a drain looks again at the writes in
+// progress it waits for.
+const drainWaitPoll = 20 * time.Millisecond
+
+// sleepCtx waits d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
 
 // drainScan lists the COMPLETE replicas on segment src of objects with no
-// put in progress.
-func (s *Store) drainScan(src uint32) []*move {
-	var moves []*move
+// put in progress, and counts the writes in progress with a replica there.
+func (s *Store) drainScan(src uint32) (moves []*move, writes int) {
 	for sh := range s.shards {
 		shd := &s.shards[sh]
 		shd.mu.Lock()
 		for t, objs := range shd.tenants {
 			for key, o := range objs.all() {
 				if o.put != nil {
+					if o.hasReplicaOn(src) {
+						writes++
+					}
 					continue
 				}
 				for _, r := range o.replicas {
@@ -137,16 +284,70 @@ func (s *Store) drainScan(src uint32) []*move {
 		}
 		shd.mu.Unlock()
 	}
-	return moves
+	return moves, writes
+}
+
+// hasReplicaOn reports whether o has a replica (any status) on seg.
+func (o *object) hasReplicaOn(seg uint32) bool {
+	for i := range o.replicas {
+		if o.replicas[i].seg == seg {
+			return true
+		}
+	}
+	return false
+}
+
+// drainLeft counts the replicas still on segment src (any status).
+func (s *Store) drainLeft(src uint32) int {
+	return int(s.segs.get(src).replicas.Load())
+}
+
+// drainWritesLeft counts the puts in progress with a replica on src,
+// walking only the shards' lists of puts in progress.
+func (s *Store) drainWritesLeft(src uint32) int {
+	n := 0
+	for sh := range s.shards {
+		shd := &s.shards[sh]
+		shd.mu.Lock()
+		for ps := shd.puts.head; ps != nil; ps = ps.next {
+			if ps.obj != nil && ps.obj.put == ps && ps.obj.hasReplicaOn(src) {
+				n++
+			}
+		}
+		shd.mu.Unlock()
+	}
+	return n
+}
+
+// drainWaitWrites waits until no put in progress has a replica on src, or
+// the store's clock passes deadline (those left count as left over), or
+// stop reports an undrain (SEGMENT_UNAVAILABLE), or ctx ends.
+func (s *Store) drainWaitWrites(ctx context.Context, src uint32, deadline time.Time, stop func() bool) error {
+	t := time.NewTicker(drainWaitPoll)
+	defer t.Stop()
+	for {
+		if s.drainWritesLeft(src) == 0 || !s.now().Before(deadline) {
+			return nil
+		}
+		if stop() {
+			return errUndrained(s.segs.get(src).id, 0, 0)
+		}
+		select {
+		case <-ctx.Done():
+			return rpcerr.Status(ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 // UndrainSegment is DrainSegment's inverse: a DRAINING or DRAINED segment
 // returns to OK and takes allocations again; replicas already moved stay
 // where they are. A drain in progress stops cleanly at its next chunk
 // boundary (the chunk in flight completes its moves, so no replica is
-// dropped for the undrain's sake) and answers ABORTED. Idempotent on an OK
-// segment; SEGMENT_UNAVAILABLE on one that is unmounting or unmounted (its
-// agent decides), SEGMENT_NOT_FOUND on an unknown one.
+// dropped for the undrain's sake) and answers SEGMENT_UNAVAILABLE.
+// Idempotent on an OK segment; SEGMENT_UNAVAILABLE on one that is
+// unmounting or unmounted (its agent decides), SEGMENT_NOT_FOUND on an
+// unknown one.
 func (s *Store) UndrainSegment(ctx context.Context, segmentID string) error {
 	sv, ok := s.reg.Segment(segmentID)
 	if !ok {
@@ -158,18 +359,91 @@ func (s *Store) UndrainSegment(ctx context.Context, segmentID string) error {
 	if err := s.reg.SetLifecycle(segmentID, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_OK); err != nil {
 		return asSegmentErr(err, segmentID)
 	}
-	s.undrainCount(segmentID).Add(1)
+	s.segDrain(segmentID).undrains.Add(1)
 	s.lg.Info("segment undrained", "segment_id", segmentID, "from", sv.Lifecycle.String())
 	return nil
 }
 
-// undrainCount is the segment's UndrainSegment counter.
-func (s *Store) undrainCount(segmentID string) *atomic.Uint64 {
-	if v, ok := s.undrains.Load(segmentID); ok {
-		return v.(*atomic.Uint64)
+// segDrain is a segment's drain bookkeeping (the values of Store.undrains).
+type segDrain struct {
+	// undrains counts UndrainSegment calls; a running drain stops when it
+	// changes.
+	undrains atomic.Uint64
+	// mu guards run: the running or last drain (nil before the first).
+	mu  sync.Mutex
+	run *drainRun
+}
+
+// drainRun is one drain of a segment. Its counts are atomics, so the
+// segments listing reads them while it runs; state, err and finishedMs are
+// written once, before done is closed.
+type drainRun struct {
+	noEvict bool
+	startMs int64
+	done    chan struct{}
+
+	total, moved, evicted, dropped, failed, left, writes atomic.Uint64
+
+	finishedMs atomic.Int64 // 0 while running
+	state      masterv1.DrainState
+	err        error
+}
+
+func (r *drainRun) finish(state masterv1.DrainState, err error, nowMs int64) {
+	r.state, r.err = state, err
+	r.finishedMs.Store(max(nowMs, 1))
+	close(r.done)
+}
+
+func (r *drainRun) counts() *masterv1.DrainCounts {
+	return &masterv1.DrainCounts{
+		Total: r.total.Load(), Moved: r.moved.Load(), Evicted: r.evicted.Load(), Dropped: r.dropped.Load(),
+		Failed: r.failed.Load(), Left: r.left.Load(), WritesWaited: r.writes.Load(),
 	}
-	v, _ := s.undrains.LoadOrStore(segmentID, new(atomic.Uint64))
-	return v.(*atomic.Uint64)
+}
+
+// segDrain is the segment's drain bookkeeping, created on first use.
+func (s *Store) segDrain(segmentID string) *segDrain {
+	if v, ok := s.undrains.Load(segmentID); ok {
+		return v.(*segDrain)
+	}
+	v, _ := s.undrains.LoadOrStore(segmentID, new(segDrain))
+	return v.(*segDrain)
+}
+
+// DrainProgress is the running or last drain of each segment this master
+// drained, by segment id, in the segments listing's terms.
+func (s *Store) DrainProgress() map[string]*masterv1.DrainProgress {
+	out := map[string]*masterv1.DrainProgress{}
+	s.undrains.Range(func(k, v any) bool {
+		sd := v.(*segDrain)
+		sd.mu.Lock()
+		r := sd.run
+		sd.mu.Unlock()
+		if r == nil {
+			return true
+		}
+		p := &masterv1.DrainProgress{State: masterv1.DrainState_DRAIN_STATE_RUNNING, Counts: r.counts(), NoEvict: r.noEvict, StartedUnixMs: r.startMs}
+		if fin := r.finishedMs.Load(); fin != 0 {
+			<-r.done // state and err are written before done closes
+			p.State, p.FinishedUnixMs = r.state, fin
+			if r.err != nil {
+				p.Error = r.err.Error()
+			}
+		}
+		out[k.(string)] = p
+		return true
+	})
+	return out
+}
+
+// countsMetadata is a drain's counts as ErrorInfo metadata.
+func countsMetadata(c *masterv1.DrainCounts) map[string]string {
+	u := func(v uint64) string { return strconv.FormatUint(v, 10) }
+	return map[string]string{
+		"total": u(c.Total), "moved": u(c.Moved), "evicted": u(c.Evicted), "dropped": u(c.Dropped),
+		"failed": u(c.Failed), "left": u(c.Left), "writes_waited": u(c.WritesWaited),
+	}
 }
 
 func errUndrained(id string, moved, dropped int) error {
@@ -185,15 +459,76 @@ func asSegmentErr(err error, id string) error {
 	return rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE, err, "segment %q", id)
 }
 
-// drainStep moves one chunk of replicas; it returns (moved, removed).
-// Phase 1 (here) places the targets, or removes the sources that have
-// nowhere to go; migrateChunk runs the rest, shared with Copy and Move.
-func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chunk []*move) (moved, dropped int) {
+// drainStepResult is what one drain step did.
+type drainStepResult struct {
+	moved, dropped, evicted, failed int
+	// full: NoEvict and some replica found no room (its source kept).
+	full bool
+}
+
+// drainStep moves one chunk of replicas. Phase 1 (here) places the
+// targets — evicting, or dropping sources that have nowhere to go, or with
+// noEvict leaving them — and migrateChunk runs the rest, shared with Copy
+// and Move.
+func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chunk []*move, noEvict bool) drainStepResult {
+	var res drainStepResult
 	p := s.newPlacer(newExclusions())
 	rel := &releases{}
 	srcID := s.segs.get(src).id
-	// Phase 1: place targets (or remove sources that have nowhere to go).
-	forShards(chunk, func(mv *move) int { return mv.shard }, func(sh int, group []*move) {
+	// Room below the high watermark first.
+	noRoom := s.drainPlace(p, chunk, rel, srcID, srcAgent, drainBelowHigh)
+	if len(noRoom) > 0 && noEvict {
+		res.full = true
+	} else if len(noRoom) > 0 {
+		// Evict and place again while eviction frees something (it
+		// usually takes one round: drainEvict asks for the moves' bytes).
+		for round := 0; round < drainEvictRounds && len(noRoom) > 0; round++ {
+			n := s.drainEvict(ctx, noRoom)
+			if n == 0 {
+				break
+			}
+			res.evicted += n
+			noRoom = s.drainPlace(p, noRoom, rel, srcID, srcAgent, drainBelowHigh)
+		}
+		if len(noRoom) > 0 {
+			noRoom = s.drainPlace(p, noRoom, rel, srcID, srcAgent, drainAnyRoom)
+		}
+		res.dropped = len(noRoom)
+	}
+	placed := 0
+	for _, mv := range chunk {
+		if mv.dst != 0 {
+			placed++
+		}
+	}
+	res.moved, _ = s.migrateChunk(ctx, chunk, rel, modeDrain)
+	res.failed = placed - res.moved
+	return res
+}
+
+// drainEvictRounds bounds the evictions of one drain step.
+const drainEvictRounds = 4
+
+// drainRoom says which targets drainPlace takes, and what it does with a
+// replica that finds none.
+type drainRoom uint8
+
+const (
+	// drainBelowHigh: segments that stay below the high watermark with the
+	// replica; without one the move is returned for another try.
+	drainBelowHigh drainRoom = iota
+	// drainAnyRoom: any segment with room; without one the source is
+	// removed (dropped) and the move returned.
+	drainAnyRoom
+)
+
+// drainPlace is drain's phase 1 for moves: per object, check the source is
+// still a COMPLETE replica with no put in progress (else the move is done,
+// with err set), and place a pending PROCESSING target of its medium on
+// another segment. It returns the moves that found no room.
+func (s *Store) drainPlace(p *placer, moves []*move, rel *releases, srcID, srcAgent string, room drainRoom) []*move {
+	var noRoom []*move
+	forShards(moves, func(mv *move) int { return mv.shard }, func(sh int, group []*move) {
 		shd := &s.shards[sh]
 		shd.mu.Lock()
 		m := s.begin(shd, rel)
@@ -213,12 +548,20 @@ func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chun
 				avoid = append(avoid, r.seg)
 			}
 			r := o.replicas[i]
-			vs, perr := p.pick(1, masterv1.Medium(r.medium), o.size, "", nil, "", avoid)
+			var vs []*segView
+			var perr *placeErr
+			if room == drainBelowHigh {
+				vs, perr = s.pickBelowHigh(p, masterv1.Medium(r.medium), o.size, avoid)
+			} else {
+				vs, perr = p.pick(1, masterv1.Medium(r.medium), o.size, "", nil, "", avoid)
+			}
 			if perr != nil {
-				m.remove(o, i, true)
-				m.dropIfEmpty(o)
-				dropped++
-				mv.err = perr.err
+				if room == drainAnyRoom {
+					m.remove(o, i, true)
+					m.dropIfEmpty(o)
+					mv.err = perr.err
+				}
+				noRoom = append(noRoom, mv)
 				continue
 			}
 			mv.srcSeg, mv.srcAgent = srcID, srcAgent
@@ -233,6 +576,115 @@ func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chun
 		m.commit()
 		shd.mu.Unlock()
 	})
-	m, d := s.migrateChunk(ctx, chunk, rel, modeDrain)
-	return m, dropped + d
+	return noRoom
+}
+
+// pickBelowHigh is the segment of medium, not in avoid, with the most free
+// space that has room for size and stays below the high watermark with it
+// (so the background check does not evict for it).
+func (s *Store) pickBelowHigh(p *placer, medium masterv1.Medium, size uint64, avoid []uint32) ([]*segView, *placeErr) {
+	var best *segView
+	all := p.alloc[medium]
+	for i := range all {
+		v := &all[i]
+		if slices.Contains(avoid, v.idx) || !v.fits(int64(size)) {
+			continue
+		}
+		if float64(v.e.placed.Load()+int64(size)) >= s.cfg.HighWatermark*float64(v.seg.Capacity) {
+			continue
+		}
+		if best == nil || v.free() > best.free() {
+			best = v
+		}
+	}
+	if best == nil {
+		return nil, errNoSpace(true, "no %s segment has %d free bytes below the high watermark", medium, size)
+	}
+	return []*segView{best}, nil
+}
+
+// drainEvict evicts other objects to make room for moves that found none:
+// per medium, every segment that could take one of them and holds more than
+// the low watermark is evicted down to it, and further so that its share of the
+// moves' bytes fits below the high watermark (if none holds more than the
+// low watermark, the fullest is asked for the moves' bytes). It returns
+// how many objects it evicted.
+func (s *Store) drainEvict(ctx context.Context, moves []*move) int {
+	need := map[masterv1.Medium]int64{}
+	// A segment is evicted only if it could take one of the moves: of its
+	// medium, large enough, and not already holding a replica of the
+	// object (placement avoids those).
+	type want struct {
+		medium masterv1.Medium
+		size   uint64
+		avoid  []uint32
+	}
+	var wants []want
+	for _, mv := range moves {
+		if mv.err != nil {
+			continue
+		}
+		shd := &s.shards[mv.shard]
+		shd.mu.Lock()
+		if o := shd.getLocked(mv.tenant, mv.key); o != nil {
+			if i := o.replicaIndex(mv.src); i >= 0 {
+				w := want{medium: masterv1.Medium(o.replicas[i].medium), size: o.size}
+				for _, r := range o.replicas {
+					w.avoid = append(w.avoid, r.seg)
+				}
+				wants = append(wants, w)
+				need[w.medium] += int64(o.size)
+			}
+		}
+		shd.mu.Unlock()
+	}
+	if len(need) == 0 {
+		return 0
+	}
+	var segs []cluster.Segment
+	for _, sg := range s.reg.Segments() {
+		if !sg.CanAllocate() || sg.Capacity == 0 {
+			continue
+		}
+		idx := s.segs.intern(sg.ID)
+		for _, w := range wants {
+			if w.medium == sg.Medium && w.size <= sg.Capacity && !slices.Contains(w.avoid, idx) {
+				segs = append(segs, sg)
+				break
+			}
+		}
+	}
+	over := map[masterv1.Medium]int64{} // segments above the low watermark
+	for _, sg := range segs {
+		if s.segs.get(s.segs.intern(sg.ID)).placed.Load() > int64(s.cfg.LowWatermark*float64(sg.Capacity)) {
+			over[sg.Medium]++
+		}
+	}
+	var targets []evictTarget
+	fullest := map[masterv1.Medium]evictTarget{}
+	fullestUsed := map[masterv1.Medium]int64{}
+	for _, sg := range segs {
+		n := need[sg.Medium]
+		idx := s.segs.intern(sg.ID)
+		used := s.segs.get(idx).placed.Load()
+		if low := int64(s.cfg.LowWatermark * float64(sg.Capacity)); used > low {
+			share := (n + over[sg.Medium] - 1) / over[sg.Medium]
+			high := int64(s.cfg.HighWatermark * float64(sg.Capacity))
+			targets = append(targets, evictTarget{seg: idx, need: max(used-low, used+share-high+1)})
+		} else if u, seen := fullestUsed[sg.Medium]; !seen || used > u {
+			fullest[sg.Medium], fullestUsed[sg.Medium] = evictTarget{seg: idx, need: n}, used
+		}
+	}
+	if len(targets) == 0 {
+		for _, t := range fullest {
+			targets = append(targets, t)
+		}
+	}
+	if len(targets) == 0 {
+		return 0
+	}
+	ctx, span := tracer.Child(ctx, "master.evict")
+	n := s.evict(ctx, targets)
+	endEvict(span, "drain", targets, n)
+	return n
 }

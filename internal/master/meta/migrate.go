@@ -49,7 +49,7 @@ type migrateMode uint8
 
 const (
 	// modeDrain: success removes the source; a failure removes the
-	// target and the source (drain leaves nothing on the segment).
+	// target and keeps the source, for the drain's next pass.
 	modeDrain migrateMode = iota
 	// modeCopy: success keeps the source; a failure removes the target.
 	modeCopy
@@ -326,10 +326,10 @@ func (p *placer) pickHost(host string, medium masterv1.Medium, size uint64) ([]*
 // of objects); seal, batched per target agent; then COMPLETE(target) and,
 // in modeDrain and modeMove, REMOVE(source) after it (modeOffload: every
 // replica of the source's medium). A move that fails after placement has
-// its target removed (never readable, its allocation released); modeDrain
-// removes its source too, modeOffload the victim. It sends the releases
-// and returns how many moves completed and how many sources (victims) were
-// removed for a failure.
+// its target removed (never readable, its allocation released) and keeps
+// its source, except in modeOffload, which drops the victim as eviction
+// would. It sends the releases and returns how many moves completed and
+// how many victims were dropped for a failure.
 func (s *Store) migrateChunk(ctx context.Context, chunk []*move, rel *releases, mode migrateMode) (moved, dropped int) {
 	// Phase 2: reserve the targets, per agent.
 	type rbatch struct {
@@ -463,7 +463,7 @@ func (s *Store) migrateChunk(ctx context.Context, chunk []*move, rel *releases, 
 		}
 	})
 	// Phase 5: COMPLETE(target) before REMOVE(source); on failure remove
-	// the target (and in modeDrain the source, in modeOffload the victim).
+	// the target (in modeOffload, the victim too).
 	dropped += s.migrateSettle(ctx, chunk, rel, false, mode, func(m *mut, o *object, mv *move, di int) bool {
 		if mv.err != nil {
 			return false
@@ -502,12 +502,12 @@ func (s *Store) migrateChunk(ctx context.Context, chunk []*move, rel *releases, 
 
 // migrateSettle re-looks-up each move's target replica under its shard lock
 // and calls f; when f reports failure (or the target vanished) the target
-// is removed (in modeDrain the source too; in modeOffload the whole object
-// when it is still the victim and ctx is not done) and the move is marked
-// done. It returns how many sources (objects) were removed that way.
-// pending says the target's allocation is not yet recorded in its
-// replica, so a vanished target's reservation is ours to release (once
-// recorded, whoever removed the replica released it).
+// is removed, the source kept (in modeOffload the whole object is
+// dropped when it is still the victim and ctx is not done) and the move is
+// marked done. It returns how many victims were dropped that way. pending
+// says the target's allocation is not yet recorded in its replica, so a
+// vanished target's reservation is ours to release (once recorded,
+// whoever removed the replica released it).
 func (s *Store) migrateSettle(ctx context.Context, chunk []*move, rel *releases, pending bool, mode migrateMode, f func(m *mut, o *object, mv *move, di int) bool) (dropped int) {
 	// A cancelled offload pass (the master stopping) keeps its victims.
 	dropVictim := mode == modeOffload && ctx.Err() == nil
@@ -548,13 +548,7 @@ func (s *Store) migrateSettle(ctx context.Context, chunk []*move, rel *releases,
 			}
 			victim := dropVictim && s.stillVictimLocked(o, mv, di, m.nowMs)
 			m.remove(o, di, true)
-			switch {
-			case mode == modeDrain:
-				if si := o.replicaIndex(mv.src); si >= 0 {
-					m.remove(o, si, true)
-					dropped++
-				}
-			case victim: // dropped, as evictVictimsLocked would
+			if victim { // dropped, as evictVictimsLocked would
 				for i := len(o.replicas) - 1; i >= 0; i-- {
 					m.remove(o, i, true)
 				}

@@ -75,8 +75,9 @@ type Store struct {
 	offloadObjects int
 	offloadBytes   int64
 
-	// undrains maps a segment id to its *atomic.Uint64 count of
-	// UndrainSegment calls; a running drain stops when it changes.
+	// undrains maps a segment id to its *segDrain (drain.go): the count of
+	// UndrainSegment calls (a running drain stops when it changes) and the
+	// running or last drain.
 	undrains sync.Map
 
 	// owedMu guards owed: releases that could not be delivered (leaf lock).

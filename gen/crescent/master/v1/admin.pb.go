@@ -21,6 +21,67 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// DrainState is where a drain is.
+type DrainState int32
+
+const (
+	DrainState_DRAIN_STATE_UNSPECIFIED DrainState = 0
+	// Moving replicas (or waiting for writes in progress).
+	DrainState_DRAIN_STATE_RUNNING DrainState = 1
+	// Finished: the segment is DRAINED.
+	DrainState_DRAIN_STATE_DONE DrainState = 2
+	// Finished with replicas left (counts.left): copies kept failing.
+	DrainState_DRAIN_STATE_INCOMPLETE DrainState = 3
+	// Stopped: no_evict and no room, UndrainSegment, unmount, or the caller
+	// went away (error says which).
+	DrainState_DRAIN_STATE_STOPPED DrainState = 4
+)
+
+// Enum value maps for DrainState.
+var (
+	DrainState_name = map[int32]string{
+		0: "DRAIN_STATE_UNSPECIFIED",
+		1: "DRAIN_STATE_RUNNING",
+		2: "DRAIN_STATE_DONE",
+		3: "DRAIN_STATE_INCOMPLETE",
+		4: "DRAIN_STATE_STOPPED",
+	}
+	DrainState_value = map[string]int32{
+		"DRAIN_STATE_UNSPECIFIED": 0,
+		"DRAIN_STATE_RUNNING":     1,
+		"DRAIN_STATE_DONE":        2,
+		"DRAIN_STATE_INCOMPLETE":  3,
+		"DRAIN_STATE_STOPPED":     4,
+	}
+)
+
+func (x DrainState) Enum() *DrainState {
+	p := new(DrainState)
+	*p = x
+	return p
+}
+
+func (x DrainState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DrainState) Descriptor() protoreflect.EnumDescriptor {
+	return file_crescent_master_v1_admin_proto_enumTypes[0].Descriptor()
+}
+
+func (DrainState) Type() protoreflect.EnumType {
+	return &file_crescent_master_v1_admin_proto_enumTypes[0]
+}
+
+func (x DrainState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DrainState.Descriptor instead.
+func (DrainState) EnumDescriptor() ([]byte, []int) {
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
 type CopyObjectsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The keys' tenant ("" is "default").
@@ -255,8 +316,11 @@ type Segment struct {
 	CanAllocate      bool   `protobuf:"varint,9,opt,name=can_allocate,json=canAllocate,proto3" json:"can_allocate,omitempty"`
 	CanServeRead     bool   `protobuf:"varint,10,opt,name=can_serve_read,json=canServeRead,proto3" json:"can_serve_read,omitempty"`
 	TransferEndpoint string `protobuf:"bytes,11,opt,name=transfer_endpoint,json=transferEndpoint,proto3" json:"transfer_endpoint,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The running or last drain of the segment by this master (absent when
+	// it has not drained the segment since it started or was elected).
+	Drain         *DrainProgress `protobuf:"bytes,12,opt,name=drain,proto3" json:"drain,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Segment) Reset() {
@@ -366,6 +430,206 @@ func (x *Segment) GetTransferEndpoint() string {
 	return ""
 }
 
+func (x *Segment) GetDrain() *DrainProgress {
+	if x != nil {
+		return x.Drain
+	}
+	return nil
+}
+
+// DrainCounts say what a drain did. Every count is of replicas on the
+// draining segment, but evicted (other objects, elsewhere). Moved replicas
+// keep their medium (the segment's). moved + dropped + left <= total; the
+// difference went meanwhile by other means (removed by a client, expired,
+// evicted).
+type DrainCounts struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Replicas found on the segment: COMPLETE ones and writes in progress.
+	Total uint64 `protobuf:"varint,1,opt,name=total,proto3" json:"total,omitempty"`
+	// Moved to another segment (target COMPLETE, then the source removed).
+	Moved uint64 `protobuf:"varint,2,opt,name=moved,proto3" json:"moved,omitempty"`
+	// Other objects evicted, on other segments, to make room for the moves.
+	Evicted uint64 `protobuf:"varint,3,opt,name=evicted,proto3" json:"evicted,omitempty"`
+	// Removed from the segment for lack of room anywhere (even after
+	// eviction; never with no_evict).
+	Dropped uint64 `protobuf:"varint,4,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	// Copies (or seals) that failed; each keeps its source and is tried again
+	// in a later pass, so one replica can count more than once.
+	Failed uint64 `protobuf:"varint,5,opt,name=failed,proto3" json:"failed,omitempty"`
+	// Replicas still on the segment when the drain ended (0 when DRAINED).
+	Left uint64 `protobuf:"varint,6,opt,name=left,proto3" json:"left,omitempty"`
+	// Writes in progress on the segment that the drain waited for.
+	WritesWaited  uint64 `protobuf:"varint,7,opt,name=writes_waited,json=writesWaited,proto3" json:"writes_waited,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainCounts) Reset() {
+	*x = DrainCounts{}
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainCounts) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainCounts) ProtoMessage() {}
+
+func (x *DrainCounts) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainCounts.ProtoReflect.Descriptor instead.
+func (*DrainCounts) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *DrainCounts) GetTotal() uint64 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+func (x *DrainCounts) GetMoved() uint64 {
+	if x != nil {
+		return x.Moved
+	}
+	return 0
+}
+
+func (x *DrainCounts) GetEvicted() uint64 {
+	if x != nil {
+		return x.Evicted
+	}
+	return 0
+}
+
+func (x *DrainCounts) GetDropped() uint64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
+func (x *DrainCounts) GetFailed() uint64 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
+func (x *DrainCounts) GetLeft() uint64 {
+	if x != nil {
+		return x.Left
+	}
+	return 0
+}
+
+func (x *DrainCounts) GetWritesWaited() uint64 {
+	if x != nil {
+		return x.WritesWaited
+	}
+	return 0
+}
+
+// DrainProgress is a drain as the segments listing shows it.
+type DrainProgress struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	State         DrainState             `protobuf:"varint,1,opt,name=state,proto3,enum=crescent.master.v1.DrainState" json:"state,omitempty"`
+	Counts        *DrainCounts           `protobuf:"bytes,2,opt,name=counts,proto3" json:"counts,omitempty"`
+	NoEvict       bool                   `protobuf:"varint,3,opt,name=no_evict,json=noEvict,proto3" json:"no_evict,omitempty"`
+	StartedUnixMs int64                  `protobuf:"varint,4,opt,name=started_unix_ms,json=startedUnixMs,proto3" json:"started_unix_ms,omitempty"`
+	// 0 while running.
+	FinishedUnixMs int64 `protobuf:"varint,5,opt,name=finished_unix_ms,json=finishedUnixMs,proto3" json:"finished_unix_ms,omitempty"`
+	// Why it stopped ("REASON: message"), for DRAIN_STATE_STOPPED.
+	Error         string `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainProgress) Reset() {
+	*x = DrainProgress{}
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainProgress) ProtoMessage() {}
+
+func (x *DrainProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainProgress.ProtoReflect.Descriptor instead.
+func (*DrainProgress) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *DrainProgress) GetState() DrainState {
+	if x != nil {
+		return x.State
+	}
+	return DrainState_DRAIN_STATE_UNSPECIFIED
+}
+
+func (x *DrainProgress) GetCounts() *DrainCounts {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
+func (x *DrainProgress) GetNoEvict() bool {
+	if x != nil {
+		return x.NoEvict
+	}
+	return false
+}
+
+func (x *DrainProgress) GetStartedUnixMs() int64 {
+	if x != nil {
+		return x.StartedUnixMs
+	}
+	return 0
+}
+
+func (x *DrainProgress) GetFinishedUnixMs() int64 {
+	if x != nil {
+		return x.FinishedUnixMs
+	}
+	return 0
+}
+
+func (x *DrainProgress) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type ListSegmentsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -374,7 +638,7 @@ type ListSegmentsRequest struct {
 
 func (x *ListSegmentsRequest) Reset() {
 	*x = ListSegmentsRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[5]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -386,7 +650,7 @@ func (x *ListSegmentsRequest) String() string {
 func (*ListSegmentsRequest) ProtoMessage() {}
 
 func (x *ListSegmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[5]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -399,7 +663,7 @@ func (x *ListSegmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSegmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListSegmentsRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 type ListSegmentsResponse struct {
@@ -411,7 +675,7 @@ type ListSegmentsResponse struct {
 
 func (x *ListSegmentsResponse) Reset() {
 	*x = ListSegmentsResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[6]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -423,7 +687,7 @@ func (x *ListSegmentsResponse) String() string {
 func (*ListSegmentsResponse) ProtoMessage() {}
 
 func (x *ListSegmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[6]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -436,7 +700,7 @@ func (x *ListSegmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSegmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListSegmentsResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListSegmentsResponse) GetSegments() []*Segment {
@@ -455,7 +719,7 @@ type GetSegmentRequest struct {
 
 func (x *GetSegmentRequest) Reset() {
 	*x = GetSegmentRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[7]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -467,7 +731,7 @@ func (x *GetSegmentRequest) String() string {
 func (*GetSegmentRequest) ProtoMessage() {}
 
 func (x *GetSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[7]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -480,7 +744,7 @@ func (x *GetSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSegmentRequest.ProtoReflect.Descriptor instead.
 func (*GetSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetSegmentRequest) GetSegmentId() string {
@@ -499,7 +763,7 @@ type GetSegmentResponse struct {
 
 func (x *GetSegmentResponse) Reset() {
 	*x = GetSegmentResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[8]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -511,7 +775,7 @@ func (x *GetSegmentResponse) String() string {
 func (*GetSegmentResponse) ProtoMessage() {}
 
 func (x *GetSegmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[8]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -524,7 +788,7 @@ func (x *GetSegmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSegmentResponse.ProtoReflect.Descriptor instead.
 func (*GetSegmentResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetSegmentResponse) GetSegment() *Segment {
@@ -551,7 +815,7 @@ type Agent struct {
 
 func (x *Agent) Reset() {
 	*x = Agent{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[9]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -563,7 +827,7 @@ func (x *Agent) String() string {
 func (*Agent) ProtoMessage() {}
 
 func (x *Agent) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[9]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -576,7 +840,7 @@ func (x *Agent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Agent.ProtoReflect.Descriptor instead.
 func (*Agent) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Agent) GetAgentId() string {
@@ -643,7 +907,7 @@ type ListAgentsRequest struct {
 
 func (x *ListAgentsRequest) Reset() {
 	*x = ListAgentsRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[10]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -655,7 +919,7 @@ func (x *ListAgentsRequest) String() string {
 func (*ListAgentsRequest) ProtoMessage() {}
 
 func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[10]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -668,7 +932,7 @@ func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsRequest.ProtoReflect.Descriptor instead.
 func (*ListAgentsRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 type ListAgentsResponse struct {
@@ -680,7 +944,7 @@ type ListAgentsResponse struct {
 
 func (x *ListAgentsResponse) Reset() {
 	*x = ListAgentsResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +956,7 @@ func (x *ListAgentsResponse) String() string {
 func (*ListAgentsResponse) ProtoMessage() {}
 
 func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +969,7 @@ func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsResponse.ProtoReflect.Descriptor instead.
 func (*ListAgentsResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListAgentsResponse) GetAgents() []*Agent {
@@ -716,15 +980,19 @@ func (x *ListAgentsResponse) GetAgents() []*Agent {
 }
 
 type DrainSegmentRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SegmentId     string                 `protobuf:"bytes,1,opt,name=segment_id,json=segmentId,proto3" json:"segment_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SegmentId string                 `protobuf:"bytes,1,opt,name=segment_id,json=segmentId,proto3" json:"segment_id,omitempty"`
+	// Never evict other objects to make room: when no other segment of the
+	// medium has room below the high watermark, stop with RESOURCE_EXHAUSTED
+	// (the segment stays DRAINING, nothing is removed).
+	NoEvict       bool `protobuf:"varint,2,opt,name=no_evict,json=noEvict,proto3" json:"no_evict,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DrainSegmentRequest) Reset() {
 	*x = DrainSegmentRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -736,7 +1004,7 @@ func (x *DrainSegmentRequest) String() string {
 func (*DrainSegmentRequest) ProtoMessage() {}
 
 func (x *DrainSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -749,7 +1017,7 @@ func (x *DrainSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainSegmentRequest.ProtoReflect.Descriptor instead.
 func (*DrainSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DrainSegmentRequest) GetSegmentId() string {
@@ -759,16 +1027,25 @@ func (x *DrainSegmentRequest) GetSegmentId() string {
 	return ""
 }
 
+func (x *DrainSegmentRequest) GetNoEvict() bool {
+	if x != nil {
+		return x.NoEvict
+	}
+	return false
+}
+
 type DrainSegmentResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Segment       *Segment               `protobuf:"bytes,1,opt,name=segment,proto3" json:"segment,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The segment afterwards: DRAINED, or DRAINING when counts.left > 0.
+	Segment       *Segment     `protobuf:"bytes,1,opt,name=segment,proto3" json:"segment,omitempty"`
+	Counts        *DrainCounts `protobuf:"bytes,2,opt,name=counts,proto3" json:"counts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DrainSegmentResponse) Reset() {
 	*x = DrainSegmentResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -780,7 +1057,7 @@ func (x *DrainSegmentResponse) String() string {
 func (*DrainSegmentResponse) ProtoMessage() {}
 
 func (x *DrainSegmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -793,12 +1070,19 @@ func (x *DrainSegmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainSegmentResponse.ProtoReflect.Descriptor instead.
 func (*DrainSegmentResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DrainSegmentResponse) GetSegment() *Segment {
 	if x != nil {
 		return x.Segment
+	}
+	return nil
+}
+
+func (x *DrainSegmentResponse) GetCounts() *DrainCounts {
+	if x != nil {
+		return x.Counts
 	}
 	return nil
 }
@@ -812,7 +1096,7 @@ type UndrainSegmentRequest struct {
 
 func (x *UndrainSegmentRequest) Reset() {
 	*x = UndrainSegmentRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +1108,7 @@ func (x *UndrainSegmentRequest) String() string {
 func (*UndrainSegmentRequest) ProtoMessage() {}
 
 func (x *UndrainSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +1121,7 @@ func (x *UndrainSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainSegmentRequest.ProtoReflect.Descriptor instead.
 func (*UndrainSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *UndrainSegmentRequest) GetSegmentId() string {
@@ -856,7 +1140,7 @@ type UndrainSegmentResponse struct {
 
 func (x *UndrainSegmentResponse) Reset() {
 	*x = UndrainSegmentResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -868,7 +1152,7 @@ func (x *UndrainSegmentResponse) String() string {
 func (*UndrainSegmentResponse) ProtoMessage() {}
 
 func (x *UndrainSegmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -881,7 +1165,7 @@ func (x *UndrainSegmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainSegmentResponse.ProtoReflect.Descriptor instead.
 func (*UndrainSegmentResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *UndrainSegmentResponse) GetSegment() *Segment {
@@ -907,7 +1191,7 @@ type TenantQuota struct {
 
 func (x *TenantQuota) Reset() {
 	*x = TenantQuota{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -919,7 +1203,7 @@ func (x *TenantQuota) String() string {
 func (*TenantQuota) ProtoMessage() {}
 
 func (x *TenantQuota) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -932,7 +1216,7 @@ func (x *TenantQuota) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantQuota.ProtoReflect.Descriptor instead.
 func (*TenantQuota) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TenantQuota) GetTenant() string {
@@ -981,7 +1265,7 @@ type SetTenantQuotaRequest struct {
 
 func (x *SetTenantQuotaRequest) Reset() {
 	*x = SetTenantQuotaRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -993,7 +1277,7 @@ func (x *SetTenantQuotaRequest) String() string {
 func (*SetTenantQuotaRequest) ProtoMessage() {}
 
 func (x *SetTenantQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1006,7 +1290,7 @@ func (x *SetTenantQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTenantQuotaRequest.ProtoReflect.Descriptor instead.
 func (*SetTenantQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SetTenantQuotaRequest) GetTenant() string {
@@ -1039,7 +1323,7 @@ type SetTenantQuotaResponse struct {
 
 func (x *SetTenantQuotaResponse) Reset() {
 	*x = SetTenantQuotaResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1051,7 +1335,7 @@ func (x *SetTenantQuotaResponse) String() string {
 func (*SetTenantQuotaResponse) ProtoMessage() {}
 
 func (x *SetTenantQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1064,7 +1348,7 @@ func (x *SetTenantQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTenantQuotaResponse.ProtoReflect.Descriptor instead.
 func (*SetTenantQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SetTenantQuotaResponse) GetQuota() *TenantQuota {
@@ -1083,7 +1367,7 @@ type GetTenantQuotaRequest struct {
 
 func (x *GetTenantQuotaRequest) Reset() {
 	*x = GetTenantQuotaRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1095,7 +1379,7 @@ func (x *GetTenantQuotaRequest) String() string {
 func (*GetTenantQuotaRequest) ProtoMessage() {}
 
 func (x *GetTenantQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1108,7 +1392,7 @@ func (x *GetTenantQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantQuotaRequest.ProtoReflect.Descriptor instead.
 func (*GetTenantQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetTenantQuotaRequest) GetTenant() string {
@@ -1127,7 +1411,7 @@ type GetTenantQuotaResponse struct {
 
 func (x *GetTenantQuotaResponse) Reset() {
 	*x = GetTenantQuotaResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[20]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1139,7 +1423,7 @@ func (x *GetTenantQuotaResponse) String() string {
 func (*GetTenantQuotaResponse) ProtoMessage() {}
 
 func (x *GetTenantQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[20]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1152,7 +1436,7 @@ func (x *GetTenantQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantQuotaResponse.ProtoReflect.Descriptor instead.
 func (*GetTenantQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetTenantQuotaResponse) GetQuota() *TenantQuota {
@@ -1170,7 +1454,7 @@ type ListTenantsRequest struct {
 
 func (x *ListTenantsRequest) Reset() {
 	*x = ListTenantsRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[21]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1182,7 +1466,7 @@ func (x *ListTenantsRequest) String() string {
 func (*ListTenantsRequest) ProtoMessage() {}
 
 func (x *ListTenantsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[21]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1195,7 +1479,7 @@ func (x *ListTenantsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantsRequest.ProtoReflect.Descriptor instead.
 func (*ListTenantsRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 type ListTenantsResponse struct {
@@ -1207,7 +1491,7 @@ type ListTenantsResponse struct {
 
 func (x *ListTenantsResponse) Reset() {
 	*x = ListTenantsResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[22]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1219,7 +1503,7 @@ func (x *ListTenantsResponse) String() string {
 func (*ListTenantsResponse) ProtoMessage() {}
 
 func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[22]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1232,7 +1516,7 @@ func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantsResponse.ProtoReflect.Descriptor instead.
 func (*ListTenantsResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListTenantsResponse) GetTenants() []*TenantQuota {
@@ -1250,7 +1534,7 @@ type GetClusterStatusRequest struct {
 
 func (x *GetClusterStatusRequest) Reset() {
 	*x = GetClusterStatusRequest{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[23]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1262,7 +1546,7 @@ func (x *GetClusterStatusRequest) String() string {
 func (*GetClusterStatusRequest) ProtoMessage() {}
 
 func (x *GetClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[23]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1275,7 +1559,7 @@ func (x *GetClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 type GetClusterStatusResponse struct {
@@ -1299,7 +1583,7 @@ type GetClusterStatusResponse struct {
 
 func (x *GetClusterStatusResponse) Reset() {
 	*x = GetClusterStatusResponse{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[24]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1311,7 +1595,7 @@ func (x *GetClusterStatusResponse) String() string {
 func (*GetClusterStatusResponse) ProtoMessage() {}
 
 func (x *GetClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[24]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1324,7 +1608,7 @@ func (x *GetClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetClusterStatusResponse) GetMasterId() string {
@@ -1423,7 +1707,7 @@ type MediumUsage struct {
 
 func (x *MediumUsage) Reset() {
 	*x = MediumUsage{}
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[25]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1435,7 +1719,7 @@ func (x *MediumUsage) String() string {
 func (*MediumUsage) ProtoMessage() {}
 
 func (x *MediumUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_admin_proto_msgTypes[25]
+	mi := &file_crescent_master_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1448,7 +1732,7 @@ func (x *MediumUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MediumUsage.ProtoReflect.Descriptor instead.
 func (*MediumUsage) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_crescent_master_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MediumUsage) GetMedium() Medium {
@@ -1489,7 +1773,7 @@ const file_crescent_master_v1_admin_proto_rawDesc = "" +
 	"\x06target\x18\x03 \x01(\v2#.crescent.master.v1.MigrationTargetR\x06target\x12&\n" +
 	"\x0ffrom_segment_id\x18\x04 \x01(\tR\rfromSegmentId\"T\n" +
 	"\x13MoveObjectsResponse\x12=\n" +
-	"\aresults\x18\x01 \x03(\v2#.crescent.master.v1.MigrationResultR\aresults\"\xdd\x03\n" +
+	"\aresults\x18\x01 \x03(\v2#.crescent.master.v1.MigrationResultR\aresults\"\x96\x04\n" +
 	"\aSegment\x123\n" +
 	"\x04info\x18\x01 \x01(\v2\x1f.crescent.master.v1.SegmentInfoR\x04info\x12\x19\n" +
 	"\bagent_id\x18\x02 \x01(\tR\aagentId\x12\x17\n" +
@@ -1502,7 +1786,23 @@ const file_crescent_master_v1_admin_proto_rawDesc = "" +
 	"\fcan_allocate\x18\t \x01(\bR\vcanAllocate\x12$\n" +
 	"\x0ecan_serve_read\x18\n" +
 	" \x01(\bR\fcanServeRead\x12+\n" +
-	"\x11transfer_endpoint\x18\v \x01(\tR\x10transferEndpoint\"\x15\n" +
+	"\x11transfer_endpoint\x18\v \x01(\tR\x10transferEndpoint\x127\n" +
+	"\x05drain\x18\f \x01(\v2!.crescent.master.v1.DrainProgressR\x05drain\"\xbe\x01\n" +
+	"\vDrainCounts\x12\x14\n" +
+	"\x05total\x18\x01 \x01(\x04R\x05total\x12\x14\n" +
+	"\x05moved\x18\x02 \x01(\x04R\x05moved\x12\x18\n" +
+	"\aevicted\x18\x03 \x01(\x04R\aevicted\x12\x18\n" +
+	"\adropped\x18\x04 \x01(\x04R\adropped\x12\x16\n" +
+	"\x06failed\x18\x05 \x01(\x04R\x06failed\x12\x12\n" +
+	"\x04left\x18\x06 \x01(\x04R\x04left\x12#\n" +
+	"\rwrites_waited\x18\a \x01(\x04R\fwritesWaited\"\x81\x02\n" +
+	"\rDrainProgress\x124\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x1e.crescent.master.v1.DrainStateR\x05state\x127\n" +
+	"\x06counts\x18\x02 \x01(\v2\x1f.crescent.master.v1.DrainCountsR\x06counts\x12\x19\n" +
+	"\bno_evict\x18\x03 \x01(\bR\anoEvict\x12&\n" +
+	"\x0fstarted_unix_ms\x18\x04 \x01(\x03R\rstartedUnixMs\x12(\n" +
+	"\x10finished_unix_ms\x18\x05 \x01(\x03R\x0efinishedUnixMs\x12\x14\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\"\x15\n" +
 	"\x13ListSegmentsRequest\"O\n" +
 	"\x14ListSegmentsResponse\x127\n" +
 	"\bsegments\x18\x01 \x03(\v2\x1b.crescent.master.v1.SegmentR\bsegments\"2\n" +
@@ -1523,12 +1823,14 @@ const file_crescent_master_v1_admin_proto_rawDesc = "" +
 	"\x11transfer_endpoint\x18\b \x01(\tR\x10transferEndpoint\"\x13\n" +
 	"\x11ListAgentsRequest\"G\n" +
 	"\x12ListAgentsResponse\x121\n" +
-	"\x06agents\x18\x01 \x03(\v2\x19.crescent.master.v1.AgentR\x06agents\"4\n" +
+	"\x06agents\x18\x01 \x03(\v2\x19.crescent.master.v1.AgentR\x06agents\"O\n" +
 	"\x13DrainSegmentRequest\x12\x1d\n" +
 	"\n" +
-	"segment_id\x18\x01 \x01(\tR\tsegmentId\"M\n" +
+	"segment_id\x18\x01 \x01(\tR\tsegmentId\x12\x19\n" +
+	"\bno_evict\x18\x02 \x01(\bR\anoEvict\"\x86\x01\n" +
 	"\x14DrainSegmentResponse\x125\n" +
-	"\asegment\x18\x01 \x01(\v2\x1b.crescent.master.v1.SegmentR\asegment\"6\n" +
+	"\asegment\x18\x01 \x01(\v2\x1b.crescent.master.v1.SegmentR\asegment\x127\n" +
+	"\x06counts\x18\x02 \x01(\v2\x1f.crescent.master.v1.DrainCountsR\x06counts\"6\n" +
 	"\x15UndrainSegmentRequest\x12\x1d\n" +
 	"\n" +
 	"segment_id\x18\x01 \x01(\tR\tsegmentId\"O\n" +
@@ -1577,7 +1879,14 @@ const file_crescent_master_v1_admin_proto_rawDesc = "" +
 	"\x06medium\x18\x01 \x01(\x0e2\x1a.crescent.master.v1.MediumR\x06medium\x12%\n" +
 	"\x0ecapacity_bytes\x18\x02 \x01(\x04R\rcapacityBytes\x12\x1d\n" +
 	"\n" +
-	"used_bytes\x18\x03 \x01(\x04R\tusedBytes2\xd8\b\n" +
+	"used_bytes\x18\x03 \x01(\x04R\tusedBytes*\x8d\x01\n" +
+	"\n" +
+	"DrainState\x12\x1b\n" +
+	"\x17DRAIN_STATE_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13DRAIN_STATE_RUNNING\x10\x01\x12\x14\n" +
+	"\x10DRAIN_STATE_DONE\x10\x02\x12\x1a\n" +
+	"\x16DRAIN_STATE_INCOMPLETE\x10\x03\x12\x17\n" +
+	"\x13DRAIN_STATE_STOPPED\x10\x042\xd8\b\n" +
 	"\fAdminService\x12a\n" +
 	"\fListSegments\x12'.crescent.master.v1.ListSegmentsRequest\x1a(.crescent.master.v1.ListSegmentsResponse\x12[\n" +
 	"\n" +
@@ -1607,86 +1916,94 @@ func file_crescent_master_v1_admin_proto_rawDescGZIP() []byte {
 	return file_crescent_master_v1_admin_proto_rawDescData
 }
 
-var file_crescent_master_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_crescent_master_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_crescent_master_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_crescent_master_v1_admin_proto_goTypes = []any{
-	(*CopyObjectsRequest)(nil),       // 0: crescent.master.v1.CopyObjectsRequest
-	(*CopyObjectsResponse)(nil),      // 1: crescent.master.v1.CopyObjectsResponse
-	(*MoveObjectsRequest)(nil),       // 2: crescent.master.v1.MoveObjectsRequest
-	(*MoveObjectsResponse)(nil),      // 3: crescent.master.v1.MoveObjectsResponse
-	(*Segment)(nil),                  // 4: crescent.master.v1.Segment
-	(*ListSegmentsRequest)(nil),      // 5: crescent.master.v1.ListSegmentsRequest
-	(*ListSegmentsResponse)(nil),     // 6: crescent.master.v1.ListSegmentsResponse
-	(*GetSegmentRequest)(nil),        // 7: crescent.master.v1.GetSegmentRequest
-	(*GetSegmentResponse)(nil),       // 8: crescent.master.v1.GetSegmentResponse
-	(*Agent)(nil),                    // 9: crescent.master.v1.Agent
-	(*ListAgentsRequest)(nil),        // 10: crescent.master.v1.ListAgentsRequest
-	(*ListAgentsResponse)(nil),       // 11: crescent.master.v1.ListAgentsResponse
-	(*DrainSegmentRequest)(nil),      // 12: crescent.master.v1.DrainSegmentRequest
-	(*DrainSegmentResponse)(nil),     // 13: crescent.master.v1.DrainSegmentResponse
-	(*UndrainSegmentRequest)(nil),    // 14: crescent.master.v1.UndrainSegmentRequest
-	(*UndrainSegmentResponse)(nil),   // 15: crescent.master.v1.UndrainSegmentResponse
-	(*TenantQuota)(nil),              // 16: crescent.master.v1.TenantQuota
-	(*SetTenantQuotaRequest)(nil),    // 17: crescent.master.v1.SetTenantQuotaRequest
-	(*SetTenantQuotaResponse)(nil),   // 18: crescent.master.v1.SetTenantQuotaResponse
-	(*GetTenantQuotaRequest)(nil),    // 19: crescent.master.v1.GetTenantQuotaRequest
-	(*GetTenantQuotaResponse)(nil),   // 20: crescent.master.v1.GetTenantQuotaResponse
-	(*ListTenantsRequest)(nil),       // 21: crescent.master.v1.ListTenantsRequest
-	(*ListTenantsResponse)(nil),      // 22: crescent.master.v1.ListTenantsResponse
-	(*GetClusterStatusRequest)(nil),  // 23: crescent.master.v1.GetClusterStatusRequest
-	(*GetClusterStatusResponse)(nil), // 24: crescent.master.v1.GetClusterStatusResponse
-	(*MediumUsage)(nil),              // 25: crescent.master.v1.MediumUsage
-	(*MigrationTarget)(nil),          // 26: crescent.master.v1.MigrationTarget
-	(*MigrationResult)(nil),          // 27: crescent.master.v1.MigrationResult
-	(*SegmentInfo)(nil),              // 28: crescent.master.v1.SegmentInfo
-	(SegmentLifecycle)(0),            // 29: crescent.master.v1.SegmentLifecycle
-	(SegmentHealth)(0),               // 30: crescent.master.v1.SegmentHealth
-	(Medium)(0),                      // 31: crescent.master.v1.Medium
+	(DrainState)(0),                  // 0: crescent.master.v1.DrainState
+	(*CopyObjectsRequest)(nil),       // 1: crescent.master.v1.CopyObjectsRequest
+	(*CopyObjectsResponse)(nil),      // 2: crescent.master.v1.CopyObjectsResponse
+	(*MoveObjectsRequest)(nil),       // 3: crescent.master.v1.MoveObjectsRequest
+	(*MoveObjectsResponse)(nil),      // 4: crescent.master.v1.MoveObjectsResponse
+	(*Segment)(nil),                  // 5: crescent.master.v1.Segment
+	(*DrainCounts)(nil),              // 6: crescent.master.v1.DrainCounts
+	(*DrainProgress)(nil),            // 7: crescent.master.v1.DrainProgress
+	(*ListSegmentsRequest)(nil),      // 8: crescent.master.v1.ListSegmentsRequest
+	(*ListSegmentsResponse)(nil),     // 9: crescent.master.v1.ListSegmentsResponse
+	(*GetSegmentRequest)(nil),        // 10: crescent.master.v1.GetSegmentRequest
+	(*GetSegmentResponse)(nil),       // 11: crescent.master.v1.GetSegmentResponse
+	(*Agent)(nil),                    // 12: crescent.master.v1.Agent
+	(*ListAgentsRequest)(nil),        // 13: crescent.master.v1.ListAgentsRequest
+	(*ListAgentsResponse)(nil),       // 14: crescent.master.v1.ListAgentsResponse
+	(*DrainSegmentRequest)(nil),      // 15: crescent.master.v1.DrainSegmentRequest
+	(*DrainSegmentResponse)(nil),     // 16: crescent.master.v1.DrainSegmentResponse
+	(*UndrainSegmentRequest)(nil),    // 17: crescent.master.v1.UndrainSegmentRequest
+	(*UndrainSegmentResponse)(nil),   // 18: crescent.master.v1.UndrainSegmentResponse
+	(*TenantQuota)(nil),              // 19: crescent.master.v1.TenantQuota
+	(*SetTenantQuotaRequest)(nil),    // 20: crescent.master.v1.SetTenantQuotaRequest
+	(*SetTenantQuotaResponse)(nil),   // 21: crescent.master.v1.SetTenantQuotaResponse
+	(*GetTenantQuotaRequest)(nil),    // 22: crescent.master.v1.GetTenantQuotaRequest
+	(*GetTenantQuotaResponse)(nil),   // 23: crescent.master.v1.GetTenantQuotaResponse
+	(*ListTenantsRequest)(nil),       // 24: crescent.master.v1.ListTenantsRequest
+	(*ListTenantsResponse)(nil),      // 25: crescent.master.v1.ListTenantsResponse
+	(*GetClusterStatusRequest)(nil),  // 26: crescent.master.v1.GetClusterStatusRequest
+	(*GetClusterStatusResponse)(nil), // 27: crescent.master.v1.GetClusterStatusResponse
+	(*MediumUsage)(nil),              // 28: crescent.master.v1.MediumUsage
+	(*MigrationTarget)(nil),          // 29: crescent.master.v1.MigrationTarget
+	(*MigrationResult)(nil),          // 30: crescent.master.v1.MigrationResult
+	(*SegmentInfo)(nil),              // 31: crescent.master.v1.SegmentInfo
+	(SegmentLifecycle)(0),            // 32: crescent.master.v1.SegmentLifecycle
+	(SegmentHealth)(0),               // 33: crescent.master.v1.SegmentHealth
+	(Medium)(0),                      // 34: crescent.master.v1.Medium
 }
 var file_crescent_master_v1_admin_proto_depIdxs = []int32{
-	26, // 0: crescent.master.v1.CopyObjectsRequest.target:type_name -> crescent.master.v1.MigrationTarget
-	27, // 1: crescent.master.v1.CopyObjectsResponse.results:type_name -> crescent.master.v1.MigrationResult
-	26, // 2: crescent.master.v1.MoveObjectsRequest.target:type_name -> crescent.master.v1.MigrationTarget
-	27, // 3: crescent.master.v1.MoveObjectsResponse.results:type_name -> crescent.master.v1.MigrationResult
-	28, // 4: crescent.master.v1.Segment.info:type_name -> crescent.master.v1.SegmentInfo
-	29, // 5: crescent.master.v1.Segment.lifecycle:type_name -> crescent.master.v1.SegmentLifecycle
-	30, // 6: crescent.master.v1.Segment.health:type_name -> crescent.master.v1.SegmentHealth
-	4,  // 7: crescent.master.v1.ListSegmentsResponse.segments:type_name -> crescent.master.v1.Segment
-	4,  // 8: crescent.master.v1.GetSegmentResponse.segment:type_name -> crescent.master.v1.Segment
-	9,  // 9: crescent.master.v1.ListAgentsResponse.agents:type_name -> crescent.master.v1.Agent
-	4,  // 10: crescent.master.v1.DrainSegmentResponse.segment:type_name -> crescent.master.v1.Segment
-	4,  // 11: crescent.master.v1.UndrainSegmentResponse.segment:type_name -> crescent.master.v1.Segment
-	16, // 12: crescent.master.v1.SetTenantQuotaResponse.quota:type_name -> crescent.master.v1.TenantQuota
-	16, // 13: crescent.master.v1.GetTenantQuotaResponse.quota:type_name -> crescent.master.v1.TenantQuota
-	16, // 14: crescent.master.v1.ListTenantsResponse.tenants:type_name -> crescent.master.v1.TenantQuota
-	25, // 15: crescent.master.v1.GetClusterStatusResponse.media:type_name -> crescent.master.v1.MediumUsage
-	31, // 16: crescent.master.v1.MediumUsage.medium:type_name -> crescent.master.v1.Medium
-	5,  // 17: crescent.master.v1.AdminService.ListSegments:input_type -> crescent.master.v1.ListSegmentsRequest
-	7,  // 18: crescent.master.v1.AdminService.GetSegment:input_type -> crescent.master.v1.GetSegmentRequest
-	10, // 19: crescent.master.v1.AdminService.ListAgents:input_type -> crescent.master.v1.ListAgentsRequest
-	12, // 20: crescent.master.v1.AdminService.DrainSegment:input_type -> crescent.master.v1.DrainSegmentRequest
-	14, // 21: crescent.master.v1.AdminService.UndrainSegment:input_type -> crescent.master.v1.UndrainSegmentRequest
-	17, // 22: crescent.master.v1.AdminService.SetTenantQuota:input_type -> crescent.master.v1.SetTenantQuotaRequest
-	19, // 23: crescent.master.v1.AdminService.GetTenantQuota:input_type -> crescent.master.v1.GetTenantQuotaRequest
-	21, // 24: crescent.master.v1.AdminService.ListTenants:input_type -> crescent.master.v1.ListTenantsRequest
-	23, // 25: crescent.master.v1.AdminService.GetClusterStatus:input_type -> crescent.master.v1.GetClusterStatusRequest
-	0,  // 26: crescent.master.v1.AdminService.CopyObjects:input_type -> crescent.master.v1.CopyObjectsRequest
-	2,  // 27: crescent.master.v1.AdminService.MoveObjects:input_type -> crescent.master.v1.MoveObjectsRequest
-	6,  // 28: crescent.master.v1.AdminService.ListSegments:output_type -> crescent.master.v1.ListSegmentsResponse
-	8,  // 29: crescent.master.v1.AdminService.GetSegment:output_type -> crescent.master.v1.GetSegmentResponse
-	11, // 30: crescent.master.v1.AdminService.ListAgents:output_type -> crescent.master.v1.ListAgentsResponse
-	13, // 31: crescent.master.v1.AdminService.DrainSegment:output_type -> crescent.master.v1.DrainSegmentResponse
-	15, // 32: crescent.master.v1.AdminService.UndrainSegment:output_type -> crescent.master.v1.UndrainSegmentResponse
-	18, // 33: crescent.master.v1.AdminService.SetTenantQuota:output_type -> crescent.master.v1.SetTenantQuotaResponse
-	20, // 34: crescent.master.v1.AdminService.GetTenantQuota:output_type -> crescent.master.v1.GetTenantQuotaResponse
-	22, // 35: crescent.master.v1.AdminService.ListTenants:output_type -> crescent.master.v1.ListTenantsResponse
-	24, // 36: crescent.master.v1.AdminService.GetClusterStatus:output_type -> crescent.master.v1.GetClusterStatusResponse
-	1,  // 37: crescent.master.v1.AdminService.CopyObjects:output_type -> crescent.master.v1.CopyObjectsResponse
-	3,  // 38: crescent.master.v1.AdminService.MoveObjects:output_type -> crescent.master.v1.MoveObjectsResponse
-	28, // [28:39] is the sub-list for method output_type
-	17, // [17:28] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	29, // 0: crescent.master.v1.CopyObjectsRequest.target:type_name -> crescent.master.v1.MigrationTarget
+	30, // 1: crescent.master.v1.CopyObjectsResponse.results:type_name -> crescent.master.v1.MigrationResult
+	29, // 2: crescent.master.v1.MoveObjectsRequest.target:type_name -> crescent.master.v1.MigrationTarget
+	30, // 3: crescent.master.v1.MoveObjectsResponse.results:type_name -> crescent.master.v1.MigrationResult
+	31, // 4: crescent.master.v1.Segment.info:type_name -> crescent.master.v1.SegmentInfo
+	32, // 5: crescent.master.v1.Segment.lifecycle:type_name -> crescent.master.v1.SegmentLifecycle
+	33, // 6: crescent.master.v1.Segment.health:type_name -> crescent.master.v1.SegmentHealth
+	7,  // 7: crescent.master.v1.Segment.drain:type_name -> crescent.master.v1.DrainProgress
+	0,  // 8: crescent.master.v1.DrainProgress.state:type_name -> crescent.master.v1.DrainState
+	6,  // 9: crescent.master.v1.DrainProgress.counts:type_name -> crescent.master.v1.DrainCounts
+	5,  // 10: crescent.master.v1.ListSegmentsResponse.segments:type_name -> crescent.master.v1.Segment
+	5,  // 11: crescent.master.v1.GetSegmentResponse.segment:type_name -> crescent.master.v1.Segment
+	12, // 12: crescent.master.v1.ListAgentsResponse.agents:type_name -> crescent.master.v1.Agent
+	5,  // 13: crescent.master.v1.DrainSegmentResponse.segment:type_name -> crescent.master.v1.Segment
+	6,  // 14: crescent.master.v1.DrainSegmentResponse.counts:type_name -> crescent.master.v1.DrainCounts
+	5,  // 15: crescent.master.v1.UndrainSegmentResponse.segment:type_name -> crescent.master.v1.Segment
+	19, // 16: crescent.master.v1.SetTenantQuotaResponse.quota:type_name -> crescent.master.v1.TenantQuota
+	19, // 17: crescent.master.v1.GetTenantQuotaResponse.quota:type_name -> crescent.master.v1.TenantQuota
+	19, // 18: crescent.master.v1.ListTenantsResponse.tenants:type_name -> crescent.master.v1.TenantQuota
+	28, // 19: crescent.master.v1.GetClusterStatusResponse.media:type_name -> crescent.master.v1.MediumUsage
+	34, // 20: crescent.master.v1.MediumUsage.medium:type_name -> crescent.master.v1.Medium
+	8,  // 21: crescent.master.v1.AdminService.ListSegments:input_type -> crescent.master.v1.ListSegmentsRequest
+	10, // 22: crescent.master.v1.AdminService.GetSegment:input_type -> crescent.master.v1.GetSegmentRequest
+	13, // 23: crescent.master.v1.AdminService.ListAgents:input_type -> crescent.master.v1.ListAgentsRequest
+	15, // 24: crescent.master.v1.AdminService.DrainSegment:input_type -> crescent.master.v1.DrainSegmentRequest
+	17, // 25: crescent.master.v1.AdminService.UndrainSegment:input_type -> crescent.master.v1.UndrainSegmentRequest
+	20, // 26: crescent.master.v1.AdminService.SetTenantQuota:input_type -> crescent.master.v1.SetTenantQuotaRequest
+	22, // 27: crescent.master.v1.AdminService.GetTenantQuota:input_type -> crescent.master.v1.GetTenantQuotaRequest
+	24, // 28: crescent.master.v1.AdminService.ListTenants:input_type -> crescent.master.v1.ListTenantsRequest
+	26, // 29: crescent.master.v1.AdminService.GetClusterStatus:input_type -> crescent.master.v1.GetClusterStatusRequest
+	1,  // 30: crescent.master.v1.AdminService.CopyObjects:input_type -> crescent.master.v1.CopyObjectsRequest
+	3,  // 31: crescent.master.v1.AdminService.MoveObjects:input_type -> crescent.master.v1.MoveObjectsRequest
+	9,  // 32: crescent.master.v1.AdminService.ListSegments:output_type -> crescent.master.v1.ListSegmentsResponse
+	11, // 33: crescent.master.v1.AdminService.GetSegment:output_type -> crescent.master.v1.GetSegmentResponse
+	14, // 34: crescent.master.v1.AdminService.ListAgents:output_type -> crescent.master.v1.ListAgentsResponse
+	16, // 35: crescent.master.v1.AdminService.DrainSegment:output_type -> crescent.master.v1.DrainSegmentResponse
+	18, // 36: crescent.master.v1.AdminService.UndrainSegment:output_type -> crescent.master.v1.UndrainSegmentResponse
+	21, // 37: crescent.master.v1.AdminService.SetTenantQuota:output_type -> crescent.master.v1.SetTenantQuotaResponse
+	23, // 38: crescent.master.v1.AdminService.GetTenantQuota:output_type -> crescent.master.v1.GetTenantQuotaResponse
+	25, // 39: crescent.master.v1.AdminService.ListTenants:output_type -> crescent.master.v1.ListTenantsResponse
+	27, // 40: crescent.master.v1.AdminService.GetClusterStatus:output_type -> crescent.master.v1.GetClusterStatusResponse
+	2,  // 41: crescent.master.v1.AdminService.CopyObjects:output_type -> crescent.master.v1.CopyObjectsResponse
+	4,  // 42: crescent.master.v1.AdminService.MoveObjects:output_type -> crescent.master.v1.MoveObjectsResponse
+	32, // [32:43] is the sub-list for method output_type
+	21, // [21:32] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_crescent_master_v1_admin_proto_init() }
@@ -1702,13 +2019,14 @@ func file_crescent_master_v1_admin_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crescent_master_v1_admin_proto_rawDesc), len(file_crescent_master_v1_admin_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   26,
+			NumEnums:      1,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_crescent_master_v1_admin_proto_goTypes,
 		DependencyIndexes: file_crescent_master_v1_admin_proto_depIdxs,
+		EnumInfos:         file_crescent_master_v1_admin_proto_enumTypes,
 		MessageInfos:      file_crescent_master_v1_admin_proto_msgTypes,
 	}.Build()
 	File_crescent_master_v1_admin_proto = out.File

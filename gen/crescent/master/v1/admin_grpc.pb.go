@@ -46,8 +46,19 @@ type AdminServiceClient interface {
 	GetSegment(ctx context.Context, in *GetSegmentRequest, opts ...grpc.CallOption) (*GetSegmentResponse, error)
 	// ListAgents lists agent sessions, connected or recently lost.
 	ListAgents(ctx context.Context, in *ListAgentsRequest, opts ...grpc.CallOption) (*ListAgentsResponse, error)
-	// DrainSegment stops allocations on a segment and moves its replicas to
-	// other segments (or removes them when no room exists), then marks it DRAINED.
+	// DrainSegment stops allocations on a segment (DRAINING) and moves its
+	// replicas to other segments of the same medium, each target COMPLETE
+	// before its source is removed. Writes in progress on it are waited for
+	// (at most the put timeout) and moved once sealed. To make room it evicts
+	// other objects elsewhere, unless no_evict; a replica with no room even
+	// then is removed. A copy that fails keeps its source for a later pass.
+	// It answers when done: DRAINED with counts.left == 0; or still DRAINING
+	// with counts.left > 0 (copies kept failing: call it again). With
+	// no_evict and the rest of the cluster full it stops with
+	// RESOURCE_EXHAUSTED / NO_AVAILABLE_HANDLE, the counts so far in the
+	// ErrorInfo metadata, and the segment stays DRAINING. A second call while
+	// a drain of the segment runs waits for that drain and answers its result.
+	// Progress shows in the segment's entry (Segment.drain) meanwhile.
 	DrainSegment(ctx context.Context, in *DrainSegmentRequest, opts ...grpc.CallOption) (*DrainSegmentResponse, error)
 	// UndrainSegment is DrainSegment's inverse: a DRAINING or DRAINED segment
 	// returns to OK and takes allocations again. Replicas already moved stay
@@ -203,8 +214,19 @@ type AdminServiceServer interface {
 	GetSegment(context.Context, *GetSegmentRequest) (*GetSegmentResponse, error)
 	// ListAgents lists agent sessions, connected or recently lost.
 	ListAgents(context.Context, *ListAgentsRequest) (*ListAgentsResponse, error)
-	// DrainSegment stops allocations on a segment and moves its replicas to
-	// other segments (or removes them when no room exists), then marks it DRAINED.
+	// DrainSegment stops allocations on a segment (DRAINING) and moves its
+	// replicas to other segments of the same medium, each target COMPLETE
+	// before its source is removed. Writes in progress on it are waited for
+	// (at most the put timeout) and moved once sealed. To make room it evicts
+	// other objects elsewhere, unless no_evict; a replica with no room even
+	// then is removed. A copy that fails keeps its source for a later pass.
+	// It answers when done: DRAINED with counts.left == 0; or still DRAINING
+	// with counts.left > 0 (copies kept failing: call it again). With
+	// no_evict and the rest of the cluster full it stops with
+	// RESOURCE_EXHAUSTED / NO_AVAILABLE_HANDLE, the counts so far in the
+	// ErrorInfo metadata, and the segment stays DRAINING. A second call while
+	// a drain of the segment runs waits for that drain and answers its result.
+	// Progress shows in the segment's entry (Segment.drain) meanwhile.
 	DrainSegment(context.Context, *DrainSegmentRequest) (*DrainSegmentResponse, error)
 	// UndrainSegment is DrainSegment's inverse: a DRAINING or DRAINED segment
 	// returns to OK and takes allocations again. Replicas already moved stay
