@@ -303,22 +303,24 @@ func (s *Store) promotePlace(chunk []*move, rel *releases, res []promoteResult, 
 					"object %q/%q has a write in progress", tenant, mv.key)
 				continue
 			}
+			// A memory replica that cannot serve reads (its segment
+			// suspected, say) does not count as in memory: the object may
+			// get another, on another segment.
 			si, inMem, busy := -1, false, false
 			var srcView *segView
 			for i := range o.replicas {
 				rp := &o.replicas[i]
+				if rp.status != stComplete {
+					busy = busy || rp.medium == mem
+					continue
+				}
+				sv, ok := s.reg.Segment(s.segs.get(rp.seg).id)
+				if !ok || !sv.CanServeRead() {
+					continue
+				}
 				if rp.medium == mem {
-					if rp.status == stComplete {
-						inMem = true
-					} else {
-						busy = true
-					}
-					continue
-				}
-				if si >= 0 || rp.status != stComplete {
-					continue
-				}
-				if sv, ok := s.reg.Segment(s.segs.get(rp.seg).id); ok && sv.CanServeRead() {
+					inMem = true
+				} else if si < 0 {
 					si, srcView = i, &segView{idx: rp.seg, seg: sv}
 				}
 			}
@@ -334,7 +336,7 @@ func (s *Store) promotePlace(chunk []*move, rel *releases, res []promoteResult, 
 				r.Err = errNotReady(tenant, mv.key, "no COMPLETE replica on a segment that serves reads")
 				continue
 			}
-			v := s.pickUnderLow(p, o.size, srcView.seg.HostID)
+			v := s.pickUnderLow(p, o, srcView.seg.HostID)
 			if v == nil {
 				r.Err = errPromoteGated(tenant, mv.key, o.size)
 				if budget {
@@ -366,17 +368,24 @@ func errPromoteGated(tenant, key string, size uint64) error {
 		"object %q/%q: no memory segment stays under its low watermark with %d more bytes (promotion never evicts)", tenant, key, size)
 }
 
-// pickUnderLow is the memory segment for a promoted object of size bytes:
-// one that can allocate, has a free extent for it, and stays at or under
-// the low watermark with it; on the source's host first (the copy stays
-// local), then the most free. nil when there is none.
-func (s *Store) pickUnderLow(p *placer, size uint64, srcHost string) *segView {
+// pickUnderLow is the memory segment for promoting o: one that can
+// allocate, holds no replica of o, has a free extent for it, and stays at
+// or under the low watermark with it; on the source's host first (the
+// copy stays local), then the most free. nil when there is none.
+func (s *Store) pickUnderLow(p *placer, o *object, srcHost string) *segView {
 	var best *segView
+	size := int64(o.size)
 	all := p.alloc[masterv1.Medium_MEDIUM_MEMORY]
+next:
 	for i := range all {
 		v := &all[i]
-		if !v.fits(int64(size)) || float64(v.e.used(v.seg)+int64(size)) > s.cfg.LowWatermark*float64(v.seg.Capacity) {
+		if !v.fits(size) || float64(v.e.used(v.seg)+size) > s.cfg.LowWatermark*float64(v.seg.Capacity) {
 			continue
+		}
+		for _, r := range o.replicas {
+			if r.seg == v.idx {
+				continue next
+			}
 		}
 		if best == nil {
 			best = v

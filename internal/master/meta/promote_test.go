@@ -411,3 +411,24 @@ func TestPromotionWorker(t *testing.T) {
 	}
 	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
 }
+
+// TestPromoteUnreadableMemoryReplica: a memory replica on a segment that
+// cannot serve reads does not make the object IN_MEMORY; it gets another
+// memory replica, on another segment.
+func TestPromoteUnreadableMemoryReplica(t *testing.T) {
+	e := promoEnv(t, Config{})
+	e.putDisk(t, "k", 50)
+	if res := migrate(t, e, MigrateSpec{Keys: []string{"k"}, Target: MigrateTarget{SegmentID: "seg-0-0"}}); res[0].Err != nil {
+		t.Fatal(res[0].Err)
+	}
+	e.c.Reg.SetHealth("seg-0-0", masterv1.SegmentHealth_SEGMENT_HEALTH_SUSPECTED)
+	res, err := e.s.Prefetch(t.Context(), "", []string{"k"}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Err != nil || res[0].State != masterv1.PrefetchState_PREFETCH_STATE_COPIED || res[0].Replica.GetSegmentId() != "seg-1-0" {
+		t.Fatalf("got %+v, want COPIED to seg-1-0", res[0])
+	}
+	e.c.Reg.SetHealth("seg-0-0", masterv1.SegmentHealth_SEGMENT_HEALTH_HEALTHY)
+	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
+}
