@@ -156,7 +156,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	root.AddCommand(
 		putCmd(e), getCmd(e), statCmd(e), rmCmd(e), lsCmd(e),
 		segmentsCmd(e), agentsCmd(e), drainCmd(e), quotaCmd(e), statusCmd(e),
-		watchCmd(e), benchCmd(e), certsCmd(e), cpCmd(e), mvCmd(e),
+		watchCmd(e), benchCmd(e), certsCmd(e), cpCmd(e), mvCmd(e), prefetchCmd(e),
 	)
 	var cancel context.CancelFunc = func() {}
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {

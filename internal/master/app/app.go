@@ -52,6 +52,15 @@ type Config struct {
 	// default, which drops when there is no disk segment) or "drop".
 	EvictPolicy string
 
+	// Promotion (issue 17 item 3): PromoteThreshold counted reads of an
+	// object with no memory replica queue it for a copy to memory (0
+	// disables the counting; Prefetch still works); PromoteRate is the
+	// background promotion's budget in bytes per second; PromoteQueue
+	// bounds its queue (a key that finds it full is dropped).
+	PromoteThreshold int
+	PromoteRate      config.ByteSize
+	PromoteQueue     int
+
 	// WriteTokenTTL is how long PutStart's (and a drain's) write tokens last.
 	WriteTokenTTL time.Duration
 	// TokenKeyRotation is how often the data-plane token key is replaced
@@ -117,6 +126,9 @@ func DefaultConfig() Config {
 		HighWatermark:      0.90,
 		LowWatermark:       0.80,
 		EvictPolicy:        string(meta.EvictOffload),
+		PromoteThreshold:   meta.DefaultPromoteThreshold,
+		PromoteRate:        128 << 20,
+		PromoteQueue:       4096,
 		GCPercent:          400,
 		RecoveryGrace:      3 * time.Second,
 		RecoveryMax:        2 * time.Minute,
@@ -158,6 +170,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.LowWatermark, "low-watermark", c.LowWatermark, "segment use fraction eviction stops at")
 	fs.StringVar(&c.EvictPolicy, "evict-policy", c.EvictPolicy,
 		"what the background eviction does with a memory segment's victims: offload (move them to a disk segment with room below its high watermark, same host first; dropped when none has room or when there is no disk segment) or drop; disk victims and those of a put that found no room are always dropped")
+	fs.IntVar(&c.PromoteThreshold, "promote-threshold", c.PromoteThreshold, "reads of an object with no memory replica (a decaying count) that queue it for a copy to memory; 0 disables promotion on reads (Prefetch still works); at most 255")
+	fs.Var(&c.PromoteRate, "promote-rate", "bytes per second the background promotion may copy to memory (e.g. 128MiB); it never fills a memory segment past low-watermark")
+	fs.IntVar(&c.PromoteQueue, "promote-queue", c.PromoteQueue, "keys waiting for promotion at most; more are dropped (crescent_master_promotion_drops_total)")
 	fs.DurationVar(&c.RecoveryGrace, "recovery-grace", c.RecoveryGrace, "after start, ChangeService waits at least this long for agents to re-register before serving, and then while any agent is still registering (0 disables)")
 	fs.DurationVar(&c.RecoveryMax, "recovery-max", c.RecoveryMax, "the longest ChangeService waits for agents to finish registering after start")
 	fs.IntVar(&c.GCPercent, "gc-percent", c.GCPercent, "Go GC target percentage (GOGC); bound memory with the GOMEMLIMIT environment variable")
@@ -233,6 +248,15 @@ func (c *Config) Validate() error {
 	if _, err := meta.ParseEvictPolicy(c.EvictPolicy); err != nil {
 		errs = append(errs, err)
 	}
+	if c.PromoteThreshold < 0 || c.PromoteThreshold > 255 {
+		errs = append(errs, fmt.Errorf("promote-threshold must be 0..255, got %d", c.PromoteThreshold))
+	}
+	if c.PromoteRate == 0 {
+		errs = append(errs, errors.New("promote-rate must be > 0"))
+	}
+	if c.PromoteQueue < 1 {
+		errs = append(errs, fmt.Errorf("promote-queue must be >= 1, got %d", c.PromoteQueue))
+	}
 	if err := c.Security.Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -244,6 +268,15 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// promoteThreshold maps the flag (0 disables) to meta's (negative
+// disables, 0 is the default).
+func promoteThreshold(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }
 
 // TokenKeyActivation is how long after a rotation the new token key starts
@@ -335,6 +368,10 @@ func newMaster(cfg Config, lg *slog.Logger, epoch uint64, opts ...grpc.ServerOpt
 		ChangeRetention: cfg.ChangelogRetention,
 		MaxTenants:      cfg.MaxTenants,
 		ScanBudget:      cfg.ScanBudget,
+
+		PromoteThreshold:   promoteThreshold(cfg.PromoteThreshold),
+		PromoteBytesPerSec: uint64(cfg.PromoteRate),
+		PromoteQueue:       cfg.PromoteQueue,
 	}, meta.Deps{Registry: segReg, Agents: sessions, Identity: id, Metrics: reg}, lg.With("part", "meta"))
 	if err != nil {
 		return nil, err

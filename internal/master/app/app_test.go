@@ -33,6 +33,10 @@ func TestValidate(t *testing.T) {
 		{"gc percent", func(c *Config) { c.GCPercent = 1 }, false},
 		{"negative recovery grace", func(c *Config) { c.RecoveryGrace = -time.Second }, false},
 		{"put timeout past reserved grace", func(c *Config) { c.PutTimeout = c.ReservedGrace }, false},
+		{"promotion off", func(c *Config) { c.PromoteThreshold = 0 }, true},
+		{"promote threshold past the sketch", func(c *Config) { c.PromoteThreshold = 256 }, false},
+		{"no promote rate", func(c *Config) { c.PromoteRate = 0 }, false},
+		{"no promote queue", func(c *Config) { c.PromoteQueue = 0 }, false},
 		{"max object size at the cap", func(c *Config) { c.MaxObjectSize = 64 << 30 }, true},
 		{"max object size above the cap", func(c *Config) { c.MaxObjectSize = 64<<30 + 1 }, false},
 		// Rotation >= 2 x (max(lease, write token TTL) + activation).

@@ -17,8 +17,8 @@ import (
 //   - ObjectService: tenants, for their own tenant only (Tenant: the
 //     request's tenant, or every item's in a Batch*, must be the caller's;
 //     "" is "default"), and admins for any tenant. RemoveAll is audited,
-//     and with force is admin only (removeAllForce). Copy and Move are the
-//     tenant's, on its own keys.
+//     and with force is admin only (removeAllForce). Copy, Move and
+//     Prefetch are the tenant's, on its own keys.
 //   - AdminService: admins only; the mutating calls are audited (among
 //     them CopyObjects and MoveObjects, Copy and Move for any tenant).
 //   - SegmentService: agents only (the session binds the stream to the
@@ -51,6 +51,7 @@ func authTable() auth.Table {
 		masterv1.ObjectService_RemoveByRegex_FullMethodName:       own,
 		masterv1.ObjectService_Copy_FullMethodName:                own,
 		masterv1.ObjectService_Move_FullMethodName:                own,
+		masterv1.ObjectService_Prefetch_FullMethodName:            own,
 
 		masterv1.AdminService_ListSegments_FullMethodName:     admin,
 		masterv1.AdminService_GetSegment_FullMethodName:       admin,

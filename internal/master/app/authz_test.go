@@ -170,6 +170,12 @@ func TestAuthorization(t *testing.T) {
 			return err
 		}
 	}
+	prefetch := func(tenant string) func(context.Context, *grpc.ClientConn) error {
+		return func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := masterv1.NewObjectServiceClient(cc).Prefetch(ctx, &masterv1.PrefetchRequest{Tenant: tenant, Keys: []string{"k"}, Wait: true})
+			return err
+		}
+	}
 	setQuota := func(ctx context.Context, cc *grpc.ClientConn) error {
 		_, err := masterv1.NewAdminServiceClient(cc).SetTenantQuota(ctx, &masterv1.SetTenantQuotaRequest{Tenant: "a", MaxObjects: 10})
 		return err
@@ -238,6 +244,14 @@ func TestAuthorization(t *testing.T) {
 		{"tenant a calls MoveObjects on its own", tenantA, adminCopy("a", true), codes.PermissionDenied},
 		{"agent copies keys", agent, copyKeys("a", false), codes.PermissionDenied},
 		{"gateway calls MoveObjects", gateway, adminCopy("a", true), codes.PermissionDenied},
+		// Prefetch: like Copy, a tenant's own keys only.
+		{"tenant a prefetches keys of b", tenantA, prefetch("b"), codes.PermissionDenied},
+		{"token of tenant a prefetches keys of default", tokenA, prefetch(""), codes.PermissionDenied},
+		{"agent prefetches keys", agent, prefetch("a"), codes.PermissionDenied},
+		{"gateway prefetches keys", gateway, prefetch("a"), codes.PermissionDenied},
+		{"tenant a prefetches its own", tenantA, prefetch("a"), codes.OK},
+		{"token of tenant a prefetches its own", tokenA, prefetch("a"), codes.OK},
+		{"admin prefetches keys of b", admin, prefetch("b"), codes.OK},
 		// What keeps working.
 		{"tenant a copies its own", tenantA, copyKeys("a", false), codes.OK},
 		{"tenant a moves its own", tenantA, copyKeys("a", true), codes.OK},

@@ -63,6 +63,20 @@ type Config struct {
 	// DefaultScanBudget); a RemoveByRegex page also ends once its matching
 	// work reaches matchBudget.
 	ScanBudget int
+	// PromoteThreshold is how many counted reads of an object with no
+	// memory replica (within the sketch's decay) queue it for promotion to
+	// memory (default 3, at most 255); negative disables the counting (and
+	// so background promotion; Prefetch still works).
+	PromoteThreshold int
+	// PromoteQueue bounds the promotion queue (default 4096); a key that
+	// finds it full is dropped and counted.
+	PromoteQueue int
+	// PromoteBytesPerSec is the promotion worker's byte-rate budget
+	// (default 128 MiB/s); Prefetch with wait is not held to it.
+	PromoteBytesPerSec uint64
+	// PromoteHalveEvery halves every counter of the read sketch after this
+	// many counted reads (default 1<<18), so old reads fade.
+	PromoteHalveEvery int
 }
 
 func (c Config) withDefaults() Config {
@@ -108,6 +122,18 @@ func (c Config) withDefaults() Config {
 	if c.EvictPolicy == "" {
 		c.EvictPolicy = EvictOffload
 	}
+	if c.PromoteThreshold == 0 {
+		c.PromoteThreshold = DefaultPromoteThreshold
+	}
+	if c.PromoteQueue <= 0 {
+		c.PromoteQueue = 4096
+	}
+	if c.PromoteBytesPerSec == 0 {
+		c.PromoteBytesPerSec = 128 << 20
+	}
+	if c.PromoteHalveEvery <= 0 {
+		c.PromoteHalveEvery = 1 << 18
+	}
 	return c
 }
 
@@ -125,6 +151,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := ParseEvictPolicy(string(c.EvictPolicy)); err != nil {
 		return fmt.Errorf("meta: %w", err)
+	}
+	if c.PromoteThreshold > sketchMax {
+		return fmt.Errorf("meta: promote threshold %d exceeds the sketch's %d", c.PromoteThreshold, sketchMax)
 	}
 	if c.MaxObjectSize > MaxObjectSizeCap {
 		return fmt.Errorf("meta: max object size %d exceeds the cap %d", c.MaxObjectSize, uint64(MaxObjectSizeCap))
@@ -155,6 +184,9 @@ func ParseEvictPolicy(v string) (EvictPolicy, error) {
 	}
 	return "", fmt.Errorf("evict policy %q: want offload or drop", v)
 }
+
+// DefaultPromoteThreshold is the default Config.PromoteThreshold.
+const DefaultPromoteThreshold = 3
 
 // Deps are the metadata's collaborators.
 type Deps struct {

@@ -159,6 +159,9 @@ func (s *Store) Get(ctx context.Context, sp GetSpec) (*masterv1.GetReplicaListRe
 	if err != nil {
 		return nil, err
 	}
+	if s.promo.sk != nil && !hasMemory(v.reps) {
+		s.countRead(t, sp.Tenant, sp.Key) // promote.go
+	}
 	return s.readResponse(&v, &c, sp.ClientHost), nil
 }
 
@@ -212,11 +215,17 @@ func (s *Store) BatchGet(ctx context.Context, specs []GetSpec) []GetResult {
 		shd.mu.Unlock()
 	})
 	// One allocation each for the responses and descriptors of the batch.
+	// Reads of objects with no memory replica are counted for promotion
+	// here, outside the shard locks (promote.go).
 	total, ok := 0, 0
+	counting := s.promo.sk != nil
 	for _, it := range items {
 		if res[it.i].Err == nil {
 			total += len(views[it.i].reps)
 			ok++
+			if counting && !hasMemory(views[it.i].reps) {
+				s.countRead(it.tenant, specs[it.i].Tenant, specs[it.i].Key)
+			}
 		}
 	}
 	resps := make([]masterv1.GetReplicaListResponse, ok)

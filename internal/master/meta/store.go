@@ -94,6 +94,9 @@ type Store struct {
 	// their PutEnd answers PUT_EXPIRED (see expire.go).
 	expiredPuts expiredSet
 
+	// promo is read promotion and Prefetch (promote.go).
+	promo *promoter
+
 	evicted        prometheus.Counter
 	offloaded      prometheus.Counter
 	offloadedBytes prometheus.Counter
@@ -159,6 +162,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 			Name: "crescent_master_expired_puts_total", Help: "PutStarts expired for want of a PutEnd within the put timeout.",
 		}),
 	}
+	s.promo = newPromoter(cfg)
 	for i := range s.shards {
 		s.shards[i].tenants = make(map[uint32]*objMap)
 	}
@@ -174,7 +178,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		rev := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "crescent_master_change_revision", Help: "Head revision of the change log.",
 		}, func() float64 { return float64(s.log.Head()) })
-		for _, c := range []prometheus.Collector{s.evicted, s.offloaded, s.offloadedBytes, s.changes, s.reserved, s.expired, objects, bytes, rev} {
+		for _, c := range append([]prometheus.Collector{s.evicted, s.offloaded, s.offloadedBytes, s.changes, s.reserved, s.expired, objects, bytes, rev}, s.promo.collectors()...) {
 			if err := deps.Metrics.Register(c); err != nil {
 				return nil, fmt.Errorf("meta: register metrics: %w", err)
 			}
@@ -193,10 +197,16 @@ func (s *Store) Epoch() uint64 { return s.id.Epoch }
 func (s *Store) LeaseTTL() time.Duration { return s.cfg.LeaseTTL }
 
 // Run runs the background work until ctx ends: the periodic and triggered
-// eviction check, and the sweep that expires puts past the put timeout
-// (on the store's clock, every PutSweepInterval). Leases and pins expire
-// lazily and need no loop.
+// eviction check, the sweep that expires puts past the put timeout (on the
+// store's clock, every PutSweepInterval), and the promotion worker (its
+// own goroutine, ended and waited for before Run returns). Leases and pins
+// expire lazily and need no loop.
 func (s *Store) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wg.Go(func() { s.promoteLoop(ctx) })
 	t := time.NewTicker(s.cfg.EvictInterval)
 	defer t.Stop()
 	sweep := time.NewTicker(s.cfg.PutSweepInterval)

@@ -28,9 +28,11 @@ func FuzzRequests(f *testing.F) {
 		&masterv1.ListObjectsRequest{PageToken: "!!", PageSize: 3},
 		&masterv1.ObjectServiceCopyRequest{Keys: []string{"k", "k", ""}, Target: &masterv1.MigrationTarget{Target: &masterv1.MigrationTarget_Medium{Medium: 9}}},
 		&masterv1.ObjectServiceMoveRequest{Keys: []string{"k", "x"}, FromSegmentId: "seg-0-0", Target: &masterv1.MigrationTarget{Target: &masterv1.MigrationTarget_SegmentId{SegmentId: "seg-1-0"}}},
+		&masterv1.PrefetchRequest{Keys: []string{"k", "x", "k"}, Wait: true},
+		&masterv1.PrefetchRequest{Tenant: "t", Keys: []string{"k"}},
 	} {
 		b, _ := proto.Marshal(m)
-		for kind := range byte(10) {
+		for kind := range byte(11) {
 			f.Add(kind, b)
 		}
 	}
@@ -46,7 +48,7 @@ func FuzzRequests(f *testing.F) {
 			t.Fatal(err)
 		}
 		var callErr error
-		switch kind % 10 {
+		switch kind % 11 {
 		case 0:
 			var r masterv1.PutStartRequest
 			if proto.Unmarshal(b, &r) == nil {
@@ -96,6 +98,11 @@ func FuzzRequests(f *testing.F) {
 			var r masterv1.ObjectServiceMoveRequest
 			if proto.Unmarshal(b, &r) == nil {
 				_, callErr = s.Move(ctx, &r)
+			}
+		case 10:
+			var r masterv1.PrefetchRequest
+			if proto.Unmarshal(b, &r) == nil {
+				_, callErr = s.Prefetch(ctx, &r)
 			}
 		}
 		if callErr != nil {

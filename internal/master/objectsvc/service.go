@@ -330,3 +330,12 @@ func (s *Service) Move(ctx context.Context, r *masterv1.ObjectServiceMoveRequest
 	}
 	return &masterv1.ObjectServiceMoveResponse{Results: res}, nil
 }
+
+// Prefetch implements ObjectService.Prefetch.
+func (s *Service) Prefetch(ctx context.Context, r *masterv1.PrefetchRequest) (*masterv1.PrefetchResponse, error) {
+	res, err := s.store.PrefetchObjects(ctx, r.GetTenant(), r.GetKeys(), r.GetWait())
+	if err != nil {
+		return nil, rpcerr.Status(err)
+	}
+	return &masterv1.PrefetchResponse{Results: res}, nil
+}

@@ -22,6 +22,241 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// PrefetchState is what Prefetch did with a key whose status is OK.
+type PrefetchState int32
+
+const (
+	PrefetchState_PREFETCH_STATE_UNSPECIFIED PrefetchState = 0
+	// On the promotion queue (without wait).
+	PrefetchState_PREFETCH_STATE_QUEUED PrefetchState = 1
+	// The object already has a readable memory replica; nothing was done.
+	PrefetchState_PREFETCH_STATE_IN_MEMORY PrefetchState = 2
+	// Copied to memory (with wait); replica is the new memory replica.
+	PrefetchState_PREFETCH_STATE_COPIED PrefetchState = 3
+)
+
+// Enum value maps for PrefetchState.
+var (
+	PrefetchState_name = map[int32]string{
+		0: "PREFETCH_STATE_UNSPECIFIED",
+		1: "PREFETCH_STATE_QUEUED",
+		2: "PREFETCH_STATE_IN_MEMORY",
+		3: "PREFETCH_STATE_COPIED",
+	}
+	PrefetchState_value = map[string]int32{
+		"PREFETCH_STATE_UNSPECIFIED": 0,
+		"PREFETCH_STATE_QUEUED":      1,
+		"PREFETCH_STATE_IN_MEMORY":   2,
+		"PREFETCH_STATE_COPIED":      3,
+	}
+)
+
+func (x PrefetchState) Enum() *PrefetchState {
+	p := new(PrefetchState)
+	*p = x
+	return p
+}
+
+func (x PrefetchState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PrefetchState) Descriptor() protoreflect.EnumDescriptor {
+	return file_crescent_master_v1_object_proto_enumTypes[0].Descriptor()
+}
+
+func (PrefetchState) Type() protoreflect.EnumType {
+	return &file_crescent_master_v1_object_proto_enumTypes[0]
+}
+
+func (x PrefetchState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PrefetchState.Descriptor instead.
+func (PrefetchState) EnumDescriptor() ([]byte, []int) {
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{0}
+}
+
+// PrefetchRequest is Prefetch's request.
+type PrefetchRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// 1..1024 keys, distinct, each 1..4096 bytes.
+	Keys []string `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	// Copy before answering instead of queueing.
+	Wait          bool `protobuf:"varint,3,opt,name=wait,proto3" json:"wait,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrefetchRequest) Reset() {
+	*x = PrefetchRequest{}
+	mi := &file_crescent_master_v1_object_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrefetchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrefetchRequest) ProtoMessage() {}
+
+func (x *PrefetchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_object_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrefetchRequest.ProtoReflect.Descriptor instead.
+func (*PrefetchRequest) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PrefetchRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *PrefetchRequest) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *PrefetchRequest) GetWait() bool {
+	if x != nil {
+		return x.Wait
+	}
+	return false
+}
+
+type PrefetchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per key, in request order.
+	Results       []*PrefetchResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrefetchResponse) Reset() {
+	*x = PrefetchResponse{}
+	mi := &file_crescent_master_v1_object_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrefetchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrefetchResponse) ProtoMessage() {}
+
+func (x *PrefetchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_object_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrefetchResponse.ProtoReflect.Descriptor instead.
+func (*PrefetchResponse) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PrefetchResponse) GetResults() []*PrefetchResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// PrefetchResult is one key's outcome of a Prefetch.
+type PrefetchResult struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Key    string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Status *ItemStatus            `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	State  PrefetchState          `protobuf:"varint,3,opt,name=state,proto3,enum=crescent.master.v1.PrefetchState" json:"state,omitempty"`
+	// The new memory replica (COMPLETE, without a token) when state is
+	// COPIED.
+	Replica       *ReplicaDescriptor `protobuf:"bytes,4,opt,name=replica,proto3" json:"replica,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrefetchResult) Reset() {
+	*x = PrefetchResult{}
+	mi := &file_crescent_master_v1_object_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrefetchResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrefetchResult) ProtoMessage() {}
+
+func (x *PrefetchResult) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_object_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrefetchResult.ProtoReflect.Descriptor instead.
+func (*PrefetchResult) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PrefetchResult) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *PrefetchResult) GetStatus() *ItemStatus {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+func (x *PrefetchResult) GetState() PrefetchState {
+	if x != nil {
+		return x.State
+	}
+	return PrefetchState_PREFETCH_STATE_UNSPECIFIED
+}
+
+func (x *PrefetchResult) GetReplica() *ReplicaDescriptor {
+	if x != nil {
+		return x.Replica
+	}
+	return nil
+}
+
 // MigrationTarget is where Copy and Move put the new replica.
 type MigrationTarget struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -37,7 +272,7 @@ type MigrationTarget struct {
 
 func (x *MigrationTarget) Reset() {
 	*x = MigrationTarget{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[0]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -49,7 +284,7 @@ func (x *MigrationTarget) String() string {
 func (*MigrationTarget) ProtoMessage() {}
 
 func (x *MigrationTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[0]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -62,7 +297,7 @@ func (x *MigrationTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrationTarget.ProtoReflect.Descriptor instead.
 func (*MigrationTarget) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{0}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *MigrationTarget) GetTarget() isMigrationTarget_Target {
@@ -139,7 +374,7 @@ type ObjectServiceCopyRequest struct {
 
 func (x *ObjectServiceCopyRequest) Reset() {
 	*x = ObjectServiceCopyRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[1]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -151,7 +386,7 @@ func (x *ObjectServiceCopyRequest) String() string {
 func (*ObjectServiceCopyRequest) ProtoMessage() {}
 
 func (x *ObjectServiceCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[1]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -164,7 +399,7 @@ func (x *ObjectServiceCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectServiceCopyRequest.ProtoReflect.Descriptor instead.
 func (*ObjectServiceCopyRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{1}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ObjectServiceCopyRequest) GetTenant() string {
@@ -198,7 +433,7 @@ type ObjectServiceCopyResponse struct {
 
 func (x *ObjectServiceCopyResponse) Reset() {
 	*x = ObjectServiceCopyResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[2]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -210,7 +445,7 @@ func (x *ObjectServiceCopyResponse) String() string {
 func (*ObjectServiceCopyResponse) ProtoMessage() {}
 
 func (x *ObjectServiceCopyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[2]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -223,7 +458,7 @@ func (x *ObjectServiceCopyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectServiceCopyResponse.ProtoReflect.Descriptor instead.
 func (*ObjectServiceCopyResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{2}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ObjectServiceCopyResponse) GetResults() []*MigrationResult {
@@ -248,7 +483,7 @@ type ObjectServiceMoveRequest struct {
 
 func (x *ObjectServiceMoveRequest) Reset() {
 	*x = ObjectServiceMoveRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[3]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -260,7 +495,7 @@ func (x *ObjectServiceMoveRequest) String() string {
 func (*ObjectServiceMoveRequest) ProtoMessage() {}
 
 func (x *ObjectServiceMoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[3]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -273,7 +508,7 @@ func (x *ObjectServiceMoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectServiceMoveRequest.ProtoReflect.Descriptor instead.
 func (*ObjectServiceMoveRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{3}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ObjectServiceMoveRequest) GetTenant() string {
@@ -314,7 +549,7 @@ type ObjectServiceMoveResponse struct {
 
 func (x *ObjectServiceMoveResponse) Reset() {
 	*x = ObjectServiceMoveResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[4]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -326,7 +561,7 @@ func (x *ObjectServiceMoveResponse) String() string {
 func (*ObjectServiceMoveResponse) ProtoMessage() {}
 
 func (x *ObjectServiceMoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[4]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -339,7 +574,7 @@ func (x *ObjectServiceMoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectServiceMoveResponse.ProtoReflect.Descriptor instead.
 func (*ObjectServiceMoveResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{4}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ObjectServiceMoveResponse) GetResults() []*MigrationResult {
@@ -364,7 +599,7 @@ type MigrationResult struct {
 
 func (x *MigrationResult) Reset() {
 	*x = MigrationResult{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[5]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -376,7 +611,7 @@ func (x *MigrationResult) String() string {
 func (*MigrationResult) ProtoMessage() {}
 
 func (x *MigrationResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[5]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -389,7 +624,7 @@ func (x *MigrationResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrationResult.ProtoReflect.Descriptor instead.
 func (*MigrationResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{5}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *MigrationResult) GetKey() string {
@@ -440,7 +675,7 @@ type PutStartRequest struct {
 
 func (x *PutStartRequest) Reset() {
 	*x = PutStartRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[6]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -452,7 +687,7 @@ func (x *PutStartRequest) String() string {
 func (*PutStartRequest) ProtoMessage() {}
 
 func (x *PutStartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[6]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -465,7 +700,7 @@ func (x *PutStartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutStartRequest.ProtoReflect.Descriptor instead.
 func (*PutStartRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{6}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PutStartRequest) GetTenant() string {
@@ -520,7 +755,7 @@ type PutStartResponse struct {
 
 func (x *PutStartResponse) Reset() {
 	*x = PutStartResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[7]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -532,7 +767,7 @@ func (x *PutStartResponse) String() string {
 func (*PutStartResponse) ProtoMessage() {}
 
 func (x *PutStartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[7]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -545,7 +780,7 @@ func (x *PutStartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutStartResponse.ProtoReflect.Descriptor instead.
 func (*PutStartResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{7}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PutStartResponse) GetReplicas() []*ReplicaDescriptor {
@@ -568,7 +803,7 @@ type PutEndRequest struct {
 
 func (x *PutEndRequest) Reset() {
 	*x = PutEndRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[8]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -580,7 +815,7 @@ func (x *PutEndRequest) String() string {
 func (*PutEndRequest) ProtoMessage() {}
 
 func (x *PutEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[8]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -593,7 +828,7 @@ func (x *PutEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutEndRequest.ProtoReflect.Descriptor instead.
 func (*PutEndRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{8}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PutEndRequest) GetTenant() string {
@@ -632,7 +867,7 @@ type PutEndResponse struct {
 
 func (x *PutEndResponse) Reset() {
 	*x = PutEndResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[9]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -644,7 +879,7 @@ func (x *PutEndResponse) String() string {
 func (*PutEndResponse) ProtoMessage() {}
 
 func (x *PutEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[9]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -657,7 +892,7 @@ func (x *PutEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutEndResponse.ProtoReflect.Descriptor instead.
 func (*PutEndResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{9}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{12}
 }
 
 type PutRevokeRequest struct {
@@ -671,7 +906,7 @@ type PutRevokeRequest struct {
 
 func (x *PutRevokeRequest) Reset() {
 	*x = PutRevokeRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[10]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -683,7 +918,7 @@ func (x *PutRevokeRequest) String() string {
 func (*PutRevokeRequest) ProtoMessage() {}
 
 func (x *PutRevokeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[10]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -696,7 +931,7 @@ func (x *PutRevokeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRevokeRequest.ProtoReflect.Descriptor instead.
 func (*PutRevokeRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{10}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PutRevokeRequest) GetTenant() string {
@@ -728,7 +963,7 @@ type PutRevokeResponse struct {
 
 func (x *PutRevokeResponse) Reset() {
 	*x = PutRevokeResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -740,7 +975,7 @@ func (x *PutRevokeResponse) String() string {
 func (*PutRevokeResponse) ProtoMessage() {}
 
 func (x *PutRevokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -753,7 +988,7 @@ func (x *PutRevokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRevokeResponse.ProtoReflect.Descriptor instead.
 func (*PutRevokeResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{11}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{14}
 }
 
 type BatchPutStartRequest struct {
@@ -765,7 +1000,7 @@ type BatchPutStartRequest struct {
 
 func (x *BatchPutStartRequest) Reset() {
 	*x = BatchPutStartRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -777,7 +1012,7 @@ func (x *BatchPutStartRequest) String() string {
 func (*BatchPutStartRequest) ProtoMessage() {}
 
 func (x *BatchPutStartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -790,7 +1025,7 @@ func (x *BatchPutStartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutStartRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutStartRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{12}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BatchPutStartRequest) GetItems() []*PutStartRequest {
@@ -809,7 +1044,7 @@ type BatchPutStartResponse struct {
 
 func (x *BatchPutStartResponse) Reset() {
 	*x = BatchPutStartResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -821,7 +1056,7 @@ func (x *BatchPutStartResponse) String() string {
 func (*BatchPutStartResponse) ProtoMessage() {}
 
 func (x *BatchPutStartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -834,7 +1069,7 @@ func (x *BatchPutStartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutStartResponse.ProtoReflect.Descriptor instead.
 func (*BatchPutStartResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{13}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *BatchPutStartResponse) GetResults() []*PutStartResult {
@@ -855,7 +1090,7 @@ type PutStartResult struct {
 
 func (x *PutStartResult) Reset() {
 	*x = PutStartResult{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -867,7 +1102,7 @@ func (x *PutStartResult) String() string {
 func (*PutStartResult) ProtoMessage() {}
 
 func (x *PutStartResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -880,7 +1115,7 @@ func (x *PutStartResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutStartResult.ProtoReflect.Descriptor instead.
 func (*PutStartResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{14}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PutStartResult) GetStatus() *ItemStatus {
@@ -906,7 +1141,7 @@ type BatchPutEndRequest struct {
 
 func (x *BatchPutEndRequest) Reset() {
 	*x = BatchPutEndRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -918,7 +1153,7 @@ func (x *BatchPutEndRequest) String() string {
 func (*BatchPutEndRequest) ProtoMessage() {}
 
 func (x *BatchPutEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -931,7 +1166,7 @@ func (x *BatchPutEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutEndRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutEndRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{15}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *BatchPutEndRequest) GetItems() []*PutEndRequest {
@@ -950,7 +1185,7 @@ type BatchPutEndResponse struct {
 
 func (x *BatchPutEndResponse) Reset() {
 	*x = BatchPutEndResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -962,7 +1197,7 @@ func (x *BatchPutEndResponse) String() string {
 func (*BatchPutEndResponse) ProtoMessage() {}
 
 func (x *BatchPutEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -975,7 +1210,7 @@ func (x *BatchPutEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutEndResponse.ProtoReflect.Descriptor instead.
 func (*BatchPutEndResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{16}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *BatchPutEndResponse) GetResults() []*ItemStatus {
@@ -994,7 +1229,7 @@ type BatchPutRevokeRequest struct {
 
 func (x *BatchPutRevokeRequest) Reset() {
 	*x = BatchPutRevokeRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1006,7 +1241,7 @@ func (x *BatchPutRevokeRequest) String() string {
 func (*BatchPutRevokeRequest) ProtoMessage() {}
 
 func (x *BatchPutRevokeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1019,7 +1254,7 @@ func (x *BatchPutRevokeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutRevokeRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutRevokeRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{17}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *BatchPutRevokeRequest) GetItems() []*PutRevokeRequest {
@@ -1038,7 +1273,7 @@ type BatchPutRevokeResponse struct {
 
 func (x *BatchPutRevokeResponse) Reset() {
 	*x = BatchPutRevokeResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1050,7 +1285,7 @@ func (x *BatchPutRevokeResponse) String() string {
 func (*BatchPutRevokeResponse) ProtoMessage() {}
 
 func (x *BatchPutRevokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1063,7 +1298,7 @@ func (x *BatchPutRevokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutRevokeResponse.ProtoReflect.Descriptor instead.
 func (*BatchPutRevokeResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{18}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *BatchPutRevokeResponse) GetResults() []*ItemStatus {
@@ -1085,7 +1320,7 @@ type GetReplicaListRequest struct {
 
 func (x *GetReplicaListRequest) Reset() {
 	*x = GetReplicaListRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1097,7 +1332,7 @@ func (x *GetReplicaListRequest) String() string {
 func (*GetReplicaListRequest) ProtoMessage() {}
 
 func (x *GetReplicaListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1110,7 +1345,7 @@ func (x *GetReplicaListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaListRequest.ProtoReflect.Descriptor instead.
 func (*GetReplicaListRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{19}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetReplicaListRequest) GetTenant() string {
@@ -1150,7 +1385,7 @@ type GetReplicaListResponse struct {
 
 func (x *GetReplicaListResponse) Reset() {
 	*x = GetReplicaListResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[20]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1162,7 +1397,7 @@ func (x *GetReplicaListResponse) String() string {
 func (*GetReplicaListResponse) ProtoMessage() {}
 
 func (x *GetReplicaListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[20]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1175,7 +1410,7 @@ func (x *GetReplicaListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaListResponse.ProtoReflect.Descriptor instead.
 func (*GetReplicaListResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{20}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetReplicaListResponse) GetSize() uint64 {
@@ -1222,7 +1457,7 @@ type BatchGetReplicaListRequest struct {
 
 func (x *BatchGetReplicaListRequest) Reset() {
 	*x = BatchGetReplicaListRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[21]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1234,7 +1469,7 @@ func (x *BatchGetReplicaListRequest) String() string {
 func (*BatchGetReplicaListRequest) ProtoMessage() {}
 
 func (x *BatchGetReplicaListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[21]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1247,7 +1482,7 @@ func (x *BatchGetReplicaListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetReplicaListRequest.ProtoReflect.Descriptor instead.
 func (*BatchGetReplicaListRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{21}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *BatchGetReplicaListRequest) GetItems() []*GetReplicaListRequest {
@@ -1266,7 +1501,7 @@ type BatchGetReplicaListResponse struct {
 
 func (x *BatchGetReplicaListResponse) Reset() {
 	*x = BatchGetReplicaListResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[22]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1278,7 +1513,7 @@ func (x *BatchGetReplicaListResponse) String() string {
 func (*BatchGetReplicaListResponse) ProtoMessage() {}
 
 func (x *BatchGetReplicaListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[22]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1291,7 +1526,7 @@ func (x *BatchGetReplicaListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetReplicaListResponse.ProtoReflect.Descriptor instead.
 func (*BatchGetReplicaListResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{22}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *BatchGetReplicaListResponse) GetResults() []*GetReplicaListResult {
@@ -1312,7 +1547,7 @@ type GetReplicaListResult struct {
 
 func (x *GetReplicaListResult) Reset() {
 	*x = GetReplicaListResult{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[23]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1324,7 +1559,7 @@ func (x *GetReplicaListResult) String() string {
 func (*GetReplicaListResult) ProtoMessage() {}
 
 func (x *GetReplicaListResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[23]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1337,7 +1572,7 @@ func (x *GetReplicaListResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaListResult.ProtoReflect.Descriptor instead.
 func (*GetReplicaListResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{23}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetReplicaListResult) GetStatus() *ItemStatus {
@@ -1364,7 +1599,7 @@ type ExistRequest struct {
 
 func (x *ExistRequest) Reset() {
 	*x = ExistRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[24]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1376,7 +1611,7 @@ func (x *ExistRequest) String() string {
 func (*ExistRequest) ProtoMessage() {}
 
 func (x *ExistRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[24]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1389,7 +1624,7 @@ func (x *ExistRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistRequest.ProtoReflect.Descriptor instead.
 func (*ExistRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{24}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ExistRequest) GetTenant() string {
@@ -1415,7 +1650,7 @@ type ExistResponse struct {
 
 func (x *ExistResponse) Reset() {
 	*x = ExistResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[25]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1427,7 +1662,7 @@ func (x *ExistResponse) String() string {
 func (*ExistResponse) ProtoMessage() {}
 
 func (x *ExistResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[25]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1440,7 +1675,7 @@ func (x *ExistResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistResponse.ProtoReflect.Descriptor instead.
 func (*ExistResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{25}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ExistResponse) GetExists() bool {
@@ -1459,7 +1694,7 @@ type BatchExistRequest struct {
 
 func (x *BatchExistRequest) Reset() {
 	*x = BatchExistRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[26]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1471,7 +1706,7 @@ func (x *BatchExistRequest) String() string {
 func (*BatchExistRequest) ProtoMessage() {}
 
 func (x *BatchExistRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[26]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1484,7 +1719,7 @@ func (x *BatchExistRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchExistRequest.ProtoReflect.Descriptor instead.
 func (*BatchExistRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{26}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *BatchExistRequest) GetItems() []*ExistRequest {
@@ -1504,7 +1739,7 @@ type BatchExistResponse struct {
 
 func (x *BatchExistResponse) Reset() {
 	*x = BatchExistResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[27]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1516,7 +1751,7 @@ func (x *BatchExistResponse) String() string {
 func (*BatchExistResponse) ProtoMessage() {}
 
 func (x *BatchExistResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[27]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1529,7 +1764,7 @@ func (x *BatchExistResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchExistResponse.ProtoReflect.Descriptor instead.
 func (*BatchExistResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{27}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *BatchExistResponse) GetExists() []bool {
@@ -1549,7 +1784,7 @@ type GetSizeRequest struct {
 
 func (x *GetSizeRequest) Reset() {
 	*x = GetSizeRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[28]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1561,7 +1796,7 @@ func (x *GetSizeRequest) String() string {
 func (*GetSizeRequest) ProtoMessage() {}
 
 func (x *GetSizeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[28]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1574,7 +1809,7 @@ func (x *GetSizeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSizeRequest.ProtoReflect.Descriptor instead.
 func (*GetSizeRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{28}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetSizeRequest) GetTenant() string {
@@ -1600,7 +1835,7 @@ type GetSizeResponse struct {
 
 func (x *GetSizeResponse) Reset() {
 	*x = GetSizeResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[29]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1612,7 +1847,7 @@ func (x *GetSizeResponse) String() string {
 func (*GetSizeResponse) ProtoMessage() {}
 
 func (x *GetSizeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[29]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1625,7 +1860,7 @@ func (x *GetSizeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSizeResponse.ProtoReflect.Descriptor instead.
 func (*GetSizeResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{29}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetSizeResponse) GetSize() uint64 {
@@ -1645,7 +1880,7 @@ type QueryRouteRequest struct {
 
 func (x *QueryRouteRequest) Reset() {
 	*x = QueryRouteRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[30]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1657,7 +1892,7 @@ func (x *QueryRouteRequest) String() string {
 func (*QueryRouteRequest) ProtoMessage() {}
 
 func (x *QueryRouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[30]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1670,7 +1905,7 @@ func (x *QueryRouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryRouteRequest.ProtoReflect.Descriptor instead.
 func (*QueryRouteRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{30}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *QueryRouteRequest) GetTenant() string {
@@ -1700,7 +1935,7 @@ type QueryRouteResponse struct {
 
 func (x *QueryRouteResponse) Reset() {
 	*x = QueryRouteResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[31]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1712,7 +1947,7 @@ func (x *QueryRouteResponse) String() string {
 func (*QueryRouteResponse) ProtoMessage() {}
 
 func (x *QueryRouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[31]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1725,7 +1960,7 @@ func (x *QueryRouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryRouteResponse.ProtoReflect.Descriptor instead.
 func (*QueryRouteResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{31}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *QueryRouteResponse) GetSize() uint64 {
@@ -1771,7 +2006,7 @@ type ListObjectsRequest struct {
 
 func (x *ListObjectsRequest) Reset() {
 	*x = ListObjectsRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[32]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1783,7 +2018,7 @@ func (x *ListObjectsRequest) String() string {
 func (*ListObjectsRequest) ProtoMessage() {}
 
 func (x *ListObjectsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[32]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1796,7 +2031,7 @@ func (x *ListObjectsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListObjectsRequest.ProtoReflect.Descriptor instead.
 func (*ListObjectsRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{32}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListObjectsRequest) GetTenant() string {
@@ -1838,7 +2073,7 @@ type ListObjectsResponse struct {
 
 func (x *ListObjectsResponse) Reset() {
 	*x = ListObjectsResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[33]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1850,7 +2085,7 @@ func (x *ListObjectsResponse) String() string {
 func (*ListObjectsResponse) ProtoMessage() {}
 
 func (x *ListObjectsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[33]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1863,7 +2098,7 @@ func (x *ListObjectsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListObjectsResponse.ProtoReflect.Descriptor instead.
 func (*ListObjectsResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{33}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListObjectsResponse) GetObjects() []*ObjectInfo {
@@ -1903,7 +2138,7 @@ type ObjectInfo struct {
 
 func (x *ObjectInfo) Reset() {
 	*x = ObjectInfo{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[34]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1915,7 +2150,7 @@ func (x *ObjectInfo) String() string {
 func (*ObjectInfo) ProtoMessage() {}
 
 func (x *ObjectInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[34]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1928,7 +2163,7 @@ func (x *ObjectInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectInfo.ProtoReflect.Descriptor instead.
 func (*ObjectInfo) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{34}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ObjectInfo) GetKey() string {
@@ -2013,7 +2248,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[35]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2025,7 +2260,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[35]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2038,7 +2273,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{35}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RemoveRequest) GetTenant() string {
@@ -2070,7 +2305,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[36]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2082,7 +2317,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[36]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2095,7 +2330,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{36}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{39}
 }
 
 type BatchRemoveRequest struct {
@@ -2107,7 +2342,7 @@ type BatchRemoveRequest struct {
 
 func (x *BatchRemoveRequest) Reset() {
 	*x = BatchRemoveRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[37]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2119,7 +2354,7 @@ func (x *BatchRemoveRequest) String() string {
 func (*BatchRemoveRequest) ProtoMessage() {}
 
 func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[37]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2132,7 +2367,7 @@ func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRemoveRequest.ProtoReflect.Descriptor instead.
 func (*BatchRemoveRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{37}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *BatchRemoveRequest) GetItems() []*RemoveRequest {
@@ -2151,7 +2386,7 @@ type BatchRemoveResponse struct {
 
 func (x *BatchRemoveResponse) Reset() {
 	*x = BatchRemoveResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[38]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2163,7 +2398,7 @@ func (x *BatchRemoveResponse) String() string {
 func (*BatchRemoveResponse) ProtoMessage() {}
 
 func (x *BatchRemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[38]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2176,7 +2411,7 @@ func (x *BatchRemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRemoveResponse.ProtoReflect.Descriptor instead.
 func (*BatchRemoveResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{38}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *BatchRemoveResponse) GetResults() []*ItemStatus {
@@ -2196,7 +2431,7 @@ type RemoveAllRequest struct {
 
 func (x *RemoveAllRequest) Reset() {
 	*x = RemoveAllRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[39]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2208,7 +2443,7 @@ func (x *RemoveAllRequest) String() string {
 func (*RemoveAllRequest) ProtoMessage() {}
 
 func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[39]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2221,7 +2456,7 @@ func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllRequest.ProtoReflect.Descriptor instead.
 func (*RemoveAllRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{39}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RemoveAllRequest) GetTenant() string {
@@ -2250,7 +2485,7 @@ type RemoveAllResponse struct {
 
 func (x *RemoveAllResponse) Reset() {
 	*x = RemoveAllResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[40]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2262,7 +2497,7 @@ func (x *RemoveAllResponse) String() string {
 func (*RemoveAllResponse) ProtoMessage() {}
 
 func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[40]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2275,7 +2510,7 @@ func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllResponse.ProtoReflect.Descriptor instead.
 func (*RemoveAllResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{40}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *RemoveAllResponse) GetRemoved() uint64 {
@@ -2306,7 +2541,7 @@ type RemoveByPrefixRequest struct {
 
 func (x *RemoveByPrefixRequest) Reset() {
 	*x = RemoveByPrefixRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[41]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2318,7 +2553,7 @@ func (x *RemoveByPrefixRequest) String() string {
 func (*RemoveByPrefixRequest) ProtoMessage() {}
 
 func (x *RemoveByPrefixRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[41]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2331,7 +2566,7 @@ func (x *RemoveByPrefixRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByPrefixRequest.ProtoReflect.Descriptor instead.
 func (*RemoveByPrefixRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{41}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RemoveByPrefixRequest) GetTenant() string {
@@ -2379,7 +2614,7 @@ type RemoveByPrefixResponse struct {
 
 func (x *RemoveByPrefixResponse) Reset() {
 	*x = RemoveByPrefixResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[42]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2391,7 +2626,7 @@ func (x *RemoveByPrefixResponse) String() string {
 func (*RemoveByPrefixResponse) ProtoMessage() {}
 
 func (x *RemoveByPrefixResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[42]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2404,7 +2639,7 @@ func (x *RemoveByPrefixResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByPrefixResponse.ProtoReflect.Descriptor instead.
 func (*RemoveByPrefixResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{42}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RemoveByPrefixResponse) GetRemoved() uint64 {
@@ -2443,7 +2678,7 @@ type RemoveByRegexRequest struct {
 
 func (x *RemoveByRegexRequest) Reset() {
 	*x = RemoveByRegexRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[43]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2455,7 +2690,7 @@ func (x *RemoveByRegexRequest) String() string {
 func (*RemoveByRegexRequest) ProtoMessage() {}
 
 func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[43]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2468,7 +2703,7 @@ func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByRegexRequest.ProtoReflect.Descriptor instead.
 func (*RemoveByRegexRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{43}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RemoveByRegexRequest) GetTenant() string {
@@ -2512,7 +2747,7 @@ type RemoveByRegexResponse struct {
 
 func (x *RemoveByRegexResponse) Reset() {
 	*x = RemoveByRegexResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[44]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2524,7 +2759,7 @@ func (x *RemoveByRegexResponse) String() string {
 func (*RemoveByRegexResponse) ProtoMessage() {}
 
 func (x *RemoveByRegexResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[44]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2537,7 +2772,7 @@ func (x *RemoveByRegexResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByRegexResponse.ProtoReflect.Descriptor instead.
 func (*RemoveByRegexResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{44}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RemoveByRegexResponse) GetRemoved() uint64 {
@@ -2565,7 +2800,18 @@ var File_crescent_master_v1_object_proto protoreflect.FileDescriptor
 
 const file_crescent_master_v1_object_proto_rawDesc = "" +
 	"\n" +
-	"\x1fcrescent/master/v1/object.proto\x12\x12crescent.master.v1\x1a\x1ecrescent/master/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\"\x8d\x01\n" +
+	"\x1fcrescent/master/v1/object.proto\x12\x12crescent.master.v1\x1a\x1ecrescent/master/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\"Q\n" +
+	"\x0fPrefetchRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04keys\x18\x02 \x03(\tR\x04keys\x12\x12\n" +
+	"\x04wait\x18\x03 \x01(\bR\x04wait\"P\n" +
+	"\x10PrefetchResponse\x12<\n" +
+	"\aresults\x18\x01 \x03(\v2\".crescent.master.v1.PrefetchResultR\aresults\"\xd4\x01\n" +
+	"\x0ePrefetchResult\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x126\n" +
+	"\x06status\x18\x02 \x01(\v2\x1e.crescent.master.v1.ItemStatusR\x06status\x127\n" +
+	"\x05state\x18\x03 \x01(\x0e2!.crescent.master.v1.PrefetchStateR\x05state\x12?\n" +
+	"\areplica\x18\x04 \x01(\v2%.crescent.master.v1.ReplicaDescriptorR\areplica\"\x8d\x01\n" +
 	"\x0fMigrationTarget\x12\x1f\n" +
 	"\n" +
 	"segment_id\x18\x01 \x01(\tH\x00R\tsegmentId\x12\x19\n" +
@@ -2725,7 +2971,12 @@ const file_crescent_master_v1_object_proto_rawDesc = "" +
 	"\x15RemoveByRegexResponse\x12\x18\n" +
 	"\aremoved\x18\x01 \x01(\x04R\aremoved\x12\x18\n" +
 	"\askipped\x18\x02 \x01(\x04R\askipped\x12&\n" +
-	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken2\x81\x0f\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken*\x83\x01\n" +
+	"\rPrefetchState\x12\x1e\n" +
+	"\x1aPREFETCH_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15PREFETCH_STATE_QUEUED\x10\x01\x12\x1c\n" +
+	"\x18PREFETCH_STATE_IN_MEMORY\x10\x02\x12\x19\n" +
+	"\x15PREFETCH_STATE_COPIED\x10\x032\xd8\x0f\n" +
 	"\rObjectService\x12U\n" +
 	"\bPutStart\x12#.crescent.master.v1.PutStartRequest\x1a$.crescent.master.v1.PutStartResponse\x12O\n" +
 	"\x06PutEnd\x12!.crescent.master.v1.PutEndRequest\x1a\".crescent.master.v1.PutEndResponse\x12X\n" +
@@ -2748,7 +2999,8 @@ const file_crescent_master_v1_object_proto_rawDesc = "" +
 	"\x0eRemoveByPrefix\x12).crescent.master.v1.RemoveByPrefixRequest\x1a*.crescent.master.v1.RemoveByPrefixResponse\x12d\n" +
 	"\rRemoveByRegex\x12(.crescent.master.v1.RemoveByRegexRequest\x1a).crescent.master.v1.RemoveByRegexResponse\x12c\n" +
 	"\x04Copy\x12,.crescent.master.v1.ObjectServiceCopyRequest\x1a-.crescent.master.v1.ObjectServiceCopyResponse\x12c\n" +
-	"\x04Move\x12,.crescent.master.v1.ObjectServiceMoveRequest\x1a-.crescent.master.v1.ObjectServiceMoveResponseB\xd0\x01\n" +
+	"\x04Move\x12,.crescent.master.v1.ObjectServiceMoveRequest\x1a-.crescent.master.v1.ObjectServiceMoveResponse\x12U\n" +
+	"\bPrefetch\x12#.crescent.master.v1.PrefetchRequest\x1a$.crescent.master.v1.PrefetchResponseB\xd0\x01\n" +
 	"\x16com.crescent.master.v1B\vObjectProtoP\x01Z?github.com/crescent-kv/crescent/gen/crescent/master/v1;masterv1\xa2\x02\x03CMX\xaa\x02\x12Crescent.Master.V1\xca\x02\x12Crescent\\Master\\V1\xe2\x02\x1eCrescent\\Master\\V1\\GPBMetadata\xea\x02\x14Crescent::Master::V1b\x06proto3"
 
 var (
@@ -2763,134 +3015,145 @@ func file_crescent_master_v1_object_proto_rawDescGZIP() []byte {
 	return file_crescent_master_v1_object_proto_rawDescData
 }
 
-var file_crescent_master_v1_object_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_crescent_master_v1_object_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_crescent_master_v1_object_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_crescent_master_v1_object_proto_goTypes = []any{
-	(*MigrationTarget)(nil),             // 0: crescent.master.v1.MigrationTarget
-	(*ObjectServiceCopyRequest)(nil),    // 1: crescent.master.v1.ObjectServiceCopyRequest
-	(*ObjectServiceCopyResponse)(nil),   // 2: crescent.master.v1.ObjectServiceCopyResponse
-	(*ObjectServiceMoveRequest)(nil),    // 3: crescent.master.v1.ObjectServiceMoveRequest
-	(*ObjectServiceMoveResponse)(nil),   // 4: crescent.master.v1.ObjectServiceMoveResponse
-	(*MigrationResult)(nil),             // 5: crescent.master.v1.MigrationResult
-	(*PutStartRequest)(nil),             // 6: crescent.master.v1.PutStartRequest
-	(*PutStartResponse)(nil),            // 7: crescent.master.v1.PutStartResponse
-	(*PutEndRequest)(nil),               // 8: crescent.master.v1.PutEndRequest
-	(*PutEndResponse)(nil),              // 9: crescent.master.v1.PutEndResponse
-	(*PutRevokeRequest)(nil),            // 10: crescent.master.v1.PutRevokeRequest
-	(*PutRevokeResponse)(nil),           // 11: crescent.master.v1.PutRevokeResponse
-	(*BatchPutStartRequest)(nil),        // 12: crescent.master.v1.BatchPutStartRequest
-	(*BatchPutStartResponse)(nil),       // 13: crescent.master.v1.BatchPutStartResponse
-	(*PutStartResult)(nil),              // 14: crescent.master.v1.PutStartResult
-	(*BatchPutEndRequest)(nil),          // 15: crescent.master.v1.BatchPutEndRequest
-	(*BatchPutEndResponse)(nil),         // 16: crescent.master.v1.BatchPutEndResponse
-	(*BatchPutRevokeRequest)(nil),       // 17: crescent.master.v1.BatchPutRevokeRequest
-	(*BatchPutRevokeResponse)(nil),      // 18: crescent.master.v1.BatchPutRevokeResponse
-	(*GetReplicaListRequest)(nil),       // 19: crescent.master.v1.GetReplicaListRequest
-	(*GetReplicaListResponse)(nil),      // 20: crescent.master.v1.GetReplicaListResponse
-	(*BatchGetReplicaListRequest)(nil),  // 21: crescent.master.v1.BatchGetReplicaListRequest
-	(*BatchGetReplicaListResponse)(nil), // 22: crescent.master.v1.BatchGetReplicaListResponse
-	(*GetReplicaListResult)(nil),        // 23: crescent.master.v1.GetReplicaListResult
-	(*ExistRequest)(nil),                // 24: crescent.master.v1.ExistRequest
-	(*ExistResponse)(nil),               // 25: crescent.master.v1.ExistResponse
-	(*BatchExistRequest)(nil),           // 26: crescent.master.v1.BatchExistRequest
-	(*BatchExistResponse)(nil),          // 27: crescent.master.v1.BatchExistResponse
-	(*GetSizeRequest)(nil),              // 28: crescent.master.v1.GetSizeRequest
-	(*GetSizeResponse)(nil),             // 29: crescent.master.v1.GetSizeResponse
-	(*QueryRouteRequest)(nil),           // 30: crescent.master.v1.QueryRouteRequest
-	(*QueryRouteResponse)(nil),          // 31: crescent.master.v1.QueryRouteResponse
-	(*ListObjectsRequest)(nil),          // 32: crescent.master.v1.ListObjectsRequest
-	(*ListObjectsResponse)(nil),         // 33: crescent.master.v1.ListObjectsResponse
-	(*ObjectInfo)(nil),                  // 34: crescent.master.v1.ObjectInfo
-	(*RemoveRequest)(nil),               // 35: crescent.master.v1.RemoveRequest
-	(*RemoveResponse)(nil),              // 36: crescent.master.v1.RemoveResponse
-	(*BatchRemoveRequest)(nil),          // 37: crescent.master.v1.BatchRemoveRequest
-	(*BatchRemoveResponse)(nil),         // 38: crescent.master.v1.BatchRemoveResponse
-	(*RemoveAllRequest)(nil),            // 39: crescent.master.v1.RemoveAllRequest
-	(*RemoveAllResponse)(nil),           // 40: crescent.master.v1.RemoveAllResponse
-	(*RemoveByPrefixRequest)(nil),       // 41: crescent.master.v1.RemoveByPrefixRequest
-	(*RemoveByPrefixResponse)(nil),      // 42: crescent.master.v1.RemoveByPrefixResponse
-	(*RemoveByRegexRequest)(nil),        // 43: crescent.master.v1.RemoveByRegexRequest
-	(*RemoveByRegexResponse)(nil),       // 44: crescent.master.v1.RemoveByRegexResponse
-	(Medium)(0),                         // 45: crescent.master.v1.Medium
-	(*ItemStatus)(nil),                  // 46: crescent.master.v1.ItemStatus
-	(*ReplicaDescriptor)(nil),           // 47: crescent.master.v1.ReplicaDescriptor
-	(*ReplicateConfig)(nil),             // 48: crescent.master.v1.ReplicateConfig
-	(*durationpb.Duration)(nil),         // 49: google.protobuf.Duration
+	(PrefetchState)(0),                  // 0: crescent.master.v1.PrefetchState
+	(*PrefetchRequest)(nil),             // 1: crescent.master.v1.PrefetchRequest
+	(*PrefetchResponse)(nil),            // 2: crescent.master.v1.PrefetchResponse
+	(*PrefetchResult)(nil),              // 3: crescent.master.v1.PrefetchResult
+	(*MigrationTarget)(nil),             // 4: crescent.master.v1.MigrationTarget
+	(*ObjectServiceCopyRequest)(nil),    // 5: crescent.master.v1.ObjectServiceCopyRequest
+	(*ObjectServiceCopyResponse)(nil),   // 6: crescent.master.v1.ObjectServiceCopyResponse
+	(*ObjectServiceMoveRequest)(nil),    // 7: crescent.master.v1.ObjectServiceMoveRequest
+	(*ObjectServiceMoveResponse)(nil),   // 8: crescent.master.v1.ObjectServiceMoveResponse
+	(*MigrationResult)(nil),             // 9: crescent.master.v1.MigrationResult
+	(*PutStartRequest)(nil),             // 10: crescent.master.v1.PutStartRequest
+	(*PutStartResponse)(nil),            // 11: crescent.master.v1.PutStartResponse
+	(*PutEndRequest)(nil),               // 12: crescent.master.v1.PutEndRequest
+	(*PutEndResponse)(nil),              // 13: crescent.master.v1.PutEndResponse
+	(*PutRevokeRequest)(nil),            // 14: crescent.master.v1.PutRevokeRequest
+	(*PutRevokeResponse)(nil),           // 15: crescent.master.v1.PutRevokeResponse
+	(*BatchPutStartRequest)(nil),        // 16: crescent.master.v1.BatchPutStartRequest
+	(*BatchPutStartResponse)(nil),       // 17: crescent.master.v1.BatchPutStartResponse
+	(*PutStartResult)(nil),              // 18: crescent.master.v1.PutStartResult
+	(*BatchPutEndRequest)(nil),          // 19: crescent.master.v1.BatchPutEndRequest
+	(*BatchPutEndResponse)(nil),         // 20: crescent.master.v1.BatchPutEndResponse
+	(*BatchPutRevokeRequest)(nil),       // 21: crescent.master.v1.BatchPutRevokeRequest
+	(*BatchPutRevokeResponse)(nil),      // 22: crescent.master.v1.BatchPutRevokeResponse
+	(*GetReplicaListRequest)(nil),       // 23: crescent.master.v1.GetReplicaListRequest
+	(*GetReplicaListResponse)(nil),      // 24: crescent.master.v1.GetReplicaListResponse
+	(*BatchGetReplicaListRequest)(nil),  // 25: crescent.master.v1.BatchGetReplicaListRequest
+	(*BatchGetReplicaListResponse)(nil), // 26: crescent.master.v1.BatchGetReplicaListResponse
+	(*GetReplicaListResult)(nil),        // 27: crescent.master.v1.GetReplicaListResult
+	(*ExistRequest)(nil),                // 28: crescent.master.v1.ExistRequest
+	(*ExistResponse)(nil),               // 29: crescent.master.v1.ExistResponse
+	(*BatchExistRequest)(nil),           // 30: crescent.master.v1.BatchExistRequest
+	(*BatchExistResponse)(nil),          // 31: crescent.master.v1.BatchExistResponse
+	(*GetSizeRequest)(nil),              // 32: crescent.master.v1.GetSizeRequest
+	(*GetSizeResponse)(nil),             // 33: crescent.master.v1.GetSizeResponse
+	(*QueryRouteRequest)(nil),           // 34: crescent.master.v1.QueryRouteRequest
+	(*QueryRouteResponse)(nil),          // 35: crescent.master.v1.QueryRouteResponse
+	(*ListObjectsRequest)(nil),          // 36: crescent.master.v1.ListObjectsRequest
+	(*ListObjectsResponse)(nil),         // 37: crescent.master.v1.ListObjectsResponse
+	(*ObjectInfo)(nil),                  // 38: crescent.master.v1.ObjectInfo
+	(*RemoveRequest)(nil),               // 39: crescent.master.v1.RemoveRequest
+	(*RemoveResponse)(nil),              // 40: crescent.master.v1.RemoveResponse
+	(*BatchRemoveRequest)(nil),          // 41: crescent.master.v1.BatchRemoveRequest
+	(*BatchRemoveResponse)(nil),         // 42: crescent.master.v1.BatchRemoveResponse
+	(*RemoveAllRequest)(nil),            // 43: crescent.master.v1.RemoveAllRequest
+	(*RemoveAllResponse)(nil),           // 44: crescent.master.v1.RemoveAllResponse
+	(*RemoveByPrefixRequest)(nil),       // 45: crescent.master.v1.RemoveByPrefixRequest
+	(*RemoveByPrefixResponse)(nil),      // 46: crescent.master.v1.RemoveByPrefixResponse
+	(*RemoveByRegexRequest)(nil),        // 47: crescent.master.v1.RemoveByRegexRequest
+	(*RemoveByRegexResponse)(nil),       // 48: crescent.master.v1.RemoveByRegexResponse
+	(*ItemStatus)(nil),                  // 49: crescent.master.v1.ItemStatus
+	(*ReplicaDescriptor)(nil),           // 50: crescent.master.v1.ReplicaDescriptor
+	(Medium)(0),                         // 51: crescent.master.v1.Medium
+	(*ReplicateConfig)(nil),             // 52: crescent.master.v1.ReplicateConfig
+	(*durationpb.Duration)(nil),         // 53: google.protobuf.Duration
 }
 var file_crescent_master_v1_object_proto_depIdxs = []int32{
-	45, // 0: crescent.master.v1.MigrationTarget.medium:type_name -> crescent.master.v1.Medium
-	0,  // 1: crescent.master.v1.ObjectServiceCopyRequest.target:type_name -> crescent.master.v1.MigrationTarget
-	5,  // 2: crescent.master.v1.ObjectServiceCopyResponse.results:type_name -> crescent.master.v1.MigrationResult
-	0,  // 3: crescent.master.v1.ObjectServiceMoveRequest.target:type_name -> crescent.master.v1.MigrationTarget
-	5,  // 4: crescent.master.v1.ObjectServiceMoveResponse.results:type_name -> crescent.master.v1.MigrationResult
-	46, // 5: crescent.master.v1.MigrationResult.status:type_name -> crescent.master.v1.ItemStatus
-	47, // 6: crescent.master.v1.MigrationResult.replica:type_name -> crescent.master.v1.ReplicaDescriptor
-	48, // 7: crescent.master.v1.PutStartRequest.config:type_name -> crescent.master.v1.ReplicateConfig
-	47, // 8: crescent.master.v1.PutStartResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
-	6,  // 9: crescent.master.v1.BatchPutStartRequest.items:type_name -> crescent.master.v1.PutStartRequest
-	14, // 10: crescent.master.v1.BatchPutStartResponse.results:type_name -> crescent.master.v1.PutStartResult
-	46, // 11: crescent.master.v1.PutStartResult.status:type_name -> crescent.master.v1.ItemStatus
-	47, // 12: crescent.master.v1.PutStartResult.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
-	8,  // 13: crescent.master.v1.BatchPutEndRequest.items:type_name -> crescent.master.v1.PutEndRequest
-	46, // 14: crescent.master.v1.BatchPutEndResponse.results:type_name -> crescent.master.v1.ItemStatus
-	10, // 15: crescent.master.v1.BatchPutRevokeRequest.items:type_name -> crescent.master.v1.PutRevokeRequest
-	46, // 16: crescent.master.v1.BatchPutRevokeResponse.results:type_name -> crescent.master.v1.ItemStatus
-	47, // 17: crescent.master.v1.GetReplicaListResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
-	49, // 18: crescent.master.v1.GetReplicaListResponse.lease_ttl:type_name -> google.protobuf.Duration
-	19, // 19: crescent.master.v1.BatchGetReplicaListRequest.items:type_name -> crescent.master.v1.GetReplicaListRequest
-	23, // 20: crescent.master.v1.BatchGetReplicaListResponse.results:type_name -> crescent.master.v1.GetReplicaListResult
-	46, // 21: crescent.master.v1.GetReplicaListResult.status:type_name -> crescent.master.v1.ItemStatus
-	20, // 22: crescent.master.v1.GetReplicaListResult.replica_list:type_name -> crescent.master.v1.GetReplicaListResponse
-	24, // 23: crescent.master.v1.BatchExistRequest.items:type_name -> crescent.master.v1.ExistRequest
-	47, // 24: crescent.master.v1.QueryRouteResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
-	34, // 25: crescent.master.v1.ListObjectsResponse.objects:type_name -> crescent.master.v1.ObjectInfo
-	45, // 26: crescent.master.v1.ObjectInfo.media:type_name -> crescent.master.v1.Medium
-	35, // 27: crescent.master.v1.BatchRemoveRequest.items:type_name -> crescent.master.v1.RemoveRequest
-	46, // 28: crescent.master.v1.BatchRemoveResponse.results:type_name -> crescent.master.v1.ItemStatus
-	6,  // 29: crescent.master.v1.ObjectService.PutStart:input_type -> crescent.master.v1.PutStartRequest
-	8,  // 30: crescent.master.v1.ObjectService.PutEnd:input_type -> crescent.master.v1.PutEndRequest
-	10, // 31: crescent.master.v1.ObjectService.PutRevoke:input_type -> crescent.master.v1.PutRevokeRequest
-	12, // 32: crescent.master.v1.ObjectService.BatchPutStart:input_type -> crescent.master.v1.BatchPutStartRequest
-	15, // 33: crescent.master.v1.ObjectService.BatchPutEnd:input_type -> crescent.master.v1.BatchPutEndRequest
-	17, // 34: crescent.master.v1.ObjectService.BatchPutRevoke:input_type -> crescent.master.v1.BatchPutRevokeRequest
-	19, // 35: crescent.master.v1.ObjectService.GetReplicaList:input_type -> crescent.master.v1.GetReplicaListRequest
-	21, // 36: crescent.master.v1.ObjectService.BatchGetReplicaList:input_type -> crescent.master.v1.BatchGetReplicaListRequest
-	24, // 37: crescent.master.v1.ObjectService.Exist:input_type -> crescent.master.v1.ExistRequest
-	26, // 38: crescent.master.v1.ObjectService.BatchExist:input_type -> crescent.master.v1.BatchExistRequest
-	28, // 39: crescent.master.v1.ObjectService.GetSize:input_type -> crescent.master.v1.GetSizeRequest
-	30, // 40: crescent.master.v1.ObjectService.QueryRoute:input_type -> crescent.master.v1.QueryRouteRequest
-	32, // 41: crescent.master.v1.ObjectService.ListObjects:input_type -> crescent.master.v1.ListObjectsRequest
-	35, // 42: crescent.master.v1.ObjectService.Remove:input_type -> crescent.master.v1.RemoveRequest
-	37, // 43: crescent.master.v1.ObjectService.BatchRemove:input_type -> crescent.master.v1.BatchRemoveRequest
-	39, // 44: crescent.master.v1.ObjectService.RemoveAll:input_type -> crescent.master.v1.RemoveAllRequest
-	41, // 45: crescent.master.v1.ObjectService.RemoveByPrefix:input_type -> crescent.master.v1.RemoveByPrefixRequest
-	43, // 46: crescent.master.v1.ObjectService.RemoveByRegex:input_type -> crescent.master.v1.RemoveByRegexRequest
-	1,  // 47: crescent.master.v1.ObjectService.Copy:input_type -> crescent.master.v1.ObjectServiceCopyRequest
-	3,  // 48: crescent.master.v1.ObjectService.Move:input_type -> crescent.master.v1.ObjectServiceMoveRequest
-	7,  // 49: crescent.master.v1.ObjectService.PutStart:output_type -> crescent.master.v1.PutStartResponse
-	9,  // 50: crescent.master.v1.ObjectService.PutEnd:output_type -> crescent.master.v1.PutEndResponse
-	11, // 51: crescent.master.v1.ObjectService.PutRevoke:output_type -> crescent.master.v1.PutRevokeResponse
-	13, // 52: crescent.master.v1.ObjectService.BatchPutStart:output_type -> crescent.master.v1.BatchPutStartResponse
-	16, // 53: crescent.master.v1.ObjectService.BatchPutEnd:output_type -> crescent.master.v1.BatchPutEndResponse
-	18, // 54: crescent.master.v1.ObjectService.BatchPutRevoke:output_type -> crescent.master.v1.BatchPutRevokeResponse
-	20, // 55: crescent.master.v1.ObjectService.GetReplicaList:output_type -> crescent.master.v1.GetReplicaListResponse
-	22, // 56: crescent.master.v1.ObjectService.BatchGetReplicaList:output_type -> crescent.master.v1.BatchGetReplicaListResponse
-	25, // 57: crescent.master.v1.ObjectService.Exist:output_type -> crescent.master.v1.ExistResponse
-	27, // 58: crescent.master.v1.ObjectService.BatchExist:output_type -> crescent.master.v1.BatchExistResponse
-	29, // 59: crescent.master.v1.ObjectService.GetSize:output_type -> crescent.master.v1.GetSizeResponse
-	31, // 60: crescent.master.v1.ObjectService.QueryRoute:output_type -> crescent.master.v1.QueryRouteResponse
-	33, // 61: crescent.master.v1.ObjectService.ListObjects:output_type -> crescent.master.v1.ListObjectsResponse
-	36, // 62: crescent.master.v1.ObjectService.Remove:output_type -> crescent.master.v1.RemoveResponse
-	38, // 63: crescent.master.v1.ObjectService.BatchRemove:output_type -> crescent.master.v1.BatchRemoveResponse
-	40, // 64: crescent.master.v1.ObjectService.RemoveAll:output_type -> crescent.master.v1.RemoveAllResponse
-	42, // 65: crescent.master.v1.ObjectService.RemoveByPrefix:output_type -> crescent.master.v1.RemoveByPrefixResponse
-	44, // 66: crescent.master.v1.ObjectService.RemoveByRegex:output_type -> crescent.master.v1.RemoveByRegexResponse
-	2,  // 67: crescent.master.v1.ObjectService.Copy:output_type -> crescent.master.v1.ObjectServiceCopyResponse
-	4,  // 68: crescent.master.v1.ObjectService.Move:output_type -> crescent.master.v1.ObjectServiceMoveResponse
-	49, // [49:69] is the sub-list for method output_type
-	29, // [29:49] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	3,  // 0: crescent.master.v1.PrefetchResponse.results:type_name -> crescent.master.v1.PrefetchResult
+	49, // 1: crescent.master.v1.PrefetchResult.status:type_name -> crescent.master.v1.ItemStatus
+	0,  // 2: crescent.master.v1.PrefetchResult.state:type_name -> crescent.master.v1.PrefetchState
+	50, // 3: crescent.master.v1.PrefetchResult.replica:type_name -> crescent.master.v1.ReplicaDescriptor
+	51, // 4: crescent.master.v1.MigrationTarget.medium:type_name -> crescent.master.v1.Medium
+	4,  // 5: crescent.master.v1.ObjectServiceCopyRequest.target:type_name -> crescent.master.v1.MigrationTarget
+	9,  // 6: crescent.master.v1.ObjectServiceCopyResponse.results:type_name -> crescent.master.v1.MigrationResult
+	4,  // 7: crescent.master.v1.ObjectServiceMoveRequest.target:type_name -> crescent.master.v1.MigrationTarget
+	9,  // 8: crescent.master.v1.ObjectServiceMoveResponse.results:type_name -> crescent.master.v1.MigrationResult
+	49, // 9: crescent.master.v1.MigrationResult.status:type_name -> crescent.master.v1.ItemStatus
+	50, // 10: crescent.master.v1.MigrationResult.replica:type_name -> crescent.master.v1.ReplicaDescriptor
+	52, // 11: crescent.master.v1.PutStartRequest.config:type_name -> crescent.master.v1.ReplicateConfig
+	50, // 12: crescent.master.v1.PutStartResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
+	10, // 13: crescent.master.v1.BatchPutStartRequest.items:type_name -> crescent.master.v1.PutStartRequest
+	18, // 14: crescent.master.v1.BatchPutStartResponse.results:type_name -> crescent.master.v1.PutStartResult
+	49, // 15: crescent.master.v1.PutStartResult.status:type_name -> crescent.master.v1.ItemStatus
+	50, // 16: crescent.master.v1.PutStartResult.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
+	12, // 17: crescent.master.v1.BatchPutEndRequest.items:type_name -> crescent.master.v1.PutEndRequest
+	49, // 18: crescent.master.v1.BatchPutEndResponse.results:type_name -> crescent.master.v1.ItemStatus
+	14, // 19: crescent.master.v1.BatchPutRevokeRequest.items:type_name -> crescent.master.v1.PutRevokeRequest
+	49, // 20: crescent.master.v1.BatchPutRevokeResponse.results:type_name -> crescent.master.v1.ItemStatus
+	50, // 21: crescent.master.v1.GetReplicaListResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
+	53, // 22: crescent.master.v1.GetReplicaListResponse.lease_ttl:type_name -> google.protobuf.Duration
+	23, // 23: crescent.master.v1.BatchGetReplicaListRequest.items:type_name -> crescent.master.v1.GetReplicaListRequest
+	27, // 24: crescent.master.v1.BatchGetReplicaListResponse.results:type_name -> crescent.master.v1.GetReplicaListResult
+	49, // 25: crescent.master.v1.GetReplicaListResult.status:type_name -> crescent.master.v1.ItemStatus
+	24, // 26: crescent.master.v1.GetReplicaListResult.replica_list:type_name -> crescent.master.v1.GetReplicaListResponse
+	28, // 27: crescent.master.v1.BatchExistRequest.items:type_name -> crescent.master.v1.ExistRequest
+	50, // 28: crescent.master.v1.QueryRouteResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
+	38, // 29: crescent.master.v1.ListObjectsResponse.objects:type_name -> crescent.master.v1.ObjectInfo
+	51, // 30: crescent.master.v1.ObjectInfo.media:type_name -> crescent.master.v1.Medium
+	39, // 31: crescent.master.v1.BatchRemoveRequest.items:type_name -> crescent.master.v1.RemoveRequest
+	49, // 32: crescent.master.v1.BatchRemoveResponse.results:type_name -> crescent.master.v1.ItemStatus
+	10, // 33: crescent.master.v1.ObjectService.PutStart:input_type -> crescent.master.v1.PutStartRequest
+	12, // 34: crescent.master.v1.ObjectService.PutEnd:input_type -> crescent.master.v1.PutEndRequest
+	14, // 35: crescent.master.v1.ObjectService.PutRevoke:input_type -> crescent.master.v1.PutRevokeRequest
+	16, // 36: crescent.master.v1.ObjectService.BatchPutStart:input_type -> crescent.master.v1.BatchPutStartRequest
+	19, // 37: crescent.master.v1.ObjectService.BatchPutEnd:input_type -> crescent.master.v1.BatchPutEndRequest
+	21, // 38: crescent.master.v1.ObjectService.BatchPutRevoke:input_type -> crescent.master.v1.BatchPutRevokeRequest
+	23, // 39: crescent.master.v1.ObjectService.GetReplicaList:input_type -> crescent.master.v1.GetReplicaListRequest
+	25, // 40: crescent.master.v1.ObjectService.BatchGetReplicaList:input_type -> crescent.master.v1.BatchGetReplicaListRequest
+	28, // 41: crescent.master.v1.ObjectService.Exist:input_type -> crescent.master.v1.ExistRequest
+	30, // 42: crescent.master.v1.ObjectService.BatchExist:input_type -> crescent.master.v1.BatchExistRequest
+	32, // 43: crescent.master.v1.ObjectService.GetSize:input_type -> crescent.master.v1.GetSizeRequest
+	34, // 44: crescent.master.v1.ObjectService.QueryRoute:input_type -> crescent.master.v1.QueryRouteRequest
+	36, // 45: crescent.master.v1.ObjectService.ListObjects:input_type -> crescent.master.v1.ListObjectsRequest
+	39, // 46: crescent.master.v1.ObjectService.Remove:input_type -> crescent.master.v1.RemoveRequest
+	41, // 47: crescent.master.v1.ObjectService.BatchRemove:input_type -> crescent.master.v1.BatchRemoveRequest
+	43, // 48: crescent.master.v1.ObjectService.RemoveAll:input_type -> crescent.master.v1.RemoveAllRequest
+	45, // 49: crescent.master.v1.ObjectService.RemoveByPrefix:input_type -> crescent.master.v1.RemoveByPrefixRequest
+	47, // 50: crescent.master.v1.ObjectService.RemoveByRegex:input_type -> crescent.master.v1.RemoveByRegexRequest
+	5,  // 51: crescent.master.v1.ObjectService.Copy:input_type -> crescent.master.v1.ObjectServiceCopyRequest
+	7,  // 52: crescent.master.v1.ObjectService.Move:input_type -> crescent.master.v1.ObjectServiceMoveRequest
+	1,  // 53: crescent.master.v1.ObjectService.Prefetch:input_type -> crescent.master.v1.PrefetchRequest
+	11, // 54: crescent.master.v1.ObjectService.PutStart:output_type -> crescent.master.v1.PutStartResponse
+	13, // 55: crescent.master.v1.ObjectService.PutEnd:output_type -> crescent.master.v1.PutEndResponse
+	15, // 56: crescent.master.v1.ObjectService.PutRevoke:output_type -> crescent.master.v1.PutRevokeResponse
+	17, // 57: crescent.master.v1.ObjectService.BatchPutStart:output_type -> crescent.master.v1.BatchPutStartResponse
+	20, // 58: crescent.master.v1.ObjectService.BatchPutEnd:output_type -> crescent.master.v1.BatchPutEndResponse
+	22, // 59: crescent.master.v1.ObjectService.BatchPutRevoke:output_type -> crescent.master.v1.BatchPutRevokeResponse
+	24, // 60: crescent.master.v1.ObjectService.GetReplicaList:output_type -> crescent.master.v1.GetReplicaListResponse
+	26, // 61: crescent.master.v1.ObjectService.BatchGetReplicaList:output_type -> crescent.master.v1.BatchGetReplicaListResponse
+	29, // 62: crescent.master.v1.ObjectService.Exist:output_type -> crescent.master.v1.ExistResponse
+	31, // 63: crescent.master.v1.ObjectService.BatchExist:output_type -> crescent.master.v1.BatchExistResponse
+	33, // 64: crescent.master.v1.ObjectService.GetSize:output_type -> crescent.master.v1.GetSizeResponse
+	35, // 65: crescent.master.v1.ObjectService.QueryRoute:output_type -> crescent.master.v1.QueryRouteResponse
+	37, // 66: crescent.master.v1.ObjectService.ListObjects:output_type -> crescent.master.v1.ListObjectsResponse
+	40, // 67: crescent.master.v1.ObjectService.Remove:output_type -> crescent.master.v1.RemoveResponse
+	42, // 68: crescent.master.v1.ObjectService.BatchRemove:output_type -> crescent.master.v1.BatchRemoveResponse
+	44, // 69: crescent.master.v1.ObjectService.RemoveAll:output_type -> crescent.master.v1.RemoveAllResponse
+	46, // 70: crescent.master.v1.ObjectService.RemoveByPrefix:output_type -> crescent.master.v1.RemoveByPrefixResponse
+	48, // 71: crescent.master.v1.ObjectService.RemoveByRegex:output_type -> crescent.master.v1.RemoveByRegexResponse
+	6,  // 72: crescent.master.v1.ObjectService.Copy:output_type -> crescent.master.v1.ObjectServiceCopyResponse
+	8,  // 73: crescent.master.v1.ObjectService.Move:output_type -> crescent.master.v1.ObjectServiceMoveResponse
+	2,  // 74: crescent.master.v1.ObjectService.Prefetch:output_type -> crescent.master.v1.PrefetchResponse
+	54, // [54:75] is the sub-list for method output_type
+	33, // [33:54] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_crescent_master_v1_object_proto_init() }
@@ -2899,7 +3162,7 @@ func file_crescent_master_v1_object_proto_init() {
 		return
 	}
 	file_crescent_master_v1_types_proto_init()
-	file_crescent_master_v1_object_proto_msgTypes[0].OneofWrappers = []any{
+	file_crescent_master_v1_object_proto_msgTypes[3].OneofWrappers = []any{
 		(*MigrationTarget_SegmentId)(nil),
 		(*MigrationTarget_HostId)(nil),
 		(*MigrationTarget_Medium)(nil),
@@ -2909,13 +3172,14 @@ func file_crescent_master_v1_object_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crescent_master_v1_object_proto_rawDesc), len(file_crescent_master_v1_object_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   45,
+			NumEnums:      1,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_crescent_master_v1_object_proto_goTypes,
 		DependencyIndexes: file_crescent_master_v1_object_proto_depIdxs,
+		EnumInfos:         file_crescent_master_v1_object_proto_enumTypes,
 		MessageInfos:      file_crescent_master_v1_object_proto_msgTypes,
 	}.Build()
 	File_crescent_master_v1_object_proto = out.File

@@ -39,6 +39,7 @@ const (
 	ObjectService_RemoveByRegex_FullMethodName       = "/crescent.master.v1.ObjectService/RemoveByRegex"
 	ObjectService_Copy_FullMethodName                = "/crescent.master.v1.ObjectService/Copy"
 	ObjectService_Move_FullMethodName                = "/crescent.master.v1.ObjectService/Move"
+	ObjectService_Prefetch_FullMethodName            = "/crescent.master.v1.ObjectService/Prefetch"
 )
 
 // ObjectServiceClient is the client API for ObjectService service.
@@ -130,6 +131,21 @@ type ObjectServiceClient interface {
 	// copy leaves the source in place. A leased source is moved (readers keep
 	// the target); a hard-pinned object is refused with OBJECT_BUSY.
 	Move(ctx context.Context, in *ObjectServiceMoveRequest, opts ...grpc.CallOption) (*ObjectServiceMoveResponse, error)
+	// Prefetch asks for a memory replica of each named object of the caller's
+	// tenant (issue 17: an explicit disk-to-memory promotion). Who may call it
+	// and its limits are Copy's (at most 1024 distinct keys, INVALID_PARAMS
+	// for the whole request otherwise). Without wait, each key is put on the
+	// master's promotion queue and the call returns at once: the background
+	// promotion copies it within its byte-rate budget, while a memory segment
+	// is under its low watermark. With wait, the keys are copied to memory
+	// before the call returns (no rate budget, the same watermark). Either
+	// way the disk replica stays, a promotion never evicts anything, and a
+	// new memory replica records `stored` on memory. Per key: the state
+	// (QUEUED, IN_MEMORY, COPIED) with an OK status, or OBJECT_NOT_FOUND,
+	// OBJECT_BUSY (a write or another copy to memory in progress),
+	// LIMIT_EXCEEDED (the queue is full), NO_AVAILABLE_HANDLE (no memory
+	// segment under its low watermark has room), or the copy's failure.
+	Prefetch(ctx context.Context, in *PrefetchRequest, opts ...grpc.CallOption) (*PrefetchResponse, error)
 }
 
 type objectServiceClient struct {
@@ -340,6 +356,16 @@ func (c *objectServiceClient) Move(ctx context.Context, in *ObjectServiceMoveReq
 	return out, nil
 }
 
+func (c *objectServiceClient) Prefetch(ctx context.Context, in *PrefetchRequest, opts ...grpc.CallOption) (*PrefetchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PrefetchResponse)
+	err := c.cc.Invoke(ctx, ObjectService_Prefetch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ObjectServiceServer is the server API for ObjectService service.
 // All implementations must embed UnimplementedObjectServiceServer
 // for forward compatibility.
@@ -429,6 +455,21 @@ type ObjectServiceServer interface {
 	// copy leaves the source in place. A leased source is moved (readers keep
 	// the target); a hard-pinned object is refused with OBJECT_BUSY.
 	Move(context.Context, *ObjectServiceMoveRequest) (*ObjectServiceMoveResponse, error)
+	// Prefetch asks for a memory replica of each named object of the caller's
+	// tenant (issue 17: an explicit disk-to-memory promotion). Who may call it
+	// and its limits are Copy's (at most 1024 distinct keys, INVALID_PARAMS
+	// for the whole request otherwise). Without wait, each key is put on the
+	// master's promotion queue and the call returns at once: the background
+	// promotion copies it within its byte-rate budget, while a memory segment
+	// is under its low watermark. With wait, the keys are copied to memory
+	// before the call returns (no rate budget, the same watermark). Either
+	// way the disk replica stays, a promotion never evicts anything, and a
+	// new memory replica records `stored` on memory. Per key: the state
+	// (QUEUED, IN_MEMORY, COPIED) with an OK status, or OBJECT_NOT_FOUND,
+	// OBJECT_BUSY (a write or another copy to memory in progress),
+	// LIMIT_EXCEEDED (the queue is full), NO_AVAILABLE_HANDLE (no memory
+	// segment under its low watermark has room), or the copy's failure.
+	Prefetch(context.Context, *PrefetchRequest) (*PrefetchResponse, error)
 	mustEmbedUnimplementedObjectServiceServer()
 }
 
@@ -498,6 +539,9 @@ func (UnimplementedObjectServiceServer) Copy(context.Context, *ObjectServiceCopy
 }
 func (UnimplementedObjectServiceServer) Move(context.Context, *ObjectServiceMoveRequest) (*ObjectServiceMoveResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Move not implemented")
+}
+func (UnimplementedObjectServiceServer) Prefetch(context.Context, *PrefetchRequest) (*PrefetchResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Prefetch not implemented")
 }
 func (UnimplementedObjectServiceServer) mustEmbedUnimplementedObjectServiceServer() {}
 func (UnimplementedObjectServiceServer) testEmbeddedByValue()                       {}
@@ -880,6 +924,24 @@ func _ObjectService_Move_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ObjectService_Prefetch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PrefetchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ObjectServiceServer).Prefetch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ObjectService_Prefetch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ObjectServiceServer).Prefetch(ctx, req.(*PrefetchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ObjectService_ServiceDesc is the grpc.ServiceDesc for ObjectService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -966,6 +1028,10 @@ var ObjectService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Move",
 			Handler:    _ObjectService_Move_Handler,
+		},
+		{
+			MethodName: "Prefetch",
+			Handler:    _ObjectService_Prefetch_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
