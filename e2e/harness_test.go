@@ -67,7 +67,7 @@ const (
 	adminName   = "admin"
 )
 
-var certTenants = []string{"default", "tenant-a", "tenant-b", "t1", "t2", "t3"}
+var certTenants = []string{"default", "tenant-a", "tenant-b", "t1", "t2", "t3", "tier"}
 
 // binDir finds the binaries: $CRESCENT_BIN, else ../bin.
 func binDir(t testing.TB) string {
