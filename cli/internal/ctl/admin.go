@@ -90,7 +90,7 @@ func drainCmd(e *env) *cobra.Command {
 		Short: "Move a segment's replicas elsewhere and stop allocating on it (--undo: put it back in service)",
 		Long: "drain moves every replica off SEGMENT and marks it DRAINED; it takes no new allocations. It waits\n" +
 			"for writes in progress on the segment (at most the master's put timeout) and moves them too, and\n" +
-			"answers what it did: replicas moved, other objects evicted elsewhere to make room, replicas dropped\n" +
+			"answers what it did: replicas moved, other objects offloaded to disk or evicted elsewhere to make room, replicas dropped\n" +
 			"for lack of room, and replicas left (copies that kept failing; the segment then stays DRAINING, the\n" +
 			"exit status is 1, and drain can be run again). The drain runs while crescentctl waits for it:\n" +
 			"interrupting crescentctl stops it after the chunk it is copying (the segment stays DRAINING).\n" +
@@ -136,12 +136,12 @@ func drainCmd(e *env) *cobra.Command {
 			n := r.GetCounts()
 			if e.json() {
 				if err := e.printJSON(map[string]any{"segment_id": args[0], "lifecycle": lc, "total": n.GetTotal(), "moved": n.GetMoved(),
-					"evicted": n.GetEvicted(), "dropped": n.GetDropped(), "failed": n.GetFailed(), "left": n.GetLeft(), "writes_waited": n.GetWritesWaited()}); err != nil {
+					"evicted": n.GetEvicted(), "offloaded": n.GetOffloaded(), "dropped": n.GetDropped(), "failed": n.GetFailed(), "left": n.GetLeft(), "writes_waited": n.GetWritesWaited()}); err != nil {
 					return err
 				}
 			} else {
-				fmt.Fprintf(e.stdout, "segment %s: %s: moved %d of %d, evicted %d elsewhere, dropped %d, left %d\n",
-					args[0], lc, n.GetMoved(), n.GetTotal(), n.GetEvicted(), n.GetDropped(), n.GetLeft())
+				fmt.Fprintf(e.stdout, "segment %s: %s: moved %d of %d, offloaded %d and evicted %d elsewhere, dropped %d, left %d\n",
+					args[0], lc, n.GetMoved(), n.GetTotal(), n.GetOffloaded(), n.GetEvicted(), n.GetDropped(), n.GetLeft())
 			}
 			if n.GetLeft() > 0 {
 				return fmt.Errorf("drain of %s incomplete: %d replicas left on it (%d copies failed); it stays DRAINING, run drain again", args[0], n.GetLeft(), n.GetFailed())

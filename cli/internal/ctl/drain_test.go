@@ -118,7 +118,7 @@ func TestDrainUndo(t *testing.T) {
 		code     int
 		out, err string
 	}{
-		{[]string{"drain", seg0}, ExitOK, "segment " + seg0 + ": DRAINED: moved 1 of 1, evicted 0 elsewhere, dropped 0, left 0\n", ""},
+		{[]string{"drain", seg0}, ExitOK, "segment " + seg0 + ": DRAINED: moved 1 of 1, offloaded 0 and evicted 0 elsewhere, dropped 0, left 0\n", ""},
 		{[]string{"drain", "--undo", seg0}, ExitOK, "segment " + seg0 + ": OK\n", ""},
 		{[]string{"drain", "--undo", seg0}, ExitOK, "segment " + seg0 + ": OK\n", ""},
 		{[]string{"-o", "json", "drain", "--undo", seg0}, ExitOK, `{"lifecycle":"OK","segment_id":"` + seg0 + `"}` + "\n", ""},
@@ -229,7 +229,7 @@ func TestDrainWait(t *testing.T) {
 	go func() {
 		code <- Main(t.Context(), []string{"--master", c.MasterAddr(), "drain", "--wait", "--interval", "10ms", seg0}, strings.NewReader(""), &stdout, &stderr)
 	}()
-	mid := fmt.Sprintf("drain %s: moved %d/%d (99%%), evicted 0, dropped 0, failed 0", seg0, n, n+1)
+	mid := fmt.Sprintf("drain %s: moved %d/%d (99%%), offloaded 0, evicted 0, dropped 0, failed 0", seg0, n, n+1)
 	testutil.EventuallyNoError(t, 30*time.Second, func() error {
 		if !strings.Contains(stderr.String(), mid) {
 			return fmt.Errorf("stderr %q lacks %q", stderr.String(), mid)
@@ -242,7 +242,7 @@ func TestDrainWait(t *testing.T) {
 	if got := <-code; got != ExitOK {
 		t.Fatalf("drain --wait: exit %d, stderr %q", got, stderr.String())
 	}
-	if want := fmt.Sprintf("segment %s: DRAINED: moved %d of %d, evicted 0 elsewhere, dropped 0, left 0\n", seg0, n, n+1); stdout.String() != want {
+	if want := fmt.Sprintf("segment %s: DRAINED: moved %d of %d, offloaded 0 and evicted 0 elsewhere, dropped 0, left 0\n", seg0, n, n+1); stdout.String() != want {
 		t.Fatalf("stdout: got %q, want %q", stdout.String(), want)
 	}
 	lines := strings.Split(strings.TrimSuffix(stderr.String(), "\n"), "\n")
@@ -278,11 +278,11 @@ func TestDrainLineRewrites(t *testing.T) {
 	l := newDrainLine(&w, "s", true)
 	l.show(&masterv1.DrainCounts{Total: 4, Moved: 1})
 	l.show(&masterv1.DrainCounts{Total: 4, Moved: 1})
-	l.show(&masterv1.DrainCounts{Total: 4, Moved: 3, Dropped: 1, Evicted: 2})
+	l.show(&masterv1.DrainCounts{Total: 4, Moved: 3, Dropped: 1, Evicted: 2, Offloaded: 5})
 	l.end()
 	out := w.String()
 	if strings.Count(out, "\r") != 3 || strings.Count(out, "\n") != 1 || !strings.HasSuffix(out, "\n") ||
-		!strings.Contains(out, "\rdrain s: moved 3/4 (100%), evicted 2, dropped 1, failed 0, ") {
+		!strings.Contains(out, "\rdrain s: moved 3/4 (100%), offloaded 5, evicted 2, dropped 1, failed 0, ") {
 		t.Fatalf("terminal progress: got %q", out)
 	}
 	w.Reset()

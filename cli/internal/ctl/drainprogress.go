@@ -65,8 +65,8 @@ func (l *drainLine) show(c *masterv1.DrainCounts) {
 	if c.GetTotal() > 0 {
 		pct = min(100, 100*done/c.GetTotal())
 	}
-	counts := fmt.Sprintf("drain %s: moved %d/%d (%d%%), evicted %d, dropped %d, failed %d",
-		l.segment, c.GetMoved(), c.GetTotal(), pct, c.GetEvicted(), c.GetDropped(), c.GetFailed())
+	counts := fmt.Sprintf("drain %s: moved %d/%d (%d%%), offloaded %d, evicted %d, dropped %d, failed %d",
+		l.segment, c.GetMoved(), c.GetTotal(), pct, c.GetOffloaded(), c.GetEvicted(), c.GetDropped(), c.GetFailed())
 	if !l.rewrite && counts == l.last {
 		return
 	}
@@ -98,8 +98,8 @@ func drainColumn(d *masterv1.DrainProgress) string {
 	}
 	c := d.GetCounts()
 	out := fmt.Sprintf("%s %d/%d", strings.TrimPrefix(d.GetState().String(), "DRAIN_STATE_"), c.GetMoved(), c.GetTotal())
-	if c.GetEvicted()+c.GetDropped()+c.GetLeft() > 0 {
-		out += fmt.Sprintf(" evicted=%d dropped=%d left=%d", c.GetEvicted(), c.GetDropped(), c.GetLeft())
+	if c.GetOffloaded()+c.GetEvicted()+c.GetDropped()+c.GetLeft() > 0 {
+		out += fmt.Sprintf(" offloaded=%d evicted=%d dropped=%d left=%d", c.GetOffloaded(), c.GetEvicted(), c.GetDropped(), c.GetLeft())
 	}
 	return out
 }
@@ -113,7 +113,7 @@ func drainJSON(d *masterv1.DrainProgress) map[string]any {
 	return map[string]any{
 		"state": strings.TrimPrefix(d.GetState().String(), "DRAIN_STATE_"), "no_evict": d.GetNoEvict(),
 		"started_unix_ms": d.GetStartedUnixMs(), "finished_unix_ms": d.GetFinishedUnixMs(), "error": d.GetError(),
-		"total": c.GetTotal(), "moved": c.GetMoved(), "evicted": c.GetEvicted(), "dropped": c.GetDropped(),
+		"total": c.GetTotal(), "moved": c.GetMoved(), "evicted": c.GetEvicted(), "offloaded": c.GetOffloaded(), "dropped": c.GetDropped(),
 		"failed": c.GetFailed(), "left": c.GetLeft(), "writes_waited": c.GetWritesWaited(),
 	}
 }

@@ -200,7 +200,7 @@ func (s *Service) DrainSegment(ctx context.Context, req *masterv1.DrainSegmentRe
 		return nil, notFound(id)
 	}
 	s.lg.Info("segment drain answered", "segment_id", id, "lifecycle", registry.LifecycleLabel(d.Lifecycle),
-		"moved", counts.GetMoved(), "evicted", counts.GetEvicted(), "dropped", counts.GetDropped(), "left", counts.GetLeft())
+		"moved", counts.GetMoved(), "evicted", counts.GetEvicted(), "offloaded", counts.GetOffloaded(), "dropped", counts.GetDropped(), "left", counts.GetLeft())
 	return &masterv1.DrainSegmentResponse{Segment: s.segmentPB(d), Counts: counts}, nil
 }
 

@@ -142,7 +142,7 @@ func (s *Store) Drain(ctx context.Context, segmentID string, opts DrainOptions) 
 	}
 	r.finish(state, err, s.nowMs())
 	s.lg.Info("segment drain ended", "segment_id", segmentID, "state", state.String(), "total", c.Total, "moved", c.Moved,
-		"evicted", c.Evicted, "dropped", c.Dropped, "failed", c.Failed, "left", c.Left, "err", err)
+		"evicted", c.Evicted, "offloaded", c.Offloaded, "dropped", c.Dropped, "failed", c.Failed, "left", c.Left, "err", err)
 	return c, err
 }
 
@@ -210,6 +210,7 @@ func (s *Store) drain(ctx context.Context, sd *segDrain, r *drainRun, sv cluster
 			r.moved.Add(uint64(st.moved))
 			r.dropped.Add(uint64(st.dropped))
 			r.evicted.Add(uint64(st.evicted))
+			r.offloaded.Add(uint64(st.offloaded))
 			r.failed.Add(uint64(st.failed))
 			progress += st.moved + st.dropped
 			if st.full {
@@ -382,7 +383,7 @@ type drainRun struct {
 	startMs int64
 	done    chan struct{}
 
-	total, moved, evicted, dropped, failed, left, writes atomic.Uint64
+	total, moved, evicted, offloaded, dropped, failed, left, writes atomic.Uint64
 
 	finishedMs atomic.Int64 // 0 while running
 	state      masterv1.DrainState
@@ -397,7 +398,7 @@ func (r *drainRun) finish(state masterv1.DrainState, err error, nowMs int64) {
 
 func (r *drainRun) counts() *masterv1.DrainCounts {
 	return &masterv1.DrainCounts{
-		Total: r.total.Load(), Moved: r.moved.Load(), Evicted: r.evicted.Load(), Dropped: r.dropped.Load(),
+		Total: r.total.Load(), Moved: r.moved.Load(), Evicted: r.evicted.Load(), Offloaded: r.offloaded.Load(), Dropped: r.dropped.Load(),
 		Failed: r.failed.Load(), Left: r.left.Load(), WritesWaited: r.writes.Load(),
 	}
 }
@@ -441,7 +442,7 @@ func (s *Store) DrainProgress() map[string]*masterv1.DrainProgress {
 func countsMetadata(c *masterv1.DrainCounts) map[string]string {
 	u := func(v uint64) string { return strconv.FormatUint(v, 10) }
 	return map[string]string{
-		"total": u(c.Total), "moved": u(c.Moved), "evicted": u(c.Evicted), "dropped": u(c.Dropped),
+		"total": u(c.Total), "moved": u(c.Moved), "evicted": u(c.Evicted), "offloaded": u(c.Offloaded), "dropped": u(c.Dropped),
 		"failed": u(c.Failed), "left": u(c.Left), "writes_waited": u(c.WritesWaited),
 	}
 }
@@ -461,7 +462,7 @@ func asSegmentErr(err error, id string) error {
 
 // drainStepResult is what one drain step did.
 type drainStepResult struct {
-	moved, dropped, evicted, failed int
+	moved, dropped, evicted, offloaded, failed int
 	// full: NoEvict and some replica found no room (its source kept).
 	full bool
 }
@@ -483,11 +484,12 @@ func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chun
 		// Evict and place again while eviction frees something (it
 		// usually takes one round: drainEvict asks for the moves' bytes).
 		for round := 0; round < drainEvictRounds && len(noRoom) > 0; round++ {
-			n := s.drainEvict(ctx, noRoom)
-			if n == 0 {
+			evicted, offloaded := s.drainEvict(ctx, noRoom)
+			if evicted+offloaded == 0 {
 				break
 			}
-			res.evicted += n
+			res.evicted += evicted
+			res.offloaded += offloaded
 			noRoom = s.drainPlace(p, noRoom, rel, srcID, srcAgent, drainBelowHigh)
 		}
 		if len(noRoom) > 0 {
@@ -607,9 +609,12 @@ func (s *Store) pickBelowHigh(p *placer, medium masterv1.Medium, size uint64, av
 // per medium, every segment that could take one of them and holds more than
 // the low watermark is evicted down to it, and further so that its share of the
 // moves' bytes fits below the high watermark (if none holds more than the
-// low watermark, the fullest is asked for the moves' bytes). It returns
-// how many objects it evicted.
-func (s *Store) drainEvict(ctx context.Context, moves []*move) int {
+// low watermark, the fullest is asked for the moves' bytes). Memory
+// segments' victims are offloaded to disk when the policy and a disk
+// segment allow (as the background check does, offload.go), the others
+// dropped. It returns how many objects it dropped and how many it
+// offloaded.
+func (s *Store) drainEvict(ctx context.Context, moves []*move) (evicted, offloaded int) {
 	need := map[masterv1.Medium]int64{}
 	// A segment is evicted only if it could take one of the moves: of its
 	// medium, large enough, and not already holding a replica of the
@@ -639,10 +644,11 @@ func (s *Store) drainEvict(ctx context.Context, moves []*move) int {
 		shd.mu.Unlock()
 	}
 	if len(need) == 0 {
-		return 0
+		return 0, 0
 	}
 	var segs []cluster.Segment
-	for _, sg := range s.reg.Segments() {
+	all := s.reg.Segments()
+	for _, sg := range all {
 		if !sg.CanAllocate() || sg.Capacity == 0 {
 			continue
 		}
@@ -681,10 +687,32 @@ func (s *Store) drainEvict(ctx context.Context, moves []*move) int {
 		}
 	}
 	if len(targets) == 0 {
-		return 0
+		return 0, 0
 	}
-	ctx, span := tracer.Child(ctx, "master.evict")
-	n := s.evict(ctx, targets)
-	endEvict(span, "drain", targets, n)
-	return n
+	var off []evictTarget
+	if s.canOffload(all) {
+		targets = slices.DeleteFunc(targets, func(t evictTarget) bool {
+			if idx := slices.IndexFunc(segs, func(sg cluster.Segment) bool { return s.segs.intern(sg.ID) == t.seg }); idx >= 0 &&
+				segs[idx].Medium == masterv1.Medium_MEDIUM_MEMORY {
+				off = append(off, t)
+				return true
+			}
+			return false
+		})
+	}
+	if len(off) > 0 {
+		ctx, span := tracer.Child(ctx, "master.offload")
+		s.offloadMu.Lock()
+		r := s.offloadCounted(ctx, off)
+		s.offloadMu.Unlock()
+		span.End()
+		offloaded, evicted = r.offloaded, r.dropped
+	}
+	if len(targets) > 0 {
+		ctx, span := tracer.Child(ctx, "master.evict")
+		n := s.evict(ctx, targets)
+		endEvict(span, "drain", targets, n)
+		evicted += n
+	}
+	return evicted, offloaded
 }

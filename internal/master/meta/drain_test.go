@@ -111,6 +111,38 @@ func TestDrainMakesRoom(t *testing.T) {
 	}
 }
 
+// TestDrainOffloadsToMakeRoom: with a disk segment present (and the
+// default evict policy, offload), the object a drain evicts from the
+// target memory segment to make room goes to disk instead of being
+// dropped: counted as offloaded, still readable, its log stored(disk)
+// before removed(memory).
+func TestDrainOffloadsToMakeRoom(t *testing.T) {
+	e := newEnv(t, 2, 1, 100, Config{Shards: 4})
+	e.withDisk(1, 1000)
+	e.put(t, PutSpec{Key: "a", Size: 60, Preferred: []string{"seg-0-0"}})
+	e.put(t, PutSpec{Key: "b", Size: 60, Preferred: []string{"seg-1-0"}})
+	got, err := e.s.Drain(t.Context(), "seg-0-0", DrainOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (&masterv1.DrainCounts{Total: 1, Moved: 1, Offloaded: 1}); !proto.Equal(got, want) {
+		t.Fatalf("counts: got %v, want %v", got, want)
+	}
+	if segs := replicaSegs(t, e.s, "b"); !slices.Equal(segs, []string{"disk-1/complete"}) {
+		t.Fatalf("b's replicas: %v, want one on disk-1", segs)
+	}
+	var media []string
+	recs, _, _, _ := e.s.log.Read(0, 0, nil)
+	for _, r := range recs {
+		media = append(media, fmt.Sprintf("%d:%s/%v", r.Type, r.Key, r.Medium))
+	}
+	want := []string{"1:a/MEDIUM_MEMORY", "1:b/MEDIUM_MEMORY", "1:b/MEDIUM_DISK", "2:b/MEDIUM_MEMORY"}
+	if !slices.Equal(media, want) {
+		t.Fatalf("changes: got %v, want %v", media, want)
+	}
+	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
+}
+
 // TestDrainNoEvictStopsWhenFull: with NoEvict the drain moves what fits
 // below the high watermark (in chunks), then stops at the first chunk with
 // a replica that finds no room; nothing is evicted or dropped, every object

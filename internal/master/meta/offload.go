@@ -7,6 +7,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Offload on eviction (issue 17 item 3, docs/tiering.md §3). With
@@ -73,6 +74,22 @@ func (s *Store) canOffload(segs []cluster.Segment) bool {
 // a root span of its own, the counters, and the carry-on state.
 func (s *Store) offloadPass(ctx context.Context, targets []evictTarget) {
 	ctx, span := tracer.Start(ctx, "master.offload")
+	r := s.offloadCounted(ctx, targets)
+	span.End()
+	// Carry on at once, unless the pass achieved nothing (every candidate
+	// held by a lease or pin, say): the next tick tries again.
+	if r.more && r.offloaded+r.dropped > 0 && ctx.Err() == nil {
+		for _, t := range targets {
+			s.offloadMore[t.seg] = true
+		}
+		s.kickEviction()
+	}
+}
+
+// offloadCounted is offload with its span attributes, counters and log
+// line (offloadMu held): the background pass's and a drain's.
+func (s *Store) offloadCounted(ctx context.Context, targets []evictTarget) offloadResult {
+	span := trace.SpanFromContext(ctx)
 	r := s.offload(ctx, targets)
 	if span.IsRecording() {
 		var need int64
@@ -82,7 +99,6 @@ func (s *Store) offloadPass(ctx context.Context, targets []evictTarget) {
 		span.SetAttributes(attrSegments.Int(len(targets)), attrNeedBytes.Int64(need),
 			attrOffloaded.Int(r.offloaded), attrEvicted.Int(r.dropped))
 	}
-	span.End()
 	s.offloaded.Add(float64(r.offloaded))
 	s.offloadedBytes.Add(float64(r.bytes))
 	s.evicted.Add(float64(r.dropped))
@@ -90,14 +106,7 @@ func (s *Store) offloadPass(ctx context.Context, targets []evictTarget) {
 		s.lg.Debug("offloaded objects", "objects", r.offloaded, "bytes", r.bytes, "dropped", r.dropped,
 			"segments", len(targets), "more", r.more)
 	}
-	// Carry on at once, unless the pass achieved nothing (every candidate
-	// held by a lease or pin, say): the next tick tries again.
-	if r.more && r.offloaded+r.dropped > 0 && ctx.Err() == nil {
-		for _, t := range targets {
-			s.offloadMore[t.seg] = true
-		}
-		s.kickEviction()
-	}
+	return r
 }
 
 // offload demotes the victims of targets (memory segments) to disk, within

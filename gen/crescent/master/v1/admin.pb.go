@@ -459,7 +459,11 @@ type DrainCounts struct {
 	// Replicas still on the segment when the drain ended (0 when DRAINED).
 	Left uint64 `protobuf:"varint,6,opt,name=left,proto3" json:"left,omitempty"`
 	// Writes in progress on the segment that the drain waited for.
-	WritesWaited  uint64 `protobuf:"varint,7,opt,name=writes_waited,json=writesWaited,proto3" json:"writes_waited,omitempty"`
+	WritesWaited uint64 `protobuf:"varint,7,opt,name=writes_waited,json=writesWaited,proto3" json:"writes_waited,omitempty"`
+	// Other objects moved from memory to disk, on other hosts' or this
+	// host's memory segments, to make room for the moves (offload on
+	// eviction, --evict-policy=offload): unlike evicted, still readable.
+	Offloaded     uint64 `protobuf:"varint,8,opt,name=offloaded,proto3" json:"offloaded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -539,6 +543,13 @@ func (x *DrainCounts) GetLeft() uint64 {
 func (x *DrainCounts) GetWritesWaited() uint64 {
 	if x != nil {
 		return x.WritesWaited
+	}
+	return 0
+}
+
+func (x *DrainCounts) GetOffloaded() uint64 {
+	if x != nil {
+		return x.Offloaded
 	}
 	return 0
 }
@@ -1787,7 +1798,7 @@ const file_crescent_master_v1_admin_proto_rawDesc = "" +
 	"\x0ecan_serve_read\x18\n" +
 	" \x01(\bR\fcanServeRead\x12+\n" +
 	"\x11transfer_endpoint\x18\v \x01(\tR\x10transferEndpoint\x127\n" +
-	"\x05drain\x18\f \x01(\v2!.crescent.master.v1.DrainProgressR\x05drain\"\xbe\x01\n" +
+	"\x05drain\x18\f \x01(\v2!.crescent.master.v1.DrainProgressR\x05drain\"\xdc\x01\n" +
 	"\vDrainCounts\x12\x14\n" +
 	"\x05total\x18\x01 \x01(\x04R\x05total\x12\x14\n" +
 	"\x05moved\x18\x02 \x01(\x04R\x05moved\x12\x18\n" +
@@ -1795,7 +1806,8 @@ const file_crescent_master_v1_admin_proto_rawDesc = "" +
 	"\adropped\x18\x04 \x01(\x04R\adropped\x12\x16\n" +
 	"\x06failed\x18\x05 \x01(\x04R\x06failed\x12\x12\n" +
 	"\x04left\x18\x06 \x01(\x04R\x04left\x12#\n" +
-	"\rwrites_waited\x18\a \x01(\x04R\fwritesWaited\"\x81\x02\n" +
+	"\rwrites_waited\x18\a \x01(\x04R\fwritesWaited\x12\x1c\n" +
+	"\toffloaded\x18\b \x01(\x04R\toffloaded\"\x81\x02\n" +
 	"\rDrainProgress\x124\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x1e.crescent.master.v1.DrainStateR\x05state\x127\n" +
 	"\x06counts\x18\x02 \x01(\v2\x1f.crescent.master.v1.DrainCountsR\x06counts\x12\x19\n" +

@@ -385,6 +385,11 @@ func (m *DrainCounts) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.Offloaded != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.Offloaded))
+		i--
+		dAtA[i] = 0x40
+	}
 	if m.WritesWaited != 0 {
 		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.WritesWaited))
 		i--
@@ -1681,6 +1686,9 @@ func (m *DrainCounts) SizeVT() (n int) {
 	}
 	if m.WritesWaited != 0 {
 		n += 1 + protohelpers.SizeOfVarint(uint64(m.WritesWaited))
+	}
+	if m.Offloaded != 0 {
+		n += 1 + protohelpers.SizeOfVarint(uint64(m.Offloaded))
 	}
 	n += len(m.unknownFields)
 	return n
@@ -3124,6 +3132,25 @@ func (m *DrainCounts) UnmarshalVT(dAtA []byte) error {
 				b := dAtA[iNdEx]
 				iNdEx++
 				m.WritesWaited |= uint64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+		case 8:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Offloaded", wireType)
+			}
+			m.Offloaded = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.Offloaded |= uint64(b&0x7F) << shift
 				if b < 0x80 {
 					break
 				}
@@ -6684,6 +6711,25 @@ func (m *DrainCounts) UnmarshalVTUnsafe(dAtA []byte) error {
 				b := dAtA[iNdEx]
 				iNdEx++
 				m.WritesWaited |= uint64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+		case 8:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Offloaded", wireType)
+			}
+			m.Offloaded = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.Offloaded |= uint64(b&0x7F) << shift
 				if b < 0x80 {
 					break
 				}
