@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 20m
 TESTFLAGS    ?=
 COMPOSE      := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
-.PHONY: all gen check-gen lint build test test-unit test-e2e run run-secure run-ha up up-ha down bench bench-gateway-state bench-restart bench-drain bench-offload bench-failover fuzz clean tidy check-observability
+.PHONY: all gen check-gen lint build test test-unit test-e2e run run-secure run-ha up up-ha down bench bench-gateway-state bench-restart bench-drain bench-offload bench-diskget bench-failover fuzz clean tidy check-observability
 
 all: build
 
@@ -130,6 +130,11 @@ DRAIN_OBJECTS ?= 100000
 bench-drain:
 	$(GO) test -run '^$$' -bench 'Drain|AgentCopy' -benchtime 1x -count 3 -timeout 30m $(TESTFLAGS) ./internal/testcluster/ -args -drain-objects $(DRAIN_OBJECTS)
 	$(GO) test -run '^$$' -bench 'BenchmarkCopy' -benchtime 2s -count 3 $(TESTFLAGS) ./internal/agent/link/
+
+## bench-diskget: a get of a disk-tier object with the page cache warm and cold (FADV_DONTNEED) against a get from memory, 1 MiB and 4 KiB objects (issue 17, BENCHMARKS.md), 3 runs each
+bench-diskget:
+	$(GO) test -run '^$$' -bench DiskGet -benchtime 1x -count 3 -timeout 30m $(TESTFLAGS) ./internal/testcluster/
+	$(GO) test -run '^$$' -bench DiskGet -benchtime 1x -count 3 -timeout 30m $(TESTFLAGS) ./internal/testcluster/ -args -diskget-size 4096 -diskget-objects 2048
 
 ## bench-offload: offload on eviction (one agent's memory segment past the high watermark, moved to its disk segment) of 1 MiB and of 4 KiB objects against a plain sequential write of the same bytes to the same filesystem (issue 17 item 3, BENCHMARKS.md), 3 runs each
 bench-offload:
