@@ -194,31 +194,16 @@ func (s *Store) drain(ctx context.Context, sd *segDrain, r *drainRun, sv cluster
 		if pass > 0 {
 			s.lg.Info("drain pass again", "segment_id", segmentID, "pass", pass+1, "replicas", len(moves))
 		}
-		progress := 0
 		failedBefore = r.failed.Load()
-		for start := 0; start < len(moves); start += drainChunk {
-			if err := ctx.Err(); err != nil {
-				r.left.Store(uint64(s.drainLeft(src)))
-				return stopped, rpcerr.Status(err)
-			}
-			if sd.undrains.Load() != gen {
-				r.left.Store(uint64(s.drainLeft(src)))
-				return stopped, errUndrained(segmentID, int(r.moved.Load()), int(r.dropped.Load()))
-			}
-			chunk := moves[start:min(start+drainChunk, len(moves))]
-			st := s.drainStep(ctx, sv.AgentID, src, chunk, opts.NoEvict)
-			r.moved.Add(uint64(st.moved))
-			r.dropped.Add(uint64(st.dropped))
-			r.evicted.Add(uint64(st.evicted))
-			r.offloaded.Add(uint64(st.offloaded))
-			r.failed.Add(uint64(st.failed))
-			progress += st.moved + st.dropped
-			if st.full {
-				r.left.Store(uint64(s.drainLeft(src)))
+		progress, err := s.drainChunks(ctx, sd, gen, r, sv, src, moves, opts.NoEvict)
+		if err != nil {
+			r.left.Store(uint64(s.drainLeft(src)))
+			if errors.Is(err, errDrainFull) {
 				return stopped, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_NO_AVAILABLE_HANDLE,
 					"drain of segment %q stopped: no other %s segment has room below the high watermark and no_evict is set; %d replicas moved, %d left",
 					segmentID, sv.Medium, r.moved.Load(), r.left.Load())
 			}
+			return stopped, err
 		}
 		if progress == 0 && writes == 0 {
 			break // the same failures again
@@ -237,6 +222,67 @@ func (s *Store) drain(ctx context.Context, sd *segDrain, r *drainRun, sv cluster
 		return stopped, asSegmentErr(err, segmentID)
 	}
 	return masterv1.DrainState_DRAIN_STATE_DONE, nil
+}
+
+// drainInFlight is how many chunks a drain moves at once: while one
+// chunk's bytes are copied, the next is placed and reserved, so the copy
+// path (one batched Copy per chunk, one agent at a time) is not idle
+// between chunks.
+const drainInFlight = 2
+
+// errDrainFull is drainChunks' stop for NoEvict with no room.
+var errDrainFull = errors.New("no room and no_evict")
+
+// drainChunks runs one pass's moves through drainStep, chunk by chunk,
+// drainInFlight chunks at once, adding what each did to r. It returns how
+// many replicas left the segment (moved or dropped) and, when it stopped
+// early, why: ctx's end, an undrain, or errDrainFull (NoEvict found no
+// room). It returns only once every chunk it started has finished.
+func (s *Store) drainChunks(ctx context.Context, sd *segDrain, gen uint64, r *drainRun, sv cluster.Segment, src uint32, moves []*move, noEvict bool) (int, error) {
+	var (
+		wg       sync.WaitGroup
+		progress atomic.Int64
+		full     atomic.Bool
+		slots    = make(chan struct{}, drainInFlight)
+		stop     error
+	)
+	for start := 0; start < len(moves); start += drainChunk {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if err := ctx.Err(); err != nil {
+			stop = rpcerr.Status(err)
+			break
+		}
+		if sd.undrains.Load() != gen {
+			stop = errUndrained(sv.ID, int(r.moved.Load()), int(r.dropped.Load()))
+			break
+		}
+		if full.Load() {
+			stop = errDrainFull
+			break
+		}
+		chunk := moves[start:min(start+drainChunk, len(moves))]
+		wg.Go(func() {
+			defer func() { <-slots }()
+			st := s.drainStep(ctx, sv.AgentID, src, chunk, noEvict)
+			r.moved.Add(uint64(st.moved))
+			r.dropped.Add(uint64(st.dropped))
+			r.evicted.Add(uint64(st.evicted))
+			r.offloaded.Add(uint64(st.offloaded))
+			r.failed.Add(uint64(st.failed))
+			progress.Add(int64(st.moved + st.dropped))
+			if st.full {
+				full.Store(true)
+			}
+		})
+	}
+	wg.Wait()
+	if stop == nil && full.Load() {
+		stop = errDrainFull
+	}
+	return int(progress.Load()), stop
 }
 
 // drainPasses bounds Drain's passes over the segment: the first, one after
