@@ -27,6 +27,38 @@ type mut struct {
 	// span is the sampled span of the task (zero: none), named with its
 	// change records (under).
 	span trace.SpanContext
+	// prepaid is usage already charged to a tenant for objects this
+	// session will create by force (prepay): newObject takes from it
+	// instead of charging each object (the tenant's lock is shared by every
+	// shard, and a rebuild creates millions of objects).
+	prepaid prepaid
+}
+
+// prepaid is a tenant's usage charged ahead by prepay.
+type prepaid struct {
+	tenant         uint32
+	bytes, objects int64
+	on             bool
+}
+
+// prepay charges tenant (by force) for up to objects new objects of bytes
+// in all, which newObject(force) then takes from; settle gives back what
+// was not used. The tenant's usage is never below the truth meanwhile, so
+// no refund can find it idle too early.
+func (m *mut) prepay(tenant uint32, bytes, objects int64) {
+	m.settle()
+	_ = m.s.tenants.get(tenant).charge(bytes, objects, true)
+	m.prepaid = prepaid{tenant: tenant, bytes: bytes, objects: objects, on: true}
+}
+
+// settle gives back what prepay charged and newObject did not use.
+func (m *mut) settle() {
+	if p := m.prepaid; p.on {
+		if p.bytes != 0 || p.objects != 0 {
+			_ = m.s.tenants.get(p.tenant).charge(-p.bytes, -p.objects, true)
+		}
+		m.prepaid = prepaid{}
+	}
 }
 
 // under names sc (a sampled span, or zero) as the span of m's change
@@ -49,6 +81,7 @@ func (s *Store) begin(sh *shard, rel *releases) *mut {
 // not be used afterwards). Call it before unlocking the shard so that
 // revision order matches state order.
 func (m *mut) commit() {
+	m.settle()
 	if len(m.relink) > 0 {
 		m.sh.relinkLocked(m.relink)
 		clear(m.relink)
@@ -97,7 +130,10 @@ func (m *mut) touchLater(o *object, ms int64) {
 // object-created tenant event). force skips the quota check (adoption of
 // bytes that already exist).
 func (m *mut) newObject(tenant uint32, key string, size uint64, force bool) (*object, error) {
-	if err := m.s.tenants.get(tenant).charge(int64(size), 1, force); err != nil {
+	if p := &m.prepaid; force && p.on && p.tenant == tenant && p.objects > 0 && p.bytes >= int64(size) {
+		p.bytes -= int64(size)
+		p.objects--
+	} else if err := m.s.tenants.get(tenant).charge(int64(size), 1, force); err != nil {
 		return nil, err
 	}
 	o := &object{key: key, tenant: tenant, size: size, nextRID: 1}

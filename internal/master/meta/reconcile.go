@@ -231,7 +231,27 @@ func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation,
 		shd.mu.Lock()
 		m := s.begin(shd, rel).under(r.sc)
 		var one [1]*masterv1.Allocation
-		for _, it := range its {
+		for i, it := range its {
+			if i == 0 || it.tenant != its[i-1].tenant {
+				// The tenant's usage for every object of its run that may
+				// be new, charged once (mut.prepay), not per object.
+				// Sealed allocations only (the others are never adopted),
+				// whose sizes were checked against their segment above;
+				// a sum past 2^62 is not prepaid (newObject charges).
+				var bytes, n int64
+				for _, x := range its[i:] {
+					if x.tenant != it.tenant || bytes > 1<<62 {
+						break
+					}
+					if x.a.GetState() == masterv1.AllocationState_ALLOCATION_STATE_SEALED {
+						bytes += int64(min(x.a.GetSize(), 1<<62))
+						n++
+					}
+				}
+				if bytes <= 1<<62 {
+					m.prepay(it.tenant, bytes, n)
+				}
+			}
 			if presize > 0 && len(shd.tenants) == 0 {
 				shd.tenants[it.tenant] = newObjMap(presize)
 			}

@@ -205,3 +205,50 @@ func TestDropSegments(t *testing.T) {
 	}
 	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
 }
+
+// TestReconcilePrepaysTenants: a rebuild charges each tenant once per
+// shard run (mut.prepay) instead of once per object; with two tenants
+// interleaved in a chunk, an object that exists already, a duplicate
+// replica, a RESERVED allocation and one refused for its bounds, each
+// tenant's usage still equals what it holds afterwards.
+func TestReconcilePrepaysTenants(t *testing.T) {
+	e := newEnv(t, 1, 1, 1<<20, Config{Shards: 4})
+	sealed := masterv1.AllocationState_ALLOCATION_STATE_SEALED
+	var allocs []*masterv1.Allocation
+	for i := range 200 {
+		tn := []string{"t1", "t2"}[i%2]
+		allocs = append(allocs, &masterv1.Allocation{SegmentId: "seg-0-0", AllocationId: uint64(1000 + i), Offset: uint64(4096 * (i + 1)),
+			Size: uint64(10 + i), State: sealed, Tenant: tn, Key: fmt.Sprintf("k%03d", i), SealedUnixMs: 1, Checksum: 7})
+	}
+	allocs = append(allocs,
+		&masterv1.Allocation{SegmentId: "seg-0-0", AllocationId: 5000, Offset: 1 << 19, Size: 10, State: sealed, Tenant: "t1", Key: "k000", SealedUnixMs: 1, Checksum: 7},
+		&masterv1.Allocation{SegmentId: "seg-0-0", AllocationId: 5001, Offset: 1<<19 + 4096, Size: 50, State: masterv1.AllocationState_ALLOCATION_STATE_RESERVED, Tenant: "t2", Key: "reserved"},
+		&masterv1.Allocation{SegmentId: "seg-0-0", AllocationId: 5002, Offset: 0, Size: 1 << 40, State: sealed, Tenant: "t2", Key: "huge", SealedUnixMs: 1},
+	)
+	e.s.Reconcile(t.Context(), "agent-0", e.c.Reg.Segments(), allocs)
+	type usage struct{ bytes, objects uint64 }
+	held := map[string]usage{}
+	for i := range e.s.shards {
+		sh := &e.s.shards[i]
+		sh.mu.Lock()
+		for tn, objs := range sh.tenants {
+			for _, o := range objs.all() {
+				u := held[e.s.tenants.get(tn).name]
+				u.bytes += o.size
+				u.objects++
+				held[e.s.tenants.get(tn).name] = u
+			}
+		}
+		sh.mu.Unlock()
+	}
+	for _, tn := range []string{"t1", "t2"} {
+		q, err := e.s.TenantQuota(t.Context(), tn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h := held[tn]; q.GetUsedObjects() != h.objects || q.GetUsedBytes() != h.bytes || h.objects != 100 {
+			t.Fatalf("tenant %s: usage %d objects %d bytes, holds %d objects %d bytes (want 100 objects)",
+				tn, q.GetUsedObjects(), q.GetUsedBytes(), h.objects, h.bytes)
+		}
+	}
+}
