@@ -128,14 +128,7 @@ func TestMoveToDisk(t *testing.T) {
 		}
 	}
 	checkReplicas(t, c, "t", n, size, 1)
-	recs, _, _, err := c.Master().Store.Log().Read(0, 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	seen := map[string][]string{}
-	for _, r := range recs {
-		seen[r.Key] = append(seen[r.Key], fmt.Sprintf("%v:%v", r.Type, r.Medium))
-	}
+	seen := keyChanges(t, c)
 	want := []string{
 		fmt.Sprintf("%v:%v", changelog.Stored, masterv1.Medium_MEDIUM_MEMORY),
 		fmt.Sprintf("%v:%v", changelog.Stored, masterv1.Medium_MEDIUM_DISK),

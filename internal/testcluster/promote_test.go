@@ -36,14 +36,7 @@ var diskAndMemory = []masterv1.Medium{masterv1.Medium_MEDIUM_MEMORY, masterv1.Me
 // stored(memory), and nothing removed.
 func checkPromotedLog(t *testing.T, c *testcluster.Cluster, keys []string) {
 	t.Helper()
-	recs, _, _, err := c.Master().Store.Log().Read(0, 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	seen := map[string][]string{}
-	for _, r := range recs {
-		seen[r.Key] = append(seen[r.Key], fmt.Sprintf("%v:%v", r.Type, r.Medium))
-	}
+	seen := keyChanges(t, c)
 	want := []string{
 		fmt.Sprintf("%v:%v", changelog.Stored, masterv1.Medium_MEDIUM_DISK),
 		fmt.Sprintf("%v:%v", changelog.Stored, masterv1.Medium_MEDIUM_MEMORY),
