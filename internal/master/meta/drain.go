@@ -242,7 +242,7 @@ func (s *Store) drainChunks(ctx context.Context, sd *segDrain, gen uint64, r *dr
 	var (
 		wg       sync.WaitGroup
 		progress atomic.Int64
-		full     atomic.Bool
+		pipe     drainPipe
 		slots    = make(chan struct{}, drainInFlight)
 		stop     error
 	)
@@ -259,27 +259,24 @@ func (s *Store) drainChunks(ctx context.Context, sd *segDrain, gen uint64, r *dr
 			stop = errUndrained(sv.ID, int(r.moved.Load()), int(r.dropped.Load()))
 			break
 		}
-		if full.Load() {
+		if pipe.full.Load() {
 			stop = errDrainFull
 			break
 		}
 		chunk := moves[start:min(start+drainChunk, len(moves))]
 		wg.Go(func() {
 			defer func() { <-slots }()
-			st := s.drainStep(ctx, sv.AgentID, src, chunk, noEvict)
+			st := s.drainStep(ctx, &pipe, sv.AgentID, src, chunk, noEvict)
 			r.moved.Add(uint64(st.moved))
 			r.dropped.Add(uint64(st.dropped))
 			r.evicted.Add(uint64(st.evicted))
 			r.offloaded.Add(uint64(st.offloaded))
 			r.failed.Add(uint64(st.failed))
 			progress.Add(int64(st.moved + st.dropped))
-			if st.full {
-				full.Store(true)
-			}
 		})
 	}
 	wg.Wait()
-	if stop == nil && full.Load() {
+	if stop == nil && pipe.full.Load() {
 		stop = errDrainFull
 	}
 	return int(progress.Load()), stop
@@ -517,11 +514,48 @@ type drainStepResult struct {
 // targets — evicting, or dropping sources that have nowhere to go, or with
 // noEvict leaving them — and migrateChunk runs the rest, shared with Copy
 // and Move.
-func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chunk []*move, noEvict bool) drainStepResult {
+func (s *Store) drainStep(ctx context.Context, pipe *drainPipe, srcAgent string, src uint32, chunk []*move, noEvict bool) drainStepResult {
 	var res drainStepResult
 	p := s.newPlacer(newExclusions())
 	rel := &releases{}
 	srcID := s.segs.get(src).id
+	// Phase 1 is one chunk at a time (pipe.placeMu), so chunks in flight
+	// place as one would after the other: each sees the room the one
+	// before it took, and none starts after one found no room with
+	// noEvict. Only the copies overlap.
+	pipe.placeMu.Lock()
+	if pipe.full.Load() {
+		pipe.placeMu.Unlock()
+		return res
+	}
+	res = s.drainPlaceChunk(ctx, p, rel, srcID, srcAgent, chunk, noEvict)
+	if res.full {
+		pipe.full.Store(true)
+	}
+	pipe.placeMu.Unlock()
+	placed := 0
+	for _, mv := range chunk {
+		if mv.dst != 0 {
+			placed++
+		}
+	}
+	res.moved, _ = s.migrateChunk(ctx, chunk, rel, modeDrain)
+	res.failed = placed - res.moved
+	return res
+}
+
+// drainPipe is what a pass's chunks in flight share (drainChunks).
+type drainPipe struct {
+	placeMu sync.Mutex
+	// full: a chunk found no room with NoEvict; no later chunk places.
+	full atomic.Bool
+}
+
+// drainPlaceChunk is drainStep's phase 1: it places the chunk's targets,
+// evicting (or offloading) for room unless noEvict, and dropping the
+// sources that find none even then.
+func (s *Store) drainPlaceChunk(ctx context.Context, p *placer, rel *releases, srcID, srcAgent string, chunk []*move, noEvict bool) drainStepResult {
+	var res drainStepResult
 	// Room below the high watermark first.
 	noRoom := s.drainPlace(p, chunk, rel, srcID, srcAgent, drainBelowHigh)
 	if len(noRoom) > 0 && noEvict {
@@ -543,14 +577,6 @@ func (s *Store) drainStep(ctx context.Context, srcAgent string, src uint32, chun
 		}
 		res.dropped = len(noRoom)
 	}
-	placed := 0
-	for _, mv := range chunk {
-		if mv.dst != 0 {
-			placed++
-		}
-	}
-	res.moved, _ = s.migrateChunk(ctx, chunk, rel, modeDrain)
-	res.failed = placed - res.moved
 	return res
 }
 
