@@ -574,11 +574,7 @@ func (s *Store) MigrateObjects(ctx context.Context, tenant string, keys []string
 	out := make([]*masterv1.MigrationResult, len(res))
 	for i := range res {
 		r := &res[i]
-		st := &masterv1.ItemStatus{}
-		if r.Err != nil {
-			st = rpcerr.Item(r.Err)
-		}
-		out[i] = &masterv1.MigrationResult{Key: r.Key, Status: st, Replica: r.Replica, SourceSegmentId: r.Source}
+		out[i] = &masterv1.MigrationResult{Key: r.Key, Status: rpcerr.Item(r.Err), Replica: r.Replica, SourceSegmentId: r.Source}
 	}
 	return out, nil
 }

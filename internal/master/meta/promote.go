@@ -483,11 +483,7 @@ func (s *Store) PrefetchObjects(ctx context.Context, tenant string, keys []strin
 	out := make([]*masterv1.PrefetchResult, len(res))
 	for i := range res {
 		r := &res[i]
-		st := &masterv1.ItemStatus{}
-		if r.Err != nil {
-			st = rpcerr.Item(r.Err)
-		}
-		out[i] = &masterv1.PrefetchResult{Key: r.Key, Status: st, State: r.State, Replica: r.Replica}
+		out[i] = &masterv1.PrefetchResult{Key: r.Key, Status: rpcerr.Item(r.Err), State: r.State, Replica: r.Replica}
 	}
 	return out, nil
 }
