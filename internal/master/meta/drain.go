@@ -50,6 +50,19 @@ type move struct {
 	err    error
 }
 
+// objectLocked fills in what the copy needs of o and its source replica r:
+// the allocation, size, checksum, group, hard pin, and the soft pin's
+// expiry when pinned says it travels with the object (the callers differ:
+// a drain passes any soft pin on, the others only one not yet expired).
+// shd is o's shard, locked.
+func (mv *move) objectLocked(shd *shard, o *object, r replica, pinned bool) {
+	mv.srcAlloc, mv.size, mv.checksum, mv.group = r.allocID, o.size, o.checksum, shd.groupOf(o)
+	mv.hard = o.flags&flagHardPin != 0
+	if pinned {
+		mv.pinMs = shd.softPinLocked(o)
+	}
+}
+
 // DrainOptions are a drain's choices.
 type DrainOptions struct {
 	// NoEvict never evicts other objects to make room: a replica that finds
@@ -639,11 +652,7 @@ func (s *Store) drainPlace(p *placer, moves []*move, rel *releases, srcID, srcAg
 				continue
 			}
 			mv.srcSeg, mv.srcAgent = srcID, srcAgent
-			mv.srcAlloc, mv.size, mv.checksum, mv.group = r.allocID, o.size, o.checksum, shd.groupOf(o)
-			mv.hard = o.flags&flagHardPin != 0
-			if o.flags&flagSoftPin != 0 {
-				mv.pinMs = shd.softPinLocked(o)
-			}
+			mv.objectLocked(shd, o, r, o.flags&flagSoftPin != 0)
 			mv.target = vs[0]
 			mv.dst = m.create(o, vs[0].idx, r.medium, true, 0)
 		}

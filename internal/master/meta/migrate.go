@@ -274,11 +274,7 @@ func (s *Store) migratePlace(chunk []*move, rel *releases, sp *MigrateSpec) {
 				continue
 			}
 			mv.src, mv.srcSeg, mv.srcAgent = r.id, sv.ID, sv.AgentID
-			mv.srcAlloc, mv.size, mv.checksum, mv.group = r.allocID, o.size, o.checksum, shd.groupOf(o)
-			mv.hard = o.flags&flagHardPin != 0
-			if shd.softPinnedLocked(o, nowMs) {
-				mv.pinMs = shd.softPinLocked(o)
-			}
+			mv.objectLocked(shd, o, r, shd.softPinnedLocked(o, nowMs))
 			mv.target = vs[0]
 			mv.dst = m.create(o, vs[0].idx, uint8(vs[0].seg.Medium), true, 0)
 		}

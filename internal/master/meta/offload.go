@@ -251,11 +251,10 @@ func (s *Store) offloadPlace(ctx context.Context, chunk []evictCand, tset map[ui
 				continue
 			}
 			mv := &move{tenant: c.tenant, key: c.key, shard: int(c.shard), src: src.id,
-				srcSeg: sv.ID, srcAgent: sv.AgentID, srcAlloc: src.allocID,
-				size: o.size, checksum: o.checksum, group: shd.groupOf(o), access: c.access, target: tg}
-			if shd.softPinnedLocked(o, m.nowMs) { // the soft pin travels with the object
-				mv.pinMs = shd.softPinLocked(o)
-			}
+				srcSeg: sv.ID, srcAgent: sv.AgentID, access: c.access, target: tg}
+			// The soft pin travels with the object (a victim is never hard
+			// pinned).
+			mv.objectLocked(shd, o, src, shd.softPinnedLocked(o, m.nowMs))
 			mv.dst = m.create(o, tg.idx, disk, true, 0)
 			moves = append(moves, mv)
 		}

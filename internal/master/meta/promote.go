@@ -350,11 +350,7 @@ func (s *Store) promotePlace(chunk []*move, rel *releases, res []promoteResult, 
 			}
 			src := o.replicas[si]
 			mv.src, mv.srcSeg, mv.srcAgent = src.id, srcView.seg.ID, srcView.seg.AgentID
-			mv.srcAlloc, mv.size, mv.checksum, mv.group = src.allocID, o.size, o.checksum, shd.groupOf(o)
-			mv.hard = o.flags&flagHardPin != 0
-			if shd.softPinnedLocked(o, nowMs) {
-				mv.pinMs = shd.softPinLocked(o)
-			}
+			mv.objectLocked(shd, o, src, shd.softPinnedLocked(o, nowMs))
 			mv.target = v
 			mv.dst = m.create(o, v.idx, mem, true, 0)
 		}
