@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 20m
 TESTFLAGS    ?=
 COMPOSE      := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
-.PHONY: all gen check-gen lint build test test-unit test-e2e run run-secure run-ha up up-ha down bench bench-gateway-state bench-restart bench-drain bench-offload bench-diskget bench-failover fuzz clean tidy check-observability
+.PHONY: all gen check-gen lint build test test-unit test-e2e run run-secure run-ha up up-ha down bench bench-gateway-state bench-restart bench-drain bench-offload bench-diskget bench-large bench-failover fuzz clean tidy check-observability
 
 all: build
 
@@ -130,6 +130,10 @@ DRAIN_OBJECTS ?= 100000
 bench-drain:
 	$(GO) test -run '^$$' -bench 'Drain|AgentCopy' -benchtime 1x -count 3 -timeout 30m $(TESTFLAGS) ./internal/testcluster/ -args -drain-objects $(DRAIN_OBJECTS)
 	$(GO) test -run '^$$' -bench 'BenchmarkCopy' -benchtime 2s -count 3 $(TESTFLAGS) ./internal/agent/link/
+
+## bench-large: single Puts and GetIntos of 1 MiB objects through the SDK from 4 goroutines against raw loopback TCP from 4 streams, paired in the same run (issue 18 item 2, BENCHMARKS.md), 5 runs
+bench-large:
+	$(GO) test -run '^$$' -bench 'LargeObjects' -benchtime 4x -count 5 -timeout 30m $(TESTFLAGS) ./internal/testcluster/
 
 ## bench-diskget: a get of a disk-tier object with the page cache warm and cold (FADV_DONTNEED) against a get from memory, 1 MiB and 4 KiB objects (issue 17, BENCHMARKS.md), 3 runs each
 bench-diskget:

@@ -1,0 +1,180 @@
+package testcluster_test
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	agentapp "github.com/crescent-kv/crescent/internal/agent/app"
+	"github.com/crescent-kv/crescent/internal/config"
+	"github.com/crescent-kv/crescent/internal/testcluster"
+)
+
+var (
+	largeSize    = flag.Int("large-size", 1<<20, "object size of BenchmarkLargeObjects")
+	largeObjects = flag.Int("large-objects", 384, "objects per phase of BenchmarkLargeObjects")
+	largeWorkers = flag.Int("large-workers", 4, "concurrent callers (and raw TCP streams) of BenchmarkLargeObjects")
+)
+
+// BenchmarkLargeObjects (make bench-large; issue 18 item 2): single Puts
+// and GetIntos of -large-size objects through the SDK from -large-workers
+// goroutines (the shape of `crescentctl bench --size 1MiB --concurrency 4`)
+// against raw loopback TCP moving the same bytes from as many streams,
+// each object written whole and acknowledged by one byte. Every phase is
+// paired with a raw phase run just before it, in the same process, so the
+// ratio holds on a VM whose speed drifts within minutes.
+//
+// One iteration: raw, put (fresh keys), raw, get (every key once, into a
+// reused buffer per worker, bytes checked against the checksum by the
+// SDK), then the keys are removed (untimed). Two prefaulted agents with
+// room for every object; no gateway. It reports put-GB/s, get-GB/s,
+// raw-GB/s and put-ratio, get-ratio (goals ≥ 0.8 and ≥ 0.9).
+func BenchmarkLargeObjects(b *testing.B) {
+	size, n, w := *largeSize, *largeObjects, *largeWorkers
+	mem := uint64(n*size) + 64<<20 // each agent could hold them all
+	c := testcluster.Start(b, testcluster.Options{
+		AgentMemory: mem,
+		Agent:       func(_ int, c *agentapp.Config) { c.Prefault = true; c.Memory = config.ByteSize(mem) },
+	})
+	cl := c.Client(b)
+	ctx := b.Context()
+	src := make([]byte, size)
+	drainValue(src, 7)
+	keys := make([]string, n)
+	var rawPutD, rawGetD, putD, getD time.Duration
+	b.ResetTimer()
+	for it := 0; it < b.N; it++ {
+		for i := range keys {
+			keys[i] = fmt.Sprintf("large/%d/%06d", it, i)
+		}
+		rawPutD += rawCopyConc(b, n, size, w)
+		putD += forEach(b, n, w, func(i int, _ []byte) error { return cl.Put(ctx, keys[i], src) }, 0)
+		rawGetD += rawCopyConc(b, n, size, w)
+		getD += forEach(b, n, w, func(i int, buf []byte) error {
+			k, err := cl.GetInto(ctx, keys[i], buf)
+			if err == nil && k != size {
+				err = fmt.Errorf("got %d bytes, want %d", k, size)
+			}
+			return err
+		}, size)
+		b.StopTimer()
+		// Forced: the gets left read leases.
+		for _, err := range cl.BatchRemove(ctx, keys, true) {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+	}
+	total := float64(b.N * n * size)
+	gbps := func(d time.Duration) float64 { return total / float64(d.Nanoseconds()) }
+	b.ReportMetric(gbps(putD), "put-GB/s")
+	b.ReportMetric(gbps(getD), "get-GB/s")
+	b.ReportMetric(gbps(rawPutD+rawGetD)/2, "raw-GB/s")
+	b.ReportMetric(float64(rawPutD)/float64(putD), "put-ratio")
+	b.ReportMetric(float64(rawGetD)/float64(getD), "get-ratio")
+}
+
+// forEach runs op for i in [0, n) from w goroutines, each with a buffer of
+// bufSize bytes of its own, and returns the time they took; the first
+// error fails tb.
+func forEach(tb testing.TB, n, w int, op func(i int, buf []byte) error, bufSize int) time.Duration {
+	var next atomic.Int64
+	var first atomic.Pointer[error]
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range w {
+		wg.Go(func() {
+			buf := make([]byte, bufSize)
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n || first.Load() != nil {
+					return
+				}
+				if err := op(i, buf); err != nil {
+					err = fmt.Errorf("object %d: %w", i, err)
+					first.CompareAndSwap(nil, &err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	took := time.Since(start)
+	if err := first.Load(); err != nil {
+		tb.Fatal(*err)
+	}
+	return took
+}
+
+// rawCopyConc is rawCopy from w streams at once: n objects of size bytes
+// in all, each written whole and acknowledged by one byte.
+func rawCopyConc(tb testing.TB, n, size, w int) time.Duration {
+	tb.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer lis.Close()
+	var srv sync.WaitGroup
+	serve := func(c net.Conn) {
+		defer c.Close()
+		dst := make([]byte, size)
+		for {
+			if _, err := io.ReadFull(c, dst); err != nil {
+				return // EOF once the client is done
+			}
+			if _, err := c.Write([]byte{1}); err != nil {
+				return
+			}
+		}
+	}
+	conns := make([]net.Conn, w)
+	for i := range conns {
+		if conns[i], err = net.Dial("tcp", lis.Addr().String()); err != nil {
+			tb.Fatal(err)
+		}
+		s, err := lis.Accept()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		srv.Go(func() { serve(s) })
+	}
+	var next atomic.Int64
+	var failed atomic.Pointer[error]
+	var cli sync.WaitGroup
+	start := time.Now()
+	for _, c := range conns {
+		cli.Go(func() {
+			src := make([]byte, size)
+			drainValue(src, 1)
+			ack := make([]byte, 1)
+			for next.Add(1) <= int64(n) {
+				if _, err := c.Write(src); err != nil {
+					failed.CompareAndSwap(nil, &err)
+					return
+				}
+				if _, err := io.ReadFull(c, ack); err != nil {
+					failed.CompareAndSwap(nil, &err)
+					return
+				}
+			}
+		})
+	}
+	cli.Wait()
+	took := time.Since(start)
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	srv.Wait()
+	if err := failed.Load(); err != nil && !errors.Is(*err, io.EOF) {
+		tb.Fatal(*err)
+	}
+	return took
+}
