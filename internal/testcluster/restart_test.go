@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	masterapp "github.com/crescent-kv/crescent/internal/master/app"
 	"github.com/crescent-kv/crescent/internal/testcluster"
 	"github.com/crescent-kv/crescent/internal/testutil"
@@ -75,7 +75,7 @@ func fillAgents(tb testing.TB, c *testcluster.Cluster, n int) {
 				tb.Fatal(err)
 			}
 			h.Close()
-			seal = append(seal, segment.SealArg{ID: al.GetAllocationId(), Checksum: xxhash.Sum64(v)})
+			seal = append(seal, segment.SealArg{ID: al.GetAllocationId(), Checksum: checksum.Sum(v)})
 			if len(seal) == 4096 {
 				flush()
 			}

@@ -213,7 +213,7 @@ type ReadResult struct {
 	Err error
 	// N is the number of bytes read into dst[i]: len(dst[i]) on success.
 	N int
-	// ObjectSize and Checksum are the object's size and sealed xxhash64.
+	// ObjectSize and Checksum are the object's size and sealed checksum (XXH3-64, internal/checksum).
 	ObjectSize, Checksum uint64
 }
 

@@ -7,9 +7,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 )
 
@@ -141,7 +141,7 @@ func (c *Client) batchPut(ctx context.Context, items []Item, errs []error, o *pu
 	}
 	ereq := &masterv1.BatchPutEndRequest{Items: make([]*masterv1.PutEndRequest, len(end))}
 	for j, i := range end {
-		ereq.Items[j] = &masterv1.PutEndRequest{Tenant: c.tenant, Key: items[i].Key, ClientId: c.s.cfg.ClientID, Checksum: xxhash.Sum64(items[i].Data)}
+		ereq.Items[j] = &masterv1.PutEndRequest{Tenant: c.tenant, Key: items[i].Key, ClientId: c.s.cfg.ClientID, Checksum: checksum.Sum(items[i].Data)}
 	}
 	eresp, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.BatchPutEndResponse, error) {
 		return s.BatchPutEnd(ctx, ereq)
@@ -476,7 +476,7 @@ func (c *Client) batchReadChunk(ctx context.Context, rt route, chunk []read, out
 	for k, res := range resp.GetResults() {
 		r := chunk[k]
 		data := res.GetData()
-		if itemErr(res.GetStatus()) != nil || uint64(len(data)) != r.rl.GetSize() || xxhash.Sum64(data) != r.rl.GetChecksum() {
+		if itemErr(res.GetStatus()) != nil || uint64(len(data)) != r.rl.GetSize() || checksum.Sum(data) != r.rl.GetChecksum() {
 			failed = append(failed, r)
 			continue
 		}

@@ -6,7 +6,7 @@
 // PutStart → write every replica in parallel → PutEnd (or PutRevoke on any
 // failure, so nothing is ever half-visible). A Get asks for the replica list
 // (granting a read lease), reads the nearest replica, falls back to the next
-// on error and verifies the xxhash64 checksum.
+// on error and verifies the object checksum (XXH3-64, see Checksum).
 //
 //	c, err := client.New(ctx, client.Config{Master: "localhost:50051"})
 //	err = c.Put(ctx, "prefix/block-0", data, client.WithReplicas(2))

@@ -10,9 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/tracectx"
 	"google.golang.org/grpc"
@@ -43,13 +43,13 @@ func readerSource(r io.ReaderAt) source {
 // Put stores data under key. It returns after PutEnd: the object is then
 // readable on every replica. On any failure the put is revoked.
 func (c *Client) Put(ctx context.Context, key string, data []byte, opts ...PutOption) error {
-	return c.put(ctx, key, int64(len(data)), sliceSource(data), xxhash.Sum64(data), newPutOptions(c, opts))
+	return c.put(ctx, key, int64(len(data)), sliceSource(data), checksum.Sum(data), newPutOptions(c, opts))
 }
 
 // PutFrom stores size bytes read from r under key without holding the whole
 // object in memory (r is read twice: once for the checksum, then per replica).
 func (c *Client) PutFrom(ctx context.Context, key string, r io.ReaderAt, size int64, opts ...PutOption) error {
-	h := xxhash.New()
+	h := checksum.New()
 	if _, err := io.Copy(h, io.NewSectionReader(r, 0, size)); err != nil {
 		return fmt.Errorf("put %q: read source: %w", key, err)
 	}
@@ -346,7 +346,7 @@ func (c *Client) readAny(ctx context.Context, rl *masterv1.GetReplicaListRespons
 	var errs []error
 	for _, d := range reps {
 		err := c.readOne(ctx, d, buf)
-		if err == nil && xxhash.Sum64(buf) != rl.GetChecksum() {
+		if err == nil && checksum.Sum(buf) != rl.GetChecksum() {
 			err = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "replica %d on %s: checksum mismatch", d.GetReplicaId(), d.GetDataEndpoint())
 		}
 		if err == nil {
@@ -464,7 +464,7 @@ func (c *Client) GetTo(ctx context.Context, key string, w io.Writer, progress fu
 	size := int64(rl.GetSize())
 	var errs []error
 	for _, d := range rl.GetReplicas() {
-		h := xxhash.New()
+		h := checksum.New()
 		var written int64
 		err := c.readStream(ctx, d.GetDataEndpoint(), d, func(_ int64, p []byte) error {
 			_, _ = h.Write(p)

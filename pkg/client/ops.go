@@ -6,6 +6,7 @@ import (
 	"iter"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/checksum"
 )
 
 // Exist reports whether key is readable (and, when it is, takes a read lease).
@@ -138,3 +139,9 @@ func (c *Client) List(ctx context.Context, prefix string) iter.Seq2[*masterv1.Ob
 		}
 	}
 }
+
+// Checksum returns the object checksum Crescent stores and verifies for
+// data: XXH3-64 with seed 0 (xxHash's XXH3_64bits; `xxhsum -H3`, Python's
+// xxhash.xxh3_64_intdigest). A caller that drives ObjectService itself
+// (grpcurl, another language) passes it in PutEndRequest.checksum.
+func Checksum(data []byte) uint64 { return checksum.Sum(data) }

@@ -14,11 +14,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/auth/devcerts"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/xfer"
 	"github.com/crescent-kv/crescent/pkg/client"
@@ -179,7 +179,7 @@ func startTLSCluster(t *testing.T) *tlsCluster {
 	xferLis, _ := listen(t, dir, auth.RoleAgent, "agent-1")
 	serveTransfer(t, xferLis, agentSrc, &c.calls, c.data)
 	masterLis, masterSrc := listen(t, dir, auth.RoleMaster, "master-1")
-	rl := &masterv1.GetReplicaListResponse{Size: uint64(len(c.data)), Checksum: xxhash.Sum64(c.data), Replicas: []*masterv1.ReplicaDescriptor{{
+	rl := &masterv1.GetReplicaListResponse{Size: uint64(len(c.data)), Checksum: checksum.Sum(c.data), Replicas: []*masterv1.ReplicaDescriptor{{
 		ReplicaId: 1, SegmentId: "s", AllocationId: 1, Token: []byte("t"),
 		DataEndpoint: dataLis.Addr().String(), TransferEndpoint: xferLis.Addr().String(),
 	}}}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/cespare/xxhash/v2"
+	"github.com/crescent-kv/crescent/internal/checksum"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
@@ -147,7 +147,7 @@ func (c *Client) batchReadTransfer(ctx context.Context, ep string, chunk []read,
 	}
 	var failed []read
 	for k, r := range chunk {
-		if res[k].Err != nil || xxhash.Sum64(dst[k]) != r.rl.GetChecksum() {
+		if res[k].Err != nil || checksum.Sum(dst[k]) != r.rl.GetChecksum() {
 			failed = append(failed, r)
 			continue
 		}

@@ -282,7 +282,7 @@ func (a *Agent) mount(ctx context.Context) (*segment.Set, error) {
 			a.lg.Info("disk segment created", "segment_id", s.ID(), "dir", a.cfg.DiskDir, "size", a.cfg.DiskSize.String())
 			return segment.NewSet(segs...), nil
 		}
-		a.lg.Info("disk segment reopened", "segment_id", s.ID(), "dir", a.cfg.DiskDir, "sealed", rec.Sealed, "truncated_journal_bytes", rec.TruncatedBytes)
+		a.lg.Info("disk segment reopened", "segment_id", s.ID(), "dir", a.cfg.DiskDir, "sealed", rec.Sealed, "truncated_journal_bytes", rec.TruncatedBytes, "rehashed_xxhash64", rec.Rehashed, "rehash_mismatched", rec.Mismatched)
 		// Before registering: the master must never learn of (and clients
 		// never be sent to) an allocation whose bytes went bad while the
 		// agent was down.

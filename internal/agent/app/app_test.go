@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/config"
 	"github.com/crescent-kv/crescent/internal/obs"
 	"github.com/crescent-kv/crescent/internal/testutil"
@@ -241,7 +241,7 @@ func TestAgentEndToEnd(t *testing.T) {
 		t.Fatalf("Write = %v, %v", resp, err)
 	}
 	c.out <- &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Seal{Seal: &masterv1.SealRequest{RequestId: 2, Epoch: 1, Items: []*masterv1.SealItem{
-		{SegmentId: disk.GetSegmentId(), AllocationId: id, Checksum: xxhash.Sum64(data)},
+		{SegmentId: disk.GetSegmentId(), AllocationId: id, Checksum: checksum.Sum(data)},
 	}}}}
 	if sr := c.next(t).GetSealResult(); sr.GetItems()[0].GetCode() != 0 {
 		t.Fatalf("seal = %v", sr)
@@ -271,7 +271,7 @@ func TestAgentEndToEnd(t *testing.T) {
 	got = make([]byte, len(data))
 	res, err := pool.Read(t.Context(), c.reg.GetTransferEndpoint(), []*agentv1.TransferItem{{SegmentId: disk.GetSegmentId(), AllocationId: id,
 		Token: token.Sign(key, token.Claims{Mode: token.Read, Tenant: "t", Key: "obj", SegmentID: disk.GetSegmentId(), AllocationID: id, Expiry: exp})}}, [][]byte{got})
-	if err != nil || res[0].Err != nil || !bytes.Equal(got, data) || res[0].Checksum != xxhash.Sum64(data) {
+	if err != nil || res[0].Err != nil || !bytes.Equal(got, data) || res[0].Checksum != checksum.Sum(data) {
 		t.Fatalf("transfer Read = %+v, %v (bytes equal: %v)", res, err, bytes.Equal(got, data))
 	}
 

@@ -19,9 +19,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/config"
 	"github.com/crescent-kv/crescent/internal/obs"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
@@ -392,7 +392,7 @@ func benchPutCycle(b *testing.B, conc int) {
 	if v, err := strconv.Atoi(os.Getenv(benchFillEnv)); err == nil && v >= 0 {
 		fill = v
 	}
-	zeroSum := xxhash.Sum64(make([]byte, benchObject))
+	zeroSum := checksum.Sum(make([]byte, benchObject))
 	for n := 0; n < fill; n += benchBatch {
 		w := newBenchWorker(s, seg, "fill", min(benchBatch, fill-n))
 		ids, err := w.reserve()
@@ -517,7 +517,7 @@ func newBenchWorker(s *benchSession, seg, name string, n int) *benchWorker {
 		for j := range w.src[i] {
 			w.src[i][j] = byte(i*7 + j*13)
 		}
-		w.sums[i] = xxhash.Sum64(w.src[i])
+		w.sums[i] = checksum.Sum(w.src[i])
 	}
 	w.reserve = func() ([]uint64, error) {
 		msg, err := s.call(func(id uint64) *masterv1.ConnectResponse {

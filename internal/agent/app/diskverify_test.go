@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/token"
@@ -53,7 +53,7 @@ func sealOnDisk(t *testing.T, dir string, datas ...[]byte) []diskObj {
 			t.Fatal(err)
 		}
 		h.Close()
-		if err := s.Seal([]segment.SealArg{{ID: a.GetAllocationId(), Checksum: xxhash.Sum64(d)}}, time.Now())[0]; err != nil {
+		if err := s.Seal([]segment.SealArg{{ID: a.GetAllocationId(), Checksum: checksum.Sum(d)}}, time.Now())[0]; err != nil {
 			t.Fatal(err)
 		}
 		out = append(out, diskObj{s.ID(), a.GetAllocationId(), a.GetOffset(), d, "obj-" + strconv.Itoa(i)})
@@ -128,7 +128,7 @@ func TestCorruptDiskObjectNotRegistered(t *testing.T) {
 	if st := resp.GetResults()[0].GetStatus(); codes.Code(st.GetCode()) != codes.DataLoss || st.GetReason() != "CHECKSUM_MISMATCH" || len(resp.GetResults()[0].GetData()) != 0 {
 		t.Fatalf("BatchRead of the corrupt allocation = %v, want DATA_LOSS CHECKSUM_MISMATCH and no bytes", st)
 	}
-	if g := resp.GetResults()[1]; g.GetStatus().GetCode() != 0 || !bytes.Equal(g.GetData(), good.data) || g.GetChecksum() != xxhash.Sum64(good.data) {
+	if g := resp.GetResults()[1]; g.GetStatus().GetCode() != 0 || !bytes.Equal(g.GetData(), good.data) || g.GetChecksum() != checksum.Sum(good.data) {
 		t.Fatalf("BatchRead of the intact allocation = %v, %d bytes", g.GetStatus(), len(g.GetData()))
 	}
 	rs, err := dc.Read(t.Context(), &agentv1.ReadRequest{SegmentId: bad.seg, AllocationId: bad.id, Token: tok(bad)})
@@ -151,7 +151,7 @@ func TestCorruptDiskObjectNotRegistered(t *testing.T) {
 	if status.Code(res[0].Err) != codes.DataLoss || rpcerr.Reason(res[0].Err) != "CHECKSUM_MISMATCH" {
 		t.Fatalf("transfer Read of the corrupt allocation = %v, want DATA_LOSS CHECKSUM_MISMATCH", res[0].Err)
 	}
-	if res[1].Err != nil || res[1].Checksum != xxhash.Sum64(good.data) {
+	if res[1].Err != nil || res[1].Checksum != checksum.Sum(good.data) {
 		t.Fatalf("transfer Read of the intact allocation = %+v", res[1])
 	}
 	r.stop(t)

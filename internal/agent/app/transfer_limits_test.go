@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/config"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
@@ -121,7 +121,7 @@ func TestAgentTransferLimits(t *testing.T) {
 		t.Fatalf("transfer Write = %v, %v", errs, err)
 	}
 	c.out <- &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Seal{Seal: &masterv1.SealRequest{RequestId: 2, Epoch: 1, Items: []*masterv1.SealItem{
-		{SegmentId: seg, AllocationId: id, Checksum: xxhash.Sum64(data)},
+		{SegmentId: seg, AllocationId: id, Checksum: checksum.Sum(data)},
 	}}}}
 	if sr := c.next(t).GetSealResult(); sr.GetItems()[0].GetCode() != 0 {
 		t.Fatalf("seal = %v", sr)

@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/obs"
 	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/crescent-kv/crescent/internal/testutil"
@@ -294,7 +294,7 @@ func benchGRPC(b *testing.B, size int, write, direct bool) {
 		if err := writeOnce(); err != nil {
 			b.Fatal(err)
 		}
-		if err := mem.Seal([]segment.SealArg{{ID: id, Checksum: xxhash.Sum64(src)}}, time.Now())[0]; err != nil {
+		if err := mem.Seal([]segment.SealArg{{ID: id, Checksum: checksum.Sum(src)}}, time.Now())[0]; err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -366,7 +366,7 @@ func benchXfer(b *testing.B, size int, write bool) {
 		if err := writeOnce(); err != nil {
 			b.Fatal(err)
 		}
-		if err := mem.Seal([]segment.SealArg{{ID: id, Checksum: xxhash.Sum64(src)}}, time.Now())[0]; err != nil {
+		if err := mem.Seal([]segment.SealArg{{ID: id, Checksum: checksum.Sum(src)}}, time.Now())[0]; err != nil {
 			b.Fatal(err)
 		}
 		op = readOnce

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/token"
@@ -187,7 +187,7 @@ func testRoundTrip(t *testing.T, e *env) {
 			if err != nil || n != uint64(len(data)) {
 				t.Fatalf("Write = %d, %v; want %d bytes", n, err, len(data))
 			}
-			if err := seg.Seal([]segment.SealArg{{ID: id, Checksum: xxhash.Sum64(data)}}, now)[0]; err != nil {
+			if err := seg.Seal([]segment.SealArg{{ID: id, Checksum: checksum.Sum(data)}}, now)[0]; err != nil {
 				t.Fatalf("Seal: %v", err)
 			}
 			got, first, msgs, err := e.read(ctx, &agentv1.ReadRequest{SegmentId: seg.ID(), AllocationId: id, Token: e.tok(seg, id, token.Read)})
@@ -197,8 +197,8 @@ func testRoundTrip(t *testing.T, e *env) {
 			if !bytes.Equal(got, data) {
 				t.Fatalf("read %d bytes that differ from the %d written", len(got), len(data))
 			}
-			if first.GetObjectSize() != uint64(len(data)) || first.GetChecksum() != xxhash.Sum64(data) {
-				t.Fatalf("first message size %d checksum %#x, want %d %#x", first.GetObjectSize(), first.GetChecksum(), len(data), xxhash.Sum64(data))
+			if first.GetObjectSize() != uint64(len(data)) || first.GetChecksum() != checksum.Sum(data) {
+				t.Fatalf("first message size %d checksum %#x, want %d %#x", first.GetObjectSize(), first.GetChecksum(), len(data), checksum.Sum(data))
 			}
 			if want := max(1, (len(data)+DefaultChunkSize-1)/DefaultChunkSize); msgs != want {
 				t.Fatalf("read in %d messages, want %d", msgs, want)
@@ -227,7 +227,7 @@ func TestWriteAtHeaderOffset(t *testing.T) {
 	if _, err := e.write(t.Context(), hdr(400), data[400:], 100); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.mem.Seal([]segment.SealArg{{ID: id, Checksum: xxhash.Sum64(data)}}, now)[0]; err != nil {
+	if err := e.mem.Seal([]segment.SealArg{{ID: id, Checksum: checksum.Sum(data)}}, now)[0]; err != nil {
 		t.Fatalf("Seal after two ranged writes: %v", err)
 	}
 }
@@ -237,7 +237,7 @@ func TestTokensAndStatesEnforced(t *testing.T) {
 	ctx := t.Context()
 	reserved := e.reserve(t, e.mem, 100)
 	sealed := e.reserve(t, e.mem, 100)
-	if err := e.mem.Seal([]segment.SealArg{{ID: sealed, Checksum: xxhash.Sum64(make([]byte, 100))}}, now)[0]; err != nil {
+	if err := e.mem.Seal([]segment.SealArg{{ID: sealed, Checksum: checksum.Sum(make([]byte, 100))}}, now)[0]; err != nil {
 		t.Fatal(err)
 	}
 	seg := e.mem.ID()
@@ -335,7 +335,7 @@ func TestBatchWriteRead(t *testing.T) {
 	}
 	segs := []*segment.Segment{e.mem, e.disk, e.mem}
 	for i, seg := range segs[:2] {
-		if err := seg.Seal([]segment.SealArg{{ID: ids[i], Checksum: xxhash.Sum64(datas[i])}}, now)[0]; err != nil {
+		if err := seg.Seal([]segment.SealArg{{ID: ids[i], Checksum: checksum.Sum(datas[i])}}, now)[0]; err != nil {
 			t.Fatalf("Seal %d: %v", i, err)
 		}
 	}
@@ -349,7 +349,7 @@ func TestBatchWriteRead(t *testing.T) {
 	}
 	r := rresp.GetResults()
 	for i := range 2 {
-		if r[i].GetStatus().GetCode() != 0 || !bytes.Equal(r[i].GetData(), datas[i]) || r[i].GetChecksum() != xxhash.Sum64(datas[i]) {
+		if r[i].GetStatus().GetCode() != 0 || !bytes.Equal(r[i].GetData(), datas[i]) || r[i].GetChecksum() != checksum.Sum(datas[i]) {
 			t.Fatalf("batch read %d = status %v, %d bytes", i, r[i].GetStatus(), len(r[i].GetData()))
 		}
 	}

@@ -6,11 +6,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
 	"github.com/crescent-kv/crescent/internal/auth"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/token"
 	grpcmw "github.com/grpc-ecosystem/go-grpc-middleware/v2"
 	"google.golang.org/grpc"
@@ -80,7 +80,7 @@ func TestTokenBindings(t *testing.T) {
 	e := startWithPrincipals(t)
 	ctx := t.Context()
 	sealed := e.reserve(t, e.mem, 10)
-	if err := e.mem.Seal([]segment.SealArg{{ID: sealed, Checksum: xxhash.Sum64(make([]byte, 10))}}, now)[0]; err != nil {
+	if err := e.mem.Seal([]segment.SealArg{{ID: sealed, Checksum: checksum.Sum(make([]byte, 10))}}, now)[0]; err != nil {
 		t.Fatal(err)
 	}
 	seg := e.mem.ID()
@@ -175,7 +175,7 @@ func TestKeyRotation(t *testing.T) {
 	e := start(t)
 	ctx := t.Context()
 	sealed := e.reserve(t, e.mem, 10)
-	if err := e.mem.Seal([]segment.SealArg{{ID: sealed, Checksum: xxhash.Sum64(make([]byte, 10))}}, now)[0]; err != nil {
+	if err := e.mem.Seal([]segment.SealArg{{ID: sealed, Checksum: checksum.Sum(make([]byte, 10))}}, now)[0]; err != nil {
 		t.Fatal(err)
 	}
 	k0 := e.key

@@ -13,10 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/token"
@@ -100,7 +100,7 @@ func (e *xenv) item(seg *segment.Segment, id uint64, mode token.Mode) *agentv1.T
 
 func seal(t testing.TB, seg *segment.Segment, id uint64, data []byte) {
 	t.Helper()
-	if err := seg.Seal([]segment.SealArg{{ID: id, Checksum: xxhash.Sum64(data)}}, now)[0]; err != nil {
+	if err := seg.Seal([]segment.SealArg{{ID: id, Checksum: checksum.Sum(data)}}, now)[0]; err != nil {
 		t.Fatalf("Seal(%d): %v", id, err)
 	}
 }
@@ -123,8 +123,8 @@ func TestTransferRoundTrip(t *testing.T) {
 				if err != nil || res[0].Err != nil {
 					t.Fatalf("Read = %+v, %v", res, err)
 				}
-				if !bytes.Equal(got, data) || res[0].N != size || res[0].ObjectSize != uint64(size) || res[0].Checksum != xxhash.Sum64(data) {
-					t.Fatalf("Read = %+v, bytes equal %v; want %d bytes, checksum %#x", res[0], bytes.Equal(got, data), size, xxhash.Sum64(data))
+				if !bytes.Equal(got, data) || res[0].N != size || res[0].ObjectSize != uint64(size) || res[0].Checksum != checksum.Sum(data) {
+					t.Fatalf("Read = %+v, bytes equal %v; want %d bytes, checksum %#x", res[0], bytes.Equal(got, data), size, checksum.Sum(data))
 				}
 				if size > 100 {
 					it := e.item(seg, id, token.Read)
@@ -209,7 +209,7 @@ func TestTransferItemFailuresStayFramed(t *testing.T) {
 		case 1, 3:
 			wantErr(t, res[i].Err, codes.FailedPrecondition, "ALLOCATION_STATE")
 		default:
-			if res[i].Err != nil || !bytes.Equal(dst[i], data[i]) || res[i].Checksum != xxhash.Sum64(data[i]) {
+			if res[i].Err != nil || !bytes.Equal(dst[i], data[i]) || res[i].Checksum != checksum.Sum(data[i]) {
 				t.Fatalf("item %d: %+v, bytes equal %v", i, res[i], bytes.Equal(dst[i], data[i]))
 			}
 		}
@@ -373,7 +373,7 @@ func TestTransferClientGoneMidPayload(t *testing.T) {
 	}
 	_ = c.Close()
 	testutil.Eventually(t, 10*time.Second, func() bool {
-		err := e.mem.Seal([]segment.SealArg{{ID: id, Checksum: xxhash.Sum64(data)}}, now)[0]
+		err := e.mem.Seal([]segment.SealArg{{ID: id, Checksum: checksum.Sum(data)}}, now)[0]
 		return rpcerr.Reason(err) == "CHECKSUM_MISMATCH" // not "write in progress"
 	}, "the write handle to close")
 
@@ -606,7 +606,7 @@ func FuzzTransferConn(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	mem.Seal([]segment.SealArg{{ID: rid.GetAllocationId(), Checksum: xxhash.Sum64(make([]byte, 64))}}, now)
+	mem.Seal([]segment.SealArg{{ID: rid.GetAllocationId(), Checksum: checksum.Sum(make([]byte, 64))}}, now)
 	tok := func(mode token.Mode, id uint64) []byte {
 		return token.Sign(key, token.Claims{Mode: mode, Key: "k", SegmentID: mem.ID(), AllocationID: id, Expiry: now.Add(time.Hour)})
 	}

@@ -7,12 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
 	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/auth/devcerts"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/obs"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/token"
@@ -145,7 +145,7 @@ func benchTransferTLS(b *testing.B, n, size int, write bool) {
 	if !write {
 		args := make([]segment.SealArg, n)
 		for i, it := range witems {
-			args[i] = segment.SealArg{ID: it.GetAllocationId(), Checksum: xxhash.Sum64(src[i])}
+			args[i] = segment.SealArg{ID: it.GetAllocationId(), Checksum: checksum.Sum(src[i])}
 		}
 		for i, err := range mem.Seal(args, time.Now()) {
 			if err != nil {

@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/dataplane"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/obs"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/token"
@@ -153,7 +153,7 @@ func TestCopyBatchOverTransfer(t *testing.T) {
 			t.Errorf("item %d: got %v, want OK", i, st)
 			continue
 		}
-		seals = append(seals, segment.SealArg{ID: items[i].GetTarget().GetAllocationId(), Checksum: xxhash.Sum64(objs[i].data)})
+		seals = append(seals, segment.SealArg{ID: items[i].GetTarget().GetAllocationId(), Checksum: checksum.Sum(objs[i].data)})
 	}
 	for i, err := range tgt.mem.Seal(seals, time.Now()) {
 		if err != nil {
@@ -252,7 +252,7 @@ func FuzzCopyRequest(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	if err := mem.Seal([]segment.SealArg{{ID: a.GetAllocationId(), Checksum: xxhash.Sum64(make([]byte, 100))}}, time.Now())[0]; err != nil {
+	if err := mem.Seal([]segment.SealArg{{ID: a.GetAllocationId(), Checksum: checksum.Sum(make([]byte, 100))}}, time.Now())[0]; err != nil {
 		f.Fatal(err)
 	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -343,7 +343,7 @@ func TestCopyBatchFallsBackToDataService(t *testing.T) {
 			it.TargetEndpoint = "passthrough:///grpc-target"
 		}
 		items = append(items, it)
-		sums = append(sums, xxhash.Sum64(data))
+		sums = append(sums, checksum.Sum(data))
 	}
 	res := l.copyResult(t.Context(), &masterv1.CopyRequest{RequestId: 3, Items: items})
 	for i, st := range res.GetItems() {

@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
@@ -195,7 +195,7 @@ func TestFollowBehindResyncs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		args[i] = segment.SealArg{ID: a.GetAllocationId(), Checksum: xxhash.Sum64(make([]byte, 8))}
+		args[i] = segment.SealArg{ID: a.GetAllocationId(), Checksum: checksum.Sum(make([]byte, 8))}
 	}
 	for i, err := range h.mem.Seal(args, time.Now()) {
 		if err != nil {
@@ -282,7 +282,7 @@ func TestDeltaBounds(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			args[i] = segment.SealArg{ID: a.GetAllocationId(), Checksum: xxhash.Sum64(make([]byte, 1))}
+			args[i] = segment.SealArg{ID: a.GetAllocationId(), Checksum: checksum.Sum(make([]byte, 1))}
 		}
 		for _, err := range mem.Seal(args, time.Now()) {
 			if err != nil {

@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/dataplane"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/token"
@@ -40,7 +40,7 @@ func sealedAlloc(t testing.TB, seg *segment.Segment, key string, data []byte) *m
 		t.Fatal(err)
 	}
 	h.Close()
-	if err := seg.Seal([]segment.SealArg{{ID: a.GetAllocationId(), Checksum: xxhash.Sum64(data)}}, time.Now())[0]; err != nil {
+	if err := seg.Seal([]segment.SealArg{{ID: a.GetAllocationId(), Checksum: checksum.Sum(data)}}, time.Now())[0]; err != nil {
 		t.Fatal(err)
 	}
 	return a
@@ -65,7 +65,7 @@ func TestRegisterSettingsHeartbeat(t *testing.T) {
 		t.Fatalf("Register chunked %v, allocation_count %d, chunks carried %d allocations; want chunked, 2, 2", r.GetChunked(), r.GetAllocationCount(), len(s.allocs))
 	}
 	for _, a := range s.allocs {
-		if a.GetKey() == "sealed" && (a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_SEALED || a.GetAllocationId() != sealed.GetAllocationId() || a.GetChecksum() != xxhash.Sum64([]byte("hello"))) {
+		if a.GetKey() == "sealed" && (a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_SEALED || a.GetAllocationId() != sealed.GetAllocationId() || a.GetChecksum() != checksum.Sum([]byte("hello"))) {
 			t.Fatalf("sealed row = %v", a)
 		}
 	}
@@ -143,7 +143,7 @@ func TestBatchedCommands(t *testing.T) {
 	wh.Close()
 
 	s.send <- &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Seal{Seal: &masterv1.SealRequest{RequestId: 3, Epoch: 3, Items: []*masterv1.SealItem{
-		{SegmentId: seg, AllocationId: a, Checksum: xxhash.Sum64(data)},
+		{SegmentId: seg, AllocationId: a, Checksum: checksum.Sum(data)},
 		{SegmentId: seg, AllocationId: d, Checksum: 42},
 	}}}}
 	sr := s.next(t).GetSealResult()
@@ -268,7 +268,7 @@ func TestCopyToAnotherAgent(t *testing.T) {
 	if cr := s.next(t).GetCopyResult(); cr.GetRequestId() != 2 || cr.GetStatus().GetCode() != 0 {
 		t.Fatalf("CopyResult = %v", cr)
 	}
-	if err := tmem.Seal([]segment.SealArg{{ID: dst.GetAllocationId(), Checksum: xxhash.Sum64(data)}}, time.Now())[0]; err != nil {
+	if err := tmem.Seal([]segment.SealArg{{ID: dst.GetAllocationId(), Checksum: checksum.Sum(data)}}, time.Now())[0]; err != nil {
 		t.Fatalf("target bytes do not match the source: %v", err)
 	}
 }
@@ -335,7 +335,7 @@ func TestReconnectReregistersFullTable(t *testing.T) {
 	}}}}
 	id := s.next(t).GetReserveResult().GetItems()[0].GetAllocationId()
 	s.send <- &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Seal{Seal: &masterv1.SealRequest{RequestId: 2, Epoch: 9, Items: []*masterv1.SealItem{
-		{SegmentId: h.mem.ID(), AllocationId: id, Checksum: xxhash.Sum64(nil)},
+		{SegmentId: h.mem.ID(), AllocationId: id, Checksum: checksum.Sum(nil)},
 	}}}}
 	if sr := s.next(t).GetSealResult(); sr.GetItems()[0].GetCode() != 0 {
 		t.Fatalf("seal = %v", sr)

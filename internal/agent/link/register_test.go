@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -125,7 +125,7 @@ func partsOf(r *masterv1.Register, table []*masterv1.Allocation) []tablePart {
 // no longer mounted is left out; the count announced is what is sent.
 func TestTablePartsFromSegments(t *testing.T) {
 	now := time.Now()
-	zeros := xxhash.Sum64(make([]byte, 64)) // a new segment's bytes
+	zeros := checksum.Sum(make([]byte, 64)) // a new segment's bytes
 	var segs []*segment.Segment
 	want := map[string][]*masterv1.Allocation{}
 	var ids []string

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/checksum"
 )
 
 // BenchmarkSetCycle is the segment side of a put of 128 × 4 KiB objects, as
@@ -36,7 +36,7 @@ func BenchmarkSetCycle(b *testing.B) {
 	for i := range reserve {
 		reserve[i] = &masterv1.ReserveItem{SegmentId: mem.ID(), Size: size, Tenant: "bench", Key: "bench/object-" + strconv.Itoa(i), ReplicaId: 1}
 	}
-	zero := xxhash.Sum64(make([]byte, size))
+	zero := checksum.Sum(make([]byte, size))
 	seal := make([]*masterv1.SealItem, batch)
 	release := make([]*masterv1.AllocationRef, batch)
 	for i := range seal {

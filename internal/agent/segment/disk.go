@@ -14,6 +14,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/alloc"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
 )
@@ -45,7 +46,7 @@ func (d *disk) hash(off, n uint64) (uint64, error) {
 	bp := hashBufs.Get().(*[]byte)
 	defer hashBufs.Put(bp)
 	buf := *bp
-	h := xxhash.New()
+	h := checksum.New()
 	for n > 0 {
 		k := min(n, uint64(len(buf)))
 		if _, err := d.f.ReadAt(buf[:k], int64(off)); err != nil {
@@ -56,6 +57,26 @@ func (d *disk) hash(off, n uint64) (uint64, error) {
 		n -= k
 	}
 	return h.Sum64(), nil
+}
+
+// rehash returns both the xxhash64 (the object checksum before issue 18)
+// and the checksum of [off, off+n), in one read of the bytes.
+func (d *disk) rehash(off, n uint64) (old, sum uint64, err error) {
+	bp := hashBufs.Get().(*[]byte)
+	defer hashBufs.Put(bp)
+	buf := *bp
+	oh, h := xxhash.New(), checksum.New()
+	for n > 0 {
+		k := min(n, uint64(len(buf)))
+		if err := d.readAt(buf[:k], off); err != nil {
+			return 0, 0, err
+		}
+		_, _ = oh.Write(buf[:k])
+		_, _ = h.Write(buf[:k])
+		off += k
+		n -= k
+	}
+	return oh.Sum64(), h.Sum64(), nil
 }
 
 func (d *disk) sync() error  { return fdatasync(d.f) }
@@ -69,6 +90,11 @@ type Recovery struct {
 	Sealed int
 	// TruncatedBytes is the size of a torn or corrupt journal tail dropped.
 	TruncatedBytes int
+	// Rehashed is the number of objects whose xxhash64 checksum (a
+	// journal written before issue 18) was replaced by their XXH3-64 one;
+	// Mismatched of them did not match their old checksum either and keep
+	// it, so verification finds them corrupt.
+	Rehashed, Mismatched int
 }
 
 // OpenDisk mounts the disk segment in dir: it reopens an existing one (same
@@ -135,8 +161,36 @@ func OpenDisk(dir string, size uint64) (*Segment, Recovery, error) {
 		}
 		return nil, Recovery{}, fmt.Errorf("disk segment %s: journal: %w", dir, err)
 	}
+	records := len(recs)
+	if hdr.flags&flagXXH3 == 0 {
+		// Sealed under xxhash64: rehash once, and rewrite the journal with
+		// the new checksums and the flag before anything is appended to it.
+		d := &disk{f: df}
+		for _, e := range entries {
+			old, sum, err := d.rehash(e.offset, e.size)
+			if err != nil {
+				_ = df.Close()
+				_ = jf.Close()
+				return nil, Recovery{}, fmt.Errorf("disk segment %s: rehash allocation %d: %w", dir, e.id, err)
+			}
+			rec.Rehashed++
+			if old != e.checksum {
+				rec.Mismatched++
+				continue
+			}
+			e.checksum = sum
+		}
+		hdr.flags |= flagXXH3
+		nf, err := writeJournal(dir, hdr, limit, entries)
+		_ = jf.Close()
+		if err != nil {
+			_ = df.Close()
+			return nil, Recovery{}, fmt.Errorf("disk segment %s: rewrite journal: %w", dir, err)
+		}
+		jf, records = nf, 1+len(entries)
+	}
 	s := newSegment(hdr.id.String(), dir, masterv1.Medium_MEDIUM_DISK, &disk{f: df}, a)
-	s.jrn = &journal{dir: dir, hdr: hdr, path: jpath, f: jf, records: len(recs), idLimit: limit, slack: compactSlack}
+	s.jrn = &journal{dir: dir, hdr: hdr, path: jpath, f: jf, records: records, idLimit: limit, slack: compactSlack}
 	s.nextID = max(limit, 1)
 	for i, e := range entries {
 		e.ext = exts[i]
@@ -159,7 +213,7 @@ func createDisk(dir string, size uint64) (*Segment, error) {
 		_ = df.Close()
 		return nil, fmt.Errorf("disk segment %s: preallocate %d bytes: %w", dir, a.Capacity(), err)
 	}
-	hdr := journalHeader{id: uuid.New(), capacity: a.Capacity(), alignment: alloc.DiskAlignment}
+	hdr := journalHeader{id: uuid.New(), capacity: a.Capacity(), alignment: alloc.DiskAlignment, flags: flagXXH3}
 	// The journal is written last: a directory without one is not a segment.
 	jf, err := writeJournal(dir, hdr, 1, nil)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/checksum"
 )
 
 func TestDiskSurvivesRestart(t *testing.T) {
@@ -29,7 +30,7 @@ func TestDiskSurvivesRestart(t *testing.T) {
 		data := randBytes(5000+i*1000, uint64(i))
 		a := reserve(t, s, "k"+string(rune('a'+i)), uint64(len(data)))
 		write(t, s, a.GetAllocationId(), data)
-		if err := seal(s, a.GetAllocationId(), xxhash.Sum64(data)); err != nil {
+		if err := seal(s, a.GetAllocationId(), checksum.Sum(data)); err != nil {
 			t.Fatalf("Seal: %v", err)
 		}
 		kept = append(kept, obj{a, data})
@@ -67,7 +68,7 @@ func TestDiskSurvivesRestart(t *testing.T) {
 	}
 	for _, o := range kept {
 		got, ok := s2.Lookup(o.alloc.GetAllocationId())
-		if !ok || got.GetKey() != o.alloc.GetKey() || got.GetChecksum() != xxhash.Sum64(o.data) || got.GetTenant() != "t" || got.GetGroupId() != "g" {
+		if !ok || got.GetKey() != o.alloc.GetKey() || got.GetChecksum() != checksum.Sum(o.data) || got.GetTenant() != "t" || got.GetGroupId() != "g" {
 			t.Fatalf("row after restart = %v", got)
 		}
 		if b := read(t, s2, o.alloc.GetAllocationId()); !bytes.Equal(b, o.data) {
@@ -102,7 +103,7 @@ func TestDiskTornTail(t *testing.T) {
 	data := randBytes(100, 9)
 	a := reserve(t, s, "k", 100)
 	write(t, s, a.GetAllocationId(), data)
-	if err := seal(s, a.GetAllocationId(), xxhash.Sum64(data)); err != nil {
+	if err := seal(s, a.GetAllocationId(), checksum.Sum(data)); err != nil {
 		t.Fatal(err)
 	}
 	_ = s.Close()
@@ -141,7 +142,7 @@ func TestJournalCompaction(t *testing.T) {
 	var keep *masterv1.Allocation
 	for i := range 60 {
 		a := reserve(t, s, "k", 10)
-		if err := seal(s, a.GetAllocationId(), xxhash.Sum64(make([]byte, 10))); err != nil {
+		if err := seal(s, a.GetAllocationId(), checksum.Sum(make([]byte, 10))); err != nil {
 			t.Fatal(err)
 		}
 		if i == 5 {
@@ -220,4 +221,90 @@ func FuzzJournal(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestDiskRehashesOldJournal: a journal written before issue 18 holds
+// xxhash64 checksums and no flagXXH3. OpenDisk rehashes each object once,
+// keeps the old checksum of one whose bytes no longer match it (so
+// verification still finds it corrupt), and rewrites the journal with the
+// flag, so the next open does not rehash again.
+func TestDiskRehashesOldJournal(t *testing.T) {
+	dir := t.TempDir()
+	s, _, err := OpenDisk(dir, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	datas := make([][]byte, 3)
+	ids := make([]uint64, 3)
+	for i := range datas {
+		datas[i] = randBytes(7000+i, uint64(i+40))
+		a := reserve(t, s, "old"+string(rune('a'+i)), uint64(len(datas[i])))
+		write(t, s, a.GetAllocationId(), datas[i])
+		if err := seal(s, a.GetAllocationId(), checksum.Sum(datas[i])); err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = a.GetAllocationId()
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Turn it into a journal of the old format: xxhash64 checksums, no
+	// flag; object 2's checksum is of other bytes (it went bad on disk).
+	raw, err := os.ReadFile(filepath.Join(dir, journalName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr, err := decodeHeader(raw)
+	if err != nil || hdr.flags != flagXXH3 {
+		t.Fatalf("new journal header %+v, %v: want flagXXH3", hdr, err)
+	}
+	recs, _ := decodeRecords(raw[headerLen:])
+	live, limit := replay(recs)
+	var entries []*entry
+	for i, id := range ids {
+		e := live[id]
+		e.checksum = xxhash.Sum64(datas[i])
+		if i == 2 {
+			e.checksum = xxhash.Sum64([]byte("other bytes"))
+		}
+		entries = append(entries, e)
+	}
+	hdr.flags = 0
+	f, err := writeJournal(dir, hdr, limit, entries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+
+	s2, rec, err := OpenDisk(dir, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Sealed != 3 || rec.Rehashed != 3 || rec.Mismatched != 1 {
+		t.Fatalf("Recovery = %+v, want 3 sealed, 3 rehashed, 1 mismatched", rec)
+	}
+	for i, id := range ids {
+		got, _ := s2.Lookup(id)
+		want := checksum.Sum(datas[i])
+		if i == 2 {
+			want = xxhash.Sum64([]byte("other bytes"))
+		}
+		if got.GetChecksum() != want {
+			t.Errorf("object %d: checksum %#x after the rehash, want %#x", i, got.GetChecksum(), want)
+		}
+	}
+	if err := s2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s3, rec, err := OpenDisk(dir, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s3.Close()
+	if rec.Sealed != 3 || rec.Rehashed != 0 {
+		t.Fatalf("second open: Recovery = %+v, want 3 sealed and nothing rehashed", rec)
+	}
+	if got, _ := s3.Lookup(ids[0]); got.GetChecksum() != checksum.Sum(datas[0]) {
+		t.Fatalf("second open: checksum %#x, want %#x", got.GetChecksum(), checksum.Sum(datas[0]))
+	}
 }

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"google.golang.org/protobuf/proto"
 	"pgregory.net/rapid"
@@ -55,12 +55,12 @@ func TestFeedRecordsSealsAndReleases(t *testing.T) {
 			c := reserve(t, s, "c", 4)
 			reserve(t, s, "expires", 4)
 			write(t, s, a.GetAllocationId(), data)
-			if err := seal(s, a.GetAllocationId(), xxhash.Sum64(data)); err != nil {
+			if err := seal(s, a.GetAllocationId(), checksum.Sum(data)); err != nil {
 				t.Fatal(err)
 			}
 			sealed, _ := s.Lookup(a.GetAllocationId())
 			// A retry of the seal changes nothing.
-			if err := seal(s, a.GetAllocationId(), xxhash.Sum64(data)); err != nil {
+			if err := seal(s, a.GetAllocationId(), checksum.Sum(data)); err != nil {
 				t.Fatal(err)
 			}
 			if err := seal(s, b.GetAllocationId(), 42); err == nil {
@@ -86,7 +86,7 @@ func TestFeedRecordsSealsAndReleases(t *testing.T) {
 			if len(got) != 2 || got[0].Released() || !got[1].Released() {
 				t.Fatalf("changes = %v, want a seal then a release", got)
 			}
-			if sealed.GetState() != masterv1.AllocationState_ALLOCATION_STATE_SEALED || sealed.GetChecksum() != xxhash.Sum64(data) {
+			if sealed.GetState() != masterv1.AllocationState_ALLOCATION_STATE_SEALED || sealed.GetChecksum() != checksum.Sum(data) {
 				t.Fatalf("table row after the seal = %v", sealed)
 			}
 			if g := got[0].Allocation(); !proto.Equal(g, sealed) {
@@ -140,7 +140,7 @@ func TestFeedRing(t *testing.T) {
 	var ids []uint64
 	for i := range 6 {
 		a := reserve(t, s, fmt.Sprint("k", i), 1)
-		if err := seal(s, a.GetAllocationId(), xxhash.Sum64(make([]byte, 1))); err != nil {
+		if err := seal(s, a.GetAllocationId(), checksum.Sum(make([]byte, 1))); err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, a.GetAllocationId())
@@ -250,7 +250,7 @@ func TestFeedSnapshotInvariant(t *testing.T) {
 	set := NewSet(segs...)
 	f := NewFeed(1 << 16)
 	set.SetFeed(f)
-	sum := xxhash.Sum64(make([]byte, 64)) // the pages are zero; nothing writes
+	sum := checksum.Sum(make([]byte, 64)) // the pages are zero; nothing writes
 
 	type key struct {
 		seg string

@@ -27,6 +27,11 @@ import (
 //	recRelease id u64
 //	recIDLimit limit u64: ids below limit may have been handed out
 //
+// The header ends with flags u32 (zero in journals written before issue
+// 18): bit 0 (flagXXH3) says the seal records' checksums are XXH3-64
+// (internal/checksum). A journal without it holds xxhash64 checksums;
+// OpenDisk rehashes its objects once and rewrites it with the flag.
+//
 // All integers are big-endian. Replay stops at the first record that is
 // short or fails its CRC (a write torn by a crash); the file is truncated
 // there. When dead records outnumber live ones the journal is rewritten to a
@@ -44,6 +49,9 @@ const (
 	journalName    = "segment.journal"
 	dataName       = "segment.data"
 	sealFixedBytes = 1 + 8 + 8 + 8 + 4 + 8 + 1 + 8 + 8 + 8
+
+	// flagXXH3 marks a journal whose checksums are XXH3-64.
+	flagXXH3 = 1 << 0
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -55,6 +63,7 @@ type journalHeader struct {
 	id        uuid.UUID
 	capacity  uint64
 	alignment uint64
+	flags     uint32
 }
 
 func (h journalHeader) encode() []byte {
@@ -64,7 +73,7 @@ func (h journalHeader) encode() []byte {
 	b = binary.BigEndian.AppendUint64(b, h.capacity)
 	b = binary.BigEndian.AppendUint64(b, h.alignment)
 	b = binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
-	return append(b, 0, 0, 0, 0)
+	return binary.BigEndian.AppendUint32(b, h.flags)
 }
 
 func decodeHeader(b []byte) (journalHeader, error) {
@@ -78,6 +87,7 @@ func decodeHeader(b []byte) (journalHeader, error) {
 	copy(h.id[:], b[8:24])
 	h.capacity = binary.BigEndian.Uint64(b[24:32])
 	h.alignment = binary.BigEndian.Uint64(b[32:40])
+	h.flags = binary.BigEndian.Uint32(b[44:48])
 	if h.alignment == 0 || h.alignment&(h.alignment-1) != 0 || h.capacity < h.alignment {
 		return journalHeader{}, fmt.Errorf("%w: capacity %d alignment %d", errCorrupt, h.capacity, h.alignment)
 	}

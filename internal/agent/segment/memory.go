@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/cespare/xxhash/v2"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/alloc"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
 )
@@ -29,7 +29,7 @@ func (m *memory) writeAt(p []byte, off uint64) error {
 
 func (m *memory) slice(off, n uint64) []byte { return m.data[off : off+n : off+n] }
 
-func (m *memory) hash(off, n uint64) (uint64, error) { return xxhash.Sum64(m.data[off : off+n]), nil }
+func (m *memory) hash(off, n uint64) (uint64, error) { return checksum.Sum(m.data[off : off+n]), nil }
 
 func (m *memory) sync() error { return nil }
 

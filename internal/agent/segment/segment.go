@@ -37,7 +37,7 @@ type backing interface {
 	// slice returns the bytes [off, off+n) in place, or nil when the
 	// backing is not addressable memory.
 	slice(off, n uint64) []byte
-	// hash returns the xxhash64 of [off, off+n).
+	// hash returns the object checksum (internal/checksum) of [off, off+n).
 	hash(off, n uint64) (uint64, error)
 	// sync makes written bytes durable (a no-op for memory).
 	sync() error

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"go.uber.org/goleak"
 )
@@ -100,15 +100,15 @@ func TestMemoryLifecycle(t *testing.T) {
 	wantReason(t, err, "ALLOCATION_STATE")
 	write(t, s, a.GetAllocationId(), data)
 
-	wantReason(t, seal(s, a.GetAllocationId(), xxhash.Sum64(data)+1), "CHECKSUM_MISMATCH")
+	wantReason(t, seal(s, a.GetAllocationId(), checksum.Sum(data)+1), "CHECKSUM_MISMATCH")
 	if got, _ := s.Lookup(a.GetAllocationId()); got.GetState() != masterv1.AllocationState_ALLOCATION_STATE_RESERVED {
 		t.Fatalf("after a bad seal state = %v, want RESERVED", got.GetState())
 	}
-	if err := seal(s, a.GetAllocationId(), xxhash.Sum64(data)); err != nil {
+	if err := seal(s, a.GetAllocationId(), checksum.Sum(data)); err != nil {
 		t.Fatalf("Seal: %v", err)
 	}
 	// Sealing again with the same checksum is idempotent.
-	if err := seal(s, a.GetAllocationId(), xxhash.Sum64(data)); err != nil {
+	if err := seal(s, a.GetAllocationId(), checksum.Sum(data)); err != nil {
 		t.Fatalf("second Seal: %v", err)
 	}
 	_, err = s.OpenWrite(a.GetAllocationId())
@@ -178,7 +178,7 @@ func TestWritableBytes(t *testing.T) {
 		wantReason(t, err, "OUT_OF_BOUNDS")
 	}
 	h.Close()
-	if err := seal(s, id, xxhash.Sum64(append(make([]byte, 10), bytes.Repeat([]byte{7}, 90)...))); err != nil {
+	if err := seal(s, id, checksum.Sum(append(make([]byte, 10), bytes.Repeat([]byte{7}, 90)...))); err != nil {
 		t.Fatalf("seal of the bytes written through the mapping: %v", err)
 	}
 	r, err := s.OpenRead(id)
@@ -218,7 +218,7 @@ func TestSealRefusedWhileWriting(t *testing.T) {
 	wantReason(t, seal(s, a.GetAllocationId(), 0), "ALLOCATION_STATE")
 	h.Close()
 	h.Close() // idempotent
-	if err := seal(s, a.GetAllocationId(), xxhash.Sum64(make([]byte, 64))); err != nil {
+	if err := seal(s, a.GetAllocationId(), checksum.Sum(make([]byte, 64))); err != nil {
 		t.Fatalf("Seal after close: %v", err)
 	}
 }
@@ -228,7 +228,7 @@ func TestReleaseWhileReadingDefersFree(t *testing.T) {
 	data := randBytes(4096, 2)
 	a := reserve(t, s, "k", 4096)
 	write(t, s, a.GetAllocationId(), data)
-	if err := seal(s, a.GetAllocationId(), xxhash.Sum64(data)); err != nil {
+	if err := seal(s, a.GetAllocationId(), checksum.Sum(data)); err != nil {
 		t.Fatal(err)
 	}
 	h, err := s.OpenRead(a.GetAllocationId())
@@ -260,7 +260,7 @@ func TestExpireReserved(t *testing.T) {
 		t.Fatal(err)
 	}
 	sealedA := reserve(t, s, "sealed", 64)
-	if err := seal(s, sealedA.GetAllocationId(), xxhash.Sum64(make([]byte, 64))); err != nil {
+	if err := seal(s, sealedA.GetAllocationId(), checksum.Sum(make([]byte, 64))); err != nil {
 		t.Fatal(err)
 	}
 	got := s.ExpireReserved(t0.Add(30 * time.Second))
@@ -322,8 +322,8 @@ func TestSetBatches(t *testing.T) {
 	data := randBytes(100, 3)
 	write(t, m0, res[0].GetAllocationId(), data)
 	seals := set.Seal([]*masterv1.SealItem{
-		{SegmentId: m0.ID(), AllocationId: res[0].GetAllocationId(), Checksum: xxhash.Sum64(data), SoftPinUntilUnixMs: 99},
-		{SegmentId: m1.ID(), AllocationId: res[3].GetAllocationId(), Checksum: xxhash.Sum64(nil)},
+		{SegmentId: m0.ID(), AllocationId: res[0].GetAllocationId(), Checksum: checksum.Sum(data), SoftPinUntilUnixMs: 99},
+		{SegmentId: m1.ID(), AllocationId: res[3].GetAllocationId(), Checksum: checksum.Sum(nil)},
 		{SegmentId: m1.ID(), AllocationId: 12345},
 	}, t0)
 	for i, want := range []string{"", "", "ALLOCATION_NOT_FOUND"} {
@@ -339,7 +339,7 @@ func TestSetBatches(t *testing.T) {
 		if a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_SEALED {
 			t.Fatalf("row %v not sealed", a)
 		}
-		if a.GetKey() == "a" && (a.GetSoftPinUntilUnixMs() != 99 || a.GetChecksum() != xxhash.Sum64(data)) {
+		if a.GetKey() == "a" && (a.GetSoftPinUntilUnixMs() != 99 || a.GetChecksum() != checksum.Sum(data)) {
 			t.Fatalf("row %v lacks the soft pin or checksum", a)
 		}
 	}

@@ -9,8 +9,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 )
 
@@ -80,7 +80,7 @@ type VerifyReport struct {
 
 // VerifySealed reads every SEALED allocation's bytes, in offset order
 // through one reused buffer, and checks them against the checksum they were
-// sealed with (xxhash64 of the object bytes, as Seal computes it). An
+// sealed with (the object checksum, internal/checksum, as Seal computes it). An
 // allocation that does not match, or whose bytes fail to read with EIO, is
 // dropped: its release is journaled (and synced) so it stays gone after
 // another restart, its extent is freed, and reads of it answer DATA_LOSS
@@ -119,7 +119,7 @@ func (s *Segment) VerifySealed(ctx context.Context, cfg VerifyConfig) (VerifyRep
 	}
 
 	buf := make([]byte, min(uint64(cfg.BufferSize), max(p.TotalBytes, 1)))
-	h := xxhash.New()
+	h := checksum.New()
 	var bad []*entry
 	var rep VerifyReport
 	last := start

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"golang.org/x/sys/unix"
@@ -48,7 +48,7 @@ func fillDisk(t testing.TB, dir string, capacity uint64, sizes ...int) []sealedO
 			t.Fatal(err)
 		}
 		h.Close()
-		if err := seal(s, a.GetAllocationId(), xxhash.Sum64(data)); err != nil {
+		if err := seal(s, a.GetAllocationId(), checksum.Sum(data)); err != nil {
 			t.Fatalf("Seal: %v", err)
 		}
 		out = append(out, sealedObj{a, data})
@@ -96,7 +96,7 @@ func TestVerifySealedDropsCorrupt(t *testing.T) {
 		t.Fatalf("report = %+v, want %d allocations, %d bytes, 1 corrupt", rep, len(objs), total)
 	}
 	c := rep.Corrupt[0]
-	if c.ID != bad.alloc.GetAllocationId() || c.Key != bad.alloc.GetKey() || c.Tenant != "t" || c.Want != xxhash.Sum64(bad.data) || c.Got == c.Want || c.Err != nil {
+	if c.ID != bad.alloc.GetAllocationId() || c.Key != bad.alloc.GetKey() || c.Tenant != "t" || c.Want != checksum.Sum(bad.data) || c.Got == c.Want || c.Err != nil {
 		t.Fatalf("corrupt = %+v, want allocation %d (%s)", c, bad.alloc.GetAllocationId(), bad.alloc.GetKey())
 	}
 	if len(progress) < 3 {

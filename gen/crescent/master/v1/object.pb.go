@@ -795,7 +795,7 @@ type PutEndRequest struct {
 	Tenant   string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	Key      string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
 	ClientId string                 `protobuf:"bytes,3,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	// xxhash64 of the object's bytes; agents verify it at seal.
+	// The object checksum, XXH3-64 (seed 0) of the object's bytes; agents verify it at seal.
 	Checksum      uint64 `protobuf:"varint,4,opt,name=checksum,proto3" json:"checksum,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1372,7 +1372,7 @@ func (x *GetReplicaListRequest) GetClientHost() string {
 type GetReplicaListResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Size  uint64                 `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
-	// xxhash64 of the object's bytes.
+	// The object checksum: XXH3-64 (seed 0) of the object's bytes.
 	Checksum uint64 `protobuf:"varint,2,opt,name=checksum,proto3" json:"checksum,omitempty"`
 	// Readable replicas, nearest first, each with a read token.
 	Replicas []*ReplicaDescriptor `protobuf:"bytes,3,rep,name=replicas,proto3" json:"replicas,omitempty"`

@@ -310,7 +310,7 @@ type Allocation struct {
 	Tenant    string          `protobuf:"bytes,6,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	Key       string          `protobuf:"bytes,7,opt,name=key,proto3" json:"key,omitempty"`
 	ReplicaId uint32          `protobuf:"varint,8,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
-	// xxhash64 of the bytes; set once SEALED.
+	// XXH3-64 (seed 0) of the bytes; set once SEALED.
 	Checksum uint64 `protobuf:"varint,9,opt,name=checksum,proto3" json:"checksum,omitempty"`
 	GroupId  string `protobuf:"bytes,10,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
 	HardPin  bool   `protobuf:"varint,11,opt,name=hard_pin,json=hardPin,proto3" json:"hard_pin,omitempty"`
@@ -2164,7 +2164,7 @@ type SealItem struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	SegmentId    string                 `protobuf:"bytes,1,opt,name=segment_id,json=segmentId,proto3" json:"segment_id,omitempty"`
 	AllocationId uint64                 `protobuf:"varint,2,opt,name=allocation_id,json=allocationId,proto3" json:"allocation_id,omitempty"`
-	// xxhash64 of the object bytes.
+	// XXH3-64 (seed 0) of the object bytes.
 	Checksum uint64 `protobuf:"varint,3,opt,name=checksum,proto3" json:"checksum,omitempty"`
 	// Soft pin expiry to record (pins start at the first COMPLETE), Unix ms.
 	SoftPinUntilUnixMs int64 `protobuf:"varint,4,opt,name=soft_pin_until_unix_ms,json=softPinUntilUnixMs,proto3" json:"soft_pin_until_unix_ms,omitempty"`
