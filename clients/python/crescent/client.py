@@ -588,11 +588,13 @@ class Client:
                 tasks.append(task)
         self._run(tasks)
         # Fall back, per item, to the remaining replicas.
-        self._run([lambda rd=rd: self._read_any_item(keys, rd, rd[2][1:], outs, errs) for rd in retry])
+        self._run([lambda rd=rd, e=e: self._read_any_item(keys, rd, rd[2][1:], outs, errs, e) for rd, e in retry])
 
-    def _read_any_item(self, keys, rd, reps, outs, errs):
+    def _read_any_item(self, keys, rd, reps, outs, errs, first=None):
         i, rl, _, dst = rd
         try:
+            if not reps and first is not None:
+                raise first  # the only replica failed: say how
             self._read_any(rl, reps, dst)
         except CrescentError as e:
             errs[i] = _err_for(keys[i], e, "get ")
@@ -601,9 +603,12 @@ class Client:
 
     def _read_chunk(self, rt, chunk, outs):
         """Read the first replica of each item from one agent in one request;
-        returns the items that failed (error or checksum)."""
+        returns the items that failed (error or checksum), with their error."""
         ep, xfer = rt
         failed = []
+
+        def bad(d):
+            return CrescentError("CHECKSUM_MISMATCH", f"replica {d.replica_id} on {d.data_endpoint}: checksum mismatch")
         if xfer:
             items = []
             dsts = []
@@ -614,11 +619,13 @@ class Client:
                 dsts.append(dst)
             try:
                 res = self._xfer.read(ep, items, dsts)
-            except CrescentError:
-                return list(chunk)
+            except CrescentError as e:
+                return [(rd, e) for rd in chunk]
             for rd, (e, _, _) in zip(chunk, res):
-                if e is not None or xxh64(rd[3]) != rd[1].checksum:
-                    failed.append(rd)
+                if e is None and xxh64(rd[3]) != rd[1].checksum:
+                    e = bad(rd[2][0])
+                if e is not None:
+                    failed.append((rd, e))
                 else:
                     outs[rd[0]] = rd[3]
             return failed
@@ -628,15 +635,24 @@ class Client:
             req.items.add(segment_id=d.segment_id, allocation_id=d.allocation_id, token=d.token)
         try:
             resp = self._data(ep).BatchRead(req, timeout=self.timeout, metadata=self._md)
-        except (grpc.RpcError, CrescentError):
-            return list(chunk)
-        if len(resp.results) != len(chunk):
-            return list(chunk)
+            if len(resp.results) != len(chunk):
+                raise CrescentError("INTERNAL", f"agent {ep} answered {len(resp.results)} results for {len(chunk)} items")
+        except grpc.RpcError as e:
+            err = from_rpc_error(e)
+            return [(rd, err) for rd in chunk]
+        except CrescentError as e:
+            return [(rd, e) for rd in chunk]
         for rd, r in zip(chunk, resp.results):
-            i, rl, _, dst = rd
+            i, rl, reps, dst = rd
             data = r.data
-            if r.status.code or len(data) != rl.size or xxh64(memoryview(data)) != rl.checksum:
-                failed.append(rd)
+            if r.status.code:
+                failed.append((rd, from_item(r.status.code, r.status.reason, r.status.message)))
+                continue
+            if len(data) != rl.size:
+                failed.append((rd, CrescentError("INTERNAL", f"agent {ep} sent {len(data)} bytes of a {rl.size}-byte object")))
+                continue
+            if xxh64(memoryview(data)) != rl.checksum:
+                failed.append((rd, bad(reps[0])))
                 continue
             dst[:] = data
             outs[i] = dst
