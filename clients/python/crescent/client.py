@@ -122,6 +122,16 @@ def _too_small(key: str, have: int, size: int) -> CrescentError:
                          grpc.StatusCode.INVALID_ARGUMENT)
 
 
+def _agent_err(e: grpc.RpcError) -> CrescentError:
+    """A failed DataService call: one that carries no reason failed in
+    transport (the agent is down or unreachable), AGENT_UNAVAILABLE as on
+    the transfer path."""
+    err = from_rpc_error(e)
+    if not err.reason and err.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNKNOWN):
+        err.reason = "AGENT_UNAVAILABLE"
+    return err
+
+
 def _abandoned(err: CrescentError) -> bool:
     return err.code in (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED)
 
@@ -443,7 +453,7 @@ class Client:
             if len(resp.results) != len(chunk):
                 raise CrescentError("INTERNAL", f"agent {ep} answered {len(resp.results)} results for {len(chunk)} items")
         except grpc.RpcError as e:
-            err = from_rpc_error(e)
+            err = _agent_err(e)
             for i, _ in chunk:
                 fail(i, err)
             return
@@ -483,7 +493,7 @@ class Client:
             try:
                 resp = self._data(ep).Write(reqs(), timeout=self.timeout, metadata=self._md)
             except grpc.RpcError as e:
-                raise from_rpc_error(e)
+                raise _agent_err(e)
             if resp.bytes_written != v.nbytes:
                 raise CrescentError("INTERNAL", f"agent {ep} wrote {resp.bytes_written} of {v.nbytes} bytes")
         except CrescentError as e:
@@ -638,7 +648,7 @@ class Client:
             if len(resp.results) != len(chunk):
                 raise CrescentError("INTERNAL", f"agent {ep} answered {len(resp.results)} results for {len(chunk)} items")
         except grpc.RpcError as e:
-            err = from_rpc_error(e)
+            err = _agent_err(e)
             return [(rd, err) for rd in chunk]
         except CrescentError as e:
             return [(rd, e) for rd in chunk]
@@ -717,7 +727,7 @@ class Client:
             if off != size:
                 raise CrescentError("INTERNAL", f"got {off} bytes, want {size}")
         except grpc.RpcError as e:
-            raise from_rpc_error(e)
+            raise _agent_err(e)
 
     # --- metadata ------------------------------------------------------------------
 
