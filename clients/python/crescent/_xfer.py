@@ -191,6 +191,10 @@ class Conn:
 
     def exchange(self, op, items, payload):
         self.send(op, items, payload)
+        return self.results(items)
+
+    def results(self, items):
+        """The response to a request sent with send: one result per item."""
         resp = self.response()
         if resp.HasField("error"):
             raise self._refused(resp.error)
@@ -199,7 +203,9 @@ class Conn:
         return resp.results
 
     def write(self, items, src, errs):
-        rs = self.exchange(OP_WRITE, items, src)
+        self.write_results(items, self.exchange(OP_WRITE, items, src), errs)
+
+    def write_results(self, items, rs, errs):
         for i, r in enumerate(rs):
             st = r.status
             err = from_item(st.code, st.reason, st.message) if st.code else None
@@ -208,7 +214,9 @@ class Conn:
             errs[i] = err
 
     def read(self, items, dst, res):
-        rs = self.exchange(OP_READ, items, None)
+        self.read_results(items, self.exchange(OP_READ, items, None), dst, res)
+
+    def read_results(self, items, rs, dst, res):
         for i, r in enumerate(rs):
             st = r.status
             if st.code:
@@ -318,6 +326,15 @@ class Pool:
             self._put(c, True)
             return
 
+    def begin(self, endpoint: str, op, items, bufs) -> "Pending":
+        """Send one request (at most MAX_ITEMS items) and return at once:
+        requests to several agents are then in flight together, without a
+        thread each (Pending.end collects the answer). bufs: the WRITE
+        payload, or the READ destinations."""
+        if len(items) > MAX_ITEMS:
+            raise CrescentError("INVALID_PARAMS", f"{len(items)} items in one transfer request (at most {MAX_ITEMS})")
+        return Pending(self, endpoint, op, items, bufs)
+
     def write(self, endpoint: str, items, src):
         """Write items (TransferItem, length set to len(src[i])) from src
         (byte memoryviews). Returns one error (or None) per item; raises
@@ -349,3 +366,58 @@ class Pool:
 
         self._run(endpoint, fn)
         return res
+
+
+class Pending:
+    """A request sent by Pool.begin whose response has not been read."""
+
+    def __init__(self, pool: Pool, endpoint: str, op, items, bufs):
+        self.pool, self.endpoint, self.op, self.items, self.bufs = pool, endpoint, op, items, bufs
+        self.conn = self._send(fresh=False)
+
+    def _send(self, fresh: bool) -> Conn:
+        c = self.pool._get(self.endpoint, fresh)
+        c.dirty = c.answered = False
+        try:
+            c.send(self.op, self.items, self.bufs if self.op == OP_WRITE else None)
+        except _Stale as e:
+            c.close()
+            if fresh:
+                raise _unavailable(self.endpoint, e.args[0] if e.args else e)
+            self.pool._drop_idle(self.endpoint)
+            return self._send(fresh=True)
+        except CrescentError:
+            self.pool._put(c, not c.dirty)
+            raise
+        except BaseException:
+            c.close()
+            raise
+        return c
+
+    def end(self):
+        """WRITE: one error (or None) per item. READ: (error or None, object
+        size, agent checksum) per item, the bytes in the destinations.
+        Raises CrescentError when the whole request failed."""
+        out = [None] * len(self.items)
+        for attempt in range(2):
+            c = self.conn
+            try:
+                rs = c.results(self.items)
+                if self.op == OP_WRITE:
+                    c.write_results(self.items, rs, out)
+                else:
+                    c.read_results(self.items, rs, self.bufs, out)
+            except _Stale as e:
+                # The idle connection had been closed by the agent: once more
+                # on a new one.
+                c.close()
+                if attempt == 1:
+                    raise _unavailable(self.endpoint, e.args[0] if e.args else e)
+                self.pool._drop_idle(self.endpoint)
+                self.conn = self._send(fresh=True)
+                continue
+            except BaseException:
+                c.close()
+                raise
+            self.pool._put(c, True)
+            return out

@@ -34,6 +34,8 @@ from ._buf import as_view, xxh64
 from ._gen.agent.v1 import data_pb2, data_pb2_grpc, transfer_pb2
 from ._gen.master.v1 import object_pb2, types_pb2
 from ._masters import Masters, channel_options, split_masters
+from ._xfer import OP_READ as _xfer_op_read
+from ._xfer import OP_WRITE as _xfer_op_write
 from ._xfer import Pool
 from .errors import CrescentError, from_item, from_rpc_error
 
@@ -228,9 +230,14 @@ class Client:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="crescent")
             pool = self._pool
-        futs = [pool.submit(t) for t in tasks]
-        for f in futs:
-            f.result()
+        # The caller's thread runs the first task itself: one thread handoff
+        # fewer, and with two agents half the batch never leaves it.
+        futs = [pool.submit(t) for t in tasks[1:]]
+        try:
+            tasks[0]()
+        finally:
+            for f in futs:
+                f.result()
 
     def close(self):
         """Close every connection. Idempotent."""
@@ -261,6 +268,8 @@ class Client:
 
     def _order(self, reps):
         """Replicas on this host first, the master's order otherwise."""
+        if len(reps) == 1:
+            return reps
         reps = list(reps)
         if any(r.host_id == self.host_id for r in reps):
             reps.sort(key=lambda r: r.host_id != self.host_id)
@@ -411,6 +420,7 @@ class Client:
                 errs.setdefault(i, e)
 
         tasks = []
+        pending = []  # transfer requests in flight: (chunk, Pending)
         groups: dict[tuple, list] = {}
         for i, d in writes:
             if views[i].nbytes > self.small_object:
@@ -420,29 +430,31 @@ class Client:
         for rt, ws in groups.items():
             for chunk in _chunks(ws, lambda w: views[w[0]].nbytes):
                 if rt[1]:
-                    tasks.append(lambda ep=rt[0], c=chunk: self._write_xfer(ep, c, views, fail))
+                    # Sent now, answered below: the agents work in parallel
+                    # without a thread per request.
+                    items = [transfer_pb2.TransferItem(segment_id=d.segment_id, allocation_id=d.allocation_id,
+                                                       token=d.token, offset=0, length=views[i].nbytes) for i, d in chunk]
+                    try:
+                        pending.append((chunk, self._xfer.begin(rt[0], _xfer_op_write, items, [views[i] for i, _ in chunk])))
+                    except CrescentError as e:
+                        for i, _ in chunk:
+                            fail(i, e)
                 else:
                     tasks.append(lambda ep=rt[0], c=chunk: self._write_grpc(ep, c, views, fail))
-        self._run(tasks)
-        return errs
-
-    def _write_xfer(self, ep, chunk, views, fail):
-        items = []
-        src = []
-        for i, d in chunk:
-            v = views[i]
-            items.append(transfer_pb2.TransferItem(segment_id=d.segment_id, allocation_id=d.allocation_id,
-                                                   token=d.token, offset=0, length=v.nbytes))
-            src.append(v)
         try:
-            ierrs = self._xfer.write(ep, items, src)
-        except CrescentError as e:
-            for i, _ in chunk:
-                fail(i, e)
-            return
-        for (i, _), e in zip(chunk, ierrs):
-            if e is not None:
-                fail(i, e)
+            self._run(tasks)
+        finally:
+            for chunk, p in pending:
+                try:
+                    ierrs = p.end()
+                except CrescentError as e:
+                    for i, _ in chunk:
+                        fail(i, e)
+                    continue
+                for (i, _), e in zip(chunk, ierrs):
+                    if e is not None:
+                        fail(i, e)
+        return errs
 
     def _write_grpc(self, ep, chunk, views, fail):
         req = data_pb2.BatchWriteRequest()
@@ -585,9 +597,23 @@ class Client:
                 tasks.append(lambda rd=rd: self._read_any_item(keys, rd, rd[2], outs, errs))
                 continue
             groups.setdefault(self._route(reps[0]), []).append(rd)
+        pending = []  # transfer requests in flight: (chunk, Pending)
         for rt, rds in groups.items():
             for lo in range(0, len(rds), MAX_BATCH_ITEMS):
                 chunk = rds[lo : lo + MAX_BATCH_ITEMS]
+                if rt[1]:
+                    # Sent now, answered below: the agents work in parallel
+                    # without a thread per request.
+                    items = []
+                    for _, _, reps, dst in chunk:
+                        d = reps[0]
+                        items.append(transfer_pb2.TransferItem(segment_id=d.segment_id, allocation_id=d.allocation_id,
+                                                               token=d.token, offset=0, length=dst.nbytes))
+                    try:
+                        pending.append((chunk, self._xfer.begin(rt[0], _xfer_op_read, items, [rd[3] for rd in chunk])))
+                    except CrescentError as e:
+                        retry.extend((rd, e) for rd in chunk)
+                    continue
 
                 def task(rt=rt, chunk=chunk):
                     failed = self._read_chunk(rt, chunk, outs)
@@ -596,7 +622,23 @@ class Client:
                             retry.extend(failed)
 
                 tasks.append(task)
-        self._run(tasks)
+        try:
+            self._run(tasks)
+        finally:
+            for chunk, p in pending:
+                try:
+                    res = p.end()
+                except CrescentError as e:
+                    retry.extend((rd, e) for rd in chunk)
+                    continue
+                for rd, (e, _, _) in zip(chunk, res):
+                    if e is None and xxh64(rd[3]) != rd[1].checksum:
+                        d = rd[2][0]
+                        e = CrescentError("CHECKSUM_MISMATCH", f"replica {d.replica_id} on {d.data_endpoint}: checksum mismatch")
+                    if e is not None:
+                        retry.append((rd, e))
+                    else:
+                        outs[rd[0]] = rd[3]
         # Fall back, per item, to the remaining replicas.
         self._run([lambda rd=rd, e=e: self._read_any_item(keys, rd, rd[2][1:], outs, errs, e) for rd, e in retry])
 
@@ -614,31 +656,11 @@ class Client:
     def _read_chunk(self, rt, chunk, outs):
         """Read the first replica of each item from one agent in one request;
         returns the items that failed (error or checksum), with their error."""
-        ep, xfer = rt
+        ep = rt[0]
         failed = []
 
         def bad(d):
             return CrescentError("CHECKSUM_MISMATCH", f"replica {d.replica_id} on {d.data_endpoint}: checksum mismatch")
-        if xfer:
-            items = []
-            dsts = []
-            for _, rl, reps, dst in chunk:
-                d = reps[0]
-                items.append(transfer_pb2.TransferItem(segment_id=d.segment_id, allocation_id=d.allocation_id,
-                                                       token=d.token, offset=0, length=dst.nbytes))
-                dsts.append(dst)
-            try:
-                res = self._xfer.read(ep, items, dsts)
-            except CrescentError as e:
-                return [(rd, e) for rd in chunk]
-            for rd, (e, _, _) in zip(chunk, res):
-                if e is None and xxh64(rd[3]) != rd[1].checksum:
-                    e = bad(rd[2][0])
-                if e is not None:
-                    failed.append((rd, e))
-                else:
-                    outs[rd[0]] = rd[3]
-            return failed
         req = data_pb2.BatchReadRequest()
         for _, _, reps, _ in chunk:
             d = reps[0]

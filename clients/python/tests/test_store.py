@@ -307,18 +307,18 @@ def test_checksum_verified_on_read(cluster, tenant, monkeypatch):
     cfg = ReplicateConfig()
     cfg.preferred_segment = next(x.info.segment_id for x in cluster.segments() if x.host_id == "host-a")
     assert s.put("one", data, cfg) == OK
-    real = _xfer.Conn.read
+    real = _xfer.Conn.read_results
 
-    def corrupt(self, items, dst, res):
-        real(self, items, dst, res)
+    def corrupt(self, items, rs, dst, res):
+        real(self, items, rs, dst, res)
         for d in dst:
             d[0] ^= 0xFF
 
-    monkeypatch.setattr(_xfer.Conn, "read", corrupt)
+    monkeypatch.setattr(_xfer.Conn, "read_results", corrupt)
     assert s.get("two") == data  # the transfer replica is corrupt; agent-b's (DataService) is not
     buf = bytearray(4096)
     assert s.get_into("one", buf, 4096) == ErrorCode.CHECKSUM_MISMATCH
-    monkeypatch.setattr(_xfer.Conn, "read", real)
+    monkeypatch.setattr(_xfer.Conn, "read_results", real)
     assert s.get("one") == data
     s.close()
 
