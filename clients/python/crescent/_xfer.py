@@ -96,8 +96,11 @@ class Conn:
                     bufs[i] = bufs[i][n:]
                     n = 0
 
-    def send(self, op, items, payload):
-        req = transfer_pb2.TransferRequest(op=op, items=items)
+    def send(self, op, items, payload, req=None):
+        """Send a request; req, when given, is the TransferRequest already
+        built (op and items set), so its items are not copied again."""
+        if req is None:
+            req = transfer_pb2.TransferRequest(op=op, items=items)
         hdr = req.SerializeToString()
         if len(hdr) > MAX_HEADER_BYTES:
             raise CrescentError(
@@ -326,14 +329,14 @@ class Pool:
             self._put(c, True)
             return
 
-    def begin(self, endpoint: str, op, items, bufs) -> "Pending":
+    def begin(self, endpoint: str, op, items, bufs, req=None) -> "Pending":
         """Send one request (at most MAX_ITEMS items) and return at once:
         requests to several agents are then in flight together, without a
         thread each (Pending.end collects the answer). bufs: the WRITE
         payload, or the READ destinations."""
         if len(items) > MAX_ITEMS:
             raise CrescentError("INVALID_PARAMS", f"{len(items)} items in one transfer request (at most {MAX_ITEMS})")
-        return Pending(self, endpoint, op, items, bufs)
+        return Pending(self, endpoint, op, items, bufs, req)
 
     def write(self, endpoint: str, items, src):
         """Write items (TransferItem, length set to len(src[i])) from src
@@ -371,15 +374,15 @@ class Pool:
 class Pending:
     """A request sent by Pool.begin whose response has not been read."""
 
-    def __init__(self, pool: Pool, endpoint: str, op, items, bufs):
-        self.pool, self.endpoint, self.op, self.items, self.bufs = pool, endpoint, op, items, bufs
+    def __init__(self, pool: Pool, endpoint: str, op, items, bufs, req=None):
+        self.pool, self.endpoint, self.op, self.items, self.bufs, self.req = pool, endpoint, op, items, bufs, req
         self.conn = self._send(fresh=False)
 
     def _send(self, fresh: bool) -> Conn:
         c = self.pool._get(self.endpoint, fresh)
         c.dirty = c.answered = False
         try:
-            c.send(self.op, self.items, self.bufs if self.op == OP_WRITE else None)
+            c.send(self.op, self.items, self.bufs if self.op == OP_WRITE else None, self.req)
         except _Stale as e:
             c.close()
             if fresh:

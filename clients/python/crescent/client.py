@@ -432,10 +432,12 @@ class Client:
                 if rt[1]:
                     # Sent now, answered below: the agents work in parallel
                     # without a thread per request.
-                    items = [transfer_pb2.TransferItem(segment_id=d.segment_id, allocation_id=d.allocation_id,
-                                                       token=d.token, offset=0, length=views[i].nbytes) for i, d in chunk]
+                    treq = transfer_pb2.TransferRequest(op=_xfer_op_write)
+                    add = treq.items.add
+                    for i, d in chunk:
+                        add(segment_id=d.segment_id, allocation_id=d.allocation_id, token=d.token, length=views[i].nbytes)
                     try:
-                        pending.append((chunk, self._xfer.begin(rt[0], _xfer_op_write, items, [views[i] for i, _ in chunk])))
+                        pending.append((chunk, self._xfer.begin(rt[0], _xfer_op_write, treq.items, [views[i] for i, _ in chunk], treq)))
                     except CrescentError as e:
                         for i, _ in chunk:
                             fail(i, e)
@@ -604,13 +606,13 @@ class Client:
                 if rt[1]:
                     # Sent now, answered below: the agents work in parallel
                     # without a thread per request.
-                    items = []
+                    treq = transfer_pb2.TransferRequest(op=_xfer_op_read)
+                    add = treq.items.add
                     for _, _, reps, dst in chunk:
                         d = reps[0]
-                        items.append(transfer_pb2.TransferItem(segment_id=d.segment_id, allocation_id=d.allocation_id,
-                                                               token=d.token, offset=0, length=dst.nbytes))
+                        add(segment_id=d.segment_id, allocation_id=d.allocation_id, token=d.token, length=dst.nbytes)
                     try:
-                        pending.append((chunk, self._xfer.begin(rt[0], _xfer_op_read, items, [rd[3] for rd in chunk])))
+                        pending.append((chunk, self._xfer.begin(rt[0], _xfer_op_read, treq.items, [rd[3] for rd in chunk], treq)))
                     except CrescentError as e:
                         retry.extend((rd, e) for rd in chunk)
                     continue
