@@ -39,9 +39,11 @@ def channel_options():
         # Large windows: bulk DataService streams are bound by flow control otherwise.
         ("grpc.http2.lookahead_bytes", 16 << 20),
         # Reconnect soon after a master comes back (masters.go dialMaster).
+        # Not grpc.min_reconnect_backoff_ms: gRPC core also takes it as the
+        # time a connection attempt is given, and 100 ms fails handshakes on
+        # a loaded machine (masters.go gives 3 s: MinConnectTimeout).
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 1000),
-        ("grpc.min_reconnect_backoff_ms", 100),
     ]
 
 

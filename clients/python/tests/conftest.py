@@ -14,6 +14,11 @@ Fixtures:
                    own (stopped at the test's end): kill agents freely
   store            a DistributedStore set up on `cluster`, in a fresh tenant
 
+cluster_factory(tls=True) runs the cluster with mTLS on every gRPC and admin
+port (development certificates from `crescentctl certs init` in .certs:
+tenant certificates for "default" and "tls-tenant", .cert(role, name)
+gives a (cert, key) pair, .certs / "ca.pem" the CA).
+
 A Cluster has .master ("host:port"), .gateway_pub / .gateway_replay /
 .gateway_snapshot ("tcp://host:port"), .gateway_grpc, .agents (Proc with
 .kill() and .host_id, .transfer), .dir, and .segments() (AdminService's view).
@@ -61,11 +66,14 @@ class Proc:
         self._logf = open(self.log, "ab")
         self.p = subprocess.Popen(self.argv, stdout=self._logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
+    ssl_ctx = None  # an SSLContext with the admin's certificate, in TLS mode
+
     def ready(self) -> bool:
         if self.p is None or self.p.poll() is not None:
             raise RuntimeError(f"{self.name} exited ({self.p.returncode if self.p else '?'}); log:\n{self.tail()}")
+        scheme = "https" if self.ssl_ctx else "http"
         try:
-            with urllib.request.urlopen(f"http://{self.admin}/readyz", timeout=1) as r:
+            with urllib.request.urlopen(f"{scheme}://{self.admin}/readyz", timeout=1, context=self.ssl_ctx) as r:
                 return r.status == 200
         except OSError:
             return False
@@ -105,19 +113,29 @@ def _wait(cond, timeout: float, what: str):
 
 
 class Cluster:
-    def __init__(self, agent_memory: str = "128MiB", transfer=(True, False), gateway: bool = True):
+    def __init__(self, agent_memory: str = "256MiB", transfer=(True, False), gateway: bool = True, tls: bool = False):
         bindir = _bin_dir()
-        for b in ("crescent-master", "crescent-agent", "crescent-gateway"):
+        for b in ("crescent-master", "crescent-agent", "crescent-gateway", "crescentctl"):
             if not (bindir / b).exists():
                 msg = f"{bindir / b} is missing: run `make build` (or set CRESCENT_BIN)"
                 if os.environ.get("CI") == "true":
                     pytest.fail(msg)
                 pytest.skip(msg)
         self.dir = Path(tempfile.mkdtemp(prefix="crescent-py-"))
+        self.tls = tls
+        self.certs = self.dir / "certs"
+        self._ssl = None
+        if tls:
+            import ssl
+
+            subprocess.run([str(bindir / "crescentctl"), "certs", "init", str(self.certs), "--agents", "host-a,host-b",
+                            "--tenants", "default,tls-tenant"], check=True, capture_output=True)
+            self._ssl = ssl.create_default_context(cafile=str(self.certs / "ca.pem"))
+            self._ssl.load_cert_chain(*self.cert("admin", "admin"))
         self.procs: list[Proc] = []
         self.agents: list[Proc] = []
         self.master = free_addr()
-        m = self._proc("master", [str(bindir / "crescent-master"), "--grpc-addr", self.master,
+        m = self._proc("master", ["master", "master-1"], [str(bindir / "crescent-master"), "--grpc-addr", self.master,
                                   "--heartbeat-interval", "100ms", "--suspect-after", "600ms", "--unmount-after", "3s"])
         try:
             m.start()
@@ -125,7 +143,7 @@ class Cluster:
             for i, xfer in enumerate(transfer):
                 name, host = f"agent-{'ab'[i]}", f"host-{'ab'[i]}"
                 taddr = free_addr() if xfer else "off"
-                a = self._proc(name, [str(bindir / "crescent-agent"), "--master", self.master, "--grpc-addr", free_addr(),
+                a = self._proc(name, ["agent", host], [str(bindir / "crescent-agent"), "--master", self.master, "--grpc-addr", free_addr(),
                                       "--transfer-addr", taddr, "--host-id", host, "--agent-id", name,
                                       "--memory", agent_memory, "--shutdown-grace", "200ms"])
                 a.host_id, a.transfer = host, "" if taddr == "off" else taddr
@@ -141,7 +159,7 @@ class Cluster:
                 self.gateway_snapshot = "tcp://" + free_addr()
                 self.gateway_grpc = free_addr()
                 (self.dir / "gateway-state").mkdir()
-                g = self._proc("gateway", [str(bindir / "crescent-gateway"), "--master", self.master,
+                g = self._proc("gateway", ["gateway", "gateway-1"], [str(bindir / "crescent-gateway"), "--master", self.master,
                                            "--pub", self.gateway_pub, "--replay", self.gateway_replay,
                                            "--snapshot-endpoint", self.gateway_snapshot, "--grpc-addr", self.gateway_grpc,
                                            "--state-dir", str(self.dir / "gateway-state"), "--backend-id", "pytest"])
@@ -152,9 +170,18 @@ class Cluster:
             self.stop()
             raise
 
-    def _proc(self, name, argv):
+    def cert(self, role: str, name: str):
+        """(certificate, key) file names of role/name's development certificate (TLS mode)."""
+        return str(self.certs / f"{role}-{name}.pem"), str(self.certs / f"{role}-{name}-key.pem")
+
+    def _proc(self, name, principal, argv):
         admin = free_addr()
-        p = Proc(name, argv + ["--admin-addr", admin, "--log-level", "debug"], self.dir / f"{name}.log", admin)
+        argv = argv + ["--admin-addr", admin, "--log-level", "debug"]
+        if self.tls:
+            cert, key = self.cert(*principal)
+            argv += ["--tls-ca", str(self.certs / "ca.pem"), "--tls-cert", cert, "--tls-key", key]
+        p = Proc(name, argv, self.dir / f"{name}.log", admin)
+        p.ssl_ctx = self._ssl
         self.procs.append(p)
         return p
 
@@ -163,7 +190,14 @@ class Cluster:
 
         from crescent._gen.master.v1 import admin_pb2, admin_pb2_grpc
 
-        with grpc.insecure_channel(self.master) as ch:
+        if self.tls:
+            cert, key = self.cert("admin", "admin")
+            creds = grpc.ssl_channel_credentials(
+                (self.certs / "ca.pem").read_bytes(), Path(key).read_bytes(), Path(cert).read_bytes())
+            ch = grpc.secure_channel(self.master, creds)
+        else:
+            ch = grpc.insecure_channel(self.master)
+        with ch:
             try:
                 return admin_pb2_grpc.AdminServiceStub(ch).ListSegments(admin_pb2.ListSegmentsRequest(), timeout=2).segments
             except grpc.RpcError:

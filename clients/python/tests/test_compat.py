@@ -33,21 +33,22 @@ def connector_roundtrip(store, rank: int = 0) -> None:
     todo = [i for i, e in enumerate(exists) if e != 1]
     assert len(todo) == BLOCKS
     results = store.batch_put_from([keys[i] for i in todo], [src_ptrs[i] for i in todo], [sizes[i] for i in todo])
-    assert results == [0] * BLOCKS, sorted(set(results))
+    assert results == [0] * BLOCKS, (sorted(set(results)), getattr(store, "last_error", None))
     assert store.batch_is_exist(keys) == [1] * BLOCKS
     assert store.is_exist(keys[0]) == 1
     assert store.get_size(keys[-1]) == BLOCK
 
     # Load: read every block back into the second buffer.
     got = store.batch_get_into(keys, dst_ptrs, sizes)
-    assert got == [BLOCK] * BLOCKS, sorted(set(got))
+    assert got == [BLOCK] * BLOCKS, (sorted(set(got)), getattr(store, "last_error", None))
     assert np.array_equal(src, dst)
 
     # A block that was never stored reads as a negative code.
     assert store.get_into(f"kv_{rank}_missing", dst_ptr, BLOCK) < 0
 
     # Drop the blocks (force: the reads above hold leases, as in Mooncake).
-    assert store.batch_remove(keys, force=True) == [0] * BLOCKS
+    rm = store.batch_remove(keys, force=True)
+    assert rm == [0] * BLOCKS, (sorted(set(rm)), getattr(store, "last_error", None))
     assert store.batch_is_exist(keys) == [0] * BLOCKS
     assert store.remove(keys[0]) < 0
     assert store.unregister_buffer(src_ptr) == 0
