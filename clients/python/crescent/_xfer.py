@@ -39,6 +39,7 @@ OP_WRITE = transfer_pb2.TRANSFER_OP_WRITE
 OP_READ = transfer_pb2.TRANSFER_OP_READ
 
 _READ_AHEAD = 256 << 10
+_FIRST_READ = 8 << 10
 _MAX_IDLE_AGE = 120.0
 _IOV_MAX = 1024
 _U32 = struct.Struct("<I")
@@ -61,6 +62,7 @@ class Conn:
         self.sock = sock
         self.endpoint = endpoint
         self.gather = gather  # sendmsg available (plaintext)
+        self._waitall = socket.MSG_WAITALL if gather else 0
         self.greeted = False
         self.reused = False
         self.last_used = 0.0
@@ -126,8 +128,8 @@ class Conn:
 
     # --- receiving -----------------------------------------------------------
 
-    def _fill(self) -> int:
-        k = self.sock.recv_into(self._rmv, _READ_AHEAD)
+    def _fill(self, want: int = _READ_AHEAD) -> int:
+        k = self.sock.recv_into(self._rmv, want)
         if k == 0:
             raise EOFError("connection closed by the agent")
         self._rs, self._re = 0, k
@@ -145,7 +147,8 @@ class Conn:
         while off < n:
             rem = n - off
             if rem >= _READ_AHEAD:
-                k = self.sock.recv_into(mv[off:], rem)
+                # Plaintext: one recv for the whole item (MSG_WAITALL).
+                k = self.sock.recv_into(mv[off:], rem, self._waitall)
                 if k == 0:
                     raise EOFError("connection closed by the agent")
                 off += k
@@ -168,7 +171,10 @@ class Conn:
     def response(self):
         try:
             if self._re == self._rs:
-                self._fill()
+                # A small first read: the header, and no more than a few KiB
+                # of payload to copy; a large item's bytes then go straight
+                # into its destination.
+                self._fill(_FIRST_READ)
             self.answered = True
             (n,) = _U32.unpack(self.read_exact(4))
             if n > MAX_HEADER_BYTES:
@@ -283,7 +289,17 @@ class Pool:
                 sock = self.tls.wrap_socket(sock, server_hostname=host)
         except (OSError, ValueError) as e:
             raise _unavailable(endpoint, e)
-        sock.settimeout(self.io_timeout)
+        if self.tls is None:
+            # Blocking mode with kernel timeouts: Python's own timeout mode
+            # polls before every recv and send (twice the system calls) and
+            # cannot wait for a whole item (MSG_WAITALL). A timeout then
+            # fails the call as an OSError (EAGAIN), like a broken link.
+            sock.settimeout(None)
+            tv = struct.pack("ll", int(self.io_timeout), int((self.io_timeout % 1) * 1e6))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+        else:
+            sock.settimeout(self.io_timeout)
         return Conn(sock, endpoint, gather=self.tls is None)
 
     def _put(self, c: Conn, ok: bool):
