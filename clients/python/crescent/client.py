@@ -562,8 +562,9 @@ class Client:
     def _get_batch(self, keys, idx, outs, errs, into):
         idx = list(idx)
         req = object_pb2.BatchGetReplicaListRequest()
+        add, tenant, host = req.items.add, self.tenant, self.host_id
         for i in idx:
-            req.items.add(tenant=self.tenant, key=keys[i], client_host=self.host_id)
+            add(tenant=tenant, key=keys[i], client_host=host)
         try:
             resp = self._call("BatchGetReplicaList", req)
             if len(resp.results) != len(idx):
@@ -576,14 +577,17 @@ class Client:
         tasks = []
         retry = []
         mu = threading.Lock()
+        small, xfer = self.small_object, self._xfer is not None
         for i, r in zip(idx, resp.results):
             st = r.status
             if st.code:
                 errs[i] = _err_for(keys[i], from_item(st.code, st.reason, st.message), "get ")
                 continue
             rl = r.replica_list
-            reps = self._order(rl.replicas)
-            if not reps:
+            reps = rl.replicas
+            if len(reps) > 1:
+                reps = self._order(reps)
+            elif not reps:
                 errs[i] = CrescentError("REPLICA_IS_NOT_READY", f"get {keys[i]!r}: no readable replica")
                 continue
             size = rl.size
@@ -595,10 +599,17 @@ class Client:
             else:
                 dst = memoryview(bytearray(size))
             rd = (i, rl, reps, dst)
-            if size > self.small_object:
+            if size > small:
                 tasks.append(lambda rd=rd: self._read_any_item(keys, rd, rd[2], outs, errs))
                 continue
-            groups.setdefault(self._route(reps[0]), []).append(rd)
+            d0 = reps[0]
+            te = d0.transfer_endpoint if xfer else ""
+            rt = (te, True) if te else (d0.data_endpoint, False)
+            g = groups.get(rt)
+            if g is None:
+                groups[rt] = [rd]
+            else:
+                g.append(rd)
         pending = []  # transfer requests in flight: (chunk, Pending)
         for rt, rds in groups.items():
             for lo in range(0, len(rds), MAX_BATCH_ITEMS):
