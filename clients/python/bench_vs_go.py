@@ -40,9 +40,12 @@ def main() -> int:
     ap.add_argument("--duration", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--crescentctl", default=os.path.join(REPO, "bin", "crescentctl"))
+    ap.add_argument("--only", default="", help="run only the cases whose name contains this (e.g. '1 MiB')")
     a = ap.parse_args()
     print(f"| case | run | Go | Python | Python/Go |\n|---|---|---|---|---|")
     for name, mode, size, batch, keys, metric in CASES:
+        if a.only not in name:
+            continue
         ratios = []
         for r in range(1, a.runs + 1):
             common = ["--mode", mode, "--batch", str(batch), "--concurrency", str(a.concurrency), "--keys", str(keys)]

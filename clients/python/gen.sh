@@ -16,7 +16,7 @@
 set -euo pipefail
 OUT=clients/python/crescent/_gen
 PROTOC=${PROTOC:-protoc}
-PLUGIN=${GRPC_PYTHON_PLUGIN:-$(command -v grpc_python_plugin || true)}
+PLUGIN=${GRPC_PYTHON_PLUGIN-$(command -v grpc_python_plugin || true)}
 if ! command -v "$PROTOC" >/dev/null || [ -z "$PLUGIN" ]; then
 	echo "gen-python: protoc or grpc_python_plugin not found: the Python stubs in $OUT were NOT regenerated" >&2
 	echo "gen-python: install them with: apt-get install protobuf-compiler protobuf-compiler-grpc" >&2

@@ -10,7 +10,8 @@ xxhash64 checksum, and a BatchPutRevoke of every item whose write or end
 failed, so nothing is ever half-visible. A get is BatchGetReplicaList
 (granting a read lease) -> the nearest replica read -> the checksum
 verified -> the next replica on any failure. Single puts and gets take the
-same path with one item.
+same path with one item (a single get asks for its replicas with
+GetReplicaList, as the Go SDK does).
 
 Methods raise CrescentError (crescent.errors); the batch methods return
 one error (or None) per item instead. crescent.store wraps this in
@@ -561,14 +562,22 @@ class Client:
 
     def _get_batch(self, keys, idx, outs, errs, into):
         idx = list(idx)
-        req = object_pb2.BatchGetReplicaListRequest()
-        add, tenant, host = req.items.add, self.tenant, self.host_id
-        for i in idx:
-            add(tenant=tenant, key=keys[i], client_host=host)
+        tenant, host = self.tenant, self.host_id
         try:
-            resp = self._call("BatchGetReplicaList", req)
-            if len(resp.results) != len(idx):
-                raise CrescentError("INTERNAL", f"master answered {len(resp.results)} results for {len(idx)} items")
+            if len(idx) == 1:
+                # One key: the single RPC, as the Go SDK's Get and GetInto.
+                rl = self._call("GetReplicaList", object_pb2.GetReplicaListRequest(
+                    tenant=tenant, key=keys[idx[0]], client_host=host))
+                pairs = [(idx[0], None, rl)]
+            else:
+                req = object_pb2.BatchGetReplicaListRequest()
+                add = req.items.add
+                for i in idx:
+                    add(tenant=tenant, key=keys[i], client_host=host)
+                resp = self._call("BatchGetReplicaList", req)
+                if len(resp.results) != len(idx):
+                    raise CrescentError("INTERNAL", f"master answered {len(resp.results)} results for {len(idx)} items")
+                pairs = [(i, r.status, r.replica_list) for i, r in zip(idx, resp.results)]
         except CrescentError as e:
             for i in idx:
                 errs[i] = _err_for(keys[i], e, "get ")
@@ -578,12 +587,10 @@ class Client:
         retry = []
         mu = threading.Lock()
         small, xfer = self.small_object, self._xfer is not None
-        for i, r in zip(idx, resp.results):
-            st = r.status
-            if st.code:
+        for i, st, rl in pairs:
+            if st is not None and st.code:
                 errs[i] = _err_for(keys[i], from_item(st.code, st.reason, st.message), "get ")
                 continue
-            rl = r.replica_list
             reps = rl.replicas
             if len(reps) > 1:
                 reps = self._order(reps)
