@@ -6,7 +6,7 @@ replica descriptors name: their bulk transfer listener (crescent._xfer)
 when the descriptor has a transfer endpoint, else their gRPC DataService.
 
 A put is BatchPutStart -> every replica written -> BatchPutEnd with the
-xxhash64 checksum, and a BatchPutRevoke of every item whose write or end
+XXH3-64 checksum, and a BatchPutRevoke of every item whose write or end
 failed, so nothing is ever half-visible. A get is BatchGetReplicaList
 (granting a read lease) -> the nearest replica read -> the checksum
 verified -> the next replica on any failure. Single puts and gets take the
@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 from google.protobuf import duration_pb2
 
-from ._buf import as_view, xxh64
+from ._buf import as_view, checksum
 from ._gen.agent.v1 import data_pb2, data_pb2_grpc, transfer_pb2
 from ._gen.master.v1 import object_pb2, types_pb2
 from ._masters import Masters, channel_options, split_masters
@@ -354,7 +354,7 @@ class Client:
             return []
         ereq = object_pb2.BatchPutEndRequest()
         for i in end:
-            ereq.items.add(tenant=tenant, key=keys[i], client_id=cid, checksum=xxh64(views[i]))
+            ereq.items.add(tenant=tenant, key=keys[i], client_id=cid, checksum=checksum(views[i]))
         try:
             eresp = self._call("BatchPutEnd", ereq)
             if len(eresp.results) != len(end):
@@ -652,7 +652,7 @@ class Client:
                     retry.extend((rd, e) for rd in chunk)
                     continue
                 for rd, (e, _, _) in zip(chunk, res):
-                    if e is None and xxh64(rd[3]) != rd[1].checksum:
+                    if e is None and checksum(rd[3]) != rd[1].checksum:
                         d = rd[2][0]
                         e = CrescentError("CHECKSUM_MISMATCH", f"replica {d.replica_id} on {d.data_endpoint}: checksum mismatch")
                     if e is not None:
@@ -703,7 +703,7 @@ class Client:
             if len(data) != rl.size:
                 failed.append((rd, CrescentError("INTERNAL", f"agent {ep} sent {len(data)} bytes of a {rl.size}-byte object")))
                 continue
-            if xxh64(memoryview(data)) != rl.checksum:
+            if checksum(memoryview(data)) != rl.checksum:
                 failed.append((rd, bad(reps[0])))
                 continue
             dst[:] = data
@@ -718,7 +718,7 @@ class Client:
         for d in reps:
             try:
                 self._read_one(d, dst)
-                if xxh64(dst) != rl.checksum:
+                if checksum(dst) != rl.checksum:
                     raise CrescentError("CHECKSUM_MISMATCH", f"replica {d.replica_id} on {d.data_endpoint}: checksum mismatch")
                 return
             except CrescentError as e:
