@@ -216,8 +216,10 @@ class Conn:
 
     def write_results(self, items, rs, errs):
         for i, r in enumerate(rs):
-            st = r.status
-            err = from_item(st.code, st.reason, st.message) if st.code else None
+            err = None
+            if r.HasField("status"):  # an OK result carries none
+                st = r.status
+                err = from_item(st.code, st.reason, st.message) if st.code else None
             if err is None and r.length != items[i].length:
                 raise _violation(self.endpoint, f"item {i}: {r.length} bytes written of {items[i].length} sent")
             errs[i] = err
@@ -225,21 +227,32 @@ class Conn:
     def read(self, items, dst, res):
         self.read_results(items, self.exchange(OP_READ, items, None), dst, res)
 
-    def read_results(self, items, rs, dst, res):
+    def read_results(self, items, rs, dst, res, whole: bool = False):
+        """Read the payload of a READ's results into dst. whole: every item
+        was asked from offset 0 (the batch path), so none is looked up."""
+        rmv = self._rmv
         for i, r in enumerate(rs):
-            st = r.status
-            if st.code:
-                res[i] = (from_item(st.code, st.reason, st.message), 0, 0)
-                continue
-            n, want, off, size = r.length, dst[i].nbytes, items[i].offset, r.object_size
+            if r.HasField("status"):  # an OK result carries none
+                st = r.status
+                if st.code:
+                    res[i] = (from_item(st.code, st.reason, st.message), 0, 0)
+                    continue
+            d = dst[i]
+            n, want, size = r.length, d.nbytes, r.object_size
+            off = 0 if whole else items[i].offset
             if off > size or n > size - off:
                 raise _violation(self.endpoint, f"item {i}: {n} bytes from offset {off} of a {size}-byte object")
             if n != want:
                 raise _violation(self.endpoint, f"item {i}: {n} payload bytes for a {want}-byte read")
-            try:
-                self.readinto(dst[i])
-            except (OSError, EOFError) as e:
-                raise _unavailable(self.endpoint, e)
+            rs0 = self._rs
+            if self._re - rs0 >= n:  # already buffered: one copy, no call
+                d[:] = rmv[rs0 : rs0 + n]
+                self._rs = rs0 + n
+            else:
+                try:
+                    self.readinto(d)
+                except (OSError, EOFError) as e:
+                    raise _unavailable(self.endpoint, e)
             res[i] = (None, size, r.checksum)
 
 
@@ -345,14 +358,14 @@ class Pool:
             self._put(c, True)
             return
 
-    def begin(self, endpoint: str, op, items, bufs, req=None) -> "Pending":
+    def begin(self, endpoint: str, op, items, bufs, req=None, whole: bool = False) -> "Pending":
         """Send one request (at most MAX_ITEMS items) and return at once:
         requests to several agents are then in flight together, without a
         thread each (Pending.end collects the answer). bufs: the WRITE
         payload, or the READ destinations."""
         if len(items) > MAX_ITEMS:
             raise CrescentError("INVALID_PARAMS", f"{len(items)} items in one transfer request (at most {MAX_ITEMS})")
-        return Pending(self, endpoint, op, items, bufs, req)
+        return Pending(self, endpoint, op, items, bufs, req, whole)
 
     def write(self, endpoint: str, items, src):
         """Write items (TransferItem, length set to len(src[i])) from src
@@ -390,8 +403,9 @@ class Pool:
 class Pending:
     """A request sent by Pool.begin whose response has not been read."""
 
-    def __init__(self, pool: Pool, endpoint: str, op, items, bufs, req=None):
+    def __init__(self, pool: Pool, endpoint: str, op, items, bufs, req=None, whole: bool = False):
         self.pool, self.endpoint, self.op, self.items, self.bufs, self.req = pool, endpoint, op, items, bufs, req
+        self.whole = whole  # READ items all from offset 0
         self.conn = self._send(fresh=False)
 
     def _send(self, fresh: bool) -> Conn:
@@ -425,7 +439,7 @@ class Pending:
                 if self.op == OP_WRITE:
                     c.write_results(self.items, rs, out)
                 else:
-                    c.read_results(self.items, rs, self.bufs, out)
+                    c.read_results(self.items, rs, self.bufs, out, self.whole)
             except _Stale as e:
                 # The idle connection had been closed by the agent: once more
                 # on a new one.

@@ -630,7 +630,7 @@ class Client:
                         d = reps[0]
                         add(segment_id=d.segment_id, allocation_id=d.allocation_id, token=d.token, length=dst.nbytes)
                     try:
-                        pending.append((chunk, self._xfer.begin(rt[0], _xfer_op_read, treq.items, [rd[3] for rd in chunk], treq)))
+                        pending.append((chunk, self._xfer.begin(rt[0], _xfer_op_read, treq.items, [rd[3] for rd in chunk], treq, True)))
                     except CrescentError as e:
                         retry.extend((rd, e) for rd in chunk)
                     continue

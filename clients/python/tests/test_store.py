@@ -309,8 +309,8 @@ def test_checksum_verified_on_read(cluster, tenant, monkeypatch):
     assert s.put("one", data, cfg) == OK
     real = _xfer.Conn.read_results
 
-    def corrupt(self, items, rs, dst, res):
-        real(self, items, rs, dst, res)
+    def corrupt(self, items, rs, dst, res, *args):
+        real(self, items, rs, dst, res, *args)
         for d in dst:
             d[0] ^= 0xFF
 
