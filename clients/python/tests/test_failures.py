@@ -1,0 +1,291 @@
+"""Failures: a dead agent, masters that are not the leader, agents that
+break the transfer protocol, and the DataService fallback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from crescent import Client, CrescentError, DistributedStore, ErrorCode, ReplicateConfig
+from crescent import _xfer
+from crescent._gen.agent.v1 import transfer_pb2
+
+OK = 0
+
+
+def test_dead_agent(cluster_factory, tenant):
+    """SIGKILL one agent: objects on it fail to read with TRANSFER_FAIL (or
+    REPLICA_IS_NOT_READY once the master has noticed), objects with a replica
+    elsewhere are read from it, and a put placed on the dead agent fails
+    without leaving anything readable; once the master has noticed, puts go
+    to the live agent."""
+    c = cluster_factory(gateway=False)
+    s = DistributedStore()
+    assert s.setup(c.master, tenant, io_timeout=5.0) == OK
+    seg = {x.host_id: x.info.segment_id for x in c.segments()}
+    on = {}
+    for host in ("host-a", "host-b"):
+        cfg = ReplicateConfig()
+        cfg.preferred_segment = seg[host]
+        on[host] = os.urandom(5000)
+        assert s.put(f"on/{host}", on[host], cfg) == OK
+    both = os.urandom(300 << 10)  # > small_object: the single-object path
+    assert s.put("both", both, ReplicateConfig(replica_num=2)) == OK
+    dead = next(a for a in c.agents if a.host_id == "host-b")
+    dead.kill()
+
+    assert s.get("on/host-a") == on["host-a"]
+    assert s.get("both") == both
+    buf = bytearray(5000)
+    code = s.get_into("on/host-b", buf, 5000)
+    assert code in (ErrorCode.TRANSFER_FAIL, ErrorCode.REPLICA_IS_NOT_READY), s.last_error
+    keys = [f"after/{i}" for i in range(40)]
+    vals = [os.urandom(4096) for _ in keys]
+    codes = s.batch_put_from(keys, vals, [4096] * len(keys))
+    assert set(codes) <= {OK, ErrorCode.TRANSFER_FAIL}, s.last_error
+    for k, v, code in zip(keys, vals, codes):
+        if code == OK:
+            assert s.get(k) == v
+        else:
+            assert s.is_exist(k) == 0  # revoked: nothing half-written
+
+    c.wait_segments(1)
+    assert s.get_into("on/host-b", buf, 5000) in (ErrorCode.REPLICA_IS_NOT_READY, ErrorCode.OBJECT_NOT_FOUND, ErrorCode.TRANSFER_FAIL)
+    assert s.put_batch([k + "/2" for k in keys], vals) == OK
+    assert s.get_batch([k + "/2" for k in keys]) == vals
+    assert s.get("both") == both
+    s.close()
+
+
+# --- leader redirects ----------------------------------------------------------------
+
+
+def _pb_len(num: int, b: bytes) -> bytes:
+    out = bytearray()
+    for x in ((num << 3) | 2, len(b)):
+        while True:
+            if x < 0x80:
+                out.append(x)
+                break
+            out.append((x & 0x7F) | 0x80)
+            x >>= 7
+    return bytes(out) + b
+
+
+def _not_leader(leader: str) -> bytes:
+    """google.rpc.Status{UNAVAILABLE, ErrorInfo{NOT_LEADER, metadata leader}}, as a standby master sends it."""
+    entry = _pb_len(1, b"leader") + _pb_len(2, leader.encode())
+    info = _pb_len(1, b"NOT_LEADER") + _pb_len(2, b"crescent.master.v1") + _pb_len(3, entry)
+    anyb = _pb_len(1, b"type.googleapis.com/google.rpc.ErrorInfo") + _pb_len(2, info)
+    return b"\x08\x0e" + _pb_len(2, b"this master is not the leader") + _pb_len(3, anyb)
+
+
+class _Standby(grpc.GenericRpcHandler):
+    def __init__(self, leader: str):
+        self.leader = leader
+        self.calls = 0
+
+    def service(self, details):
+        def answer(req, ctx):
+            self.calls += 1
+            ctx.set_trailing_metadata((("grpc-status-details-bin", _not_leader(self.leader)),))
+            ctx.abort(grpc.StatusCode.UNAVAILABLE, "this master is not the leader")
+
+        return grpc.unary_unary_rpc_method_handler(answer)
+
+
+@pytest.fixture
+def standby():
+    servers = []
+
+    def make(leader: str):
+        h = _Standby(leader)
+        srv = grpc.server(ThreadPoolExecutor(4))
+        srv.add_generic_rpc_handlers((h,))
+        port = srv.add_insecure_port("127.0.0.1:0")
+        srv.start()
+        servers.append(srv)
+        return f"127.0.0.1:{port}", h
+
+    yield make
+    for s in servers:
+        s.stop(0)
+
+
+def test_follows_not_leader(cluster, tenant, standby):
+    addr, h = standby(cluster.master)  # names the real master as leader
+    s = DistributedStore()
+    assert s.setup(addr, tenant) == OK
+    assert s.put("via-standby", b"x") == OK
+    assert s.get("via-standby") == b"x"
+    assert h.calls == 1  # then the client stays with the leader
+    s.close()
+
+
+def test_fails_over_without_leader(cluster, tenant, standby):
+    addr, h = standby("")  # an election in progress: no leader named
+    s = DistributedStore()
+    assert s.setup(f"{addr},{cluster.master}", tenant) == OK
+    assert s.put("failover", b"y") == OK
+    assert s.get("failover") == b"y"
+    assert h.calls >= 1
+    s.close()
+    # With no other master, the failover budget runs out with the standby's answer.
+    only = DistributedStore()
+    assert only.setup(addr, tenant, failover_timeout=0.3) == OK
+    assert only.put("never", b"z") == ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS
+    assert only.last_error.reason == "NOT_LEADER"
+    only.close()
+
+
+def test_unreachable_master():
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        addr = f"127.0.0.1:{sk.getsockname()[1]}"
+    s = DistributedStore()
+    assert s.setup(addr, "x", attempts=2, backoff=0.01, timeout=2.0) == OK
+    assert s.put("k", b"v") == ErrorCode.RPC_FAIL
+    assert s.is_exist("k") == -1
+    assert s.get("k") == b""
+    s.close()
+
+
+def test_setup_bad_arguments():
+    s = DistributedStore()
+    assert s.setup("") == ErrorCode.INVALID_PARAMS
+    assert s.setup("127.0.0.1:1", tls_cert="c.pem") == ErrorCode.INVALID_PARAMS
+    assert s.setup("127.0.0.1:1", bearer_token="t") == ErrorCode.INVALID_PARAMS  # never in plaintext
+    assert s.put("k", b"v") == ErrorCode.INVALID_PARAMS  # not set up
+
+
+# --- the transfer protocol against misbehaving agents ------------------------------------
+
+
+class _FakeAgent:
+    """A transfer listener that reads one request and answers with `reply`."""
+
+    def __init__(self, reply):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.endpoint = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.reply = reply
+        self.got = b""
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        conn, _ = self.sock.accept()
+        with conn:
+            conn.settimeout(5)
+            try:
+                self.got = conn.recv(1 << 20)
+                if self.reply is not None:
+                    conn.sendall(self.reply)
+            except OSError:
+                pass
+
+    def close(self):
+        self.sock.close()
+
+
+def _item(n=4):
+    return [transfer_pb2.TransferItem(segment_id="s", allocation_id=1, token=b"t", length=n)]
+
+
+@pytest.mark.parametrize(
+    "reply,reason",
+    [
+        (b"", "AGENT_UNAVAILABLE"),  # closes without answering
+        (b"\xff\xff\xff\xff", "INTERNAL"),  # header length past the limit
+        (b"\x03\x00\x00\x00\xff\xff\xff", "INTERNAL"),  # header that does not decode
+        (b"\x00\x00\x00\x00", "INTERNAL"),  # no results for one item
+    ],
+)
+def test_transfer_protocol_violations(reply, reason):
+    agent = _FakeAgent(reply)
+    pool = _xfer.Pool(io_timeout=5)
+    try:
+        with pytest.raises(CrescentError) as ei:
+            pool.read(agent.endpoint, _item(), [memoryview(bytearray(4))])
+        assert ei.value.reason == reason
+        assert agent.got.startswith(b"CXF1")  # the preamble opens the connection
+        req = transfer_pb2.TransferRequest()
+        (n,) = _xfer._U32.unpack(agent.got[4:8])
+        req.ParseFromString(agent.got[8 : 8 + n])
+        assert req.op == transfer_pb2.TRANSFER_OP_READ and req.items[0].length == 4
+    finally:
+        pool.close()
+        agent.close()
+
+
+def test_transfer_refused_request():
+    resp = transfer_pb2.TransferResponse()
+    resp.error.code = 8
+    resp.error.reason = "LIMIT_EXCEEDED"
+    resp.error.message = "too many connections"
+    b = resp.SerializeToString()
+    agent = _FakeAgent(_xfer._U32.pack(len(b)) + b)
+    pool = _xfer.Pool(io_timeout=5)
+    try:
+        with pytest.raises(CrescentError) as ei:
+            pool.write(agent.endpoint, _item(), [memoryview(b"abcd")])
+        assert ei.value.reason == "LIMIT_EXCEEDED"
+        assert agent.got.endswith(b"abcd")  # the payload followed the header
+    finally:
+        pool.close()
+        agent.close()
+
+
+def test_dataservice_fallback_batches(cluster, tenant):
+    """disable_transfer moves every byte through DataService (BatchWrite,
+    BatchRead, Write and Read streams), as for agents without a transfer
+    listener."""
+    c = Client(cluster.master, tenant, disable_transfer=True)
+    keys = [f"ds/{i}" for i in range(100)]
+    vals = [os.urandom(4096 + i) for i in range(100)]
+    assert c.put_many(keys, vals) == [None] * 100
+    outs, errs = c.get_many(keys + ["ds/missing"])
+    assert errs[:100] == [None] * 100 and [bytes(o) for o in outs[:100]] == vals
+    assert errs[100].reason == "OBJECT_NOT_FOUND"
+    big = os.urandom(3 << 20)
+    c.put("ds/big", big)
+    assert c.get("ds/big") == big
+    c.close()
+
+
+# --- mutual TLS ------------------------------------------------------------------------
+
+
+def test_mutual_tls(cluster_factory):
+    """With mTLS on every port: a tenant's certificate works for its tenant
+    on both data paths (the transfer protocol inside TLS, DataService), is
+    refused for another tenant, and a client without a certificate or
+    without TLS gets nothing."""
+    c = cluster_factory(tls=True, gateway=False, agent_memory="64MiB")
+    ca = str(c.certs / "ca.pem")
+    cert, key = c.cert("tenant", "tls-tenant")
+    big = os.urandom(1 << 20)
+    for disable in (False, True):
+        s = DistributedStore()
+        assert s.setup(c.master, "tls-tenant", tls_ca=ca, tls_cert=cert, tls_key=key, disable_transfer=disable) == OK
+        keys = [f"tls/{disable}/{i}" for i in range(20)]
+        vals = [os.urandom(4096) for _ in keys]
+        assert s.put_batch(keys, vals, ReplicateConfig(replica_num=2)) == OK, s.last_error
+        assert s.get_batch(keys) == vals
+        assert s.put(f"tls/{disable}/big", big) == OK, s.last_error
+        assert s.get(f"tls/{disable}/big") == big
+        s.close()
+    other = DistributedStore()
+    assert other.setup(c.master, "default", tls_ca=ca, tls_cert=cert, tls_key=key) == OK
+    assert other.put("k", b"v") == ErrorCode.RPC_FAIL  # PERMISSION_DENIED: another tenant's certificate
+    assert other.last_error.code == grpc.StatusCode.PERMISSION_DENIED
+    other.close()
+    plain = DistributedStore()
+    assert plain.setup(c.master, "tls-tenant", attempts=1, timeout=3.0) == OK
+    assert plain.put("k", b"v") < 0
+    plain.close()
