@@ -315,3 +315,88 @@ def mutations(seed, n):
                 b[i:i] = b[j:j + rng.randint(1, 8)]
         out.append(bytes(b))
     return out
+
+
+def _enc_uint(rng, v):
+    """v in a random valid msgpack integer encoding."""
+    opts = []
+    if v < 128:
+        opts.append(bytes([v]))
+    for code, fmt, lim in ((0xCC, ">B", 1 << 8), (0xCD, ">H", 1 << 16), (0xCE, ">I", 1 << 32), (0xCF, ">Q", 1 << 64),
+                           (0xD0, ">b", 1 << 7), (0xD1, ">h", 1 << 15), (0xD2, ">i", 1 << 31), (0xD3, ">q", 1 << 63)):
+        if v < lim:
+            opts.append(bytes([code]) + struct.pack(fmt, v))
+    return rng.choice(opts)
+
+
+def _enc_str(rng, s):
+    b = s.encode("utf-8", "surrogateescape")
+    n = len(b)
+    opts = [bytes([0xD9, n]) + b if n < 256 else None, b"\xda" + struct.pack(">H", n) + b,
+            b"\xdb" + struct.pack(">I", n) + b]
+    if n < 32:
+        opts.append(bytes([0xA0 | n]) + b)
+    return rng.choice([o for o in opts if o is not None])
+
+
+def _enc_empty_arr(rng):
+    return rng.choice([b"\x90", b"\xdc\x00\x00", b"\xdd\x00\x00\x00\x00"])
+
+
+_WRONG = [b"\xc0", b"\xc2", b"\xcb" + struct.pack(">d", 1.0), b"\xff", b"\xd3" + struct.pack(">q", -3),
+          b"\xc4\x01x", b"\x91\x01", b"\x80", b"\xa1x", b"\x07", b"\xd4\x00\x00"]
+
+
+def structured(seed, n, p_wrong=0.02):
+    """n payloads built field by field with random valid encodings (integer
+    widths, str8/16/32, empty arrays of every header, key order, legacy on or
+    off), each field replaced by a wrong value with probability p_wrong and
+    keys dropped, added or repeated now and then. About half come out valid."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        ts = rng.choice([0, 5, 200, 70000, TS, 2**63 - 1])
+        nev = rng.choice([1, 1, 2, 3])
+        evs = []
+        ev_id = rng.choice([0, 1, 300, 2**40])
+        for _ in range(nev):
+            t = rng.choice(["stored", "removed", "cleared"])
+            legacy = rng.random() < 0.5
+            fields = [
+                ("event_id", _enc_uint(rng, ev_id)),
+                ("timestamp", _enc_uint(rng, ts) if rng.random() > 0.03 else _enc_uint(rng, ts ^ 1)),
+                ("event_type", _enc_str(rng, t)),
+                ("model_name", rng.choice([NIL, _enc_str(rng, "m")])),
+                ("block_size", rng.choice([NIL, _enc_uint(rng, 16), _enc_uint(rng, 2**32 - 1)])),
+                ("additional_salt", rng.choice([NIL, _enc_str(rng, "")])),
+                ("lora_name", rng.choice([NIL, _enc_str(rng, "l")])),
+                ("tenant_id", _enc_str(rng, rng.choice(["", "t", "x" * 40]))),
+                ("backend_id", _enc_str(rng, "b")),
+                ("dp_rank", _enc_uint(rng, rng.choice([0, 7, 2**32 - 1]))),
+                ("medium", NIL if t == "cleared" else _enc_str(rng, rng.choice(["cpu", "disk"]))),
+            ]
+            if t != "cleared":
+                fields += [("group_id", rng.choice([NIL, _enc_str(rng, "g")])),
+                           ("object_key", _enc_str(rng, rng.choice(["k", "a/b", "", "\udcff"]))),
+                           ("seq_hashes", _enc_empty_arr(rng)), ("base_block_idx", NIL)]
+            if t == "stored":
+                fields += [("parent_hash", NIL), ("token_ids", NIL)]
+            if legacy:
+                fields.append(("type", _enc_str(rng, LEGACY[t])))
+                if t != "cleared":
+                    fields.append(("block_hashes", _enc_empty_arr(rng)))
+                if t == "stored":
+                    fields.append(("parent_block_hash", NIL))
+            fields = [(k, rng.choice(_WRONG) if rng.random() < p_wrong else v) for k, v in fields]
+            r = rng.random()
+            if r < 0.02:
+                del fields[rng.randrange(len(fields))]
+            elif r < 0.04:
+                fields.append(rng.choice(fields))
+            elif r < 0.06:
+                fields.append(("zz_future", rng.choice(_WRONG)))
+            rng.shuffle(fields)
+            evs.append(mp_map([(_enc_str(rng, k), v) for k, v in fields]))
+            ev_id += rng.choice([1, 1, 1, 5, 0 if rng.random() < 0.1 else 1])
+        out.append(b"\x93" + _enc_uint(rng, ts) + mp_arr(*evs) + _enc_uint(rng, rng.choice([0, 2**32 - 1])))
+    return out
