@@ -1289,7 +1289,8 @@ class Subscriber:
             ready = dict(poller.poll(max(0, int(timeout * 1000))))
             if self._mon in ready:
                 for ev in self._monitor_events():
-                    self._on_monitor(ev)
+                    if self._on_monitor(ev):
+                        break  # the socket was replaced: the rest is the old one's
             if self._sub in ready:
                 self._drain_sub()
             if self._fetch is not None and (self._fetch.sock in ready or self._fetch.expired()):
@@ -1308,15 +1309,23 @@ class Subscriber:
                     self._abandon_fetch()
                 self._reopen(str(err))
 
-    def _on_monitor(self, ev: int) -> None:
+    def _on_monitor(self, ev: int) -> bool:
+        """Handles one monitor event; True when the socket was replaced."""
         zmq = _zmq()
         if ev == zmq.EVENT_DISCONNECTED:
+            # What the connection delivered before it dropped is read first.
+            self._drain_sub(limit=None)
             self._connected = False
-            self._disconnected = True
             if self._snapshot_ep is not None:
                 # Buffered messages of this connection cannot be spliced with
                 # those of the next one: an attempt in flight starts over.
                 self._abandon_fetch()
+            # Dial again on a fresh socket, as Go's subscriber does: libzmq
+            # reconnects by itself after a connection error but gives the
+            # endpoint up after a protocol error (a frame over max_frame,
+            # say), which would leave the subscription silently dead.
+            self._reopen("disconnected")
+            return True
         elif ev == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
             self._stats.protocol_errors += 1
         elif ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
@@ -1329,10 +1338,15 @@ class Subscriber:
                     self._connected_hook(first=False)
                 else:
                     self._resume()
+        return False
 
-    def _drain_sub(self) -> None:
+    def _drain_sub(self, limit: Optional[int] = 1024) -> None:
+        """Reads what the SUB socket holds: at most limit messages (then the
+        loop looks at the monitor again), or all of it."""
         zmq = _zmq()
-        for _ in range(1024):  # then look at the monitor again
+        n = 0
+        while limit is None or n < limit:
+            n += 1
             try:
                 frames = _recv_frames(self._sub, _MAX_LIVE_FRAMES, self._max_message, zmq.NOBLOCK)
             except zmq.Again:
