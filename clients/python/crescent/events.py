@@ -425,7 +425,26 @@ _FIELDS = (
  _F_DP_RANK, _F_TYPE, _F_GROUP_ID, _F_OBJECT_KEY, _F_SEQ_HASHES,
  _F_BASE_BLOCK_IDX, _F_PARENT_HASH, _F_TOKEN_IDS, _F_BLOCK_HASHES,
  _F_PARENT_BLOCK_HASH) = range(len(_FIELDS))
-_FIELD_BY_NAME = {name.encode(): i for i, name in enumerate(_FIELDS)}
+_NUM_FIELDS = len(_FIELDS)
+# How each field's value is read.
+_K_UINT = 0    # a non-negative integer up to _FIELD_MAX[f]
+_K_NSTR = 1    # a string or nil
+_K_STR = 2     # a string
+_K_NIL = 3     # nil only
+_K_EMPTY = 4   # an empty array only
+_K_ENUM = 5    # a string from _ENUMS[f] (medium: or nil)
+_K_RAW = 6     # a string kept as bytes (the legacy "type")
+_K_BLOCK = 7   # block_size: nil or 1..2^32-1
+_FIELD_KIND = {
+    _F_EVENT_ID: _K_UINT, _F_TIMESTAMP: _K_UINT, _F_DP_RANK: _K_UINT,
+    _F_MODEL_NAME: _K_NSTR, _F_ADDITIONAL_SALT: _K_NSTR, _F_LORA_NAME: _K_NSTR, _F_GROUP_ID: _K_NSTR,
+    _F_TENANT_ID: _K_STR, _F_BACKEND_ID: _K_STR, _F_OBJECT_KEY: _K_STR,
+    _F_BASE_BLOCK_IDX: _K_NIL, _F_PARENT_HASH: _K_NIL, _F_TOKEN_IDS: _K_NIL, _F_PARENT_BLOCK_HASH: _K_NIL,
+    _F_SEQ_HASHES: _K_EMPTY, _F_BLOCK_HASHES: _K_EMPTY,
+    _F_EVENT_TYPE: _K_ENUM, _F_MEDIUM: _K_ENUM, _F_TYPE: _K_RAW, _F_BLOCK_SIZE: _K_BLOCK,
+}
+# key bytes -> (field, its bit, its kind)
+_FIELD_BY_NAME = {name.encode(): (i, 1 << i, _FIELD_KIND[i]) for i, name in enumerate(_FIELDS)}
 
 
 def _set_of(*fs: int) -> int:
@@ -455,7 +474,11 @@ _EXPECTED = {
 _LEGACY_NAME = {STORED: b"BlockStored", REMOVED: b"BlockRemoved", CLEARED: b"AllBlocksCleared"}
 _EVENT_TYPES = {b"stored": STORED, b"removed": REMOVED, b"cleared": CLEARED}
 _MEDIA = {b"cpu": CPU, b"disk": DISK}
-_NIL_FIELDS = frozenset((_F_BASE_BLOCK_IDX, _F_PARENT_HASH, _F_TOKEN_IDS, _F_PARENT_BLOCK_HASH))
+_ENUMS = {_F_EVENT_TYPE: _EVENT_TYPES, _F_MEDIUM: _MEDIA}
+_FIELD_MAX = {_F_EVENT_ID: _MAX_U64, _F_TIMESTAMP: _MAX_I64, _F_DP_RANK: _MAX_U32}
+_BIT_TYPE = 1 << _F_TYPE
+# medium was nil on the wire (None means the key was absent).
+_NIL_MEDIUM = object()
 
 # Rules DecodePayload applies to the event array.
 _KIND_LIVE = 0           # 1..64 events with increasing event ids (the contract)
@@ -551,6 +574,13 @@ class Decoder:
         return self._decode_payload(seq, _frame_bytes(payload), _KIND_HEARTBEAT_OK if self.allow_empty else _KIND_LIVE)
 
     def _decode_payload(self, seq: int, payload: bytes, kind: int) -> Batch:
+        if _unpackb is not None and not self.allow_unknown_keys:
+            b = _decode_payload_fast(seq, payload, kind)
+            if b is not None:
+                return b
+        return self._decode_payload_strict(seq, payload, kind)
+
+    def _decode_payload_strict(self, seq: int, payload: bytes, kind: int) -> Batch:
         r = _Reader(payload)
         try:
             n = r.array_len()
@@ -594,21 +624,19 @@ class Decoder:
         return Batch(seq=seq, timestamp=ts, dp_rank=dp, events=events)
 
     def _decode_event(self, r: _Reader) -> Event:
+        # One pass over the map. Each field is read by its kind; the common
+        # encodings (nil, fixstr, positive fixint, fixarray) are read inline,
+        # everything else through the reader, which reports what is wrong.
         n = r.map_len()
-        seen = 0
-        legacy_type = None
-        medium_nil = False
-        ev_id = ts = dp_rank = 0
-        ev_type = None
-        model = salt = lora = group = key = medium = None
-        block_size = None
-        tenant = backend = ""
         b = r.b
+        blen = r.n
+        vals = [None] * _NUM_FIELDS
+        seen = 0
         for _ in range(n):
             # Keys: almost always a fixstr that fits.
             off = r.off
-            c = b[off] if off < r.n else -1
-            if 0xA0 <= c <= 0xBF and off + 1 + (c & 0x1F) <= r.n:
+            c = b[off] if off < blen else -1
+            if 0xA0 <= c <= 0xBF and off + 1 + (c & 0x1F) <= blen:
                 end = off + 1 + (c & 0x1F)
                 k = b[off + 1:end]
                 r.off = end
@@ -617,8 +645,8 @@ class Decoder:
                     k = r.raw_str()
                 except MalformedError as e:
                     raise MalformedError("map key: %s" % e) from None
-            f = _FIELD_BY_NAME.get(k)
-            if f is None:
+            ent = _FIELD_BY_NAME.get(k)
+            if ent is None:
                 if not self.allow_unknown_keys:
                     raise MalformedError("unknown key %r" % k.decode("utf-8", "surrogateescape"))
                 try:
@@ -626,78 +654,87 @@ class Decoder:
                 except MalformedError as e:
                     raise MalformedError("%r: %s" % (k.decode("utf-8", "surrogateescape"), e)) from None
                 continue
-            bit = 1 << f
+            f, bit, kind = ent
             if seen & bit:
                 raise MalformedError("duplicate key %r" % k.decode())
             seen |= bit
+            off = r.off
+            c = b[off] if off < blen else -1
             try:
-                if f == _F_EVENT_ID:
-                    ev_id = r.uint(_MAX_U64)
-                elif f == _F_TIMESTAMP:
-                    ts = r.uint(_MAX_I64)
-                elif f == _F_EVENT_TYPE:
-                    s = r.raw_str()
-                    ev_type = _EVENT_TYPES.get(s)
-                    if ev_type is None:
-                        raise MalformedError("unknown event_type %r" % s.decode("utf-8", "surrogateescape"))
-                elif f == _F_MODEL_NAME:
-                    model = r.nullable_str()
-                elif f == _F_BLOCK_SIZE:
-                    if not r.nil_next():
-                        block_size = r.uint(_MAX_U32)
-                        if block_size == 0:
-                            raise MalformedError("0, want nil for an unset block size")
-                elif f == _F_ADDITIONAL_SALT:
-                    salt = r.nullable_str()
-                elif f == _F_LORA_NAME:
-                    lora = r.nullable_str()
-                elif f == _F_TENANT_ID:
-                    tenant = r.str()
-                elif f == _F_BACKEND_ID:
-                    backend = r.str()
-                elif f == _F_MEDIUM:
-                    if r.nil_next():
-                        medium_nil = True
+                if kind == _K_NSTR or kind == _K_STR:
+                    if c == 0xC0 and kind == _K_NSTR:
+                        r.off = off + 1
+                    elif 0xA0 <= c <= 0xBF and off + 1 + (c & 0x1F) <= blen:
+                        end = off + 1 + (c & 0x1F)
+                        vals[f] = b[off + 1:end].decode("utf-8", "surrogateescape")
+                        r.off = end
                     else:
-                        s = r.raw_str()
-                        medium = _MEDIA.get(s)
-                        if medium is None:
-                            raise MalformedError("%r, want cpu, disk or nil" % s.decode("utf-8", "surrogateescape"))
-                elif f == _F_DP_RANK:
-                    dp_rank = r.uint(_MAX_U32)
-                elif f == _F_TYPE:
-                    legacy_type = r.raw_str()
-                elif f == _F_GROUP_ID:
-                    group = r.nullable_str()
-                elif f == _F_OBJECT_KEY:
-                    key = r.str()
-                elif f == _F_SEQ_HASHES or f == _F_BLOCK_HASHES:
-                    m = r.array_len()
-                    if m != 0:
-                        raise MalformedError("array of %d, want [] (keys are never interpreted)" % m)
-                else:  # base_block_idx, parent_hash, token_ids, parent_block_hash
-                    if not r.nil_next():
+                        vals[f] = r.str()
+                elif kind == _K_NIL:
+                    if c != 0xC0:
                         raise MalformedError("want nil")
+                    r.off = off + 1
+                elif kind == _K_UINT:
+                    if 0 <= c <= 0x7F:
+                        vals[f] = c
+                        r.off = off + 1
+                    else:
+                        vals[f] = r.uint(_FIELD_MAX[f])
+                elif kind == _K_EMPTY:
+                    if c == 0x90:
+                        r.off = off + 1
+                    else:
+                        m = r.array_len()
+                        if m != 0:
+                            raise MalformedError("array of %d, want [] (keys are never interpreted)" % m)
+                elif kind == _K_ENUM:
+                    if c == 0xC0 and f == _F_MEDIUM:
+                        r.off = off + 1
+                        vals[f] = _NIL_MEDIUM
+                    else:
+                        raw = r.raw_str()
+                        v = _ENUMS[f].get(raw)
+                        if v is None:
+                            if f == _F_EVENT_TYPE:
+                                raise MalformedError("unknown event_type %r" % raw.decode("utf-8", "surrogateescape"))
+                            raise MalformedError("%r, want cpu, disk or nil" % raw.decode("utf-8", "surrogateescape"))
+                        vals[f] = v
+                elif kind == _K_RAW:  # the legacy "type"
+                    vals[f] = r.raw_str()
+                else:  # _K_BLOCK: block_size, nil or 1..2^32-1
+                    if c == 0xC0:
+                        r.off = off + 1
+                    else:
+                        v = r.uint(_MAX_U32)
+                        if v == 0:
+                            raise MalformedError("0, want nil for an unset block size")
+                        vals[f] = v
             except MalformedError as e:
                 raise MalformedError("%s: %s" % (_FIELDS[f], e)) from None
-        if not seen & (1 << _F_EVENT_TYPE):
+        ev_type = vals[_F_EVENT_TYPE]
+        if ev_type is None:
             raise MalformedError("missing key event_type")
-        legacy = bool(seen & (1 << _F_TYPE))
+        legacy = bool(seen & _BIT_TYPE)
         want = _EXPECTED[(ev_type, legacy)]
         if seen != want:
             missing = want & ~seen
             if missing:
                 raise MalformedError("%s event: missing keys %s" % (ev_type, _names(missing)))
             raise MalformedError("%s event: unexpected keys %s" % (ev_type, _names(seen & ~want)))
-        if legacy and legacy_type != _LEGACY_NAME[ev_type]:
+        if legacy and vals[_F_TYPE] != _LEGACY_NAME[ev_type]:
             raise MalformedError("type %r does not match event_type %r"
-                                 % (legacy_type.decode("utf-8", "surrogateescape"), ev_type))
-        if ev_type == CLEARED and not medium_nil:
-            raise MalformedError("cleared event with medium %s, want nil" % medium)
-        if ev_type != CLEARED and medium_nil:
+                                 % (vals[_F_TYPE].decode("utf-8", "surrogateescape"), ev_type))
+        medium = vals[_F_MEDIUM]
+        if ev_type == CLEARED:
+            if medium is not _NIL_MEDIUM:
+                raise MalformedError("cleared event with medium %s, want nil" % medium)
+            medium = None
+        elif medium is _NIL_MEDIUM:
             raise MalformedError("%s event with nil medium" % ev_type)
-        return Event(ev_id, ts, ev_type, tenant, key, medium, group,
-                     Envelope(backend, model, salt, lora, block_size, dp_rank), legacy)
+        return Event(vals[_F_EVENT_ID], vals[_F_TIMESTAMP], ev_type, vals[_F_TENANT_ID], vals[_F_OBJECT_KEY],
+                     medium, vals[_F_GROUP_ID],
+                     Envelope(vals[_F_BACKEND_ID], vals[_F_MODEL_NAME], vals[_F_ADDITIONAL_SALT],
+                              vals[_F_LORA_NAME], vals[_F_BLOCK_SIZE], vals[_F_DP_RANK]), legacy)
 
     def decode_snapshot_reply(self, frames: Sequence) -> Snapshot:
         """Decodes the frames of a snapshot reply after the REQ envelope:
@@ -728,6 +765,112 @@ class Decoder:
             b.epoch, b.snapshot = snap.epoch, True
             snap.batches.append(b)
         return snap
+
+
+# The fast path: msgpack's C unpacker parses, Python checks the result
+# against the contract. It only ever *accepts*: on any doubt it returns None
+# and the strict reader above decides (and explains the rejection). It
+# accepts nothing the strict reader rejects, and decodes what it accepts to
+# the same values (test_events_decode.py checks both on every vector and on
+# thousands of mutations; the strict reader is checked against Go).
+try:  # Debian: python3-msgpack
+    from msgpack import unpackb as _unpackb
+except ImportError:  # the strict reader alone is complete
+    _unpackb = None
+
+_EXPECTED_KEYS = {k: frozenset(name for i, name in enumerate(_FIELDS) if v >> i & 1) for k, v in _EXPECTED.items()}
+_LEGACY_STR = {t: n.decode() for t, n in _LEGACY_NAME.items()}
+_MEDIA_STR = (CPU, DISK)
+
+
+# The fast path builds Python objects before it checks them: it takes only
+# payloads this small (a full batch of 64 events with 100-byte keys is about
+# 25 KiB), so that what a hostile payload can make it allocate stays small;
+# no array may exceed 64 elements and no map 20 pairs (the largest event),
+# so that one byte of input makes at most a few objects.
+_FAST_MAX_PAYLOAD = 256 << 10
+
+
+def _decode_payload_fast(seq: int, payload: bytes, kind: int) -> Optional[Batch]:
+    if len(payload) > _FAST_MAX_PAYLOAD:
+        return None
+    try:
+        # A map arrives as a tuple of pairs (object_pairs_hook=tuple), so a
+        # repeated key cannot hide in a dict.
+        top = _unpackb(payload, raw=False, unicode_errors="surrogateescape", strict_map_key=True,
+                       object_pairs_hook=tuple, use_list=True, max_array_len=MAX_EVENTS_PER_BATCH,
+                       max_map_len=_NUM_FIELDS, max_ext_len=0, max_bin_len=0)
+    except Exception:
+        return None
+    if type(top) is not list or len(top) != 3:
+        return None
+    ts, evs, dp = top
+    if (type(ts) is not int or ts < 0 or ts > _MAX_I64 or type(dp) is not int or dp < 0 or dp > _MAX_U32
+            or type(evs) is not list):
+        return None
+    nev = len(evs)
+    if nev > MAX_EVENTS_PER_BATCH or (nev == 0 and kind != _KIND_HEARTBEAT_OK):
+        return None
+    out = []
+    prev = -1
+    str_ = str
+    int_ = int
+    for pairs in evs:
+        if type(pairs) is not tuple:
+            return None
+        d = dict(pairs)
+        if len(d) != len(pairs):
+            return None
+        t = d.get("event_type")
+        if t != STORED and t != REMOVED and t != CLEARED or type(t) is not str_:
+            return None
+        legacy = "type" in d
+        if d.keys() != _EXPECTED_KEYS[(t, legacy)]:
+            return None
+        ev_id = d["event_id"]
+        if type(ev_id) is not int_ or ev_id < 0 or ev_id > _MAX_U64:
+            return None
+        if d["timestamp"] != ts or type(d["timestamp"]) is not int_:
+            return None
+        model, salt, lora = d["model_name"], d["additional_salt"], d["lora_name"]
+        if ((model is not None and type(model) is not str_) or (salt is not None and type(salt) is not str_)
+                or (lora is not None and type(lora) is not str_)):
+            return None
+        bs = d["block_size"]
+        if bs is not None and (type(bs) is not int_ or bs < 1 or bs > _MAX_U32):
+            return None
+        tenant, backend, rank = d["tenant_id"], d["backend_id"], d["dp_rank"]
+        if type(tenant) is not str_ or type(backend) is not str_ or type(rank) is not int_ or rank < 0 or rank > _MAX_U32:
+            return None
+        medium = d["medium"]
+        if legacy and d["type"] != _LEGACY_STR[t]:
+            return None
+        if t == CLEARED:
+            if medium is not None:
+                return None
+            key = group = None
+        else:
+            if medium not in _MEDIA_STR or type(medium) is not str_:
+                return None
+            key, group = d["object_key"], d["group_id"]
+            if type(key) is not str_ or (group is not None and type(group) is not str_):
+                return None
+            if d["seq_hashes"] != [] or type(d["seq_hashes"]) is not list or d["base_block_idx"] is not None:
+                return None
+            if legacy and (d["block_hashes"] != [] or type(d["block_hashes"]) is not list):
+                return None
+            if t == STORED and (d["parent_hash"] is not None or d["token_ids"] is not None
+                                or (legacy and d["parent_block_hash"] is not None)):
+                return None
+        if kind == _KIND_CHUNK:
+            if t != STORED or ev_id != 0:
+                return None
+        elif ev_id <= prev:
+            return None
+        prev = ev_id
+        out.append(Event(ev_id, ts, t, tenant, key, medium, group,
+                         Envelope(backend, model, salt, lora, bs, rank), legacy))
+    return Batch(seq=seq, timestamp=ts, dp_rank=dp, events=out)
 
 
 def decode_message(frames: Sequence) -> Batch:
@@ -834,6 +977,8 @@ _ABSENT = object()
 # ZMQ exchanges: replay and snapshot (pkg/kvevent/replay.go, snapshot.go)
 
 _DEFAULT_MAX_FRAME = 64 << 20
+# How often a wait looks at close() (the subscriber's loop when idle, replays).
+_TICK = 0.1
 _MAX_LIVE_FRAMES = 8  # a live message has 3 (replay replies 4): more is a protocol error
 
 
@@ -878,7 +1023,7 @@ def _is_end_seq(f: bytes) -> bool:
 
 def replay(endpoint: str, from_seq: int, *, timeout: float = 10.0, max_frame: int = _DEFAULT_MAX_FRAME,
            max_message: int = _DEFAULT_MAX_FRAME, decoder: Optional[Decoder] = None,
-           context=None) -> Iterator[Batch]:
+           context=None, _cancel: Optional[threading.Event] = None) -> Iterator[Batch]:
     """Asks the replay ROUTER at endpoint (e.g. ``tcp://gateway:5558``) for every
     retained batch from ``from_seq`` and yields each decoded batch in order
     until the end marker. Both reply dialects are understood
@@ -903,9 +1048,15 @@ def replay(endpoint: str, from_seq: int, *, timeout: float = 10.0, max_frame: in
         sock.send_multipart([b"", put_seq(from_seq)])
         last, seen = 0, False
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not sock.poll(max(1, int(left * 1000)), zmq.POLLIN):
-                raise ReplayError("replay %s: no answer within %.1fs" % (endpoint, timeout))
+            # In slices, so that a closing subscriber is not held up.
+            while True:
+                if _cancel is not None and _cancel.is_set():
+                    raise ReplayError("replay %s: cancelled" % endpoint)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ReplayError("replay %s: no answer within %.1fs" % (endpoint, timeout))
+                if sock.poll(max(1, int(min(left, _TICK) * 1000)), zmq.POLLIN):
+                    break
             m = _recv_frames(sock, _MAX_LIVE_FRAMES, max_message, zmq.NOBLOCK)
             if len(m) == 4 and not m[0] and m[1] == dec.topic:
                 seq_f, payload = m[2], m[3]
@@ -1018,8 +1169,6 @@ def _fingerprint(b: Batch) -> tuple:
 
 # Snapshot-mode phases (subscriber_snapshot.go).
 _NEED_FETCH, _FETCHING, _WAITING, _INSTALLED = range(4)
-# How often the loop looks at close() while idle.
-_TICK = 0.1
 
 
 class Subscriber:
@@ -1173,7 +1322,7 @@ class Subscriber:
                 return True
             if time.monotonic() >= deadline or self.done.is_set():
                 return predicate(self)
-            self._stop.wait(0.02)
+            self.done.wait(0.02)
 
     # -- socket handling ----------------------------------------------------
 
@@ -1424,7 +1573,7 @@ class Subscriber:
     def _replay(self, from_seq: int) -> Iterator[Batch]:
         dec = Decoder(allow_unknown_keys=self._allow_unknown, allow_empty=self._heartbeat_stream(), topic=self._topic)
         return replay(self._replay_ep, from_seq, timeout=self._replay_timeout, max_frame=self._max_frame,
-                      max_message=self._max_message, decoder=dec, context=self._ctx)
+                      max_message=self._max_message, decoder=dec, context=self._ctx, _cancel=self._stop)
 
     def _heartbeat_stream(self) -> bool:
         if self._snapshot_ep is not None:

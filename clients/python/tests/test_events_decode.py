@@ -179,6 +179,10 @@ def test_hostile_inputs_are_cheap():
         ev(set_kv(valid_kvs("stored", False, 1), "object_key", b"\xdb\xff\xff\xff\xff" + b"x" * 100)),
         msg(b"\xc1" * (8 << 20)),
         msg(payload(mp_map(valid_kvs("stored", False, 1))) * 1000),
+        # Many small containers from few bytes (what a parse-then-check
+        # decoder would build first): 64 x 64 empty arrays.
+        msg(b"\x93\x00\xdc\x00\x40" + (b"\xdc\x00\x40" + b"\x90" * 64) * 64 + b"\x00"),
+        msg(b"\x93\x00\x91" + b"\x91" * 200_000 + b"\x90\x00"),
     ]:
         with pytest.raises(events.MalformedError):
             events.decode_message(frames)
@@ -271,3 +275,32 @@ def test_index():
     assert x.keys() == [events.Key("u", "k1", "cpu")] and len(x) == 1
     x.clear()
     assert len(x) == 0 and x.keys() == []
+
+
+# --- the fast path ------------------------------------------------------------
+
+def test_fast_path_never_accepts_more_than_the_strict_reader():
+    """Decoder's msgpack fast path only accepts, and only what the strict
+    reader (itself checked against Go in test_events_go_differential.py)
+    accepts, with the same result."""
+    from _events_vectors import mutations, structured
+    if events._unpackb is None:
+        pytest.skip("python3-msgpack missing: the strict reader runs alone")
+    corpus = [f[2] for _, f, _ in accept_vectors()] + [f[2] for _, f in reject_vectors() if len(f) == 3]
+    corpus += mutations(seed=7, n=3000) + structured(seed=7, n=3000)
+    d = events.Decoder()
+    both = strict_only = 0
+    for p in corpus:
+        for kind in (events._KIND_LIVE, events._KIND_HEARTBEAT_OK, events._KIND_CHUNK):
+            fast = events._decode_payload_fast(3, p, kind)
+            try:
+                strict = d._decode_payload_strict(3, p, kind)
+            except events.MalformedError:
+                strict = None
+            if fast is not None:
+                assert strict == fast, p.hex()
+                both += 1
+            elif strict is not None:
+                strict_only += 1
+    print("fast and strict accepted %d; strict alone %d" % (both, strict_only))
+    assert both > 1000 and strict_only == 0
