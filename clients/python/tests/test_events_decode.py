@@ -16,6 +16,7 @@ import msgpack
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))  # the _events_* helpers, whatever the import mode
 
 from crescent import events  # noqa: E402
 from _events_vectors import (  # noqa: E402

@@ -14,6 +14,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))  # the _events_* helpers, whatever the import mode
 
 from crescent import events  # noqa: E402
 import _events_cluster as ec  # noqa: E402

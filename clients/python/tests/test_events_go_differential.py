@@ -18,6 +18,7 @@ import pytest
 import zmq
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))  # the _events_* helpers, whatever the import mode
 
 from crescent import events  # noqa: E402
 from _events_vectors import (  # noqa: E402
