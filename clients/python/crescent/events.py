@@ -48,10 +48,9 @@ from __future__ import annotations
 
 import logging
 import random
-import struct
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple, Optional, Sequence
 
 __all__ = [
