@@ -195,9 +195,59 @@ class Cluster:
         return out
 
 
+class _ZmtpDropper:
+    """Parses the ZMTP 3 stream a publisher sends (greeting, then frames:
+    flags, a 1- or 8-byte size, the body) and drops whole data messages while
+    the proxy is dropping; commands and the greeting pass untouched. The
+    connection stays up: the subscriber sees a live sequence gap."""
+
+    def __init__(self, proxy):
+        self.proxy = proxy
+        self.buf = b""
+        self.greeting = 64
+        self.in_msg = False
+        self.drop_cur = False
+
+    def feed(self, data):
+        out = []
+        self.buf += data
+        if self.greeting:
+            n = min(self.greeting, len(self.buf))
+            out.append(self.buf[:n])
+            self.buf, self.greeting = self.buf[n:], self.greeting - n
+            if self.greeting:
+                return b"".join(out)
+        while len(self.buf) >= 2:
+            flags = self.buf[0]
+            if flags & 0x02:
+                if len(self.buf) < 9:
+                    break
+                hdr, size = 9, int.from_bytes(self.buf[1:9], "big")
+            else:
+                hdr, size = 2, self.buf[1]
+            if len(self.buf) < hdr + size:
+                break
+            frame, self.buf = self.buf[:hdr + size], self.buf[hdr + size:]
+            if flags & 0x04:  # a command
+                out.append(frame)
+                continue
+            if not self.in_msg:
+                self.drop_cur = self.proxy.dropping
+                if self.drop_cur:
+                    self.proxy.dropped += 1
+                self.in_msg = True
+            if not self.drop_cur:
+                out.append(frame)
+            if not flags & 0x01:  # the last frame of the message
+                self.in_msg = False
+        return b"".join(out)
+
+
 class Proxy:
-    """A TCP proxy on loopback in front of an endpoint. cut() drops every
-    connection and refuses new ones until heal()."""
+    """A TCP proxy on loopback in front of a publisher. cut() drops every
+    connection and refuses new ones until heal(); while dropping is set,
+    the publisher's messages are dropped whole (dropped counts them) and the
+    connection stays up."""
 
     def __init__(self, target):
         host, port = target.replace("tcp://", "").rsplit(":", 1)
@@ -209,6 +259,8 @@ class Proxy:
         self.endpoint = "tcp://127.0.0.1:%d" % self.ls.getsockname()[1]
         self.up = True
         self.closed = False
+        self.dropping = False
+        self.dropped = 0
         self.mu = threading.Lock()
         self.conns = []
         threading.Thread(target=self._accept, daemon=True).start()
@@ -230,17 +282,20 @@ class Proxy:
             u.settimeout(None)
             with self.mu:
                 self.conns += [c, u]
-            threading.Thread(target=self._pipe, args=(c, u), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(u, c), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(c, u, None), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(u, c, _ZmtpDropper(self)), daemon=True).start()
 
     @staticmethod
-    def _pipe(a, b):
+    def _pipe(a, b, dropper):
         try:
             while True:
                 d = a.recv(65536)
                 if not d:
                     break
-                b.sendall(d)
+                if dropper is not None:
+                    d = dropper.feed(d)
+                if d:
+                    b.sendall(d)
         except OSError:
             pass
         for s in (a, b):
