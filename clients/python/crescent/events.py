@@ -1259,6 +1259,7 @@ class Subscriber:
         self._connected = False
         self._ever_connected = False
         self._disconnected = False  # a reconnect is pending
+        self._early_events: list = []  # monitor events after the first handshake, before the loop
         self._last_recv = 0.0
         self._started = False
         self._expected = 0
@@ -1385,7 +1386,11 @@ class Subscriber:
                     raise ConnectionError("subscribe %s: not connected within %.1fs" % (self.endpoint, self._dial_timeout))
                 if self._mon.poll(max(1, int(min(left, _TICK) * 1000)), zmq.POLLIN):
                     for ev in self._monitor_events():
-                        if ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                        if self._connected:
+                            # After the handshake (a disconnect, say): the
+                            # loop's business.
+                            self._early_events.append(ev)
+                        elif ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                             self._connected = self._ever_connected = True
                         elif ev == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
                             self._stats.protocol_errors += 1
@@ -1422,6 +1427,10 @@ class Subscriber:
             self._connected_hook(first=True)
         elif self._from_seq > 0 and self._replay_ep:
             self._catch_up(self._from_seq)
+        for ev in self._early_events:
+            if self._on_monitor(ev):
+                break
+        self._early_events = []
         while not self._stop.is_set():
             now = time.monotonic()
             timeout = _TICK

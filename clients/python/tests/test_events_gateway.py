@@ -1,8 +1,10 @@
 """crescent.events against a real gateway: a cluster of ./bin processes
 (master, two agents with memory and disk, gateways), objects written with
 crescentctl, and subscribers whose index must equal the master's listing
-(crescentctl ls) after every step: a subscriber cut off its gateway, the
-gateway killed and restarted with its state, and restarted without it.
+(crescentctl ls) after every step: batches dropped on the wire (a live gap,
+repaired from replay), a subscriber cut off its gateway (a reconnect, the
+outage filled from replay), the gateway killed and restarted with its state,
+and restarted without it (a reset: rebuilt from replay or a snapshot).
 Skipped when ./bin is not built (make build).
 """
 

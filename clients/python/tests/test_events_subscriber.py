@@ -238,3 +238,61 @@ def test_replay_rejects_bad_replies(fake):
             out.append(b.seq)
     assert out == [1]
     assert struct.unpack(">Q", events.put_seq(7))[0] == 7
+
+
+def _zmtp_publisher_handshake(conn):
+    """The server half of a ZMTP 3.0 NULL handshake as a PUB socket."""
+    greeting = b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" + b"\x00" * 31
+    conn.sendall(greeting)
+    got = b""
+    while len(got) < 64:
+        d = conn.recv(64 - len(got))
+        assert d, "the subscriber hung up during the greeting"
+        got += d
+    body = b"\x05READY" + b"\x0bSocket-Type" + (3).to_bytes(4, "big") + b"PUB"
+    conn.sendall(bytes([0x04, len(body)]) + body)
+
+
+def _zmtp_frame(body, more):
+    flags = 0x01 if more else 0x00
+    if len(body) < 256:
+        return bytes([flags, len(body)]) + body
+    return bytes([flags | 0x02]) + len(body).to_bytes(8, "big") + body
+
+
+def test_hostile_zmtp_publisher():
+    """A publisher announcing a 2^50-byte frame is disconnected before
+    anything is allocated for it; the subscriber dials again and takes the
+    next (well-behaved) connection's messages."""
+    import socket
+    import threading
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(4)
+    ep = "tcp://127.0.0.1:%d" % ls.getsockname()[1]
+    conns = []
+
+    def serve():
+        c, _ = ls.accept()
+        conns.append(c)
+        _zmtp_publisher_handshake(c)
+        c.sendall(bytes([0x02]) + (1 << 50).to_bytes(8, "big"))  # a frame of 1 PiB
+        c2, _ = ls.accept()  # the subscriber dials again
+        conns.append(c2)
+        _zmtp_publisher_handshake(c2)
+        assert c2.recv(1024)[:1] == b"\x04"  # the subscriber's READY: the handshake is done
+        p = batch(10, ("stored", "fine"))
+        c2.sendall(_zmtp_frame(b"", True) + _zmtp_frame((1).to_bytes(8, "big"), True) + _zmtp_frame(p, False))
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    s = events.Subscriber(ep, reconnect_min=0.02, reconnect_max=0.1).start()
+    try:
+        assert s.wait(lambda x: x.stats().last_seq == 1, 10), s.stats()
+        assert keys(s) == {("fine", "cpu")} and s.stats().reconnects >= 1 and not s.done.is_set()
+    finally:
+        s.close()
+        t.join(5)
+        for c in conns:
+            c.close()
+        ls.close()
