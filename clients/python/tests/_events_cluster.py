@@ -106,6 +106,9 @@ class Proc:
 
 
 class Gateway(Proc):
+    """A gateway; "{pub}" in a flag is its PUB address (host:port), as in
+    vLLM's topic form kv@{pub}@model."""
+
     def __init__(self, name, master, log_dir, flags=()):
         self.pub = "tcp://" + free_addr()
         self.replay = "tcp://" + free_addr()
@@ -115,7 +118,7 @@ class Gateway(Proc):
             "--master", master, "--pub", self.pub, "--replay", self.replay, "--grpc-addr", free_addr(),
             "--snapshot-endpoint", self.snapshot, "--state-dir", self.state_dir, "--backend-id", name,
             "--log-level", "debug", "--resume-hold", "500ms",
-        ] + list(flags), log_dir)
+        ] + [f.replace("{pub}", self.pub[len("tcp://"):]) for f in flags], log_dir)
 
     def status(self):
         return json.loads(self.get("/kv_events/status")[1])

@@ -190,9 +190,12 @@ def test_mooncake_stream(cluster):
 
 def test_snapshot_stream_format(cluster):
     c = cluster
-    gw = c.gateway("gw-snap", ["--stream-format", "snapshot", "--heartbeat-interval", "200ms"])
-    s = sub(gw.pub, snapshot_endpoint=gw.snapshot, replay_endpoint=gw.replay, heartbeat_timeout=2)
-    p = sub(gw.pub, replay_endpoint=gw.replay, from_seq=1)
+    # With llm-d's topic form: every message, replies of replay included, carries it.
+    gw = c.gateway("gw-snap", ["--stream-format", "snapshot", "--heartbeat-interval", "200ms",
+                               "--topic", "kv@{pub}@e2e-model"])
+    topic = "kv@%s@e2e-model" % gw.pub[len("tcp://"):]
+    s = sub(gw.pub, snapshot_endpoint=gw.snapshot, replay_endpoint=gw.replay, heartbeat_timeout=2, topic=topic)
+    p = sub(gw.pub, replay_endpoint=gw.replay, from_seq=1, topic=topic)
     try:
         c.put("snap/0")
         c.put("snap/1", medium="disk")
@@ -224,6 +227,11 @@ def test_snapshot_stream_format(cluster):
         assert s.stats().snapshots > snaps and any(g.rebuilt for g in s.gaps), s.stats()
         assert p.stats().resets >= 1, p.stats()
         assert s.stats().epoch == gw.status()["publisher_epoch"]
+        assert s.stats().malformed == 0 and p.stats().malformed == 0
+        # A subscriber told no topic takes every message for malformed.
+        with sub(gw.pub) as q:
+            assert q.wait(lambda q: q.stats().malformed >= 2, 5), q.stats()
+            assert len(q.index) == 0
     finally:
         s.close()
         p.close()
