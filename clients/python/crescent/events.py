@@ -1460,7 +1460,9 @@ class Subscriber:
                 self._retry_at = None
                 self._start_fetch()
             hb_due = self._live_epochs if snap_mode else self._epoch is not None
-            if hb_due and now - self._last_recv >= self._hb_timeout:
+            # Not silence if the loop itself was busy (a replay) while
+            # messages waited.
+            if hb_due and now - self._last_recv >= self._hb_timeout and not self._sub.poll(0):
                 err = ReplayError("nothing received for %.1fs (heartbeat timeout)" % self._hb_timeout)
                 if snap_mode:
                     # The publisher is gone or the connection half-open:
