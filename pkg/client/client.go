@@ -149,7 +149,7 @@ type Config struct {
 	DisableCoalescing bool
 	// CoalesceInFlight is how many RPCs of one kind of single call are in
 	// flight before further calls of that kind wait to leave together as
-	// one batch. Default 4.
+	// one batch. Default 2.
 	CoalesceInFlight int
 	// DialOptions are added to every gRPC connection (interceptors...).
 	// Transport credentials among them replace those TLS gives. Every

@@ -49,7 +49,7 @@ import (
 // Coalescing limits.
 const (
 	// defaultCoalesceInFlight is Config.CoalesceInFlight's default.
-	defaultCoalesceInFlight = 4
+	defaultCoalesceInFlight = 2
 	// maxQueue bounds the calls of one kind waiting for a batch.
 	maxQueue = 4 * masterBatch
 )
@@ -82,7 +82,8 @@ type coalescer[Q, R any] struct {
 	inflight int        // single calls and batches out now
 	queue    []*waiter[Q, R]
 	closed   bool
-	batches  int // batch RPCs sent (tests)
+	batches  int // batch RPCs sent
+	items    int // calls they carried
 }
 
 // waiter is one queued call.
@@ -194,9 +195,28 @@ func (co *coalescer[Q, R]) launchLocked() {
 		}
 		co.inflight++
 		co.batches++
+		co.items += len(ws)
 		co.wg.Add(1)
 		go co.run(ctx, f, ws)
 	}
+}
+
+// nextLocked takes the next batch for the goroutine of a batch that has
+// just returned, which runs it itself (no goroutine to start and wake):
+// nil when the slot is not needed.
+func (co *coalescer[Q, R]) nextLocked() (context.Context, *flight, []*waiter[Q, R]) {
+	if co.closed || co.inflight > co.limit || len(co.queue) == 0 {
+		return nil, nil, nil
+	}
+	ws := co.takeLocked()
+	ctx, cancel := co.batchContext(ws)
+	f := &flight{live: len(ws), cancel: cancel}
+	for _, w := range ws {
+		w.b = f
+	}
+	co.batches++
+	co.items += len(ws)
+	return ctx, f, ws
 }
 
 // takeLocked takes from the queue, in order, up to maxBatch calls of the
@@ -244,9 +264,18 @@ func (co *coalescer[Q, R]) batchContext(ws []*waiter[Q, R]) (context.Context, co
 	return ctx, func() { stop(); cancel() }
 }
 
-// run makes one batch call and hands each waiter its answer.
+// run makes batch calls, the one it was given and then, while calls
+// queue, the next, handing each waiter its answer.
 func (co *coalescer[Q, R]) run(ctx context.Context, f *flight, ws []*waiter[Q, R]) {
 	defer co.wg.Done()
+	for ws != nil {
+		ctx, f, ws = co.runOne(ctx, f, ws)
+	}
+}
+
+// runOne makes one batch call, answers its waiters and, keeping the slot,
+// takes the next batch if calls queue (nil if not: the slot is then free).
+func (co *coalescer[Q, R]) runOne(ctx context.Context, f *flight, ws []*waiter[Q, R]) (context.Context, *flight, []*waiter[Q, R]) {
 	qs := make([]Q, len(ws))
 	for i, w := range ws {
 		qs[i] = w.q
@@ -263,8 +292,11 @@ func (co *coalescer[Q, R]) run(ctx context.Context, f *flight, ws []*waiter[Q, R
 		w.res, w.err = rs[i], errs[i]
 		close(w.done)
 	}
-	co.inflight--
-	co.launchLocked()
+	nctx, nf, next := co.nextLocked()
+	if next == nil {
+		co.inflight--
+		co.launchLocked()
+	}
 	co.mu.Unlock()
 	if co.discard != nil && len(lost) > 0 {
 		lq, lr, le := make([]Q, len(lost)), make([]R, len(lost)), make([]error, len(lost))
@@ -273,6 +305,7 @@ func (co *coalescer[Q, R]) run(ctx context.Context, f *flight, ws []*waiter[Q, R
 		}
 		co.discard(co.closing, lq, lr, le)
 	}
+	return nctx, nf, next
 }
 
 // close fails the queued calls, cancels the batches in flight and waits
@@ -294,11 +327,12 @@ func (co *coalescer[Q, R]) close() {
 	co.wg.Wait()
 }
 
-// Batches is how many batch RPCs the coalescer has sent.
-func (co *coalescer[Q, R]) sent() int {
+// sent is how many batch RPCs the coalescer has sent, and how many calls
+// they carried.
+func (co *coalescer[Q, R]) sent() (batches, items int) {
 	co.mu.Lock()
 	defer co.mu.Unlock()
-	return co.batches
+	return co.batches, co.items
 }
 
 // queued is how many calls wait for a batch.
