@@ -12,6 +12,12 @@
 //	err = c.Put(ctx, "prefix/block-0", data, client.WithReplicas(2))
 //	got, err := c.Get(ctx, "prefix/block-0")
 //
+// Single calls made concurrently from many goroutines (Get, GetInto, Exist,
+// Put's PutStart and PutEnd) share batch RPCs: while two RPCs of a kind are
+// in flight (Config.CoalesceInFlight), further calls of that kind wait for
+// one to return and leave together, each with its own answer and error; a
+// lone call goes out at once (coalesce.go; Config.DisableCoalescing).
+//
 // With several masters (one leader, the others standbys: issue 15, HA),
 // Config.Master lists them all, separated by commas; every master call goes
 // to the leader, following the NOT_LEADER answers of standbys and failing
