@@ -141,3 +141,8 @@ func benchClusterTLS(b *testing.B, workers, batch, size int, put bool) {
 	}
 	b.ReportMetric(float64(d[0])/float64(d[1]), "tls/plain")
 }
+
+// The same calls on their own, one RPC each (BenchmarkSingleOps).
+func init() {
+	singleClients["sdk-uncoalesced"] = func(c *client.Config) { c.DisableCoalescing = true }
+}

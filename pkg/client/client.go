@@ -12,6 +12,12 @@
 //	err = c.Put(ctx, "prefix/block-0", data, client.WithReplicas(2))
 //	got, err := c.Get(ctx, "prefix/block-0")
 //
+// Single calls made concurrently from many goroutines (Get, GetInto, Exist,
+// Put's PutStart and PutEnd) share batch RPCs: while two RPCs of a kind are
+// in flight (Config.CoalesceInFlight), further calls of that kind wait for
+// one to return and leave together, each with its own answer and error; a
+// lone call goes out at once (coalesce.go; Config.DisableCoalescing).
+//
 // With several masters (one leader, the others standbys: issue 15, HA),
 // Config.Master lists them all, separated by commas; every master call goes
 // to the leader, following the NOT_LEADER answers of standbys and failing
@@ -141,6 +147,16 @@ type Config struct {
 	// listener knows callers by their certificate), so with a token the
 	// bytes go through DataService, as with DisableTransfer.
 	BearerToken string
+	// DisableCoalescing sends every single call (Get, Exist, Put's
+	// PutStart and PutEnd, the replica-list lookups) as its own RPC.
+	// By default concurrent single calls of one kind share batch RPCs
+	// while Config.CoalesceInFlight of them are in flight (a lone call
+	// still goes out at once: coalesce.go).
+	DisableCoalescing bool
+	// CoalesceInFlight is how many RPCs of one kind of single call are in
+	// flight before further calls of that kind wait to leave together as
+	// one batch. Default 2.
+	CoalesceInFlight int
 	// DialOptions are added to every gRPC connection (interceptors...).
 	// Transport credentials among them replace those TLS gives. Every
 	// connection is already traced with OpenTelemetry (spans to the global
@@ -194,6 +210,9 @@ func (c *Config) defaults() {
 	if c.FailoverTimeout <= 0 {
 		c.FailoverTimeout = 15 * time.Second
 	}
+	if c.CoalesceInFlight <= 0 {
+		c.CoalesceInFlight = defaultCoalesceInFlight
+	}
 }
 
 // shared is what every tenant view of a client shares.
@@ -206,6 +225,9 @@ type shared struct {
 	mu     sync.Mutex // guards agents, closed
 	agents map[string]*grpc.ClientConn
 	closed bool
+
+	// co merges concurrent single calls into batch RPCs (coalesce.go).
+	co *coalescers
 
 	// xfer pools connections to the agents' bulk transfer listeners; nil
 	// with Config.DisableTransfer.
@@ -275,6 +297,7 @@ func New(_ context.Context, cfg Config) (*Client, error) {
 	cfg.defaults()
 	s := &shared{cfg: cfg, agents: map[string]*grpc.ClientConn{}}
 	s.masters = newMasters(&cfg, addrs, s.dialMaster)
+	s.co = newCoalescers(s)
 	// Dial the first master now (no I/O) so that a malformed address
 	// fails here; the others are dialled when a call first needs them.
 	if _, err := s.masters.conn(addrs[0]); err != nil {
@@ -300,6 +323,9 @@ func (c *Client) TenantName() string { return c.tenant }
 
 // Close closes every connection. Idempotent.
 func (c *Client) Close() error {
+	// First the coalescers: their batches in flight end (they take s.mu
+	// for agent connections), their waiters get errClosed.
+	c.s.co.close()
 	c.s.mu.Lock()
 	defer c.s.mu.Unlock()
 	if c.s.closed {

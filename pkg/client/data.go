@@ -78,10 +78,8 @@ func (e *leaderChanged) Error() string { return e.err.Error() }
 func (e *leaderChanged) Unwrap() error { return e.err }
 
 func (c *Client) putOnce(ctx context.Context, key string, size int64, src source, sum uint64, o *putOptions) error {
-	start, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.PutStartResponse, error) {
-		return s.PutStart(ctx, &masterv1.PutStartRequest{
-			Tenant: c.tenant, Key: key, Size: uint64(size), Config: o.cfg, ClientId: c.s.cfg.ClientID, Upsert: o.upsert,
-		})
+	start, err := c.putStart(ctx, &masterv1.PutStartRequest{
+		Tenant: c.tenant, Key: key, Size: uint64(size), Config: o.cfg, ClientId: c.s.cfg.ClientID, Upsert: o.upsert,
 	})
 	if err != nil {
 		if abandoned(err) {
@@ -103,9 +101,7 @@ func (c *Client) putOnce(ctx context.Context, key string, size int64, src source
 		c.revoke(ctx, key)
 		return fmt.Errorf("put %q: write replica: %w", key, err)
 	}
-	if _, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.PutEndResponse, error) {
-		return s.PutEnd(ctx, &masterv1.PutEndRequest{Tenant: c.tenant, Key: key, ClientId: c.s.cfg.ClientID, Checksum: sum})
-	}); err != nil {
+	if _, err := c.putEnd(ctx, &masterv1.PutEndRequest{Tenant: c.tenant, Key: key, ClientId: c.s.cfg.ClientID, Checksum: sum}); err != nil {
 		if !errors.Is(err, ErrChecksum) {
 			c.revoke(ctx, key)
 		}
@@ -288,11 +284,19 @@ func (c *Client) GetInto(ctx context.Context, key string, buf []byte) (int, erro
 func (c *Client) get(ctx context.Context, key string, alloc func(size uint64) ([]byte, error)) (err error) {
 	ctx, span := c.startCall(ctx, "client.get", 1, -1, key)
 	defer func() { tracectx.End(span, err) }()
+	return c.getCoalesced(ctx, key, alloc) // coalesce.go
+}
+
+// getDirect is get on its own; with rl, the first round reads from that
+// replica list instead of fetching one.
+func (c *Client) getDirect(ctx context.Context, key string, alloc func(size uint64) ([]byte, error), rl *masterv1.GetReplicaListResponse) error {
 	var lastErr error
 	for round := 0; round < 2; round++ {
-		rl, err := c.replicaList(ctx, key)
-		if err != nil {
-			return fmt.Errorf("get %q: %w", key, err)
+		if round > 0 || rl == nil {
+			var err error
+			if rl, err = c.replicaList(ctx, key); err != nil {
+				return fmt.Errorf("get %q: %w", key, err)
+			}
 		}
 		buf, err := alloc(rl.GetSize())
 		if err != nil {
@@ -311,9 +315,7 @@ func (c *Client) get(ctx context.Context, key string, alloc func(size uint64) ([
 }
 
 func (c *Client) replicaList(ctx context.Context, key string) (*masterv1.GetReplicaListResponse, error) {
-	rl, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.GetReplicaListResponse, error) {
-		return s.GetReplicaList(ctx, &masterv1.GetReplicaListRequest{Tenant: c.tenant, Key: key, ClientHost: c.s.cfg.HostID})
-	})
+	rl, err := c.s.co.lists.do(ctx, &masterv1.GetReplicaListRequest{Tenant: c.tenant, Key: key, ClientHost: c.s.cfg.HostID})
 	if err != nil {
 		return nil, err
 	}

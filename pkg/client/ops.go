@@ -11,13 +11,11 @@ import (
 
 // Exist reports whether key is readable (and, when it is, takes a read lease).
 func (c *Client) Exist(ctx context.Context, key string) (bool, error) {
-	r, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.ExistResponse, error) {
-		return s.Exist(ctx, &masterv1.ExistRequest{Tenant: c.tenant, Key: key})
-	})
+	ok, err := c.s.co.exist.do(ctx, &masterv1.ExistRequest{Tenant: c.tenant, Key: key})
 	if err != nil {
 		return false, fmt.Errorf("exist %q: %w", key, err)
 	}
-	return r.GetExists(), nil
+	return ok, nil
 }
 
 // Info describes an object and every replica of it.

@@ -1,0 +1,627 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"google.golang.org/grpc/status"
+)
+
+// Coalescing (issue 18, item 1). Inference engines issue many single
+// lookups from many goroutines, and a unary gRPC call costs the same
+// whether it carries one item or hundreds. So concurrent single calls of
+// one kind — Get (its master lookup and its read at the agent), Exist,
+// GetReplicaList, Put's PutStart and PutEnd — share the batch RPCs, with
+// no timer ("natural batching"):
+//
+//   - while fewer than Config.CoalesceInFlight RPCs of the kind are in
+//     flight, a call goes out at once, as the single RPC it always was (a
+//     lone call never waits, and sees exactly what it saw before);
+//   - a call that finds that many in flight queues; whenever one of them
+//     returns, the queue leaves as one batch RPC of up to the kind's item
+//     limit, in a goroutine of its own, and each caller gets its item's
+//     answer: the batch's per-item status turned into the error the single
+//     RPC would have returned (same code, reason, errors.Is);
+//   - every waiter honours its own context: one that gives up while queued
+//     leaves the queue, one whose batch is in flight has its answer dropped
+//     (and a put it started revoked); the batch RPC runs under a context
+//     that carries the first waiter's values (its trace), the latest of
+//     their deadlines when all have one, and is cancelled when every
+//     waiter has given up or the client closes;
+//   - one batch holds one tenant's items (the tenant views of one client
+//     share its coalescers), so a tenant's certificate never meets a
+//     batch that names another tenant;
+//   - an item the master answers with a transient reason the single call
+//     would have retried (AGENT_UNAVAILABLE, MASTER_RECOVERING), or a batch
+//     the master refuses as a whole as invalid (BatchExist fails the whole
+//     call for one invalid key), goes again on its own, as the single RPC,
+//     in its caller's goroutine;
+//   - the queue is bounded (maxQueue): past it a call goes out on its own.
+//
+// Config.DisableCoalescing sends every call on its own.
+
+// Coalescing limits.
+const (
+	// defaultCoalesceInFlight is Config.CoalesceInFlight's default.
+	defaultCoalesceInFlight = 2
+	// maxQueue bounds the calls of one kind waiting for a batch.
+	maxQueue = 4 * masterBatch
+)
+
+// errRedo marks an item a batch could not answer as its single RPC
+// would: the waiter makes the single call itself.
+var errRedo = errors.New("client: item goes again on its own")
+
+// coalescer merges concurrent calls of one kind: single requests Q with
+// answers R.
+type coalescer[Q, R any] struct {
+	off      bool // Config.DisableCoalescing: every call goes on its own
+	limit    int  // RPCs in flight before calls queue
+	maxBatch int
+	// one makes the single call; many the batch call, answering each
+	// item (errs[i] == errRedo sends item i again through one).
+	one  func(ctx context.Context, q Q) (R, error)
+	many func(ctx context.Context, qs []Q) ([]R, []error)
+	// group is the tenant of a request: a batch holds one group.
+	group func(q Q) string
+	// discard, when set, is given the answers nobody waits for any more
+	// (their waiters gave up while the batch was in flight).
+	discard func(ctx context.Context, qs []Q, rs []R, errs []error)
+
+	closing context.Context // cancelled by close: ends in-flight batches
+	stop    context.CancelFunc
+	wg      sync.WaitGroup // the batch goroutines
+
+	mu       sync.Mutex // guards inflight, queue, closed, and the waiters' b and gone
+	inflight int        // single calls and batches out now
+	queue    []*waiter[Q, R]
+	closed   bool
+	batches  int // batch RPCs sent
+	items    int // calls they carried
+}
+
+// waiter is one queued call.
+type waiter[Q, R any] struct {
+	ctx  context.Context
+	q    Q
+	done chan struct{} // closed (under coalescer.mu) once res and err are set
+	res  R
+	err  error
+	b    *flight // the batch that took it; nil while queued
+	gone bool    // it gave up while b was in flight
+}
+
+// flight is one batch RPC in flight.
+type flight struct {
+	live   int // waiters still waiting
+	cancel context.CancelFunc
+}
+
+func newCoalescer[Q, R any](cfg *Config, maxBatch int, group func(Q) string,
+	one func(context.Context, Q) (R, error), many func(context.Context, []Q) ([]R, []error)) *coalescer[Q, R] {
+	ctx, stop := context.WithCancel(context.Background())
+	return &coalescer[Q, R]{
+		off: cfg.DisableCoalescing, limit: cfg.CoalesceInFlight, maxBatch: maxBatch,
+		one: one, many: many, group: group, closing: ctx, stop: stop,
+	}
+}
+
+// do makes the call q: at once when a slot is free, else in the next batch.
+func (co *coalescer[Q, R]) do(ctx context.Context, q Q) (R, error) {
+	if co.off {
+		return co.one(ctx, q)
+	}
+	var zero R
+	co.mu.Lock()
+	if co.closed {
+		co.mu.Unlock()
+		return zero, errClosed
+	}
+	if co.inflight < co.limit || len(co.queue) >= maxQueue {
+		co.inflight++
+		co.mu.Unlock()
+		defer co.release()
+		return co.one(ctx, q)
+	}
+	w := &waiter[Q, R]{ctx: ctx, q: q, done: make(chan struct{})}
+	co.queue = append(co.queue, w)
+	co.mu.Unlock()
+	select {
+	case <-w.done:
+	case <-ctx.Done():
+		if !co.abandon(w) {
+			return zero, contextError(ctx)
+		}
+	}
+	if errors.Is(w.err, errRedo) {
+		return co.one(ctx, q)
+	}
+	return w.res, w.err
+}
+
+// abandon takes w, whose caller's context ended, out of the queue or out
+// of its batch. It reports false, or true when the answer arrived first
+// (the caller then takes it).
+func (co *coalescer[Q, R]) abandon(w *waiter[Q, R]) bool {
+	co.mu.Lock()
+	defer co.mu.Unlock()
+	select {
+	case <-w.done:
+		return true
+	default:
+	}
+	if w.b == nil {
+		if i := slices.Index(co.queue, w); i >= 0 {
+			co.queue = slices.Delete(co.queue, i, i+1)
+		}
+		return false
+	}
+	w.gone = true
+	if w.b.live--; w.b.live == 0 {
+		w.b.cancel()
+	}
+	return false
+}
+
+// contextError is what a call that gave up waiting returns: the status
+// gRPC gives a call whose context ended (CANCELLED or DEADLINE_EXCEEDED),
+// as call returns it.
+func contextError(ctx context.Context) error {
+	return rpcerr.FromStatus(status.FromContextError(ctx.Err()).Err())
+}
+
+// release ends a call or batch and sends the queue on if it waits.
+func (co *coalescer[Q, R]) release() {
+	co.mu.Lock()
+	co.inflight--
+	co.launchLocked()
+	co.mu.Unlock()
+}
+
+// launchLocked sends queued calls as batches while slots are free.
+func (co *coalescer[Q, R]) launchLocked() {
+	for !co.closed && co.inflight < co.limit && len(co.queue) > 0 {
+		ws := co.takeLocked()
+		ctx, cancel := co.batchContext(ws)
+		f := &flight{live: len(ws), cancel: cancel}
+		for _, w := range ws {
+			w.b = f
+		}
+		co.inflight++
+		co.batches++
+		co.items += len(ws)
+		co.wg.Add(1)
+		go co.run(ctx, f, ws)
+	}
+}
+
+// nextLocked takes the next batch for the goroutine of a batch that has
+// just returned, which runs it itself (no goroutine to start and wake):
+// nil when the slot is not needed.
+func (co *coalescer[Q, R]) nextLocked() (context.Context, *flight, []*waiter[Q, R]) {
+	if co.closed || co.inflight > co.limit || len(co.queue) == 0 {
+		return nil, nil, nil
+	}
+	ws := co.takeLocked()
+	ctx, cancel := co.batchContext(ws)
+	f := &flight{live: len(ws), cancel: cancel}
+	for _, w := range ws {
+		w.b = f
+	}
+	co.batches++
+	co.items += len(ws)
+	return ctx, f, ws
+}
+
+// takeLocked takes from the queue, in order, up to maxBatch calls of the
+// first call's group.
+func (co *coalescer[Q, R]) takeLocked() []*waiter[Q, R] {
+	g := co.group(co.queue[0].q)
+	var take []*waiter[Q, R]
+	rest := co.queue[:0]
+	for _, w := range co.queue {
+		if len(take) < co.maxBatch && co.group(w.q) == g {
+			take = append(take, w)
+		} else {
+			rest = append(rest, w)
+		}
+	}
+	clear(co.queue[len(rest):])
+	co.queue = rest
+	return take
+}
+
+// batchContext is the context of a batch of ws: the first waiter's values
+// without its cancellation, the latest deadline when every waiter has one,
+// cancelled by close.
+func (co *coalescer[Q, R]) batchContext(ws []*waiter[Q, R]) (context.Context, context.CancelFunc) {
+	var latest time.Time
+	all := true
+	for _, w := range ws {
+		d, ok := w.ctx.Deadline()
+		if !ok {
+			all = false
+			break
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ws[0].ctx))
+	if all {
+		var dl context.CancelFunc
+		ctx, dl = context.WithDeadline(ctx, latest)
+		c := cancel
+		cancel = func() { dl(); c() }
+	}
+	stop := context.AfterFunc(co.closing, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// run makes batch calls, the one it was given and then, while calls
+// queue, the next, handing each waiter its answer.
+func (co *coalescer[Q, R]) run(ctx context.Context, f *flight, ws []*waiter[Q, R]) {
+	defer co.wg.Done()
+	for ws != nil {
+		ctx, f, ws = co.runOne(ctx, f, ws)
+	}
+}
+
+// runOne makes one batch call, answers its waiters and, keeping the slot,
+// takes the next batch if calls queue (nil if not: the slot is then free).
+func (co *coalescer[Q, R]) runOne(ctx context.Context, f *flight, ws []*waiter[Q, R]) (context.Context, *flight, []*waiter[Q, R]) {
+	qs := make([]Q, len(ws))
+	for i, w := range ws {
+		qs[i] = w.q
+	}
+	rs, errs := co.many(ctx, qs)
+	f.cancel()
+	var lost []int
+	co.mu.Lock()
+	for i, w := range ws {
+		if w.gone {
+			lost = append(lost, i)
+			continue
+		}
+		w.res, w.err = rs[i], errs[i]
+		close(w.done)
+	}
+	nctx, nf, next := co.nextLocked()
+	if next == nil {
+		co.inflight--
+		co.launchLocked()
+	}
+	co.mu.Unlock()
+	if co.discard != nil && len(lost) > 0 {
+		lq, lr, le := make([]Q, len(lost)), make([]R, len(lost)), make([]error, len(lost))
+		for j, i := range lost {
+			lq[j], lr[j], le[j] = qs[i], rs[i], errs[i]
+		}
+		co.discard(co.closing, lq, lr, le)
+	}
+	return nctx, nf, next
+}
+
+// close fails the queued calls, cancels the batches in flight and waits
+// for their goroutines. Idempotent.
+func (co *coalescer[Q, R]) close() {
+	co.mu.Lock()
+	if co.closed {
+		co.mu.Unlock()
+		return
+	}
+	co.closed = true
+	for _, w := range co.queue {
+		w.err = errClosed
+		close(w.done)
+	}
+	co.queue = nil
+	co.mu.Unlock()
+	co.stop()
+	co.wg.Wait()
+}
+
+// sent is how many batch RPCs the coalescer has sent, and how many calls
+// they carried.
+func (co *coalescer[Q, R]) sent() (batches, items int) {
+	co.mu.Lock()
+	defer co.mu.Unlock()
+	return co.batches, co.items
+}
+
+// queued is how many calls wait for a batch.
+func (co *coalescer[Q, R]) queued() int {
+	co.mu.Lock()
+	defer co.mu.Unlock()
+	return len(co.queue)
+}
+
+// redoable reports whether an item's error is one the single call would
+// have retried (masters.do): it then goes again on its own.
+func redoable(err error) bool {
+	v, _ := classify(err, false)
+	return v == again || v == recovering
+}
+
+// itemError is the error of one batch item as its single call would have
+// returned it, or errRedo.
+func itemError(st *masterv1.ItemStatus) error {
+	e := rpcerr.FromItem(st)
+	if e != nil && redoable(e) {
+		return errRedo
+	}
+	return e
+}
+
+// fill sets every entry of errs to err.
+func fill(errs []error, err error) []error {
+	for i := range errs {
+		errs[i] = err
+	}
+	return errs
+}
+
+// answered checks that a batch response has one result per item.
+func answered(got, want int) error {
+	if got != want {
+		return fmt.Errorf("master answered %d results for %d items", got, want)
+	}
+	return nil
+}
+
+// coalescers are a client's, one per kind of call.
+type coalescers struct {
+	get    *coalescer[getQ, getR]
+	exist  *coalescer[*masterv1.ExistRequest, bool]
+	lists  *coalescer[*masterv1.GetReplicaListRequest, *masterv1.GetReplicaListResponse]
+	starts *coalescer[*masterv1.PutStartRequest, *masterv1.PutStartResponse]
+	ends   *coalescer[*masterv1.PutEndRequest, *masterv1.PutEndResponse]
+}
+
+func (cs *coalescers) close() {
+	cs.get.close()
+	cs.exist.close()
+	cs.lists.close()
+	cs.starts.close()
+	cs.ends.close()
+}
+
+// newCoalescers builds the coalescers of the client whose shared state is s.
+func newCoalescers(s *shared) *coalescers {
+	objects := func() masterv1.ObjectServiceClient { return masterv1.NewObjectServiceClient(s.masters) }
+	cs := &coalescers{}
+	cs.get = newCoalescer(&s.cfg, masterBatch, func(q getQ) string { return q.c.tenant },
+		func(ctx context.Context, q getQ) (getR, error) {
+			return getR{direct: true}, q.c.getDirect(ctx, q.key, q.alloc, nil)
+		},
+		func(ctx context.Context, qs []getQ) ([]getR, []error) { return qs[0].c.getMany(ctx, qs) })
+
+	cs.exist = newCoalescer(&s.cfg, masterBatch, (*masterv1.ExistRequest).GetTenant,
+		func(ctx context.Context, q *masterv1.ExistRequest) (bool, error) {
+			r, err := objects().Exist(ctx, q)
+			return r.GetExists(), rpcerr.FromStatus(err)
+		},
+		func(ctx context.Context, qs []*masterv1.ExistRequest) ([]bool, []error) {
+			errs := make([]error, len(qs))
+			r, err := objects().BatchExist(ctx, &masterv1.BatchExistRequest{Items: qs})
+			if err == nil {
+				err = answered(len(r.GetExists()), len(qs))
+			} else if err = rpcerr.FromStatus(err); errors.Is(err, ErrInvalid) {
+				// BatchExist fails as a whole for one invalid key, where
+				// Exist fails for that key alone.
+				err = errRedo
+			}
+			if err != nil {
+				return make([]bool, len(qs)), fill(errs, err)
+			}
+			return r.GetExists(), errs
+		})
+
+	cs.lists = newCoalescer(&s.cfg, masterBatch, (*masterv1.GetReplicaListRequest).GetTenant,
+		func(ctx context.Context, q *masterv1.GetReplicaListRequest) (*masterv1.GetReplicaListResponse, error) {
+			r, err := objects().GetReplicaList(ctx, q)
+			return r, rpcerr.FromStatus(err)
+		},
+		func(ctx context.Context, qs []*masterv1.GetReplicaListRequest) ([]*masterv1.GetReplicaListResponse, []error) {
+			out, errs := make([]*masterv1.GetReplicaListResponse, len(qs)), make([]error, len(qs))
+			r, err := objects().BatchGetReplicaList(ctx, &masterv1.BatchGetReplicaListRequest{Items: qs})
+			if err == nil {
+				err = answered(len(r.GetResults()), len(qs))
+			}
+			if err != nil {
+				return out, fill(errs, rpcerr.FromStatus(err))
+			}
+			for i, res := range r.GetResults() {
+				if errs[i] = itemError(res.GetStatus()); errs[i] == nil {
+					out[i] = res.GetReplicaList()
+				}
+			}
+			return out, errs
+		})
+
+	cs.starts = newCoalescer(&s.cfg, masterBatch, (*masterv1.PutStartRequest).GetTenant,
+		func(ctx context.Context, q *masterv1.PutStartRequest) (*masterv1.PutStartResponse, error) {
+			r, err := objects().PutStart(ctx, q)
+			return r, rpcerr.FromStatus(err)
+		},
+		func(ctx context.Context, qs []*masterv1.PutStartRequest) ([]*masterv1.PutStartResponse, []error) {
+			out, errs := make([]*masterv1.PutStartResponse, len(qs)), make([]error, len(qs))
+			r, err := objects().BatchPutStart(ctx, &masterv1.BatchPutStartRequest{Items: qs})
+			if err == nil {
+				err = answered(len(r.GetResults()), len(qs))
+			}
+			if err != nil {
+				return out, fill(errs, rpcerr.FromStatus(err))
+			}
+			for i, res := range r.GetResults() {
+				if errs[i] = itemError(res.GetStatus()); errs[i] == nil {
+					out[i] = &masterv1.PutStartResponse{Replicas: res.GetReplicas()}
+				}
+			}
+			return out, errs
+		})
+	// A put started for a caller that gave up is revoked, as the single
+	// call's caller revokes it (putOnce).
+	cs.starts.discard = func(ctx context.Context, qs []*masterv1.PutStartRequest, rs []*masterv1.PutStartResponse, errs []error) {
+		req := &masterv1.BatchPutRevokeRequest{}
+		for i, q := range qs {
+			if errs[i] == nil || errors.Is(errs[i], errRedo) || abandoned(errs[i]) {
+				req.Items = append(req.Items, &masterv1.PutRevokeRequest{Tenant: q.GetTenant(), Key: q.GetKey(), ClientId: q.GetClientId()})
+			}
+		}
+		if len(req.Items) == 0 {
+			return
+		}
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, _ = objects().BatchPutRevoke(rctx, req)
+	}
+
+	cs.ends = newCoalescer(&s.cfg, masterBatch, (*masterv1.PutEndRequest).GetTenant,
+		func(ctx context.Context, q *masterv1.PutEndRequest) (*masterv1.PutEndResponse, error) {
+			r, err := objects().PutEnd(ctx, q)
+			return r, rpcerr.FromStatus(err)
+		},
+		func(ctx context.Context, qs []*masterv1.PutEndRequest) ([]*masterv1.PutEndResponse, []error) {
+			out, errs := make([]*masterv1.PutEndResponse, len(qs)), make([]error, len(qs))
+			r, err := objects().BatchPutEnd(ctx, &masterv1.BatchPutEndRequest{Items: qs})
+			if err == nil {
+				err = answered(len(r.GetResults()), len(qs))
+			}
+			if err != nil {
+				return out, fill(errs, rpcerr.FromStatus(err))
+			}
+			for i, st := range r.GetResults() {
+				if errs[i] = itemError(st); errs[i] == nil {
+					out[i] = &masterv1.PutEndResponse{}
+				}
+			}
+			return out, errs
+		})
+	return cs
+}
+
+// getQ is one Get or GetInto: alloc gives the buffer for an object of a
+// given size. Only the caller's goroutine calls alloc (a batch reads into
+// buffers of its own), so a caller that gives up never has its buffer
+// written behind its back.
+type getQ struct {
+	c     *Client
+	key   string
+	alloc func(size uint64) ([]byte, error)
+}
+
+// getR is a get's answer: direct when the whole get ran on its own (its
+// error is then final); else the replica list and, when read, the bytes.
+type getR struct {
+	direct bool
+	rl     *masterv1.GetReplicaListResponse
+	read   bool
+	data   []byte
+}
+
+// getMany looks up the objects of qs (one tenant) in one
+// BatchGetReplicaList and reads the small ones, their first replica, in
+// one request per agent, into buffers of its own. Objects it did not read
+// (large ones, failed first replicas) go back with their replica list, for
+// their caller to read as a single Get would.
+func (c *Client) getMany(ctx context.Context, qs []getQ) ([]getR, []error) {
+	res, errs := make([]getR, len(qs)), make([]error, len(qs))
+	req := &masterv1.BatchGetReplicaListRequest{Items: make([]*masterv1.GetReplicaListRequest, len(qs))}
+	for i, q := range qs {
+		req.Items[i] = &masterv1.GetReplicaListRequest{Tenant: c.tenant, Key: q.key, ClientHost: c.s.cfg.HostID}
+	}
+	resp, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.BatchGetReplicaListResponse, error) {
+		return s.BatchGetReplicaList(ctx, req)
+	})
+	if err == nil {
+		err = answered(len(resp.GetResults()), len(qs))
+	}
+	if err != nil {
+		return res, fill(errs, err)
+	}
+	groups := map[route][]read{}
+	var order []route
+	for i, r := range resp.GetResults() {
+		if errs[i] = itemError(r.GetStatus()); errs[i] != nil {
+			continue
+		}
+		rl := r.GetReplicaList()
+		c.orderReplicas(rl.GetReplicas())
+		res[i].rl = rl
+		if len(rl.GetReplicas()) == 0 || rl.GetSize() > uint64(c.s.cfg.SmallObject) {
+			continue
+		}
+		rt := c.routeOf(rl.GetReplicas()[0])
+		if _, ok := groups[rt]; !ok {
+			order = append(order, rt)
+		}
+		groups[rt] = append(groups[rt], read{item: i, rl: rl})
+	}
+	out := make([][]byte, len(qs))
+	var mu sync.Mutex
+	failed := map[int]bool{}
+	var tasks []func()
+	for _, rt := range order {
+		g := groups[rt]
+		for lo := 0; lo < len(g); lo += maxBatchItems {
+			chunk := g[lo:min(lo+maxBatchItems, len(g))]
+			tasks = append(tasks, func() {
+				bad := c.batchReadChunk(ctx, rt, chunk, out)
+				mu.Lock()
+				for _, r := range bad {
+					failed[r.item] = true
+				}
+				mu.Unlock()
+			})
+		}
+	}
+	c.runBounded(tasks)
+	for _, g := range groups {
+		for _, r := range g {
+			if !failed[r.item] {
+				res[r.item].read, res[r.item].data = true, out[r.item]
+			}
+		}
+	}
+	return res, errs
+}
+
+// getCoalesced is get through the coalescer. The bytes a batch read go
+// into the caller's buffer here, in the caller's goroutine; an object the
+// batch did not read is read as a single Get reads it, from the replica
+// list the batch fetched.
+func (c *Client) getCoalesced(ctx context.Context, key string, alloc func(size uint64) ([]byte, error)) error {
+	r, err := c.s.co.get.do(ctx, getQ{c: c, key: key, alloc: alloc})
+	if r.direct {
+		return err
+	}
+	if err != nil {
+		return fmt.Errorf("get %q: %w", key, err)
+	}
+	if !r.read {
+		return c.getDirect(ctx, key, alloc, r.rl)
+	}
+	buf, err := alloc(r.rl.GetSize())
+	if err != nil {
+		return err
+	}
+	copy(buf, r.data)
+	return nil
+}
+
+// putStart is PutStart through the coalescer.
+func (c *Client) putStart(ctx context.Context, req *masterv1.PutStartRequest) (*masterv1.PutStartResponse, error) {
+	return c.s.co.starts.do(ctx, req)
+}
+
+// putEnd is PutEnd through the coalescer.
+func (c *Client) putEnd(ctx context.Context, req *masterv1.PutEndRequest) (*masterv1.PutEndResponse, error) {
+	return c.s.co.ends.do(ctx, req)
+}

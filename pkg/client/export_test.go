@@ -1,0 +1,32 @@
+package client
+
+import "context"
+
+// ReplicaList is the replica-list lookup a Get makes (GetReplicaList,
+// through the coalescer), for the benchmarks of package client_test.
+func (c *Client) ReplicaList(ctx context.Context, key string) error {
+	_, err := c.replicaList(ctx, key)
+	return err
+}
+
+// Coalesced is how many batch RPCs the client's coalescers have sent and
+// how many single calls they carried, per kind.
+func (c *Client) Coalesced() map[string][2]int {
+	out := map[string][2]int{}
+	for name, f := range map[string]func() (int, int){
+		"get": c.s.co.get.sent, "exist": c.s.co.exist.sent, "replicalist": c.s.co.lists.sent,
+		"putstart": c.s.co.starts.sent, "putend": c.s.co.ends.sent,
+	} {
+		b, n := f()
+		out[name] = [2]int{b, n}
+	}
+	return out
+}
+
+// Queued is how many calls of a kind wait for a batch.
+func (c *Client) Queued(kind string) int {
+	return map[string]func() int{
+		"get": c.s.co.get.queued, "exist": c.s.co.exist.queued, "replicalist": c.s.co.lists.queued,
+		"putstart": c.s.co.starts.queued, "putend": c.s.co.ends.queued,
+	}[kind]()
+}
