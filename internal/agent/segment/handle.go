@@ -136,6 +136,16 @@ func (h *Handle) Bytes(off, n uint64) ([]byte, error) {
 	return h.s.store.slice(h.e.offset+off, n), nil
 }
 
+// MapOffset is where the object's byte off lies in the segment's mapping
+// (what SharedFD maps), after checking that [off, off+n) lies inside the
+// object.
+func (h *Handle) MapOffset(off, n uint64) (uint64, error) {
+	if err := h.bounds(off, n); err != nil {
+		return 0, err
+	}
+	return h.e.offset + off, nil
+}
+
 // WritableBytes returns the object's bytes [off, off+n) in place for a
 // write handle of a memory segment, so a caller can receive straight into
 // the mapping (valid until Close), or nil for a disk segment (use WriteAt).

@@ -12,6 +12,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -373,5 +374,61 @@ func TestMemoryPrefault(t *testing.T) {
 	}
 	if err := s.Prefault(context.Background()); err == nil {
 		t.Fatal("Prefault of a segment holding an allocation: got nil error")
+	}
+}
+
+func TestSharedMemory(t *testing.T) {
+	s, err := NewSharedMemory("shared", 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, size, ok, err := s.DupSharedFD()
+	if err != nil || !ok || size < 1<<20 {
+		t.Fatalf("DupSharedFD = %d, %d, %v, %v", fd, size, ok, err)
+	}
+	defer unix.Close(fd)
+	// A holder of the descriptor cannot shrink it under the agent's mapping.
+	if err := unix.Ftruncate(fd, 0); err == nil {
+		t.Fatal("a shared segment's memfd could be truncated")
+	}
+	peer, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(peer)
+	a, err := s.Reserve(&masterv1.ReserveItem{SegmentId: s.ID(), Size: 5, Tenant: "t", Key: "k", ReplicaId: 1}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := s.OpenWrite(a.GetAllocationId())
+	if err != nil {
+		t.Fatal(err)
+	}
+	off, err := h.MapOffset(0, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.MapOffset(1, 5); err == nil {
+		t.Fatal("MapOffset past the object's end succeeded")
+	}
+	copy(peer[off:], "hello") // the peer writes through its own mapping
+	got := make([]byte, 5)
+	if err := h.ReadAt(got, 0); err != nil || string(got) != "hello" {
+		t.Fatalf("agent reads %q, %v", got, err)
+	}
+	h.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok, _ := s.DupSharedFD(); ok {
+		t.Fatal("DupSharedFD of a closed segment")
+	}
+	plain, err := NewMemory("plain", 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if _, _, ok, _ := plain.DupSharedFD(); ok {
+		t.Fatal("DupSharedFD of an anonymous segment")
 	}
 }
