@@ -166,6 +166,16 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	var shmLis *net.UnixListener // the shared-memory listener; nil when off
+	if a.cfg.ShmSocket != "" {
+		if shmLis, err = listenShm(a.cfg.ShmSocket); err != nil {
+			return err
+		}
+		defer shmLis.Close()
+		if creds.Secure() {
+			a.lg.Warn("the shared-memory socket is on with mutual TLS: its peers are known by uid, not certificate, and map every tenant's bytes of the memory segments", "shm_socket", a.cfg.ShmSocket)
+		}
+	}
 	agentID := a.cfg.AgentID
 	if agentID == "" {
 		_, port, _ := net.SplitHostPort(srv.GRPCAddr())
@@ -216,6 +226,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		servers++
 		go func() { srvErr <- dp.ServeTransfer(srvCtx, xlis) }()
 	}
+	if shmLis != nil {
+		uids, _ := a.cfg.ShmUIDs() // checked by Validate
+		servers++
+		go func() {
+			srvErr <- dp.ServeShm(srvCtx, shmLis, dataplane.ShmConfig{AllowUIDs: uids,
+				MaxConns: a.cfg.ShmMaxConns, MaxConnsPerPeer: a.cfg.ShmMaxConnsPerPeer})
+		}()
+	}
 	linkCtx, stopLink := context.WithCancel(ctx)
 	defer stopLink()
 	linkErr := make(chan error, 1)
@@ -257,7 +275,12 @@ func (a *Agent) mount(ctx context.Context) (*segment.Set, error) {
 		n := uint64(a.cfg.MemorySegments)
 		each := uint64(a.cfg.Memory) / n
 		for i := range n {
-			s, err := segment.NewMemory("mem-"+strconv.FormatUint(i, 10), each)
+			newMem := segment.NewMemory
+			if a.cfg.ShmSocket != "" {
+				// Shared with same-host clients: memfd-backed.
+				newMem = segment.NewSharedMemory
+			}
+			s, err := newMem("mem-"+strconv.FormatUint(i, 10), each)
 			if err != nil {
 				return fail(err)
 			}
@@ -358,4 +381,33 @@ func advertise(configured, bound string) (string, error) {
 		host = h
 	}
 	return net.JoinHostPort(host, port), nil
+}
+
+// listenShm listens on the shared-memory socket path. A socket left there
+// by an agent that did not stop cleanly is replaced; anything else at the
+// path is an error. The socket is made 0660: the peer check (uid) is the
+// gate, the mode keeps other users from even connecting.
+func listenShm(path string) (*net.UnixListener, error) {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("shm-socket %s: exists and is not a socket", path)
+		}
+		if c, err := net.Dial("unix", path); err == nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("shm-socket %s: another process listens on it", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("shm-socket %s: remove stale socket: %w", path, err)
+		}
+	}
+	lis, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("shm-socket listen %s: %w", path, err)
+	}
+	lis.SetUnlinkOnClose(true)
+	if err := os.Chmod(path, 0o660); err != nil {
+		_ = lis.Close()
+		return nil, fmt.Errorf("shm-socket %s: %w", path, err)
+	}
+	return lis, nil
 }

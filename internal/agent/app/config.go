@@ -7,6 +7,8 @@ import (
 	"github.com/crescent-kv/crescent/internal/masterlist"
 	"net"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/crescent-kv/crescent/internal/agent/dataplane"
@@ -58,6 +60,15 @@ type Config struct {
 	TransferMaxItems       int
 	TransferIdleTimeout    time.Duration
 	TransferIOTimeout      time.Duration
+	// ShmSocket is the Unix socket of the same-host shared-memory data
+	// path (internal/xfer/shm); "" (the default) leaves it off. With it
+	// on, memory segments are memfd-backed and handed to peers that pass
+	// the SO_PEERCRED check: the agent's uid or one of ShmAllowUIDs.
+	ShmSocket    string
+	ShmAllowUIDs string
+	// Limits of the shared-memory listener (dataplane.ShmConfig).
+	ShmMaxConns        int
+	ShmMaxConnsPerPeer int
 	// VerifyDisk checks every sealed allocation of a reopened disk
 	// segment against its checksum before registering (see
 	// segment.VerifySealed); corrupt ones are dropped and so reported
@@ -93,6 +104,8 @@ func DefaultConfig() Config {
 		TransferMaxItems:       dataplane.DefaultTransferMaxItemsInFlight,
 		TransferIdleTimeout:    dataplane.DefaultTransferIdleTimeout,
 		TransferIOTimeout:      dataplane.DefaultTransferIOTimeout,
+		ShmMaxConns:            dataplane.DefaultShmMaxConns,
+		ShmMaxConnsPerPeer:     dataplane.DefaultShmMaxConnsPerPeer,
 
 		Security: server.DefaultSecurity(),
 	}
@@ -113,6 +126,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(&c.TransferMaxHeaderBytes, "transfer-max-header-bytes", "largest bulk transfer request header (at most 1MiB, the protocol's limit; 4096 items with 100-byte tokens need about 600KiB)")
 	fs.IntVar(&c.TransferMaxItems, "transfer-max-items-in-flight", c.TransferMaxItems, "items of the bulk transfer requests served at once, over all connections (at least 4096, one full request); a request past it waits up to --transfer-io-timeout, then is refused with RESOURCE_EXHAUSTED LIMIT_EXCEEDED")
 	fs.DurationVar(&c.TransferIdleTimeout, "transfer-idle-timeout", c.TransferIdleTimeout, "close a bulk transfer connection that starts no request for this long")
+	fs.StringVar(&c.ShmSocket, "shm-socket", c.ShmSocket, "Unix socket of the same-host shared-memory data path (off when empty): memory segments become memfd-backed and same-host clients that pass the peer check map them and move bytes by memcpy; a peer can then read and write every byte of those segments, all tenants' (docs/OPERATIONS.md)")
+	fs.StringVar(&c.ShmAllowUIDs, "shm-allow-uids", c.ShmAllowUIDs, "comma-separated uids, besides the agent's own, whose processes may connect to --shm-socket (checked with SO_PEERCRED)")
+	fs.IntVar(&c.ShmMaxConns, "shm-max-connections", c.ShmMaxConns, "open shared-memory connections at most")
+	fs.IntVar(&c.ShmMaxConnsPerPeer, "shm-max-connections-per-peer", c.ShmMaxConnsPerPeer, "open shared-memory connections of one client process at most")
 	fs.DurationVar(&c.TransferIOTimeout, "transfer-io-timeout", c.TransferIOTimeout, "cut a bulk transfer request whose peer takes longer than this to send its header, or any 4MiB of payload, or to take the answer (the minimum progress asked of a peer)")
 	fs.StringVar(&c.HostID, "host-id", c.HostID, "host this agent runs on; replicas of one object are spread across hosts")
 	fs.StringVar(&c.AgentID, "agent-id", c.AgentID, "stable agent id (default: host-id:port)")
@@ -191,6 +208,18 @@ func (c *Config) Validate() error {
 	if c.TransferIdleTimeout <= 0 || c.TransferIOTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("transfer-idle-timeout and transfer-io-timeout must be > 0, got %v and %v", c.TransferIdleTimeout, c.TransferIOTimeout))
 	}
+	if _, err := c.ShmUIDs(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.ShmSocket == "" && c.ShmAllowUIDs != "" {
+		errs = append(errs, errors.New("shm-allow-uids needs shm-socket"))
+	}
+	if len(c.ShmSocket) > 100 {
+		errs = append(errs, fmt.Errorf("shm-socket: a Unix socket path is at most 100 bytes here, got %d", len(c.ShmSocket)))
+	}
+	if c.ShmMaxConns < 1 || c.ShmMaxConnsPerPeer < 1 || c.ShmMaxConnsPerPeer > c.ShmMaxConns {
+		errs = append(errs, fmt.Errorf("shm-max-connections-per-peer must be within [1, shm-max-connections], got %d and %d", c.ShmMaxConnsPerPeer, c.ShmMaxConns))
+	}
 	if err := c.Security.Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -221,3 +250,22 @@ const (
 
 // TransferOff as --transfer-addr disables the bulk transfer listener.
 const TransferOff = "off"
+
+// ShmUIDs parses --shm-allow-uids.
+func (c *Config) ShmUIDs() ([]uint32, error) {
+	var uids []uint32
+	for _, f := range strings.Split(c.ShmAllowUIDs, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		u, err := strconv.ParseUint(f, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("shm-allow-uids: %q is not a uid", f)
+		}
+		if len(uids) == 64 {
+			return nil, errors.New("shm-allow-uids: at most 64 uids")
+		}
+		uids = append(uids, uint32(u))
+	}
+	return uids, nil
+}

@@ -1,0 +1,478 @@
+package dataplane
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/xfer"
+	"github.com/crescent-kv/crescent/internal/xfer/shm"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Defaults for ShmConfig.
+const (
+	DefaultShmMaxConns        = 256
+	DefaultShmMaxConnsPerPeer = 64
+)
+
+// ShmConfig tunes the shared-memory listener (ServeShm).
+type ShmConfig struct {
+	// AllowUIDs are the uids besides the agent's own whose processes may
+	// connect (SO_PEERCRED); any other peer is answered PERMISSION_DENIED.
+	AllowUIDs []uint32
+	// MaxConns bounds the open connections (default 256), MaxConnsPerPeer
+	// those of one process (default 64).
+	MaxConns, MaxConnsPerPeer int
+	// IdleTimeout, IOTimeout, DrainTimeout and MaxItemsInFlight are the
+	// bulk transfer listener's (TransferConfig) when zero. IOTimeout also
+	// bounds how long a grant waits for its release.
+	IdleTimeout, IOTimeout, DrainTimeout time.Duration
+	MaxItemsInFlight                     int
+
+	// ownUID replaces the agent's uid in the peer check (tests).
+	ownUID *uint32
+}
+
+// shmServer is one ServeShm.
+type shmServer struct {
+	s    *Server
+	cfg  ShmConfig
+	segs []shm.Segment // the shared segments, in hello order
+	wg   sync.WaitGroup
+
+	mu      sync.Mutex // guards conns, perPeer, items, closing
+	conns   map[*shmConn]bool
+	perPeer map[int32]int
+	items   int
+	closing bool
+}
+
+// shmConn is one client connection.
+type shmConn struct {
+	uc   *net.UnixConn
+	pid  int32
+	br   *bufio.Reader
+	busy bool // guarded by shmServer.mu
+	hbuf []byte
+	wbuf []byte
+	hs   handles
+	offs []uint64
+}
+
+// ServeShm serves the shared-memory data path (internal/xfer/shm) on lis
+// until ctx ends: it checks each peer's credentials, hands it the memfds
+// of the shared memory segments (made by segment.NewSharedMemory; the
+// others are not shared, their items fail SEGMENT_NOT_FOUND), then grants
+// reads and writes under the same token, lease and bounds checks as the
+// bulk transfer listener. Shutdown is ServeTransfer's: lis closed, idle
+// connections closed, requests in progress given DrainTimeout.
+func (s *Server) ServeShm(ctx context.Context, lis *net.UnixListener, cfg ShmConfig) error {
+	t := &shmServer{s: s, cfg: cfg.withDefaults(s.cfg.Transfer), conns: map[*shmConn]bool{}, perPeer: map[int32]int{}}
+	for _, seg := range s.segs.All() {
+		if fd, size, ok, _ := seg.DupSharedFD(); ok {
+			// Only the size is wanted here; each connection gets a
+			// descriptor of its own (hello).
+			_ = unix.Close(fd)
+			t.segs = append(t.segs, shm.Segment{ID: seg.ID(), Size: size})
+		}
+	}
+	if len(t.segs) > shm.MaxSegments {
+		_ = lis.Close()
+		return fmt.Errorf("shm listener: %d memory segments to share, at most %d", len(t.segs), shm.MaxSegments)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = lis.Close() })
+	defer stop()
+	var err error
+	var delay time.Duration
+	for {
+		uc, aerr := lis.AcceptUnix()
+		if aerr != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			if temporary(aerr) {
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				s.lg.Warn("shm accept failed; retrying", "err", aerr, "delay", delay)
+				select {
+				case <-ctx.Done():
+				case <-time.After(delay):
+				}
+				continue
+			}
+			err = fmt.Errorf("shm listener: %w", aerr)
+			break
+		}
+		delay = 0
+		t.wg.Go(func() { t.serve(uc) })
+	}
+	_ = lis.Close()
+	t.shutdown()
+	return err
+}
+
+func (c ShmConfig) withDefaults(tc TransferConfig) ShmConfig {
+	if c.MaxConns <= 0 {
+		c.MaxConns = DefaultShmMaxConns
+	}
+	if c.MaxConnsPerPeer <= 0 {
+		c.MaxConnsPerPeer = DefaultShmMaxConnsPerPeer
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = tc.IdleTimeout
+	}
+	if c.IOTimeout <= 0 {
+		c.IOTimeout = tc.IOTimeout
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = tc.DrainTimeout
+	}
+	if c.MaxItemsInFlight <= 0 {
+		c.MaxItemsInFlight = tc.MaxItemsInFlight
+	}
+	c.MaxItemsInFlight = max(c.MaxItemsInFlight, xfer.MaxItems)
+	return c
+}
+
+// peer returns the credentials of uc's process.
+func peer(uc *net.UnixConn) (*unix.Ucred, error) {
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return nil, err
+	}
+	return cred, cerr
+}
+
+// admit checks the peer and the connection limits; the error answers a
+// refused peer.
+func (t *shmServer) admit(uc *net.UnixConn) (*shmConn, error) {
+	cred, err := peer(uc)
+	if err != nil {
+		return nil, status.Errorf(codes.PermissionDenied, "shm: peer credentials: %v", err)
+	}
+	own := uint32(os.Getuid())
+	if t.cfg.ownUID != nil {
+		own = *t.cfg.ownUID
+	}
+	if cred.Uid != own && !slices.Contains(t.cfg.AllowUIDs, cred.Uid) {
+		t.s.xferRefused.WithLabelValues("shm_peer").Inc()
+		return nil, status.Errorf(codes.PermissionDenied,
+			"shm: uid %d may not map this agent's segments (the agent's uid %d and --shm-allow-uids may)", cred.Uid, own)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case t.closing:
+		return nil, nil
+	case len(t.conns) >= t.cfg.MaxConns:
+		t.s.xferRefused.WithLabelValues("shm_max_connections").Inc()
+		return nil, errConnLimit("the agent holds its maximum of %d shared-memory connections", t.cfg.MaxConns)
+	case t.perPeer[cred.Pid] >= t.cfg.MaxConnsPerPeer:
+		t.s.xferRefused.WithLabelValues("shm_max_connections_per_peer").Inc()
+		return nil, errConnLimit("process %d holds the maximum of %d shared-memory connections", cred.Pid, t.cfg.MaxConnsPerPeer)
+	}
+	t.perPeer[cred.Pid]++
+	c := &shmConn{uc: uc, pid: cred.Pid}
+	t.conns[c] = false
+	return c, nil
+}
+
+func (t *shmServer) remove(c *shmConn) {
+	c.hs.close()
+	t.mu.Lock()
+	delete(t.conns, c)
+	if t.perPeer[c.pid]--; t.perPeer[c.pid] <= 0 {
+		delete(t.perPeer, c.pid)
+	}
+	t.mu.Unlock()
+	_ = c.uc.Close()
+}
+
+// setBusy marks c busy or idle; false when c should stop.
+func (t *shmServer) setBusy(c *shmConn, busy bool) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c.busy = busy
+	return busy || !t.closing
+}
+
+func (t *shmServer) shutdown() {
+	t.mu.Lock()
+	t.closing = true
+	for c := range t.conns {
+		if !c.busy {
+			_ = c.uc.Close()
+		}
+	}
+	t.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		t.wg.Wait()
+		close(done)
+	}()
+	timer := time.NewTimer(t.cfg.DrainTimeout)
+	defer timer.Stop()
+	select {
+	case <-done:
+		return
+	case <-timer.C:
+	}
+	t.mu.Lock()
+	for c := range t.conns {
+		_ = c.uc.Close()
+	}
+	t.mu.Unlock()
+	<-done
+}
+
+// refuse answers a refused connection or request with err (best effort,
+// within a second) and lets the caller close it.
+func (t *shmServer) refuse(uc *net.UnixConn, method string, err error) {
+	t.s.errs.WithLabelValues(method, rpcerr.Reason(err)).Inc()
+	b, merr := shm.AppendRefusal(nil, err)
+	if merr != nil {
+		return
+	}
+	_ = uc.SetWriteDeadline(time.Now().Add(min(lingerTime, t.cfg.IOTimeout)))
+	_, _ = uc.Write(b)
+}
+
+// serve runs one connection: peer check, preamble, hello, then requests.
+func (t *shmServer) serve(uc *net.UnixConn) {
+	c, err := t.admit(uc)
+	if c == nil {
+		if err != nil {
+			t.refuse(uc, "shm", err)
+			// Let the peer's preamble in, so that it reads the refusal
+			// rather than meeting a reset.
+			_ = uc.CloseWrite()
+			_ = uc.SetReadDeadline(time.Now().Add(min(lingerTime, t.cfg.IOTimeout)))
+			_, _ = io.CopyN(io.Discard, uc, 64<<10)
+		}
+		_ = uc.Close()
+		return
+	}
+	defer t.remove(c)
+	_ = uc.SetDeadline(time.Now().Add(t.cfg.IOTimeout))
+	var pre [len(shm.Preamble)]byte
+	if _, err := io.ReadFull(uc, pre[:]); err != nil {
+		return
+	}
+	if string(pre[:]) != shm.Preamble {
+		t.refuse(uc, "shm", errInvalid("not a shared-memory connection: preamble %q, want %q", pre[:], shm.Preamble))
+		return
+	}
+	if err := t.hello(c); err != nil {
+		t.s.lg.Debug("shm hello failed", "pid", c.pid, "err", err)
+		return
+	}
+	c.br = bufio.NewReaderSize(uc, 4096)
+	for {
+		if !t.setBusy(c, false) {
+			return
+		}
+		_ = uc.SetReadDeadline(time.Now().Add(t.cfg.IdleTimeout))
+		if _, err := c.br.Peek(1); err != nil {
+			return
+		}
+		t.setBusy(c, true)
+		_ = uc.SetDeadline(time.Now().Add(t.cfg.IOTimeout))
+		if err := t.request(c); err != nil {
+			t.s.lg.Debug("shm connection ended", "pid", c.pid, "err", err)
+			return
+		}
+	}
+}
+
+// hello sends the shared segments and their memfds in one sendmsg.
+func (t *shmServer) hello(c *shmConn) error {
+	b, err := shm.AppendHello(nil, t.segs)
+	if err != nil {
+		return err
+	}
+	fds := make([]int, 0, len(t.segs))
+	defer func() {
+		for _, fd := range fds {
+			_ = unix.Close(fd)
+		}
+	}()
+	for _, sg := range t.segs {
+		seg, ok := t.s.segs.Get(sg.ID)
+		var fd int
+		if ok {
+			fd, _, ok, err = seg.DupSharedFD()
+		}
+		if err != nil || !ok {
+			err = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE, "segment %s is closed", sg.ID)
+			t.refuse(c.uc, "shm", err)
+			return err
+		}
+		fds = append(fds, fd)
+	}
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	n, _, err := c.uc.WriteMsgUnix(b, oob, nil)
+	if err == nil && n < len(b) {
+		_, err = c.uc.Write(b[n:])
+	}
+	return err
+}
+
+// request serves one request: decode, open and check every item, send the
+// grant, wait for the release, close the allocations (and answer a WRITE's
+// release). An error ends the connection.
+func (t *shmServer) request(c *shmConn) error {
+	hdr, n, hbuf, err := xfer.ReadHeader(c.br, c.hbuf, xfer.MaxHeaderBytes)
+	c.hbuf = hbuf
+	if err != nil {
+		if errors.Is(err, xfer.ErrProtocol) {
+			t.refuse(c.uc, "shm", err)
+		}
+		return err
+	}
+	if len(hdr) == 0 {
+		err := errInvalid("a release without a grant")
+		t.refuse(c.uc, "shm", err)
+		return err
+	}
+	if !t.acquire(n) {
+		err := rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED,
+			"the agent serves its maximum of %d shared-memory items at once; retry later (or use the bulk path)", t.cfg.MaxItemsInFlight)
+		t.refuse(c.uc, "shm", err)
+		return err
+	}
+	defer t.release(n)
+	req := &agentv1.TransferRequest{}
+	if err = xfer.DecodeHeader(hdr, req); err == nil {
+		err = xfer.CheckRequest(req)
+	}
+	if err != nil {
+		t.refuse(c.uc, "shm", err)
+		return err
+	}
+	if cap(c.hbuf) > maxKeptHeader {
+		c.hbuf = nil
+	}
+	write := req.GetOp() == agentv1.TransferOp_TRANSFER_OP_WRITE
+	method := "shm_read"
+	if write {
+		method = "shm_write"
+	}
+	items := req.GetItems()
+	c.hs = reuse(&c.hs, len(items))
+	defer c.hs.close()
+	c.offs = reuse(&c.offs, len(items))
+	resp := &agentv1.TransferResponse{Results: make([]*agentv1.TransferResult, len(items))}
+	rs := make([]agentv1.TransferResult, len(items))
+	var total uint64
+	for i, it := range items {
+		r := &rs[i]
+		resp.Results[i] = r
+		h, length, off, err := t.open(it, write)
+		if err != nil {
+			t.s.errs.WithLabelValues(method, rpcerr.Reason(err)).Inc()
+			r.Status = xfer.ItemResult(err)
+			continue
+		}
+		c.hs[i], c.offs[i] = h, off
+		r.Length = length
+		total += length
+		if !write {
+			r.ObjectSize, r.Checksum = h.Size(), h.Checksum()
+		}
+	}
+	b, err := shm.AppendGrant(c.wbuf[:0], resp, c.offs)
+	if err != nil {
+		return err
+	}
+	if cap(b) <= maxKeptHeader {
+		c.wbuf = b
+	}
+	if _, err := c.uc.Write(b); err != nil {
+		return err
+	}
+	// The client copies now; the allocations stay open until its release.
+	_ = c.uc.SetReadDeadline(time.Now().Add(t.cfg.IOTimeout))
+	hdr, _, c.hbuf, err = xfer.ReadHeader(c.br, c.hbuf, xfer.MaxHeaderBytes)
+	if err == nil && len(hdr) != 0 {
+		err = errInvalid("a request before the release of the previous grant")
+		t.refuse(c.uc, "shm", err)
+	}
+	if err != nil {
+		return fmt.Errorf("waiting for the release of a grant: %w", err)
+	}
+	c.hs.close()
+	if write {
+		t.s.bytesIn.Add(float64(total))
+		_ = c.uc.SetWriteDeadline(time.Now().Add(t.cfg.IOTimeout))
+		_, err = c.uc.Write(shm.Release) // an empty TransferResponse: done
+		return err
+	}
+	t.s.bytesOut.Add(float64(total))
+	return nil
+}
+
+// open opens one item for the grant and returns its handle, length and
+// offset in the segment's mapping, under the checks of the bulk path
+// (openRange for reads; openWriteTo and CheckBounds for writes). Items of
+// segments not shared fail SEGMENT_NOT_FOUND before their token is looked
+// at, so the token check is never skipped for a granted item.
+func (t *shmServer) open(it *agentv1.TransferItem, write bool) (*segment.Handle, uint64, uint64, error) {
+	if !slices.ContainsFunc(t.segs, func(s shm.Segment) bool { return s.ID == it.GetSegmentId() }) {
+		return nil, 0, 0, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_NOT_FOUND,
+			"segment %q is not shared on this agent's shared-memory socket (not a memory segment, or not here): use the bulk path", it.GetSegmentId())
+	}
+	var h *segment.Handle
+	length := it.GetLength()
+	var err error
+	if write {
+		h = new(segment.Handle)
+		if err = t.s.openWriteTo(h, it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), t.s.now(), ""); err != nil {
+			return nil, 0, 0, err
+		}
+	} else if h, length, err = t.s.openRange(it, ""); err != nil {
+		return nil, 0, 0, err
+	}
+	off, err := h.MapOffset(it.GetOffset(), length)
+	if err != nil {
+		h.Close()
+		return nil, 0, 0, err
+	}
+	return h, length, off, nil
+}
+
+func (t *shmServer) acquire(n int) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.items+n > t.cfg.MaxItemsInFlight {
+		return false
+	}
+	t.items += n
+	return true
+}
+
+func (t *shmServer) release(n int) {
+	t.mu.Lock()
+	t.items -= n
+	t.mu.Unlock()
+}
