@@ -134,6 +134,12 @@ type Config struct {
 	// DataService, ignoring the bulk transfer endpoints they advertise
 	// (internal/xfer), which are otherwise preferred.
 	DisableTransfer bool
+	// SharedMemorySockets are the Unix sockets of the agents on this host
+	// that share their memory segments (crescent-agent --shm-socket): their
+	// replicas' bytes then move by memcpy through this process's mapping
+	// of the segment instead of the bulk TCP path, which stays the
+	// fallback (shm.go). Unused with DisableTransfer or BearerToken.
+	SharedMemorySockets []string
 	// TLS, when set, secures every connection the client makes: the
 	// master, the agents' DataService and their bulk transfer listeners.
 	// Each connection uses a clone whose server name, unless the
@@ -232,6 +238,8 @@ type shared struct {
 	// xfer pools connections to the agents' bulk transfer listeners; nil
 	// with Config.DisableTransfer.
 	xfer *xfer.Pool
+	// shm are the clients of Config.SharedMemorySockets (shm.go).
+	shm shmClients
 }
 
 // Client talks to one Crescent cluster. It is safe for concurrent use.
@@ -305,6 +313,7 @@ func New(_ context.Context, cfg Config) (*Client, error) {
 	}
 	if !cfg.DisableTransfer && cfg.BearerToken == "" {
 		s.xfer = xfer.NewPool(xfer.Config{MaxIdlePerEndpoint: cfg.MaxConcurrency, TLS: cfg.TLS})
+		s.shm = newShmClients(&cfg)
 	}
 	return &Client{s: s, tenant: cfg.Tenant}, nil
 }
@@ -337,7 +346,7 @@ func (c *Client) Close() error {
 		errs = append(errs, cc.Close())
 	}
 	if c.s.xfer != nil {
-		errs = append(errs, c.s.xfer.Close())
+		errs = append(errs, c.s.xfer.Close(), c.s.shm.close())
 	}
 	return errors.Join(errs...)
 }

@@ -30,3 +30,12 @@ func (c *Client) Queued(kind string) int {
 		"putstart": c.s.co.starts.queued, "putend": c.s.co.ends.queued,
 	}[kind]()
 }
+
+// ShmServed is how many items c read and wrote through shared memory.
+func ShmServed(c *Client) (reads, writes uint64) {
+	for _, sc := range c.s.shm {
+		r, w := sc.Served()
+		reads, writes = reads+r, writes+w
+	}
+	return reads, writes
+}

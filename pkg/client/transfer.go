@@ -44,7 +44,7 @@ func (c *Client) writeTransfer(ctx context.Context, ep string, d *masterv1.Repli
 			return err
 		}
 		buf = data[:0]
-		errs, err := c.s.xfer.Write(ctx, ep, []*agentv1.TransferItem{transferItem(d, off)}, [][]byte{data})
+		errs, err := c.xferWrite(ctx, ep, []*agentv1.TransferItem{transferItem(d, off)}, [][]byte{data})
 		if err != nil {
 			return err
 		}
@@ -74,7 +74,7 @@ func (c *Client) readTransfer(ctx context.Context, ep string, d *masterv1.Replic
 			}
 			p = buf[:n]
 		}
-		res, err := c.s.xfer.Read(ctx, ep, []*agentv1.TransferItem{transferItem(d, off)}, [][]byte{p})
+		res, err := c.xferRead(ctx, ep, []*agentv1.TransferItem{transferItem(d, off)}, [][]byte{p})
 		if err != nil {
 			return err
 		}
@@ -103,7 +103,7 @@ func (c *Client) batchWriteTransfer(ctx context.Context, ep string, chunk []writ
 		items[k] = transferItem(w.desc, 0)
 		src[k] = w.data
 	}
-	errs, err := c.s.xfer.Write(ctx, ep, items, src)
+	errs, err := c.xferWrite(ctx, ep, items, src)
 	for k, w := range chunk {
 		switch {
 		case err != nil:
@@ -141,7 +141,7 @@ func (c *Client) batchReadTransfer(ctx context.Context, ep string, chunk []read,
 		dst[k] = slab[off : off+n : off+n]
 		off += n
 	}
-	res, err := c.s.xfer.Read(ctx, ep, items, dst)
+	res, err := c.xferRead(ctx, ep, items, dst)
 	if err != nil {
 		return chunk
 	}

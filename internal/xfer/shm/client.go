@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
@@ -63,7 +64,14 @@ type Client struct {
 	dialing bool
 	closed  bool
 	lastErr error
+
+	// Items granted and copied, by direction (Served).
+	reads, writes atomic.Uint64
 }
+
+// Served is how many items this client has read and written through
+// shared memory.
+func (c *Client) Served() (reads, writes uint64) { return c.reads.Load(), c.writes.Load() }
 
 // mapping is this process's mapping of one shared segment, unmapped when
 // the last connection whose hello shared it closes.
@@ -476,6 +484,7 @@ func (c *Client) read(cn *conn, items []*agentv1.TransferItem, dst [][]byte, res
 	if _, err := cn.uc.Write(Release); err != nil {
 		return unavailable(c.cfg.Path, err)
 	}
+	c.reads.Add(uint64(len(items)))
 	return nil
 }
 
@@ -510,6 +519,7 @@ func (c *Client) write(cn *conn, items []*agentv1.TransferItem, src [][]byte, er
 	case err != nil:
 		return unavailable(c.cfg.Path, err)
 	}
+	c.writes.Add(uint64(len(items)))
 	return nil
 }
 

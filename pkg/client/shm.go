@@ -1,0 +1,151 @@
+package client
+
+import (
+	"context"
+	"errors"
+
+	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
+	"github.com/crescent-kv/crescent/internal/xfer"
+	"github.com/crescent-kv/crescent/internal/xfer/shm"
+)
+
+// The same-host shared-memory path (internal/xfer/shm). Config's
+// SharedMemorySockets names the Unix sockets of the agents on this host
+// (crescent-agent --shm-socket). Each socket's agent tells which segments
+// it shares (its memory segments, by id) when the client first connects;
+// from then on a replica on one of them moves by memcpy through the
+// client's mapping of the segment, with the same tokens and checksums, and
+// every other replica (a remote agent's, a disk segment's) on the bulk TCP
+// path. A socket that is absent or refuses this process is left alone for a
+// few seconds (shm.Config.RetryAfter) and its replicas go over TCP, as do
+// the items of a shared-memory call that fails for another reason than
+// the items themselves.
+//
+// The sockets are configured rather than advertised by the master: a
+// socket path means something only on its own host, so the master would
+// have to carry host-local paths in every replica descriptor for the SDK to
+// compare against its own host anyway; segment ids (fresh UUIDs for memory
+// segments) already say, without any master change, whether a replica
+// lives behind a local socket.
+
+// shmClients are the clients of the configured sockets.
+type shmClients []*shm.Client
+
+func newShmClients(cfg *Config) shmClients {
+	var cs shmClients
+	for _, p := range cfg.SharedMemorySockets {
+		if p != "" {
+			cs = append(cs, shm.New(shm.Config{Path: p, MaxIdle: cfg.MaxConcurrency}))
+		}
+	}
+	return cs
+}
+
+func (cs shmClients) close() error {
+	var errs []error
+	for _, c := range cs {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// shmFor is the client of the local agent sharing segment id, or nil.
+func (c *Client) shmFor(ctx context.Context, id string) *shm.Client {
+	for _, sc := range c.s.shm {
+		if sc.Has(ctx, id) {
+			return sc
+		}
+	}
+	return nil
+}
+
+// shmSplit partitions items between one shared-memory client (the items of
+// segments it shares, in order) and the bulk path (the rest). sc is nil
+// when no item can use shared memory.
+func (c *Client) shmSplit(ctx context.Context, items []*agentv1.TransferItem) (sc *shm.Client, local, remote []int) {
+	if len(c.s.shm) == 0 {
+		return nil, nil, nil
+	}
+	for i, it := range items {
+		s := c.shmFor(ctx, it.GetSegmentId())
+		if s != nil && (sc == nil || s == sc) {
+			sc = s
+			local = append(local, i)
+			continue
+		}
+		remote = append(remote, i)
+	}
+	return sc, local, remote
+}
+
+func pick[T any](all []T, idx []int) []T {
+	out := make([]T, len(idx))
+	for k, i := range idx {
+		out[k] = all[i]
+	}
+	return out
+}
+
+// xferWrite is c.s.xfer.Write through shared memory where the agent shares
+// the items' segments.
+func (c *Client) xferWrite(ctx context.Context, ep string, items []*agentv1.TransferItem, src [][]byte) ([]error, error) {
+	sc, local, remote := c.shmSplit(ctx, items)
+	if sc == nil {
+		return c.s.xfer.Write(ctx, ep, items, src)
+	}
+	errs := make([]error, len(items))
+	lerrs, err := sc.Write(ctx, pick(items, local), pick(src, local))
+	switch {
+	case err == nil:
+		for k, i := range local {
+			errs[i] = lerrs[k]
+		}
+	case ctx.Err() != nil:
+		return nil, err
+	default:
+		// The shared-memory path failed as a whole: its items go over TCP
+		// (a write is idempotent until its seal).
+		remote = append(remote, local...)
+	}
+	if len(remote) > 0 {
+		rerrs, err := c.s.xfer.Write(ctx, ep, pick(items, remote), pick(src, remote))
+		if err != nil {
+			return nil, err
+		}
+		for k, i := range remote {
+			errs[i] = rerrs[k]
+		}
+	}
+	return errs, nil
+}
+
+// xferRead is c.s.xfer.Read through shared memory where the agent shares
+// the items' segments. The callers verify the checksums, whichever path.
+func (c *Client) xferRead(ctx context.Context, ep string, items []*agentv1.TransferItem, dst [][]byte) ([]xfer.ReadResult, error) {
+	sc, local, remote := c.shmSplit(ctx, items)
+	if sc == nil {
+		return c.s.xfer.Read(ctx, ep, items, dst)
+	}
+	res := make([]xfer.ReadResult, len(items))
+	lres, err := sc.Read(ctx, pick(items, local), pick(dst, local))
+	switch {
+	case err == nil:
+		for k, i := range local {
+			res[i] = lres[k]
+		}
+	case ctx.Err() != nil:
+		return nil, err
+	default:
+		remote = append(remote, local...)
+	}
+	if len(remote) > 0 {
+		rres, err := c.s.xfer.Read(ctx, ep, pick(items, remote), pick(dst, remote))
+		if err != nil {
+			return nil, err
+		}
+		for k, i := range remote {
+			res[i] = rres[k]
+		}
+	}
+	return res, nil
+}

@@ -1,0 +1,104 @@
+package client_test
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	agentapp "github.com/crescent-kv/crescent/internal/agent/app"
+	"github.com/crescent-kv/crescent/internal/testcluster"
+	"github.com/crescent-kv/crescent/pkg/client"
+)
+
+// shmSocket is a short socket path (Unix socket paths are limited to about
+// 100 bytes: not under t.TempDir's long names).
+func shmSocket(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "crescent-shm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return filepath.Join(dir, "agent.sock")
+}
+
+// TestSharedMemoryPath: agent 0 shares its memory over a Unix socket, agent
+// 1 does not (a "remote" agent as far as the client can tell). Puts and gets
+// of replicas on agent 0 move through shared memory, those on agent 1 over
+// TCP, single and batch calls alike, and every byte comes back.
+func TestSharedMemoryPath(t *testing.T) {
+	sock := shmSocket(t)
+	h := start(t, testcluster.Options{Agents: 2, AgentMemory: 64 << 20, Agent: func(i int, c *agentapp.Config) {
+		if i == 0 {
+			c.ShmSocket = sock
+		}
+	}})
+	c := h.client(t, client.Config{SharedMemorySockets: []string{sock}})
+	ctx := t.Context()
+	want := map[string][]byte{}
+	for i := range 16 {
+		key := fmt.Sprintf("shm/single-%d", i)
+		want[key] = bytes.Repeat([]byte{byte(i)}, 1<<20+i)
+		if err := c.Put(ctx, key, want[key]); err != nil {
+			t.Fatalf("Put %s: %v", key, err)
+		}
+	}
+	var items []client.Item
+	var keys []string
+	for i := range 32 {
+		key := fmt.Sprintf("shm/batch-%d", i)
+		want[key] = bytes.Repeat([]byte{byte(i + 100)}, 4096+i)
+		items = append(items, client.Item{Key: key, Data: want[key]})
+		keys = append(keys, key)
+	}
+	for i, err := range c.BatchPut(ctx, items) {
+		if err != nil {
+			t.Fatalf("BatchPut %d: %v", i, err)
+		}
+	}
+	for key, data := range want {
+		got, err := c.Get(ctx, key)
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("Get %s: %d bytes, %v", key, len(got), err)
+		}
+	}
+	got, errs := c.BatchGet(ctx, keys)
+	for i, err := range errs {
+		if err != nil || !bytes.Equal(got[i], want[keys[i]]) {
+			t.Fatalf("BatchGet %s: %v", keys[i], err)
+		}
+	}
+	reads, writes := client.ShmServed(c)
+	if reads == 0 || writes == 0 {
+		t.Fatalf("shared memory served %d reads and %d writes: the local agent's replicas did not use it", reads, writes)
+	}
+	// Agent 1's replicas went over TCP: fewer items than all of them
+	// moved through shared memory (the master spreads 48 objects over two
+	// agents).
+	if reads >= uint64(2*len(want)) {
+		t.Fatalf("shared memory served %d reads of %d: agent 1's replicas too?", reads, 2*len(want))
+	}
+	t.Logf("shared memory: %d reads, %d writes of %d objects (read twice)", reads, writes, len(want))
+}
+
+// TestSharedMemoryFallback: a socket that is absent, or whose agent is
+// gone, leaves every byte on the bulk TCP path.
+func TestSharedMemoryFallback(t *testing.T) {
+	h := start(t, testcluster.Options{Agents: 1})
+	absent := filepath.Join(os.TempDir(), "crescent-no-such-agent.sock")
+	c := h.client(t, client.Config{SharedMemorySockets: []string{absent}})
+	ctx := t.Context()
+	data := bytes.Repeat([]byte("x"), 1<<20)
+	if err := c.Put(ctx, "fallback", data); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Get(ctx, "fallback")
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("Get: %v", err)
+	}
+	if r, w := client.ShmServed(c); r != 0 || w != 0 {
+		t.Fatalf("shared memory served %d reads, %d writes through an absent socket", r, w)
+	}
+}
