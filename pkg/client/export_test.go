@@ -39,3 +39,14 @@ func ShmServed(c *Client) (reads, writes uint64) {
 	}
 	return reads, writes
 }
+
+// ReadPath returns a function that reads key's replicas into buf the way a
+// get does once it holds the replica list (the data path and the checksum,
+// without the master's lookup). The list is fetched now.
+func ReadPath(c *Client, ctx context.Context, key string, buf []byte) (func() error, error) {
+	rl, err := c.replicaList(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return func() error { return c.readAny(ctx, rl, rl.GetReplicas(), buf[:rl.GetSize()]) }, nil
+}

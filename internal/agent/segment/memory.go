@@ -63,8 +63,9 @@ func NewMemory(name string, size uint64) (*Segment, error) {
 // against shrinking and growing: a client holding it cannot truncate it
 // under the agent's mapping (which would make the agent's next access
 // fault). Only an agent with the shared-memory listener on makes these:
-// first touches of shmem pages cost more than anonymous ones
-// (BENCHMARKS.md), so the others keep anonymous memory.
+// prefaulting shmem pages takes 5-10 % longer than anonymous ones
+// (BENCHMARKS.md, "Same-host shared memory"), so the others keep anonymous
+// memory.
 func NewSharedMemory(name string, size uint64) (*Segment, error) {
 	return newMemory(name, size, true)
 }
