@@ -3,13 +3,18 @@ package client_test
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	agentapp "github.com/crescent-kv/crescent/internal/agent/app"
 	"github.com/crescent-kv/crescent/internal/testcluster"
+	"github.com/crescent-kv/crescent/internal/xfer/shm"
 	"github.com/crescent-kv/crescent/pkg/client"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // shmSocket is a short socket path (Unix socket paths are limited to about
@@ -100,5 +105,48 @@ func TestSharedMemoryFallback(t *testing.T) {
 	}
 	if r, w := client.ShmServed(c); r != 0 || w != 0 {
 		t.Fatalf("shared memory served %d reads, %d writes through an absent socket", r, w)
+	}
+}
+
+// TestSharedMemoryRefusedPeer: a socket whose agent refuses this process
+// (its peer check: another uid) leaves every byte on the bulk TCP path.
+// The refusing side here is a stand-in that answers every connection the
+// way the agent answers a peer of another uid.
+func TestSharedMemoryRefusedPeer(t *testing.T) {
+	sock := shmSocket(t)
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusal, err := shm.AppendRefusal(nil, status.Errorf(codes.PermissionDenied, "shm: uid %d may not map this agent's segments", os.Getuid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write(refusal)
+			_ = c.Close()
+		}
+	})
+	defer wg.Wait()
+	defer lis.Close()
+	h := start(t, testcluster.Options{Agents: 1})
+	c := h.client(t, client.Config{SharedMemorySockets: []string{sock}})
+	ctx := t.Context()
+	data := bytes.Repeat([]byte("r"), 1<<20)
+	if err := c.Put(ctx, "refused", data); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Get(ctx, "refused")
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("Get: %v", err)
+	}
+	if r, w := client.ShmServed(c); r != 0 || w != 0 {
+		t.Fatalf("shared memory served %d reads, %d writes through a refusing socket", r, w)
 	}
 }
