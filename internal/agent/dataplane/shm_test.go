@@ -388,3 +388,35 @@ func unixParse(oob []byte) ([]int, error) {
 }
 
 func closeFD(fd int) error { return unix.Close(fd) }
+
+// FuzzShmRequests sends arbitrary bytes after the hello to a real
+// shared-memory listener: whatever they are, the agent answers or closes
+// the connection within its I/O timeout and never panics (the race
+// detector and goleak watch the rest).
+func FuzzShmRequests(f *testing.F) {
+	e := startShm(f, ShmConfig{IOTimeout: 200 * time.Millisecond})
+	id := e.reserve(f, e.shared, 64)
+	it := e.item(e.shared, id, token.Write)
+	it.Length = 64
+	req, _ := xfer.AppendFrame(nil, &agentv1.TransferRequest{Op: agentv1.TransferOp_TRANSFER_OP_WRITE, Items: []*agentv1.TransferItem{it}})
+	f.Add(append(append([]byte{}, req...), shm.Release...))
+	f.Add(req)
+	f.Add(shm.Release)
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := net.Dial("unix", e.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		uc := c.(*net.UnixConn)
+		_ = uc.SetDeadline(time.Now().Add(5 * time.Second))
+		r := &rawShm{t: t, uc: uc}
+		if _, err := r.hello(); err != nil {
+			t.Fatal(err)
+		}
+		_, _ = uc.Write(b)
+		_ = uc.CloseWrite()
+		_, _ = io.Copy(io.Discard, uc) // until the agent closes
+	})
+}
