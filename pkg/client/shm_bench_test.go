@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	agentapp "github.com/crescent-kv/crescent/internal/agent/app"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/testcluster"
 	"github.com/crescent-kv/crescent/pkg/client"
 )
@@ -19,7 +19,7 @@ import (
 // plain 1 MiB memcpy (issue 18's baseline), on one in-process cluster whose
 // agent shares its (prefaulted) memory. One goroutine, one call at a time.
 // Reported, as GB/s and as ratios to memcpy: memcpy (copy() of 1 MiB
-// between two warm buffers); memcpy+xxh (the same plus xxhash64 of the
+// between two warm buffers); memcpy+xxh (the same plus the object checksum, XXH3-64, of the
 // copy, the floor of any get that verifies the checksum, as every SDK get
 // does); shm-read and tcp-read (the data path of a get once the replica
 // list is held: request, copy, checksum verification); shm-get and tcp-get
@@ -59,7 +59,7 @@ func BenchmarkSharedMemory(b *testing.B) {
 	reads := make([]func() error, 2)
 	for i := 0; b.Loop(); i++ {
 		timed(0, func() error { copy(dst, src); return nil })
-		timed(1, func() error { copy(dst, src); sink += xxhash.Sum64(dst); return nil })
+		timed(1, func() error { copy(dst, src); sink += checksum.Sum(dst); return nil })
 		for k, c := range []*client.Client{viaShm, viaTCP} {
 			if i%64 == 0 {
 				// A replica list (and its tokens) serves 64 reads, so

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/token"
 )
 
@@ -26,7 +26,7 @@ func BenchmarkShmRead(b *testing.B) {
 			if errs, err := e.client.Write(b.Context(), []*agentv1.TransferItem{e.item(e.shared, id, token.Write)}, [][]byte{data}); err != nil || errs[0] != nil {
 				b.Fatal(errs, err)
 			}
-			if err := e.shared.Seal([]segment.SealArg{{ID: id, Checksum: xxhash.Sum64(data)}}, now)[0]; err != nil {
+			if err := e.shared.Seal([]segment.SealArg{{ID: id, Checksum: checksum.Sum(data)}}, now)[0]; err != nil {
 				b.Fatal(err)
 			}
 			dst := make([]byte, size)

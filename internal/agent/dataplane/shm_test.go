@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/internal/token"
@@ -115,7 +115,7 @@ func TestShmRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, r := range res {
-		if r.Err != nil || r.N != sizes[i] || r.ObjectSize != uint64(sizes[i]) || r.Checksum != xxhash.Sum64(data[i]) || !bytes.Equal(dst[i], data[i]) {
+		if r.Err != nil || r.N != sizes[i] || r.ObjectSize != uint64(sizes[i]) || r.Checksum != checksum.Sum(data[i]) || !bytes.Equal(dst[i], data[i]) {
 			t.Fatalf("read item %d: %+v, equal %v", i, r, bytes.Equal(dst[i], data[i]))
 		}
 	}
@@ -153,7 +153,7 @@ func TestShmChecksAsTheBulkPath(t *testing.T) {
 		}
 	}
 	// Seal verifies the bytes in the mapping: a wrong checksum is refused.
-	if err := e.shared.Seal([]segment.SealArg{{ID: id, Checksum: xxhash.Sum64(data) + 1}}, now)[0]; rpcerr.Reason(err) != "CHECKSUM_MISMATCH" {
+	if err := e.shared.Seal([]segment.SealArg{{ID: id, Checksum: checksum.Sum(data) + 1}}, now)[0]; rpcerr.Reason(err) != "CHECKSUM_MISMATCH" {
 		t.Fatalf("Seal with a wrong checksum = %v", err)
 	}
 	// Reads need SEALED, and a read token.
@@ -244,7 +244,7 @@ func TestShmGrantHoldsTheAllocation(t *testing.T) {
 		t.Fatalf("grant = %v, %v", resp, err)
 	}
 	// Granted and not released: the write is open, Seal must wait.
-	if err := e.shared.Seal([]segment.SealArg{{ID: id, Checksum: xxhash.Sum64(make([]byte, 100))}}, now)[0]; err == nil {
+	if err := e.shared.Seal([]segment.SealArg{{ID: id, Checksum: checksum.Sum(make([]byte, 100))}}, now)[0]; err == nil {
 		t.Fatal("Seal during a write grant succeeded")
 	}
 	// No release within IOTimeout: the agent ends the connection and the
@@ -255,7 +255,7 @@ func TestShmGrantHoldsTheAllocation(t *testing.T) {
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		err := e.shared.Seal([]segment.SealArg{{ID: id, Checksum: xxhash.Sum64(make([]byte, 100))}}, now)[0]
+		err := e.shared.Seal([]segment.SealArg{{ID: id, Checksum: checksum.Sum(make([]byte, 100))}}, now)[0]
 		if err == nil {
 			break
 		}
