@@ -63,9 +63,10 @@ func NewMemory(name string, size uint64) (*Segment, error) {
 // against shrinking and growing: a client holding it cannot truncate it
 // under the agent's mapping (which would make the agent's next access
 // fault). Only an agent with the shared-memory listener on makes these:
-// prefaulting shmem pages takes 5-10 % longer than anonymous ones
-// (BENCHMARKS.md, "Same-host shared memory"), so the others keep anonymous
-// memory.
+// shmem gets huge pages only where the host's shmem_enabled allows them,
+// and on 4 KiB pages prefault is 13-44 times slower than on anonymous huge
+// pages (BENCHMARKS.md, "Same-host shared memory"), so the others keep
+// anonymous memory.
 func NewSharedMemory(name string, size uint64) (*Segment, error) {
 	return newMemory(name, size, true)
 }
