@@ -40,6 +40,8 @@ def main() -> int:
     ap.add_argument("--duration", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--crescentctl", default=os.path.join(REPO, "bin", "crescentctl"))
+    ap.add_argument("--processes", type=int, default=1,
+                    help="Python's workers in this many processes (bench.py --processes); Go's stay in one")
     ap.add_argument("--only", default="", help="run only the cases whose name contains this (e.g. '1 MiB')")
     a = ap.parse_args()
     print(f"| case | run | Go | Python | Python/Go |\n|---|---|---|---|---|")
@@ -51,7 +53,7 @@ def main() -> int:
             common = ["--mode", mode, "--batch", str(batch), "--concurrency", str(a.concurrency), "--keys", str(keys)]
             go = run([a.crescentctl, "--master", a.master, "bench", "--size", str(size), "--duration", f"{a.duration}s", "-o", "json"] + common)
             py = run([sys.executable, os.path.join(HERE, "bench.py"), "--master", a.master, "--size", str(size),
-                      "--duration", str(a.duration)] + common)
+                      "--duration", str(a.duration), "--processes", str(a.processes)] + common)
             for res in (go, py):
                 if res.get("errors"):
                     print(f"warning: {name} run {r}: {res['errors']} failed calls: {res.get('first_error')}", file=sys.stderr)
