@@ -223,24 +223,13 @@ func (t *shmServer) shutdown() {
 		}
 	}
 	t.mu.Unlock()
-	done := make(chan struct{})
-	go func() {
-		t.wg.Wait()
-		close(done)
-	}()
-	timer := time.NewTimer(t.cfg.DrainTimeout)
-	defer timer.Stop()
-	select {
-	case <-done:
-		return
-	case <-timer.C:
-	}
-	t.mu.Lock()
-	for c := range t.conns {
-		_ = c.uc.Close()
-	}
-	t.mu.Unlock()
-	<-done
+	drain(&t.wg, t.cfg.DrainTimeout, func() {
+		t.mu.Lock()
+		for c := range t.conns {
+			_ = c.uc.Close()
+		}
+		t.mu.Unlock()
+	})
 }
 
 // refuse answers a refused connection or request with err (best effort,

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"sync"
 	"syscall"
 	"time"
 
@@ -136,25 +137,34 @@ func (t *transferServer) shutdown() {
 		}
 	}
 	t.mu.Unlock()
+	drain(&t.wg, t.cfg.DrainTimeout, func() {
+		t.mu.Lock()
+		n := len(t.conns)
+		for c := range t.conns {
+			_ = c.nc.Close()
+		}
+		t.mu.Unlock()
+		t.s.lg.Warn("transfer requests still running at shutdown were cut", "connections", n, "drain_timeout", t.cfg.DrainTimeout)
+	})
+}
+
+// drain waits for wg; if it is still waiting after timeout, it calls cut
+// (which closes the connections left) and waits for wg again. The bulk
+// transfer and the shared-memory listeners shut down this way.
+func drain(wg *sync.WaitGroup, timeout time.Duration, cut func()) {
 	done := make(chan struct{})
 	go func() {
-		t.wg.Wait()
+		wg.Wait()
 		close(done)
 	}()
-	timer := time.NewTimer(t.cfg.DrainTimeout)
+	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	select {
 	case <-done:
 		return
 	case <-timer.C:
 	}
-	t.mu.Lock()
-	n := len(t.conns)
-	for c := range t.conns {
-		_ = c.nc.Close()
-	}
-	t.mu.Unlock()
-	t.s.lg.Warn("transfer requests still running at shutdown were cut", "connections", n, "drain_timeout", t.cfg.DrainTimeout)
+	cut()
 	<-done
 }
 
