@@ -367,6 +367,26 @@ func fill(errs []error, err error) []error {
 	return errs
 }
 
+// perItem turns a batch RPC's answer into its items' answers, as the
+// single RPC would have given them: the call's error for every item (also
+// when the master answered a wrong number of results), else each result's
+// status (itemError) and, where it is OK, answer(result).
+func perItem[Res, R any](n int, results []Res, err error, status func(Res) *masterv1.ItemStatus, answer func(Res) R) ([]R, []error) {
+	out, errs := make([]R, n), make([]error, n)
+	if err == nil {
+		err = answered(len(results), n)
+	}
+	if err != nil {
+		return out, fill(errs, rpcerr.FromStatus(err))
+	}
+	for i, res := range results {
+		if errs[i] = itemError(status(res)); errs[i] == nil {
+			out[i] = answer(res)
+		}
+	}
+	return out, errs
+}
+
 // answered checks that a batch response has one result per item.
 func answered(got, want int) error {
 	if got != want {
@@ -429,20 +449,9 @@ func newCoalescers(s *shared) *coalescers {
 			return r, rpcerr.FromStatus(err)
 		},
 		func(ctx context.Context, qs []*masterv1.GetReplicaListRequest) ([]*masterv1.GetReplicaListResponse, []error) {
-			out, errs := make([]*masterv1.GetReplicaListResponse, len(qs)), make([]error, len(qs))
 			r, err := objects().BatchGetReplicaList(ctx, &masterv1.BatchGetReplicaListRequest{Items: qs})
-			if err == nil {
-				err = answered(len(r.GetResults()), len(qs))
-			}
-			if err != nil {
-				return out, fill(errs, rpcerr.FromStatus(err))
-			}
-			for i, res := range r.GetResults() {
-				if errs[i] = itemError(res.GetStatus()); errs[i] == nil {
-					out[i] = res.GetReplicaList()
-				}
-			}
-			return out, errs
+			return perItem(len(qs), r.GetResults(), err, (*masterv1.GetReplicaListResult).GetStatus,
+				(*masterv1.GetReplicaListResult).GetReplicaList)
 		})
 
 	cs.starts = newCoalescer(&s.cfg, masterBatch, (*masterv1.PutStartRequest).GetTenant,
@@ -451,20 +460,11 @@ func newCoalescers(s *shared) *coalescers {
 			return r, rpcerr.FromStatus(err)
 		},
 		func(ctx context.Context, qs []*masterv1.PutStartRequest) ([]*masterv1.PutStartResponse, []error) {
-			out, errs := make([]*masterv1.PutStartResponse, len(qs)), make([]error, len(qs))
 			r, err := objects().BatchPutStart(ctx, &masterv1.BatchPutStartRequest{Items: qs})
-			if err == nil {
-				err = answered(len(r.GetResults()), len(qs))
-			}
-			if err != nil {
-				return out, fill(errs, rpcerr.FromStatus(err))
-			}
-			for i, res := range r.GetResults() {
-				if errs[i] = itemError(res.GetStatus()); errs[i] == nil {
-					out[i] = &masterv1.PutStartResponse{Replicas: res.GetReplicas()}
-				}
-			}
-			return out, errs
+			return perItem(len(qs), r.GetResults(), err, (*masterv1.PutStartResult).GetStatus,
+				func(res *masterv1.PutStartResult) *masterv1.PutStartResponse {
+					return &masterv1.PutStartResponse{Replicas: res.GetReplicas()}
+				})
 		})
 	// A put started for a caller that gave up is revoked, as the single
 	// call's caller revokes it (putOnce).
@@ -489,20 +489,9 @@ func newCoalescers(s *shared) *coalescers {
 			return r, rpcerr.FromStatus(err)
 		},
 		func(ctx context.Context, qs []*masterv1.PutEndRequest) ([]*masterv1.PutEndResponse, []error) {
-			out, errs := make([]*masterv1.PutEndResponse, len(qs)), make([]error, len(qs))
 			r, err := objects().BatchPutEnd(ctx, &masterv1.BatchPutEndRequest{Items: qs})
-			if err == nil {
-				err = answered(len(r.GetResults()), len(qs))
-			}
-			if err != nil {
-				return out, fill(errs, rpcerr.FromStatus(err))
-			}
-			for i, st := range r.GetResults() {
-				if errs[i] = itemError(st); errs[i] == nil {
-					out[i] = &masterv1.PutEndResponse{}
-				}
-			}
-			return out, errs
+			return perItem(len(qs), r.GetResults(), err, func(st *masterv1.ItemStatus) *masterv1.ItemStatus { return st },
+				func(*masterv1.ItemStatus) *masterv1.PutEndResponse { return &masterv1.PutEndResponse{} })
 		})
 	return cs
 }
