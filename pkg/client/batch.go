@@ -353,7 +353,21 @@ type read struct {
 	// dst is the caller's buffer (BatchGetInto), sized to the object; nil
 	// lets the read allocate.
 	dst []byte
+	// err is why the read of the first replica failed (set on the reads
+	// batchReadChunk returns).
+	err error
 }
+
+// failedWith returns r with the failure of its first replica, err.
+func (r read) failedWith(err error) read {
+	d := r.rl.GetReplicas()[0]
+	r.err = fmt.Errorf("replica %d on %s: %w", d.GetReplicaId(), d.GetDataEndpoint(), err)
+	return r
+}
+
+// errChecksum is the failure of a replica whose bytes do not match the
+// object checksum.
+var errChecksum = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "checksum mismatch")
 
 // buf returns where r's bytes go: the caller's buffer or a new one.
 func (r *read) buf() []byte {
@@ -442,12 +456,19 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 	var fallbacks []func()
 	for _, r := range retry {
 		fallbacks = append(fallbacks, func() {
-			buf := r.buf()
-			if err := c.readAny(ctx, r.rl, r.rl.GetReplicas()[1:], buf); err != nil {
-				errs[r.item] = fmt.Errorf("get %q: %w", keys[r.item], err)
-				return
+			err := r.err
+			if rest := r.rl.GetReplicas()[1:]; len(rest) > 0 {
+				buf := r.buf()
+				ferr := c.readAny(ctx, r.rl, rest, buf)
+				if ferr == nil {
+					out[r.item] = buf
+					return
+				}
+				err = errors.Join(err, ferr)
 			}
-			out[r.item] = buf
+			// The first replica's own failure (a checksum mismatch, an
+			// agent that is down), not "no readable replica".
+			errs[r.item] = fmt.Errorf("get %q: %w", keys[r.item], err)
 		})
 	}
 	c.runBounded(fallbacks)
@@ -461,7 +482,7 @@ func (c *Client) batchReadChunk(ctx context.Context, rt route, chunk []read, out
 	}
 	dc, err := c.agent(rt.endpoint)
 	if err != nil {
-		return chunk
+		return failAll(chunk, err)
 	}
 	req := &agentv1.BatchReadRequest{Items: make([]*agentv1.BatchReadItem, len(chunk))}
 	for k, r := range chunk {
@@ -469,21 +490,40 @@ func (c *Client) batchReadChunk(ctx context.Context, rt route, chunk []read, out
 		req.Items[k] = &agentv1.BatchReadItem{SegmentId: d.GetSegmentId(), AllocationId: d.GetAllocationId(), Token: d.GetToken()}
 	}
 	resp, err := dc.BatchRead(ctx, req)
-	if err != nil || len(resp.GetResults()) != len(chunk) {
-		return chunk
+	if err != nil {
+		return failAll(chunk, rpcerr.FromStatus(err))
+	}
+	if len(resp.GetResults()) != len(chunk) {
+		return failAll(chunk, fmt.Errorf("agent %s answered %d results for %d items", rt.endpoint, len(resp.GetResults()), len(chunk)))
 	}
 	var failed []read
 	for k, res := range resp.GetResults() {
 		r := chunk[k]
 		data := res.GetData()
-		if itemErr(res.GetStatus()) != nil || uint64(len(data)) != r.rl.GetSize() || checksum.Sum(data) != r.rl.GetChecksum() {
-			failed = append(failed, r)
+		switch err := itemErr(res.GetStatus()); {
+		case err != nil:
+			failed = append(failed, r.failedWith(err))
+			continue
+		case uint64(len(data)) != r.rl.GetSize():
+			failed = append(failed, r.failedWith(fmt.Errorf("%d bytes of a %d-byte object", len(data), r.rl.GetSize())))
+			continue
+		case checksum.Sum(data) != r.rl.GetChecksum():
+			failed = append(failed, r.failedWith(errChecksum))
 			continue
 		}
 		if r.dst != nil {
 			data = r.dst[:copy(r.dst, data)]
 		}
 		out[r.item] = data
+	}
+	return failed
+}
+
+// failAll returns chunk's reads, each failed with err.
+func failAll(chunk []read, err error) []read {
+	failed := make([]read, len(chunk))
+	for k, r := range chunk {
+		failed[k] = r.failedWith(err)
 	}
 	return failed
 }

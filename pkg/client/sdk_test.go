@@ -668,8 +668,8 @@ func TestBatchFallsBack(t *testing.T) {
 		heal = h.failAgents(t, 0)
 		check("agent 0 failing")
 		corrupt("k3", "host-1")
-		if _, errs := c.BatchGet(ctx, keys); errs[3] == nil {
-			t.Fatal("BatchGet of an object with no good replica succeeded")
+		if _, errs := c.BatchGet(ctx, keys); !errors.Is(errs[3], client.ErrChecksum) {
+			t.Fatalf("BatchGet of an object with no good replica: %v, want ErrChecksum", errs[3])
 		}
 		corrupt("k3", "host-1") // heal it
 		heal()
@@ -678,6 +678,16 @@ func TestBatchFallsBack(t *testing.T) {
 		h.StopAgent(0)
 		h.waitSegmentsOK(t, 1)
 		check("agent 0 stopped")
+		// An object's only replica corrupt: the batch says why (it said
+		// REPLICA_IS_NOT_READY, "no readable replica", after finding no
+		// other replica to fall back to).
+		if err := c.Put(ctx, "solo", pattern(100, 9)); err != nil {
+			t.Fatal(err)
+		}
+		corrupt("solo", "host-1")
+		if _, errs := c.BatchGet(ctx, []string{"k0", "solo"}); errs[0] != nil || !errors.Is(errs[1], client.ErrChecksum) || errors.Is(errs[1], client.ErrNotReady) {
+			t.Fatalf("BatchGet with the only replica corrupt: %v, want k0 and ErrChecksum for solo", errs)
+		}
 	})
 }
 

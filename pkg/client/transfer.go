@@ -143,12 +143,16 @@ func (c *Client) batchReadTransfer(ctx context.Context, ep string, chunk []read,
 	}
 	res, err := c.xferRead(ctx, ep, items, dst)
 	if err != nil {
-		return chunk
+		return failAll(chunk, err)
 	}
 	var failed []read
 	for k, r := range chunk {
-		if res[k].Err != nil || checksum.Sum(dst[k]) != r.rl.GetChecksum() {
-			failed = append(failed, r)
+		if res[k].Err != nil {
+			failed = append(failed, r.failedWith(res[k].Err))
+			continue
+		}
+		if checksum.Sum(dst[k]) != r.rl.GetChecksum() {
+			failed = append(failed, r.failedWith(errChecksum))
 			continue
 		}
 		out[r.item] = dst[k]
