@@ -371,33 +371,28 @@ class Pool:
         """Write items (TransferItem, length set to len(src[i])) from src
         (byte memoryviews). Returns one error (or None) per item; raises
         CrescentError when the whole request failed."""
-        errs = [None] * len(items)
-
-        def fn(c: Conn):
-            for lo in range(0, len(items), MAX_ITEMS):
-                hi = min(lo + MAX_ITEMS, len(items))
-                sub = [None] * (hi - lo)
-                c.write(items[lo:hi], src[lo:hi], sub)
-                errs[lo:hi] = sub
-
-        self._run(endpoint, fn)
-        return errs
+        return self._chunked(endpoint, Conn.write, items, src)
 
     def read(self, endpoint: str, items, dst):
         """Read items into dst (byte memoryviews of exactly each read's
         length). Returns (error or None, object size, agent checksum) per
         item; raises CrescentError when the whole request failed."""
-        res = [None] * len(items)
+        return self._chunked(endpoint, Conn.read, items, dst)
+
+    def _chunked(self, endpoint: str, op, items, bufs):
+        """op (Conn.write or Conn.read) on one connection to endpoint, in
+        requests of at most MAX_ITEMS items; one answer per item."""
+        out = [None] * len(items)
 
         def fn(c: Conn):
             for lo in range(0, len(items), MAX_ITEMS):
                 hi = min(lo + MAX_ITEMS, len(items))
                 sub = [None] * (hi - lo)
-                c.read(items[lo:hi], dst[lo:hi], sub)
-                res[lo:hi] = sub
+                op(c, items[lo:hi], bufs[lo:hi], sub)
+                out[lo:hi] = sub
 
         self._run(endpoint, fn)
-        return res
+        return out
 
 
 class Pending:

@@ -826,21 +826,21 @@ class Client:
     def remove_by_regex(self, regex: str, force: bool = False):
         """(removed, skipped) of the tenant's objects whose key matches an RE2
         regex (anywhere in the key), following the master's page tokens."""
-        removed = skipped = 0
-        token = ""
-        while True:
-            r = self._call("RemoveByRegex", object_pb2.RemoveByRegexRequest(
-                tenant=self.tenant, regex=regex, force=force, page_token=token))
-            removed, skipped, token = removed + r.removed, skipped + r.skipped, r.next_page_token
-            if not token:
-                return removed, skipped
+        return self._remove_pages("RemoveByRegex", lambda token: object_pb2.RemoveByRegexRequest(
+            tenant=self.tenant, regex=regex, force=force, page_token=token))
 
     def remove_by_prefix(self, prefix: str, force: bool = False):
+        """(removed, skipped) of the tenant's objects under prefix."""
+        return self._remove_pages("RemoveByPrefix", lambda token: object_pb2.RemoveByPrefixRequest(
+            tenant=self.tenant, prefix=prefix, force=force, page_token=token))
+
+    def _remove_pages(self, method: str, request):
+        """Call method with request(page_token) until the master's last page;
+        the sums of its removed and skipped counts."""
         removed = skipped = 0
         token = ""
         while True:
-            r = self._call("RemoveByPrefix", object_pb2.RemoveByPrefixRequest(
-                tenant=self.tenant, prefix=prefix, force=force, page_token=token))
+            r = self._call(method, request(token))
             removed, skipped, token = removed + r.removed, skipped + r.skipped, r.next_page_token
             if not token:
                 return removed, skipped

@@ -1543,23 +1543,32 @@ class Subscriber:
 
     # -- Mooncake-format logic (subscriber.go) ------------------------------
 
-    def _on_message(self, frames: list) -> None:
+    def _decode(self, frames: list):
+        """(batch, None, None), or, for a malformed message, (None, its
+        sequence number or None when it has none to read, the error); a
+        malformed message is counted and logged here."""
         try:
-            b = self._dec.decode_message(frames)
+            return self._dec.decode_message(frames), None, None
         except MalformedError as err:
             self._stats.malformed += 1
             self._lg.warning("malformed kv event message: %s", err)
-            if len(frames) == 3:
-                try:
-                    seq, _ = decode_seq_frame(frames[1])
-                except MalformedError:
-                    return
-                if self._started and seq >= self._expected and seq != END_SEQ:
-                    n = seq + 1 - self._expected
-                    self._stats.missing_seqs += n
-                    self._stats.unrepaired += n
-                    self._report(Gap(self._expected, seq + 1, err=err))
-                    self._expected = seq + 1
+            if len(frames) != 3:
+                return None, None, err
+            try:
+                seq, _ = decode_seq_frame(frames[1])
+            except MalformedError:
+                return None, None, err
+            return None, seq, err
+
+    def _on_message(self, frames: list) -> None:
+        b, seq, err = self._decode(frames)
+        if b is None:
+            if seq is not None and self._started and seq >= self._expected and seq != END_SEQ:
+                n = seq + 1 - self._expected
+                self._stats.missing_seqs += n
+                self._stats.unrepaired += n
+                self._report(Gap(self._expected, seq + 1, err=err))
+                self._expected = seq + 1
             return
         self._handle(b)
 
@@ -1742,20 +1751,12 @@ class Subscriber:
         # Waiting: the next snapshot covers what arrives now.
 
     def _apply_live(self, frames: list) -> None:
-        try:
-            b = self._dec.decode_message(frames)
-        except MalformedError as err:
-            self._stats.malformed += 1
-            self._lg.warning("malformed kv event message: %s", err)
-            if len(frames) == 3:
-                # A batch the index needed and cannot have: rebuild.
-                try:
-                    seq, _ = decode_seq_frame(frames[1])
-                except MalformedError:
-                    return
-                if seq != END_SEQ and seq >= self._expected:
-                    self._stats.missing_seqs += seq + 1 - self._expected
-                    self._rebuild(Gap(self._expected, seq + 1, err=err))
+        b, seq, err = self._decode(frames)
+        if b is None:
+            # A batch the index needed and cannot have: rebuild.
+            if seq is not None and seq != END_SEQ and seq >= self._expected:
+                self._stats.missing_seqs += seq + 1 - self._expected
+                self._rebuild(Gap(self._expected, seq + 1, err=err))
             return
         self._apply_batch(b)
 

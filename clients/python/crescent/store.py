@@ -221,19 +221,27 @@ class DistributedStore:
             return self._code(e)
         return [0 if e is None else self._code(e) for e in errs]
 
-    def _batch_from(self, keys, ptrs, sizes, config, upsert) -> list[int]:
+    def _views(self, keys, ptrs, sizes, writable: bool):
+        """The buffers of a batch_*_from/into call: (keys, out, views, idx),
+        out holding each key's code so far (a bad buffer's), views the good
+        buffers and idx their keys' positions. When the three lists differ in
+        length every key is INVALID_PARAMS and views and idx are None."""
         keys, ptrs, sizes = list(keys), list(ptrs), list(sizes)
         if not (len(keys) == len(ptrs) == len(sizes)):
             self.last_error = ValueError(f"{len(keys)} keys, {len(ptrs)} buffers, {len(sizes)} sizes")
-            return [ErrorCode.INVALID_PARAMS] * len(keys)
+            return keys, [ErrorCode.INVALID_PARAMS] * len(keys), None, None
         out = [0] * len(keys)
         views, idx = [], []
         for i in range(len(keys)):
             try:
-                views.append(self._view(ptrs[i], sizes[i], writable=False))
+                views.append(self._view(ptrs[i], sizes[i], writable=writable))
                 idx.append(i)
             except (CrescentError, ValueError, TypeError) as e:
                 out[i] = self._code(e)
+        return keys, out, views, idx
+
+    def _batch_from(self, keys, ptrs, sizes, config, upsert) -> list[int]:
+        keys, out, views, idx = self._views(keys, ptrs, sizes, writable=False)
         if idx:
             try:
                 errs = self._c().put_many([keys[i] for i in idx], views, config, upsert)
@@ -278,18 +286,7 @@ class DistributedStore:
         return self.batch_get_into([key], [buffer_ptr], [size])[0]
 
     def batch_get_into(self, keys, buffer_ptrs, sizes) -> list[int]:
-        keys, ptrs, sizes = list(keys), list(buffer_ptrs), list(sizes)
-        if not (len(keys) == len(ptrs) == len(sizes)):
-            self.last_error = ValueError(f"{len(keys)} keys, {len(ptrs)} buffers, {len(sizes)} sizes")
-            return [ErrorCode.INVALID_PARAMS] * len(keys)
-        out = [0] * len(keys)
-        views, idx = [], []
-        for i in range(len(keys)):
-            try:
-                views.append(self._view(ptrs[i], sizes[i], writable=True))
-                idx.append(i)
-            except (CrescentError, ValueError, TypeError) as e:
-                out[i] = self._code(e)
+        keys, out, views, idx = self._views(keys, buffer_ptrs, sizes, writable=True)
         if idx:
             try:
                 got, errs = self._c().get_many_into([keys[i] for i in idx], views)
