@@ -396,8 +396,7 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 		}
 		return
 	}
-	groups := map[route][]read{}
-	var order []route
+	var reads readPlan
 	var tasks []func()
 	var mu sync.Mutex
 	var retry []read
@@ -431,26 +430,13 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 			})
 			continue
 		}
-		rt := c.routeOf(rl.GetReplicas()[0])
-		if _, ok := groups[rt]; !ok {
-			order = append(order, rt)
-		}
-		groups[rt] = append(groups[rt], rd)
+		reads.add(c.routeOf(rl.GetReplicas()[0]), rd)
 	}
-	for _, rt := range order {
-		g := groups[rt]
-		for lo := 0; lo < len(g); lo += maxBatchItems {
-			chunk := g[lo:min(lo+maxBatchItems, len(g))]
-			tasks = append(tasks, func() {
-				failed := c.batchReadChunk(ctx, rt, chunk, out)
-				if len(failed) > 0 {
-					mu.Lock()
-					retry = append(retry, failed...)
-					mu.Unlock()
-				}
-			})
-		}
-	}
+	tasks = append(tasks, reads.tasks(ctx, c, out, func(failed []read) {
+		mu.Lock()
+		retry = append(retry, failed...)
+		mu.Unlock()
+	})...)
 	c.runBounded(tasks)
 	// Fall back, per item, to the remaining replicas.
 	var fallbacks []func()
@@ -472,6 +458,42 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 		})
 	}
 	c.runBounded(fallbacks)
+}
+
+// readPlan is the small-object reads of a batch get, grouped by the agent
+// route of their first replica, in the order the routes first appear.
+type readPlan struct {
+	groups map[route][]read
+	order  []route
+}
+
+func (p *readPlan) add(rt route, r read) {
+	if p.groups == nil {
+		p.groups = map[route][]read{}
+	}
+	if _, ok := p.groups[rt]; !ok {
+		p.order = append(p.order, rt)
+	}
+	p.groups[rt] = append(p.groups[rt], r)
+}
+
+// tasks returns one task per request of at most maxBatchItems reads to one
+// route (batchReadChunk into out), each passing the reads that failed, if
+// any, to failed (called from the tasks' goroutines).
+func (p *readPlan) tasks(ctx context.Context, c *Client, out [][]byte, failed func([]read)) []func() {
+	var tasks []func()
+	for _, rt := range p.order {
+		g := p.groups[rt]
+		for lo := 0; lo < len(g); lo += maxBatchItems {
+			chunk := g[lo:min(lo+maxBatchItems, len(g))]
+			tasks = append(tasks, func() {
+				if bad := c.batchReadChunk(ctx, rt, chunk, out); len(bad) > 0 {
+					failed(bad)
+				}
+			})
+		}
+	}
+	return tasks
 }
 
 // batchReadChunk reads the first replica of each item from one agent in one

@@ -535,8 +535,7 @@ func (c *Client) getMany(ctx context.Context, qs []getQ) ([]getR, []error) {
 	if err != nil {
 		return res, fill(errs, err)
 	}
-	groups := map[route][]read{}
-	var order []route
+	var reads readPlan
 	for i, r := range resp.GetResults() {
 		if errs[i] = itemError(r.GetStatus()); errs[i] != nil {
 			continue
@@ -547,32 +546,19 @@ func (c *Client) getMany(ctx context.Context, qs []getQ) ([]getR, []error) {
 		if len(rl.GetReplicas()) == 0 || rl.GetSize() > uint64(c.s.cfg.SmallObject) {
 			continue
 		}
-		rt := c.routeOf(rl.GetReplicas()[0])
-		if _, ok := groups[rt]; !ok {
-			order = append(order, rt)
-		}
-		groups[rt] = append(groups[rt], read{item: i, rl: rl})
+		reads.add(c.routeOf(rl.GetReplicas()[0]), read{item: i, rl: rl})
 	}
 	out := make([][]byte, len(qs))
 	var mu sync.Mutex
 	failed := map[int]bool{}
-	var tasks []func()
-	for _, rt := range order {
-		g := groups[rt]
-		for lo := 0; lo < len(g); lo += maxBatchItems {
-			chunk := g[lo:min(lo+maxBatchItems, len(g))]
-			tasks = append(tasks, func() {
-				bad := c.batchReadChunk(ctx, rt, chunk, out)
-				mu.Lock()
-				for _, r := range bad {
-					failed[r.item] = true
-				}
-				mu.Unlock()
-			})
+	c.runBounded(reads.tasks(ctx, c, out, func(bad []read) {
+		mu.Lock()
+		for _, r := range bad {
+			failed[r.item] = true
 		}
-	}
-	c.runBounded(tasks)
-	for _, g := range groups {
+		mu.Unlock()
+	}))
+	for _, g := range reads.groups {
 		for _, r := range g {
 			if !failed[r.item] {
 				res[r.item].read, res[r.item].data = true, out[r.item]
