@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"flag"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -25,6 +27,7 @@ import (
 var (
 	restartObjects = flag.Int("restart-objects", 4_000_000, "objects BenchmarkMasterRestart fills the two agents with")
 	restartVerify  = flag.Bool("restart-verify", true, "BenchmarkMasterRestart reads every object back after each restart")
+	restartProfile = flag.String("restart-cpuprofile", "", "BenchmarkMasterRestart writes a CPU profile of the restarts alone (not the fill) to this file")
 )
 
 const restartObjectSize = 64
@@ -218,6 +221,19 @@ func BenchmarkMasterRestart(b *testing.B) {
 	fillAgents(b, c, n)
 	b.Logf("filled %d objects into 2 agents in %v", n, time.Since(fill).Round(time.Millisecond))
 	cl := c.Client(b)
+	if *restartProfile != "" {
+		f, err := os.Create(*restartProfile)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			b.Fatal(err)
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		}()
+	}
 	b.ResetTimer()
 	var ready, recovery, verify, cpu time.Duration
 	for range b.N {
