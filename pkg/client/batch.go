@@ -396,7 +396,7 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 		}
 		return
 	}
-	var reads readPlan
+	var reads, local readPlan
 	var tasks []func()
 	var mu sync.Mutex
 	var retry []read
@@ -420,6 +420,16 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 			rd.dst = into[i][:rl.GetSize()]
 		}
 		if rl.GetSize() > uint64(c.s.cfg.SmallObject) {
+			if d := rl.GetReplicas()[0]; rl.GetSize() <= shmChunkBytes && c.transferEndpoint(d) != "" && c.shmFor(ctx, d.GetSegmentId()) != nil {
+				// A large object in the memory of an agent on this host:
+				// grouped with the others there, shmChunkBytes per
+				// request, so a batch pays one round trip on the socket
+				// per chunk, not per object, and the chunks' copies run
+				// in parallel.
+				local.maxBytes = shmChunkBytes
+				local.add(c.routeOf(d), rd)
+				continue
+			}
 			tasks = append(tasks, func() {
 				buf := rd.buf()
 				if err := c.readAny(ctx, rl, rl.GetReplicas(), buf); err != nil {
@@ -432,11 +442,13 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 		}
 		reads.add(c.routeOf(rl.GetReplicas()[0]), rd)
 	}
-	tasks = append(tasks, reads.tasks(ctx, c, out, func(failed []read) {
+	failed := func(failed []read) {
 		mu.Lock()
 		retry = append(retry, failed...)
 		mu.Unlock()
-	})...)
+	}
+	tasks = append(tasks, reads.tasks(ctx, c, out, failed)...)
+	tasks = append(tasks, local.tasks(ctx, c, out, failed)...)
 	c.runBounded(tasks)
 	// Fall back, per item, to the remaining replicas.
 	var fallbacks []func()
@@ -460,12 +472,21 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 	c.runBounded(fallbacks)
 }
 
-// readPlan is the small-object reads of a batch get, grouped by the agent
-// route of their first replica, in the order the routes first appear.
+// readPlan is the small-object reads of a batch get (or its large ones
+// over shared memory), grouped by the agent route of their first replica,
+// in the order the routes first appear.
 type readPlan struct {
 	groups map[route][]read
 	order  []route
+	// maxBytes, when set, also bounds the bytes of one request (a request
+	// holds at least one read).
+	maxBytes uint64
 }
+
+// shmChunkBytes bounds the bytes of one shared-memory read request of a
+// batch get (readPlan.maxBytes): a few MiB amortise the socket's round
+// trip, and several chunks keep the cores copying in parallel.
+const shmChunkBytes = 4 << 20
 
 func (p *readPlan) add(rt route, r read) {
 	if p.groups == nil {
@@ -484,8 +505,14 @@ func (p *readPlan) tasks(ctx context.Context, c *Client, out [][]byte, failed fu
 	var tasks []func()
 	for _, rt := range p.order {
 		g := p.groups[rt]
-		for lo := 0; lo < len(g); lo += maxBatchItems {
-			chunk := g[lo:min(lo+maxBatchItems, len(g))]
+		for lo, hi := 0, 0; lo < len(g); lo = hi {
+			hi = lo + 1
+			for bytes := g[lo].rl.GetSize(); hi < min(lo+maxBatchItems, len(g)); hi++ {
+				if bytes += g[hi].rl.GetSize(); p.maxBytes > 0 && bytes > p.maxBytes {
+					break
+				}
+			}
+			chunk := g[lo:hi]
 			tasks = append(tasks, func() {
 				if bad := c.batchReadChunk(ctx, rt, chunk, out); len(bad) > 0 {
 					failed(bad)

@@ -40,6 +40,14 @@ func ShmServed(c *Client) (reads, writes uint64) {
 	return reads, writes
 }
 
+// ShmReadRequests is how many shared-memory read requests c sent.
+func ShmReadRequests(c *Client) (n uint64) {
+	for _, sc := range c.s.shm {
+		n += sc.ReadRequests()
+	}
+	return n
+}
+
 // ReadPath returns a function that reads key's replicas into buf the way a
 // get does once it holds the replica list (the data path and the checksum,
 // without the master's lookup). The list is fetched now.

@@ -75,6 +75,28 @@ func TestSharedMemoryPath(t *testing.T) {
 			t.Fatalf("BatchGet %s: %v", keys[i], err)
 		}
 	}
+	// The large objects of a batch on the local agent go over shared
+	// memory too, grouped into a few requests, the others over TCP.
+	var large []string
+	var bufs [][]byte
+	for i := range 16 {
+		large = append(large, fmt.Sprintf("shm/single-%d", i))
+		bufs = append(bufs, make([]byte, 1<<20+16))
+	}
+	before, _ := client.ShmServed(c)
+	reqs := client.ShmReadRequests(c)
+	sizes, errs := c.BatchGetInto(ctx, large, bufs)
+	for i, err := range errs {
+		if err != nil || !bytes.Equal(bufs[i][:sizes[i]], want[large[i]]) {
+			t.Fatalf("BatchGetInto %s: %d bytes, %v", large[i], sizes[i], err)
+		}
+	}
+	after, _ := client.ShmServed(c)
+	n, r := after-before, client.ShmReadRequests(c)-reqs
+	// Three objects of 1 MiB and a few bytes fit a 4 MiB request.
+	if want := (n + 2) / 3; n < 2 || r != want {
+		t.Fatalf("a batch get read %d large objects through shared memory in %d requests, want at least 2 in %d", n, r, want)
+	}
 	reads, writes := client.ShmServed(c)
 	if reads == 0 || writes == 0 {
 		t.Fatalf("shared memory served %d reads and %d writes: the local agent's replicas did not use it", reads, writes)

@@ -65,13 +65,17 @@ type Client struct {
 	closed  bool
 	lastErr error
 
-	// Items granted and copied, by direction (Served).
-	reads, writes atomic.Uint64
+	// Items granted and copied, by direction (Served), and the read
+	// requests that carried them (ReadRequests).
+	reads, writes, readRequests atomic.Uint64
 }
 
 // Served is how many items this client has read and written through
 // shared memory.
 func (c *Client) Served() (reads, writes uint64) { return c.reads.Load(), c.writes.Load() }
+
+// ReadRequests is how many read requests carried Served's reads.
+func (c *Client) ReadRequests() uint64 { return c.readRequests.Load() }
 
 // mapping is this process's mapping of one shared segment, unmapped when
 // the last connection whose hello shared it closes.
@@ -485,6 +489,7 @@ func (c *Client) read(cn *conn, items []*agentv1.TransferItem, dst [][]byte, res
 		return unavailable(c.cfg.Path, err)
 	}
 	c.reads.Add(uint64(len(items)))
+	c.readRequests.Add(1)
 	return nil
 }
 
