@@ -76,6 +76,10 @@ def _keys(keys, idx):
     return out
 
 
+def _vlen(n: int) -> bytes:
+    return _LAST[n] if n < 0x4000 else uvarint(n)
+
+
 def batch_get_replica_list(tenant: str, keys, idx, client_host: str):
     """BatchGetReplicaListRequest{items: [GetReplicaListRequest{tenant,
     key: keys[i], client_host} for i in idx]}."""
@@ -84,16 +88,24 @@ def batch_get_replica_list(tenant: str, keys, idx, client_host: str):
         return None
     pre = _str_field(b"\x0a", tenant)
     post = _str_field(b"\x1a", client_host)
-    fixed = len(pre) + len(post) + 1  # + the key's tag
+    fixed = len(pre) + len(post)
     parts = []
     ap = parts.append
+    last = _LAST
     for kb in kbs:
         lk = len(kb)
         if not lk:
-            ap(_msg(b"\x0a", pre + post))
+            ap(b"\x0a" + _vlen(fixed) + pre + post)
             continue
-        n = fixed + lk + (1 if lk < 0x80 else len(uvarint(lk)))
-        ap(b"\x0a" + uvarint(n) + pre + b"\x12" + uvarint(lk) + kb + post)
+        vk = last[lk] if lk < 0x4000 else uvarint(lk)
+        n = fixed + 1 + len(vk) + lk
+        ap(b"\x0a")
+        ap(last[n] if n < 0x4000 else uvarint(n))
+        ap(pre)
+        ap(b"\x12")
+        ap(vk)
+        ap(kb)
+        ap(post)
     return b"".join(parts)
 
 
@@ -106,11 +118,21 @@ def batch_put_start(tenant: str, keys, idx, sizes, config: bytes, client_id: str
         return None
     pre = _str_field(b"\x0a", tenant)
     post = (b"\x22" + uvarint(len(config)) + config if config else b"") + _str_field(b"\x2a", client_id) + (b"\x30\x01" if upsert else b"")
+    fixed = len(pre) + len(post)
     parts = []
     ap = parts.append
+    last = _LAST
     for kb, size in zip(kbs, sizes):
-        body = b"".join((pre, b"\x12" + uvarint(len(kb)) + kb if kb else b"", b"\x18" + uvarint(size) if size else b"", post))
-        ap(b"\x0a" + uvarint(len(body)) + body)
+        lk = len(kb)
+        kf = b"\x12" + (last[lk] if lk < 0x4000 else uvarint(lk)) + kb if lk else b""
+        sf = b"\x18" + (last[size] if size < 0x4000 else uvarint(size)) if size else b""
+        n = fixed + len(kf) + len(sf)
+        ap(b"\x0a")
+        ap(last[n] if n < 0x4000 else uvarint(n))
+        ap(pre)
+        ap(kf)
+        ap(sf)
+        ap(post)
     return b"".join(parts)
 
 
@@ -122,11 +144,21 @@ def batch_put_end(tenant: str, keys, idx, client_id: str, checksums):
         return None
     pre = _str_field(b"\x0a", tenant)
     cid = _str_field(b"\x1a", client_id)
+    fixed = len(pre) + len(cid)
     parts = []
     ap = parts.append
+    last = _LAST
     for kb, sum_ in zip(kbs, checksums):
-        body = b"".join((pre, b"\x12" + uvarint(len(kb)) + kb if kb else b"", cid, b"\x20" + uvarint(sum_) if sum_ else b""))
-        ap(b"\x0a" + uvarint(len(body)) + body)
+        lk = len(kb)
+        kf = b"\x12" + (last[lk] if lk < 0x4000 else uvarint(lk)) + kb if lk else b""
+        cf = b"\x20" + uvarint(sum_) if sum_ else b""
+        n = fixed + len(kf) + len(cf)
+        ap(b"\x0a")
+        ap(last[n] if n < 0x4000 else uvarint(n))
+        ap(pre)
+        ap(kf)
+        ap(cid)
+        ap(cf)
     return b"".join(parts)
 
 

@@ -345,13 +345,14 @@ class Client:
             return []
         started_at = self._masters.current()
         writes = []  # (item, descriptor)
+        ap = writes.append
         for i, r in zip(idx, resp.results):
             st = r.status
             if st.code:
                 errs[i] = _err_for(keys[i], from_item(st.code, st.reason, st.message), "put ")
                 continue
             for d in r.replicas:
-                writes.append((i, d))
+                ap((i, d))
         sums = {}
 
         def hash_started():
@@ -362,7 +363,9 @@ class Client:
 
         werrs = self._run_writes(writes, views, hash_started)
         end, revoke = [], []
-        for i in idx:
+        if not werrs:
+            end = [i for i in idx if errs[i] is None]
+        for i in idx if werrs else ():
             if errs[i] is not None:
                 continue
             if i in werrs:
@@ -374,7 +377,7 @@ class Client:
             self._revoke(keys, revoke)
         if not end:
             return []
-        sums = [sums[i] if i in sums else checksum(views[i]) for i in end]
+        sums = [sums.get(i) or checksum(views[i]) for i in end]
 
         def build_end():
             ereq = object_pb2.BatchPutEndRequest()
