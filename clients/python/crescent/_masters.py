@@ -12,12 +12,13 @@ import time
 
 import grpc
 
-from ._gen.master.v1 import admin_pb2_grpc, object_pb2_grpc
+from ._gen.master.v1 import admin_pb2_grpc, object_pb2, object_pb2_grpc
 from .errors import CrescentError, from_rpc_error
 
 MAX_MSG = 256 << 20
 MAX_HINTS = 8
 MAX_BACKOFF = 0.5
+_OBJECT_SERVICE = object_pb2.DESCRIPTOR.services_by_name["ObjectService"].full_name
 
 # What a failed try tells the retry loop (masters.go, classify).
 _FINAL, _AGAIN, _RECOVERING, _REDIRECT, _FAILOVER = range(5)
@@ -58,8 +59,11 @@ class Masters:
         self.attempts = attempts
         self.backoff = backoff
         self.failover = failover
-        self._mu = threading.Lock()  # guards _stubs, _hints, _leader, _closed
+        self._mu = threading.Lock()  # guards _stubs, _raw, _hints, _leader, _closed
         self._stubs: dict[str, tuple] = {}
+        # ObjectService callables taking the request already serialized
+        # (crescent._wire), per (address, method).
+        self._raw: dict[tuple, object] = {}
         self._hints: list[str] = []
         self._leader = addrs[0]
         self._closed = False
@@ -80,6 +84,18 @@ class Masters:
                 s = (ch, object_pb2_grpc.ObjectServiceStub(ch), admin_pb2_grpc.AdminServiceStub(ch))
                 self._stubs[addr] = s
             return s
+
+    def _raw_callable(self, addr: str, method: str, response_type):
+        with self._mu:
+            fn = self._raw.get((addr, method))
+        if fn is None:
+            ch = self._stub(addr)[0]
+            # No request serializer: the request goes out as the bytes given.
+            fn = ch.unary_unary(f"/{_OBJECT_SERVICE}/{method}", request_serializer=None,
+                                response_deserializer=response_type.FromString)
+            with self._mu:
+                self._raw[(addr, method)] = fn
+        return fn
 
     def _follow(self, frm: str, leader: str) -> bool:
         if not leader or leader == frm:
@@ -105,6 +121,7 @@ class Masters:
                 return
             self._closed = True
             stubs, self._stubs = self._stubs, {}
+            self._raw = {}
         for ch, _, _ in stubs.values():
             ch.close()
 
@@ -123,17 +140,22 @@ class Masters:
             return (_FAILOVER, "") if len(self.addrs) > 1 else (_AGAIN, "")
         return _FINAL, ""
 
-    def call(self, method: str, request, timeout: float | None = None, admin: bool = False):
+    def call(self, method: str, request, timeout: float | None = None, admin: bool = False, response_type=None):
         """Run ObjectService (or AdminService) `method` on the leader, retrying
-        as masters.go's do does. Raises CrescentError."""
+        as masters.go's do does. Raises CrescentError. With response_type,
+        request is the ObjectService request already serialized (bytes) and
+        the answer is decoded as response_type."""
         deadline = None if timeout is None else time.monotonic() + timeout
         tries = redirects = 0
         until = None
         delay = self.backoff
         while True:
             addr = self.current()
-            _, obj, adm = self._stub(addr)
-            fn = getattr(adm if admin else obj, method)
+            if response_type is not None:
+                fn = self._raw_callable(addr, method, response_type)
+            else:
+                _, obj, adm = self._stub(addr)
+                fn = getattr(adm if admin else obj, method)
             left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
             try:
                 return fn(request, timeout=left, metadata=self.metadata)

@@ -98,12 +98,11 @@ class Conn:
                     bufs[i] = bufs[i][n:]
                     n = 0
 
-    def send(self, op, items, payload, req=None):
-        """Send a request; req, when given, is the TransferRequest already
-        built (op and items set), so its items are not copied again."""
-        if req is None:
-            req = transfer_pb2.TransferRequest(op=op, items=items)
-        hdr = req.SerializeToString()
+    def send(self, op, items, payload, hdr=None):
+        """Send a request; hdr, when given, is the TransferRequest already
+        serialized (crescent._wire.transfer_request), and items unused."""
+        if hdr is None:
+            hdr = transfer_pb2.TransferRequest(op=op, items=items).SerializeToString()
         if len(hdr) > MAX_HEADER_BYTES:
             raise CrescentError(
                 "INVALID_PARAMS",
@@ -200,36 +199,38 @@ class Conn:
 
     def exchange(self, op, items, payload):
         self.send(op, items, payload)
-        return self.results(items)
+        return self.results(len(items))
 
-    def results(self, items):
-        """The response to a request sent with send: one result per item."""
+    def results(self, n: int):
+        """The response to a request of n items sent with send: one result per item."""
         resp = self.response()
         if resp.HasField("error"):
             raise self._refused(resp.error)
-        if len(resp.results) != len(items):
-            raise _violation(self.endpoint, f"{len(resp.results)} results for {len(items)} items")
+        if len(resp.results) != n:
+            raise _violation(self.endpoint, f"{len(resp.results)} results for {n} items")
         return resp.results
 
     def write(self, items, src, errs):
-        self.write_results(items, self.exchange(OP_WRITE, items, src), errs)
+        self.write_results(self.exchange(OP_WRITE, items, src), src, errs)
 
-    def write_results(self, items, rs, errs):
+    def write_results(self, rs, src, errs):
+        """The errors of a WRITE's results (src: the bytes sent, one view per item)."""
         for i, r in enumerate(rs):
             err = None
             if r.HasField("status"):  # an OK result carries none
                 st = r.status
                 err = from_item(st.code, st.reason, st.message) if st.code else None
-            if err is None and r.length != items[i].length:
-                raise _violation(self.endpoint, f"item {i}: {r.length} bytes written of {items[i].length} sent")
+            if err is None and r.length != src[i].nbytes:
+                raise _violation(self.endpoint, f"item {i}: {r.length} bytes written of {src[i].nbytes} sent")
             errs[i] = err
 
     def read(self, items, dst, res):
-        self.read_results(items, self.exchange(OP_READ, items, None), dst, res)
+        self.read_results([it.offset for it in items], self.exchange(OP_READ, items, None), dst, res)
 
-    def read_results(self, items, rs, dst, res, whole: bool = False):
-        """Read the payload of a READ's results into dst. whole: every item
-        was asked from offset 0 (the batch path), so none is looked up."""
+    def read_results(self, offsets, rs, dst, res):
+        """Read the payload of a READ's results into dst. offsets: where
+        each item's read starts, or None when every one starts at 0 (the
+        batch path)."""
         rmv = self._rmv
         for i, r in enumerate(rs):
             if r.HasField("status"):  # an OK result carries none
@@ -239,7 +240,7 @@ class Conn:
                     continue
             d = dst[i]
             n, want, size = r.length, d.nbytes, r.object_size
-            off = 0 if whole else items[i].offset
+            off = 0 if offsets is None else offsets[i]
             if off > size or n > size - off:
                 raise _violation(self.endpoint, f"item {i}: {n} bytes from offset {off} of a {size}-byte object")
             if n != want:
@@ -358,14 +359,15 @@ class Pool:
             self._put(c, True)
             return
 
-    def begin(self, endpoint: str, op, items, bufs, req=None, whole: bool = False) -> "Pending":
-        """Send one request (at most MAX_ITEMS items) and return at once:
-        requests to several agents are then in flight together, without a
-        thread each (Pending.end collects the answer). bufs: the WRITE
-        payload, or the READ destinations."""
-        if len(items) > MAX_ITEMS:
-            raise CrescentError("INVALID_PARAMS", f"{len(items)} items in one transfer request (at most {MAX_ITEMS})")
-        return Pending(self, endpoint, op, items, bufs, req, whole)
+    def begin(self, endpoint: str, op, hdr: bytes, bufs, offsets=None) -> "Pending":
+        """Send one request (hdr: the TransferRequest serialized, one item
+        per buffer, at most MAX_ITEMS) and return at once: requests to
+        several agents are then in flight together, without a thread each
+        (Pending.end collects the answer). bufs: the WRITE payload, or the
+        READ destinations; offsets: where each READ starts (None: all at 0)."""
+        if len(bufs) > MAX_ITEMS:
+            raise CrescentError("INVALID_PARAMS", f"{len(bufs)} items in one transfer request (at most {MAX_ITEMS})")
+        return Pending(self, endpoint, op, hdr, bufs, offsets)
 
     def write(self, endpoint: str, items, src):
         """Write items (TransferItem, length set to len(src[i])) from src
@@ -398,16 +400,16 @@ class Pool:
 class Pending:
     """A request sent by Pool.begin whose response has not been read."""
 
-    def __init__(self, pool: Pool, endpoint: str, op, items, bufs, req=None, whole: bool = False):
-        self.pool, self.endpoint, self.op, self.items, self.bufs, self.req = pool, endpoint, op, items, bufs, req
-        self.whole = whole  # READ items all from offset 0
+    def __init__(self, pool: Pool, endpoint: str, op, hdr: bytes, bufs, offsets=None):
+        self.pool, self.endpoint, self.op, self.hdr, self.bufs = pool, endpoint, op, hdr, bufs
+        self.offsets = offsets  # READ items' offsets, None for all 0
         self.conn = self._send(fresh=False)
 
     def _send(self, fresh: bool) -> Conn:
         c = self.pool._get(self.endpoint, fresh)
         c.dirty = c.answered = False
         try:
-            c.send(self.op, self.items, self.bufs if self.op == OP_WRITE else None, self.req)
+            c.send(self.op, None, self.bufs if self.op == OP_WRITE else None, self.hdr)
         except _Stale as e:
             c.close()
             if fresh:
@@ -426,15 +428,15 @@ class Pending:
         """WRITE: one error (or None) per item. READ: (error or None, object
         size, agent checksum) per item, the bytes in the destinations.
         Raises CrescentError when the whole request failed."""
-        out = [None] * len(self.items)
+        out = [None] * len(self.bufs)
         for attempt in range(2):
             c = self.conn
             try:
-                rs = c.results(self.items)
+                rs = c.results(len(out))
                 if self.op == OP_WRITE:
-                    c.write_results(self.items, rs, out)
+                    c.write_results(rs, self.bufs, out)
                 else:
-                    c.read_results(self.items, rs, self.bufs, out, self.whole)
+                    c.read_results(self.offsets, rs, self.bufs, out)
             except _Stale as e:
                 # The idle connection had been closed by the agent: once more
                 # on a new one.

@@ -31,8 +31,9 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 from google.protobuf import duration_pb2
 
+from . import _wire
 from ._buf import as_view, checksum
-from ._gen.agent.v1 import data_pb2, data_pb2_grpc, transfer_pb2
+from ._gen.agent.v1 import data_pb2, data_pb2_grpc
 from ._gen.master.v1 import object_pb2, types_pb2
 from ._masters import Masters, channel_options, split_masters
 from ._xfer import OP_READ as _xfer_op_read
@@ -218,6 +219,14 @@ class Client:
     def _call(self, method: str, req, admin: bool = False):
         return self._masters.call(method, req, timeout=self.timeout, admin=admin)
 
+    def _call_wire(self, method: str, wire, build, response_type):
+        """ObjectService method with the request crescent._wire encoded
+        (wire: its bytes), or, when the encoder declined (None), the
+        message build() makes."""
+        if wire is None:
+            return self._call(method, build())
+        return self._masters.call(method, wire, timeout=self.timeout, response_type=response_type)
+
     def _run(self, tasks):
         """Run tasks, at most max_concurrency at once; the first exception
         that is not a CrescentError is re-raised (tasks record their own
@@ -292,12 +301,11 @@ class Client:
             raise ValueError(f"{len(keys)} keys but {len(datas)} values")
         cfg = (config or ReplicateConfig()).to_proto(self.host_id)
         errs = [None] * len(keys)
-        views = [None] * len(keys)
-        for i, d in enumerate(datas):
-            try:
-                views[i] = as_view(d)
-            except (TypeError, ValueError) as e:
-                errs[i] = CrescentError("INVALID_PARAMS", f"{keys[i]!r}: value is not a contiguous buffer: {e}")
+        views = _views(datas, False)
+        for i, v in enumerate(views):
+            if type(v) is not memoryview:
+                views[i] = None
+                errs[i] = CrescentError("INVALID_PARAMS", f"{keys[i]!r}: value is not a contiguous buffer: {v}")
         for lo in range(0, len(keys), MASTER_BATCH):
             idx = [i for i in range(lo, min(lo + MASTER_BATCH, len(keys))) if errs[i] is None]
             if not idx:
@@ -313,14 +321,20 @@ class Client:
         return errs
 
     def _put_batch(self, keys, views, idx, errs, cfg, upsert):
-        req = object_pb2.BatchPutStartRequest()
         tenant, cid = self.tenant, self.client_id
-        for i in idx:
-            it = req.items.add(tenant=tenant, key=keys[i], size=views[i].nbytes, client_id=cid, upsert=upsert)
-            if cfg is not None:
-                it.config.CopyFrom(cfg)
+
+        def build():
+            req = object_pb2.BatchPutStartRequest()
+            for i in idx:
+                it = req.items.add(tenant=tenant, key=keys[i], size=views[i].nbytes, client_id=cid, upsert=upsert)
+                if cfg is not None:
+                    it.config.CopyFrom(cfg)
+            return req
+
+        sizes = [views[i].nbytes for i in idx]
+        wire = _wire.batch_put_start(tenant, keys, idx, sizes, cfg.SerializeToString() if cfg is not None else b"", cid, upsert)
         try:
-            resp = self._call("BatchPutStart", req)
+            resp = self._call_wire("BatchPutStart", wire, build, object_pb2.BatchPutStartResponse)
             if len(resp.results) != len(idx):
                 raise CrescentError("INTERNAL", f"master answered {len(resp.results)} results for {len(idx)} items")
         except CrescentError as e:
@@ -331,16 +345,27 @@ class Client:
             return []
         started_at = self._masters.current()
         writes = []  # (item, descriptor)
+        ap = writes.append
         for i, r in zip(idx, resp.results):
             st = r.status
             if st.code:
                 errs[i] = _err_for(keys[i], from_item(st.code, st.reason, st.message), "put ")
                 continue
             for d in r.replicas:
-                writes.append((i, d))
-        werrs = self._run_writes(writes, views)
+                ap((i, d))
+        sums = {}
+
+        def hash_started():
+            # While the agents store the bytes just sent.
+            for i in idx:
+                if errs[i] is None:
+                    sums[i] = checksum(views[i])
+
+        werrs = self._run_writes(writes, views, hash_started)
         end, revoke = [], []
-        for i in idx:
+        if not werrs:
+            end = [i for i in idx if errs[i] is None]
+        for i in idx if werrs else ():
             if errs[i] is not None:
                 continue
             if i in werrs:
@@ -352,11 +377,17 @@ class Client:
             self._revoke(keys, revoke)
         if not end:
             return []
-        ereq = object_pb2.BatchPutEndRequest()
-        for i in end:
-            ereq.items.add(tenant=tenant, key=keys[i], client_id=cid, checksum=checksum(views[i]))
+        sums = [sums.get(i) or checksum(views[i]) for i in end]
+
+        def build_end():
+            ereq = object_pb2.BatchPutEndRequest()
+            for i, sum_ in zip(end, sums):
+                ereq.items.add(tenant=tenant, key=keys[i], client_id=cid, checksum=sum_)
+            return ereq
+
         try:
-            eresp = self._call("BatchPutEnd", ereq)
+            eresp = self._call_wire("BatchPutEnd", _wire.batch_put_end(tenant, keys, end, cid, sums), build_end,
+                                    object_pb2.BatchPutEndResponse)
             if len(eresp.results) != len(end):
                 raise CrescentError("INTERNAL", f"master answered {len(eresp.results)} results for {len(end)} items")
         except CrescentError as e:
@@ -409,10 +440,11 @@ class Client:
         except CrescentError:
             pass  # the master preempts a put that never ends
 
-    def _run_writes(self, writes, views):
+    def _run_writes(self, writes, views, meanwhile=None):
         """Write every (item, descriptor): small replicas grouped per route
         into one request per MAX_BATCH_ITEMS/MAX_BATCH_BYTES, large ones
-        alone. Returns {item: first error}."""
+        alone. meanwhile() runs once every request is sent, before the
+        transfer answers are read. Returns {item: first error}."""
         errs: dict[int, CrescentError] = {}
         mu = threading.Lock()
 
@@ -423,22 +455,28 @@ class Client:
         tasks = []
         pending = []  # transfer requests in flight: (chunk, Pending)
         groups: dict[tuple, list] = {}
-        for i, d in writes:
-            if views[i].nbytes > self.small_object:
+        small, xfer = self.small_object, self._xfer is not None
+        for w in writes:
+            i, d = w
+            if views[i].nbytes > small:
                 tasks.append(lambda i=i, d=d: self._write_large(i, d, views[i], fail))
                 continue
-            groups.setdefault(self._route(d), []).append((i, d))
+            te = d.transfer_endpoint if xfer else ""
+            rt = (te, True) if te else (d.data_endpoint, False)  # _route
+            g = groups.get(rt)
+            if g is None:
+                groups[rt] = [w]
+            else:
+                g.append(w)
         for rt, ws in groups.items():
             for chunk in _chunks(ws, lambda w: views[w[0]].nbytes):
                 if rt[1]:
                     # Sent now, answered below: the agents work in parallel
                     # without a thread per request.
-                    treq = transfer_pb2.TransferRequest(op=_xfer_op_write)
-                    add = treq.items.add
-                    for i, d in chunk:
-                        add(segment_id=d.segment_id, allocation_id=d.allocation_id, token=d.token, length=views[i].nbytes)
+                    src = [views[i] for i, _ in chunk]
+                    hdr = _wire.transfer_request(_xfer_op_write, [d for _, d in chunk], [v.nbytes for v in src])
                     try:
-                        pending.append((chunk, self._xfer.begin(rt[0], _xfer_op_write, treq.items, [views[i] for i, _ in chunk], treq)))
+                        pending.append((chunk, self._xfer.begin(rt[0], _xfer_op_write, hdr, src)))
                     except CrescentError as e:
                         for i, _ in chunk:
                             fail(i, e)
@@ -446,6 +484,8 @@ class Client:
                     tasks.append(lambda ep=rt[0], c=chunk: self._write_grpc(ep, c, views, fail))
         try:
             self._run(tasks)
+            if meanwhile is not None:
+                meanwhile()
         finally:
             for chunk, p in pending:
                 try:
@@ -487,9 +527,8 @@ class Client:
                 size = v.nbytes
                 for off in range(0, size, XFER_CHUNK):
                     n = min(XFER_CHUNK, size - off)
-                    it = transfer_pb2.TransferItem(segment_id=d.segment_id, allocation_id=d.allocation_id,
-                                                   token=d.token, offset=off, length=n)
-                    e = self._xfer.write(ep, [it], [v[off : off + n]])[0]
+                    hdr = _wire.transfer_request(_xfer_op_write, (d,), (n,), (off,))
+                    e = self._xfer.begin(ep, _xfer_op_write, hdr, [v[off : off + n]]).end()[0]
                     if e is not None:
                         raise e
                 return
@@ -545,39 +584,49 @@ class Client:
         a buffer that is not writable is INVALID_PARAMS."""
         if len(keys) != len(bufs):
             raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
-        outs = [None] * len(keys)
-        errs = [None] * len(keys)
-        views = [None] * len(keys)
-        for i, b in enumerate(bufs):
-            try:
-                views[i] = as_view(b, writable=True)
-            except (TypeError, ValueError) as e:
-                errs[i] = CrescentError("INVALID_PARAMS", f"{keys[i]!r}: not a writable contiguous buffer: {e}")
-        for lo in range(0, len(keys), MASTER_BATCH):
-            idx = [i for i in range(lo, min(lo + MASTER_BATCH, len(keys))) if errs[i] is None]
+        n = len(keys)
+        outs = [None] * n
+        errs = [None] * n
+        views = _views(bufs, True)
+        for i, v in enumerate(views):
+            if type(v) is not memoryview:
+                views[i] = None
+                errs[i] = CrescentError("INVALID_PARAMS", f"{keys[i]!r}: not a writable contiguous buffer: {v}")
+        for lo in range(0, n, MASTER_BATCH):
+            idx = [i for i in range(lo, min(lo + MASTER_BATCH, n)) if errs[i] is None]
             if idx:
                 self._get_batch(keys, idx, outs, errs, views)
-        sizes = [0 if errs[i] is not None else outs[i].nbytes for i in range(len(keys))]
+        sizes = [0 if e is not None else o.nbytes for o, e in zip(outs, errs)]
         return sizes, errs
+
+    def _lookup(self, keys, idx):
+        """The master's answer for keys[i], i in idx: [(i, status or None,
+        replica list)]. Raises CrescentError."""
+        tenant, host = self.tenant, self.host_id
+        if len(idx) == 1:
+            # One key: the single RPC, as the Go SDK's Get and GetInto.
+            rl = self._call("GetReplicaList", object_pb2.GetReplicaListRequest(
+                tenant=tenant, key=keys[idx[0]], client_host=host))
+            return [(idx[0], None, rl)]
+
+        def build():
+            req = object_pb2.BatchGetReplicaListRequest()
+            add = req.items.add
+            for i in idx:
+                add(tenant=tenant, key=keys[i], client_host=host)
+            return req
+
+        resp = self._call_wire("BatchGetReplicaList", _wire.batch_get_replica_list(tenant, keys, idx, host), build,
+                               object_pb2.BatchGetReplicaListResponse)
+        rs = resp.results
+        if len(rs) != len(idx):
+            raise CrescentError("INTERNAL", f"master answered {len(rs)} results for {len(idx)} items")
+        return [(i, r.status, r.replica_list) for i, r in zip(idx, rs)]
 
     def _get_batch(self, keys, idx, outs, errs, into):
         idx = list(idx)
-        tenant, host = self.tenant, self.host_id
         try:
-            if len(idx) == 1:
-                # One key: the single RPC, as the Go SDK's Get and GetInto.
-                rl = self._call("GetReplicaList", object_pb2.GetReplicaListRequest(
-                    tenant=tenant, key=keys[idx[0]], client_host=host))
-                pairs = [(idx[0], None, rl)]
-            else:
-                req = object_pb2.BatchGetReplicaListRequest()
-                add = req.items.add
-                for i in idx:
-                    add(tenant=tenant, key=keys[i], client_host=host)
-                resp = self._call("BatchGetReplicaList", req)
-                if len(resp.results) != len(idx):
-                    raise CrescentError("INTERNAL", f"master answered {len(resp.results)} results for {len(idx)} items")
-                pairs = [(i, r.status, r.replica_list) for i, r in zip(idx, resp.results)]
+            pairs = self._lookup(keys, idx)
         except CrescentError as e:
             for i in idx:
                 errs[i] = _err_for(keys[i], e, "get ")
@@ -592,24 +641,27 @@ class Client:
                 errs[i] = _err_for(keys[i], from_item(st.code, st.reason, st.message), "get ")
                 continue
             reps = rl.replicas
-            if len(reps) > 1:
+            nreps = len(reps)
+            if nreps > 1:
                 reps = self._order(reps)
-            elif not reps:
+            elif not nreps:
                 errs[i] = CrescentError("REPLICA_IS_NOT_READY", f"get {keys[i]!r}: no readable replica")
                 continue
             size = rl.size
             if into is not None:
-                if into[i].nbytes < size:
-                    errs[i] = _too_small(keys[i], into[i].nbytes, size)
-                    continue
-                dst = into[i][:size]
+                dst = into[i]
+                if dst.nbytes != size:
+                    if dst.nbytes < size:
+                        errs[i] = _too_small(keys[i], dst.nbytes, size)
+                        continue
+                    dst = dst[:size]
             else:
                 dst = memoryview(bytearray(size))
-            rd = (i, rl, reps, dst)
+            d0 = reps[0]
+            rd = (i, rl, reps, dst, d0)
             if size > small:
                 tasks.append(lambda rd=rd: self._read_any_item(keys, rd, rd[2], outs, errs))
                 continue
-            d0 = reps[0]
             te = d0.transfer_endpoint if xfer else ""
             rt = (te, True) if te else (d0.data_endpoint, False)
             g = groups.get(rt)
@@ -624,13 +676,10 @@ class Client:
                 if rt[1]:
                     # Sent now, answered below: the agents work in parallel
                     # without a thread per request.
-                    treq = transfer_pb2.TransferRequest(op=_xfer_op_read)
-                    add = treq.items.add
-                    for _, _, reps, dst in chunk:
-                        d = reps[0]
-                        add(segment_id=d.segment_id, allocation_id=d.allocation_id, token=d.token, length=dst.nbytes)
+                    dsts = [rd[3] for rd in chunk]
+                    hdr = _wire.transfer_request(_xfer_op_read, [rd[4] for rd in chunk], [v.nbytes for v in dsts])
                     try:
-                        pending.append((chunk, self._xfer.begin(rt[0], _xfer_op_read, treq.items, [rd[3] for rd in chunk], treq, True)))
+                        pending.append((chunk, self._xfer.begin(rt[0], _xfer_op_read, hdr, dsts)))
                     except CrescentError as e:
                         retry.extend((rd, e) for rd in chunk)
                     continue
@@ -651,19 +700,22 @@ class Client:
                 except CrescentError as e:
                     retry.extend((rd, e) for rd in chunk)
                     continue
-                for rd, (e, _, _) in zip(chunk, res):
-                    if e is None and checksum(rd[3]) != rd[1].checksum:
-                        d = rd[2][0]
+                for rd, r in zip(chunk, res):
+                    e = r[0]
+                    dst = rd[3]
+                    if e is None:
+                        if checksum(dst) == rd[1].checksum:
+                            outs[rd[0]] = dst
+                            continue
+                        d = rd[4]
                         e = CrescentError("CHECKSUM_MISMATCH", f"replica {d.replica_id} on {d.data_endpoint}: checksum mismatch")
-                    if e is not None:
-                        retry.append((rd, e))
-                    else:
-                        outs[rd[0]] = rd[3]
+                    retry.append((rd, e))
         # Fall back, per item, to the remaining replicas.
-        self._run([lambda rd=rd, e=e: self._read_any_item(keys, rd, rd[2][1:], outs, errs, e) for rd, e in retry])
+        if retry:
+            self._run([lambda rd=rd, e=e: self._read_any_item(keys, rd, rd[2][1:], outs, errs, e) for rd, e in retry])
 
     def _read_any_item(self, keys, rd, reps, outs, errs, first=None):
-        i, rl, _, dst = rd
+        i, rl, _, dst, _ = rd
         try:
             if not reps and first is not None:
                 raise first  # the only replica failed: say how
@@ -682,8 +734,7 @@ class Client:
         def bad(d):
             return CrescentError("CHECKSUM_MISMATCH", f"replica {d.replica_id} on {d.data_endpoint}: checksum mismatch")
         req = data_pb2.BatchReadRequest()
-        for _, _, reps, _ in chunk:
-            d = reps[0]
+        for _, _, _, _, d in chunk:
             req.items.add(segment_id=d.segment_id, allocation_id=d.allocation_id, token=d.token)
         try:
             resp = self._data(ep).BatchRead(req, timeout=self.timeout, metadata=self._md)
@@ -695,7 +746,7 @@ class Client:
         except CrescentError as e:
             return [(rd, e) for rd in chunk]
         for rd, r in zip(chunk, resp.results):
-            i, rl, reps, dst = rd
+            i, rl, reps, dst, _ = rd
             data = r.data
             if r.status.code:
                 failed.append((rd, from_item(r.status.code, r.status.reason, r.status.message)))
@@ -734,9 +785,8 @@ class Client:
             ep = d.transfer_endpoint
             for off in range(0, max(size, 1), XFER_CHUNK):
                 n = min(XFER_CHUNK, size - off)
-                it = transfer_pb2.TransferItem(segment_id=d.segment_id, allocation_id=d.allocation_id,
-                                               token=d.token, offset=off, length=n)
-                e, osize, _ = self._xfer.read(ep, [it], [dst[off : off + n]])[0]
+                hdr = _wire.transfer_request(_xfer_op_read, (d,), (n,), (off,))
+                e, osize, _ = self._xfer.begin(ep, _xfer_op_read, hdr, [dst[off : off + n]], (off,)).end()[0]
                 if e is not None:
                     raise e
                 if osize != size:
@@ -850,7 +900,26 @@ class Client:
         return self._call("QueryRoute", object_pb2.QueryRouteRequest(tenant=self.tenant, key=key))
 
 
+def _views(bufs, writable: bool):
+    """as_view of each buffer, or, for one it refuses, the exception."""
+    out = []
+    ap = out.append
+    for b in bufs:
+        t = type(b)
+        if t is bytearray or (t is bytes and not writable):
+            ap(memoryview(b))  # flat bytes already: as_view's checks all pass
+            continue
+        try:
+            ap(as_view(b, writable))
+        except (TypeError, ValueError) as e:
+            ap(e)
+    return out
+
+
 def _chunks(ws, size_of):
+    if len(ws) <= MAX_BATCH_ITEMS and sum(map(size_of, ws)) <= MAX_BATCH_BYTES:
+        yield ws  # the common case: one chunk
+        return
     start, nbytes = 0, 0
     for k, w in enumerate(ws):
         n = size_of(w)
