@@ -2,10 +2,16 @@ package client_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +28,21 @@ import (
 // builds against older trees, for A/B runs).
 var singleClients = map[string]func(*client.Config){"sdk": nil}
 
+// singleCoalesced, when set (bench_test.go), is how many batch RPCs a
+// client's coalescer of op has sent and how many calls they carried.
+var singleCoalesced func(c *client.Client, op string) (batches, items int)
+
+// singleProfile, when set, is a directory where BenchmarkSingleOps writes
+// one CPU profile per timed round of the "sdk" configuration (not the
+// baseline's, not the warm-up's), named op-cN-round.prof: the whole
+// process's CPU while only those calls run — client, master and agents —
+// to be merged with go tool pprof dir/get-c64-*.prof.
+// singleOnly, when set, is a regular expression for the names of the SDK
+// configurations to measure (the baseline always runs).
+var singleOnly = flag.String("single-clients", "", "regexp of the SDK configurations BenchmarkSingleOps measures")
+
+var singleProfile = flag.String("single-cpuprofile", "", "directory for CPU profiles of the sdk rounds of BenchmarkSingleOps")
+
 // BenchmarkSingleOps is single calls (issue 18, item 1) through the SDK
 // from 1 and from 64 goroutines against an in-process cluster, each round
 // paired with the empty-unary-call baseline of the same instant: the gRPC
@@ -37,7 +58,11 @@ func BenchmarkSingleOps(b *testing.B) {
 	ctx := context.Background()
 	names := make([]string, 0, len(singleClients))
 	for n := range singleClients {
-		names = append(names, n)
+		if ok, err := regexp.MatchString(*singleOnly, n); err != nil {
+			b.Fatal(err)
+		} else if ok {
+			names = append(names, n)
+		}
 	}
 	slices.Sort(names)
 	clients := make([]*client.Client, len(names))
@@ -103,11 +128,28 @@ func BenchmarkSingleOps(b *testing.B) {
 				}
 				cls := append([]*client.Client{nil}, clients...)
 				d := make([]time.Duration, len(run))
+				cpu := make([]time.Duration, len(run)) // process CPU (user+sys) during the rounds
 				lat := make([][]time.Duration, len(run))
+				rounds := 0
 				round := func(k int, keep bool) {
+					if keep && *singleProfile != "" && k > 0 && names[k-1] == "sdk" {
+						rounds++
+						f, err := os.Create(filepath.Join(*singleProfile, fmt.Sprintf("%s-c%d-%d.prof", op, conc, rounds)))
+						if err != nil {
+							b.Fatal(err)
+						}
+						if err := pprof.StartCPUProfile(f); err != nil {
+							b.Fatal(err)
+						}
+						defer func() {
+							pprof.StopCPUProfile()
+							_ = f.Close()
+						}()
+					}
 					var wg sync.WaitGroup
 					var mu sync.Mutex
 					errs := make([]error, conc)
+					c0 := processCPU()
 					t0 := time.Now()
 					for g := range conc {
 						wg.Go(func() {
@@ -130,6 +172,7 @@ func BenchmarkSingleOps(b *testing.B) {
 					wg.Wait()
 					if keep {
 						d[k] += time.Since(t0)
+						cpu[k] += processCPU() - c0
 					}
 					for _, err := range errs {
 						if err != nil {
@@ -139,6 +182,13 @@ func BenchmarkSingleOps(b *testing.B) {
 				}
 				for k := range run {
 					round(k, false) // warm up
+				}
+				type sent struct{ batches, items int }
+				before := make([]sent, len(clients))
+				if singleCoalesced != nil {
+					for i, c := range clients {
+						before[i].batches, before[i].items = singleCoalesced(c, op)
+					}
 				}
 				b.ResetTimer()
 				for b.Loop() {
@@ -151,11 +201,23 @@ func BenchmarkSingleOps(b *testing.B) {
 				base := calls / d[0].Seconds()
 				b.ReportMetric(base, "health-ops/s")
 				b.ReportMetric(p50(lat[0]), "health-p50-µs")
+				b.ReportMetric(float64(cpu[0].Microseconds())/calls, "health-cpu-µs/op")
 				for i, n := range names {
 					rate := calls / d[i+1].Seconds()
 					b.ReportMetric(rate, n+"-ops/s")
 					b.ReportMetric(rate/base, n+"/health")
 					b.ReportMetric(p50(lat[i+1]), n+"-p50-µs")
+					b.ReportMetric(float64(cpu[i+1].Microseconds())/calls, n+"-cpu-µs/op")
+					if singleCoalesced != nil && op != "put" {
+						// The share of the calls that went in batches, and
+						// their mean batch (warm-up rounds included).
+						bs, is := singleCoalesced(clients[i], op)
+						if bs -= before[i].batches; bs > 0 {
+							is -= before[i].items
+							b.ReportMetric(float64(is)/calls, n+"-batched")
+							b.ReportMetric(float64(is)/float64(bs), n+"-items/batch")
+						}
+					}
 				}
 				b.ReportMetric(0, "ns/op")
 			})
@@ -169,4 +231,13 @@ func p50(ds []time.Duration) float64 {
 	}
 	slices.Sort(ds)
 	return float64(ds[len(ds)/2].Nanoseconds()) / 1e3
+}
+
+// processCPU is the CPU time (user and system) the process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

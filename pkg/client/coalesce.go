@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -20,14 +21,21 @@ import (
 // GetReplicaList, Put's PutStart and PutEnd — share the batch RPCs, with
 // no timer ("natural batching"):
 //
-//   - while fewer than Config.CoalesceInFlight RPCs of the kind are in
-//     flight, a call goes out at once, as the single RPC it always was (a
-//     lone call never waits, and sees exactly what it saw before);
-//   - a call that finds that many in flight queues; whenever one of them
-//     returns, the queue leaves as one batch RPC of up to the kind's item
-//     limit, in a goroutine of its own, and each caller gets its item's
-//     answer: the batch's per-item status turned into the error the single
-//     RPC would have returned (same code, reason, errors.Is);
+//   - while no RPC of the kind is in flight, a call goes out at once, as
+//     the single RPC it always was (a lone call never waits, and sees
+//     exactly what it saw before);
+//   - a call that finds one in flight queues; whenever one returns, the
+//     queue leaves as one batch RPC of up to the kind's item limit (the
+//     goroutine of a batch that returns sends the next itself), and each
+//     caller gets its item's answer: the batch's per-item status turned
+//     into the error the single RPC would have returned (same code,
+//     reason, errors.Is). A full batch does not wait: it leaves at once
+//     while fewer than Config.CoalesceInFlight RPCs of the kind are in
+//     flight. Sending a second call on its own while one is in flight
+//     would cost a whole RPC for one item; waiting for the one in flight
+//     makes the batches as large as the callers make them (issue 18:
+//     with 64 callers, batches of about 27 instead of 16 and a quarter
+//     less CPU per item);
 //   - every waiter honours its own context: one that gives up while queued
 //     leaves the queue, one whose batch is in flight has its answer dropped
 //     (and a put it started revoked); the batch RPC runs under a context
@@ -123,7 +131,7 @@ func (co *coalescer[Q, R]) do(ctx context.Context, q Q) (R, error) {
 		co.mu.Unlock()
 		return zero, errClosed
 	}
-	if co.inflight < co.limit || len(co.queue) >= maxQueue {
+	if co.inflight == 0 || len(co.queue) >= maxQueue {
 		co.inflight++
 		co.mu.Unlock()
 		defer co.release()
@@ -131,6 +139,7 @@ func (co *coalescer[Q, R]) do(ctx context.Context, q Q) (R, error) {
 	}
 	w := &waiter[Q, R]{ctx: ctx, q: q, done: make(chan struct{})}
 	co.queue = append(co.queue, w)
+	co.launchLocked(co.maxBatch) // a full batch has nothing to wait for
 	co.mu.Unlock()
 	select {
 	case <-w.done:
@@ -180,13 +189,14 @@ func contextError(ctx context.Context) error {
 func (co *coalescer[Q, R]) release() {
 	co.mu.Lock()
 	co.inflight--
-	co.launchLocked()
+	co.launchLocked(1)
 	co.mu.Unlock()
 }
 
-// launchLocked sends queued calls as batches while slots are free.
-func (co *coalescer[Q, R]) launchLocked() {
-	for !co.closed && co.inflight < co.limit && len(co.queue) > 0 {
+// launchLocked sends queued calls as batches while slots are free and at
+// least least calls queue.
+func (co *coalescer[Q, R]) launchLocked(least int) {
+	for !co.closed && co.inflight < co.limit && len(co.queue) >= max(least, 1) {
 		ws := co.takeLocked()
 		ctx, cancel := co.batchContext(ws)
 		f := &flight{live: len(ws), cancel: cancel}
@@ -292,10 +302,20 @@ func (co *coalescer[Q, R]) runOne(ctx context.Context, f *flight, ws []*waiter[Q
 		w.res, w.err = rs[i], errs[i]
 		close(w.done)
 	}
+	if len(ws) > 1 {
+		// Let the callers just woken run before taking the next batch:
+		// one that calls again at once (a loop of Gets) joins it instead
+		// of waiting for the one after (issue 18: batches of about 37
+		// instead of 30 with 64 callers on 2 cores). The slot stays held,
+		// so nobody goes out alone meanwhile.
+		co.mu.Unlock()
+		runtime.Gosched()
+		co.mu.Lock()
+	}
 	nctx, nf, next := co.nextLocked()
 	if next == nil {
 		co.inflight--
-		co.launchLocked()
+		co.launchLocked(1)
 	}
 	co.mu.Unlock()
 	if co.discard != nil && len(lost) > 0 {
@@ -499,11 +519,15 @@ func newCoalescers(s *shared) *coalescers {
 // getQ is one Get or GetInto: alloc gives the buffer for an object of a
 // given size. Only the caller's goroutine calls alloc (a batch reads into
 // buffers of its own), so a caller that gives up never has its buffer
-// written behind its back.
+// written behind its back. keep, when set (Get: any buffer will do), takes
+// the buffer a batch read the object into instead: the batch then reads
+// it into a buffer of its own size, allocated for it alone, and the
+// caller copies nothing.
 type getQ struct {
 	c     *Client
 	key   string
 	alloc func(size uint64) ([]byte, error)
+	keep  func([]byte)
 }
 
 // getR is a get's answer: direct when the whole get ran on its own (its
@@ -546,7 +570,11 @@ func (c *Client) getMany(ctx context.Context, qs []getQ) ([]getR, []error) {
 		if len(rl.GetReplicas()) == 0 || rl.GetSize() > uint64(c.s.cfg.SmallObject) {
 			continue
 		}
-		reads.add(c.routeOf(rl.GetReplicas()[0]), read{item: i, rl: rl})
+		rd := read{item: i, rl: rl}
+		if qs[i].keep != nil {
+			rd.dst = make([]byte, rl.GetSize())
+		}
+		reads.add(c.routeOf(rl.GetReplicas()[0]), rd)
 	}
 	out := make([][]byte, len(qs))
 	var mu sync.Mutex
@@ -572,8 +600,8 @@ func (c *Client) getMany(ctx context.Context, qs []getQ) ([]getR, []error) {
 // into the caller's buffer here, in the caller's goroutine; an object the
 // batch did not read is read as a single Get reads it, from the replica
 // list the batch fetched.
-func (c *Client) getCoalesced(ctx context.Context, key string, alloc func(size uint64) ([]byte, error)) error {
-	r, err := c.s.co.get.do(ctx, getQ{c: c, key: key, alloc: alloc})
+func (c *Client) getCoalesced(ctx context.Context, key string, alloc func(size uint64) ([]byte, error), keep func([]byte)) error {
+	r, err := c.s.co.get.do(ctx, getQ{c: c, key: key, alloc: alloc, keep: keep})
 	if r.direct {
 		return err
 	}
@@ -582,6 +610,10 @@ func (c *Client) getCoalesced(ctx context.Context, key string, alloc func(size u
 	}
 	if !r.read {
 		return c.getDirect(ctx, key, alloc, r.rl)
+	}
+	if keep != nil {
+		keep(r.data)
+		return nil
 	}
 	buf, err := alloc(r.rl.GetSize())
 	if err != nil {

@@ -153,18 +153,60 @@ func TestCoalesceLoneCallGoesOutAtOnce(t *testing.T) {
 		if len(f.ones) != 5 || len(f.batches) != 0 {
 			t.Fatalf("%d single and %d batch calls, want 5 and 0", len(f.ones), len(f.batches))
 		}
-		// With two slots, two concurrent calls both go out at once.
+		// Even with two slots, a call goes out on its own only when none
+		// is in flight: the second of two concurrent calls waits for the
+		// first and leaves as a batch (of one) when it returns.
 		f = newFake(2, 8)
 		defer f.co.close()
 		f.hold()
-		a, b := f.start(t.Context(), "t/a"), f.start(t.Context(), "t/b")
+		a := f.start(t.Context(), "t/a")
 		synctest.Wait()
-		if len(f.ones) != 2 || f.co.queued() != 0 {
-			t.Fatalf("%d single calls out, %d queued; want 2 and 0", len(f.ones), f.co.queued())
+		b := f.start(t.Context(), "t/b")
+		synctest.Wait()
+		if len(f.ones) != 1 || f.co.queued() != 1 {
+			t.Fatalf("%d single calls out, %d queued; want 1 and 1", len(f.ones), f.co.queued())
 		}
 		f.open()
-		if x, y := <-a, <-b; x.r != "one:t/a" || y.r != "one:t/b" {
+		if x, y := <-a, <-b; x.r != "one:t/a" || y.r != "many:t/b#0" {
 			t.Fatalf("answers %+v %+v", x, y)
+		}
+	})
+}
+
+// TestCoalesceFullBatchLeavesAtOnce: a full batch does not wait for the
+// call in flight while a slot is free; past CoalesceInFlight RPCs, full
+// batches wait too.
+func TestCoalesceFullBatchLeavesAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFake(2, 3)
+		defer f.co.close()
+		f.hold()
+		first := f.start(t.Context(), "t/first")
+		synctest.Wait()
+		var chs []<-chan answer
+		for i := range 7 {
+			chs = append(chs, f.start(t.Context(), fmt.Sprintf("t/%d", i)))
+			synctest.Wait()
+		}
+		// t/0..t/2 filled a batch that left at once (the second slot); the
+		// next three filled one too, but no slot was free.
+		if len(f.batches) != 1 || !slices.Equal(f.batches[0], []string{"t/0", "t/1", "t/2"}) {
+			t.Fatalf("batches in flight %q, want [[t/0 t/1 t/2]]", f.batches)
+		}
+		if n := f.co.queued(); n != 4 {
+			t.Fatalf("%d queued, want 4", n)
+		}
+		f.open()
+		if a := <-first; a.r != "one:t/first" {
+			t.Fatalf("first: %+v", a)
+		}
+		for i, ch := range chs {
+			if a := <-ch; a.err != nil || a.r[:5] != "many:" {
+				t.Fatalf("call %d: %+v", i, a)
+			}
+		}
+		if len(f.ones) != 1 || len(f.batches) != 3 {
+			t.Fatalf("%d single calls and batches %q; want 1 and 3 batches", len(f.ones), f.batches)
 		}
 	})
 }

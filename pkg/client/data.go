@@ -260,7 +260,7 @@ func (c *Client) Get(ctx context.Context, key string) ([]byte, error) {
 	err := c.get(ctx, key, func(size uint64) ([]byte, error) {
 		out = make([]byte, size)
 		return out, nil
-	})
+	}, func(b []byte) { out = b })
 	return out, err
 }
 
@@ -274,17 +274,18 @@ func (c *Client) GetInto(ctx context.Context, key string, buf []byte) (int, erro
 		}
 		n = int(size)
 		return buf[:size], nil
-	})
+	}, nil)
 	return n, err
 }
 
 // get fetches the replica list and reads the nearest good replica into the
-// buffer alloc returns. If every replica fails and the lease may have run
+// buffer alloc returns (or, with keep, into a buffer of the batch's that
+// keep takes: getQ). If every replica fails and the lease may have run
 // out, it fetches a fresh list once.
-func (c *Client) get(ctx context.Context, key string, alloc func(size uint64) ([]byte, error)) (err error) {
+func (c *Client) get(ctx context.Context, key string, alloc func(size uint64) ([]byte, error), keep func([]byte)) (err error) {
 	ctx, span := c.startCall(ctx, "client.get", 1, -1, key)
 	defer func() { tracectx.End(span, err) }()
-	return c.getCoalesced(ctx, key, alloc) // coalesce.go
+	return c.getCoalesced(ctx, key, alloc, keep) // coalesce.go
 }
 
 // getDirect is get on its own; with rl, the first round reads from that
