@@ -145,9 +145,6 @@ func benchClusterTLS(b *testing.B, workers, batch, size int, put bool) {
 // The same calls on their own, one RPC each (BenchmarkSingleOps).
 func init() {
 	singleClients["sdk-uncoalesced"] = func(c *client.Config) { c.DisableCoalescing = true }
-	singleClients["sdk-if1"] = func(c *client.Config) { c.CoalesceInFlight = 1 }
-	singleClients["sdk-if3"] = func(c *client.Config) { c.CoalesceInFlight = 3 }
-	singleClients["sdk-if4"] = func(c *client.Config) { c.CoalesceInFlight = 4 }
 	singleCoalesced = func(c *client.Client, op string) (batches, items int) {
 		n := c.Coalesced()[op]
 		return n[0], n[1]

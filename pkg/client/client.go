@@ -13,10 +13,11 @@
 //	got, err := c.Get(ctx, "prefix/block-0")
 //
 // Single calls made concurrently from many goroutines (Get, GetInto, Exist,
-// Put's PutStart and PutEnd) share batch RPCs: while two RPCs of a kind are
-// in flight (Config.CoalesceInFlight), further calls of that kind wait for
-// one to return and leave together, each with its own answer and error; a
-// lone call goes out at once (coalesce.go; Config.DisableCoalescing).
+// Put's PutStart and PutEnd) share batch RPCs: while an RPC of a kind is in
+// flight, further calls of that kind wait for it to return and leave
+// together, each with its own answer and error (a full batch leaves at once
+// while fewer than Config.CoalesceInFlight are in flight); a lone call goes
+// out at once (coalesce.go; Config.DisableCoalescing).
 //
 // With several masters (one leader, the others standbys: issue 15, HA),
 // Config.Master lists them all, separated by commas; every master call goes
@@ -159,9 +160,11 @@ type Config struct {
 	// while Config.CoalesceInFlight of them are in flight (a lone call
 	// still goes out at once: coalesce.go).
 	DisableCoalescing bool
-	// CoalesceInFlight is how many RPCs of one kind of single call are in
-	// flight before further calls of that kind wait to leave together as
-	// one batch. Default 2.
+	// CoalesceInFlight is how many RPCs of one kind of single call may be
+	// in flight. A call goes out on its own only when none of its kind is
+	// in flight; calls that find one wait and leave together as one batch
+	// when it returns, or at once when they fill a batch and fewer than
+	// CoalesceInFlight are in flight. Default 2.
 	CoalesceInFlight int
 	// DialOptions are added to every gRPC connection (interceptors...).
 	// Transport credentials among them replace those TLS gives. Every

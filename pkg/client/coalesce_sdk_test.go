@@ -269,8 +269,10 @@ func TestCoalesceGet(t *testing.T) {
 		if err := <-first; err != nil {
 			t.Fatal(err)
 		}
+		gots := make([][]byte, len(keys))
 		for i, k := range keys {
 			got := <-out[i]
+			gots[i] = got.b
 			if k == "g-missing" {
 				if !errors.Is(got.err, client.ErrNotFound) || got.err.Error() != loneMissing.Error() || status.Code(got.err) != status.Code(loneMissing) {
 					t.Errorf("Get %q: %v; want %v as a lone call's", k, got.err, loneMissing)
@@ -279,6 +281,19 @@ func TestCoalesceGet(t *testing.T) {
 			}
 			if got.err != nil || string(got.b) != string(data[k]) {
 				t.Errorf("Get %q (item %d): %d bytes, %v", k, i, len(got.b), got.err)
+			}
+		}
+		// A batched Get hands its caller the buffer the batch read into:
+		// one of its own, shared with no other caller (g-0 and g-1 were
+		// asked for twice).
+		for _, pair := range [][2]int{{0, 3}, {1, 6}} {
+			a, b := gots[pair[0]], gots[pair[1]]
+			if len(a) == 0 || len(b) == 0 {
+				continue
+			}
+			a[0] ^= 0xff
+			if b[0] == a[0] || cap(a) != len(a) {
+				t.Errorf("Gets %d and %d of %q share memory (cap %d for %d bytes)", pair[0], pair[1], keys[pair[0]], cap(a), len(a))
 			}
 		}
 		if got := <-out[len(keys)]; !errors.Is(got.err, client.ErrInvalid) || got.err.Error() != loneSmall.Error() {
