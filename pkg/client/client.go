@@ -13,11 +13,11 @@
 //	got, err := c.Get(ctx, "prefix/block-0")
 //
 // Single calls made concurrently from many goroutines (Get, GetInto, Exist,
-// Put's PutStart and PutEnd) share batch RPCs: while an RPC of a kind is in
-// flight, further calls of that kind wait for it to return and leave
-// together, each with its own answer and error (a full batch leaves at once
-// while fewer than Config.CoalesceInFlight are in flight); a lone call goes
-// out at once (coalesce.go; Config.DisableCoalescing).
+// Put's PutStart and PutEnd) share batch RPCs: while a lookup of a kind is
+// in flight (for PutStart and PutEnd, Config.CoalesceInFlight of them),
+// further calls of that kind wait for it to return and leave together,
+// each with its own answer and error; a lone call goes out at once
+// (coalesce.go; Config.DisableCoalescing).
 //
 // With several masters (one leader, the others standbys: issue 15, HA),
 // Config.Master lists them all, separated by commas; every master call goes
@@ -161,10 +161,11 @@ type Config struct {
 	// still goes out at once: coalesce.go).
 	DisableCoalescing bool
 	// CoalesceInFlight is how many RPCs of one kind of single call may be
-	// in flight. A call goes out on its own only when none of its kind is
-	// in flight; calls that find one wait and leave together as one batch
-	// when it returns, or at once when they fill a batch and fewer than
-	// CoalesceInFlight are in flight. Default 2.
+	// in flight. A Get, Exist or replica-list lookup goes out on its own
+	// only when none of its kind is in flight, a PutStart or PutEnd while
+	// fewer than CoalesceInFlight are; other calls wait and leave together
+	// as one batch when one returns, or at once when they fill a batch and
+	// fewer than CoalesceInFlight are in flight. Default 2.
 	CoalesceInFlight int
 	// DialOptions are added to every gRPC connection (interceptors...).
 	// Transport credentials among them replace those TLS gives. Every

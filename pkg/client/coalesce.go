@@ -23,19 +23,22 @@ import (
 //
 //   - while no RPC of the kind is in flight, a call goes out at once, as
 //     the single RPC it always was (a lone call never waits, and sees
-//     exactly what it saw before);
-//   - a call that finds one in flight queues; whenever one returns, the
-//     queue leaves as one batch RPC of up to the kind's item limit (the
-//     goroutine of a batch that returns sends the next itself), and each
-//     caller gets its item's answer: the batch's per-item status turned
-//     into the error the single RPC would have returned (same code,
-//     reason, errors.Is). A full batch does not wait: it leaves at once
-//     while fewer than Config.CoalesceInFlight RPCs of the kind are in
-//     flight. Sending a second call on its own while one is in flight
-//     would cost a whole RPC for one item; waiting for the one in flight
-//     makes the batches as large as the callers make them (issue 18:
-//     with 64 callers, batches of about 27 instead of 16 and a quarter
-//     less CPU per item);
+//     exactly what it saw before); for PutStart and PutEnd, while fewer
+//     than Config.CoalesceInFlight are;
+//   - a call that finds that many in flight queues; whenever one returns,
+//     the queue leaves as one batch RPC of up to the kind's item limit
+//     (the goroutine of a batch that returns sends the next itself), and
+//     each caller gets its item's answer: the batch's per-item status
+//     turned into the error the single RPC would have returned (same
+//     code, reason, errors.Is). A full batch does not wait: it leaves at
+//     once while fewer than Config.CoalesceInFlight RPCs of the kind are
+//     in flight. For the lookups (Get, Exist, GetReplicaList: patient),
+//     which cost CPU rather than waits, a second call sent on its own
+//     while one is in flight would cost a whole RPC for one item; waiting
+//     makes the batches as large as the callers make them (issue 18: with
+//     64 callers, batches of about 30-40 instead of 16 and half the CPU
+//     per Get). PutStart and PutEnd wait on the agents (Reserve, Seal),
+//     and lost 10-25% at 64 callers that way, so they keep two in flight;
 //   - every waiter honours its own context: one that gives up while queued
 //     leaves the queue, one whose batch is in flight has its answer dropped
 //     (and a put it started revoked); the batch RPC runs under a context
@@ -69,8 +72,11 @@ var errRedo = errors.New("client: item goes again on its own")
 // coalescer merges concurrent calls of one kind: single requests Q with
 // answers R.
 type coalescer[Q, R any] struct {
-	off      bool // Config.DisableCoalescing: every call goes on its own
-	limit    int  // RPCs in flight before calls queue
+	off   bool // Config.DisableCoalescing: every call goes on its own
+	limit int  // RPCs in flight before calls queue
+	// patient: a call goes on its own only when no RPC of the kind is in
+	// flight, not while fewer than limit are.
+	patient  bool
 	maxBatch int
 	// one makes the single call; many the batch call, answering each
 	// item (errs[i] == errRedo sends item i again through one).
@@ -131,7 +137,11 @@ func (co *coalescer[Q, R]) do(ctx context.Context, q Q) (R, error) {
 		co.mu.Unlock()
 		return zero, errClosed
 	}
-	if co.inflight == 0 || len(co.queue) >= maxQueue {
+	alone := co.inflight < co.limit
+	if co.patient {
+		alone = co.inflight == 0
+	}
+	if alone || len(co.queue) >= maxQueue {
 		co.inflight++
 		co.mu.Unlock()
 		defer co.release()
@@ -302,12 +312,13 @@ func (co *coalescer[Q, R]) runOne(ctx context.Context, f *flight, ws []*waiter[Q
 		w.res, w.err = rs[i], errs[i]
 		close(w.done)
 	}
-	if len(ws) > 1 {
-		// Let the callers just woken run before taking the next batch:
-		// one that calls again at once (a loop of Gets) joins it instead
-		// of waiting for the one after (issue 18: batches of about 37
-		// instead of 30 with 64 callers on 2 cores). The slot stays held,
-		// so nobody goes out alone meanwhile.
+	if co.patient && len(ws) > 1 && len(co.queue) > 0 {
+		// The next batch leaves from here now. Let the callers just woken
+		// run first: one that calls again at once (a loop of Gets) joins
+		// it instead of waiting for the one after (issue 18: batches of
+		// about 40 instead of 30 with 64 callers on 2 cores). The slot
+		// stays held, so nobody goes out alone meanwhile; with nobody
+		// queued there is no yield, and the slot frees at once.
 		co.mu.Unlock()
 		runtime.Gosched()
 		co.mu.Lock()
@@ -441,6 +452,7 @@ func newCoalescers(s *shared) *coalescers {
 			return getR{direct: true}, q.c.getDirect(ctx, q.key, q.alloc, nil)
 		},
 		func(ctx context.Context, qs []getQ) ([]getR, []error) { return qs[0].c.getMany(ctx, qs) })
+	cs.get.patient = true
 
 	cs.exist = newCoalescer(&s.cfg, masterBatch, (*masterv1.ExistRequest).GetTenant,
 		func(ctx context.Context, q *masterv1.ExistRequest) (bool, error) {
@@ -462,6 +474,7 @@ func newCoalescers(s *shared) *coalescers {
 			}
 			return r.GetExists(), errs
 		})
+	cs.exist.patient = true
 
 	cs.lists = newCoalescer(&s.cfg, masterBatch, (*masterv1.GetReplicaListRequest).GetTenant,
 		func(ctx context.Context, q *masterv1.GetReplicaListRequest) (*masterv1.GetReplicaListResponse, error) {
@@ -473,6 +486,7 @@ func newCoalescers(s *shared) *coalescers {
 			return perItem(len(qs), r.GetResults(), err, (*masterv1.GetReplicaListResult).GetStatus,
 				(*masterv1.GetReplicaListResult).GetReplicaList)
 		})
+	cs.lists.patient = true
 
 	cs.starts = newCoalescer(&s.cfg, masterBatch, (*masterv1.PutStartRequest).GetTenant,
 		func(ctx context.Context, q *masterv1.PutStartRequest) (*masterv1.PutStartResponse, error) {

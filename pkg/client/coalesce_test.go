@@ -81,6 +81,7 @@ func newFake(limit, maxBatch int) *fakeKind {
 			}
 			return rs, errs
 		})
+	f.co.patient = true
 	f.co.discard = func(_ context.Context, qs []string, _ []string, _ []error) {
 		f.mu.Lock()
 		f.lost = append(f.lost, qs...)
@@ -168,6 +169,21 @@ func TestCoalesceLoneCallGoesOutAtOnce(t *testing.T) {
 		}
 		f.open()
 		if x, y := <-a, <-b; x.r != "one:t/a" || y.r != "many:t/b#0" {
+			t.Fatalf("answers %+v %+v", x, y)
+		}
+		// Not patient (PutStart, PutEnd): with two slots, two concurrent
+		// calls both go out at once.
+		f = newFake(2, 8)
+		f.co.patient = false
+		defer f.co.close()
+		f.hold()
+		a, b = f.start(t.Context(), "t/a"), f.start(t.Context(), "t/b")
+		synctest.Wait()
+		if len(f.ones) != 2 || f.co.queued() != 0 {
+			t.Fatalf("not patient: %d single calls out, %d queued; want 2 and 0", len(f.ones), f.co.queued())
+		}
+		f.open()
+		if x, y := <-a, <-b; x.r != "one:t/a" || y.r != "one:t/b" {
 			t.Fatalf("answers %+v %+v", x, y)
 		}
 	})
