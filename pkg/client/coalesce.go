@@ -127,7 +127,8 @@ func newCoalescer[Q, R any](cfg *Config, maxBatch int, group func(Q) string,
 	}
 }
 
-// do makes the call q: at once when a slot is free, else in the next batch.
+// do makes the call q: at once when it may go alone (none of its kind in
+// flight; fewer than limit unless patient), else in the next batch.
 func (co *coalescer[Q, R]) do(ctx context.Context, q Q) (R, error) {
 	if co.off {
 		return co.one(ctx, q)
