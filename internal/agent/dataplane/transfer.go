@@ -251,6 +251,7 @@ type transferConn struct {
 	errs    []error
 	results []agentv1.TransferResult
 	rptrs   []*agentv1.TransferResult
+	seals   []sealWrite
 
 	// rdLeft is how many more bytes may be read before the read deadline
 	// is renewed (every ioStep bytes of a request).

@@ -9,6 +9,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/crescent-kv/crescent/internal/xfer"
 	"golang.org/x/sys/unix"
 )
@@ -50,7 +51,10 @@ func (t *transferServer) write(c *transferConn, items []*agentv1.TransferItem) e
 		h := &slab[i]
 		err := s.openWriteTo(h, it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), now, tenant)
 		if err == nil {
-			if err = h.CheckBounds(it.GetOffset(), it.GetLength()); err != nil {
+			if err = h.CheckBounds(it.GetOffset(), it.GetLength()); err == nil && it.SealChecksum != nil {
+				err = checkSealOnWrite(h, it)
+			}
+			if err != nil {
 				h.Close()
 			}
 		}
@@ -99,9 +103,14 @@ func (t *transferServer) write(c *transferConn, items []*agentv1.TransferItem) e
 	if err != nil {
 		return err
 	}
+	seals := c.sealsToDo(items, hs, errs)
 	hs.close()
 	resp := &agentv1.TransferResponse{Results: reuse(&c.rptrs, len(items))}
 	rs := reuse(&c.results, len(items))
+	for _, sw := range seals {
+		rs[sw.i].SealReceipt, errs[sw.i] = t.sealOnWrite(sw, items[sw.i].GetSegmentId())
+	}
+	clear(seals)
 	var in uint64
 	for i, err := range errs {
 		r := &rs[i]
@@ -280,4 +289,76 @@ func (t *transferServer) discard(c *transferConn, n uint64) error {
 		n -= k
 	}
 	return nil
+}
+
+// checkSealOnWrite refuses seal_checksum on an item that does not write
+// the whole object: only then are the bytes the receipt vouches for all
+// this item's.
+func checkSealOnWrite(h *segment.Handle, it *agentv1.TransferItem) error {
+	if it.GetOffset() != 0 || it.GetLength() != h.Size() {
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
+			"seal_checksum needs an item that writes the whole object: this one writes [%d, %d) of allocation %d's %d bytes",
+			it.GetOffset(), it.GetOffset()+it.GetLength(), h.ID(), h.Size())
+	}
+	return nil
+}
+
+// errChecksumMismatch matches (errors.Is) any CHECKSUM_MISMATCH error.
+var errChecksumMismatch = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "checksum mismatch")
+
+// sealWrite is one allocation a WRITE seals once its bytes are in.
+type sealWrite struct {
+	i        int // the item
+	seg      *segment.Segment
+	id       uint64
+	size     uint64
+	epoch    uint64
+	checksum uint64
+}
+
+// sealsToDo lists the items written whole and OK that asked to be sealed
+// (seal_checksum), while their handles are open; nil (no allocation) when
+// none did.
+func (c *transferConn) sealsToDo(items []*agentv1.TransferItem, hs handles, errs []error) []sealWrite {
+	var out []sealWrite
+	for i, it := range items {
+		if it.SealChecksum == nil || hs[i] == nil || errs[i] != nil {
+			continue
+		}
+		h := hs[i]
+		if out == nil {
+			out = c.seals[:0]
+		}
+		out = append(out, sealWrite{i: i, seg: h.Segment(), id: h.ID(), size: h.Size(), epoch: h.Epoch(), checksum: it.GetSealChecksum()})
+	}
+	if out != nil && cap(out) <= maxKeptItems {
+		c.seals = out[:0]
+	}
+	return out
+}
+
+// sealOnWrite seals an allocation whose write completed (its handle
+// closed) the way the master's Seal does (segment.Seal: the bytes hashed
+// and compared with the checksum, a disk segment made durable, the change
+// fed to standbys) and returns the seal receipt the client hands the
+// master in PutEnd. A checksum mismatch is the item's error (the bytes are
+// not what the client meant; it revokes the put). Any other failure to seal
+// now (another write of the allocation in progress, a disk sync error, no
+// key yet) leaves the allocation RESERVED and answers no receipt: the
+// master's Seal at PutEnd decides, as it did before receipts.
+func (t *transferServer) sealOnWrite(sw sealWrite, segID string) ([]byte, error) {
+	rk := t.s.keys.receipts()
+	if rk == nil {
+		return nil, nil
+	}
+	err := sw.seg.Seal([]segment.SealArg{{ID: sw.id, Checksum: sw.checksum}}, t.s.now())[0]
+	switch {
+	case errors.Is(err, errChecksumMismatch):
+		return nil, err
+	case err != nil:
+		t.s.errs.WithLabelValues("transfer_seal", rpcerr.Reason(err)).Inc()
+		return nil, nil
+	}
+	t.s.sealsOnWrite.Inc()
+	return rk.Sign(token.Receipt{SegmentID: segID, AllocationID: sw.id, Size: sw.size, Checksum: sw.checksum, Epoch: sw.epoch}), nil
 }

@@ -175,6 +175,13 @@ func (h *Handle) Close() {
 	})
 }
 
+// Segment is the segment of the allocation.
+func (h *Handle) Segment() *Segment { return h.s }
+
+// Epoch is the master epoch of the Reserve that made the allocation (0
+// when not known).
+func (h *Handle) Epoch() uint64 { return h.e.epoch }
+
 // Object is the tenant and key the allocation was reserved for (fixed at
 // Reserve).
 func (h *Handle) Object() (tenant, key string) { return h.e.tenant, h.e.key }

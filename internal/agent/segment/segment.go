@@ -60,6 +60,10 @@ type entry struct {
 	softPin  int64 // unix ms
 	created  int64 // unix ms
 	sealed   int64 // unix ms
+	// epoch is the master epoch of the Reserve that made the allocation
+	// (0 when not known); a seal receipt names it. Runtime only: a
+	// restarted agent holds no RESERVED allocation to seal on write.
+	epoch uint64
 
 	// Runtime only, guarded by Segment.mu.
 	writers  int  // open write handles
@@ -246,15 +250,16 @@ var errClosed = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILA
 func (s *Segment) Reserve(it *masterv1.ReserveItem, now time.Time) (*masterv1.Allocation, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, err := s.reserveLocked(it, now.UnixMilli())
+	e, err := s.reserveLocked(it, now.UnixMilli(), 0)
 	if err != nil {
 		return nil, err
 	}
 	return e.proto(s.id), nil
 }
 
-// reserveLocked is Reserve; it returns the new table entry.
-func (s *Segment) reserveLocked(it *masterv1.ReserveItem, nowMs int64) (*entry, error) {
+// reserveLocked is Reserve under master epoch epoch; it returns the new
+// table entry.
+func (s *Segment) reserveLocked(it *masterv1.ReserveItem, nowMs int64, epoch uint64) (*entry, error) {
 	if s.closed {
 		return nil, errClosed
 	}
@@ -276,7 +281,7 @@ func (s *Segment) reserveLocked(it *masterv1.ReserveItem, nowMs int64) (*entry, 
 		id: s.nextID, offset: ext.Offset, size: it.GetSize(), ext: ext,
 		state:  masterv1.AllocationState_ALLOCATION_STATE_RESERVED,
 		tenant: it.GetTenant(), key: it.GetKey(), replica: it.GetReplicaId(), group: it.GetGroupId(),
-		hardPin: it.GetHardPin(), softPin: it.GetSoftPinUntilUnixMs(), created: nowMs,
+		hardPin: it.GetHardPin(), softPin: it.GetSoftPinUntilUnixMs(), created: nowMs, epoch: epoch,
 	}
 	s.nextID++
 	s.table.put(e)

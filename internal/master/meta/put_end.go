@@ -13,6 +13,10 @@ import (
 type PutEndSpec struct {
 	Tenant, Key, ClientID string
 	Checksum              uint64
+	// Receipts are the agents' seal receipts for the put's replicas
+	// (PutEndRequest.seal_receipts): a replica with a valid one was sealed
+	// on write and is committed without a Seal (receipt.go).
+	Receipts [][]byte
 }
 
 // PutEnd ends one put; see BatchPutEnd.
@@ -25,6 +29,9 @@ type sealRep struct {
 	seg   uint32
 	alloc uint64
 	err   error
+	// receipted: a valid seal receipt vouches for the seal (no Seal is
+	// sent); err is then nil.
+	receipted bool
 }
 
 type endItem struct {
@@ -37,6 +44,8 @@ type endItem struct {
 	reps    []sealRep
 	err     error
 	settled bool // answered in phase 1 (idempotent repeat or error)
+	// receipts are the spec's seal receipts, opened (receipt.go).
+	receipts []openedReceipt
 }
 
 // BatchPutEnd seals many puts: per shard it checks the writer and collects
@@ -71,6 +80,12 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 			continue
 		}
 		arena[i] = endItem{i: i, tenant: t, shard: shard}
+		if len(sp.Receipts) > 0 {
+			if arena[i].receipts, err = s.openReceipts(sp.Receipts); err != nil {
+				res[i] = err
+				continue
+			}
+		}
 		items = append(items, &arena[i])
 	}
 	type batch struct {
@@ -115,16 +130,27 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 					it.reps = append(it.reps, sealRep{id: r.id, seg: r.seg, alloc: r.allocID})
 				}
 			}
+			if len(it.receipts) > 0 {
+				s.applyReceiptsLocked(it, o, sp)
+			}
 		}
 		shd.mu.Unlock()
 	})
 	sis := slab[masterv1.SealItem]{n: len(items)}
+	var viaReceipt, viaSeal int
 	for _, it := range items {
 		if it.settled {
 			continue
 		}
 		for r := range it.reps {
 			rp := &it.reps[r]
+			if rp.receipted {
+				viaReceipt++
+			}
+			if rp.receipted || rp.err != nil {
+				continue
+			}
+			viaSeal++
 			e := s.segs.get(rp.seg)
 			sv, ok := s.reg.Segment(e.id)
 			if !ok || !sv.CanContinueCleanup() {
@@ -142,6 +168,12 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 			b.items = append(b.items, si)
 			b.reps = append(b.reps, rp)
 		}
+	}
+	if viaReceipt > 0 {
+		s.seals.WithLabelValues("receipt").Add(float64(viaReceipt))
+	}
+	if viaSeal > 0 {
+		s.seals.WithLabelValues("seal").Add(float64(viaSeal))
 	}
 	fanOut(per, func(agent string, b *batch) {
 		out, err := s.agents.Seal(ctx, agent, b.items)
