@@ -44,8 +44,10 @@ type endItem struct {
 	reps    []sealRep
 	err     error
 	settled bool // answered in phase 1 (idempotent repeat or error)
-	// receipts are the spec's seal receipts, opened (receipt.go).
-	receipts []openedReceipt
+	// receipts are the spec's seal receipts, opened (receipt.go), or
+	// receiptErr why they did not open.
+	receipts   []openedReceipt
+	receiptErr error
 }
 
 // BatchPutEnd seals many puts: per shard it checks the writer and collects
@@ -81,10 +83,9 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 		}
 		arena[i] = endItem{i: i, tenant: t, shard: shard}
 		if len(sp.Receipts) > 0 {
-			if arena[i].receipts, err = s.openReceipts(sp.Receipts); err != nil {
-				res[i] = err
-				continue
-			}
+			// A receipt that does not open fails the put (in phase 1,
+			// once the writer is checked), never just this call.
+			arena[i].receipts, arena[i].receiptErr = s.openReceipts(sp.Receipts)
 		}
 		items = append(items, &arena[i])
 	}
@@ -130,7 +131,7 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 					it.reps = append(it.reps, sealRep{id: r.id, seg: r.seg, alloc: r.allocID})
 				}
 			}
-			if len(it.receipts) > 0 {
+			if len(it.receipts) > 0 || it.receiptErr != nil {
 				s.applyReceiptsLocked(it, o, sp)
 			}
 		}
@@ -169,12 +170,8 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 			b.reps = append(b.reps, rp)
 		}
 	}
-	if viaReceipt > 0 {
-		s.seals.WithLabelValues("receipt").Add(float64(viaReceipt))
-	}
-	if viaSeal > 0 {
-		s.seals.WithLabelValues("seal").Add(float64(viaSeal))
-	}
+	s.sealsByReceipt.Add(uint64(viaReceipt))
+	s.sealsBySeal.Add(uint64(viaSeal))
 	fanOut(per, func(agent string, b *batch) {
 		out, err := s.agents.Seal(ctx, agent, b.items)
 		if err == nil && len(out) != len(b.items) {

@@ -61,11 +61,14 @@ func (s *Store) openReceipts(raw [][]byte) ([]openedReceipt, error) {
 
 // applyReceiptsLocked matches it's opened receipts with its replicas (o's,
 // collected in it.reps) and marks the replicas they vouch for. A receipt
-// that names no replica of the put, or another size, checksum or epoch,
-// fails every replica of the put with its error, so settleSealsLocked
+// that did not open, or names no replica of the put, or another size,
+// checksum or epoch, fails every replica of the put with its error, so settleSealsLocked
 // removes and releases them all. The shard's lock is held.
 func (s *Store) applyReceiptsLocked(it *endItem, o *object, sp *PutEndSpec) {
-	err := s.matchReceiptsLocked(it, o, sp)
+	err := it.receiptErr
+	if err == nil {
+		err = s.matchReceiptsLocked(it, o, sp)
+	}
 	if err == nil {
 		return
 	}
@@ -109,4 +112,11 @@ func (s *Store) matchReceiptsLocked(it *endItem, o *object, sp *PutEndSpec) erro
 		}
 	}
 	return nil
+}
+
+// PutSeals reports how many replicas PutEnd has sealed or tried to seal
+// through a seal receipt and through a Seal to the agent
+// (crescent_master_put_seals_total).
+func (s *Store) PutSeals() (viaReceipt, viaSeal uint64) {
+	return s.sealsByReceipt.Load(), s.sealsBySeal.Load()
 }

@@ -103,10 +103,10 @@ type Store struct {
 	changes        prometheus.Counter
 	reserved       prometheus.Counter
 	expired        prometheus.Counter
-	// seals counts the replicas PutEnd committed, by how their seal was
-	// established: "receipt" (sealed on write, receipt.go) or "seal" (a
-	// Seal to the agent).
-	seals *prometheus.CounterVec
+	// sealsByReceipt and sealsBySeal count the replicas PutEnd sealed or
+	// tried to seal, by how: a seal receipt (sealed on write, receipt.go)
+	// or a Seal to the agent (PutSeals, crescent_master_put_seals_total).
+	sealsByReceipt, sealsBySeal atomic.Uint64
 }
 
 var _ cluster.Metadata = (*Store)(nil)
@@ -165,10 +165,6 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		expired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "crescent_master_expired_puts_total", Help: "PutStarts expired for want of a PutEnd within the put timeout.",
 		}),
-		seals: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "crescent_master_put_seals_total",
-			Help: "Replicas PutEnd sealed, by how: via=receipt (the agent sealed on write and the client passed its seal receipt) or via=seal (a Seal command to the agent).",
-		}, []string{"via"}),
 	}
 	s.promo = newPromoter(cfg)
 	for i := range s.shards {
@@ -186,7 +182,14 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		rev := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "crescent_master_change_revision", Help: "Head revision of the change log.",
 		}, func() float64 { return float64(s.log.Head()) })
-		for _, c := range append([]prometheus.Collector{s.evicted, s.offloaded, s.offloadedBytes, s.changes, s.reserved, s.expired, s.seals, objects, bytes, rev}, s.promo.collectors()...) {
+		seals := func(via string, n *atomic.Uint64) prometheus.Collector {
+			return prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "crescent_master_put_seals_total", ConstLabels: prometheus.Labels{"via": via},
+				Help: "Replicas PutEnd sealed or tried to seal, by how: via=receipt (the agent sealed on write and the client passed its seal receipt) or via=seal (a Seal command to the agent).",
+			}, func() float64 { return float64(n.Load()) })
+		}
+		for _, c := range append([]prometheus.Collector{s.evicted, s.offloaded, s.offloadedBytes, s.changes, s.reserved, s.expired,
+			seals("receipt", &s.sealsByReceipt), seals("seal", &s.sealsBySeal), objects, bytes, rev}, s.promo.collectors()...) {
 			if err := deps.Metrics.Register(c); err != nil {
 				return nil, fmt.Errorf("meta: register metrics: %w", err)
 			}
