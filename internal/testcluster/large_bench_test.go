@@ -14,6 +14,7 @@ import (
 	agentapp "github.com/crescent-kv/crescent/internal/agent/app"
 	"github.com/crescent-kv/crescent/internal/config"
 	"github.com/crescent-kv/crescent/internal/testcluster"
+	"github.com/crescent-kv/crescent/pkg/client"
 )
 
 var (
@@ -32,25 +33,32 @@ var (
 // same process, so the ratios hold on a VM whose speed drifts within
 // minutes.
 //
-// One iteration: raw (1 and N streams), put (fresh keys), raw again, get
+// One iteration: raw (1 and N streams), put (fresh keys) and put with
+// DisableSealOnWrite (the path before seal receipts, fresh keys; the two in
+// turn, the first alternating by iteration), raw again, get
 // (every key once, into a reused buffer per worker, bytes checked against
 // the checksum by the SDK), then the keys are removed (untimed). Two
 // prefaulted agents with room for every object; no gateway. It reports
 // put-GB/s, get-GB/s, raw1-GB/s, rawN-GB/s, and put/raw1, get/raw1 (goals ≥
-// 0.8 and ≥ 0.9 against iperf3's one stream) and put/rawN, get/rawN.
+// 0.8 and ≥ 0.9 against iperf3's one stream) and put/rawN, get/rawN, and
+// putseal/raw1 and put/putseal (the seal receipts' gain, same process).
 func BenchmarkLargeObjects(b *testing.B) {
 	size, n, w := *largeSize, *largeObjects, *largeWorkers
-	mem := uint64(n*size) + 64<<20 // each agent could hold them all
+	mem := uint64(2*n*size) + 64<<20 // each agent could hold them all (both put phases)
 	c := testcluster.Start(b, testcluster.Options{
 		AgentMemory: mem,
 		Agent:       func(_ int, c *agentapp.Config) { c.Prefault = true; c.Memory = config.ByteSize(mem) },
 	})
 	cl := c.Client(b)
+	// The put path before seal receipts (a Seal round trip in PutEnd), for
+	// a same-process A/B: put/putseal.
+	clSeal := c.Client(b, func(cfg *client.Config) { cfg.DisableSealOnWrite = true })
 	ctx := b.Context()
 	src := make([]byte, size)
 	drainValue(src, 7)
 	keys := make([]string, n)
-	var rawPutD, rawGetD, rawNPutD, rawNGetD, putD, getD time.Duration
+	var rawPutD, rawGetD, rawNPutD, rawNGetD, putD, getD, putSealD time.Duration
+	sealKeys := make([]string, n)
 	b.ResetTimer()
 	for it := 0; it < b.N; it++ {
 		for i := range keys {
@@ -58,7 +66,21 @@ func BenchmarkLargeObjects(b *testing.B) {
 		}
 		rawPutD += rawCopyConc(b, n, size, 1)
 		rawNPutD += rawCopyConc(b, n, size, w)
-		putD += forEach(b, n, w, func(i int, _ []byte) error { return cl.Put(ctx, keys[i], src) }, 0)
+		for i := range sealKeys {
+			sealKeys[i] = fmt.Sprintf("large-seal/%d/%06d", it, i)
+		}
+		// The two put paths in turn, the order alternating by iteration.
+		puts := func() { putD += forEach(b, n, w, func(i int, _ []byte) error { return cl.Put(ctx, keys[i], src) }, 0) }
+		sealPuts := func() {
+			putSealD += forEach(b, n, w, func(i int, _ []byte) error { return clSeal.Put(ctx, sealKeys[i], src) }, 0)
+		}
+		if it%2 == 0 {
+			puts()
+			sealPuts()
+		} else {
+			sealPuts()
+			puts()
+		}
 		rawGetD += rawCopyConc(b, n, size, 1)
 		rawNGetD += rawCopyConc(b, n, size, w)
 		getD += forEach(b, n, w, func(i int, buf []byte) error {
@@ -70,7 +92,7 @@ func BenchmarkLargeObjects(b *testing.B) {
 		}, size)
 		b.StopTimer()
 		// Forced: the gets left read leases.
-		for _, err := range cl.BatchRemove(ctx, keys, true) {
+		for _, err := range cl.BatchRemove(ctx, append(keys, sealKeys...), true) {
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -87,6 +109,8 @@ func BenchmarkLargeObjects(b *testing.B) {
 	b.ReportMetric(float64(rawGetD)/float64(getD), "get/raw1")
 	b.ReportMetric(float64(rawNPutD)/float64(putD), "put/rawN")
 	b.ReportMetric(float64(rawNGetD)/float64(getD), "get/rawN")
+	b.ReportMetric(float64(rawPutD)/float64(putSealD), "putseal/raw1")
+	b.ReportMetric(float64(putSealD)/float64(putD), "put/putseal")
 }
 
 // forEach runs op for i in [0, n) from w goroutines, each with a buffer of

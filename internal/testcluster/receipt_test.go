@@ -138,6 +138,17 @@ func TestPutSealReceipts(t *testing.T) {
 			t.Fatal("not readable")
 		}
 	})
+	t.Run("sdk put with DisableSealOnWrite is sealed by Seal", func(t *testing.T) {
+		r0, s0 := seals()
+		cl := c.Client(t, func(cfg *client.Config) { cfg.DisableSealOnWrite = true })
+		if err := cl.Put(ctx, "no-seal-on-write", data); err != nil {
+			t.Fatal(err)
+		}
+		wantSeals(t, r0, s0, 0, 1)
+		if !readable(t, "no-seal-on-write") {
+			t.Fatal("not readable")
+		}
+	})
 	t.Run("raw put with a receipt", func(t *testing.T) {
 		r0, s0 := seals()
 		_, receipts := start(t, "raw-ok", true, sum)

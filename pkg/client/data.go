@@ -97,12 +97,15 @@ func (c *Client) putOnce(ctx context.Context, key string, size int64, src source
 			o.progress(done.Add(int64(n)), total)
 		}
 	}
-	rc := &sealReceipts{sum: sum}
+	var rc *sealReceipts
+	if !c.s.cfg.DisableSealOnWrite {
+		rc = &sealReceipts{sum: sum}
+	}
 	if err := c.writeReplicas(ctx, start.GetReplicas(), size, src, progress, rc); err != nil {
 		c.revoke(ctx, key)
 		return fmt.Errorf("put %q: write replica: %w", key, err)
 	}
-	if _, err := c.putEnd(ctx, &masterv1.PutEndRequest{Tenant: c.tenant, Key: key, ClientId: c.s.cfg.ClientID, Checksum: sum, SealReceipts: rc.got}); err != nil {
+	if _, err := c.putEnd(ctx, &masterv1.PutEndRequest{Tenant: c.tenant, Key: key, ClientId: c.s.cfg.ClientID, Checksum: sum, SealReceipts: rc.receipts()}); err != nil {
 		if !errors.Is(err, ErrChecksum) {
 			c.revoke(ctx, key)
 		}
@@ -191,6 +194,16 @@ type sealReceipts struct {
 	sum uint64 // the object checksum
 	mu  sync.Mutex
 	got [][]byte // guarded by mu
+}
+
+// receipts returns the receipts collected (nil for a nil rc).
+func (rc *sealReceipts) receipts() [][]byte {
+	if rc == nil {
+		return nil
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return rc.got
 }
 
 func (rc *sealReceipts) add(r []byte) {
