@@ -256,7 +256,11 @@ func (p *Pool) Read(ctx context.Context, endpoint string, items []*agentv1.Trans
 // answer arrived, the agent most likely closed that connection while it
 // sat idle (or restarted): the call is retried once on a fresh connection.
 // Both operations are idempotent until the caller seals, so a retry is
-// safe even if the agent did act on the first attempt.
+// safe even if the agent did act on the first attempt. A WRITE with
+// seal_checksum seals as it ends: its retry after an agent that did act
+// (and then lost the connection before answering) is refused with
+// ALLOCATION_STATE, so the put fails and is revoked, never sealed twice
+// or with other bytes.
 func (p *Pool) run(ctx context.Context, endpoint string, fn func(*conn) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
