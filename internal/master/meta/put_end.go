@@ -242,6 +242,9 @@ func (s *Store) settleSealsLocked(ctx context.Context, m *mut, sp *PutEndSpec, i
 		m.sh.endPutLocked(o)
 		m.dropIfEmpty(o)
 		if firstErr == nil {
+			firstErr = it.receiptErr
+		}
+		if firstErr == nil {
 			firstErr = errPutExpired(sp.Tenant, sp.Key)
 		}
 		it.err = firstErr

@@ -75,9 +75,7 @@ func (s *Store) applyReceiptsLocked(it *endItem, o *object, sp *PutEndSpec) {
 	for r := range it.reps {
 		it.reps[r].err, it.reps[r].receipted = err, false
 	}
-	if len(it.reps) == 0 {
-		it.err, it.settled = err, true
-	}
+	it.receiptErr = err // the put's error should no replica be left to fail
 }
 
 func (s *Store) matchReceiptsLocked(it *endItem, o *object, sp *PutEndSpec) error {
