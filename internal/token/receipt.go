@@ -185,8 +185,12 @@ type receiptKeysOnce struct {
 }
 
 // ReceiptKeys returns the receipt keys of the ring's keys (those agents
-// hold), derived once per rotation.
+// hold), derived once per rotation; nil for a nil Ring (which opens no
+// receipt).
 func (r *Ring) ReceiptKeys() *ReceiptKeys {
+	if r == nil {
+		return nil
+	}
 	st := r.st.Load()
 	st.receipts.once.Do(func() { st.receipts.rk = NewReceiptKeys(st.keys...) })
 	return st.receipts.rk
