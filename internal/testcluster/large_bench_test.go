@@ -14,6 +14,7 @@ import (
 	agentapp "github.com/crescent-kv/crescent/internal/agent/app"
 	"github.com/crescent-kv/crescent/internal/config"
 	"github.com/crescent-kv/crescent/internal/testcluster"
+	"github.com/crescent-kv/crescent/pkg/client"
 )
 
 var (
@@ -32,25 +33,36 @@ var (
 // same process, so the ratios hold on a VM whose speed drifts within
 // minutes.
 //
-// One iteration: raw (1 and N streams), put (fresh keys), raw again, get
+// One iteration: raw (1 and N streams), put (fresh keys), then puts with
+// and without DisableSealOnWrite (the path before seal receipts)
+// interleaved object by object (untimed but for their latencies), raw
+// again, get
 // (every key once, into a reused buffer per worker, bytes checked against
 // the checksum by the SDK), then the keys are removed (untimed). Two
 // prefaulted agents with room for every object; no gateway. It reports
 // put-GB/s, get-GB/s, raw1-GB/s, rawN-GB/s, and put/raw1, get/raw1 (goals ≥
-// 0.8 and ≥ 0.9 against iperf3's one stream) and put/rawN, get/rawN.
+// 0.8 and ≥ 0.9 against iperf3's one stream) and put/rawN, get/rawN, and
+// put-µs, putseal-µs and put/putseal: the mean latency of an interleaved
+// put with seal receipts and without, and their ratio (the receipts'
+// gain, measured under the same load).
 func BenchmarkLargeObjects(b *testing.B) {
 	size, n, w := *largeSize, *largeObjects, *largeWorkers
-	mem := uint64(n*size) + 64<<20 // each agent could hold them all
+	mem := uint64(2*n*size) + 64<<20 // each agent could hold them all (both put phases)
 	c := testcluster.Start(b, testcluster.Options{
 		AgentMemory: mem,
 		Agent:       func(_ int, c *agentapp.Config) { c.Prefault = true; c.Memory = config.ByteSize(mem) },
 	})
 	cl := c.Client(b)
+	// The put path before seal receipts (a Seal round trip in PutEnd), for
+	// a same-process A/B: put/putseal.
+	clSeal := c.Client(b, func(cfg *client.Config) { cfg.DisableSealOnWrite = true })
 	ctx := b.Context()
 	src := make([]byte, size)
 	drainValue(src, 7)
 	keys := make([]string, n)
 	var rawPutD, rawGetD, rawNPutD, rawNGetD, putD, getD time.Duration
+	var abD [2]atomic.Int64 // summed put latencies: with receipts, with Seal
+	sealKeys := make([]string, n)
 	b.ResetTimer()
 	for it := 0; it < b.N; it++ {
 		for i := range keys {
@@ -58,7 +70,22 @@ func BenchmarkLargeObjects(b *testing.B) {
 		}
 		rawPutD += rawCopyConc(b, n, size, 1)
 		rawNPutD += rawCopyConc(b, n, size, w)
+		for i := range sealKeys {
+			sealKeys[i] = fmt.Sprintf("large-seal/%d/%06d", it, i)
+		}
 		putD += forEach(b, n, w, func(i int, _ []byte) error { return cl.Put(ctx, keys[i], src) }, 0)
+		// The A/B: puts with and without seal on write interleaved (even
+		// objects one way, odd the other), so both see the same load; the
+		// ratio of their mean latencies is put/putseal.
+		forEach(b, n, w, func(i int, _ []byte) error {
+			t0 := time.Now()
+			if i%2 == 0 {
+				defer func() { abD[0].Add(int64(time.Since(t0))) }()
+				return cl.Put(ctx, sealKeys[i], src)
+			}
+			defer func() { abD[1].Add(int64(time.Since(t0))) }()
+			return clSeal.Put(ctx, sealKeys[i], src)
+		}, 0)
 		rawGetD += rawCopyConc(b, n, size, 1)
 		rawNGetD += rawCopyConc(b, n, size, w)
 		getD += forEach(b, n, w, func(i int, buf []byte) error {
@@ -70,7 +97,7 @@ func BenchmarkLargeObjects(b *testing.B) {
 		}, size)
 		b.StopTimer()
 		// Forced: the gets left read leases.
-		for _, err := range cl.BatchRemove(ctx, keys, true) {
+		for _, err := range cl.BatchRemove(ctx, append(keys, sealKeys...), true) {
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -87,6 +114,9 @@ func BenchmarkLargeObjects(b *testing.B) {
 	b.ReportMetric(float64(rawGetD)/float64(getD), "get/raw1")
 	b.ReportMetric(float64(rawNPutD)/float64(putD), "put/rawN")
 	b.ReportMetric(float64(rawNGetD)/float64(getD), "get/rawN")
+	b.ReportMetric(float64(abD[1].Load())/float64(abD[0].Load()), "put/putseal")
+	b.ReportMetric(float64(abD[0].Load())/float64(b.N*((n+1)/2))/1e3, "put-µs")
+	b.ReportMetric(float64(abD[1].Load())/float64(b.N*(n/2))/1e3, "putseal-µs")
 }
 
 // forEach runs op for i in [0, n) from w goroutines, each with a buffer of

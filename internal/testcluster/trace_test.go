@@ -54,7 +54,9 @@ func TestTraceOfAPut(t *testing.T) {
 	rec := tracectxtest.Install(t)
 	c := Start(t, Options{Gateway: true})
 	c.WaitSegments(2)
-	cl := c.Client(t)
+	// Without seal on write, so PutEnd's Seal is traced too (with it, the
+	// agents seal within their transfer.write spans and no Seal is sent).
+	cl := c.Client(t, func(cfg *client.Config) { cfg.DisableSealOnWrite = true })
 	if err := cl.Put(t.Context(), "traced", []byte("some bytes"), client.WithReplicas(2)); err != nil {
 		t.Fatal(err)
 	}

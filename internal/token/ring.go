@@ -36,6 +36,8 @@ type ringState struct {
 	keys             []SigningKey
 	// activeAt is when newest starts signing; before it previous does.
 	activeAt time.Time
+	// receipts caches the receipt keys derived from keys (ReceiptKeys).
+	receipts receiptKeysOnce
 }
 
 // NewRing returns a Ring with one fresh key, signing at once. activation

@@ -138,6 +138,26 @@ func (p *Pool) Write(ctx context.Context, endpoint string, items []*agentv1.Tran
 	return itemErrs, err
 }
 
+// WriteResult is one item's outcome of WriteSealed.
+type WriteResult struct {
+	// Err is nil or the item's error (an *rpcerr.Error).
+	Err error
+	// Receipt is the agent's seal receipt for an item sent with
+	// seal_checksum that the agent sealed on write; nil otherwise (the
+	// master's Seal then seals it at PutEnd).
+	Receipt []byte
+}
+
+// WriteSealed is Write that also returns each item's seal receipt: items
+// that set SealChecksum (whole-object items only) ask the agent to verify
+// and seal the allocation once its bytes are in (transfer.proto).
+func (p *Pool) WriteSealed(ctx context.Context, endpoint string, items []*agentv1.TransferItem, src [][]byte) (res []WriteResult, err error) {
+	ctx, span := startSpan(ctx, "transfer.write", endpoint, items, src)
+	res, err = exchange(ctx, p, endpoint, items, src, "source", (*conn).writeSealed)
+	endSpan(span, err, res, func(r WriteResult) error { return r.Err })
+	return res, err
+}
+
 // tracer makes the client's transfer spans.
 var tracer = tracectx.NewTracer("github.com/crescent-kv/crescent/internal/xfer")
 
@@ -236,7 +256,11 @@ func (p *Pool) Read(ctx context.Context, endpoint string, items []*agentv1.Trans
 // answer arrived, the agent most likely closed that connection while it
 // sat idle (or restarted): the call is retried once on a fresh connection.
 // Both operations are idempotent until the caller seals, so a retry is
-// safe even if the agent did act on the first attempt.
+// safe even if the agent did act on the first attempt. A WRITE with
+// seal_checksum seals as it ends: its retry after an agent that did act
+// (and then lost the connection before answering) is refused with
+// ALLOCATION_STATE, so the put fails and is revoked, never sealed twice
+// or with other bytes.
 func (p *Pool) run(ctx context.Context, endpoint string, fn func(*conn) error) error {
 	if err := ctx.Err(); err != nil {
 		return err

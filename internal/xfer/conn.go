@@ -117,6 +117,17 @@ func (c *conn) violation(format string, args ...any) error {
 
 // write runs one WRITE exchange of at most MaxItems items.
 func (c *conn) write(items []*agentv1.TransferItem, src [][]byte, errs []error) error {
+	return c.writeEach(items, src, func(i int, err error, _ []byte) { errs[i] = err })
+}
+
+// writeSealed is write that keeps the seal receipts.
+func (c *conn) writeSealed(items []*agentv1.TransferItem, src [][]byte, res []WriteResult) error {
+	return c.writeEach(items, src, func(i int, err error, receipt []byte) { res[i] = WriteResult{Err: err, Receipt: receipt} })
+}
+
+// writeEach runs one WRITE exchange of at most MaxItems items and hands
+// each item's outcome to set.
+func (c *conn) writeEach(items []*agentv1.TransferItem, src [][]byte, set func(i int, err error, receipt []byte)) error {
 	rs, err := c.exchange(agentv1.TransferOp_TRANSFER_OP_WRITE, items, src)
 	if err != nil {
 		return err
@@ -126,7 +137,11 @@ func (c *conn) write(items []*agentv1.TransferItem, src [][]byte, errs []error) 
 		if err == nil && r.GetLength() != items[i].GetLength() {
 			return c.violation("item %d: %d bytes written of %d sent", i, r.GetLength(), items[i].GetLength())
 		}
-		errs[i] = err
+		var receipt []byte
+		if err == nil && items[i].SealChecksum != nil {
+			receipt = r.GetSealReceipt() // decoded by copy (UnmarshalVT): it outlives rbuf
+		}
+		set(i, err, receipt)
 	}
 	return nil
 }

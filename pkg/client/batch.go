@@ -217,7 +217,7 @@ func (c *Client) runWrites(ctx context.Context, writes []write) map[int]error {
 	for _, w := range writes {
 		if len(w.data) > c.s.cfg.SmallObject {
 			tasks = append(tasks, func() {
-				if err := c.writeOne(ctx, w.desc, int64(len(w.data)), sliceSource(w.data), func(int) {}); err != nil {
+				if err := c.writeOne(ctx, w.desc, int64(len(w.data)), sliceSource(w.data), func(int) {}, nil); err != nil {
 					fail(w.item, err)
 				}
 			})

@@ -135,6 +135,12 @@ type Config struct {
 	// DataService, ignoring the bulk transfer endpoints they advertise
 	// (internal/xfer), which are otherwise preferred.
 	DisableTransfer bool
+	// DisableSealOnWrite stops a single Put from asking the agents to seal
+	// its replicas at the end of their bulk write (seal receipts, issue 18
+	// item 2): PutEnd then waits for the master's Seal round trip to the
+	// agents, as before receipts. For A/B measurements and as an escape
+	// hatch; the default (false) saves that round trip.
+	DisableSealOnWrite bool
 	// SharedMemorySockets are the Unix sockets of the agents on this host
 	// that share their memory segments (crescent-agent --shm-socket): their
 	// replicas' bytes then move by memcpy through this process's mapping

@@ -363,6 +363,11 @@ func TestCoalescePut(t *testing.T) {
 	if calls["BatchPutStart"] != 1 || items["BatchPutStart"][0] != len(keys) {
 		t.Fatalf("BatchPutStart calls %d, items %v; want one of %d", calls["BatchPutStart"], items["BatchPutStart"], len(keys))
 	}
+	// Coalesced or not, every PutEnd carried its agent's seal receipt
+	// (issue 18 item 2): the master sent no Seal.
+	if viaReceipt, viaSeal := h.Master().Store.PutSeals(); viaSeal != 0 || viaReceipt != uint64(len(keys)+1) {
+		t.Fatalf("replicas sealed via receipt %d, via Seal %d; want %d, 0", viaReceipt, viaSeal, len(keys)+1)
+	}
 }
 
 // TestCoalesceClientCloseWithWaiters: Close while calls wait for a batch fails

@@ -97,11 +97,15 @@ func (c *Client) putOnce(ctx context.Context, key string, size int64, src source
 			o.progress(done.Add(int64(n)), total)
 		}
 	}
-	if err := c.writeReplicas(ctx, start.GetReplicas(), size, src, progress); err != nil {
+	var rc *sealReceipts
+	if !c.s.cfg.DisableSealOnWrite {
+		rc = &sealReceipts{sum: sum}
+	}
+	if err := c.writeReplicas(ctx, start.GetReplicas(), size, src, progress, rc); err != nil {
 		c.revoke(ctx, key)
 		return fmt.Errorf("put %q: write replica: %w", key, err)
 	}
-	if _, err := c.putEnd(ctx, &masterv1.PutEndRequest{Tenant: c.tenant, Key: key, ClientId: c.s.cfg.ClientID, Checksum: sum}); err != nil {
+	if _, err := c.putEnd(ctx, &masterv1.PutEndRequest{Tenant: c.tenant, Key: key, ClientId: c.s.cfg.ClientID, Checksum: sum, SealReceipts: rc.receipts()}); err != nil {
 		if !errors.Is(err, ErrChecksum) {
 			c.revoke(ctx, key)
 		}
@@ -168,22 +172,54 @@ func (c *Client) revoke(ctx context.Context, key string) {
 }
 
 // writeReplicas writes every replica in parallel and returns the first error.
-func (c *Client) writeReplicas(ctx context.Context, reps []*masterv1.ReplicaDescriptor, size int64, src source, progress func(int)) error {
+func (c *Client) writeReplicas(ctx context.Context, reps []*masterv1.ReplicaDescriptor, size int64, src source, progress func(int), rc *sealReceipts) error {
 	if len(reps) == 1 {
-		return c.writeOne(ctx, reps[0], size, src, progress)
+		return c.writeOne(ctx, reps[0], size, src, progress, rc)
 	}
 	errs := make([]error, len(reps))
 	var wg sync.WaitGroup
 	for i, d := range reps {
-		wg.Go(func() { errs[i] = c.writeOne(ctx, d, size, src, progress) })
+		wg.Go(func() { errs[i] = c.writeOne(ctx, d, size, src, progress, rc) })
 	}
 	wg.Wait()
 	return errors.Join(errs...)
 }
 
-func (c *Client) writeOne(ctx context.Context, d *masterv1.ReplicaDescriptor, size int64, src source, progress func(int)) error {
+// sealReceipts collects the seal receipts of one put's replica writes
+// (internal/token/receipt.go): the agents seal on write the replicas
+// written whole in one bulk request and vouch for it, and PutEnd passes
+// the receipts so the master sends those agents no Seal. Safe for the
+// concurrent writes of the replicas.
+type sealReceipts struct {
+	sum uint64 // the object checksum
+	mu  sync.Mutex
+	got [][]byte // guarded by mu
+}
+
+// receipts returns the receipts collected (nil for a nil rc).
+func (rc *sealReceipts) receipts() [][]byte {
+	if rc == nil {
+		return nil
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return rc.got
+}
+
+func (rc *sealReceipts) add(r []byte) {
+	if rc == nil || len(r) == 0 {
+		return
+	}
+	rc.mu.Lock()
+	rc.got = append(rc.got, r)
+	rc.mu.Unlock()
+}
+
+// writeOne writes one replica; rc, when not nil, asks the agent to seal
+// it on write and collects its receipt.
+func (c *Client) writeOne(ctx context.Context, d *masterv1.ReplicaDescriptor, size int64, src source, progress func(int), rc *sealReceipts) error {
 	if ep := c.transferEndpoint(d); ep != "" {
-		return c.writeTransfer(ctx, ep, d, size, src, progress)
+		return c.writeTransfer(ctx, ep, d, size, src, progress, rc)
 	}
 	dc, err := c.agent(d.GetDataEndpoint())
 	if err != nil {

@@ -33,8 +33,14 @@ func transferItem(d *masterv1.ReplicaDescriptor, off int64) *agentv1.TransferIte
 }
 
 // writeTransfer writes a whole replica on the bulk path, xferChunk bytes per
-// request.
-func (c *Client) writeTransfer(ctx context.Context, ep string, d *masterv1.ReplicaDescriptor, size int64, src source, progress func(int)) error {
+// request. With rc, a replica that fits one request asks the agent to seal
+// it on write (seal_checksum) and its receipt goes to rc.
+func (c *Client) writeTransfer(ctx context.Context, ep string, d *masterv1.ReplicaDescriptor, size int64, src source, progress func(int), rc *sealReceipts) error {
+	if rc != nil && size <= xferChunk {
+		if sc, _, _ := c.shmSplit(ctx, []*agentv1.TransferItem{transferItem(d, 0)}); sc == nil {
+			return c.writeSealed(ctx, ep, d, size, src, progress, rc)
+		}
+	}
 	var buf []byte
 	// At least one request, so an empty object is written too.
 	for off := int64(0); ; off += xferChunk {
@@ -56,6 +62,29 @@ func (c *Client) writeTransfer(ctx context.Context, ep string, d *masterv1.Repli
 			return nil
 		}
 	}
+}
+
+// writeSealed writes a replica of at most xferChunk bytes in one bulk
+// request that asks the agent to seal it on write, and adds the agent's
+// seal receipt to rc (none from an agent that predates receipts: the
+// master's Seal then seals the replica at PutEnd).
+func (c *Client) writeSealed(ctx context.Context, ep string, d *masterv1.ReplicaDescriptor, size int64, src source, progress func(int), rc *sealReceipts) error {
+	data, err := src(0, int(size), nil)
+	if err != nil {
+		return err
+	}
+	it := transferItem(d, 0)
+	it.SealChecksum = &rc.sum
+	res, err := c.s.xfer.WriteSealed(ctx, ep, []*agentv1.TransferItem{it}, [][]byte{data})
+	if err != nil {
+		return err
+	}
+	if res[0].Err != nil {
+		return res[0].Err
+	}
+	rc.add(res[0].Receipt)
+	progress(int(size))
+	return nil
 }
 
 // readTransfer reads [0, size) of a replica on the bulk path and hands it to

@@ -62,6 +62,8 @@ type Keyring struct {
 	// mu serialises Set; verifier loads v without it.
 	mu sync.Mutex
 	v  atomic.Pointer[token.Verifier]
+	// rk signs seal receipts under the receipt key of the newest key.
+	rk atomic.Pointer[token.ReceiptKeys]
 }
 
 // Set installs the keys of a Settings message, replacing the previous set.
@@ -79,10 +81,16 @@ func (k *Keyring) Set(keys []*masterv1.TokenKey) {
 	defer k.mu.Unlock()
 	if len(ks) == 0 {
 		k.v.Store(nil)
+		k.rk.Store(nil)
 		return
 	}
 	k.v.Store(k.v.Load().Rekey(ks...))
+	k.rk.Store(token.NewReceiptKeys(ks[0]))
 }
+
+// receipts returns the receipt keys of the newest key, or nil before the
+// first Settings.
+func (k *Keyring) receipts() *token.ReceiptKeys { return k.rk.Load() }
 
 // KeyIDs lists the ids of the keys accepted now, newest first.
 func (k *Keyring) KeyIDs() []uint32 {
@@ -124,6 +132,8 @@ type Server struct {
 	xferRefused *prometheus.CounterVec
 	// Items of the bulk transfer requests being served.
 	xferItems prometheus.Gauge
+	// Allocations sealed on write (seal_checksum), with a seal receipt.
+	sealsOnWrite prometheus.Counter
 }
 
 // New builds the server; it does no I/O.
@@ -143,6 +153,8 @@ func New(cfg Config, deps Deps, lg *slog.Logger) *Server {
 		xferRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "crescent_agent_transfer_connections_refused_total",
 			Help: "Bulk transfer connections refused at accept, by limit (max_connections, max_connections_per_ip)."}, []string{"limit"}),
 		xferItems: prometheus.NewGauge(prometheus.GaugeOpts{Name: "crescent_agent_transfer_items_in_flight", Help: "Items of the bulk transfer requests being served (bounded by --transfer-max-items-in-flight)."}),
+		sealsOnWrite: prometheus.NewCounter(prometheus.CounterOpts{Name: "crescent_agent_transfer_seals_on_write_total",
+			Help: "Allocations the bulk transfer listener sealed as their write completed, answering a seal receipt (issue 18 item 2)."}),
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -151,7 +163,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) *Server {
 		s.keys = &Keyring{}
 	}
 	if deps.Registerer != nil {
-		deps.Registerer.MustRegister(s.bytesIn, s.bytesOut, s.errs, s.xferConns, s.xferBusy, s.xferRefused, s.xferItems)
+		deps.Registerer.MustRegister(s.bytesIn, s.bytesOut, s.errs, s.xferConns, s.xferBusy, s.xferRefused, s.xferItems, s.sealsOnWrite)
 	}
 	return s
 }

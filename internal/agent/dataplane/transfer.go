@@ -20,6 +20,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
 	"github.com/crescent-kv/crescent/internal/auth"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/tracectx"
 	"github.com/crescent-kv/crescent/internal/xfer"
@@ -251,6 +252,11 @@ type transferConn struct {
 	errs    []error
 	results []agentv1.TransferResult
 	rptrs   []*agentv1.TransferResult
+	seals   []sealWrite
+	sums    []hashed
+	// digest and one serve readHashed.
+	digest *checksum.Digest
+	one    [1][]byte
 
 	// rdLeft is how many more bytes may be read before the read deadline
 	// is renewed (every ioStep bytes of a request).

@@ -4,11 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/crescent-kv/crescent/internal/xfer"
 	"golang.org/x/sys/unix"
 )
@@ -50,7 +53,10 @@ func (t *transferServer) write(c *transferConn, items []*agentv1.TransferItem) e
 		h := &slab[i]
 		err := s.openWriteTo(h, it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), now, tenant)
 		if err == nil {
-			if err = h.CheckBounds(it.GetOffset(), it.GetLength()); err != nil {
+			if err = h.CheckBounds(it.GetOffset(), it.GetLength()); err == nil && it.SealChecksum != nil {
+				err = checkSealOnWrite(h, it)
+			}
+			if err != nil {
 				h.Close()
 			}
 		}
@@ -66,11 +72,28 @@ func (t *transferServer) write(c *transferConn, items []*agentv1.TransferItem) e
 		hs[i] = h
 	}
 	run := c.run[:0]
+	var sums []hashed
 	for i, it := range items {
 		n := it.GetLength()
 		if hs[i] != nil {
 			// Checked by CheckBounds: only a disk segment has no dst.
 			if dst, err := hs[i].WritableBytes(it.GetOffset(), n); err == nil && dst != nil {
+				if it.SealChecksum != nil {
+					// To be sealed on write: hashed as it arrives.
+					if err := t.readInto(c, run); err != nil {
+						return err
+					}
+					run = run[:0]
+					if sums == nil {
+						sums = reuse(&c.sums, len(items))
+					}
+					sum, err := t.readHashed(c, dst)
+					if err != nil {
+						return err
+					}
+					sums[i] = hashed{ok: true, sum: sum}
+					continue
+				}
 				if n > 0 {
 					run = append(run, dst)
 				}
@@ -99,9 +122,22 @@ func (t *transferServer) write(c *transferConn, items []*agentv1.TransferItem) e
 	if err != nil {
 		return err
 	}
+	seals := c.sealsToDo(items, hs, errs, sums)
+	now = s.now()
+	for k := range seals {
+		// Hashed while received: sealed before the handle closes, when
+		// no other write of the allocation overlapped this one.
+		if sw := &seals[k]; sw.hashed {
+			sw.early = hs[sw.i].SealReceived(sw.checksum, sw.sum, now)
+		}
+	}
 	hs.close()
 	resp := &agentv1.TransferResponse{Results: reuse(&c.rptrs, len(items))}
 	rs := reuse(&c.results, len(items))
+	for _, sw := range seals {
+		rs[sw.i].SealReceipt, errs[sw.i] = t.sealOnWrite(sw, items[sw.i].GetSegmentId(), now)
+	}
+	clear(seals)
 	var in uint64
 	for i, err := range errs {
 		r := &rs[i]
@@ -264,6 +300,36 @@ func (c *transferConn) readvOnce(fd uintptr) bool {
 	}
 }
 
+// hashChunk is how much of an item sealed on write readHashed receives
+// before it hashes it: small enough that the hashing of one chunk overlaps
+// the arrival of the next (the socket buffer keeps filling meanwhile),
+// large enough that a chunk is a few readvs.
+const hashChunk = 256 << 10
+
+// readHashed fills dst from the connection like readInto and returns the
+// object checksum of its bytes, computed chunk by chunk as they arrive
+// instead of in a second pass over the allocation when it is sealed.
+func (t *transferServer) readHashed(c *transferConn, dst []byte) (uint64, error) {
+	d := c.digest
+	if d == nil {
+		d = checksum.New()
+		c.digest = d
+	}
+	d.Reset()
+	for len(dst) > 0 {
+		k := min(len(dst), hashChunk)
+		c.one[0] = dst[:k]
+		err := t.readInto(c, c.one[:])
+		c.one[0] = nil
+		if err != nil {
+			return 0, err
+		}
+		_, _ = d.Write(dst[:k])
+		dst = dst[k:]
+	}
+	return d.Sum64(), nil
+}
+
 // discard reads and drops n payload bytes (n <= MaxDrainBytes).
 func (t *transferServer) discard(c *transferConn, n uint64) error {
 	if n == 0 {
@@ -280,4 +346,98 @@ func (t *transferServer) discard(c *transferConn, n uint64) error {
 		n -= k
 	}
 	return nil
+}
+
+// checkSealOnWrite refuses seal_checksum on an item that does not write
+// the whole object: only then are the bytes the receipt vouches for all
+// this item's.
+func checkSealOnWrite(h *segment.Handle, it *agentv1.TransferItem) error {
+	if it.GetOffset() != 0 || it.GetLength() != h.Size() {
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
+			"seal_checksum needs an item that writes the whole object: this one writes [%d, %d) of allocation %d's %d bytes",
+			it.GetOffset(), it.GetOffset()+it.GetLength(), h.ID(), h.Size())
+	}
+	return nil
+}
+
+// errChecksumMismatch matches (errors.Is) any CHECKSUM_MISMATCH error.
+var errChecksumMismatch = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "checksum mismatch")
+
+// hashed is the checksum of an item's bytes computed as they arrived.
+type hashed struct {
+	ok  bool
+	sum uint64
+}
+
+// sealWrite is one allocation a WRITE seals once its bytes are in.
+type sealWrite struct {
+	i        int // the item
+	seg      *segment.Segment
+	id       uint64
+	size     uint64
+	epoch    uint64
+	checksum uint64
+	// hashed: sum is the checksum of the bytes as received; early is
+	// what SealReceived made of it (segment.ErrSealLater: seal as usual).
+	hashed bool
+	sum    uint64
+	early  error
+}
+
+// sealsToDo lists the items written whole and OK that asked to be sealed
+// (seal_checksum), while their handles are open; nil (no allocation) when
+// none did.
+func (c *transferConn) sealsToDo(items []*agentv1.TransferItem, hs handles, errs []error, sums []hashed) []sealWrite {
+	var out []sealWrite
+	for i, it := range items {
+		if it.SealChecksum == nil || hs[i] == nil || errs[i] != nil {
+			continue
+		}
+		h := hs[i]
+		if out == nil {
+			out = c.seals[:0]
+		}
+		sw := sealWrite{i: i, seg: h.Segment(), id: h.ID(), size: h.Size(), epoch: h.Epoch(), checksum: it.GetSealChecksum(), early: segment.ErrSealLater}
+		if sums != nil && sums[i].ok {
+			sw.hashed, sw.sum = true, sums[i].sum
+		}
+		out = append(out, sw)
+	}
+	if out != nil && cap(out) <= maxKeptItems {
+		c.seals = out[:0]
+	}
+	return out
+}
+
+// sealOnWrite seals an allocation whose write completed (its handle
+// closed) the way the master's Seal does (segment.Seal: the bytes hashed
+// and compared with the checksum, a disk segment made durable, the change
+// fed to standbys) and returns the seal receipt the client hands the
+// master in PutEnd. A checksum mismatch is the item's error (the bytes are
+// not what the client meant; it revokes the put). Any other failure to seal
+// now (another write of the allocation in progress, a disk sync error, no
+// key yet) leaves the allocation RESERVED and answers no receipt: the
+// master's Seal at PutEnd decides, as it did before receipts.
+func (t *transferServer) sealOnWrite(sw sealWrite, segID string, now time.Time) ([]byte, error) {
+	rk := t.s.keys.receipts()
+	err := sw.early
+	if errors.Is(err, segment.ErrSealLater) {
+		if rk == nil {
+			return nil, nil // no key to vouch with yet: the master's Seal seals it
+		}
+		err = sw.seg.Seal([]segment.SealArg{{ID: sw.id, Checksum: sw.checksum}}, now)[0]
+	}
+	switch {
+	case errors.Is(err, errChecksumMismatch):
+		return nil, err
+	case err != nil:
+		t.s.errs.WithLabelValues("transfer_seal", rpcerr.Reason(err)).Inc()
+		return nil, nil
+	case rk == nil:
+		// Sealed on receipt but no key to vouch with: the master's Seal of
+		// the sealed allocation answers OK.
+		return nil, nil
+	}
+	t.s.sealsOnWrite.Inc()
+	return rk.Sign(token.Receipt{SegmentID: segID, AllocationID: sw.id, Size: sw.size, Checksum: sw.checksum, Epoch: sw.epoch}), nil
 }

@@ -27,7 +27,7 @@ func (s *session) handle(rcv received) error {
 		r := m.Reserve
 		s.command("reserve", r.GetEpoch(), traced{r.GetTraceContext(), r.GetTraceLinks(), len(r.GetItems())}, func(context.Context) *masterv1.ConnectRequest {
 			return &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_ReserveResult{ReserveResult: &masterv1.ReserveResult{
-				RequestId: r.GetRequestId(), Items: l.deps.Segments.Reserve(r.GetItems(), l.now()),
+				RequestId: r.GetRequestId(), Items: l.deps.Segments.ReserveUnder(r.GetItems(), l.now(), r.GetEpoch()),
 			}}}
 		}, func(err error) *masterv1.ConnectRequest {
 			items := make([]*masterv1.ReserveItemResult, len(r.GetItems()))

@@ -13,6 +13,11 @@ type Handle struct {
 	s     *Segment
 	e     *entry
 	write bool
+	// A write handle's place among the allocation's write opens
+	// (entry.writeOpens after its own) and whether it was the only one
+	// open then: SealReceived's proof that no other write overlapped.
+	gen   uint64
+	alone bool
 	once  sync.Once
 }
 
@@ -59,6 +64,8 @@ func (s *Segment) open(h *Handle, id uint64, write bool) error {
 			return errState("allocation %d is %s; writes need RESERVED", id, stateName(e))
 		}
 		e.writers++
+		e.writeOpens++
+		h.gen, h.alone = e.writeOpens, e.writers == 1
 	} else {
 		if e.state != masterv1.AllocationState_ALLOCATION_STATE_SEALED {
 			return errState("allocation %d is %s; reads need SEALED", id, stateName(e))
@@ -174,6 +181,13 @@ func (h *Handle) Close() {
 		}
 	})
 }
+
+// Segment is the segment of the allocation.
+func (h *Handle) Segment() *Segment { return h.s }
+
+// Epoch is the master epoch of the Reserve that made the allocation (0
+// when not known).
+func (h *Handle) Epoch() uint64 { return h.e.epoch }
 
 // Object is the tenant and key the allocation was reserved for (fixed at
 // Reserve).

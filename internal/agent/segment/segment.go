@@ -60,12 +60,18 @@ type entry struct {
 	softPin  int64 // unix ms
 	created  int64 // unix ms
 	sealed   int64 // unix ms
+	// epoch is the master epoch of the Reserve that made the allocation
+	// (0 when not known); a seal receipt names it. Runtime only: a
+	// restarted agent holds no RESERVED allocation to seal on write.
+	epoch uint64
 
 	// Runtime only, guarded by Segment.mu.
-	writers  int  // open write handles
-	readers  int  // open read handles
-	sealing  bool // a Seal is hashing the bytes; no writes
-	released bool // removed from the table; extent freed when refs reach 0
+	writers int // open write handles
+	// writeOpens counts the write opens ever (Handle.gen).
+	writeOpens uint64
+	readers    int  // open read handles
+	sealing    bool // a Seal is hashing the bytes; no writes
+	released   bool // removed from the table; extent freed when refs reach 0
 }
 
 func (e *entry) proto(segID string) *masterv1.Allocation {
@@ -246,15 +252,16 @@ var errClosed = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILA
 func (s *Segment) Reserve(it *masterv1.ReserveItem, now time.Time) (*masterv1.Allocation, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, err := s.reserveLocked(it, now.UnixMilli())
+	e, err := s.reserveLocked(it, now.UnixMilli(), 0)
 	if err != nil {
 		return nil, err
 	}
 	return e.proto(s.id), nil
 }
 
-// reserveLocked is Reserve; it returns the new table entry.
-func (s *Segment) reserveLocked(it *masterv1.ReserveItem, nowMs int64) (*entry, error) {
+// reserveLocked is Reserve under master epoch epoch; it returns the new
+// table entry.
+func (s *Segment) reserveLocked(it *masterv1.ReserveItem, nowMs int64, epoch uint64) (*entry, error) {
 	if s.closed {
 		return nil, errClosed
 	}
@@ -276,7 +283,7 @@ func (s *Segment) reserveLocked(it *masterv1.ReserveItem, nowMs int64) (*entry, 
 		id: s.nextID, offset: ext.Offset, size: it.GetSize(), ext: ext,
 		state:  masterv1.AllocationState_ALLOCATION_STATE_RESERVED,
 		tenant: it.GetTenant(), key: it.GetKey(), replica: it.GetReplicaId(), group: it.GetGroupId(),
-		hardPin: it.GetHardPin(), softPin: it.GetSoftPinUntilUnixMs(), created: nowMs,
+		hardPin: it.GetHardPin(), softPin: it.GetSoftPinUntilUnixMs(), created: nowMs, epoch: epoch,
 	}
 	s.nextID++
 	s.table.put(e)
@@ -447,6 +454,46 @@ func (s *Segment) Seal(args []SealArg, now time.Time) []error {
 		s.maybeCompact()
 	}
 	return errs
+}
+
+// ErrSealLater is SealReceived's answer when it cannot seal from the
+// checksum computed on receipt: the caller seals with Seal (which hashes
+// the allocation) once its handle is closed.
+var ErrSealLater = errors.New("segment: seal with Seal")
+
+// SealReceived seals the allocation h writes, whose whole object h has
+// just written, with sum, the checksum of the bytes computed as they were
+// received, instead of hashing the allocation again as Seal does. It does
+// so only when those bytes are certainly the allocation's: a memory
+// segment, h the only write handle open now and since h opened, nobody
+// else open when it did, and the allocation still RESERVED and not being
+// sealed; otherwise it answers ErrSealLater. A sum other than checksum
+// answers DATA_LOSS CHECKSUM_MISMATCH and leaves the allocation RESERVED.
+// The seal is recorded as Seal's (state, checksum, time, the feed); h
+// stays open for the caller to close.
+func (h *Handle) SealReceived(checksum, sum uint64, now time.Time) error {
+	s, e := h.s, h.e
+	if !h.write {
+		return ErrSealLater
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed, s.jrn != nil, e.released, e.sealing,
+		e.state != masterv1.AllocationState_ALLOCATION_STATE_RESERVED,
+		!h.alone, e.writers != 1, e.writeOpens != h.gen:
+		return ErrSealLater
+	case sum != checksum:
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH,
+			"allocation %d holds bytes with checksum %#x, want %#x", e.id, sum, checksum)
+	}
+	e.state = masterv1.AllocationState_ALLOCATION_STATE_SEALED
+	e.checksum = checksum
+	e.sealed = now.UnixMilli()
+	if s.feed != nil {
+		s.feed.sealed(s, e)
+	}
+	return nil
 }
 
 // SyncJournal makes journaled releases durable (seals sync themselves).

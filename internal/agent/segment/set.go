@@ -107,6 +107,12 @@ func errNoSegment(id string) error {
 // The results are allocated as one array for the batch, OK statuses shared
 // (statuses).
 func (s *Set) Reserve(items []*masterv1.ReserveItem, now time.Time) []*masterv1.ReserveItemResult {
+	return s.ReserveUnder(items, now, 0)
+}
+
+// ReserveUnder is Reserve of a Reserve command from master epoch epoch,
+// which the allocations remember for their seal receipts.
+func (s *Set) ReserveUnder(items []*masterv1.ReserveItem, now time.Time, epoch uint64) []*masterv1.ReserveItemResult {
 	out := make([]*masterv1.ReserveItemResult, len(items))
 	res := make([]masterv1.ReserveItemResult, len(items))
 	sts := statuses(len(items))
@@ -121,7 +127,7 @@ func (s *Set) Reserve(items []*masterv1.ReserveItem, now time.Time) []*masterv1.
 			continue
 		}
 		sg.mu.Lock()
-		e, err := sg.reserveLocked(it, nowMs)
+		e, err := sg.reserveLocked(it, nowMs, epoch)
 		if err == nil {
 			r.AllocationId, r.Offset = e.id, e.offset
 		}

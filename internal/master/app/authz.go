@@ -19,6 +19,11 @@ import (
 //     "" is "default"), and admins for any tenant. RemoveAll is audited,
 //     and with force is admin only (removeAllForce). Copy, Move and
 //     Prefetch are the tenant's, on its own keys.
+//     PutEnd and BatchPutEnd may carry seal receipts (issue 18 item 2):
+//     the tenant relays them but cannot make one (they are MACed under a
+//     key derived from the master's token key, which only agents hold),
+//     and the store checks each against the put's own replicas, size,
+//     checksum and epoch (meta/receipt.go), so the rule stays own.
 //   - AdminService: admins only; the mutating calls are audited (among
 //     them CopyObjects and MoveObjects, Copy and Move for any tenant).
 //   - SegmentService: agents only (the session binds the stream to the

@@ -13,6 +13,10 @@ import (
 type PutEndSpec struct {
 	Tenant, Key, ClientID string
 	Checksum              uint64
+	// Receipts are the agents' seal receipts for the put's replicas
+	// (PutEndRequest.seal_receipts): a replica with a valid one was sealed
+	// on write and is committed without a Seal (receipt.go).
+	Receipts [][]byte
 }
 
 // PutEnd ends one put; see BatchPutEnd.
@@ -25,6 +29,9 @@ type sealRep struct {
 	seg   uint32
 	alloc uint64
 	err   error
+	// receipted: a valid seal receipt vouches for the seal (no Seal is
+	// sent); err is then nil.
+	receipted bool
 }
 
 type endItem struct {
@@ -37,6 +44,10 @@ type endItem struct {
 	reps    []sealRep
 	err     error
 	settled bool // answered in phase 1 (idempotent repeat or error)
+	// receipts are the spec's seal receipts, opened (receipt.go), or
+	// receiptErr why they did not open.
+	receipts   []openedReceipt
+	receiptErr error
 }
 
 // BatchPutEnd seals many puts: per shard it checks the writer and collects
@@ -71,6 +82,11 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 			continue
 		}
 		arena[i] = endItem{i: i, tenant: t, shard: shard}
+		if len(sp.Receipts) > 0 {
+			// A receipt that does not open fails the put (in phase 1,
+			// once the writer is checked), never just this call.
+			arena[i].receipts, arena[i].receiptErr = s.openReceipts(sp.Receipts)
+		}
 		items = append(items, &arena[i])
 	}
 	type batch struct {
@@ -115,16 +131,27 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 					it.reps = append(it.reps, sealRep{id: r.id, seg: r.seg, alloc: r.allocID})
 				}
 			}
+			if len(it.receipts) > 0 || it.receiptErr != nil {
+				s.applyReceiptsLocked(it, o, sp)
+			}
 		}
 		shd.mu.Unlock()
 	})
 	sis := slab[masterv1.SealItem]{n: len(items)}
+	var viaReceipt, viaSeal int
 	for _, it := range items {
 		if it.settled {
 			continue
 		}
 		for r := range it.reps {
 			rp := &it.reps[r]
+			if rp.receipted {
+				viaReceipt++
+			}
+			if rp.receipted || rp.err != nil {
+				continue
+			}
+			viaSeal++
 			e := s.segs.get(rp.seg)
 			sv, ok := s.reg.Segment(e.id)
 			if !ok || !sv.CanContinueCleanup() {
@@ -143,6 +170,8 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 			b.reps = append(b.reps, rp)
 		}
 	}
+	s.sealsByReceipt.Add(uint64(viaReceipt))
+	s.sealsBySeal.Add(uint64(viaSeal))
 	fanOut(per, func(agent string, b *batch) {
 		out, err := s.agents.Seal(ctx, agent, b.items)
 		if err == nil && len(out) != len(b.items) {
@@ -212,6 +241,9 @@ func (s *Store) settleSealsLocked(ctx context.Context, m *mut, sp *PutEndSpec, i
 		}
 		m.sh.endPutLocked(o)
 		m.dropIfEmpty(o)
+		if firstErr == nil {
+			firstErr = it.receiptErr
+		}
 		if firstErr == nil {
 			firstErr = errPutExpired(sp.Tenant, sp.Key)
 		}

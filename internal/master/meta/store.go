@@ -103,6 +103,10 @@ type Store struct {
 	changes        prometheus.Counter
 	reserved       prometheus.Counter
 	expired        prometheus.Counter
+	// sealsByReceipt and sealsBySeal count the replicas PutEnd sealed or
+	// tried to seal, by how: a seal receipt (sealed on write, receipt.go)
+	// or a Seal to the agent (PutSeals, crescent_master_put_seals_total).
+	sealsByReceipt, sealsBySeal atomic.Uint64
 }
 
 var _ cluster.Metadata = (*Store)(nil)
@@ -178,7 +182,14 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		rev := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "crescent_master_change_revision", Help: "Head revision of the change log.",
 		}, func() float64 { return float64(s.log.Head()) })
-		for _, c := range append([]prometheus.Collector{s.evicted, s.offloaded, s.offloadedBytes, s.changes, s.reserved, s.expired, objects, bytes, rev}, s.promo.collectors()...) {
+		seals := func(via string, n *atomic.Uint64) prometheus.Collector {
+			return prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "crescent_master_put_seals_total", ConstLabels: prometheus.Labels{"via": via},
+				Help: "Replicas PutEnd sealed or tried to seal, by how: via=receipt (the agent sealed on write and the client passed its seal receipt) or via=seal (a Seal command to the agent).",
+			}, func() float64 { return float64(n.Load()) })
+		}
+		for _, c := range append([]prometheus.Collector{s.evicted, s.offloaded, s.offloadedBytes, s.changes, s.reserved, s.expired,
+			seals("receipt", &s.sealsByReceipt), seals("seal", &s.sealsBySeal), objects, bytes, rev}, s.promo.collectors()...) {
 			if err := deps.Metrics.Register(c); err != nil {
 				return nil, fmt.Errorf("meta: register metrics: %w", err)
 			}

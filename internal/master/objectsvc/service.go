@@ -96,7 +96,7 @@ func (s *Service) PutStart(ctx context.Context, r *masterv1.PutStartRequest) (*m
 
 // PutEnd implements ObjectService.PutEnd.
 func (s *Service) PutEnd(ctx context.Context, r *masterv1.PutEndRequest) (*masterv1.PutEndResponse, error) {
-	err := s.store.PutEnd(ctx, meta.PutEndSpec{Tenant: r.GetTenant(), Key: r.GetKey(), ClientID: r.GetClientId(), Checksum: r.GetChecksum()})
+	err := s.store.PutEnd(ctx, meta.PutEndSpec{Tenant: r.GetTenant(), Key: r.GetKey(), ClientID: r.GetClientId(), Checksum: r.GetChecksum(), Receipts: r.GetSealReceipts()})
 	if err != nil {
 		return nil, rpcerr.Status(err)
 	}
@@ -144,7 +144,7 @@ func (s *Service) BatchPutEnd(ctx context.Context, r *masterv1.BatchPutEndReques
 	}
 	specs := make([]meta.PutEndSpec, len(r.GetItems()))
 	for i, it := range r.GetItems() {
-		specs[i] = meta.PutEndSpec{Tenant: it.GetTenant(), Key: it.GetKey(), ClientID: it.GetClientId(), Checksum: it.GetChecksum()}
+		specs[i] = meta.PutEndSpec{Tenant: it.GetTenant(), Key: it.GetKey(), ClientID: it.GetClientId(), Checksum: it.GetChecksum(), Receipts: it.GetSealReceipts()}
 	}
 	return &masterv1.BatchPutEndResponse{Results: items(s.store.BatchPutEnd(ctx, specs))}, nil
 }

@@ -84,7 +84,17 @@ type TransferItem struct {
 	Offset uint64 `protobuf:"varint,4,opt,name=offset,proto3" json:"offset,omitempty"`
 	// WRITE: payload bytes that follow for this item. READ: bytes to read;
 	// 0 means to the end of the object.
-	Length        uint64 `protobuf:"varint,5,opt,name=length,proto3" json:"length,omitempty"`
+	Length uint64 `protobuf:"varint,5,opt,name=length,proto3" json:"length,omitempty"`
+	// WRITE only, and only for an item that writes the whole object (offset
+	// 0, length the allocation's size): the object checksum (XXH3-64, seed
+	// 0). Once the item's bytes are received the agent verifies them against
+	// it and seals the allocation, and answers with a seal receipt
+	// (TransferResult.seal_receipt) the client passes in PutEnd, so the
+	// master needs no Seal round trip. A mismatch fails the item with
+	// DATA_LOSS CHECKSUM_MISMATCH (the allocation stays RESERVED); set on a
+	// partial item it fails the item with INVALID_PARAMS. Absent: the write
+	// leaves the allocation RESERVED for the master's Seal, as before.
+	SealChecksum  *uint64 `protobuf:"varint,6,opt,name=seal_checksum,json=sealChecksum,proto3,oneof" json:"seal_checksum,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -150,6 +160,13 @@ func (x *TransferItem) GetOffset() uint64 {
 func (x *TransferItem) GetLength() uint64 {
 	if x != nil {
 		return x.Length
+	}
+	return 0
+}
+
+func (x *TransferItem) GetSealChecksum() uint64 {
+	if x != nil && x.SealChecksum != nil {
+		return *x.SealChecksum
 	}
 	return 0
 }
@@ -283,8 +300,16 @@ type TransferResult struct {
 	// WRITE: bytes written. READ: payload bytes that follow for this item.
 	Length uint64 `protobuf:"varint,2,opt,name=length,proto3" json:"length,omitempty"`
 	// READ: the object's size and sealed checksum.
-	ObjectSize    uint64 `protobuf:"varint,3,opt,name=object_size,json=objectSize,proto3" json:"object_size,omitempty"`
-	Checksum      uint64 `protobuf:"varint,4,opt,name=checksum,proto3" json:"checksum,omitempty"`
+	ObjectSize uint64 `protobuf:"varint,3,opt,name=object_size,json=objectSize,proto3" json:"object_size,omitempty"`
+	Checksum   uint64 `protobuf:"varint,4,opt,name=checksum,proto3" json:"checksum,omitempty"`
+	// WRITE with seal_checksum: the agent's seal receipt for the allocation,
+	// a MAC under a key derived from the master's token keys over (segment,
+	// allocation, size, checksum, the master epoch of its Reserve); see
+	// internal/token/receipt.go. Empty when the agent did not seal the
+	// allocation on write (an older agent, or a seal it could not do then,
+	// e.g. another write of the allocation in progress): the master seals it
+	// at PutEnd.
+	SealReceipt   []byte `protobuf:"bytes,5,opt,name=seal_receipt,json=sealReceipt,proto3" json:"seal_receipt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -347,6 +372,13 @@ func (x *TransferResult) GetChecksum() uint64 {
 	return 0
 }
 
+func (x *TransferResult) GetSealReceipt() []byte {
+	if x != nil {
+		return x.SealReceipt
+	}
+	return nil
+}
+
 // TransferResponse is the header of one response frame.
 type TransferResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -407,14 +439,16 @@ var File_crescent_agent_v1_transfer_proto protoreflect.FileDescriptor
 
 const file_crescent_agent_v1_transfer_proto_rawDesc = "" +
 	"\n" +
-	" crescent/agent/v1/transfer.proto\x12\x11crescent.agent.v1\x1a\x1ccrescent/agent/v1/data.proto\"\x98\x01\n" +
+	" crescent/agent/v1/transfer.proto\x12\x11crescent.agent.v1\x1a\x1ccrescent/agent/v1/data.proto\"\xd4\x01\n" +
 	"\fTransferItem\x12\x1d\n" +
 	"\n" +
 	"segment_id\x18\x01 \x01(\tR\tsegmentId\x12#\n" +
 	"\rallocation_id\x18\x02 \x01(\x04R\fallocationId\x12\x14\n" +
 	"\x05token\x18\x03 \x01(\fR\x05token\x12\x16\n" +
 	"\x06offset\x18\x04 \x01(\x04R\x06offset\x12\x16\n" +
-	"\x06length\x18\x05 \x01(\x04R\x06length\"\xbd\x01\n" +
+	"\x06length\x18\x05 \x01(\x04R\x06length\x12(\n" +
+	"\rseal_checksum\x18\x06 \x01(\x04H\x00R\fsealChecksum\x88\x01\x01B\x10\n" +
+	"\x0e_seal_checksum\"\xbd\x01\n" +
 	"\x0fTransferRequest\x12-\n" +
 	"\x02op\x18\x01 \x01(\x0e2\x1d.crescent.agent.v1.TransferOpR\x02op\x125\n" +
 	"\x05items\x18\x02 \x03(\v2\x1f.crescent.agent.v1.TransferItemR\x05items\x12D\n" +
@@ -423,13 +457,14 @@ const file_crescent_agent_v1_transfer_proto_rawDesc = "" +
 	"\vtraceparent\x18\x01 \x01(\tR\vtraceparent\x12\x1e\n" +
 	"\n" +
 	"tracestate\x18\x02 \x01(\tR\n" +
-	"tracestate\"\x9c\x01\n" +
+	"tracestate\"\xbf\x01\n" +
 	"\x0eTransferResult\x125\n" +
 	"\x06status\x18\x01 \x01(\v2\x1d.crescent.agent.v1.ItemResultR\x06status\x12\x16\n" +
 	"\x06length\x18\x02 \x01(\x04R\x06length\x12\x1f\n" +
 	"\vobject_size\x18\x03 \x01(\x04R\n" +
 	"objectSize\x12\x1a\n" +
-	"\bchecksum\x18\x04 \x01(\x04R\bchecksum\"\x84\x01\n" +
+	"\bchecksum\x18\x04 \x01(\x04R\bchecksum\x12!\n" +
+	"\fseal_receipt\x18\x05 \x01(\fR\vsealReceipt\"\x84\x01\n" +
 	"\x10TransferResponse\x123\n" +
 	"\x05error\x18\x01 \x01(\v2\x1d.crescent.agent.v1.ItemResultR\x05error\x12;\n" +
 	"\aresults\x18\x02 \x03(\v2!.crescent.agent.v1.TransferResultR\aresults*V\n" +
@@ -483,6 +518,7 @@ func file_crescent_agent_v1_transfer_proto_init() {
 		return
 	}
 	file_crescent_agent_v1_data_proto_init()
+	file_crescent_agent_v1_transfer_proto_msgTypes[0].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

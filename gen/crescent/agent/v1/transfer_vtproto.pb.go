@@ -50,6 +50,11 @@ func (m *TransferItem) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.SealChecksum != nil {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(*m.SealChecksum))
+		i--
+		dAtA[i] = 0x30
+	}
 	if m.Length != 0 {
 		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.Length))
 		i--
@@ -219,6 +224,13 @@ func (m *TransferResult) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if len(m.SealReceipt) > 0 {
+		i -= len(m.SealReceipt)
+		copy(dAtA[i:], m.SealReceipt)
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(len(m.SealReceipt)))
+		i--
+		dAtA[i] = 0x2a
+	}
 	if m.Checksum != 0 {
 		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.Checksum))
 		i--
@@ -373,6 +385,9 @@ func (m *TransferItem) SizeVT() (n int) {
 	if m.Length != 0 {
 		n += 1 + protohelpers.SizeOfVarint(uint64(m.Length))
 	}
+	if m.SealChecksum != nil {
+		n += 1 + protohelpers.SizeOfVarint(uint64(*m.SealChecksum))
+	}
 	n += len(m.unknownFields)
 	return n
 }
@@ -436,6 +451,10 @@ func (m *TransferResult) SizeVT() (n int) {
 	}
 	if m.Checksum != 0 {
 		n += 1 + protohelpers.SizeOfVarint(uint64(m.Checksum))
+	}
+	l = len(m.SealReceipt)
+	if l > 0 {
+		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	n += len(m.unknownFields)
 	return n
@@ -613,6 +632,26 @@ func (m *TransferItem) UnmarshalVT(dAtA []byte) error {
 					break
 				}
 			}
+		case 6:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field SealChecksum", wireType)
+			}
+			var v uint64
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				v |= uint64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			m.SealChecksum = &v
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
@@ -1019,6 +1058,40 @@ func (m *TransferResult) UnmarshalVT(dAtA []byte) error {
 					break
 				}
 			}
+		case 5:
+			if wireType != 2 {
+				return fmt.Errorf("proto: wrong wireType = %d for field SealReceipt", wireType)
+			}
+			var byteLen int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				byteLen |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			if byteLen < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			postIndex := iNdEx + byteLen
+			if postIndex < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			if postIndex > l {
+				return io.ErrUnexpectedEOF
+			}
+			m.SealReceipt = append(m.SealReceipt[:0], dAtA[iNdEx:postIndex]...)
+			if m.SealReceipt == nil {
+				m.SealReceipt = []byte{}
+			}
+			iNdEx = postIndex
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
@@ -1315,6 +1388,26 @@ func (m *TransferItem) UnmarshalVTUnsafe(dAtA []byte) error {
 					break
 				}
 			}
+		case 6:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field SealChecksum", wireType)
+			}
+			var v uint64
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				v |= uint64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			m.SealChecksum = &v
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
@@ -1729,6 +1822,37 @@ func (m *TransferResult) UnmarshalVTUnsafe(dAtA []byte) error {
 					break
 				}
 			}
+		case 5:
+			if wireType != 2 {
+				return fmt.Errorf("proto: wrong wireType = %d for field SealReceipt", wireType)
+			}
+			var byteLen int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				byteLen |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			if byteLen < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			postIndex := iNdEx + byteLen
+			if postIndex < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			if postIndex > l {
+				return io.ErrUnexpectedEOF
+			}
+			m.SealReceipt = dAtA[iNdEx:postIndex]
+			iNdEx = postIndex
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])

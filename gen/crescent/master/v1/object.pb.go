@@ -796,7 +796,18 @@ type PutEndRequest struct {
 	Key      string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
 	ClientId string                 `protobuf:"bytes,3,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
 	// The object checksum, XXH3-64 (seed 0) of the object's bytes; agents verify it at seal.
-	Checksum      uint64 `protobuf:"varint,4,opt,name=checksum,proto3" json:"checksum,omitempty"`
+	Checksum uint64 `protobuf:"varint,4,opt,name=checksum,proto3" json:"checksum,omitempty"`
+	// Seal receipts the agents returned for this put's writes (the bulk
+	// transfer's TransferResult.seal_receipt), at most one per replica; opaque
+	// to the client. A replica with a valid receipt was verified and sealed by
+	// its agent when its write completed, so the master commits it without a
+	// Seal round trip; a replica without one is sealed by the master's Seal
+	// as before (an older agent, a write through DataService). A receipt the
+	// master cannot verify (bad MAC, unknown key, another allocation, size,
+	// checksum or master epoch) fails the put (INVALID_ARGUMENT or
+	// FAILED_PRECONDITION with the reason) and its replicas are released.
+	// internal/token/receipt.go specifies the layout.
+	SealReceipts  [][]byte `protobuf:"bytes,5,rep,name=seal_receipts,json=sealReceipts,proto3" json:"seal_receipts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -857,6 +868,13 @@ func (x *PutEndRequest) GetChecksum() uint64 {
 		return x.Checksum
 	}
 	return 0
+}
+
+func (x *PutEndRequest) GetSealReceipts() [][]byte {
+	if x != nil {
+		return x.SealReceipts
+	}
+	return nil
 }
 
 type PutEndResponse struct {
@@ -2844,12 +2862,13 @@ const file_crescent_master_v1_object_proto_rawDesc = "" +
 	"\tclient_id\x18\x05 \x01(\tR\bclientId\x12\x16\n" +
 	"\x06upsert\x18\x06 \x01(\bR\x06upsert\"U\n" +
 	"\x10PutStartResponse\x12A\n" +
-	"\breplicas\x18\x01 \x03(\v2%.crescent.master.v1.ReplicaDescriptorR\breplicas\"r\n" +
+	"\breplicas\x18\x01 \x03(\v2%.crescent.master.v1.ReplicaDescriptorR\breplicas\"\x97\x01\n" +
 	"\rPutEndRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1b\n" +
 	"\tclient_id\x18\x03 \x01(\tR\bclientId\x12\x1a\n" +
-	"\bchecksum\x18\x04 \x01(\x04R\bchecksum\"\x10\n" +
+	"\bchecksum\x18\x04 \x01(\x04R\bchecksum\x12#\n" +
+	"\rseal_receipts\x18\x05 \x03(\fR\fsealReceipts\"\x10\n" +
 	"\x0ePutEndResponse\"Y\n" +
 	"\x10PutRevokeRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x10\n" +

@@ -708,6 +708,15 @@ func (m *PutEndRequest) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if len(m.SealReceipts) > 0 {
+		for iNdEx := len(m.SealReceipts) - 1; iNdEx >= 0; iNdEx-- {
+			i -= len(m.SealReceipts[iNdEx])
+			copy(dAtA[i:], m.SealReceipts[iNdEx])
+			i = protohelpers.EncodeVarint(dAtA, i, uint64(len(m.SealReceipts[iNdEx])))
+			i--
+			dAtA[i] = 0x2a
+		}
+	}
 	if m.Checksum != 0 {
 		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.Checksum))
 		i--
@@ -2840,6 +2849,12 @@ func (m *PutEndRequest) SizeVT() (n int) {
 	}
 	if m.Checksum != 0 {
 		n += 1 + protohelpers.SizeOfVarint(uint64(m.Checksum))
+	}
+	if len(m.SealReceipts) > 0 {
+		for _, b := range m.SealReceipts {
+			l = len(b)
+			n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
+		}
 	}
 	n += len(m.unknownFields)
 	return n
@@ -5188,6 +5203,38 @@ func (m *PutEndRequest) UnmarshalVT(dAtA []byte) error {
 					break
 				}
 			}
+		case 5:
+			if wireType != 2 {
+				return fmt.Errorf("proto: wrong wireType = %d for field SealReceipts", wireType)
+			}
+			var byteLen int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				byteLen |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			if byteLen < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			postIndex := iNdEx + byteLen
+			if postIndex < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			if postIndex > l {
+				return io.ErrUnexpectedEOF
+			}
+			m.SealReceipts = append(m.SealReceipts, make([]byte, postIndex-iNdEx))
+			copy(m.SealReceipts[len(m.SealReceipts)-1], dAtA[iNdEx:postIndex])
+			iNdEx = postIndex
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
@@ -11038,6 +11085,37 @@ func (m *PutEndRequest) UnmarshalVTUnsafe(dAtA []byte) error {
 					break
 				}
 			}
+		case 5:
+			if wireType != 2 {
+				return fmt.Errorf("proto: wrong wireType = %d for field SealReceipts", wireType)
+			}
+			var byteLen int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				byteLen |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			if byteLen < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			postIndex := iNdEx + byteLen
+			if postIndex < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			if postIndex > l {
+				return io.ErrUnexpectedEOF
+			}
+			m.SealReceipts = append(m.SealReceipts, dAtA[iNdEx:postIndex])
+			iNdEx = postIndex
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
