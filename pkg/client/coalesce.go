@@ -32,7 +32,7 @@ import (
 //     turned into the error the single RPC would have returned (same
 //     code, reason, errors.Is). A full batch does not wait: it leaves at
 //     once while fewer than Config.CoalesceInFlight RPCs of the kind are
-//     in flight. For the lookups (Get, Exist, GetReplicaList: patient),
+//     in flight (for the lookups, "full" is patientLaunch calls). For the lookups (Get, Exist, GetReplicaList: patient),
 //     which cost CPU rather than waits, a second call sent on its own
 //     while one is in flight would cost a whole RPC for one item; waiting
 //     makes the batches as large as the callers make them (issue 18: with
@@ -79,6 +79,10 @@ type coalescer[Q, R any] struct {
 	// flight, not while fewer than limit are.
 	patient  bool
 	maxBatch int
+	// launchAt is how many queued calls make a batch that leaves without
+	// waiting for the one in flight (while fewer than limit are): maxBatch,
+	// or patientLaunch for the lookups.
+	launchAt int
 	// one makes the single call; many the batch call, answering each
 	// item (errs[i] == errRedo sends item i again through one).
 	one  func(ctx context.Context, q Q) (R, error)
@@ -122,10 +126,18 @@ func newCoalescer[Q, R any](cfg *Config, maxBatch int, group func(Q) string,
 	one func(context.Context, Q) (R, error), many func(context.Context, []Q) ([]R, []error)) *coalescer[Q, R] {
 	ctx, stop := context.WithCancel(context.Background())
 	return &coalescer[Q, R]{
-		off: cfg.DisableCoalescing, limit: cfg.CoalesceInFlight, maxBatch: maxBatch,
+		off: cfg.DisableCoalescing, limit: cfg.CoalesceInFlight, maxBatch: maxBatch, launchAt: maxBatch,
 		one: one, many: many, group: group, closing: ctx, stop: stop,
 	}
 }
+
+// patientLaunch is the lookups' launchAt: a queue of this many is a batch
+// worth a second RPC in flight, whose master lookup then overlaps the
+// first batch's agent reads. Waiting for a full batch (4096) kept one Get
+// batch in flight and used 1.2 of 2 cores at 64 callers (issue 18:
+// BenchmarkSingleOps get-c64 on a quiet VM, 1.08-1.16x the health
+// baseline; with 8, 16 and 32 here, 1.27-1.36, 1.29-1.40 and 1.57-1.62).
+const patientLaunch = 32
 
 // do makes the call q: at once when it may go alone (none of its kind in
 // flight; fewer than limit unless patient), else in the next batch.
@@ -151,7 +163,7 @@ func (co *coalescer[Q, R]) do(ctx context.Context, q Q) (R, error) {
 	}
 	w := &waiter[Q, R]{ctx: ctx, q: q, done: make(chan struct{})}
 	co.queue = append(co.queue, w)
-	co.launchLocked(co.maxBatch) // a full batch has nothing to wait for
+	co.launchLocked(co.launchAt) // a full batch has nothing to wait for
 	co.mu.Unlock()
 	select {
 	case <-w.done:
@@ -454,7 +466,7 @@ func newCoalescers(s *shared) *coalescers {
 			return getR{direct: true}, q.c.getDirect(ctx, q.key, q.alloc, nil)
 		},
 		func(ctx context.Context, qs []getQ) ([]getR, []error) { return qs[0].c.getMany(ctx, qs) })
-	cs.get.patient = true
+	cs.get.patient, cs.get.launchAt = true, patientLaunch
 
 	cs.exist = newCoalescer(&s.cfg, masterBatch, (*masterv1.ExistRequest).GetTenant,
 		func(ctx context.Context, q *masterv1.ExistRequest) (bool, error) {
@@ -476,7 +488,7 @@ func newCoalescers(s *shared) *coalescers {
 			}
 			return r.GetExists(), errs
 		})
-	cs.exist.patient = true
+	cs.exist.patient, cs.exist.launchAt = true, patientLaunch
 
 	cs.lists = newCoalescer(&s.cfg, masterBatch, (*masterv1.GetReplicaListRequest).GetTenant,
 		func(ctx context.Context, q *masterv1.GetReplicaListRequest) (*masterv1.GetReplicaListResponse, error) {
@@ -488,7 +500,7 @@ func newCoalescers(s *shared) *coalescers {
 			return perItem(len(qs), r.GetResults(), err, (*masterv1.GetReplicaListResult).GetStatus,
 				(*masterv1.GetReplicaListResult).GetReplicaList)
 		})
-	cs.lists.patient = true
+	cs.lists.patient, cs.lists.launchAt = true, patientLaunch
 
 	cs.starts = newCoalescer(&s.cfg, masterBatch, (*masterv1.PutStartRequest).GetTenant,
 		func(ctx context.Context, q *masterv1.PutStartRequest) (*masterv1.PutStartResponse, error) {

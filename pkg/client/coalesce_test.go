@@ -227,6 +227,42 @@ func TestCoalesceFullBatchLeavesAtOnce(t *testing.T) {
 	})
 }
 
+// TestCoalescePatientLaunchAt: a lookup queue that reaches launchAt leaves
+// as a second batch while the first is in flight (its lookup overlapping
+// the first's reads); below it, the queue waits for the slot.
+func TestCoalescePatientLaunchAt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFake(2, 16)
+		f.co.launchAt = 3
+		defer f.co.close()
+		f.hold()
+		first := f.start(t.Context(), "t/first")
+		synctest.Wait()
+		var chs []<-chan answer
+		for i := range 5 {
+			chs = append(chs, f.start(t.Context(), fmt.Sprintf("t/%d", i)))
+			synctest.Wait()
+		}
+		// t/0..t/2 reached launchAt and left; t/3 and t/4 wait (both
+		// slots are taken).
+		if len(f.batches) != 1 || !slices.Equal(f.batches[0], []string{"t/0", "t/1", "t/2"}) || f.co.queued() != 2 {
+			t.Fatalf("batches in flight %q, %d queued; want [[t/0 t/1 t/2]] and 2", f.batches, f.co.queued())
+		}
+		f.open()
+		if a := <-first; a.r != "one:t/first" {
+			t.Fatalf("first: %+v", a)
+		}
+		for i, ch := range chs {
+			if a := <-ch; a.err != nil || a.r[:5] != "many:" {
+				t.Fatalf("call %d: %+v", i, a)
+			}
+		}
+		if len(f.batches) != 2 || !slices.Equal(f.batches[1], []string{"t/3", "t/4"}) {
+			t.Fatalf("batches %q, want the last [t/3 t/4]", f.batches)
+		}
+	})
+}
+
 // TestCoalesceBatchAnswersEachItsOwn: calls queued behind a call in flight
 // leave together, in order, duplicates included, and each caller gets its
 // own item's answer: results, per-item errors that errors.Is and
