@@ -5,10 +5,7 @@ import (
 	"encoding/binary"
 	"flag"
 	"fmt"
-	"os"
-	"runtime/pprof"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -222,28 +219,18 @@ func BenchmarkMasterRestart(b *testing.B) {
 	b.Logf("filled %d objects into 2 agents in %v", n, time.Since(fill).Round(time.Millisecond))
 	cl := c.Client(b)
 	if *restartProfile != "" {
-		f, err := os.Create(*restartProfile)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			b.Fatal(err)
-		}
-		defer func() {
-			pprof.StopCPUProfile()
-			f.Close()
-		}()
+		defer testutil.StartCPUProfile(b, *restartProfile)()
 	}
 	b.ResetTimer()
 	var ready, recovery, verify, cpu time.Duration
 	for range b.N {
-		start, cpu0 := time.Now(), cpuTime(b)
+		start, cpu0 := time.Now(), testutil.ProcessCPU()
 		c.RestartMaster()
 		for !readable(c, n) {
 			time.Sleep(2 * time.Millisecond)
 		}
 		ready += time.Since(start)
-		cpu += cpuTime(b) - cpu0
+		cpu += testutil.ProcessCPU() - cpu0
 		for {
 			if took, ok := c.Master().Recovered(); ok {
 				recovery += took
@@ -264,17 +251,6 @@ func BenchmarkMasterRestart(b *testing.B) {
 	b.ReportMetric(per(verify), "verify-s")
 	b.ReportMetric(per(cpu), "cpu-s")
 	b.ReportMetric(float64(n), "objects")
-}
-
-// cpuTime is the process's CPU time so far (user and system, every
-// thread): the master's and the agents' work of a restart, a number that
-// another load on the machine stretches less than the wall time.
-func cpuTime(tb testing.TB) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		tb.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // readable reports whether the master holds all n objects and every

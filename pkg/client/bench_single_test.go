@@ -4,19 +4,17 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
-	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	agentapp "github.com/crescent-kv/crescent/internal/agent/app"
 	"github.com/crescent-kv/crescent/internal/testcluster"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/client"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -134,22 +132,12 @@ func BenchmarkSingleOps(b *testing.B) {
 				round := func(k int, keep bool) {
 					if keep && *singleProfile != "" && k > 0 && names[k-1] == "sdk" {
 						rounds++
-						f, err := os.Create(filepath.Join(*singleProfile, fmt.Sprintf("%s-c%d-%d.prof", op, conc, rounds)))
-						if err != nil {
-							b.Fatal(err)
-						}
-						if err := pprof.StartCPUProfile(f); err != nil {
-							b.Fatal(err)
-						}
-						defer func() {
-							pprof.StopCPUProfile()
-							_ = f.Close()
-						}()
+						defer testutil.StartCPUProfile(b, filepath.Join(*singleProfile, fmt.Sprintf("%s-c%d-%d.prof", op, conc, rounds)))()
 					}
 					var wg sync.WaitGroup
 					var mu sync.Mutex
 					errs := make([]error, conc)
-					c0 := processCPU()
+					c0 := testutil.ProcessCPU()
 					t0 := time.Now()
 					for g := range conc {
 						wg.Go(func() {
@@ -172,7 +160,7 @@ func BenchmarkSingleOps(b *testing.B) {
 					wg.Wait()
 					if keep {
 						d[k] += time.Since(t0)
-						cpu[k] += processCPU() - c0
+						cpu[k] += testutil.ProcessCPU() - c0
 					}
 					for _, err := range errs {
 						if err != nil {
@@ -231,13 +219,4 @@ func p50(ds []time.Duration) float64 {
 	}
 	slices.Sort(ds)
 	return float64(ds[len(ds)/2].Nanoseconds()) / 1e3
-}
-
-// processCPU is the CPU time (user and system) the process has used.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
