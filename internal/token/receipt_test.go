@@ -86,7 +86,7 @@ func TestRingReceiptKeys(t *testing.T) {
 	ring := NewRing(0, nil)
 	r := Receipt{SegmentID: "s", AllocationID: 1, Size: 2, Checksum: 3, Epoch: 4}
 	b := ring.ReceiptKeys().Sign(r)
-	if ring.ReceiptKeys() != ring.ReceiptKeys() {
+	if first, again := ring.ReceiptKeys(), ring.ReceiptKeys(); first != again {
 		t.Fatal("ReceiptKeys is derived again without a rotation")
 	}
 	ring.Rotate()
