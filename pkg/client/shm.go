@@ -89,63 +89,53 @@ func pick[T any](all []T, idx []int) []T {
 // xferWrite is c.s.xfer.Write through shared memory where the agent shares
 // the items' segments.
 func (c *Client) xferWrite(ctx context.Context, ep string, items []*agentv1.TransferItem, src [][]byte) ([]error, error) {
-	sc, local, remote := c.shmSplit(ctx, items)
-	if sc == nil {
-		return c.s.xfer.Write(ctx, ep, items, src)
-	}
-	errs := make([]error, len(items))
-	lerrs, err := sc.Write(ctx, pick(items, local), pick(src, local))
-	switch {
-	case err == nil:
-		for k, i := range local {
-			errs[i] = lerrs[k]
-		}
-	case ctx.Err() != nil:
-		return nil, err
-	default:
-		// The shared-memory path failed as a whole: its items go over TCP
-		// (a write is idempotent until its seal).
-		remote = append(remote, local...)
-	}
-	if len(remote) > 0 {
-		rerrs, err := c.s.xfer.Write(ctx, ep, pick(items, remote), pick(src, remote))
-		if err != nil {
-			return nil, err
-		}
-		for k, i := range remote {
-			errs[i] = rerrs[k]
-		}
-	}
-	return errs, nil
+	return viaShm(c, ctx, items, src, (*shm.Client).Write,
+		func(items []*agentv1.TransferItem, bufs [][]byte) ([]error, error) {
+			return c.s.xfer.Write(ctx, ep, items, bufs)
+		})
 }
 
 // xferRead is c.s.xfer.Read through shared memory where the agent shares
 // the items' segments. The callers verify the checksums, whichever path.
 func (c *Client) xferRead(ctx context.Context, ep string, items []*agentv1.TransferItem, dst [][]byte) ([]xfer.ReadResult, error) {
-	sc, local, remote := c.shmSplit(ctx, items)
+	return viaShm(c, ctx, items, dst, (*shm.Client).Read,
+		func(items []*agentv1.TransferItem, bufs [][]byte) ([]xfer.ReadResult, error) {
+			return c.s.xfer.Read(ctx, ep, items, bufs)
+		})
+}
+
+// viaShm moves items (bufs[i] is item i's bytes) through one shared-memory
+// client where it shares their segments (local) and over TCP for the rest
+// (remote); per-item outcomes come back in item order. When the
+// shared-memory path fails as a whole, its items go over TCP too (a read,
+// and a write until its seal, are idempotent).
+func viaShm[R any](c *Client, ctx context.Context, items []*agentv1.TransferItem, bufs [][]byte,
+	local func(*shm.Client, context.Context, []*agentv1.TransferItem, [][]byte) ([]R, error),
+	tcp func([]*agentv1.TransferItem, [][]byte) ([]R, error)) ([]R, error) {
+	sc, near, remote := c.shmSplit(ctx, items)
 	if sc == nil {
-		return c.s.xfer.Read(ctx, ep, items, dst)
+		return tcp(items, bufs)
 	}
-	res := make([]xfer.ReadResult, len(items))
-	lres, err := sc.Read(ctx, pick(items, local), pick(dst, local))
+	out := make([]R, len(items))
+	lres, err := local(sc, ctx, pick(items, near), pick(bufs, near))
 	switch {
 	case err == nil:
-		for k, i := range local {
-			res[i] = lres[k]
+		for k, i := range near {
+			out[i] = lres[k]
 		}
 	case ctx.Err() != nil:
 		return nil, err
 	default:
-		remote = append(remote, local...)
+		remote = append(remote, near...)
 	}
 	if len(remote) > 0 {
-		rres, err := c.s.xfer.Read(ctx, ep, pick(items, remote), pick(dst, remote))
+		rres, err := tcp(pick(items, remote), pick(bufs, remote))
 		if err != nil {
 			return nil, err
 		}
 		for k, i := range remote {
-			res[i] = rres[k]
+			out[i] = rres[k]
 		}
 	}
-	return res, nil
+	return out, nil
 }
