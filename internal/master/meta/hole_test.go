@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 )
@@ -78,6 +79,9 @@ func TestPutStartOnFragmentedSegment(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A heartbeat newer than the last free (one in the same millisecond
+	// might have been sent before the agent applied it).
+	e.clk.Advance(time.Millisecond)
 	e.c.Agents.Report()
 	if sg, _ := e.c.Reg.Segment("seg-0-0"); sg.LargestFreeExtent != 8<<10 {
 		t.Fatalf("largest free extent: got %d, want 8 KiB", sg.LargestFreeExtent)
@@ -96,6 +100,7 @@ func TestPutStartOnFragmentedSegment(t *testing.T) {
 	}
 	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
 	// With every survivor leased there is no hole to make.
+	e.clk.Advance(time.Millisecond)
 	e.c.Agents.Report()
 	for i := 1; i < 32; i += 2 {
 		_, _ = e.s.Get(ctx, GetSpec{Key: fmt.Sprintf("k%02d", i)})
@@ -104,5 +109,26 @@ func TestPutStartOnFragmentedSegment(t *testing.T) {
 	if got := rpcerr.Reason(err); got != "NO_AVAILABLE_HANDLE" {
 		t.Fatalf("big2: got %q (%v), want NO_AVAILABLE_HANDLE", got, err)
 	}
+	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
+}
+
+// TestPutStartAfterEvictionWithStaleHeartbeat: a heartbeat the agent sent
+// before it applied an eviction's release, received after the metadata
+// removed the victims, must not hide the room the eviction made (it did:
+// the put that evicted found "no segment has N free bytes", seen in e2e
+// under load).
+func TestPutStartAfterEvictionWithStaleHeartbeat(t *testing.T) {
+	e := newEnv(t, 1, 1, 64<<10, Config{Shards: 4})
+	for i := range 8 {
+		e.put(t, PutSpec{Key: fmt.Sprintf("k%d", i), Size: 8 << 10})
+	}
+	e.clk.Advance(time.Millisecond)
+	e.c.Agents.Report() // the agent reports the segment full
+	e.c.Agents.BeforeRelease = func() {
+		e.clk.Advance(time.Millisecond)
+		e.c.Agents.Report() // still full: sent before the release
+	}
+	e.clk.Advance(time.Millisecond)
+	e.put(t, PutSpec{Key: "new", Size: 8 << 10})
 	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
 }

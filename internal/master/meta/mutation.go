@@ -305,6 +305,16 @@ func (s *Store) sendReleases(ctx context.Context, r *releases) {
 					s.owe(idx, []uint64{r.AllocationId})
 				}
 			}
+			return
+		}
+		// The agent has freed them: a heartbeat it sent before this ack
+		// (same stream, so received before it) still counts them, and
+		// must not pass for newer than the free (segEntry.freedMs).
+		now := s.nowMs()
+		for _, r := range refs {
+			if idx, ok := s.segs.lookup(r.SegmentId); ok {
+				s.segs.get(idx).freedMs.Store(now)
+			}
 		}
 	})
 }

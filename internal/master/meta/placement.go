@@ -29,7 +29,7 @@ func (v *segView) fits(need int64) bool {
 	if v.free() < need {
 		return false
 	}
-	if v.e.freedMs.Load() > v.seg.LastHeartbeatMs {
+	if v.e.freedMs.Load() >= v.seg.LastHeartbeatMs {
 		return true
 	}
 	if v.seg.LargestFreeExtent > 0 || v.seg.Used > 0 {

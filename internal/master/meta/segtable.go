@@ -13,8 +13,12 @@ type segEntry struct {
 	id       string
 	placed   atomic.Int64 // bytes of replicas of any status
 	replicas atomic.Int64
-	// freedMs is when a replica last left the segment (Unix ms): an agent
-	// report older than that overstates the segment's use.
+	// freedMs is when a replica last left the segment (Unix ms), set again
+	// when the agent acknowledges the release: an agent report not newer
+	// than that overstates the segment's use. (Set only at removal, a
+	// heartbeat the agent sent before it applied the release but that
+	// arrived after the removal passed for fresh, and a put that had just
+	// evicted for room found none: seen as NO_AVAILABLE_HANDLE in e2e.)
 	freedMs atomic.Int64
 }
 
@@ -25,7 +29,7 @@ type segEntry struct {
 // what was just freed).
 func (e *segEntry) used(sg cluster.Segment) int64 {
 	p := e.placed.Load()
-	if e.freedMs.Load() > sg.LastHeartbeatMs {
+	if e.freedMs.Load() >= sg.LastHeartbeatMs {
 		return p
 	}
 	return max(p, int64(sg.Used))

@@ -130,6 +130,11 @@ type Agents struct {
 	// lock, so it must not call the fake); a non-nil error fails the item
 	// with it. Set before use.
 	FailCopy func(*masterv1.CopyItem) error
+	// BeforeRelease, when set, runs at the start of every Release, before
+	// the fake frees anything (outside its lock: it may call Report, as a
+	// heartbeat the agent sent before it applied the release). Set before
+	// use.
+	BeforeRelease func()
 
 	mu       sync.Mutex
 	next     uint64
@@ -311,6 +316,9 @@ func (a *Agents) Seal(ctx context.Context, agent string, items []*masterv1.SealI
 func (a *Agents) Release(ctx context.Context, agent string, items []*masterv1.AllocationRef) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if a.BeforeRelease != nil {
+		a.BeforeRelease()
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
