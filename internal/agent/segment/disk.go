@@ -195,6 +195,11 @@ func OpenDisk(dir string, size uint64) (*Segment, Recovery, error) {
 	for i, e := range entries {
 		e.ext = exts[i]
 		s.table.put(e)
+		if e.state == masterv1.AllocationState_ALLOCATION_STATE_SEALED {
+			s.sealedN++
+		} else {
+			s.resQ = append(s.resQ, e.id)
+		}
 	}
 	rec.Sealed = len(live)
 	return s, rec, nil

@@ -109,6 +109,16 @@ type Segment struct {
 	// CHECKSUM_MISMATCH instead of ALLOCATION_NOT_FOUND. Bounded by the
 	// sealed allocations at the reopen; ids are never reused.
 	corrupt map[uint64]struct{}
+	// sealedN counts the table's SEALED entries (the others are RESERVED),
+	// so that Stats does not walk the table.
+	sealedN int
+	// resQ holds the ids of RESERVED allocations in the order they were
+	// reserved, for ExpireReserved to look at the oldest only, never at the
+	// whole table (which holds millions of sealed ones at scale, and a walk
+	// of it under mu stalled every write and read for a tenth of a second
+	// each sweep). Lazy: an id whose allocation was sealed or released
+	// since stays until a sweep reaches it.
+	resQ []uint64
 	// feed records this segment's seals and releases of sealed
 	// allocations (SetFeed); nil records nothing.
 	feed *Feed
@@ -151,15 +161,7 @@ func (s *Segment) Info() *masterv1.SegmentInfo {
 func (s *Segment) Stats() (alloc.Stats, int, int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var reserved, sealed int
-	for e := range s.table.all() {
-		if e.state == masterv1.AllocationState_ALLOCATION_STATE_SEALED {
-			sealed++
-		} else {
-			reserved++
-		}
-	}
-	return s.alloc.Stats(), reserved, sealed
+	return s.alloc.Stats(), s.table.len() - s.sealedN, s.sealedN
 }
 
 // Table returns a copy of the allocation table, for tests and diagnostics
@@ -287,6 +289,7 @@ func (s *Segment) reserveLocked(it *masterv1.ReserveItem, nowMs int64, epoch uin
 	}
 	s.nextID++
 	s.table.put(e)
+	s.resQ = append(s.resQ, e.id)
 	return e, nil
 }
 
@@ -320,6 +323,9 @@ func (s *Segment) Release(id uint64) error {
 		}
 	}
 	s.table.del(id)
+	if e.state == masterv1.AllocationState_ALLOCATION_STATE_SEALED {
+		s.sealedN--
+	}
 	e.released = true
 	if s.feed != nil && e.state == masterv1.AllocationState_ALLOCATION_STATE_SEALED {
 		s.feed.released(s, e)
@@ -421,6 +427,7 @@ func (s *Segment) Seal(args []SealArg, now time.Time) []error {
 			continue
 		}
 		e.state = masterv1.AllocationState_ALLOCATION_STATE_SEALED
+		s.sealedN++
 		e.checksum = args[j.i].Checksum
 		e.sealed = now.UnixMilli()
 		if p := args[j.i].SoftPinUntilMs; p != 0 {
@@ -429,6 +436,8 @@ func (s *Segment) Seal(args []SealArg, now time.Time) []error {
 		if s.jrn != nil {
 			if err := s.jrn.appendSeal(e); err != nil {
 				e.state = masterv1.AllocationState_ALLOCATION_STATE_RESERVED
+				s.sealedN--
+				s.resQ = append(s.resQ, e.id) // out of order: expires no sooner
 				e.checksum, e.sealed = 0, 0
 				errs[j.i] = rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, err, "journal seal of %d", e.id)
 			}
@@ -488,6 +497,7 @@ func (h *Handle) SealReceived(checksum, sum uint64, now time.Time) error {
 			"allocation %d holds bytes with checksum %#x, want %#x", e.id, sum, checksum)
 	}
 	e.state = masterv1.AllocationState_ALLOCATION_STATE_SEALED
+	s.sealedN++
 	e.checksum = checksum
 	e.sealed = now.UnixMilli()
 	if s.feed != nil {
@@ -529,18 +539,28 @@ func (s *Segment) sealedLocked() []*entry {
 func (s *Segment) ExpireReserved(cutoff time.Time) []uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var expired []*entry
-	for e := range s.table.all() {
-		if e.state == masterv1.AllocationState_ALLOCATION_STATE_RESERVED && !e.sealing && e.writers == 0 && e.created < cutoff.UnixMilli() {
-			expired = append(expired, e)
+	var out, busy []uint64
+	limit := cutoff.UnixMilli()
+	i := 0
+	for ; i < len(s.resQ); i++ {
+		e, ok := s.table.get(s.resQ[i])
+		if !ok || e.state != masterv1.AllocationState_ALLOCATION_STATE_RESERVED {
+			continue // sealed or released since (or listed twice)
 		}
-	}
-	out := make([]uint64, len(expired))
-	for i, e := range expired {
+		if e.created >= limit {
+			break // the rest are younger
+		}
+		if e.sealing || e.writers > 0 {
+			busy = append(busy, e.id) // looked at again next sweep
+			continue
+		}
 		s.table.del(e.id)
 		e.released = true
 		s.freeIfIdleLocked(e)
-		out[i] = e.id
+		out = append(out, e.id)
+	}
+	if i > 0 || len(busy) > 0 {
+		s.resQ = append(busy, s.resQ[i:]...) // a fresh array: the old one's head is garbage
 	}
 	return out
 }

@@ -205,6 +205,9 @@ func (s *Segment) dropCorrupt(bad []*entry) error {
 		// Dropped even when the journal failed: these bytes are never
 		// served by this process; a restart verifies them again.
 		s.table.del(e.id)
+		if e.state == masterv1.AllocationState_ALLOCATION_STATE_SEALED {
+			s.sealedN--
+		}
 		e.released = true
 		if s.feed != nil {
 			s.feed.released(s, e)
