@@ -200,6 +200,8 @@ type harnessOpts struct {
 	standbyFollowErr func() error
 	// masters, when set, rewrites the link's master list.
 	masters func(list string) string
+	// now, when set, is the link's clock.
+	now func() time.Time
 }
 
 func newHarness(t *testing.T, o harnessOpts) *harness {
@@ -278,6 +280,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 		cfg.ShutdownGrace = 50 * time.Millisecond
 	}
 	l, err := New(cfg, Deps{
+		Now:      o.now,
 		Segments: h.segs,
 		Feed:     h.feed,
 		OnSettings: func(s *masterv1.Settings) {

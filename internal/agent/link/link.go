@@ -26,13 +26,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/crescent-kv/crescent/internal/masterlist"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/masterlist"
+	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/crescent-kv/crescent/internal/xfer"
@@ -225,6 +226,7 @@ func (l *Link) Run(ctx context.Context) error {
 		l.master.Store(&addr)
 		cc, err := conns.Get(addr)
 		established := false
+		began := l.now()
 		if err == nil {
 			established, err = l.session(work, masterv1.NewSegmentServiceClient(cc), sh)
 		}
@@ -237,6 +239,15 @@ func (l *Link) Run(ctx context.Context) error {
 		}
 		l.met.sessions.WithLabelValues(sessionResult(established, err)).Inc()
 		delay, redirected := ms.Next(err, l.cfg.BackoffBase, l.cfg.BackoffMax)
+		if established && l.now().Sub(began) >= quickRedialAfter {
+			// A session that served for a while ended (a master restarted
+			// or failed over): its replacement is most likely up already,
+			// and every moment the agent waits is a moment its objects are
+			// unreadable. Try again almost at once; a session that ends
+			// sooner than quickRedialAfter backs off as usual, so a master
+			// that keeps dropping agents is not hammered.
+			delay = min(delay, retry.Jitter(quickRedial))
+		}
 		if redirected {
 			l.met.redirects.Inc()
 			l.lg.Info("master is not the leader; following its hint", "master", addr, "leader", ms.Current())
@@ -308,6 +319,14 @@ func (s *shutdown) deadlineAt() time.Time {
 func (s *shutdown) over(now time.Time) bool {
 	return s.stopping() && !now.Before(s.deadlineAt())
 }
+
+// After a session that lasted at least quickRedialAfter, the agent dials
+// again within quickRedial (jittered [quickRedial/2, quickRedial]) instead
+// of waiting out BackoffBase (250 ms by default).
+const (
+	quickRedialAfter = 5 * time.Second
+	quickRedial      = 20 * time.Millisecond
+)
 
 // sweep releases RESERVED allocations nobody sealed within the reserved
 // grace.

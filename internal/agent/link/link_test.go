@@ -511,6 +511,32 @@ func TestReconnectsPromptlyAfterMasterOutage(t *testing.T) {
 	testutil.Eventually(t, 5*time.Second, func() bool { return h.link.State() == StateConnected }, "reconnected")
 }
 
+// TestQuickRedialAfterLongSession: when a session that served for a while
+// ends (a master restarted), the agent dials again at once instead of
+// after BackoffBase; one that ends early backs off as usual.
+func TestQuickRedialAfterLongSession(t *testing.T) {
+	clk := testutil.NewClock(time.Unix(1_700_000_000, 0))
+	h := newHarness(t, harnessOpts{now: clk.Now, cfg: Config{BackoffBase: 3 * time.Second, BackoffMax: 3 * time.Second}})
+	s := connected(t, h, 1)
+	s.heartbeat(t)
+	clk.Advance(quickRedialAfter)
+	start := time.Now()
+	s.drop <- codesErr(codes.Unavailable)
+	s = h.session()
+	if el := time.Since(start); el > time.Second {
+		t.Fatalf("redialed %v after a long session ended, want about %v", el, quickRedial)
+	}
+	s.send <- settings(1)
+	testutil.Eventually(t, 5*time.Second, func() bool { return h.link.State() == StateConnected }, "reconnected")
+	// This one ends at once: the usual backoff (at least BackoffBase/2).
+	start = time.Now()
+	s.drop <- codesErr(codes.Unavailable)
+	_ = h.session()
+	if el := time.Since(start); el < time.Second {
+		t.Fatalf("redialed %v after a short session, want the backoff (≥ 1.5s)", el)
+	}
+}
+
 func TestBackoff(t *testing.T) {
 	base, maxd := 100*time.Millisecond, 2*time.Second
 	tests := []struct {
