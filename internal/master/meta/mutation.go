@@ -32,6 +32,11 @@ type mut struct {
 	// instead of charging each object (the tenant's lock is shared by every
 	// shard, and a rebuild creates millions of objects).
 	prepaid prepaid
+	// rebuild, when set, supplies the objects newObject(force) creates
+	// and their first replica arrays (slab.go); rebuildLeft bounds how
+	// many more the task may create.
+	rebuild     *rebuildAlloc
+	rebuildLeft int
 }
 
 // prepaid is a tenant's usage charged ahead by prepay.
@@ -136,7 +141,13 @@ func (m *mut) newObject(tenant uint32, key string, size uint64, force bool) (*ob
 	} else if err := m.s.tenants.get(tenant).charge(int64(size), 1, force); err != nil {
 		return nil, err
 	}
-	o := &object{key: key, tenant: tenant, size: size, nextRID: 1}
+	var o *object
+	if force && m.rebuild != nil {
+		o = m.rebuild.object(m.rebuildLeft)
+		*o = object{key: key, tenant: tenant, size: size, nextRID: 1}
+	} else {
+		o = &object{key: key, tenant: tenant, size: size, nextRID: 1}
+	}
 	m.sh.insertLocked(o)
 	return o, nil
 }
@@ -183,6 +194,9 @@ func (m *mut) adopt(o *object, seg uint32, medium uint8, allocID, offset uint64,
 	}
 	if id >= o.nextRID {
 		o.nextRID = id + 1
+	}
+	if o.replicas == nil && m.rebuild != nil {
+		o.replicas = m.rebuild.replicas(m.rebuildLeft)
 	}
 	o.replicas = append(o.replicas, replica{allocID: allocID, offset: offset, seg: seg, id: id, status: stProcessing, medium: medium})
 	e := m.s.segs.get(seg)

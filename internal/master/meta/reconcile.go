@@ -230,8 +230,10 @@ func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation,
 		shd := &s.shards[sh]
 		shd.mu.Lock()
 		m := s.begin(shd, rel).under(r.sc)
+		m.rebuild = &rebuildAlloc{objs: &s.objSlab, reps: &s.repSlab}
 		var one [1]*masterv1.Allocation
 		for i, it := range its {
+			m.rebuildLeft = len(its) - i
 			if i == 0 || it.tenant != its[i-1].tenant {
 				// The tenant's usage for every object of its run that may
 				// be new, charged once (mut.prepay), not per object.

@@ -55,6 +55,9 @@ type Store struct {
 	leaseTTL *durationpb.Duration
 	putSeq   atomic.Uint64
 	ridSeq   atomic.Uint32
+	// objSlab and repSlab supply rebuilt objects (slab.go).
+	objSlab hugeSlab[object]
+	repSlab hugeSlab[replica]
 
 	// evictKick wakes Run's eviction check (capacity 1, never blocks).
 	evictKick chan struct{}

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package meta
+
+import "unsafe"
+
+func adviseHugePages(unsafe.Pointer, int) {}
