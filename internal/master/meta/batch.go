@@ -15,7 +15,7 @@ func forShards[T any](items []T, shardOf func(T) int, f func(sh int, group []T))
 		return
 	}
 	if len(items) >= 256 {
-		forShardsCounting(items, shardOf, f)
+		forShardsCounting(items, shardOf, nil, f)
 		return
 	}
 	type ent struct {
@@ -47,8 +47,15 @@ func forShards[T any](items []T, shardOf func(T) int, f func(sh int, group []T))
 // of 16,384 allocations): a counting sort by shard, linear where the
 // comparison sort was a sixth of a rebuild's reconcile. Each group keeps
 // the items' order.
-func forShardsCounting[T any](items []T, shardOf func(T) int, f func(sh int, group []T)) {
-	shs := make([]int, len(items))
+//
+// sc, when not nil, lends the working arrays and keeps them for the next
+// call: a rebuild applies hundreds of chunks one after the other, and
+// fresh arrays for each were fresh pages (page faults) every time.
+func forShardsCounting[T any](items []T, shardOf func(T) int, sc *shardScratch[T], f func(sh int, group []T)) {
+	if sc == nil {
+		sc = &shardScratch[T]{}
+	}
+	shs := grow(&sc.shs, len(items))
 	top := 0
 	for i, it := range items {
 		shs[i] = shardOf(it)
@@ -62,7 +69,7 @@ func forShardsCounting[T any](items []T, shardOf func(T) int, f func(sh int, gro
 		start[k] += start[k-1]
 	}
 	next := slices.Clone(start[:top+1])
-	grouped := make([]T, len(items))
+	grouped := grow(&sc.grouped, len(items))
 	for i, it := range items {
 		grouped[next[shs[i]]] = it
 		next[shs[i]]++
@@ -89,4 +96,19 @@ func (s *slab[T]) next() *T {
 	p := &s.buf[0]
 	s.buf = s.buf[1:]
 	return p
+}
+
+// shardScratch holds forShardsCounting's working arrays between calls.
+type shardScratch[T any] struct {
+	shs     []int
+	grouped []T
+}
+
+// grow returns (*buf)[:n], reallocating *buf when it is shorter. The
+// contents are not cleared.
+func grow[T any](buf *[]T, n int) []T {
+	if cap(*buf) < n {
+		*buf = make([]T, n)
+	}
+	return (*buf)[:n]
 }

@@ -118,6 +118,11 @@ type reconcileRun struct {
 	// context when it records, named by the records the run commits.
 	span trace.Span
 	sc   trace.SpanContext
+	// items and group are apply's working arrays, kept between chunks
+	// (Apply is called for one chunk at a time). Cleared after use: they
+	// point into the chunk's decoded allocations.
+	items []reconcileItem
+	group shardScratch[reconcileItem]
 }
 
 // presizeTrust bounds how far a run believes an agent's announced table
@@ -153,7 +158,7 @@ func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation,
 	ref := func(seg uint32, alloc uint64) {
 		out = append(out, &masterv1.AllocationRef{SegmentId: s.segs.get(seg).id, AllocationId: alloc})
 	}
-	items := make([]reconcileItem, 0, len(allocs))
+	items := r.items[:0]
 	var (
 		segID          string
 		segIdx         uint32
@@ -220,7 +225,8 @@ func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation,
 	if exp := min(r.expected, uint64(r.allocs)*presizeTrust); exp > 0 {
 		presize = int(min(2*exp/uint64(len(s.shards)), 1<<20)) + 16
 	}
-	forShards(items, func(it reconcileItem) int { return it.shard }, func(sh int, its []reconcileItem) {
+	byShard := func(it reconcileItem) int { return it.shard }
+	forShardsCounting(items, byShard, &r.group, func(sh int, its []reconcileItem) {
 		// One object's versions newest first, as Reconcile always adopted
 		// them (the winner is recorded once, the losers never).
 		slices.SortStableFunc(its, func(x, y reconcileItem) int {
@@ -269,6 +275,9 @@ func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation,
 		m.commit()
 		shd.mu.Unlock()
 	})
+	clear(items)
+	clear(r.group.grouped)
+	r.items = items[:0]
 	for _, t := range acquired {
 		s.tenants.release(t)
 	}
