@@ -165,11 +165,15 @@ func (co *coalescer[Q, R]) do(ctx context.Context, q Q) (R, error) {
 	co.queue = append(co.queue, w)
 	co.launchLocked(co.launchAt) // a full batch has nothing to wait for
 	co.mu.Unlock()
-	select {
-	case <-w.done:
-	case <-ctx.Done():
-		if !co.abandon(w) {
-			return zero, contextError(ctx)
+	if done := ctx.Done(); done == nil {
+		<-w.done // a context that never ends: no select to set up
+	} else {
+		select {
+		case <-w.done:
+		case <-done:
+			if !co.abandon(w) {
+				return zero, contextError(ctx)
+			}
 		}
 	}
 	if errors.Is(w.err, errRedo) {
