@@ -64,6 +64,13 @@ const MaxMessageBytes = 256 << 20
 // nothing Crescent runs needs more than a few dozen per connection.
 const MaxConcurrentStreams = 1024
 
+// The flow-control windows of every server's connections and streams
+// (static: see New).
+const (
+	streamWindow = 16 << 20
+	connWindow   = 64 << 20
+)
+
 // Config is the listening side of a process.
 type Config struct {
 	// GRPCAddr is host:port for gRPC; empty disables the gRPC server.
@@ -201,6 +208,16 @@ func New(cfg Config, lg *slog.Logger, reg *prometheus.Registry, opts ...grpc.Ser
 		grpc.MaxRecvMsgSize(MaxMessageBytes),
 		grpc.MaxSendMsgSize(MaxMessageBytes),
 		grpc.MaxConcurrentStreams(MaxConcurrentStreams),
+		// Static flow-control windows. gRPC's default, a window sized by
+		// BDP estimation, makes the server answer a request that arrives
+		// on an idle connection with a WINDOW_UPDATE and a BDP PING
+		// before its response, and the client a PING ACK: two more
+		// writes (and wake-ups) per call where calls are serialized, as
+		// the SDK's coalesced batches are (issue 18: BatchGetReplicaList
+		// took four writes on loopback instead of two). Requests to these
+		// servers are metadata; these windows never bind them.
+		grpc.InitialWindowSize(streamWindow),
+		grpc.InitialConnWindowSize(connWindow),
 		grpc.ConnectionTimeout(HandshakeTimeout),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(unary...),

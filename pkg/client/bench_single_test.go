@@ -39,6 +39,10 @@ var singleCoalesced func(c *client.Client, op string) (batches, items int)
 // configurations to measure (the baseline always runs).
 var singleOnly = flag.String("single-clients", "", "regexp of the SDK configurations BenchmarkSingleOps measures")
 
+// singleAgent, when set (bench_test.go), configures agent i of the
+// cluster further.
+var singleAgent func(b *testing.B, i int, c *agentapp.Config)
+
 var singleProfile = flag.String("single-cpuprofile", "", "directory for CPU profiles of the sdk rounds of BenchmarkSingleOps")
 
 // BenchmarkSingleOps is single calls (issue 18, item 1) through the SDK
@@ -51,9 +55,6 @@ var singleProfile = flag.String("single-cpuprofile", "", "directory for CPU prof
 //
 //	go test ./pkg/client -run '^$' -bench SingleOps -benchtime 20x -count 3
 func BenchmarkSingleOps(b *testing.B) {
-	opts := testcluster.Options{AgentMemory: 256 << 20, Agent: func(_ int, c *agentapp.Config) { c.Prefault = true }}
-	cl := testcluster.Start(b, opts)
-	ctx := context.Background()
 	names := make([]string, 0, len(singleClients))
 	for n := range singleClients {
 		if ok, err := regexp.MatchString(*singleOnly, n); err != nil {
@@ -63,6 +64,14 @@ func BenchmarkSingleOps(b *testing.B) {
 		}
 	}
 	slices.Sort(names)
+	opts := testcluster.Options{AgentMemory: 256 << 20, Agent: func(i int, c *agentapp.Config) {
+		c.Prefault = true
+		if singleAgent != nil {
+			singleAgent(b, i, c)
+		}
+	}}
+	cl := testcluster.Start(b, opts)
+	ctx := context.Background()
 	clients := make([]*client.Client, len(names))
 	for i, n := range names {
 		if m := singleClients[n]; m != nil {

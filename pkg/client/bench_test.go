@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -142,9 +143,28 @@ func benchClusterTLS(b *testing.B, workers, batch, size int, put bool) {
 	b.ReportMetric(float64(d[0])/float64(d[1]), "tls/plain")
 }
 
-// The same calls on their own, one RPC each (BenchmarkSingleOps).
+// The same calls on their own, one RPC each (BenchmarkSingleOps); and,
+// as "sdk-shm", through the agents' shared memory (agent --shm-socket,
+// Config.SharedMemorySockets) instead of the bulk TCP path: an extra
+// configuration, never the "sdk" number. The agents serve sockets only when
+// -single-clients selects it.
 func init() {
 	singleClients["sdk-uncoalesced"] = func(c *client.Config) { c.DisableCoalescing = true }
+	var dir string
+	var sockets []string
+	singleAgent = func(b *testing.B, i int, c *agentapp.Config) {
+		if ok, _ := regexp.MatchString(*singleOnly, "sdk-shm"); !ok {
+			return
+		}
+		if dir == "" {
+			if dir = b.TempDir(); len(dir) > 80 {
+				b.Skipf("temporary directory %s too long for a Unix socket path", dir)
+			}
+		}
+		c.ShmSocket = fmt.Sprintf("%s/a%d.sock", dir, i)
+		sockets = append(sockets, c.ShmSocket)
+	}
+	singleClients["sdk-shm"] = func(c *client.Config) { c.SharedMemorySockets = sockets }
 	singleCoalesced = func(c *client.Client, op string) (batches, items int) {
 		n := c.Coalesced()[op]
 		return n[0], n[1]

@@ -11,6 +11,7 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 )
 
@@ -165,11 +166,15 @@ func (co *coalescer[Q, R]) do(ctx context.Context, q Q) (R, error) {
 	co.queue = append(co.queue, w)
 	co.launchLocked(co.launchAt) // a full batch has nothing to wait for
 	co.mu.Unlock()
-	select {
-	case <-w.done:
-	case <-ctx.Done():
-		if !co.abandon(w) {
-			return zero, contextError(ctx)
+	if done := ctx.Done(); done == nil {
+		<-w.done // a context that never ends: no select to set up
+	} else {
+		select {
+		case <-w.done:
+		case <-done:
+			if !co.abandon(w) {
+				return zero, contextError(ctx)
+			}
 		}
 	}
 	if errors.Is(w.err, errRedo) {
@@ -578,10 +583,13 @@ func (c *Client) getMany(ctx context.Context, qs []getQ) ([]getR, []error) {
 	for i, q := range qs {
 		req.Items[i] = &masterv1.GetReplicaListRequest{Tenant: c.tenant, Key: q.key, ClientHost: c.s.cfg.HostID}
 	}
-	resp, err := call(c, func(s masterv1.ObjectServiceClient) (*masterv1.BatchGetReplicaListResponse, error) {
-		return s.BatchGetReplicaList(ctx, req)
-	})
-	if err == nil {
+	// The generated client's call, into a lookupReply (lookupcodec.go).
+	reply := &lookupReply{}
+	err := c.s.masters.Invoke(ctx, masterv1.ObjectService_BatchGetReplicaList_FullMethodName, req, reply, grpc.StaticMethod())
+	resp := &reply.BatchGetReplicaListResponse
+	if err != nil {
+		err = rpcerr.FromStatus(err)
+	} else {
 		err = answered(len(resp.GetResults()), len(qs))
 	}
 	if err != nil {
