@@ -65,10 +65,12 @@ const MaxMessageBytes = 256 << 20
 const MaxConcurrentStreams = 1024
 
 // The flow-control windows of every server's connections and streams
-// (static: see New).
+// (static: see New). 16 MiB is also the most gRPC's BDP estimation would
+// grow either to, so a peer can make a server buffer no more unread data
+// per connection than before.
 const (
 	streamWindow = 16 << 20
-	connWindow   = 64 << 20
+	connWindow   = 16 << 20
 )
 
 // Config is the listening side of a process.
