@@ -26,12 +26,14 @@ const method = "/crescent.test.v1.Echo/Call"
 
 // echo serves method (any unknown method) on an instrumented server,
 // reporting the span context each call's handler sees, and returns an
-// instrumented connection to it.
-func echo(t *testing.T) (*grpc.ClientConn, <-chan trace.SpanContext) {
+// instrumented connection to it, and stop, which stops the server
+// gracefully (its RPCs' server spans have ended when it returns).
+func echo(t *testing.T) (cc *grpc.ClientConn, seen <-chan trace.SpanContext, stop func()) {
 	t.Helper()
-	seen := make(chan trace.SpanContext, 16)
+	seenC := make(chan trace.SpanContext, 16)
+	seen = seenC
 	gs := grpc.NewServer(tracing.ServerOption(), grpc.UnknownServiceHandler(func(_ any, st grpc.ServerStream) error {
-		seen <- trace.SpanContextFromContext(st.Context())
+		seenC <- trace.SpanContextFromContext(st.Context())
 		var in emptypb.Empty
 		if err := st.RecvMsg(&in); err != nil {
 			return err
@@ -49,7 +51,7 @@ func echo(t *testing.T) (*grpc.ClientConn, <-chan trace.SpanContext) {
 		defer close(done)
 		_ = gs.Serve(lis)
 	}()
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()), tracing.DialOption())
+	cc, err = grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()), tracing.DialOption())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +60,11 @@ func echo(t *testing.T) (*grpc.ClientConn, <-chan trace.SpanContext) {
 		gs.Stop()
 		<-done
 	})
-	return cc, seen
+	stop = func() {
+		gs.GracefulStop()
+		<-done
+	}
+	return cc, seen, stop
 }
 
 func setup(t *testing.T, r *otlptest.Receiver) func() {
@@ -79,7 +85,7 @@ func setup(t *testing.T, r *otlptest.Receiver) func() {
 func TestClientAndServerSpans(t *testing.T) {
 	r := otlptest.Start(t)
 	flush := setup(t, r)
-	cc, seen := echo(t)
+	cc, seen, stop := echo(t)
 
 	ctx, root := otel.Tracer("test").Start(t.Context(), "root")
 	if err := cc.Invoke(ctx, method, &emptypb.Empty{}, &emptypb.Empty{}); err != nil {
@@ -90,6 +96,11 @@ func TestClientAndServerSpans(t *testing.T) {
 	}
 	root.End()
 	handler := <-seen
+	// The server span ends after the client has its answer: stop the
+	// server (which waits for its RPCs) before flushing, or it may end
+	// after the exporter shut down and never arrive.
+	cc.Close()
+	stop()
 	flush()
 
 	spans := r.ByTrace(root.SpanContext().TraceID().String())
@@ -130,7 +141,7 @@ func TestPassThroughWhenOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer shutdown(t.Context())
-	cc, seen := echo(t)
+	cc, seen, _ := echo(t)
 	ctx := tracing.Propagator.Extract(t.Context(), propagation.MapCarrier{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
 	if err := cc.Invoke(ctx, method, &emptypb.Empty{}, &emptypb.Empty{}); err != nil {
 		t.Fatal(err)
