@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,6 +24,7 @@ var (
 	largeSize    = flag.Int("large-size", 1<<20, "object size of BenchmarkLargeObjects")
 	largeObjects = flag.Int("large-objects", 384, "objects per phase of BenchmarkLargeObjects")
 	largeWorkers = flag.Int("large-workers", 4, "concurrent callers (and raw TCP streams) of BenchmarkLargeObjects")
+	largeCPU     = flag.String("large-cpuprofile", "", "write a CPU profile of each iteration's timed put phase of BenchmarkLargeObjects to `prefix`.N (go tool pprof merges them)")
 )
 
 // BenchmarkLargeObjects (make bench-large; issue 18 item 2): single Puts
@@ -44,7 +48,11 @@ var (
 // 0.8 and ≥ 0.9 against iperf3's one stream) and put/rawN, get/rawN, and
 // put-µs, putseal-µs and put/putseal: the mean latency of an interleaved
 // put with seal receipts and without, and their ratio (the receipts'
-// gain, measured under the same load).
+// gain, measured under the same load). put-cpu-µs and raw1-cpu-µs are the
+// process's CPU time (client, master and agents together) per object of
+// the put phase and of the first one-stream raw phase: on a shared VM the
+// CPU a put costs moves less than its throughput. -large-cpuprofile
+// profiles the put phases alone.
 func BenchmarkLargeObjects(b *testing.B) {
 	size, n, w := *largeSize, *largeObjects, *largeWorkers
 	mem := uint64(2*n*size) + 64<<20 // each agent could hold them all (both put phases)
@@ -60,7 +68,7 @@ func BenchmarkLargeObjects(b *testing.B) {
 	src := make([]byte, size)
 	drainValue(src, 7)
 	keys := make([]string, n)
-	var rawPutD, rawGetD, rawNPutD, rawNGetD, putD, getD time.Duration
+	var rawPutD, rawGetD, rawNPutD, rawNGetD, putD, getD, putCPU, rawCPU time.Duration
 	var abD [2]atomic.Int64 // summed put latencies: with receipts, with Seal
 	sealKeys := make([]string, n)
 	b.ResetTimer()
@@ -68,12 +76,18 @@ func BenchmarkLargeObjects(b *testing.B) {
 		for i := range keys {
 			keys[i] = fmt.Sprintf("large/%d/%06d", it, i)
 		}
+		cpu0 := processCPU(b)
 		rawPutD += rawCopyConc(b, n, size, 1)
+		rawCPU += processCPU(b) - cpu0
 		rawNPutD += rawCopyConc(b, n, size, w)
 		for i := range sealKeys {
 			sealKeys[i] = fmt.Sprintf("large-seal/%d/%06d", it, i)
 		}
+		stopProfile := startPutProfile(b, it)
+		cpu0 = processCPU(b)
 		putD += forEach(b, n, w, func(i int, _ []byte) error { return cl.Put(ctx, keys[i], src) }, 0)
+		putCPU += processCPU(b) - cpu0
+		stopProfile()
 		// The A/B: puts with and without seal on write interleaved (even
 		// objects one way, odd the other), so both see the same load; the
 		// ratio of their mean latencies is put/putseal.
@@ -117,6 +131,44 @@ func BenchmarkLargeObjects(b *testing.B) {
 	b.ReportMetric(float64(abD[1].Load())/float64(abD[0].Load()), "put/putseal")
 	b.ReportMetric(float64(abD[0].Load())/float64(b.N*((n+1)/2))/1e3, "put-µs")
 	b.ReportMetric(float64(abD[1].Load())/float64(b.N*(n/2))/1e3, "putseal-µs")
+	// The CPU time of the whole process (client, master and agents) per
+	// put of the timed put phase: what the puts cost, less swayed than
+	// their throughput by what else runs on the machine.
+	b.ReportMetric(float64(putCPU.Microseconds())/float64(b.N*n), "put-cpu-µs")
+	b.ReportMetric(float64(rawCPU.Microseconds())/float64(b.N*n), "raw1-cpu-µs") // the floor: the first raw phase
+}
+
+// processCPU is the user and system CPU time the process has used.
+func processCPU(tb testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// startPutProfile starts the CPU profile of iteration it's put phase when
+// -large-cpuprofile asks for one, and returns what stops it: the whole
+// process's profile (-test.cpuprofile) is mostly the raw and get phases
+// and the agents' prefaulting.
+func startPutProfile(tb testing.TB, it int) (stop func()) {
+	if *largeCPU == "" {
+		return func() {}
+	}
+	f, err := os.Create(fmt.Sprintf("%s.%d", *largeCPU, it))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		tb.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			tb.Fatal(err)
+		}
+	}
 }
 
 // forEach runs op for i in [0, n) from w goroutines, each with a buffer of

@@ -43,7 +43,43 @@ func readerSource(r io.ReaderAt) source {
 // Put stores data under key. It returns after PutEnd: the object is then
 // readable on every replica. On any failure the put is revoked.
 func (c *Client) Put(ctx context.Context, key string, data []byte, opts ...PutOption) error {
-	return c.put(ctx, key, int64(len(data)), sliceSource(data), checksum.Sum(data), newPutOptions(c, opts))
+	return c.put(ctx, key, int64(len(data)), sliceSource(data), sumAside(data), newPutOptions(c, opts))
+}
+
+// objectSum is a put's object checksum, known or being computed.
+type objectSum struct {
+	v    uint64
+	done chan struct{} // nil when v is known; closed once it is
+}
+
+func knownSum(v uint64) *objectSum { return &objectSum{v: v} }
+
+// asideSum is the size from which Put hashes the object in a goroutine of
+// its own while PutStart is in flight (the master's answer waits on the
+// agent's Reserve, longer than hashing 1 MiB takes) instead of before it:
+// below it the goroutine costs more than the hashing.
+const asideSum = 256 << 10
+
+// sumAside returns data's checksum: computed at once for a small object,
+// in the background for a large one (get waits for it).
+func sumAside(data []byte) *objectSum {
+	if len(data) < asideSum {
+		return knownSum(checksum.Sum(data))
+	}
+	s := &objectSum{done: make(chan struct{})}
+	go func() {
+		s.v = checksum.Sum(data)
+		close(s.done)
+	}()
+	return s
+}
+
+// get returns the checksum once it is known.
+func (s *objectSum) get() uint64 {
+	if s.done != nil {
+		<-s.done
+	}
+	return s.v
 }
 
 // PutFrom stores size bytes read from r under key without holding the whole
@@ -53,10 +89,12 @@ func (c *Client) PutFrom(ctx context.Context, key string, r io.ReaderAt, size in
 	if _, err := io.Copy(h, io.NewSectionReader(r, 0, size)); err != nil {
 		return fmt.Errorf("put %q: read source: %w", key, err)
 	}
-	return c.put(ctx, key, size, readerSource(r), h.Sum64(), newPutOptions(c, opts))
+	return c.put(ctx, key, size, readerSource(r), knownSum(h.Sum64()), newPutOptions(c, opts))
 }
 
-func (c *Client) put(ctx context.Context, key string, size int64, src source, sum uint64, o *putOptions) (err error) {
+func (c *Client) put(ctx context.Context, key string, size int64, src source, sum *objectSum, o *putOptions) (err error) {
+	// Whatever happens, the caller's bytes are not read after Put returns.
+	defer sum.get()
 	ctx, span := c.startCall(ctx, "client.put", 1, size, key)
 	defer func() { tracectx.End(span, err) }()
 	err = c.putOnce(ctx, key, size, src, sum, o)
@@ -77,7 +115,7 @@ type leaderChanged struct{ err error }
 func (e *leaderChanged) Error() string { return e.err.Error() }
 func (e *leaderChanged) Unwrap() error { return e.err }
 
-func (c *Client) putOnce(ctx context.Context, key string, size int64, src source, sum uint64, o *putOptions) error {
+func (c *Client) putOnce(ctx context.Context, key string, size int64, src source, objSum *objectSum, o *putOptions) error {
 	start, err := c.putStart(ctx, &masterv1.PutStartRequest{
 		Tenant: c.tenant, Key: key, Size: uint64(size), Config: o.cfg, ClientId: c.s.cfg.ClientID, Upsert: o.upsert,
 	})
@@ -90,6 +128,7 @@ func (c *Client) putOnce(ctx context.Context, key string, size int64, src source
 		return fmt.Errorf("put %q: %w", key, err)
 	}
 	startedAt, _ := c.s.masters.current() // the master that answered PutStart
+	sum := objSum.get()
 	var done atomic.Int64
 	total := size * int64(len(start.GetReplicas()))
 	progress := func(n int) {
