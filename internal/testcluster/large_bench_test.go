@@ -6,17 +6,15 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"runtime/pprof"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	agentapp "github.com/crescent-kv/crescent/internal/agent/app"
 	"github.com/crescent-kv/crescent/internal/config"
 	"github.com/crescent-kv/crescent/internal/testcluster"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/client"
 )
 
@@ -76,17 +74,17 @@ func BenchmarkLargeObjects(b *testing.B) {
 		for i := range keys {
 			keys[i] = fmt.Sprintf("large/%d/%06d", it, i)
 		}
-		cpu0 := processCPU(b)
+		cpu0 := testutil.ProcessCPU()
 		rawPutD += rawCopyConc(b, n, size, 1)
-		rawCPU += processCPU(b) - cpu0
+		rawCPU += testutil.ProcessCPU() - cpu0
 		rawNPutD += rawCopyConc(b, n, size, w)
 		for i := range sealKeys {
 			sealKeys[i] = fmt.Sprintf("large-seal/%d/%06d", it, i)
 		}
 		stopProfile := startPutProfile(b, it)
-		cpu0 = processCPU(b)
+		cpu0 = testutil.ProcessCPU()
 		putD += forEach(b, n, w, func(i int, _ []byte) error { return cl.Put(ctx, keys[i], src) }, 0)
-		putCPU += processCPU(b) - cpu0
+		putCPU += testutil.ProcessCPU() - cpu0
 		stopProfile()
 		// The A/B: puts with and without seal on write interleaved (even
 		// objects one way, odd the other), so both see the same load; the
@@ -138,15 +136,6 @@ func BenchmarkLargeObjects(b *testing.B) {
 	b.ReportMetric(float64(rawCPU.Microseconds())/float64(b.N*n), "raw1-cpu-µs") // the floor: the first raw phase
 }
 
-// processCPU is the user and system CPU time the process has used.
-func processCPU(tb testing.TB) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		tb.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 // startPutProfile starts the CPU profile of iteration it's put phase when
 // -large-cpuprofile asks for one, and returns what stops it: the whole
 // process's profile (-test.cpuprofile) is mostly the raw and get phases
@@ -155,20 +144,7 @@ func startPutProfile(tb testing.TB, it int) (stop func()) {
 	if *largeCPU == "" {
 		return func() {}
 	}
-	f, err := os.Create(fmt.Sprintf("%s.%d", *largeCPU, it))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		_ = f.Close()
-		tb.Fatal(err)
-	}
-	return func() {
-		pprof.StopCPUProfile()
-		if err := f.Close(); err != nil {
-			tb.Fatal(err)
-		}
-	}
+	return testutil.StartCPUProfile(tb, fmt.Sprintf("%s.%d", *largeCPU, it))
 }
 
 // forEach runs op for i in [0, n) from w goroutines, each with a buffer of
