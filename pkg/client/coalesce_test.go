@@ -189,6 +189,33 @@ func TestCoalesceLoneCallGoesOutAtOnce(t *testing.T) {
 	})
 }
 
+// heldThenQueued starts t/first and holds it in flight, then queues n
+// calls t/0..t/n-1 behind it, one at a time.
+func (f *fakeKind) heldThenQueued(t *testing.T, n int) (first <-chan answer, chs []<-chan answer) {
+	f.hold()
+	first = f.start(t.Context(), "t/first")
+	synctest.Wait()
+	for i := range n {
+		chs = append(chs, f.start(t.Context(), fmt.Sprintf("t/%d", i)))
+		synctest.Wait()
+	}
+	return first, chs
+}
+
+// answeredInBatches checks that first was answered by a single call and
+// every call of chs by a batch.
+func answeredInBatches(t *testing.T, first <-chan answer, chs []<-chan answer) {
+	t.Helper()
+	if a := <-first; a.r != "one:t/first" {
+		t.Fatalf("first: %+v", a)
+	}
+	for i, ch := range chs {
+		if a := <-ch; a.err != nil || a.r[:5] != "many:" {
+			t.Fatalf("call %d: %+v", i, a)
+		}
+	}
+}
+
 // TestCoalesceFullBatchLeavesAtOnce: a full batch does not wait for the
 // call in flight while a slot is free; past CoalesceInFlight RPCs, full
 // batches wait too.
@@ -196,14 +223,7 @@ func TestCoalesceFullBatchLeavesAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFake(2, 3)
 		defer f.co.close()
-		f.hold()
-		first := f.start(t.Context(), "t/first")
-		synctest.Wait()
-		var chs []<-chan answer
-		for i := range 7 {
-			chs = append(chs, f.start(t.Context(), fmt.Sprintf("t/%d", i)))
-			synctest.Wait()
-		}
+		first, chs := f.heldThenQueued(t, 7)
 		// t/0..t/2 filled a batch that left at once (the second slot); the
 		// next three filled one too, but no slot was free.
 		if len(f.batches) != 1 || !slices.Equal(f.batches[0], []string{"t/0", "t/1", "t/2"}) {
@@ -213,14 +233,7 @@ func TestCoalesceFullBatchLeavesAtOnce(t *testing.T) {
 			t.Fatalf("%d queued, want 4", n)
 		}
 		f.open()
-		if a := <-first; a.r != "one:t/first" {
-			t.Fatalf("first: %+v", a)
-		}
-		for i, ch := range chs {
-			if a := <-ch; a.err != nil || a.r[:5] != "many:" {
-				t.Fatalf("call %d: %+v", i, a)
-			}
-		}
+		answeredInBatches(t, first, chs)
 		if len(f.ones) != 1 || len(f.batches) != 3 {
 			t.Fatalf("%d single calls and batches %q; want 1 and 3 batches", len(f.ones), f.batches)
 		}
@@ -235,28 +248,14 @@ func TestCoalescePatientLaunchAt(t *testing.T) {
 		f := newFake(2, 16)
 		f.co.launchAt = 3
 		defer f.co.close()
-		f.hold()
-		first := f.start(t.Context(), "t/first")
-		synctest.Wait()
-		var chs []<-chan answer
-		for i := range 5 {
-			chs = append(chs, f.start(t.Context(), fmt.Sprintf("t/%d", i)))
-			synctest.Wait()
-		}
+		first, chs := f.heldThenQueued(t, 5)
 		// t/0..t/2 reached launchAt and left; t/3 and t/4 wait (both
 		// slots are taken).
 		if len(f.batches) != 1 || !slices.Equal(f.batches[0], []string{"t/0", "t/1", "t/2"}) || f.co.queued() != 2 {
 			t.Fatalf("batches in flight %q, %d queued; want [[t/0 t/1 t/2]] and 2", f.batches, f.co.queued())
 		}
 		f.open()
-		if a := <-first; a.r != "one:t/first" {
-			t.Fatalf("first: %+v", a)
-		}
-		for i, ch := range chs {
-			if a := <-ch; a.err != nil || a.r[:5] != "many:" {
-				t.Fatalf("call %d: %+v", i, a)
-			}
-		}
+		answeredInBatches(t, first, chs)
 		if len(f.batches) != 2 || !slices.Equal(f.batches[1], []string{"t/3", "t/4"}) {
 			t.Fatalf("batches %q, want the last [t/3 t/4]", f.batches)
 		}
