@@ -297,6 +297,7 @@ func (s *Store) sendReleases(ctx context.Context, r *releases) {
 		return
 	}
 	per := make(map[string][]*masterv1.AllocationRef)
+	segsOf := make(map[string][]uint32) // each agent's segments in per
 	for seg, allocs := range items {
 		e := s.segs.get(seg)
 		sv, ok := s.reg.Segment(e.id)
@@ -310,6 +311,7 @@ func (s *Store) sendReleases(ctx context.Context, r *releases) {
 		for _, a := range allocs {
 			per[sv.AgentID] = append(per[sv.AgentID], &masterv1.AllocationRef{SegmentId: e.id, AllocationId: a})
 		}
+		segsOf[sv.AgentID] = append(segsOf[sv.AgentID], seg)
 	}
 	fanOut(per, func(agent string, refs []*masterv1.AllocationRef) {
 		if err := s.agents.Release(ctx, agent, refs); err != nil {
@@ -325,10 +327,8 @@ func (s *Store) sendReleases(ctx context.Context, r *releases) {
 		// (same stream, so received before it) still counts them, and
 		// must not pass for newer than the free (segEntry.freedMs).
 		now := s.nowMs()
-		for _, r := range refs {
-			if idx, ok := s.segs.lookup(r.SegmentId); ok {
-				s.segs.get(idx).freedMs.Store(now)
-			}
+		for _, seg := range segsOf[agent] {
+			s.segs.get(seg).freedMs.Store(now)
 		}
 	})
 }
