@@ -55,7 +55,8 @@ func forShardsCounting[T any](items []T, shardOf func(T) int, sc *shardScratch[T
 	if sc == nil {
 		sc = &shardScratch[T]{}
 	}
-	shs := grow(&sc.shs, len(items))
+	sc.shs = slices.Grow(sc.shs[:0], len(items))[:len(items)]
+	shs := sc.shs
 	top := 0
 	for i, it := range items {
 		shs[i] = shardOf(it)
@@ -69,7 +70,8 @@ func forShardsCounting[T any](items []T, shardOf func(T) int, sc *shardScratch[T
 		start[k] += start[k-1]
 	}
 	next := slices.Clone(start[:top+1])
-	grouped := grow(&sc.grouped, len(items))
+	sc.grouped = slices.Grow(sc.grouped[:0], len(items))[:len(items)]
+	grouped := sc.grouped
 	for i, it := range items {
 		grouped[next[shs[i]]] = it
 		next[shs[i]]++
@@ -102,13 +104,4 @@ func (s *slab[T]) next() *T {
 type shardScratch[T any] struct {
 	shs     []int
 	grouped []T
-}
-
-// grow returns (*buf)[:n], reallocating *buf when it is shorter. The
-// contents are not cleared.
-func grow[T any](buf *[]T, n int) []T {
-	if cap(*buf) < n {
-		*buf = make([]T, n)
-	}
-	return (*buf)[:n]
 }
