@@ -31,8 +31,8 @@ var singleClients = map[string]func(*client.Config){"sdk": nil}
 var singleCoalesced func(c *client.Client, op string) (batches, items int)
 
 // singleProfile, when set, is a directory where BenchmarkSingleOps writes
-// one CPU profile per timed round of the "sdk" configuration (not the
-// baseline's, not the warm-up's), named op-cN-round.prof: the whole
+// one CPU profile per timed round of the "sdk" configuration, or of the
+// only one -single-clients selects (not the baseline's, not the warm-up's), named op-cN-round.prof: the whole
 // process's CPU while only those calls run — client, master and agents —
 // to be merged with go tool pprof dir/get-c64-*.prof.
 // singleOnly, when set, is a regular expression for the names of the SDK
@@ -139,7 +139,7 @@ func BenchmarkSingleOps(b *testing.B) {
 				lat := make([][]time.Duration, len(run))
 				rounds := 0
 				round := func(k int, keep bool) {
-					if keep && *singleProfile != "" && k > 0 && names[k-1] == "sdk" {
+					if keep && *singleProfile != "" && k > 0 && (names[k-1] == "sdk" || len(names) == 1) {
 						rounds++
 						defer testutil.StartCPUProfile(b, filepath.Join(*singleProfile, fmt.Sprintf("%s-c%d-%d.prof", op, conc, rounds)))()
 					}

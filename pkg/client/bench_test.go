@@ -146,8 +146,9 @@ func benchClusterTLS(b *testing.B, workers, batch, size int, put bool) {
 // The same calls on their own, one RPC each (BenchmarkSingleOps); and,
 // as "sdk-shm", through the agents' shared memory (agent --shm-socket,
 // Config.SharedMemorySockets) instead of the bulk TCP path: an extra
-// configuration, never the "sdk" number. The agents serve sockets only when
-// -single-clients selects it.
+// configuration, never the "sdk" number; "sdk-shm-granted" is sdk-shm
+// asking the agent for every read (DisableMappedReads), its A/B. The
+// agents serve sockets only when -single-clients selects one of them.
 func init() {
 	singleClients["sdk-uncoalesced"] = func(c *client.Config) { c.DisableCoalescing = true }
 	var dir string
@@ -165,6 +166,7 @@ func init() {
 		sockets = append(sockets, c.ShmSocket)
 	}
 	singleClients["sdk-shm"] = func(c *client.Config) { c.SharedMemorySockets = sockets }
+	singleClients["sdk-shm-granted"] = func(c *client.Config) { c.SharedMemorySockets, c.DisableMappedReads = sockets, true }
 	singleCoalesced = func(c *client.Client, op string) (batches, items int) {
 		n := c.Coalesced()[op]
 		return n[0], n[1]

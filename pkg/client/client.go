@@ -147,6 +147,14 @@ type Config struct {
 	// of the segment instead of the bulk TCP path, which stays the
 	// fallback (shm.go). Unused with DisableTransfer or BearerToken.
 	SharedMemorySockets []string
+	// DisableMappedReads makes every read through shared memory ask the
+	// agent first (a request, its grant, a release), as before mapped
+	// reads: the agent then holds the allocation open under the copy. By
+	// default (false) a whole-object read of a replica in a mapped segment
+	// is copied straight from the mapping at the master's offset and
+	// checked against the object's checksum; one that does not match is
+	// read again by request. For A/B measurements and as an escape hatch.
+	DisableMappedReads bool
 	// TLS, when set, secures every connection the client makes: the
 	// master, the agents' DataService and their bulk transfer listeners.
 	// Each connection uses a clone whose server name, unless the

@@ -423,6 +423,9 @@ func (c *Client) readAny(ctx context.Context, rl *masterv1.GetReplicaListRespons
 	}
 	var errs []error
 	for _, d := range reps {
+		if c.readMapped(ctx, d, buf, rl.GetChecksum()) {
+			return nil
+		}
 		err := c.readOne(ctx, d, buf)
 		if err == nil && checksum.Sum(buf) != rl.GetChecksum() {
 			err = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "replica %d on %s: checksum mismatch", d.GetReplicaId(), d.GetDataEndpoint())

@@ -40,6 +40,31 @@ func ShmServed(c *Client) (reads, writes uint64) {
 	return reads, writes
 }
 
+// ShmMapped is how many reads c copied straight from a mapping, and how
+// many copies did not match their checksum.
+func ShmMapped(c *Client) (reads, misses uint64) {
+	for _, sc := range c.s.shm {
+		r, m := sc.Mapped()
+		reads, misses = reads+r, misses+m
+	}
+	return reads, misses
+}
+
+// CopyMapped is the first shared-memory client's CopyMapped.
+func CopyMapped(c *Client, segment string, off uint64, dst []byte) bool {
+	return c.s.shm[0].CopyMapped(segment, off, dst)
+}
+
+// FirstReplica is the segment and offset of key's first replica.
+func FirstReplica(c *Client, ctx context.Context, key string) (segment string, offset uint64, err error) {
+	rl, err := c.replicaList(ctx, key)
+	if err != nil {
+		return "", 0, err
+	}
+	d := rl.GetReplicas()[0]
+	return d.GetSegmentId(), d.GetOffset(), nil
+}
+
 // ShmReadRequests is how many shared-memory read requests c sent.
 func ShmReadRequests(c *Client) (n uint64) {
 	for _, sc := range c.s.shm {

@@ -5,6 +5,8 @@ import (
 	"errors"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/xfer"
 	"github.com/crescent-kv/crescent/internal/xfer/shm"
 )
@@ -57,6 +59,26 @@ func (c *Client) shmFor(ctx context.Context, id string) *shm.Client {
 		}
 	}
 	return nil
+}
+
+// readMapped reads replica d of an object of checksum sum whole into dst
+// (len(dst) is its size) straight from this process's mapping of d's
+// segment, without asking its agent, and reports whether the bytes it
+// copied are the object's (the checksum matches). False leaves the read to
+// the request paths; a copy that did not match is counted as a miss.
+func (c *Client) readMapped(ctx context.Context, d *masterv1.ReplicaDescriptor, dst []byte, sum uint64) bool {
+	if len(c.s.shm) == 0 || c.s.cfg.DisableMappedReads {
+		return false
+	}
+	sc := c.shmFor(ctx, d.GetSegmentId())
+	if sc == nil || !sc.CopyMapped(d.GetSegmentId(), d.GetOffset(), dst) {
+		return false
+	}
+	if checksum.Sum(dst) != sum {
+		sc.MappedMiss()
+		return false
+	}
+	return true
 }
 
 // shmSplit partitions items between one shared-memory client (the items of

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	agentapp "github.com/crescent-kv/crescent/internal/agent/app"
 	"github.com/crescent-kv/crescent/internal/testcluster"
@@ -40,7 +41,9 @@ func TestSharedMemoryPath(t *testing.T) {
 			c.ShmSocket = sock
 		}
 	}})
-	c := h.client(t, client.Config{SharedMemorySockets: []string{sock}})
+	// Every read asks the agent: the requests are counted below
+	// (TestSharedMemoryMappedReads covers the reads that do not).
+	c := h.client(t, client.Config{SharedMemorySockets: []string{sock}, DisableMappedReads: true})
 	ctx := t.Context()
 	want := map[string][]byte{}
 	for i := range 16 {
@@ -107,7 +110,113 @@ func TestSharedMemoryPath(t *testing.T) {
 	if reads >= uint64(2*len(want)) {
 		t.Fatalf("shared memory served %d reads of %d: agent 1's replicas too?", reads, 2*len(want))
 	}
+	if m, _ := client.ShmMapped(c); m != 0 {
+		t.Fatalf("%d reads copied from the mapping with DisableMappedReads", m)
+	}
 	t.Logf("shared memory: %d reads, %d writes of %d objects (read twice)", reads, writes, len(want))
+}
+
+// TestSharedMemoryMappedReads: by default a read of a replica in a mapped
+// segment copies the bytes at the master's offset with no request to the
+// agent, single and batch gets alike; a copy that does not hold the
+// object (a lookup older than a forced removal whose extent now holds
+// another object) is not returned: it counts as a miss and the read goes
+// to the agent, which no longer holds the allocation.
+func TestSharedMemoryMappedReads(t *testing.T) {
+	sock := shmSocket(t)
+	h := start(t, testcluster.Options{Agents: 1, AgentMemory: 64 << 20, Agent: func(_ int, c *agentapp.Config) { c.ShmSocket = sock }})
+	c := h.client(t, client.Config{SharedMemorySockets: []string{sock}})
+	ctx := t.Context()
+	var keys []string
+	want := map[string][]byte{}
+	for i := range 8 {
+		key := fmt.Sprintf("mapped/%d", i)
+		want[key] = bytes.Repeat([]byte{byte(i + 1)}, 4096<<(i%4)+i)
+		if err := c.Put(ctx, key, want[key]); err != nil {
+			t.Fatalf("Put %s: %v", key, err)
+		}
+		keys = append(keys, key)
+	}
+	for _, key := range keys {
+		if got, err := c.Get(ctx, key); err != nil || !bytes.Equal(got, want[key]) {
+			t.Fatalf("Get %s: %d bytes, %v", key, len(got), err)
+		}
+	}
+	got, errs := c.BatchGet(ctx, keys)
+	for i, err := range errs {
+		if err != nil || !bytes.Equal(got[i], want[keys[i]]) {
+			t.Fatalf("BatchGet %s: %v", keys[i], err)
+		}
+	}
+	mapped, misses := client.ShmMapped(c)
+	if mapped != uint64(2*len(keys)) || misses != 0 || client.ShmReadRequests(c) != 0 {
+		t.Fatalf("%d reads copied from the mapping (%d misses) and %d read requests, want %d, 0 and 0",
+			mapped, misses, client.ShmReadRequests(c), 2*len(keys))
+	}
+
+	// A lookup made before a forced removal, read after another object of
+	// the same size took the extent.
+	old := bytes.Repeat([]byte("o"), 64<<10)
+	if err := c.Put(ctx, "mapped/old", old); err != nil {
+		t.Fatal(err)
+	}
+	seg, off, err := client.FirstReplica(c, ctx, "mapped/old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, len(old))
+	// Ranges outside the mapping are refused, not copied.
+	for _, off := range []uint64{1 << 62, ^uint64(0), ^uint64(0) - 1} {
+		if client.CopyMapped(c, seg, off, buf[:2]) {
+			t.Fatalf("CopyMapped copied 2 bytes at offset %d", off)
+		}
+	}
+	if client.CopyMapped(c, "no-such-segment", 0, buf) {
+		t.Fatal("CopyMapped copied from a segment nobody shared")
+	}
+	read, err := client.ReadPath(c, ctx, "mapped/old", buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range c.BatchRemove(ctx, []string{"mapped/old"}, true) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	newer := bytes.Repeat([]byte("n"), len(old))
+	// The agent frees the extent when the master's release reaches it; a
+	// put that comes first lands elsewhere and is removed again.
+	for try := 0; ; try++ {
+		if err := c.Put(ctx, "mapped/new", newer); err != nil {
+			t.Fatal(err)
+		}
+		s, o, err := client.FirstReplica(c, ctx, "mapped/new")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s == seg && o == off {
+			break
+		}
+		if try == 100 {
+			t.Fatalf("no put took the removed object's extent (%s at %d) in %d tries", seg, off, try)
+		}
+		for _, err := range c.BatchRemove(ctx, []string{"mapped/new"}, true) {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_, before := client.ShmMapped(c)
+	if err := read(); err == nil {
+		t.Fatalf("a read of the removed object succeeded; its buffer holds %q...", buf[:8])
+	}
+	if _, misses := client.ShmMapped(c); misses != before+1 {
+		t.Fatalf("%d mapped-read misses, want %d", misses, before+1)
+	}
+	if got, err := c.Get(ctx, "mapped/new"); err != nil || !bytes.Equal(got, newer) {
+		t.Fatalf("Get mapped/new: %d bytes, %v", len(got), err)
+	}
 }
 
 // TestSharedMemoryFallback: a socket that is absent, or whose agent is

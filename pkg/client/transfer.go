@@ -157,19 +157,31 @@ func (c *Client) batchReadTransfer(ctx context.Context, ep string, chunk []read,
 	if total > 0 {
 		slab = make([]byte, total)
 	}
-	items := make([]*agentv1.TransferItem, len(chunk))
+	items := make([]*agentv1.TransferItem, 0, len(chunk))
 	dst := make([][]byte, len(chunk))
 	var off uint64
+	asked := make([]read, 0, len(chunk)) // the reads that go by request, in items' order
 	for k, r := range chunk {
-		items[k] = transferItem(r.rl.GetReplicas()[0], 0)
 		if r.dst != nil {
 			dst[k] = r.dst
+		} else {
+			n := r.rl.GetSize()
+			dst[k] = slab[off : off+n : off+n]
+			off += n
+		}
+		d := r.rl.GetReplicas()[0]
+		if c.readMapped(ctx, d, dst[k], r.rl.GetChecksum()) {
+			out[r.item] = dst[k]
 			continue
 		}
-		n := r.rl.GetSize()
-		dst[k] = slab[off : off+n : off+n]
-		off += n
+		items = append(items, transferItem(d, 0))
+		asked = append(asked, r)
+		dst[len(items)-1] = dst[k]
 	}
+	if len(items) == 0 {
+		return nil
+	}
+	chunk, dst = asked, dst[:len(items)]
 	res, err := c.xferRead(ctx, ep, items, dst)
 	if err != nil {
 		return failAll(chunk, err)

@@ -66,8 +66,10 @@ type Client struct {
 	lastErr error
 
 	// Items granted and copied, by direction (Served), and the read
-	// requests that carried them (ReadRequests).
+	// requests that carried them (ReadRequests); reads copied straight
+	// from a mapping, and the ones whose bytes did not match (Mapped).
 	reads, writes, readRequests atomic.Uint64
+	mapped, mappedMisses        atomic.Uint64
 }
 
 // Served is how many items this client has read and written through
@@ -76,6 +78,45 @@ func (c *Client) Served() (reads, writes uint64) { return c.reads.Load(), c.writ
 
 // ReadRequests is how many read requests carried Served's reads.
 func (c *Client) ReadRequests() uint64 { return c.readRequests.Load() }
+
+// Mapped is how many reads CopyMapped served, and how many of the copies
+// it made its caller found stale (MappedMiss).
+func (c *Client) Mapped() (reads, misses uint64) { return c.mapped.Load(), c.mappedMisses.Load() }
+
+// MappedMiss records that a copy CopyMapped made did not hold the object
+// (its checksum did not match); the caller reads it again by request.
+func (c *Client) MappedMiss() {
+	c.mappedMisses.Add(1)
+	c.mapped.Add(^uint64(0))
+}
+
+// CopyMapped copies len(dst) bytes at offset off of segment id's mapping
+// into dst, without asking the agent, and reports whether it could: false
+// when no connection of this client holds a mapping of the segment or the
+// range lies outside it. Nothing keeps the bytes from changing under the
+// copy — the agent holds no allocation open for it — so the caller must
+// check them against the object's checksum (and call MappedMiss, then read
+// by request, when they do not match). What makes the copy worth trying
+// is the master's read lease: an object leased to a reader is neither
+// evicted nor replaced, so its extent holds its bytes for as long as the
+// lease lasts unless it is removed by force (docs/ARCHITECTURE.md,
+// "mapped reads").
+func (c *Client) CopyMapped(id string, off uint64, dst []byte) bool {
+	c.mu.Lock()
+	m := c.maps[id]
+	if c.closed || m == nil || off > uint64(len(m.data)) || uint64(len(dst)) > uint64(len(m.data))-off {
+		c.mu.Unlock()
+		return false
+	}
+	m.refs++ // kept mapped while the copy runs
+	c.mu.Unlock()
+	copy(dst, m.data[off:])
+	c.mu.Lock()
+	c.unrefLocked(m)
+	c.mu.Unlock()
+	c.mapped.Add(1)
+	return true
+}
 
 // mapping is this process's mapping of one shared segment, unmapped when
 // the last connection whose hello shared it closes.
@@ -301,15 +342,20 @@ func (c *Client) closeConn(cn *conn) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, m := range cn.segs {
-		if m.refs--; m.refs == 0 {
-			if c.maps[m.id] == m {
-				delete(c.maps, m.id)
-			}
-			_ = unix.Munmap(m.data)
-			m.data = nil
-		}
+		c.unrefLocked(m)
 	}
 	cn.segs = nil
+}
+
+// unrefLocked drops a reference to m and unmaps it with the last.
+func (c *Client) unrefLocked(m *mapping) {
+	if m.refs--; m.refs == 0 {
+		if c.maps[m.id] == m {
+			delete(c.maps, m.id)
+		}
+		_ = unix.Munmap(m.data)
+		m.data = nil
+	}
 }
 
 // get takes an idle connection or dials one.
