@@ -423,7 +423,7 @@ func (c *Client) readAny(ctx context.Context, rl *masterv1.GetReplicaListRespons
 	}
 	var errs []error
 	for _, d := range reps {
-		if c.readMapped(ctx, d, buf, rl.GetChecksum()) {
+		if c.readMapped(d, buf, rl.GetChecksum()) {
 			return nil
 		}
 		err := c.readOne(ctx, d, buf)

@@ -66,19 +66,22 @@ func (c *Client) shmFor(ctx context.Context, id string) *shm.Client {
 // segment, without asking its agent, and reports whether the bytes it
 // copied are the object's (the checksum matches). False leaves the read to
 // the request paths; a copy that did not match is counted as a miss.
-func (c *Client) readMapped(ctx context.Context, d *masterv1.ReplicaDescriptor, dst []byte, sum uint64) bool {
-	if len(c.s.shm) == 0 || c.s.cfg.DisableMappedReads {
+func (c *Client) readMapped(d *masterv1.ReplicaDescriptor, dst []byte, sum uint64) bool {
+	if c.s.cfg.DisableMappedReads {
 		return false
 	}
-	sc := c.shmFor(ctx, d.GetSegmentId())
-	if sc == nil || !sc.CopyMapped(d.GetSegmentId(), d.GetOffset(), dst) {
-		return false
+	// Only a client holding a mapping of the segment copies; one that has
+	// not connected yet does when the request path first uses it.
+	for _, sc := range c.s.shm {
+		if sc.CopyMapped(d.GetSegmentId(), d.GetOffset(), dst) {
+			if checksum.Sum(dst) != sum {
+				sc.MappedMiss()
+				return false
+			}
+			return true
+		}
 	}
-	if checksum.Sum(dst) != sum {
-		sc.MappedMiss()
-		return false
-	}
-	return true
+	return false
 }
 
 // shmSplit partitions items between one shared-memory client (the items of

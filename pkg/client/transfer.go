@@ -170,7 +170,7 @@ func (c *Client) batchReadTransfer(ctx context.Context, ep string, chunk []read,
 			off += n
 		}
 		d := r.rl.GetReplicas()[0]
-		if c.readMapped(ctx, d, dst[k], r.rl.GetChecksum()) {
+		if c.readMapped(d, dst[k], r.rl.GetChecksum()) {
 			out[r.item] = dst[k]
 			continue
 		}

@@ -65,15 +65,15 @@ type Client struct {
 	closed  bool
 	lastErr error
 
-	// Items granted and copied, by direction (Served), and the read
-	// requests that carried them (ReadRequests); reads copied straight
-	// from a mapping, and the ones whose bytes did not match (Mapped).
+	// Items copied, by direction (Served), the read requests that carried
+	// the reads the agent granted (ReadRequests), and the reads copied
+	// straight from a mapping and the copies that did not match (Mapped).
 	reads, writes, readRequests atomic.Uint64
-	mapped, mappedMisses        atomic.Uint64
+	mappedReads, mappedMisses   atomic.Uint64
 }
 
 // Served is how many items this client has read and written through
-// shared memory.
+// shared memory, the reads CopyMapped served included.
 func (c *Client) Served() (reads, writes uint64) { return c.reads.Load(), c.writes.Load() }
 
 // ReadRequests is how many read requests carried Served's reads.
@@ -81,13 +81,14 @@ func (c *Client) ReadRequests() uint64 { return c.readRequests.Load() }
 
 // Mapped is how many reads CopyMapped served, and how many of the copies
 // it made its caller found stale (MappedMiss).
-func (c *Client) Mapped() (reads, misses uint64) { return c.mapped.Load(), c.mappedMisses.Load() }
+func (c *Client) Mapped() (reads, misses uint64) { return c.mappedReads.Load(), c.mappedMisses.Load() }
 
 // MappedMiss records that a copy CopyMapped made did not hold the object
 // (its checksum did not match); the caller reads it again by request.
 func (c *Client) MappedMiss() {
 	c.mappedMisses.Add(1)
-	c.mapped.Add(^uint64(0))
+	c.mappedReads.Add(^uint64(0))
+	c.reads.Add(^uint64(0))
 }
 
 // CopyMapped copies len(dst) bytes at offset off of segment id's mapping
@@ -114,7 +115,8 @@ func (c *Client) CopyMapped(id string, off uint64, dst []byte) bool {
 	c.mu.Lock()
 	c.unrefLocked(m)
 	c.mu.Unlock()
-	c.mapped.Add(1)
+	c.mappedReads.Add(1)
+	c.reads.Add(1)
 	return true
 }
 
