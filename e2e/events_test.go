@@ -157,8 +157,11 @@ func (c *Cluster) gatewayStatus(t testing.TB) gatewayStatus {
 // subscriber applying the gateway's stream holds exactly the master's
 // readable set, with no sequence gap.
 func TestEventsMatchMaster(t *testing.T) {
+	// A segment is suspected after 1 s without a heartbeat (placement
+	// skips it): short enough for the agent kill below, long enough that
+	// a loaded CI machine's stalls do not fail the fill's puts.
 	c := StartCluster(t, Options{Agents: 3, AgentMemory: "8MiB", Disk: true, Gateway: true,
-		SuspectAfter: 400 * time.Millisecond, UnmountAfter: 1500 * time.Millisecond,
+		SuspectAfter: time.Second, UnmountAfter: 2500 * time.Millisecond,
 		MasterFlags: []string{"--lease-ttl", "2s"}})
 	sub := subscribe(t, c)
 	ctx := ctxT(t, 3*time.Minute)
