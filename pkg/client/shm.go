@@ -120,6 +120,18 @@ func (c *Client) xferWrite(ctx context.Context, ep string, items []*agentv1.Tran
 		})
 }
 
+// xferWriteSealed is c.s.xfer.WriteSealed through shared memory where the
+// agent shares the items' segments: the agent seals on the release and
+// its receipts come with the release's answer. Should that answer be lost
+// after the seal, the items go over TCP too, where the agent refuses a
+// sealed allocation and the put fails as any failed write does.
+func (c *Client) xferWriteSealed(ctx context.Context, ep string, items []*agentv1.TransferItem, src [][]byte) ([]xfer.WriteResult, error) {
+	return viaShm(c, ctx, items, src, (*shm.Client).WriteSealed,
+		func(items []*agentv1.TransferItem, bufs [][]byte) ([]xfer.WriteResult, error) {
+			return c.s.xfer.WriteSealed(ctx, ep, items, bufs)
+		})
+}
+
 // xferRead is c.s.xfer.Read through shared memory where the agent shares
 // the items' segments. The callers verify the checksums, whichever path.
 func (c *Client) xferRead(ctx context.Context, ep string, items []*agentv1.TransferItem, dst [][]byte) ([]xfer.ReadResult, error) {

@@ -10,7 +10,11 @@ import (
 	"testing"
 	"time"
 
+	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	agentapp "github.com/crescent-kv/crescent/internal/agent/app"
+	"github.com/crescent-kv/crescent/internal/checksum"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testcluster"
 	"github.com/crescent-kv/crescent/internal/xfer/shm"
 	"github.com/crescent-kv/crescent/pkg/client"
@@ -279,5 +283,64 @@ func TestSharedMemoryRefusedPeer(t *testing.T) {
 	}
 	if r, w := client.ShmServed(c); r != 0 || w != 0 {
 		t.Fatalf("shared memory served %d reads, %d writes through a refusing socket", r, w)
+	}
+}
+
+// TestSharedMemorySealOnRelease: a single put over shared memory asks the
+// agent to seal on the release of its grant and commits by the seal
+// receipt, no Seal sent (as a put on the bulk path does); a checksum that
+// does not match the bytes in the mapping fails the item, and the
+// allocation stays unsealed.
+func TestSharedMemorySealOnRelease(t *testing.T) {
+	sock := shmSocket(t)
+	h := start(t, testcluster.Options{Agents: 1, AgentMemory: 64 << 20, Agent: func(_ int, c *agentapp.Config) { c.ShmSocket = sock }})
+	c := h.client(t, client.Config{SharedMemorySockets: []string{sock}})
+	ctx := t.Context()
+	store := h.Master().Store
+	r0, s0 := store.PutSeals()
+	want := map[string][]byte{}
+	for i := range 4 {
+		key := fmt.Sprintf("sealed/%d", i)
+		want[key] = bytes.Repeat([]byte{byte(i + 1)}, 1000<<(2*i)+i)
+		if err := c.Put(ctx, key, want[key]); err != nil {
+			t.Fatalf("Put %s: %v", key, err)
+		}
+	}
+	if _, writes := client.ShmServed(c); writes != 4 {
+		t.Fatalf("shared memory served %d writes, want 4", writes)
+	}
+	if r, s := store.PutSeals(); r-r0 != 4 || s-s0 != 0 {
+		t.Fatalf("puts committed by receipt, by Seal: +%d, +%d; want +4, +0", r-r0, s-s0)
+	}
+	for key, data := range want {
+		if got, err := c.Get(ctx, key); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("Get %s: %d bytes, %v", key, len(got), err)
+		}
+	}
+
+	// A raw put whose release carries the wrong checksum.
+	data := bytes.Repeat([]byte("w"), 4096)
+	resp, err := masterv1.NewObjectServiceClient(h.Conn()).PutStart(ctx, &masterv1.PutStartRequest{Key: "sealed/wrong", Size: uint64(len(data)), ClientId: "raw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := resp.GetReplicas()[0]
+	sc := shm.New(shm.Config{Path: sock})
+	defer sc.Close()
+	wrong := checksum.Sum(data) + 1
+	it := &agentv1.TransferItem{SegmentId: d.GetSegmentId(), AllocationId: d.GetAllocationId(), Token: d.GetToken(), SealChecksum: &wrong}
+	res, err := sc.WriteSealed(ctx, []*agentv1.TransferItem{it}, [][]byte{data})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rpcerr.Reason(res[0].Err) != "CHECKSUM_MISMATCH" || res[0].Receipt != nil {
+		t.Fatalf("a release with the wrong checksum: %v, receipt %x; want CHECKSUM_MISMATCH and none", res[0].Err, res[0].Receipt)
+	}
+	sg, ok := h.Agent(0).Segments().Get(d.GetSegmentId())
+	if !ok {
+		t.Fatalf("segment %s not found", d.GetSegmentId())
+	}
+	if a, ok := sg.Lookup(d.GetAllocationId()); !ok || a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_RESERVED {
+		t.Fatalf("allocation after a failed seal: %v, %v; want RESERVED", a.GetState(), ok)
 	}
 }

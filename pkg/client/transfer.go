@@ -37,9 +37,7 @@ func transferItem(d *masterv1.ReplicaDescriptor, off int64) *agentv1.TransferIte
 // it on write (seal_checksum) and its receipt goes to rc.
 func (c *Client) writeTransfer(ctx context.Context, ep string, d *masterv1.ReplicaDescriptor, size int64, src source, progress func(int), rc *sealReceipts) error {
 	if rc != nil && size <= xferChunk {
-		if sc, _, _ := c.shmSplit(ctx, []*agentv1.TransferItem{transferItem(d, 0)}); sc == nil {
-			return c.writeSealed(ctx, ep, d, size, src, progress, rc)
-		}
+		return c.writeSealed(ctx, ep, d, size, src, progress, rc)
 	}
 	var buf []byte
 	// At least one request, so an empty object is written too.
@@ -65,9 +63,9 @@ func (c *Client) writeTransfer(ctx context.Context, ep string, d *masterv1.Repli
 }
 
 // writeSealed writes a replica of at most xferChunk bytes in one bulk
-// request that asks the agent to seal it on write, and adds the agent's
-// seal receipt to rc (none from an agent that predates receipts: the
-// master's Seal then seals the replica at PutEnd).
+// request (or one shared-memory grant) that asks the agent to seal it on
+// write, and adds the agent's seal receipt to rc (none from an agent that
+// predates receipts: the master's Seal then seals the replica at PutEnd).
 func (c *Client) writeSealed(ctx context.Context, ep string, d *masterv1.ReplicaDescriptor, size int64, src source, progress func(int), rc *sealReceipts) error {
 	data, err := src(0, int(size), nil)
 	if err != nil {
@@ -75,7 +73,7 @@ func (c *Client) writeSealed(ctx context.Context, ep string, d *masterv1.Replica
 	}
 	it := transferItem(d, 0)
 	it.SealChecksum = &rc.sum
-	res, err := c.s.xfer.WriteSealed(ctx, ep, []*agentv1.TransferItem{it}, [][]byte{data})
+	res, err := c.xferWriteSealed(ctx, ep, []*agentv1.TransferItem{it}, [][]byte{data})
 	if err != nil {
 		return err
 	}

@@ -378,6 +378,11 @@ func (t *shmServer) request(c *shmConn) error {
 		r := &rs[i]
 		resp.Results[i] = r
 		h, length, off, err := t.open(it, write)
+		if err == nil && write && it.SealChecksum != nil {
+			if err = checkSealOnWrite(h, it); err != nil {
+				h.Close()
+			}
+		}
 		if err != nil {
 			t.s.errs.WithLabelValues(method, rpcerr.Reason(err)).Inc()
 			r.Status = xfer.ItemResult(err)
@@ -410,15 +415,59 @@ func (t *shmServer) request(c *shmConn) error {
 	if err != nil {
 		return fmt.Errorf("waiting for the release of a grant: %w", err)
 	}
-	c.hs.close()
 	if write {
-		t.s.bytesIn.Add(float64(total))
-		_ = c.uc.SetWriteDeadline(time.Now().Add(t.cfg.IOTimeout))
-		_, err = c.uc.Write(shm.Release) // an empty TransferResponse: done
-		return err
+		return t.done(c, items, total)
 	}
+	c.hs.close()
 	t.s.bytesOut.Add(float64(total))
 	return nil
+}
+
+// done closes a WRITE's allocations after the client's release, seals
+// those whose items asked for it (seal_checksum: the bytes in the mapping
+// hashed and compared, as the bulk path's seal on write) and answers the
+// release: an empty TransferResponse when no item asked, else one result
+// per item with its seal receipt or the seal's error (an item the grant
+// refused, or that asked nothing, has an empty result).
+func (t *shmServer) done(c *shmConn, items []*agentv1.TransferItem, total uint64) error {
+	var seals []sealWrite
+	for i, it := range items {
+		if h := c.hs[i]; h != nil && it.SealChecksum != nil {
+			seals = append(seals, sealWrite{i: i, seg: h.Segment(), id: h.ID(), size: h.Size(), epoch: h.Epoch(),
+				checksum: it.GetSealChecksum(), early: segment.ErrSealLater})
+		}
+	}
+	c.hs.close()
+	t.s.bytesIn.Add(float64(total))
+	_ = c.uc.SetWriteDeadline(time.Now().Add(t.cfg.IOTimeout))
+	if len(seals) == 0 {
+		_, err := c.uc.Write(shm.Release) // an empty TransferResponse: done
+		return err
+	}
+	rs := make([]agentv1.TransferResult, len(items))
+	resp := &agentv1.TransferResponse{Results: make([]*agentv1.TransferResult, len(items))}
+	for i := range rs {
+		resp.Results[i] = &rs[i]
+	}
+	now := t.s.now()
+	for _, sw := range seals {
+		receipt, err := t.s.sealOnWrite(sw, items[sw.i].GetSegmentId(), now)
+		if err != nil {
+			t.s.errs.WithLabelValues("shm_write", rpcerr.Reason(err)).Inc()
+			rs[sw.i].Status = xfer.ItemResult(err)
+			continue
+		}
+		rs[sw.i].SealReceipt = receipt
+	}
+	b, err := xfer.AppendFrame(c.wbuf[:0], resp)
+	if err != nil {
+		return err
+	}
+	if cap(b) <= maxKeptHeader {
+		c.wbuf = b
+	}
+	_, err = c.uc.Write(b)
+	return err
 }
 
 // open opens one item for the grant and returns its handle, length and

@@ -135,7 +135,7 @@ func (t *transferServer) write(c *transferConn, items []*agentv1.TransferItem) e
 	resp := &agentv1.TransferResponse{Results: reuse(&c.rptrs, len(items))}
 	rs := reuse(&c.results, len(items))
 	for _, sw := range seals {
-		rs[sw.i].SealReceipt, errs[sw.i] = t.sealOnWrite(sw, items[sw.i].GetSegmentId(), now)
+		rs[sw.i].SealReceipt, errs[sw.i] = s.sealOnWrite(sw, items[sw.i].GetSegmentId(), now)
 	}
 	clear(seals)
 	var in uint64
@@ -418,8 +418,8 @@ func (c *transferConn) sealsToDo(items []*agentv1.TransferItem, hs handles, errs
 // now (another write of the allocation in progress, a disk sync error, no
 // key yet) leaves the allocation RESERVED and answers no receipt: the
 // master's Seal at PutEnd decides, as it did before receipts.
-func (t *transferServer) sealOnWrite(sw sealWrite, segID string, now time.Time) ([]byte, error) {
-	rk := t.s.keys.receipts()
+func (s *Server) sealOnWrite(sw sealWrite, segID string, now time.Time) ([]byte, error) {
+	rk := s.keys.receipts()
 	err := sw.early
 	if errors.Is(err, segment.ErrSealLater) {
 		if rk == nil {
@@ -431,13 +431,13 @@ func (t *transferServer) sealOnWrite(sw sealWrite, segID string, now time.Time) 
 	case errors.Is(err, errChecksumMismatch):
 		return nil, err
 	case err != nil:
-		t.s.errs.WithLabelValues("transfer_seal", rpcerr.Reason(err)).Inc()
+		s.errs.WithLabelValues("transfer_seal", rpcerr.Reason(err)).Inc()
 		return nil, nil
 	case rk == nil:
 		// Sealed on receipt but no key to vouch with: the master's Seal of
 		// the sealed allocation answers OK.
 		return nil, nil
 	}
-	t.s.sealsOnWrite.Inc()
+	s.sealsOnWrite.Inc()
 	return rk.Sign(token.Receipt{SegmentID: segID, AllocationID: sw.id, Size: sw.size, Checksum: sw.checksum, Epoch: sw.epoch}), nil
 }

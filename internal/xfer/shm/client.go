@@ -408,7 +408,23 @@ func (c *Client) Read(ctx context.Context, items []*agentv1.TransferItem, dst []
 // Write writes src[i] into items[i] as xfer.Pool.Write does, copying into
 // the shared mapping.
 func (c *Client) Write(ctx context.Context, items []*agentv1.TransferItem, src [][]byte) ([]error, error) {
-	out := make([]error, len(items))
+	res, err := c.WriteSealed(ctx, items, src)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]error, len(res))
+	for i, r := range res {
+		out[i] = r.Err
+	}
+	return out, nil
+}
+
+// WriteSealed is Write that also returns each item's seal receipt, as
+// xfer.Pool.WriteSealed does: an item that sets SealChecksum (whole objects
+// only) asks the agent to verify and seal the allocation once the client
+// has released it, and its receipt then comes with the release's answer.
+func (c *Client) WriteSealed(ctx context.Context, items []*agentv1.TransferItem, src [][]byte) ([]xfer.WriteResult, error) {
+	out := make([]xfer.WriteResult, len(items))
 	err := c.run(ctx, items, src, func(cn *conn, items []*agentv1.TransferItem, src [][]byte, lo int) error {
 		return c.write(cn, items, src, out[lo:])
 	})
@@ -541,14 +557,14 @@ func (c *Client) read(cn *conn, items []*agentv1.TransferItem, dst [][]byte, res
 	return nil
 }
 
-func (c *Client) write(cn *conn, items []*agentv1.TransferItem, src [][]byte, errs []error) error {
+func (c *Client) write(cn *conn, items []*agentv1.TransferItem, src [][]byte, res []xfer.WriteResult) error {
 	resp, err := c.request(cn, agentv1.TransferOp_TRANSFER_OP_WRITE, items)
 	if err != nil {
 		return err
 	}
 	for i, r := range resp.GetResults() {
 		if err := xfer.ItemError(r.GetStatus()); err != nil {
-			errs[i] = err
+			res[i].Err = err
 			continue
 		}
 		if r.GetLength() != items[i].GetLength() {
@@ -563,7 +579,8 @@ func (c *Client) write(cn *conn, items []*agentv1.TransferItem, src [][]byte, er
 	if _, err := cn.uc.Write(Release); err != nil {
 		return unavailable(c.cfg.Path, err)
 	}
-	cn.rbuf, err = ReadDone(cn.br, cn.rbuf)
+	done := &agentv1.TransferResponse{}
+	cn.rbuf, err = ReadDone(cn.br, cn.rbuf, done, len(items))
 	switch {
 	case errors.Is(err, xfer.ErrProtocol):
 		return violation(c.cfg.Path, "bad release answer: %v", err)
@@ -571,6 +588,20 @@ func (c *Client) write(cn *conn, items []*agentv1.TransferItem, src [][]byte, er
 		return fmt.Errorf("shm %s: write refused: %w", c.cfg.Path, err)
 	case err != nil:
 		return unavailable(c.cfg.Path, err)
+	}
+	// The seals of the items that asked (seal_checksum), in item order.
+	for i, r := range done.GetResults() {
+		if res[i].Err != nil {
+			continue
+		}
+		if err := xfer.ItemError(r.GetStatus()); err != nil {
+			res[i].Err = err
+			continue
+		}
+		if len(r.GetSealReceipt()) > 0 && items[i].SealChecksum == nil {
+			return violation(c.cfg.Path, "item %d: a seal receipt for an item that asked for no seal", i)
+		}
+		res[i].Receipt = r.GetSealReceipt()
 	}
 	c.writes.Add(uint64(len(items)))
 	return nil

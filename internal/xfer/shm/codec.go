@@ -168,10 +168,11 @@ func ReadGrant(r io.Reader, buf []byte, resp *agentv1.TransferResponse, n int, o
 	return offsets, buf, nil
 }
 
-// ReadDone reads the answer to a WRITE's release: an empty
-// TransferResponse, or a refusal.
-func ReadDone(r io.Reader, buf []byte) ([]byte, error) {
-	resp := &agentv1.TransferResponse{}
+// ReadDone reads the answer to the release of a WRITE of n items into
+// resp: an empty TransferResponse, a refusal, or, when items asked to be
+// sealed (seal_checksum), one result per item with its seal receipt or
+// its seal's error.
+func ReadDone(r io.Reader, buf []byte, resp *agentv1.TransferResponse, n int) ([]byte, error) {
 	buf, err := xfer.ReadFrame(r, buf, resp)
 	if err != nil {
 		return buf, err
@@ -181,8 +182,13 @@ func ReadDone(r io.Reader, buf []byte) ([]byte, error) {
 			return buf, err
 		}
 	}
-	if len(resp.GetResults()) != 0 {
-		return buf, errMalformed("release answered with %d results", len(resp.GetResults()))
+	if k := len(resp.GetResults()); k != 0 && k != n {
+		return buf, errMalformed("release of %d items answered with %d results", n, k)
+	}
+	for i, res := range resp.GetResults() {
+		if res == nil || res.GetLength() != 0 || res.GetObjectSize() != 0 || res.GetChecksum() != 0 {
+			return buf, errMalformed("release answer %d is not a seal's outcome", i)
+		}
 	}
 	return buf, nil
 }

@@ -51,8 +51,21 @@ func TestGrantRoundTrip(t *testing.T) {
 	if _, _, err := ReadGrant(bytes.NewReader(b[:len(b)-1]), nil, &agentv1.TransferResponse{}, 2, nil); err == nil {
 		t.Fatal("a grant cut short")
 	}
-	if _, err := ReadDone(bytes.NewReader(Release), nil); err != nil {
+	if _, err := ReadDone(bytes.NewReader(Release), nil, &agentv1.TransferResponse{}, 2); err != nil {
 		t.Fatalf("ReadDone(Release) = %v", err)
+	}
+	// A release answered with the seals of the items that asked: one
+	// result per item, or none; a grant's fields in it are refused.
+	sealed, _ := xfer.AppendFrame(nil, &agentv1.TransferResponse{Results: []*agentv1.TransferResult{{SealReceipt: []byte("r")}, {}}})
+	done := &agentv1.TransferResponse{}
+	if _, err := ReadDone(bytes.NewReader(sealed), nil, done, 2); err != nil || string(done.GetResults()[0].GetSealReceipt()) != "r" {
+		t.Fatalf("ReadDone(seals) = %v, %v", done, err)
+	}
+	if _, err := ReadDone(bytes.NewReader(sealed), nil, &agentv1.TransferResponse{}, 3); !errors.Is(err, xfer.ErrProtocol) {
+		t.Fatalf("seals of the wrong count = %v", err)
+	}
+	if _, err := ReadDone(bytes.NewReader(b), nil, &agentv1.TransferResponse{}, 2); !errors.Is(err, xfer.ErrProtocol) {
+		t.Fatalf("a grant as the release's answer = %v", err)
 	}
 }
 
@@ -97,6 +110,11 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("%d offsets, %d results for %d items", len(offs), len(resp.GetResults()), n)
 			}
 		}
-		_, _ = ReadDone(bytes.NewReader(b), nil)
+		done := &agentv1.TransferResponse{}
+		if _, err := ReadDone(bytes.NewReader(b), nil, done, int(n)); err == nil {
+			if k := len(done.GetResults()); k != 0 && k != int(n) {
+				t.Fatalf("release of %d items answered with %d results", n, k)
+			}
+		}
 	})
 }
