@@ -16,6 +16,13 @@
 # all three and follow the leader. Kill the leader to watch a standby take
 # over.
 #
+# SHM=1 (`SHM=1 make run`) has both agents share their memory on Unix
+# sockets ($DATA/agent-a/shm.sock, $DATA/agent-b/shm.sock) for same-host
+# clients (crescentctl --shm-socket; issue 18): memory segments are then
+# memfd-backed, which gets huge pages only where the kernel's
+# transparent_hugepage/shmem_enabled allows (docs/OPERATIONS.md). Not
+# with TLS=1.
+#
 # TLS=1 (`make run-secure`) runs the same cluster with mTLS on every gRPC
 # and admin port: development certificates for every role are made once in
 # $CERTS (`crescentctl certs init`; delete the directory for new ones) and
@@ -29,6 +36,7 @@ LOG_LEVEL=${LOG_LEVEL:-info}
 STREAM_FORMAT=${STREAM_FORMAT:-mooncake}
 TLS=${TLS:-0}
 HA=${HA:-0}
+SHM=${SHM:-0}
 CERTS=${CERTS:-$DATA/certs}
 mkdir -p "$DATA/agent-a" "$DATA/agent-b" "$DATA/gateway"
 
@@ -84,18 +92,29 @@ else
   # shellcheck disable=SC2046
   start master  "$BIN/crescent-master" --grpc-addr 127.0.0.1:50051 --admin-addr 127.0.0.1:9003 --log-level "$LOG_LEVEL" $(tls master master-1)
 fi
+# shm NAME: agent NAME's same-host shared-memory socket flags, with SHM=1
+# on a plaintext cluster only (a shared-memory peer maps every tenant's
+# bytes, which a cluster with tenant certificates must not allow;
+# docs/OPERATIONS.md).
+shm() { :; }
+if [ "$SHM" = 1 ] && [ "$TLS" != 1 ]; then
+  shm() { echo "--shm-socket $DATA/$1/shm.sock"; }
+fi
 # shellcheck disable=SC2046
 start agent-a "$BIN/crescent-agent" --master "$MASTERS" --grpc-addr 127.0.0.1:50052 --transfer-addr 127.0.0.1:50054 --admin-addr 127.0.0.1:9004 \
-  --host-id host-a --memory "$MEMORY" --disk-dir "$DATA/agent-a" --disk-size 256MiB --log-level "$LOG_LEVEL" $(tls agent host-a)
+  --host-id host-a --memory "$MEMORY" --disk-dir "$DATA/agent-a" --disk-size 256MiB --log-level "$LOG_LEVEL" $(tls agent host-a) $(shm agent-a)
 # shellcheck disable=SC2046
 start agent-b "$BIN/crescent-agent" --master "$MASTERS" --grpc-addr 127.0.0.1:50062 --transfer-addr 127.0.0.1:50064 --admin-addr 127.0.0.1:9014 \
-  --host-id host-b --memory "$MEMORY" --disk-dir "$DATA/agent-b" --disk-size 256MiB --log-level "$LOG_LEVEL" $(tls agent host-b)
+  --host-id host-b --memory "$MEMORY" --disk-dir "$DATA/agent-b" --disk-size 256MiB --log-level "$LOG_LEVEL" $(tls agent host-b) $(shm agent-b)
 # shellcheck disable=SC2046
 start gateway "$BIN/crescent-gateway" --master "$MASTERS" --pub 'tcp://*:5557' --replay 'tcp://*:5558' \
   --snapshot-endpoint 'tcp://*:5559' --state-dir "$DATA/gateway" --stream-format "$STREAM_FORMAT" \
   --admin-addr 127.0.0.1:9005 --grpc-addr 127.0.0.1:50053 --backend-id local --log-level "$LOG_LEVEL" $(tls gateway gateway-1)
 
 echo "[run] cluster up: master $MASTERS, agents :50052 :50062 (transfer :50054 :50064), gateway tcp://127.0.0.1:5557 (snapshots :5559, $STREAM_FORMAT format), admin $scheme://127.0.0.1:9003 (Ctrl-C to stop)"
+if [ "$SHM" = 1 ] && [ "$TLS" != 1 ]; then
+  echo "[run] same-host shared memory: crescentctl --shm-socket $DATA/agent-a/shm.sock,$DATA/agent-b/shm.sock (or CRESCENT_SHM_SOCKETS)"
+fi
 if [ "$HA" = 1 ]; then
   echo "[run] HA on (etcd 127.0.0.1:2379): the leader answers, the others say NOT_LEADER; try:"
   echo "[run]   $BIN/crescentctl --master $MASTERS put k v    # follows the leader"

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -13,6 +15,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	agentapp "github.com/crescent-kv/crescent/internal/agent/app"
 	masterapp "github.com/crescent-kv/crescent/internal/master/app"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testcluster"
@@ -539,5 +542,60 @@ func TestProgressAndFormatting(t *testing.T) {
 	t.Setenv("CRESCENT_TENANT", "from-env")
 	if got := envOr("CRESCENT_TENANT", "default"); got != "from-env" {
 		t.Errorf("envOr = %q", got)
+	}
+}
+
+// TestSharedMemorySocketFlag: --shm-socket (and CRESCENT_SHM_SOCKETS)
+// give the command the agent's shared-memory socket: a put's bytes go
+// through it (the agent's crescent_agent_shm_items_total{op="write"}
+// counts them) and come back whole; a socket that is not there leaves the
+// bytes on TCP.
+func TestSharedMemorySocketFlag(t *testing.T) {
+	dir, err := os.MkdirTemp("", "crescent-shm") // short: a Unix socket path
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "agent.sock")
+	c := testcluster.Start(t, testcluster.Options{Agents: 1, Agent: func(_ int, cfg *agentapp.Config) { cfg.ShmSocket = sock }})
+	writes := func() string {
+		t.Helper()
+		resp, err := http.Get("http://" + c.Agent(0).AdminAddr() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.Lines(string(b)) {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), `crescent_agent_shm_items_total{op="write"} `); ok {
+				return v
+			}
+		}
+		return "0"
+	}
+	data := bytes.Repeat([]byte("s"), 100<<10)
+	file := filepath.Join(t.TempDir(), "obj")
+	if err := os.WriteFile(file, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := run(t, c.MasterAddr(), "--shm-socket", filepath.Join(dir, "absent.sock"), "put", "tcp", file); code != ExitOK {
+		t.Fatalf("put with an absent socket: exit %d: %s", code, errOut)
+	}
+	if n := writes(); n != "0" {
+		t.Fatalf("%s shared-memory writes through an absent socket", n)
+	}
+	if code, _, errOut := run(t, c.MasterAddr(), "--shm-socket", sock, "put", "shm", file); code != ExitOK {
+		t.Fatalf("put: exit %d: %s", code, errOut)
+	}
+	if n := writes(); n != "1" {
+		t.Fatalf("crescent_agent_shm_items_total{op=\"write\"} = %s after a put with --shm-socket, want 1", n)
+	}
+	t.Setenv("CRESCENT_SHM_SOCKETS", sock)
+	code, out, errOut := run(t, c.MasterAddr(), "get", "shm", "-o", "-")
+	if code != ExitOK || out != string(data) {
+		t.Fatalf("get: exit %d, %d bytes: %s", code, len(out), errOut)
 	}
 }

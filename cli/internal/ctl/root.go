@@ -45,6 +45,9 @@ type env struct {
 	// file (--token-file), for a cluster with mTLS (issue 14).
 	tlsCA, tlsCert, tlsKey string
 	tokenFile              string
+	// shmSockets: the same-host agents' shared-memory sockets
+	// (--shm-socket), client.Config.SharedMemorySockets.
+	shmSockets []string
 
 	stdin          io.Reader
 	stdout, stderr io.Writer
@@ -53,7 +56,7 @@ type env struct {
 func (e *env) json() bool { return e.output == "json" }
 
 func (e *env) client(ctx context.Context) (*client.Client, error) {
-	cfg := client.Config{Master: e.master, Tenant: e.tenant, DisableTransfer: e.grpcData}
+	cfg := client.Config{Master: e.master, Tenant: e.tenant, DisableTransfer: e.grpcData, SharedMemorySockets: e.shmSockets}
 	if err := e.security(&cfg); err != nil {
 		return nil, err
 	}
@@ -145,6 +148,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	pf.StringVar(&e.tlsCA, "tls-ca", envOr("CRESCENT_TLS_CA", ""), "CA bundle that verifies the cluster's servers; turns TLS on (env CRESCENT_TLS_CA)")
 	pf.StringVar(&e.tlsCert, "tls-cert", envOr("CRESCENT_TLS_CERT", ""), "client certificate (its SPIFFE id is who you are: tenant, admin) (env CRESCENT_TLS_CERT)")
 	pf.StringVar(&e.tlsKey, "tls-key", envOr("CRESCENT_TLS_KEY", ""), "the client certificate's key (env CRESCENT_TLS_KEY)")
+	pf.StringSliceVar(&e.shmSockets, "shm-socket", envList("CRESCENT_SHM_SOCKETS"), "Unix socket of an agent on this host that shares its memory (crescent-agent --shm-socket); repeat or comma-separate for several: replicas in its segments move by memcpy, the rest over TCP (env CRESCENT_SHM_SOCKETS)")
 	pf.StringVar(&e.tokenFile, "token-file", envOr("CRESCENT_TOKEN_FILE", ""), "file holding a bearer token, for a principal without a certificate; needs --tls-ca (env CRESCENT_TOKEN_FILE)")
 	var tr tracer
 	tr.register(pf)
@@ -220,6 +224,14 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
+}
+
+// envList is k's comma-separated values, or none.
+func envList(k string) []string {
+	if v := envOr(k, ""); v != "" {
+		return strings.Split(v, ",")
+	}
+	return nil
 }
 
 // exactArgs is cobra.ExactArgs as a usage error.

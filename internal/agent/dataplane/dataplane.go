@@ -134,6 +134,8 @@ type Server struct {
 	xferItems prometheus.Gauge
 	// Allocations sealed on write (seal_checksum), with a seal receipt.
 	sealsOnWrite prometheus.Counter
+	// Items granted on the shared-memory socket, by op (read, write).
+	shmItems *prometheus.CounterVec
 }
 
 // New builds the server; it does no I/O.
@@ -154,7 +156,9 @@ func New(cfg Config, deps Deps, lg *slog.Logger) *Server {
 			Help: "Bulk transfer connections refused at accept, by limit (max_connections, max_connections_per_ip)."}, []string{"limit"}),
 		xferItems: prometheus.NewGauge(prometheus.GaugeOpts{Name: "crescent_agent_transfer_items_in_flight", Help: "Items of the bulk transfer requests being served (bounded by --transfer-max-items-in-flight)."}),
 		sealsOnWrite: prometheus.NewCounter(prometheus.CounterOpts{Name: "crescent_agent_transfer_seals_on_write_total",
-			Help: "Allocations the bulk transfer listener sealed as their write completed, answering a seal receipt (issue 18 item 2)."}),
+			Help: "Allocations the bulk transfer listener or the shared-memory socket sealed as their write completed, answering a seal receipt (issue 18 item 2)."}),
+		shmItems: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "crescent_agent_shm_items_total",
+			Help: "Items the shared-memory socket granted, by op (read, write); reads a client copies straight from its mapping are not asked for and not counted (issue 18 item 3)."}, []string{"op"}),
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -163,7 +167,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) *Server {
 		s.keys = &Keyring{}
 	}
 	if deps.Registerer != nil {
-		deps.Registerer.MustRegister(s.bytesIn, s.bytesOut, s.errs, s.xferConns, s.xferBusy, s.xferRefused, s.xferItems, s.sealsOnWrite)
+		deps.Registerer.MustRegister(s.bytesIn, s.bytesOut, s.errs, s.xferConns, s.xferBusy, s.xferRefused, s.xferItems, s.sealsOnWrite, s.shmItems)
 	}
 	return s
 }

@@ -395,6 +395,13 @@ func (t *shmServer) request(c *shmConn) error {
 			r.ObjectSize, r.Checksum = h.Size(), h.Checksum()
 		}
 	}
+	if granted := countOpen(c.hs); granted > 0 {
+		op := "read"
+		if write {
+			op = "write"
+		}
+		t.s.shmItems.WithLabelValues(op).Add(float64(granted))
+	}
 	b, err := shm.AppendGrant(c.wbuf[:0], resp, c.offs)
 	if err != nil {
 		return err
@@ -421,6 +428,17 @@ func (t *shmServer) request(c *shmConn) error {
 	c.hs.close()
 	t.s.bytesOut.Add(float64(total))
 	return nil
+}
+
+// countOpen is how many of hs are open.
+func countOpen(hs handles) int {
+	n := 0
+	for _, h := range hs {
+		if h != nil {
+			n++
+		}
+	}
+	return n
 }
 
 // done closes a WRITE's allocations after the client's release, seals
