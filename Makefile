@@ -99,7 +99,7 @@ test-python: build
 	fi; \
 	CRESCENT_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -q -p no:cacheprovider clients/python/tests
 
-## run: a local cluster (master, two agents, gateway) as plain processes; Ctrl-C stops it
+## run: a local cluster (master, two agents, gateway) as plain processes; Ctrl-C stops it (SHM=1: the agents also share their memory on Unix sockets for same-host clients)
 run: build
 	BIN=$(BIN) ./deploy/run-local.sh
 
