@@ -64,6 +64,9 @@ type Client struct {
 	dialing bool
 	closed  bool
 	lastErr error
+	// populating counts the goroutines populating new mappings (Close
+	// waits for them).
+	populating sync.WaitGroup
 
 	// Items copied, by direction (Served), the read requests that carried
 	// the reads the agent granted (ReadRequests), and the reads copied
@@ -208,7 +211,8 @@ func (c *Client) forget(err error) {
 }
 
 // Close closes the idle connections and unmaps what only they held;
-// connections in use close when their calls end.
+// connections in use close when their calls end. It waits for the
+// populating of new mappings to stop (within one chunk).
 func (c *Client) Close() error {
 	c.mu.Lock()
 	c.closed = true
@@ -218,6 +222,7 @@ func (c *Client) Close() error {
 	for _, cn := range idle {
 		c.closeConn(cn)
 	}
+	c.populating.Wait()
 	return nil
 }
 
@@ -331,11 +336,43 @@ func (c *Client) mapAll(cn *conn, segs []Segment, fds []int) error {
 			}
 			m = &mapping{id: s.ID, data: data}
 			c.maps[s.ID] = m
+			m.refs++ // the populator's
+			c.populating.Go(func() { c.populate(m) })
 		}
 		m.refs++
 		cn.segs[s.ID] = m
 	}
 	return nil
+}
+
+// populateChunk is how much of a mapping one populate call faults in
+// between checks that the client is still open.
+const populateChunk = 64 << 20
+
+// populate faults m's pages into this process's page tables, writable,
+// ahead of the first copies (MADV_POPULATE_WRITE, Linux 5.14; nothing on
+// an older kernel): on the development VM a copy into pages never touched
+// through this mapping took a minor fault per 4 KiB page, 93 per 1 MiB
+// put against 22 with the mapping populated, and 1.5 times the CPU. It
+// runs in the background (a segment of many GiB takes seconds), holds a
+// reference to m, and stops at a chunk's end once the client closes.
+func (c *Client) populate(m *mapping) {
+	defer func() {
+		c.mu.Lock()
+		c.unrefLocked(m)
+		c.mu.Unlock()
+	}()
+	for off := 0; off < len(m.data); off += populateChunk {
+		c.mu.Lock()
+		closed := c.closed
+		c.mu.Unlock()
+		if closed {
+			return
+		}
+		if unix.Madvise(m.data[off:min(off+populateChunk, len(m.data))], unix.MADV_POPULATE_WRITE) != nil {
+			return
+		}
+	}
 }
 
 // closeConn closes cn and unmaps the segments no other connection holds.
