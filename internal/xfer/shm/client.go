@@ -336,8 +336,10 @@ func (c *Client) mapAll(cn *conn, segs []Segment, fds []int) error {
 			}
 			m = &mapping{id: s.ID, data: data}
 			c.maps[s.ID] = m
-			m.refs++ // the populator's
-			c.populating.Go(func() { c.populate(m) })
+			if !c.closed { // else Close may be past its wait
+				m.refs++ // the populator's
+				c.populating.Go(func() { c.populate(m) })
+			}
 		}
 		m.refs++
 		cn.segs[s.ID] = m
