@@ -226,12 +226,16 @@ func envOr(k, def string) string {
 	return def
 }
 
-// envList is k's comma-separated values, or none.
+// envList is k's comma-separated values (blanks around each dropped, empty
+// ones skipped), or none.
 func envList(k string) []string {
-	if v := envOr(k, ""); v != "" {
-		return strings.Split(v, ",")
+	var out []string
+	for v := range strings.SplitSeq(envOr(k, ""), ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
 	}
-	return nil
+	return out
 }
 
 // exactArgs is cobra.ExactArgs as a usage error.
