@@ -33,6 +33,9 @@ type benchResult struct {
 	P99Ms       float64 `json:"p99_ms"`
 	MaxMs       float64 `json:"max_ms"`
 	FirstError  string  `json:"first_error,omitempty"`
+	// NotFound counts the calls that failed with OBJECT_NOT_FOUND: in get
+	// and mixed mode, keys the cluster evicted after the populate.
+	NotFound int64 `json:"not_found,omitempty"`
 }
 
 func benchCmd(e *env) *cobra.Command {
@@ -188,6 +191,9 @@ func benchCmd(e *env) *cobra.Command {
 				if r.FirstError != "" {
 					fmt.Fprintf(e.stdout, "  first error: %s\n", r.FirstError)
 				}
+				if r.NotFound > 0 && r.Mode != "put" {
+					fmt.Fprintf(e.stdout, "  %d calls found no object: the cluster evicted keys it was given (--keys %d of %s may not fit its memory); lower --keys\n", r.NotFound, keys, &size)
+				}
 			}
 			if results[0].Objects == 0 && results[0].Errors > 0 {
 				return errors.New("every call failed")
@@ -220,6 +226,7 @@ func runBench(ctx context.Context, mode string, conc int, d time.Duration, op fu
 		objects  atomic.Int64
 		errs     atomic.Int64
 		firstErr atomic.Pointer[string]
+		notFound atomic.Int64
 	)
 	start := time.Now()
 	// A context's Err can lag its deadline when the machine is busy (the
@@ -242,6 +249,9 @@ func runBench(ctx context.Context, mode string, conc int, d time.Duration, op fu
 				local = append(local, time.Since(t0))
 				if err != nil {
 					errs.Add(1)
+					if errors.Is(err, client.ErrNotFound) {
+						notFound.Add(1)
+					}
 					msg := firstOf(err)
 					firstErr.CompareAndSwap(nil, &msg)
 					continue
@@ -268,8 +278,8 @@ func runBench(ctx context.Context, mode string, conc int, d time.Duration, op fu
 		first = *p
 	}
 	return benchResult{
-		FirstError: first,
-		Mode:       mode, Concurrency: conc, Seconds: elapsed, Objects: objects.Load(), Errors: errs.Load(),
+		FirstError: first, NotFound: notFound.Load(),
+		Mode: mode, Concurrency: conc, Seconds: elapsed, Objects: objects.Load(), Errors: errs.Load(),
 		ObjectsPerS: float64(objects.Load()) / elapsed, P50Ms: pct(0.50), P90Ms: pct(0.90), P99Ms: pct(0.99), MaxMs: pct(1),
 	}
 }

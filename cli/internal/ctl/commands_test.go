@@ -501,6 +501,18 @@ func TestBench(t *testing.T) {
 	if code, _, errOut := run(t, addr, "bench", "--mode", "get", "--keys", "2"); code != ExitError || !strings.Contains(errOut, "populate") {
 		t.Fatalf("bench get whose populate fails: exit %d, stderr %q", code, errOut)
 	}
+	// Reads of keys the cluster no longer holds (as when --keys × --size
+	// exceeds its memory): counted, and the hint names --keys.
+	c.SetMasterHook(func(method string) error {
+		if strings.Contains(method, "GetReplicaList") {
+			return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_OBJECT_NOT_FOUND, "evicted")
+		}
+		return nil
+	})
+	code, out, _ = run(t, addr, "bench", "--mode", "get", "--keys", "4", "--duration", "200ms", "--concurrency", "1")
+	if !strings.Contains(out, "found no object") || !strings.Contains(out, "lower --keys") {
+		t.Fatalf("bench get of evicted keys: exit %d, stdout %q", code, out)
+	}
 }
 
 func TestProgressAndFormatting(t *testing.T) {
