@@ -115,6 +115,15 @@ func (d *lookupDecoder) take() bool {
 	return d.budget >= 0
 }
 
+// push appends a zero T to *arena and returns a pointer to it. The arenas
+// are sized by decodeLookup's first pass, so an append never moves one
+// and the pointers handed out before stay valid.
+func push[T any](arena *[]T) *T {
+	var zero T
+	*arena = append(*arena, zero)
+	return &(*arena)[len(*arena)-1]
+}
+
 // field reads one field's tag and, for a length-delimited one, its bytes
 // (v) or, for a varint, its value (x); rest is what follows. ok is false
 // on a malformed field or another wire type.
@@ -193,8 +202,7 @@ func (d *lookupDecoder) result(b []byte, r *masterv1.GetReplicaListResult) bool 
 			if r.Status != nil || !d.take() {
 				return false
 			}
-			d.statuses = append(d.statuses, masterv1.ItemStatus{})
-			r.Status = &d.statuses[len(d.statuses)-1]
+			r.Status = push(&d.statuses)
 			if !d.status(v, r.Status) {
 				return false
 			}
@@ -202,8 +210,7 @@ func (d *lookupDecoder) result(b []byte, r *masterv1.GetReplicaListResult) bool 
 			if r.ReplicaList != nil || !d.take() {
 				return false
 			}
-			d.lists = append(d.lists, masterv1.GetReplicaListResponse{})
-			r.ReplicaList = &d.lists[len(d.lists)-1]
+			r.ReplicaList = push(&d.lists)
 			if !d.list(v, r.ReplicaList) {
 				return false
 			}
@@ -256,8 +263,7 @@ func (d *lookupDecoder) list(b []byte, l *masterv1.GetReplicaListResponse) bool 
 			if !d.take() {
 				return false
 			}
-			d.descs = append(d.descs, masterv1.ReplicaDescriptor{})
-			rd := &d.descs[len(d.descs)-1]
+			rd := push(&d.descs)
 			if !d.desc(v, rd) {
 				return false
 			}
@@ -266,8 +272,7 @@ func (d *lookupDecoder) list(b []byte, l *masterv1.GetReplicaListResponse) bool 
 			if l.LeaseTtl != nil || !d.take() {
 				return false
 			}
-			d.ttls = append(d.ttls, durationpb.Duration{})
-			l.LeaseTtl = &d.ttls[len(d.ttls)-1]
+			l.LeaseTtl = push(&d.ttls)
 			if !duration(v, l.LeaseTtl) {
 				return false
 			}
