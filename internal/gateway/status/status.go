@@ -82,9 +82,15 @@ func New(src Sources) *Service {
 	return &Service{src: src}
 }
 
-// Snapshot reads every counter once.
+// Snapshot reads every counter once. The source's first: it records a
+// master revision only after it has queued that revision's events, so
+// reading the publisher afterwards makes EnqueuedEvents count every event
+// up to MasterRevision. Read the other way round, a snapshot could show
+// the newest revision with its events not yet queued, and a caller waiting
+// for "revision at the master's head, queue empty" (the tests' settled)
+// stopped waiting one batch early.
 func (s *Service) Snapshot() Status {
-	p, src := s.src.Pub(), s.src.Src()
+	src, p := s.src.Src(), s.src.Pub()
 	var rec snapshot.Stats
 	if s.src.Recorder != nil {
 		rec = s.src.Recorder()
