@@ -27,8 +27,9 @@ type routerDouble struct {
 	reqs   atomic.Int64
 	asked  chan int // request numbers, as they arrive (dropped when full)
 	handle func(n int, req [][]byte) [][][]byte
-	mu     sync.Mutex // guards conns
+	mu     sync.Mutex // guards conns and at
 	conns  map[net.Conn]bool
+	at     []time.Time // when each request arrived
 }
 
 func newRouterDouble(t *testing.T, handle func(n int, req [][]byte) [][][]byte) *routerDouble {
@@ -77,6 +78,9 @@ func (r *routerDouble) serve(nc net.Conn) {
 		if m.Command != "" {
 			continue
 		}
+		r.mu.Lock()
+		r.at = append(r.at, time.Now())
+		r.mu.Unlock()
 		n := int(r.reqs.Add(1))
 		select {
 		case r.asked <- n:
@@ -97,6 +101,13 @@ func (r *routerDouble) serve(nc net.Conn) {
 }
 
 func (r *routerDouble) endpoint() string { return zmtp.Endpoint(r.l) }
+
+// arrivals is when each request so far arrived.
+func (r *routerDouble) arrivals() []time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.at)
+}
 
 // waitAsked waits for request number n.
 func (r *routerDouble) waitAsked(t *testing.T, n int) {
