@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -366,6 +367,9 @@ type read struct {
 	// dst is the caller's buffer (BatchGetInto), sized to the object; nil
 	// lets the read allocate.
 	dst []byte
+	// own, with dst nil, gives the bytes a buffer of their own, not a
+	// share of the chunk's slab: the caller keeps them (Get).
+	own bool
 	// err is why the read of the first replica failed (set on the reads
 	// batchReadChunk returns).
 	err error
@@ -576,7 +580,7 @@ func (c *Client) batchReadChunk(ctx context.Context, rt route, chunk []read, out
 		if r.dst != nil {
 			data = r.dst[:copy(r.dst, data)]
 		}
-		out[r.item] = data
+		out[r.item] = slices.Clip(data) // the decoder's own copy
 	}
 	return failed
 }

@@ -606,10 +606,7 @@ func (c *Client) getMany(ctx context.Context, qs []getQ) ([]getR, []error) {
 		if len(rl.GetReplicas()) == 0 || rl.GetSize() > uint64(c.s.cfg.SmallObject) {
 			continue
 		}
-		rd := read{item: i, rl: rl}
-		if qs[i].keep != nil {
-			rd.dst = make([]byte, rl.GetSize())
-		}
+		rd := read{item: i, rl: rl, own: qs[i].keep != nil}
 		reads.add(c.routeOf(rl.GetReplicas()[0]), rd)
 	}
 	out := make([][]byte, len(qs))

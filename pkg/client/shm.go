@@ -67,21 +67,28 @@ func (c *Client) shmFor(ctx context.Context, id string) *shm.Client {
 // copied are the object's (the checksum matches). False leaves the read to
 // the request paths; a copy that did not match is counted as a miss.
 func (c *Client) readMapped(d *masterv1.ReplicaDescriptor, dst []byte, sum uint64) bool {
+	_, ok := c.appendMapped(d, dst[:0], uint64(len(dst)), sum)
+	return ok
+}
+
+// appendMapped is readMapped of an n-byte object appended to dst: with dst
+// nil, into a buffer of its own that nobody zeroed first.
+func (c *Client) appendMapped(d *masterv1.ReplicaDescriptor, dst []byte, n, sum uint64) ([]byte, bool) {
 	if c.s.cfg.DisableMappedReads {
-		return false
+		return nil, false
 	}
 	// Only a client holding a mapping of the segment copies; one that has
 	// not connected yet does when the request path first uses it.
 	for _, sc := range c.s.shm {
-		if sc.CopyMapped(d.GetSegmentId(), d.GetOffset(), dst) {
-			if checksum.Sum(dst) != sum {
+		if b, ok := sc.AppendMapped(dst, d.GetSegmentId(), d.GetOffset(), n); ok {
+			if checksum.Sum(b[len(dst):]) != sum {
 				sc.MappedMiss()
-				return false
+				return nil, false
 			}
-			return true
+			return b, true
 		}
 	}
-	return false
+	return nil, false
 }
 
 // shmSplit partitions items between one shared-memory client (the items of

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/crescent-kv/crescent/internal/checksum"
 
@@ -141,45 +142,50 @@ func (c *Client) batchWriteTransfer(ctx context.Context, ep string, chunk []writ
 	}
 }
 
-// batchReadTransfer reads the first replica of each item from one agent in
-// one request, into one slab for the chunk, and returns the items that
-// failed (error or checksum).
+// batchReadTransfer reads the first replica of each item from one agent —
+// from this process's mapping of its segment when it has one, else in one
+// request into one slab for the chunk — and returns the items that failed
+// (error or checksum).
 func (c *Client) batchReadTransfer(ctx context.Context, ep string, chunk []read, out [][]byte) []read {
+	// Replicas this process maps are copied from the mapping, each into
+	// the caller's buffer or one of its own; the rest go by request.
+	asked := make([]read, 0, len(chunk)) // the reads that go by request
 	var total uint64
 	for _, r := range chunk {
-		if r.dst == nil {
-			total += r.rl.GetSize()
+		d, n := r.rl.GetReplicas()[0], r.rl.GetSize()
+		if b, ok := c.appendMapped(d, r.dst[:0:len(r.dst)], n, r.rl.GetChecksum()); ok {
+			out[r.item] = slices.Clip(b)
+			continue
 		}
+		asked = append(asked, r)
+		if r.dst == nil && !r.own {
+			total += n
+		}
+	}
+	if len(asked) == 0 {
+		return nil
 	}
 	var slab []byte
 	if total > 0 {
 		slab = make([]byte, total)
 	}
-	items := make([]*agentv1.TransferItem, 0, len(chunk))
-	dst := make([][]byte, len(chunk))
+	items := make([]*agentv1.TransferItem, len(asked))
+	dst := make([][]byte, len(asked))
 	var off uint64
-	asked := make([]read, 0, len(chunk)) // the reads that go by request, in items' order
-	for k, r := range chunk {
-		if r.dst != nil {
+	for k, r := range asked {
+		n := r.rl.GetSize()
+		switch {
+		case r.dst != nil:
 			dst[k] = r.dst
-		} else {
-			n := r.rl.GetSize()
+		case r.own:
+			dst[k] = make([]byte, n)
+		default:
 			dst[k] = slab[off : off+n : off+n]
 			off += n
 		}
-		d := r.rl.GetReplicas()[0]
-		if c.readMapped(d, dst[k], r.rl.GetChecksum()) {
-			out[r.item] = dst[k]
-			continue
-		}
-		items = append(items, transferItem(d, 0))
-		asked = append(asked, r)
-		dst[len(items)-1] = dst[k]
+		items[k] = transferItem(r.rl.GetReplicas()[0], 0)
 	}
-	if len(items) == 0 {
-		return nil
-	}
-	chunk, dst = asked, dst[:len(items)]
+	chunk = asked
 	res, err := c.xferRead(ctx, ep, items, dst)
 	if err != nil {
 		return failAll(chunk, err)

@@ -95,32 +95,41 @@ func (c *Client) MappedMiss() {
 }
 
 // CopyMapped copies len(dst) bytes at offset off of segment id's mapping
-// into dst, without asking the agent, and reports whether it could: false
-// when no connection of this client holds a mapping of the segment or the
-// range lies outside it. Nothing keeps the bytes from changing under the
-// copy — the agent holds no allocation open for it — so the caller must
-// check them against the object's checksum (and call MappedMiss, then read
-// by request, when they do not match). What makes the copy worth trying
-// is the master's read lease: an object leased to a reader is neither
-// evicted nor replaced, so its extent holds its bytes for as long as the
-// lease lasts unless it is removed by force (docs/ARCHITECTURE.md,
-// "mapped reads").
+// into dst; it is AppendMapped into dst's own memory.
 func (c *Client) CopyMapped(id string, off uint64, dst []byte) bool {
+	_, ok := c.AppendMapped(dst[:0], id, off, uint64(len(dst)))
+	return ok
+}
+
+// AppendMapped appends the n bytes at offset off of segment id's mapping
+// to dst, without asking the agent, and reports whether it could: false
+// when no connection of this client holds a mapping of the segment or the
+// range lies outside it. With no room in dst, append allocates the new
+// buffer without zeroing what the copy overwrites — for a fresh buffer
+// (dst nil) that is half the work of make and copy. Nothing keeps the
+// bytes from changing under the copy — the agent holds no allocation open
+// for it — so the caller must check them against the object's checksum
+// (and call MappedMiss, then read by request, when they do not match).
+// What makes the copy worth trying is the master's read lease: an object
+// leased to a reader is neither evicted nor replaced, so its extent holds
+// its bytes for as long as the lease lasts unless it is removed by force
+// (docs/ARCHITECTURE.md, "mapped reads").
+func (c *Client) AppendMapped(dst []byte, id string, off, n uint64) ([]byte, bool) {
 	c.mu.Lock()
 	m := c.maps[id]
-	if c.closed || m == nil || off > uint64(len(m.data)) || uint64(len(dst)) > uint64(len(m.data))-off {
+	if c.closed || m == nil || off > uint64(len(m.data)) || n > uint64(len(m.data))-off {
 		c.mu.Unlock()
-		return false
+		return dst, false
 	}
 	m.refs++ // kept mapped while the copy runs
 	c.mu.Unlock()
-	copy(dst, m.data[off:])
+	dst = append(dst, m.data[off:off+n]...)
 	c.mu.Lock()
 	c.unrefLocked(m)
 	c.mu.Unlock()
 	c.mappedReads.Add(1)
 	c.reads.Add(1)
-	return true
+	return dst, true
 }
 
 // mapping is this process's mapping of one shared segment, unmapped when
