@@ -151,7 +151,7 @@ bench-drain:
 	$(GO) test -run '^$$' -bench 'Drain|AgentCopy' -benchtime 1x -count 3 -timeout 30m $(TESTFLAGS) ./internal/testcluster/ -args -drain-objects $(DRAIN_OBJECTS)
 	$(GO) test -run '^$$' -bench 'BenchmarkCopy' -benchtime 2s -count 3 $(TESTFLAGS) ./internal/agent/link/
 
-## bench-large: single Puts and GetIntos of 1 MiB objects through the SDK from 4 goroutines against raw loopback TCP from 4 streams, paired in the same run (issue 18 item 2, BENCHMARKS.md), 5 runs
+## bench-large: single Puts and GetIntos of 1 MiB objects through the SDK from 4 goroutines against raw loopback TCP (one stream as iperf3 runs it, one and 4 streams answered per object), paired in the same run (issue 18 item 2, BENCHMARKS.md), 5 runs
 bench-large:
 	$(GO) test -run '^$$' -bench 'LargeObjects' -benchtime 4x -count 5 -timeout 30m $(TESTFLAGS) ./internal/testcluster/
 
