@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/config"
 	"github.com/crescent-kv/crescent/pkg/client"
 	"github.com/spf13/cobra"
@@ -77,6 +78,9 @@ func benchCmd(e *env) *cobra.Command {
 				return err
 			}
 			defer c.Close()
+			if (mode == "get" || mode == "mixed") && !cmd.Flags().Changed("keys") {
+				keys = fitKeys(ctx, e, c, keys, uint64(size), replicas)
+			}
 			c = c.Tenant(e.tenant)
 			payload := make([]byte, size)
 			_, _ = rand.Read(payload)
@@ -294,4 +298,24 @@ func firstOf(err error) string {
 	}
 	errs := j.Unwrap()
 	return fmt.Sprintf("%v (and %d more in that call)", errs[0], len(errs)-1)
+}
+
+// fitKeys is the default key space of get and mixed, shrunk to half the
+// cluster's capacity (GetClusterStatus) when it would not fit, so a run
+// against a small cluster reads what it stored instead of keys the
+// populate itself evicted. Without the status (an older master, a caller
+// not allowed to ask) it is keys unchanged.
+func fitKeys(ctx context.Context, e *env, c *client.Client, keys int, size uint64, replicas int) int {
+	st, err := c.Admin().GetClusterStatus(ctx, &masterv1.GetClusterStatusRequest{})
+	if err != nil || st.GetCapacityBytes() == 0 {
+		return keys
+	}
+	fit := st.GetCapacityBytes() / 2 / (size * uint64(max(replicas, 1)))
+	if fit >= uint64(keys) {
+		return keys
+	}
+	n := int(max(fit, 1))
+	capacity, sz := config.ByteSize(st.GetCapacityBytes()), config.ByteSize(size)
+	fmt.Fprintf(e.stderr, "bench: --keys %d, not %d: %d objects of %s fill half the cluster's %s (set --keys to choose)\n", n, keys, n, &sz, &capacity)
+	return n
 }

@@ -479,13 +479,20 @@ func TestBench(t *testing.T) {
 	if st, err := os.Stat(prof); err != nil || st.Size() == 0 {
 		t.Fatalf("--cpuprofile wrote nothing: %v", err)
 	}
+	// Without --keys, get's key space shrinks to half the cluster (two
+	// agents of 32 MiB: 64 MiB, so 32 objects of 1 MiB, not 4096).
+	code, out, errOut := run(t, addr, "-o", "json", "bench", "--mode", "get", "--size", "1MiB", "--duration", "250ms")
+	if rows := jsonLines(t, out); code != ExitOK || len(rows) != 1 || rows[0]["errors"] != 0.0 || rows[0]["not_found"] != nil && rows[0]["not_found"] != 0.0 ||
+		!strings.Contains(errOut, "--keys 32, not 4096: 32 objects of 1MiB fill half the cluster's 64MiB") {
+		t.Fatalf("bench get sized to the cluster: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
 	// Without --keep the run's objects go; --keep left mine/.
 	for _, k := range c.Keys("default") {
 		if !strings.HasPrefix(k, "mine/") {
 			t.Fatalf("bench left %q behind", k)
 		}
 	}
-	code, out, _ := run(t, addr, "bench", "--duration", "200ms", "--concurrency", "1")
+	code, out, _ = run(t, addr, "bench", "--duration", "200ms", "--concurrency", "1")
 	if code != ExitOK || !strings.Contains(out, "mode=put size=4KiB batch=1 concurrency=1") || !strings.Contains(out, "latency per call: p50") {
 		t.Fatalf("bench text: exit %d, stdout %q", code, out)
 	}
@@ -494,7 +501,7 @@ func TestBench(t *testing.T) {
 		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_NO_AVAILABLE_HANDLE, "full")
 	})
 	defer c.SetMasterHook(nil)
-	code, out, errOut := run(t, addr, "bench", "--duration", "200ms", "--concurrency", "1")
+	code, out, errOut = run(t, addr, "bench", "--duration", "200ms", "--concurrency", "1")
 	if code != ExitError || !strings.Contains(out, "first error: put") || !strings.Contains(out, "NO_AVAILABLE_HANDLE") || !strings.Contains(errOut, "every call failed") {
 		t.Fatalf("bench with every call failing: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
