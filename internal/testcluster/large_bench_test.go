@@ -23,6 +23,7 @@ var (
 	largeObjects = flag.Int("large-objects", 384, "objects per phase of BenchmarkLargeObjects")
 	largeWorkers = flag.Int("large-workers", 4, "concurrent callers (and raw TCP streams) of BenchmarkLargeObjects")
 	largeCPU     = flag.String("large-cpuprofile", "", "write a CPU profile of each iteration's timed put phase of BenchmarkLargeObjects to `prefix`.N (go tool pprof merges them)")
+	largeGetCPU  = flag.String("large-get-cpuprofile", "", "write a CPU profile of each iteration's timed get phase of BenchmarkLargeObjects to `prefix`.N")
 )
 
 // BenchmarkLargeObjects (make bench-large; issue 18 item 2): single Puts
@@ -49,7 +50,8 @@ var (
 // put with seal receipts and without, and their ratio (the receipts'
 // gain, measured under the same load). put-cpu-µs and raw1-cpu-µs are the
 // process's CPU time (client, master and agents together) per object of
-// the put phase and of the first one-stream raw phase: on a shared VM the
+// the put phase and of the first one-stream raw phase (get-cpu-µs: of the
+// get phase): on a shared VM the
 // CPU a put costs moves less than its throughput. -large-cpuprofile
 // profiles the put phases alone.
 func BenchmarkLargeObjects(b *testing.B) {
@@ -67,7 +69,7 @@ func BenchmarkLargeObjects(b *testing.B) {
 	src := make([]byte, size)
 	drainValue(src, 7)
 	keys := make([]string, n)
-	var rawPutD, rawGetD, rawNPutD, rawNGetD, rawSD, putD, getD, putCPU, rawCPU time.Duration
+	var rawPutD, rawGetD, rawNPutD, rawNGetD, rawSD, putD, getD, putCPU, getCPU, rawCPU time.Duration
 	var abD [2]atomic.Int64 // summed put latencies: with receipts, with Seal
 	sealKeys := make([]string, n)
 	b.ResetTimer()
@@ -83,7 +85,7 @@ func BenchmarkLargeObjects(b *testing.B) {
 		for i := range sealKeys {
 			sealKeys[i] = fmt.Sprintf("large-seal/%d/%06d", it, i)
 		}
-		stopProfile := startPutProfile(b, it)
+		stopProfile := startProfile(b, *largeCPU, it)
 		cpu0 = testutil.ProcessCPU()
 		putD += forEach(b, n, w, func(i int, _ []byte) error { return cl.Put(ctx, keys[i], src) }, 0)
 		putCPU += testutil.ProcessCPU() - cpu0
@@ -103,6 +105,8 @@ func BenchmarkLargeObjects(b *testing.B) {
 		rawGetD += rawCopyConc(b, n, size, 1)
 		rawNGetD += rawCopyConc(b, n, size, w)
 		rawSD += rawStream(b, n, size)
+		stopProfile = startProfile(b, *largeGetCPU, it)
+		cpu0 = testutil.ProcessCPU()
 		getD += forEach(b, n, w, func(i int, buf []byte) error {
 			k, err := cl.GetInto(ctx, keys[i], buf)
 			if err == nil && k != size {
@@ -110,6 +114,8 @@ func BenchmarkLargeObjects(b *testing.B) {
 			}
 			return err
 		}, size)
+		getCPU += testutil.ProcessCPU() - cpu0
+		stopProfile()
 		b.StopTimer()
 		// Forced: the gets left read leases.
 		for _, err := range cl.BatchRemove(ctx, append(keys, sealKeys...), true) {
@@ -139,18 +145,20 @@ func BenchmarkLargeObjects(b *testing.B) {
 	// put of the timed put phase: what the puts cost, less swayed than
 	// their throughput by what else runs on the machine.
 	b.ReportMetric(float64(putCPU.Microseconds())/float64(b.N*n), "put-cpu-µs")
+	b.ReportMetric(float64(getCPU.Microseconds())/float64(b.N*n), "get-cpu-µs")
 	b.ReportMetric(float64(rawCPU.Microseconds())/float64(b.N*n), "raw1-cpu-µs") // the floor: the first raw phase
 }
 
-// startPutProfile starts the CPU profile of iteration it's put phase when
-// -large-cpuprofile asks for one, and returns what stops it: the whole
-// process's profile (-test.cpuprofile) is mostly the raw and get phases
-// and the agents' prefaulting.
-func startPutProfile(tb testing.TB, it int) (stop func()) {
-	if *largeCPU == "" {
+// startProfile starts the CPU profile of iteration it's phase, to
+// prefix.it, when prefix is set (-large-cpuprofile for the put phases,
+// -large-get-cpuprofile for the get phases), and returns what stops it:
+// the whole process's profile (-test.cpuprofile) would mix in the raw
+// phases.
+func startProfile(tb testing.TB, prefix string, it int) (stop func()) {
+	if prefix == "" {
 		return func() {}
 	}
-	return testutil.StartCPUProfile(tb, fmt.Sprintf("%s.%d", *largeCPU, it))
+	return testutil.StartCPUProfile(tb, fmt.Sprintf("%s.%d", prefix, it))
 }
 
 // forEach runs op for i in [0, n) from w goroutines, each with a buffer of
