@@ -50,9 +50,11 @@ func ShmMapped(c *Client) (reads, misses uint64) {
 	return reads, misses
 }
 
-// CopyMapped is the first shared-memory client's CopyMapped.
+// CopyMapped is the first shared-memory client's AppendMapped into dst's
+// own memory: whether it copied len(dst) bytes.
 func CopyMapped(c *Client, segment string, off uint64, dst []byte) bool {
-	return c.s.shm[0].CopyMapped(segment, off, dst)
+	_, ok := c.s.shm[0].AppendMapped(dst[:0], segment, off, uint64(len(dst)))
+	return ok
 }
 
 // FirstReplica is the segment and offset of key's first replica.

@@ -76,29 +76,22 @@ type Client struct {
 }
 
 // Served is how many items this client has read and written through
-// shared memory, the reads CopyMapped served included.
+// shared memory, the reads AppendMapped served included.
 func (c *Client) Served() (reads, writes uint64) { return c.reads.Load(), c.writes.Load() }
 
 // ReadRequests is how many read requests carried Served's reads.
 func (c *Client) ReadRequests() uint64 { return c.readRequests.Load() }
 
-// Mapped is how many reads CopyMapped served, and how many of the copies
+// Mapped is how many reads AppendMapped served, and how many of the copies
 // it made its caller found stale (MappedMiss).
 func (c *Client) Mapped() (reads, misses uint64) { return c.mappedReads.Load(), c.mappedMisses.Load() }
 
-// MappedMiss records that a copy CopyMapped made did not hold the object
+// MappedMiss records that a copy AppendMapped made did not hold the object
 // (its checksum did not match); the caller reads it again by request.
 func (c *Client) MappedMiss() {
 	c.mappedMisses.Add(1)
 	c.mappedReads.Add(^uint64(0))
 	c.reads.Add(^uint64(0))
-}
-
-// CopyMapped copies len(dst) bytes at offset off of segment id's mapping
-// into dst; it is AppendMapped into dst's own memory.
-func (c *Client) CopyMapped(id string, off uint64, dst []byte) bool {
-	_, ok := c.AppendMapped(dst[:0], id, off, uint64(len(dst)))
-	return ok
 }
 
 // AppendMapped appends the n bytes at offset off of segment id's mapping
