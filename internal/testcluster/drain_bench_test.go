@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -216,37 +215,24 @@ func BenchmarkAgentCopy(b *testing.B) {
 // agent-to-agent copy is held to (as internal/agent/dataplane's measure).
 func rawCopy(tb testing.TB, n, size int) time.Duration {
 	tb.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer lis.Close()
+	c, s := loopbackPair(tb)
+	defer c.Close()
 	done := make(chan error, 1)
 	go func() {
-		c, err := lis.Accept()
-		if err != nil {
-			done <- err
-			return
-		}
-		defer c.Close()
+		defer s.Close()
 		dst := make([]byte, size)
 		for range n {
-			if _, err := io.ReadFull(c, dst); err != nil {
+			if _, err := io.ReadFull(s, dst); err != nil {
 				done <- err
 				return
 			}
-			if _, err := c.Write([]byte{1}); err != nil {
+			if _, err := s.Write([]byte{1}); err != nil {
 				done <- err
 				return
 			}
 		}
 		done <- nil
 	}()
-	c, err := net.Dial("tcp", lis.Addr().String())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer c.Close()
 	src := make([]byte, size)
 	drainValue(src, 1)
 	ack := make([]byte, 1)

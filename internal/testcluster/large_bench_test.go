@@ -193,8 +193,6 @@ func forEach(tb testing.TB, n, w int, op func(i int, buf []byte) error, bufSize 
 	return took
 }
 
-// rawCopyConc is rawCopy from w streams at once: n objects of size bytes
-// in all, each written whole and acknowledged by one byte.
 // rawStream is what iperf3 measures by default: one loopback stream of n
 // objects of size bytes written back to back, no answer per object, the
 // clock stopped when the receiver has read them all (and said so with one
@@ -202,20 +200,8 @@ func forEach(tb testing.TB, n, w int, op func(i int, buf []byte) error, bufSize 
 // shape of a put.
 func rawStream(tb testing.TB, n, size int) time.Duration {
 	tb.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer lis.Close()
-	c, err := net.Dial("tcp", lis.Addr().String())
-	if err != nil {
-		tb.Fatal(err)
-	}
+	c, s := loopbackPair(tb)
 	defer c.Close()
-	s, err := lis.Accept()
-	if err != nil {
-		tb.Fatal(err)
-	}
 	defer s.Close()
 	var srv sync.WaitGroup
 	var srvErr error
@@ -247,13 +233,29 @@ func rawStream(tb testing.TB, n, size int) time.Duration {
 	return d
 }
 
-func rawCopyConc(tb testing.TB, n, size, w int) time.Duration {
+// loopbackPair is the two ends of a fresh loopback TCP connection; the
+// caller closes both.
+func loopbackPair(tb testing.TB) (client, server net.Conn) {
 	tb.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
 	}
 	defer lis.Close()
+	if client, err = net.Dial("tcp", lis.Addr().String()); err != nil {
+		tb.Fatal(err)
+	}
+	if server, err = lis.Accept(); err != nil {
+		client.Close()
+		tb.Fatal(err)
+	}
+	return client, server
+}
+
+// rawCopyConc is rawCopy from w streams at once: n objects of size bytes
+// in all, each written whole and acknowledged by one byte.
+func rawCopyConc(tb testing.TB, n, size, w int) time.Duration {
+	tb.Helper()
 	var srv sync.WaitGroup
 	serve := func(c net.Conn) {
 		defer c.Close()
@@ -269,13 +271,8 @@ func rawCopyConc(tb testing.TB, n, size, w int) time.Duration {
 	}
 	conns := make([]net.Conn, w)
 	for i := range conns {
-		if conns[i], err = net.Dial("tcp", lis.Addr().String()); err != nil {
-			tb.Fatal(err)
-		}
-		s, err := lis.Accept()
-		if err != nil {
-			tb.Fatal(err)
-		}
+		var s net.Conn
+		conns[i], s = loopbackPair(tb)
 		srv.Go(func() { serve(s) })
 	}
 	var next atomic.Int64
