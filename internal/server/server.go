@@ -133,6 +133,7 @@ type Server struct {
 	Registry *prometheus.Registry
 
 	metrics *grpcprom.ServerMetrics
+	unary   grpc.UnaryServerInterceptor // every unary interceptor, chained (Unary)
 	ready   atomic.Pointer[func() error]
 	creds   *Credentials
 	authz   *auth.Authorizer // nil when err is set
@@ -202,6 +203,11 @@ func New(cfg Config, lg *slog.Logger, reg *prometheus.Registry, opts ...grpc.Ser
 		// (which may read the principal, auth.FromContext).
 		unary, stream = append(unary, authz.Unary()), append(stream, authz.Stream())
 	}
+	for _, o := range opts {
+		if u, ok := o.(unaryOption); ok {
+			unary = append(unary, u.ints...)
+		}
+	}
 	base := []grpc.ServerOption{
 		rpccodec.ServerOption(),
 		// A server span per call (issue 16), in the context every
@@ -235,7 +241,7 @@ func New(cfg Config, lg *slog.Logger, reg *prometheus.Registry, opts ...grpc.Ser
 	reflection.Register(gs)
 
 	s := &Server{cfg: cfg, lg: lg, GRPC: gs, Health: hs, Mux: http.NewServeMux(), Registry: reg, metrics: metrics,
-		creds: creds, authz: authz, err: authzErr, warnEvery: InsecureWarnInterval}
+		creds: creds, authz: authz, err: authzErr, warnEvery: InsecureWarnInterval, unary: chainUnary(unary)}
 	s.Mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
@@ -264,6 +270,47 @@ func New(cfg Config, lg *slog.Logger, reg *prometheus.Registry, opts ...grpc.Ser
 		}
 	}
 	return s
+}
+
+// UnaryInterceptors is grpc.ChainUnaryInterceptor for New: the interceptors
+// run, in order, after the server's own (metrics, logging, recovery,
+// authorization) on every unary call, and in the chain Unary returns, which
+// grpc.ChainUnaryInterceptor's cannot be. A server that answers unary calls
+// carried on a stream (ObjectService.CallStream) adds its interceptors this
+// way, so that those calls meet every one of them.
+func UnaryInterceptors(ints ...grpc.UnaryServerInterceptor) grpc.ServerOption {
+	return unaryOption{ints: ints}
+}
+
+// unaryOption is UnaryInterceptors' option; New takes it apart (grpc-go
+// ignores an EmptyServerOption).
+type unaryOption struct {
+	grpc.EmptyServerOption
+	ints []grpc.UnaryServerInterceptor
+}
+
+// Unary is the whole chain of unary interceptors the server runs on a unary
+// call, as one: its own and those added with UnaryInterceptors. A handler
+// that serves unary calls carried on a stream runs each through it, with
+// its method's grpc.UnaryServerInfo, so that a call meets the same metrics,
+// logging, recovery, authorization and gates whichever way it came.
+func (s *Server) Unary() grpc.UnaryServerInterceptor { return s.unary }
+
+// chainUnary chains ints into one interceptor, the first outermost, as
+// grpc-go chains a server's.
+func chainUnary(ints []grpc.UnaryServerInterceptor) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		return ints[0](ctx, req, info, nextUnary(ints, 0, info, handler))
+	}
+}
+
+func nextUnary(ints []grpc.UnaryServerInterceptor, i int, info *grpc.UnaryServerInfo, final grpc.UnaryHandler) grpc.UnaryHandler {
+	if i == len(ints)-1 {
+		return final
+	}
+	return func(ctx context.Context, req any) (any, error) {
+		return ints[i+1](ctx, req, info, nextUnary(ints, i+1, info, final))
+	}
 }
 
 // Protect wraps an admin HTTP handler for Mux: with TLS only principals of

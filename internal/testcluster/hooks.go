@@ -10,6 +10,7 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/server"
 	"google.golang.org/grpc"
 )
 
@@ -48,7 +49,9 @@ func (h *hooks) masterOptions() []grpc.ServerOption {
 		return nil
 	}
 	return []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+		// In the chain calls carried on CallStream meet too: a hook on
+		// "BatchGetReplicaList" sees (and fails) the lookups either way.
+		server.UnaryInterceptors(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
 			if err := check(info.FullMethod); err != nil {
 				return nil, err
 			}
@@ -56,7 +59,10 @@ func (h *hooks) masterOptions() []grpc.ServerOption {
 		}),
 		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, next grpc.StreamHandler) error {
 			// The agents' session stream is never failed by the hook:
-			// a test that wants an agent gone stops it.
+			// a test that wants an agent gone stops it. CallStream is
+			// (an SDK whose stream is refused makes its calls unary),
+			// and the hook judges each call it carries too, by that
+			// call's name, in the unary chain above.
 			if info.FullMethod != "/"+masterv1.SegmentService_ServiceDesc.ServiceName+"/Connect" {
 				if err := check(info.FullMethod); err != nil {
 					return err

@@ -311,6 +311,7 @@ type Master struct {
 
 	rec     *recovery
 	changes *changesvc.Service
+	objects *objectsvc.Service
 }
 
 // New builds the master. It starts nothing; its only I/O is reading the
@@ -394,7 +395,9 @@ func newMaster(cfg Config, lg *slog.Logger, epoch uint64, opts ...grpc.ServerOpt
 		Credentials: creds, Table: authTable(),
 	}, lg, reg, append([]grpc.ServerOption{
 		grpc.ChainStreamInterceptor(rec.streamInterceptor),
-		grpc.ChainUnaryInterceptor(rec.unaryInterceptor, removeAllForce),
+		// server.UnaryInterceptors, not grpc.ChainUnaryInterceptor: the calls
+		// carried on CallStream must meet these too (objectsvc.Config.Unary).
+		server.UnaryInterceptors(rec.unaryInterceptor, removeAllForce),
 		// Calls run on long-lived worker goroutines, whose stacks have
 		// grown to what the handlers need, instead of a new goroutine
 		// each that grows its stack anew (runtime.newstack was 5 % of the
@@ -406,12 +409,13 @@ func newMaster(cfg Config, lg *slog.Logger, epoch uint64, opts ...grpc.ServerOpt
 		grpc.NumStreamWorkers(uint32(streamWorkersPerCPU * runtime.GOMAXPROCS(0))),
 	}, opts...)...)
 	// The services authTable covers (authServices).
-	objectsvc.New(objectsvc.Config{}, store).Register(srv.GRPC)
+	objects := objectsvc.New(objectsvc.Config{Unary: srv.Unary()}, store)
+	objects.Register(srv.GRPC)
 	changes := changesvc.New(changesvc.Config{MaxSnapshots: cfg.MaxSnapshots}, store)
 	changes.Register(srv.GRPC)
 	masterv1.RegisterAdminServiceServer(srv.GRPC, admin)
 	masterv1.RegisterSegmentServiceServer(srv.GRPC, sessions)
-	return &Master{cfg: cfg, lg: lg, Server: srv, Store: store, Sessions: sessions, Registry: segReg, Identity: id, rec: rec, changes: changes}, nil
+	return &Master{cfg: cfg, lg: lg, Server: srv, Store: store, Sessions: sessions, Registry: segReg, Identity: id, rec: rec, changes: changes, objects: objects}, nil
 }
 
 // Run serves until ctx ends, then stops the server (which ends the agent
@@ -461,14 +465,15 @@ func (m *Master) run(ctx context.Context) error {
 			}
 		})
 	}
-	// Agent Connect streams and gateway Watch streams never end on their
-	// own, so GracefulStop would wait them out until its hard-stop timer.
-	// End them first, then stop the server.
+	// Agent Connect streams, gateway Watch streams and clients'
+	// CallStreams never end on their own, so GracefulStop would wait them
+	// out until its hard-stop timer. End them first, then stop the server.
 	srvCtx, srvCancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer srvCancel()
 	go func() {
 		<-ctx.Done()
 		m.changes.Close()
+		m.objects.Close()
 		_ = m.Sessions.Close()
 		srvCancel()
 	}()

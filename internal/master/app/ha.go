@@ -149,7 +149,7 @@ func runHA(ctx context.Context, cfg Config, lg *slog.Logger) error {
 	for ctx.Err() == nil {
 		if m == nil {
 			gate = &leaderGate{}
-			if m, err = newStandbyMaster(cfg, lg, grpc.ChainUnaryInterceptor(gate.unary), grpc.ChainStreamInterceptor(gate.stream)); err != nil {
+			if m, err = newStandbyMaster(cfg, lg, server.UnaryInterceptors(gate.unary), grpc.ChainStreamInterceptor(gate.stream)); err != nil {
 				return err
 			}
 		}

@@ -10,6 +10,8 @@ import (
 	"github.com/crescent-kv/crescent/internal/master/meta/metatest"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/token"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
@@ -30,9 +32,11 @@ func FuzzRequests(f *testing.F) {
 		&masterv1.ObjectServiceMoveRequest{Keys: []string{"k", "x"}, FromSegmentId: "seg-0-0", Target: &masterv1.MigrationTarget{Target: &masterv1.MigrationTarget_SegmentId{SegmentId: "seg-1-0"}}},
 		&masterv1.PrefetchRequest{Keys: []string{"k", "x", "k"}, Wait: true},
 		&masterv1.PrefetchRequest{Tenant: "t", Keys: []string{"k"}},
+		&masterv1.CallStreamRequest{RequestId: 3, TimeoutMs: 1, Call: &masterv1.CallStreamRequest_BatchGetReplicaList{
+			BatchGetReplicaList: &masterv1.BatchGetReplicaListRequest{Items: []*masterv1.GetReplicaListRequest{{Key: "k"}, {Key: ""}}}}},
 	} {
 		b, _ := proto.Marshal(m)
-		for kind := range byte(11) {
+		for kind := range byte(12) {
 			f.Add(kind, b)
 		}
 	}
@@ -48,7 +52,7 @@ func FuzzRequests(f *testing.F) {
 			t.Fatal(err)
 		}
 		var callErr error
-		switch kind % 11 {
+		switch kind % 12 {
 		case 0:
 			var r masterv1.PutStartRequest
 			if proto.Unmarshal(b, &r) == nil {
@@ -103,6 +107,22 @@ func FuzzRequests(f *testing.F) {
 			var r masterv1.PrefetchRequest
 			if proto.Unmarshal(b, &r) == nil {
 				_, callErr = s.Prefetch(ctx, &r)
+			}
+		case 11:
+			// A call carried on CallStream, as one worker answers it.
+			var r masterv1.CallStreamRequest
+			if proto.Unmarshal(b, &r) == nil {
+				m := s.answer(ctx, &r)
+				if m.GetRequestId() != r.GetRequestId() {
+					t.Fatalf("answered as request %d, asked as %d", m.GetRequestId(), r.GetRequestId())
+				}
+				if (m.GetCode() == 0) != (m.GetBatchGetReplicaList() != nil) {
+					t.Fatalf("code %d with answer %v", m.GetCode(), m.GetBatchGetReplicaList())
+				}
+				// A call the master does not know has no reason to give.
+				if m.GetCode() != int32(codes.Unimplemented) && m.GetCode() != 0 {
+					callErr = status.ErrorProto(&spb.Status{Code: m.GetCode(), Message: m.GetMessage(), Details: m.GetDetails()})
+				}
 			}
 		}
 		if callErr != nil {

@@ -34,11 +34,18 @@ type harness struct {
 	store *meta.Store
 	c     *metatest.Cluster
 	clk   *testutil.Clock
+	svc   *Service // nil from startTCP
 }
 
 // start serves an ObjectService over bufconn backed by a fake cluster of
 // hosts × segs memory segments of capacity bytes.
 func start(t testing.TB, hosts, segs int, capacity uint64) *harness {
+	t.Helper()
+	return startWith(t, hosts, segs, capacity, Config{MaxBatch: 256})
+}
+
+// startWith is start with the service's configuration.
+func startWith(t testing.TB, hosts, segs int, capacity uint64, cfg Config) *harness {
 	t.Helper()
 	c := metatest.NewCluster(hosts, segs, capacity)
 	clk := newClock()
@@ -52,7 +59,8 @@ func start(t testing.TB, hosts, segs int, capacity uint64) *harness {
 	}
 	lis := bufconn.Listen(1 << 20)
 	gs := grpc.NewServer()
-	New(Config{MaxBatch: 256}, store).Register(gs)
+	svc := New(cfg, store)
+	svc.Register(gs)
 	go func() { _ = gs.Serve(lis) }()
 	cc, err := grpc.NewClient("passthrough:///bufnet",
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
@@ -64,7 +72,7 @@ func start(t testing.TB, hosts, segs int, capacity uint64) *harness {
 		cc.Close()
 		gs.Stop()
 	})
-	return &harness{cli: masterv1.NewObjectServiceClient(cc), store: store, c: c, clk: clk}
+	return &harness{cli: masterv1.NewObjectServiceClient(cc), store: store, c: c, clk: clk, svc: svc}
 }
 
 // put runs PutStart + PutEnd and fails the test on error.

@@ -20,6 +20,11 @@ const DefaultMaxBatch = 10000
 type Config struct {
 	// MaxBatch bounds the items of one batch RPC (default 10000).
 	MaxBatch int
+	// Unary is the server's chain of unary interceptors
+	// (server.Server.Unary), which every call carried on CallStream runs
+	// through as its unary call would. Nil runs them bare (tests of the
+	// service alone).
+	Unary grpc.UnaryServerInterceptor
 }
 
 // Service implements masterv1.ObjectServiceServer over a *meta.Store.
@@ -27,6 +32,9 @@ type Service struct {
 	masterv1.UnimplementedObjectServiceServer
 	store    *meta.Store
 	maxBatch int
+	unary    grpc.UnaryServerInterceptor
+	stopping context.Context // ended by Close
+	stop     context.CancelFunc
 }
 
 // New returns the adapter. It does no I/O.
@@ -34,7 +42,24 @@ func New(cfg Config, store *meta.Store) *Service {
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = DefaultMaxBatch
 	}
-	return &Service{store: store, maxBatch: cfg.MaxBatch}
+	if cfg.Unary == nil {
+		cfg.Unary = func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			return h(ctx, req)
+		}
+	}
+	s := &Service{store: store, maxBatch: cfg.MaxBatch, unary: cfg.Unary}
+	s.stopping, s.stop = context.WithCancel(context.Background())
+	return s
+}
+
+// Close ends every CallStream with UNAVAILABLE / MASTER_SHUTTING_DOWN and
+// refuses new ones (the SDK makes their calls again, unary, at the next
+// leader); unary calls are not affected. Call it before stopping the gRPC
+// server, whose graceful stop would otherwise wait for the streams.
+func (s *Service) Close() { s.stop() }
+
+func errShuttingDown() error {
+	return rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_MASTER_SHUTTING_DOWN, "master is shutting down"))
 }
 
 // Register registers the service on a gRPC server.

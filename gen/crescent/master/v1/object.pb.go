@@ -9,6 +9,7 @@ package masterv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	anypb "google.golang.org/protobuf/types/known/anypb"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	reflect "reflect"
 	sync "sync"
@@ -2814,11 +2815,206 @@ func (x *RemoveByRegexResponse) GetNextPageToken() string {
 	return ""
 }
 
+// CallStreamRequest is one call on a CallStream.
+type CallStreamRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// request_id names the call in its answer; the caller keeps it unique
+	// among its calls in flight on the stream.
+	RequestId uint64 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// timeout_ms is the call's deadline, counted from its arrival at the
+	// master; 0, or more than the master's cap (10 s), is the cap.
+	TimeoutMs uint32 `protobuf:"varint,2,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// call is the unary call carried; a call the master does not know is
+	// answered UNIMPLEMENTED.
+	//
+	// Types that are valid to be assigned to Call:
+	//
+	//	*CallStreamRequest_BatchGetReplicaList
+	Call          isCallStreamRequest_Call `protobuf_oneof:"call"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CallStreamRequest) Reset() {
+	*x = CallStreamRequest{}
+	mi := &file_crescent_master_v1_object_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallStreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallStreamRequest) ProtoMessage() {}
+
+func (x *CallStreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_object_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallStreamRequest.ProtoReflect.Descriptor instead.
+func (*CallStreamRequest) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *CallStreamRequest) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+func (x *CallStreamRequest) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+func (x *CallStreamRequest) GetCall() isCallStreamRequest_Call {
+	if x != nil {
+		return x.Call
+	}
+	return nil
+}
+
+func (x *CallStreamRequest) GetBatchGetReplicaList() *BatchGetReplicaListRequest {
+	if x != nil {
+		if x, ok := x.Call.(*CallStreamRequest_BatchGetReplicaList); ok {
+			return x.BatchGetReplicaList
+		}
+	}
+	return nil
+}
+
+type isCallStreamRequest_Call interface {
+	isCallStreamRequest_Call()
+}
+
+type CallStreamRequest_BatchGetReplicaList struct {
+	BatchGetReplicaList *BatchGetReplicaListRequest `protobuf:"bytes,3,opt,name=batch_get_replica_list,json=batchGetReplicaList,proto3,oneof"`
+}
+
+func (*CallStreamRequest_BatchGetReplicaList) isCallStreamRequest_Call() {}
+
+// CallStreamResponse answers one CallStreamRequest.
+type CallStreamResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// request_id is the call's, from its request.
+	RequestId uint64 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// code, message and details are the call's status, as the unary call
+	// returns it (a google.rpc.Status): code 0 with the answer below, or an
+	// error with its google.rpc.ErrorInfo among details.
+	Code    int32        `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	Message string       `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	Details []*anypb.Any `protobuf:"bytes,4,rep,name=details,proto3" json:"details,omitempty"`
+	// answer is the unary call's response, when code is 0.
+	//
+	// Types that are valid to be assigned to Answer:
+	//
+	//	*CallStreamResponse_BatchGetReplicaList
+	Answer        isCallStreamResponse_Answer `protobuf_oneof:"answer"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CallStreamResponse) Reset() {
+	*x = CallStreamResponse{}
+	mi := &file_crescent_master_v1_object_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallStreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallStreamResponse) ProtoMessage() {}
+
+func (x *CallStreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_object_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallStreamResponse.ProtoReflect.Descriptor instead.
+func (*CallStreamResponse) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *CallStreamResponse) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+func (x *CallStreamResponse) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *CallStreamResponse) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *CallStreamResponse) GetDetails() []*anypb.Any {
+	if x != nil {
+		return x.Details
+	}
+	return nil
+}
+
+func (x *CallStreamResponse) GetAnswer() isCallStreamResponse_Answer {
+	if x != nil {
+		return x.Answer
+	}
+	return nil
+}
+
+func (x *CallStreamResponse) GetBatchGetReplicaList() *BatchGetReplicaListResponse {
+	if x != nil {
+		if x, ok := x.Answer.(*CallStreamResponse_BatchGetReplicaList); ok {
+			return x.BatchGetReplicaList
+		}
+	}
+	return nil
+}
+
+type isCallStreamResponse_Answer interface {
+	isCallStreamResponse_Answer()
+}
+
+type CallStreamResponse_BatchGetReplicaList struct {
+	BatchGetReplicaList *BatchGetReplicaListResponse `protobuf:"bytes,5,opt,name=batch_get_replica_list,json=batchGetReplicaList,proto3,oneof"`
+}
+
+func (*CallStreamResponse_BatchGetReplicaList) isCallStreamResponse_Answer() {}
+
 var File_crescent_master_v1_object_proto protoreflect.FileDescriptor
 
 const file_crescent_master_v1_object_proto_rawDesc = "" +
 	"\n" +
-	"\x1fcrescent/master/v1/object.proto\x12\x12crescent.master.v1\x1a\x1ecrescent/master/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\"Q\n" +
+	"\x1fcrescent/master/v1/object.proto\x12\x12crescent.master.v1\x1a\x1ecrescent/master/v1/types.proto\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\"Q\n" +
 	"\x0fPrefetchRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\tR\x04keys\x12\x12\n" +
@@ -2990,12 +3186,27 @@ const file_crescent_master_v1_object_proto_rawDesc = "" +
 	"\x15RemoveByRegexResponse\x12\x18\n" +
 	"\aremoved\x18\x01 \x01(\x04R\aremoved\x12\x18\n" +
 	"\askipped\x18\x02 \x01(\x04R\askipped\x12&\n" +
-	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken*\x83\x01\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"\xc0\x01\n" +
+	"\x11CallStreamRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x02 \x01(\rR\ttimeoutMs\x12e\n" +
+	"\x16batch_get_replica_list\x18\x03 \x01(\v2..crescent.master.v1.BatchGetReplicaListRequestH\x00R\x13batchGetReplicaListB\x06\n" +
+	"\x04call\"\x83\x02\n" +
+	"\x12CallStreamResponse\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12.\n" +
+	"\adetails\x18\x04 \x03(\v2\x14.google.protobuf.AnyR\adetails\x12f\n" +
+	"\x16batch_get_replica_list\x18\x05 \x01(\v2/.crescent.master.v1.BatchGetReplicaListResponseH\x00R\x13batchGetReplicaListB\b\n" +
+	"\x06answer*\x83\x01\n" +
 	"\rPrefetchState\x12\x1e\n" +
 	"\x1aPREFETCH_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15PREFETCH_STATE_QUEUED\x10\x01\x12\x1c\n" +
 	"\x18PREFETCH_STATE_IN_MEMORY\x10\x02\x12\x19\n" +
-	"\x15PREFETCH_STATE_COPIED\x10\x032\xd8\x0f\n" +
+	"\x15PREFETCH_STATE_COPIED\x10\x032\xb9\x10\n" +
 	"\rObjectService\x12U\n" +
 	"\bPutStart\x12#.crescent.master.v1.PutStartRequest\x1a$.crescent.master.v1.PutStartResponse\x12O\n" +
 	"\x06PutEnd\x12!.crescent.master.v1.PutEndRequest\x1a\".crescent.master.v1.PutEndResponse\x12X\n" +
@@ -3004,7 +3215,9 @@ const file_crescent_master_v1_object_proto_rawDesc = "" +
 	"\vBatchPutEnd\x12&.crescent.master.v1.BatchPutEndRequest\x1a'.crescent.master.v1.BatchPutEndResponse\x12g\n" +
 	"\x0eBatchPutRevoke\x12).crescent.master.v1.BatchPutRevokeRequest\x1a*.crescent.master.v1.BatchPutRevokeResponse\x12g\n" +
 	"\x0eGetReplicaList\x12).crescent.master.v1.GetReplicaListRequest\x1a*.crescent.master.v1.GetReplicaListResponse\x12v\n" +
-	"\x13BatchGetReplicaList\x12..crescent.master.v1.BatchGetReplicaListRequest\x1a/.crescent.master.v1.BatchGetReplicaListResponse\x12L\n" +
+	"\x13BatchGetReplicaList\x12..crescent.master.v1.BatchGetReplicaListRequest\x1a/.crescent.master.v1.BatchGetReplicaListResponse\x12_\n" +
+	"\n" +
+	"CallStream\x12%.crescent.master.v1.CallStreamRequest\x1a&.crescent.master.v1.CallStreamResponse(\x010\x01\x12L\n" +
 	"\x05Exist\x12 .crescent.master.v1.ExistRequest\x1a!.crescent.master.v1.ExistResponse\x12[\n" +
 	"\n" +
 	"BatchExist\x12%.crescent.master.v1.BatchExistRequest\x1a&.crescent.master.v1.BatchExistResponse\x12R\n" +
@@ -3035,7 +3248,7 @@ func file_crescent_master_v1_object_proto_rawDescGZIP() []byte {
 }
 
 var file_crescent_master_v1_object_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_crescent_master_v1_object_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_crescent_master_v1_object_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_crescent_master_v1_object_proto_goTypes = []any{
 	(PrefetchState)(0),                  // 0: crescent.master.v1.PrefetchState
 	(*PrefetchRequest)(nil),             // 1: crescent.master.v1.PrefetchRequest
@@ -3086,93 +3299,101 @@ var file_crescent_master_v1_object_proto_goTypes = []any{
 	(*RemoveByPrefixResponse)(nil),      // 46: crescent.master.v1.RemoveByPrefixResponse
 	(*RemoveByRegexRequest)(nil),        // 47: crescent.master.v1.RemoveByRegexRequest
 	(*RemoveByRegexResponse)(nil),       // 48: crescent.master.v1.RemoveByRegexResponse
-	(*ItemStatus)(nil),                  // 49: crescent.master.v1.ItemStatus
-	(*ReplicaDescriptor)(nil),           // 50: crescent.master.v1.ReplicaDescriptor
-	(Medium)(0),                         // 51: crescent.master.v1.Medium
-	(*ReplicateConfig)(nil),             // 52: crescent.master.v1.ReplicateConfig
-	(*durationpb.Duration)(nil),         // 53: google.protobuf.Duration
+	(*CallStreamRequest)(nil),           // 49: crescent.master.v1.CallStreamRequest
+	(*CallStreamResponse)(nil),          // 50: crescent.master.v1.CallStreamResponse
+	(*ItemStatus)(nil),                  // 51: crescent.master.v1.ItemStatus
+	(*ReplicaDescriptor)(nil),           // 52: crescent.master.v1.ReplicaDescriptor
+	(Medium)(0),                         // 53: crescent.master.v1.Medium
+	(*ReplicateConfig)(nil),             // 54: crescent.master.v1.ReplicateConfig
+	(*durationpb.Duration)(nil),         // 55: google.protobuf.Duration
+	(*anypb.Any)(nil),                   // 56: google.protobuf.Any
 }
 var file_crescent_master_v1_object_proto_depIdxs = []int32{
 	3,  // 0: crescent.master.v1.PrefetchResponse.results:type_name -> crescent.master.v1.PrefetchResult
-	49, // 1: crescent.master.v1.PrefetchResult.status:type_name -> crescent.master.v1.ItemStatus
+	51, // 1: crescent.master.v1.PrefetchResult.status:type_name -> crescent.master.v1.ItemStatus
 	0,  // 2: crescent.master.v1.PrefetchResult.state:type_name -> crescent.master.v1.PrefetchState
-	50, // 3: crescent.master.v1.PrefetchResult.replica:type_name -> crescent.master.v1.ReplicaDescriptor
-	51, // 4: crescent.master.v1.MigrationTarget.medium:type_name -> crescent.master.v1.Medium
+	52, // 3: crescent.master.v1.PrefetchResult.replica:type_name -> crescent.master.v1.ReplicaDescriptor
+	53, // 4: crescent.master.v1.MigrationTarget.medium:type_name -> crescent.master.v1.Medium
 	4,  // 5: crescent.master.v1.ObjectServiceCopyRequest.target:type_name -> crescent.master.v1.MigrationTarget
 	9,  // 6: crescent.master.v1.ObjectServiceCopyResponse.results:type_name -> crescent.master.v1.MigrationResult
 	4,  // 7: crescent.master.v1.ObjectServiceMoveRequest.target:type_name -> crescent.master.v1.MigrationTarget
 	9,  // 8: crescent.master.v1.ObjectServiceMoveResponse.results:type_name -> crescent.master.v1.MigrationResult
-	49, // 9: crescent.master.v1.MigrationResult.status:type_name -> crescent.master.v1.ItemStatus
-	50, // 10: crescent.master.v1.MigrationResult.replica:type_name -> crescent.master.v1.ReplicaDescriptor
-	52, // 11: crescent.master.v1.PutStartRequest.config:type_name -> crescent.master.v1.ReplicateConfig
-	50, // 12: crescent.master.v1.PutStartResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
+	51, // 9: crescent.master.v1.MigrationResult.status:type_name -> crescent.master.v1.ItemStatus
+	52, // 10: crescent.master.v1.MigrationResult.replica:type_name -> crescent.master.v1.ReplicaDescriptor
+	54, // 11: crescent.master.v1.PutStartRequest.config:type_name -> crescent.master.v1.ReplicateConfig
+	52, // 12: crescent.master.v1.PutStartResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
 	10, // 13: crescent.master.v1.BatchPutStartRequest.items:type_name -> crescent.master.v1.PutStartRequest
 	18, // 14: crescent.master.v1.BatchPutStartResponse.results:type_name -> crescent.master.v1.PutStartResult
-	49, // 15: crescent.master.v1.PutStartResult.status:type_name -> crescent.master.v1.ItemStatus
-	50, // 16: crescent.master.v1.PutStartResult.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
+	51, // 15: crescent.master.v1.PutStartResult.status:type_name -> crescent.master.v1.ItemStatus
+	52, // 16: crescent.master.v1.PutStartResult.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
 	12, // 17: crescent.master.v1.BatchPutEndRequest.items:type_name -> crescent.master.v1.PutEndRequest
-	49, // 18: crescent.master.v1.BatchPutEndResponse.results:type_name -> crescent.master.v1.ItemStatus
+	51, // 18: crescent.master.v1.BatchPutEndResponse.results:type_name -> crescent.master.v1.ItemStatus
 	14, // 19: crescent.master.v1.BatchPutRevokeRequest.items:type_name -> crescent.master.v1.PutRevokeRequest
-	49, // 20: crescent.master.v1.BatchPutRevokeResponse.results:type_name -> crescent.master.v1.ItemStatus
-	50, // 21: crescent.master.v1.GetReplicaListResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
-	53, // 22: crescent.master.v1.GetReplicaListResponse.lease_ttl:type_name -> google.protobuf.Duration
+	51, // 20: crescent.master.v1.BatchPutRevokeResponse.results:type_name -> crescent.master.v1.ItemStatus
+	52, // 21: crescent.master.v1.GetReplicaListResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
+	55, // 22: crescent.master.v1.GetReplicaListResponse.lease_ttl:type_name -> google.protobuf.Duration
 	23, // 23: crescent.master.v1.BatchGetReplicaListRequest.items:type_name -> crescent.master.v1.GetReplicaListRequest
 	27, // 24: crescent.master.v1.BatchGetReplicaListResponse.results:type_name -> crescent.master.v1.GetReplicaListResult
-	49, // 25: crescent.master.v1.GetReplicaListResult.status:type_name -> crescent.master.v1.ItemStatus
+	51, // 25: crescent.master.v1.GetReplicaListResult.status:type_name -> crescent.master.v1.ItemStatus
 	24, // 26: crescent.master.v1.GetReplicaListResult.replica_list:type_name -> crescent.master.v1.GetReplicaListResponse
 	28, // 27: crescent.master.v1.BatchExistRequest.items:type_name -> crescent.master.v1.ExistRequest
-	50, // 28: crescent.master.v1.QueryRouteResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
+	52, // 28: crescent.master.v1.QueryRouteResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
 	38, // 29: crescent.master.v1.ListObjectsResponse.objects:type_name -> crescent.master.v1.ObjectInfo
-	51, // 30: crescent.master.v1.ObjectInfo.media:type_name -> crescent.master.v1.Medium
+	53, // 30: crescent.master.v1.ObjectInfo.media:type_name -> crescent.master.v1.Medium
 	39, // 31: crescent.master.v1.BatchRemoveRequest.items:type_name -> crescent.master.v1.RemoveRequest
-	49, // 32: crescent.master.v1.BatchRemoveResponse.results:type_name -> crescent.master.v1.ItemStatus
-	10, // 33: crescent.master.v1.ObjectService.PutStart:input_type -> crescent.master.v1.PutStartRequest
-	12, // 34: crescent.master.v1.ObjectService.PutEnd:input_type -> crescent.master.v1.PutEndRequest
-	14, // 35: crescent.master.v1.ObjectService.PutRevoke:input_type -> crescent.master.v1.PutRevokeRequest
-	16, // 36: crescent.master.v1.ObjectService.BatchPutStart:input_type -> crescent.master.v1.BatchPutStartRequest
-	19, // 37: crescent.master.v1.ObjectService.BatchPutEnd:input_type -> crescent.master.v1.BatchPutEndRequest
-	21, // 38: crescent.master.v1.ObjectService.BatchPutRevoke:input_type -> crescent.master.v1.BatchPutRevokeRequest
-	23, // 39: crescent.master.v1.ObjectService.GetReplicaList:input_type -> crescent.master.v1.GetReplicaListRequest
-	25, // 40: crescent.master.v1.ObjectService.BatchGetReplicaList:input_type -> crescent.master.v1.BatchGetReplicaListRequest
-	28, // 41: crescent.master.v1.ObjectService.Exist:input_type -> crescent.master.v1.ExistRequest
-	30, // 42: crescent.master.v1.ObjectService.BatchExist:input_type -> crescent.master.v1.BatchExistRequest
-	32, // 43: crescent.master.v1.ObjectService.GetSize:input_type -> crescent.master.v1.GetSizeRequest
-	34, // 44: crescent.master.v1.ObjectService.QueryRoute:input_type -> crescent.master.v1.QueryRouteRequest
-	36, // 45: crescent.master.v1.ObjectService.ListObjects:input_type -> crescent.master.v1.ListObjectsRequest
-	39, // 46: crescent.master.v1.ObjectService.Remove:input_type -> crescent.master.v1.RemoveRequest
-	41, // 47: crescent.master.v1.ObjectService.BatchRemove:input_type -> crescent.master.v1.BatchRemoveRequest
-	43, // 48: crescent.master.v1.ObjectService.RemoveAll:input_type -> crescent.master.v1.RemoveAllRequest
-	45, // 49: crescent.master.v1.ObjectService.RemoveByPrefix:input_type -> crescent.master.v1.RemoveByPrefixRequest
-	47, // 50: crescent.master.v1.ObjectService.RemoveByRegex:input_type -> crescent.master.v1.RemoveByRegexRequest
-	5,  // 51: crescent.master.v1.ObjectService.Copy:input_type -> crescent.master.v1.ObjectServiceCopyRequest
-	7,  // 52: crescent.master.v1.ObjectService.Move:input_type -> crescent.master.v1.ObjectServiceMoveRequest
-	1,  // 53: crescent.master.v1.ObjectService.Prefetch:input_type -> crescent.master.v1.PrefetchRequest
-	11, // 54: crescent.master.v1.ObjectService.PutStart:output_type -> crescent.master.v1.PutStartResponse
-	13, // 55: crescent.master.v1.ObjectService.PutEnd:output_type -> crescent.master.v1.PutEndResponse
-	15, // 56: crescent.master.v1.ObjectService.PutRevoke:output_type -> crescent.master.v1.PutRevokeResponse
-	17, // 57: crescent.master.v1.ObjectService.BatchPutStart:output_type -> crescent.master.v1.BatchPutStartResponse
-	20, // 58: crescent.master.v1.ObjectService.BatchPutEnd:output_type -> crescent.master.v1.BatchPutEndResponse
-	22, // 59: crescent.master.v1.ObjectService.BatchPutRevoke:output_type -> crescent.master.v1.BatchPutRevokeResponse
-	24, // 60: crescent.master.v1.ObjectService.GetReplicaList:output_type -> crescent.master.v1.GetReplicaListResponse
-	26, // 61: crescent.master.v1.ObjectService.BatchGetReplicaList:output_type -> crescent.master.v1.BatchGetReplicaListResponse
-	29, // 62: crescent.master.v1.ObjectService.Exist:output_type -> crescent.master.v1.ExistResponse
-	31, // 63: crescent.master.v1.ObjectService.BatchExist:output_type -> crescent.master.v1.BatchExistResponse
-	33, // 64: crescent.master.v1.ObjectService.GetSize:output_type -> crescent.master.v1.GetSizeResponse
-	35, // 65: crescent.master.v1.ObjectService.QueryRoute:output_type -> crescent.master.v1.QueryRouteResponse
-	37, // 66: crescent.master.v1.ObjectService.ListObjects:output_type -> crescent.master.v1.ListObjectsResponse
-	40, // 67: crescent.master.v1.ObjectService.Remove:output_type -> crescent.master.v1.RemoveResponse
-	42, // 68: crescent.master.v1.ObjectService.BatchRemove:output_type -> crescent.master.v1.BatchRemoveResponse
-	44, // 69: crescent.master.v1.ObjectService.RemoveAll:output_type -> crescent.master.v1.RemoveAllResponse
-	46, // 70: crescent.master.v1.ObjectService.RemoveByPrefix:output_type -> crescent.master.v1.RemoveByPrefixResponse
-	48, // 71: crescent.master.v1.ObjectService.RemoveByRegex:output_type -> crescent.master.v1.RemoveByRegexResponse
-	6,  // 72: crescent.master.v1.ObjectService.Copy:output_type -> crescent.master.v1.ObjectServiceCopyResponse
-	8,  // 73: crescent.master.v1.ObjectService.Move:output_type -> crescent.master.v1.ObjectServiceMoveResponse
-	2,  // 74: crescent.master.v1.ObjectService.Prefetch:output_type -> crescent.master.v1.PrefetchResponse
-	54, // [54:75] is the sub-list for method output_type
-	33, // [33:54] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	51, // 32: crescent.master.v1.BatchRemoveResponse.results:type_name -> crescent.master.v1.ItemStatus
+	25, // 33: crescent.master.v1.CallStreamRequest.batch_get_replica_list:type_name -> crescent.master.v1.BatchGetReplicaListRequest
+	56, // 34: crescent.master.v1.CallStreamResponse.details:type_name -> google.protobuf.Any
+	26, // 35: crescent.master.v1.CallStreamResponse.batch_get_replica_list:type_name -> crescent.master.v1.BatchGetReplicaListResponse
+	10, // 36: crescent.master.v1.ObjectService.PutStart:input_type -> crescent.master.v1.PutStartRequest
+	12, // 37: crescent.master.v1.ObjectService.PutEnd:input_type -> crescent.master.v1.PutEndRequest
+	14, // 38: crescent.master.v1.ObjectService.PutRevoke:input_type -> crescent.master.v1.PutRevokeRequest
+	16, // 39: crescent.master.v1.ObjectService.BatchPutStart:input_type -> crescent.master.v1.BatchPutStartRequest
+	19, // 40: crescent.master.v1.ObjectService.BatchPutEnd:input_type -> crescent.master.v1.BatchPutEndRequest
+	21, // 41: crescent.master.v1.ObjectService.BatchPutRevoke:input_type -> crescent.master.v1.BatchPutRevokeRequest
+	23, // 42: crescent.master.v1.ObjectService.GetReplicaList:input_type -> crescent.master.v1.GetReplicaListRequest
+	25, // 43: crescent.master.v1.ObjectService.BatchGetReplicaList:input_type -> crescent.master.v1.BatchGetReplicaListRequest
+	49, // 44: crescent.master.v1.ObjectService.CallStream:input_type -> crescent.master.v1.CallStreamRequest
+	28, // 45: crescent.master.v1.ObjectService.Exist:input_type -> crescent.master.v1.ExistRequest
+	30, // 46: crescent.master.v1.ObjectService.BatchExist:input_type -> crescent.master.v1.BatchExistRequest
+	32, // 47: crescent.master.v1.ObjectService.GetSize:input_type -> crescent.master.v1.GetSizeRequest
+	34, // 48: crescent.master.v1.ObjectService.QueryRoute:input_type -> crescent.master.v1.QueryRouteRequest
+	36, // 49: crescent.master.v1.ObjectService.ListObjects:input_type -> crescent.master.v1.ListObjectsRequest
+	39, // 50: crescent.master.v1.ObjectService.Remove:input_type -> crescent.master.v1.RemoveRequest
+	41, // 51: crescent.master.v1.ObjectService.BatchRemove:input_type -> crescent.master.v1.BatchRemoveRequest
+	43, // 52: crescent.master.v1.ObjectService.RemoveAll:input_type -> crescent.master.v1.RemoveAllRequest
+	45, // 53: crescent.master.v1.ObjectService.RemoveByPrefix:input_type -> crescent.master.v1.RemoveByPrefixRequest
+	47, // 54: crescent.master.v1.ObjectService.RemoveByRegex:input_type -> crescent.master.v1.RemoveByRegexRequest
+	5,  // 55: crescent.master.v1.ObjectService.Copy:input_type -> crescent.master.v1.ObjectServiceCopyRequest
+	7,  // 56: crescent.master.v1.ObjectService.Move:input_type -> crescent.master.v1.ObjectServiceMoveRequest
+	1,  // 57: crescent.master.v1.ObjectService.Prefetch:input_type -> crescent.master.v1.PrefetchRequest
+	11, // 58: crescent.master.v1.ObjectService.PutStart:output_type -> crescent.master.v1.PutStartResponse
+	13, // 59: crescent.master.v1.ObjectService.PutEnd:output_type -> crescent.master.v1.PutEndResponse
+	15, // 60: crescent.master.v1.ObjectService.PutRevoke:output_type -> crescent.master.v1.PutRevokeResponse
+	17, // 61: crescent.master.v1.ObjectService.BatchPutStart:output_type -> crescent.master.v1.BatchPutStartResponse
+	20, // 62: crescent.master.v1.ObjectService.BatchPutEnd:output_type -> crescent.master.v1.BatchPutEndResponse
+	22, // 63: crescent.master.v1.ObjectService.BatchPutRevoke:output_type -> crescent.master.v1.BatchPutRevokeResponse
+	24, // 64: crescent.master.v1.ObjectService.GetReplicaList:output_type -> crescent.master.v1.GetReplicaListResponse
+	26, // 65: crescent.master.v1.ObjectService.BatchGetReplicaList:output_type -> crescent.master.v1.BatchGetReplicaListResponse
+	50, // 66: crescent.master.v1.ObjectService.CallStream:output_type -> crescent.master.v1.CallStreamResponse
+	29, // 67: crescent.master.v1.ObjectService.Exist:output_type -> crescent.master.v1.ExistResponse
+	31, // 68: crescent.master.v1.ObjectService.BatchExist:output_type -> crescent.master.v1.BatchExistResponse
+	33, // 69: crescent.master.v1.ObjectService.GetSize:output_type -> crescent.master.v1.GetSizeResponse
+	35, // 70: crescent.master.v1.ObjectService.QueryRoute:output_type -> crescent.master.v1.QueryRouteResponse
+	37, // 71: crescent.master.v1.ObjectService.ListObjects:output_type -> crescent.master.v1.ListObjectsResponse
+	40, // 72: crescent.master.v1.ObjectService.Remove:output_type -> crescent.master.v1.RemoveResponse
+	42, // 73: crescent.master.v1.ObjectService.BatchRemove:output_type -> crescent.master.v1.BatchRemoveResponse
+	44, // 74: crescent.master.v1.ObjectService.RemoveAll:output_type -> crescent.master.v1.RemoveAllResponse
+	46, // 75: crescent.master.v1.ObjectService.RemoveByPrefix:output_type -> crescent.master.v1.RemoveByPrefixResponse
+	48, // 76: crescent.master.v1.ObjectService.RemoveByRegex:output_type -> crescent.master.v1.RemoveByRegexResponse
+	6,  // 77: crescent.master.v1.ObjectService.Copy:output_type -> crescent.master.v1.ObjectServiceCopyResponse
+	8,  // 78: crescent.master.v1.ObjectService.Move:output_type -> crescent.master.v1.ObjectServiceMoveResponse
+	2,  // 79: crescent.master.v1.ObjectService.Prefetch:output_type -> crescent.master.v1.PrefetchResponse
+	58, // [58:80] is the sub-list for method output_type
+	36, // [36:58] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_crescent_master_v1_object_proto_init() }
@@ -3186,13 +3407,19 @@ func file_crescent_master_v1_object_proto_init() {
 		(*MigrationTarget_HostId)(nil),
 		(*MigrationTarget_Medium)(nil),
 	}
+	file_crescent_master_v1_object_proto_msgTypes[48].OneofWrappers = []any{
+		(*CallStreamRequest_BatchGetReplicaList)(nil),
+	}
+	file_crescent_master_v1_object_proto_msgTypes[49].OneofWrappers = []any{
+		(*CallStreamResponse_BatchGetReplicaList)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crescent_master_v1_object_proto_rawDesc), len(file_crescent_master_v1_object_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   48,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

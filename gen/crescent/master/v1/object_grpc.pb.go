@@ -27,6 +27,7 @@ const (
 	ObjectService_BatchPutRevoke_FullMethodName      = "/crescent.master.v1.ObjectService/BatchPutRevoke"
 	ObjectService_GetReplicaList_FullMethodName      = "/crescent.master.v1.ObjectService/GetReplicaList"
 	ObjectService_BatchGetReplicaList_FullMethodName = "/crescent.master.v1.ObjectService/BatchGetReplicaList"
+	ObjectService_CallStream_FullMethodName          = "/crescent.master.v1.ObjectService/CallStream"
 	ObjectService_Exist_FullMethodName               = "/crescent.master.v1.ObjectService/Exist"
 	ObjectService_BatchExist_FullMethodName          = "/crescent.master.v1.ObjectService/BatchExist"
 	ObjectService_GetSize_FullMethodName             = "/crescent.master.v1.ObjectService/GetSize"
@@ -81,6 +82,17 @@ type ObjectServiceClient interface {
 	GetReplicaList(ctx context.Context, in *GetReplicaListRequest, opts ...grpc.CallOption) (*GetReplicaListResponse, error)
 	// BatchGetReplicaList is GetReplicaList for many objects.
 	BatchGetReplicaList(ctx context.Context, in *BatchGetReplicaListRequest, opts ...grpc.CallOption) (*BatchGetReplicaListResponse, error)
+	// CallStream carries calls that are otherwise unary (today
+	// BatchGetReplicaList) over one long-lived stream, by request id, so that
+	// a client with many calls in flight pays no unary call's setup per call.
+	// Each message is answered as the unary call it carries would be: the
+	// same authorization (its tenant), limits, interceptors and errors, its
+	// status in the answer; the stream itself fails only when it breaks.
+	// Answers come in the order calls finish, not the order they were sent.
+	// At most 16 calls of a stream are answered at once; further messages
+	// wait unread. Used by the Go SDK's coalesced lookups, which fall back to
+	// the unary call when the stream fails or the master does not have it.
+	CallStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[CallStreamRequest, CallStreamResponse], error)
 	// Exist reports whether an object is readable, and grants the read lease when it is.
 	Exist(ctx context.Context, in *ExistRequest, opts ...grpc.CallOption) (*ExistResponse, error)
 	// BatchExist is Exist for many objects.
@@ -235,6 +247,19 @@ func (c *objectServiceClient) BatchGetReplicaList(ctx context.Context, in *Batch
 	}
 	return out, nil
 }
+
+func (c *objectServiceClient) CallStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[CallStreamRequest, CallStreamResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &ObjectService_ServiceDesc.Streams[0], ObjectService_CallStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[CallStreamRequest, CallStreamResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ObjectService_CallStreamClient = grpc.BidiStreamingClient[CallStreamRequest, CallStreamResponse]
 
 func (c *objectServiceClient) Exist(ctx context.Context, in *ExistRequest, opts ...grpc.CallOption) (*ExistResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -405,6 +430,17 @@ type ObjectServiceServer interface {
 	GetReplicaList(context.Context, *GetReplicaListRequest) (*GetReplicaListResponse, error)
 	// BatchGetReplicaList is GetReplicaList for many objects.
 	BatchGetReplicaList(context.Context, *BatchGetReplicaListRequest) (*BatchGetReplicaListResponse, error)
+	// CallStream carries calls that are otherwise unary (today
+	// BatchGetReplicaList) over one long-lived stream, by request id, so that
+	// a client with many calls in flight pays no unary call's setup per call.
+	// Each message is answered as the unary call it carries would be: the
+	// same authorization (its tenant), limits, interceptors and errors, its
+	// status in the answer; the stream itself fails only when it breaks.
+	// Answers come in the order calls finish, not the order they were sent.
+	// At most 16 calls of a stream are answered at once; further messages
+	// wait unread. Used by the Go SDK's coalesced lookups, which fall back to
+	// the unary call when the stream fails or the master does not have it.
+	CallStream(grpc.BidiStreamingServer[CallStreamRequest, CallStreamResponse]) error
 	// Exist reports whether an object is readable, and grants the read lease when it is.
 	Exist(context.Context, *ExistRequest) (*ExistResponse, error)
 	// BatchExist is Exist for many objects.
@@ -503,6 +539,9 @@ func (UnimplementedObjectServiceServer) GetReplicaList(context.Context, *GetRepl
 }
 func (UnimplementedObjectServiceServer) BatchGetReplicaList(context.Context, *BatchGetReplicaListRequest) (*BatchGetReplicaListResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method BatchGetReplicaList not implemented")
+}
+func (UnimplementedObjectServiceServer) CallStream(grpc.BidiStreamingServer[CallStreamRequest, CallStreamResponse]) error {
+	return status.Error(codes.Unimplemented, "method CallStream not implemented")
 }
 func (UnimplementedObjectServiceServer) Exist(context.Context, *ExistRequest) (*ExistResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Exist not implemented")
@@ -707,6 +746,13 @@ func _ObjectService_BatchGetReplicaList_Handler(srv interface{}, ctx context.Con
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _ObjectService_CallStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(ObjectServiceServer).CallStream(&grpc.GenericServerStream[CallStreamRequest, CallStreamResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ObjectService_CallStreamServer = grpc.BidiStreamingServer[CallStreamRequest, CallStreamResponse]
 
 func _ObjectService_Exist_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ExistRequest)
@@ -1034,6 +1080,13 @@ var ObjectService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _ObjectService_Prefetch_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "CallStream",
+			Handler:       _ObjectService_CallStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "crescent/master/v1/object.proto",
 }

@@ -62,6 +62,11 @@ class ObjectServiceStub(object):
                 request_serializer=crescent_dot_master_dot_v1_dot_object__pb2.BatchGetReplicaListRequest.SerializeToString,
                 response_deserializer=crescent_dot_master_dot_v1_dot_object__pb2.BatchGetReplicaListResponse.FromString,
                 )
+        self.CallStream = channel.stream_stream(
+                '/crescent.master.v1.ObjectService/CallStream',
+                request_serializer=crescent_dot_master_dot_v1_dot_object__pb2.CallStreamRequest.SerializeToString,
+                response_deserializer=crescent_dot_master_dot_v1_dot_object__pb2.CallStreamResponse.FromString,
+                )
         self.Exist = channel.unary_unary(
                 '/crescent.master.v1.ObjectService/Exist',
                 request_serializer=crescent_dot_master_dot_v1_dot_object__pb2.ExistRequest.SerializeToString,
@@ -201,6 +206,22 @@ class ObjectServiceServicer(object):
 
     def BatchGetReplicaList(self, request, context):
         """BatchGetReplicaList is GetReplicaList for many objects.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CallStream(self, request_iterator, context):
+        """CallStream carries calls that are otherwise unary (today
+        BatchGetReplicaList) over one long-lived stream, by request id, so that
+        a client with many calls in flight pays no unary call's setup per call.
+        Each message is answered as the unary call it carries would be: the
+        same authorization (its tenant), limits, interceptors and errors, its
+        status in the answer; the stream itself fails only when it breaks.
+        Answers come in the order calls finish, not the order they were sent.
+        At most 16 calls of a stream are answered at once; further messages
+        wait unread. Used by the Go SDK's coalesced lookups, which fall back to
+        the unary call when the stream fails or the master does not have it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -378,6 +399,11 @@ def add_ObjectServiceServicer_to_server(servicer, server):
                     servicer.BatchGetReplicaList,
                     request_deserializer=crescent_dot_master_dot_v1_dot_object__pb2.BatchGetReplicaListRequest.FromString,
                     response_serializer=crescent_dot_master_dot_v1_dot_object__pb2.BatchGetReplicaListResponse.SerializeToString,
+            ),
+            'CallStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.CallStream,
+                    request_deserializer=crescent_dot_master_dot_v1_dot_object__pb2.CallStreamRequest.FromString,
+                    response_serializer=crescent_dot_master_dot_v1_dot_object__pb2.CallStreamResponse.SerializeToString,
             ),
             'Exist': grpc.unary_unary_rpc_method_handler(
                     servicer.Exist,
@@ -595,6 +621,23 @@ class ObjectService(object):
         return grpc.experimental.unary_unary(request, target, '/crescent.master.v1.ObjectService/BatchGetReplicaList',
             crescent_dot_master_dot_v1_dot_object__pb2.BatchGetReplicaListRequest.SerializeToString,
             crescent_dot_master_dot_v1_dot_object__pb2.BatchGetReplicaListResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CallStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(request_iterator, target, '/crescent.master.v1.ObjectService/CallStream',
+            crescent_dot_master_dot_v1_dot_object__pb2.CallStreamRequest.SerializeToString,
+            crescent_dot_master_dot_v1_dot_object__pb2.CallStreamResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

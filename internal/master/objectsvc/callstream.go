@@ -1,0 +1,187 @@
+package objectsvc
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Limits of one CallStream.
+const (
+	// MaxStreamCalls is how many calls of one stream are answered at once;
+	// the stream's further messages wait unread (HTTP/2 flow control then
+	// holds the client back). The SDK keeps two or three in flight.
+	MaxStreamCalls = 16
+	// MaxCallTimeout caps a carried call's deadline (CallStreamRequest's
+	// timeout_ms; 0 is the cap). A unary call's deadline is the client's;
+	// a carried call's bounds what one message can hold on the master.
+	MaxCallTimeout = 10 * time.Second
+)
+
+// batchGetReplicaListInfo is what the interceptors see of a carried
+// BatchGetReplicaList: the unary method's name, so that its metrics, logs,
+// authorization rule, gates and test hooks are the unary call's.
+var batchGetReplicaListInfo = &grpc.UnaryServerInfo{FullMethod: masterv1.ObjectService_BatchGetReplicaList_FullMethodName}
+
+// CallStream implements ObjectService.CallStream: each message carries a
+// call that is otherwise unary, answered by request id as that call would
+// be. Why a stream: a message on an open stream costs 40-46 % less CPU
+// than a unary call and comes back 37-44 % sooner (BenchmarkRPCShape,
+// BENCHMARKS.md), and the SDK's coalesced lookups are bound by that round
+// trip (issue 18).
+//
+// Each call runs through Config.Unary, the server's chain of unary
+// interceptors, under its unary method's name: the stream adds no way
+// around a rule, a gate or a limit. The stream's own authorization rule
+// admits the roles that may make the calls it carries; each call is then
+// authorized, its tenant included, as the unary call is.
+//
+// Up to MaxStreamCalls calls run at once, on workers that live as long as
+// the stream (started as calls need them: a goroutine each would grow its
+// stack anew per call); one goroutine receives and one sends. When the
+// client closes its side, the calls running are answered and the stream
+// ends OK. When the service closes (the master stops), the stream ends at
+// once with UNAVAILABLE / MASTER_SHUTTING_DOWN; the SDK makes the calls it
+// had in flight again, as unary calls, which find the next leader.
+func (s *Service) CallStream(st masterv1.ObjectService_CallStreamServer) error {
+	if s.stopping.Err() != nil {
+		return errShuttingDown()
+	}
+	ctx, cancel := context.WithCancel(st.Context())
+	defer cancel()
+	defer context.AfterFunc(s.stopping, cancel)()
+
+	// The sender: the only goroutine that calls Send. It stops when out
+	// is closed (every answer sent) or ctx ends (the stream is over).
+	out := make(chan *masterv1.CallStreamResponse, MaxStreamCalls)
+	sent := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case m, ok := <-out:
+				if !ok {
+					sent <- nil
+					return
+				}
+				if err := st.Send(m); err != nil {
+					cancel()
+					sent <- err
+					return
+				}
+			case <-ctx.Done():
+				sent <- ctx.Err()
+				return
+			}
+		}
+	}()
+
+	// The receiver: the only goroutine that calls Recv, starts workers
+	// and writes to work; it closes work when it stops.
+	work := make(chan *masterv1.CallStreamRequest)
+	var wg sync.WaitGroup
+	worker := func() {
+		for {
+			select {
+			case r, ok := <-work:
+				if !ok {
+					return
+				}
+				m := s.answer(ctx, r)
+				select {
+				case out <- m:
+				case <-ctx.Done():
+					return
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
+	received := make(chan error, 1)
+	go func() {
+		defer close(work)
+		workers := 0
+		for {
+			req, err := st.Recv()
+			if err != nil {
+				received <- err
+				return
+			}
+			select {
+			case work <- req: // an idle worker took it
+				continue
+			default:
+			}
+			if workers < MaxStreamCalls {
+				workers++
+				wg.Go(worker)
+			}
+			select {
+			case work <- req:
+			case <-ctx.Done():
+				received <- ctx.Err()
+				return
+			}
+		}
+	}()
+
+	var err error
+	select {
+	case err = <-received:
+	case <-ctx.Done():
+	}
+	if errors.Is(err, io.EOF) {
+		// The client closed its side: answer what runs, then end. The
+		// receiver has stopped, so no worker starts after Wait begins.
+		wg.Wait()
+		close(out)
+		return <-sent
+	}
+	// Broken, cancelled or stopping: the workers and the receiver stop
+	// on ctx (the receiver once the stream ends, when this returns).
+	cancel()
+	sendErr := <-sent
+	if s.stopping.Err() != nil {
+		return errShuttingDown()
+	}
+	if err == nil {
+		err = sendErr
+	}
+	return err
+}
+
+// answer runs one carried call through the unary chain.
+func (s *Service) answer(ctx context.Context, r *masterv1.CallStreamRequest) *masterv1.CallStreamResponse {
+	timeout := time.Duration(r.GetTimeoutMs()) * time.Millisecond
+	if timeout <= 0 || timeout > MaxCallTimeout {
+		timeout = MaxCallTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	m := &masterv1.CallStreamResponse{RequestId: r.GetRequestId()}
+	var err error
+	switch c := r.GetCall().(type) {
+	case *masterv1.CallStreamRequest_BatchGetReplicaList:
+		var resp any
+		resp, err = s.unary(ctx, c.BatchGetReplicaList, batchGetReplicaListInfo, func(ctx context.Context, req any) (any, error) {
+			return s.BatchGetReplicaList(ctx, req.(*masterv1.BatchGetReplicaListRequest))
+		})
+		if err == nil {
+			m.Answer = &masterv1.CallStreamResponse_BatchGetReplicaList{BatchGetReplicaList: resp.(*masterv1.BatchGetReplicaListResponse)}
+		}
+	default:
+		err = status.Error(codes.Unimplemented, "call stream: the master does not know this call (an older master): make it as a unary call")
+	}
+	if err != nil {
+		sp := status.Convert(err).Proto()
+		m.Code, m.Message, m.Details = sp.GetCode(), sp.GetMessage(), sp.GetDetails()
+	}
+	return m
+}
