@@ -147,10 +147,14 @@ func benchClusterTLS(b *testing.B, workers, batch, size int, put bool) {
 // as "sdk-shm", through the agents' shared memory (agent --shm-socket,
 // Config.SharedMemorySockets) instead of the bulk TCP path: an extra
 // configuration, never the "sdk" number; "sdk-shm-granted" is sdk-shm
-// asking the agent for every read (DisableMappedReads), its A/B. The
-// agents serve sockets only when -single-clients selects one of them.
+// asking the agent for every read (DisableMappedReads), its A/B;
+// "sdk-unary" and "sdk-shm-unary" send the coalesced lookups as unary
+// calls instead of on the master's CallStream (DisableCallStream), the
+// stream's A/B in the same rounds. The agents serve sockets only when
+// -single-clients selects one of the shm configurations.
 func init() {
 	singleClients["sdk-uncoalesced"] = func(c *client.Config) { c.DisableCoalescing = true }
+	singleClients["sdk-unary"] = func(c *client.Config) { c.DisableCallStream = true }
 	var dir string
 	var sockets []string
 	singleAgent = func(b *testing.B, i int, c *agentapp.Config) {
@@ -167,6 +171,7 @@ func init() {
 	}
 	singleClients["sdk-shm"] = func(c *client.Config) { c.SharedMemorySockets = sockets }
 	singleClients["sdk-shm-granted"] = func(c *client.Config) { c.SharedMemorySockets, c.DisableMappedReads = sockets, true }
+	singleClients["sdk-shm-unary"] = func(c *client.Config) { c.SharedMemorySockets, c.DisableCallStream = sockets, true }
 	singleCoalesced = func(c *client.Client, op string) (batches, items int) {
 		n := c.Coalesced()[op]
 		return n[0], n[1]

@@ -174,6 +174,12 @@ type Config struct {
 	// while Config.CoalesceInFlight of them are in flight (a lone call
 	// still goes out at once: coalesce.go).
 	DisableCoalescing bool
+	// DisableCallStream sends the coalesced lookups (Get's replica lists)
+	// as unary BatchGetReplicaList calls. By default they go on one
+	// long-lived ObjectService.CallStream per master, which costs less per
+	// call; a lookup falls back to the unary call by itself when the
+	// stream fails or the master does not have it (callstream.go).
+	DisableCallStream bool
 	// CoalesceInFlight is how many RPCs of one kind of single call may be
 	// in flight. A Get, Exist or replica-list lookup goes out on its own
 	// only when none of its kind is in flight, a PutStart or PutEnd while

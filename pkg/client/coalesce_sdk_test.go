@@ -29,6 +29,9 @@ type rpcCounter struct {
 	held   bool
 	gate   chan struct{}
 	holdUp chan struct{} // closed when the held call is held
+	// carried counts the calls among calls that went on the master's
+	// CallStream rather than as unary calls.
+	carried int
 }
 
 func newRPCCounter() *rpcCounter {
@@ -36,7 +39,42 @@ func newRPCCounter() *rpcCounter {
 }
 
 func (r *rpcCounter) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	m := method[strings.LastIndex(method, "/")+1:]
+	r.record(method[strings.LastIndex(method, "/")+1:], req)
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// interceptStream counts (and holds) the calls the client carries on the
+// master's CallStream as the unary calls they stand for.
+func (r *rpcCounter) interceptStream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	cs, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil || method != masterv1.ObjectService_CallStream_FullMethodName {
+		return cs, err
+	}
+	return &countedStream{ClientStream: cs, r: r}, nil
+}
+
+type countedStream struct {
+	grpc.ClientStream
+	r *rpcCounter
+}
+
+func (s *countedStream) SendMsg(m any) error {
+	if q, ok := m.(*masterv1.CallStreamRequest); ok && q.GetBatchGetReplicaList() != nil {
+		s.r.mu.Lock()
+		s.r.carried++
+		s.r.mu.Unlock()
+		s.r.record("BatchGetReplicaList", q.GetBatchGetReplicaList())
+	}
+	return s.ClientStream.SendMsg(m)
+}
+
+// dialOptions are the interceptors that count a client's calls.
+func (r *rpcCounter) dialOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithChainUnaryInterceptor(r.intercept), grpc.WithChainStreamInterceptor(r.interceptStream)}
+}
+
+// record counts a call of method m (its name alone) and holds it if asked.
+func (r *rpcCounter) record(m string, req any) {
 	r.mu.Lock()
 	r.calls[m]++
 	var n int
@@ -62,7 +100,6 @@ func (r *rpcCounter) intercept(ctx context.Context, method string, req, reply an
 	if gate != nil {
 		<-gate
 	}
-	return invoker(ctx, method, req, reply, cc, opts...)
 }
 
 // hold makes the next call of method wait; it returns when that call is
@@ -101,11 +138,12 @@ func (r *rpcCounter) reset() {
 	r.mu.Lock()
 	clear(r.calls)
 	clear(r.items)
+	r.carried = 0
 	r.mu.Unlock()
 }
 
 func coalescingClient(t *testing.T, h *harness, r *rpcCounter, mod func(*client.Config)) *client.Client {
-	cfg := client.Config{CoalesceInFlight: 1, DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(r.intercept)}}
+	cfg := client.Config{CoalesceInFlight: 1, DialOptions: r.dialOptions()}
 	if mod != nil {
 		mod(&cfg)
 	}

@@ -1,6 +1,10 @@
 package client
 
-import "context"
+import (
+	"context"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+)
 
 // ReplicaList is the replica-list lookup a Get makes (GetReplicaList,
 // through the coalescer), for the benchmarks of package client_test.
@@ -84,4 +88,23 @@ func ReadPath(c *Client, ctx context.Context, key string, buf []byte) (func() er
 		return nil, err
 	}
 	return func() error { return c.readAny(ctx, rl, rl.GetReplicas(), buf[:rl.GetSize()]) }, nil
+}
+
+// Lookup is the coalesced Gets' BatchGetReplicaList of keys, on the
+// master's call stream or as a unary call as the client decides
+// (callstream.go): the per-item outcomes, or the call's error.
+func (c *Client) Lookup(ctx context.Context, keys ...string) ([]error, error) {
+	req := &masterv1.BatchGetReplicaListRequest{}
+	for _, k := range keys {
+		req.Items = append(req.Items, &masterv1.GetReplicaListRequest{Tenant: c.tenant, Key: k, ClientHost: c.s.cfg.HostID})
+	}
+	reply := &lookupReply{}
+	if err := c.s.masters.lookup(ctx, req, reply); err != nil {
+		return nil, err
+	}
+	errs := make([]error, len(reply.Results))
+	for i, r := range reply.Results {
+		errs[i] = itemError(r.GetStatus())
+	}
+	return errs, nil
 }

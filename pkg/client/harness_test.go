@@ -75,7 +75,7 @@ func (h *harness) client(t *testing.T, cfg client.Config) *client.Client {
 	if cfg.Backoff == 0 {
 		cfg.Backoff = time.Millisecond
 	}
-	cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(h.r.intercept))
+	cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(h.r.intercept), grpc.WithChainStreamInterceptor(h.r.interceptStream))
 	c, err := client.New(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -250,6 +250,37 @@ func (r *routes) intercept(ctx context.Context, method string, req, reply any, c
 	if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
 		return err
 	}
+	r.rewrite(reply)
+	return nil
+}
+
+// interceptStream rewrites the lookups answered on the master's
+// CallStream as intercept rewrites the unary calls'.
+func (r *routes) interceptStream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	cs, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil || method != masterv1.ObjectService_CallStream_FullMethodName {
+		return cs, err
+	}
+	return &routedStream{ClientStream: cs, r: r}, nil
+}
+
+type routedStream struct {
+	grpc.ClientStream
+	r *routes
+}
+
+func (s *routedStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if a, ok := m.(interface {
+		GetBatchGetReplicaList() *masterv1.BatchGetReplicaListResponse
+	}); ok && err == nil && a.GetBatchGetReplicaList() != nil {
+		s.r.rewrite(a.GetBatchGetReplicaList())
+	}
+	return err
+}
+
+// rewrite applies the routes to the replicas of a master's answer.
+func (r *routes) rewrite(reply any) {
 	var reps []*masterv1.ReplicaDescriptor
 	switch m := reply.(type) {
 	case *masterv1.PutStartResponse:
@@ -260,7 +291,11 @@ func (r *routes) intercept(ctx context.Context, method string, req, reply any, c
 		}
 	case *masterv1.GetReplicaListResponse:
 		reps = m.GetReplicas()
-	case *masterv1.BatchGetReplicaListResponse:
+	case interface {
+		// A BatchGetReplicaListResponse, or the SDK's type that embeds
+		// one to decode it (lookupReply).
+		GetResults() []*masterv1.GetReplicaListResult
+	}:
 		for _, res := range m.GetResults() {
 			reps = append(reps, res.GetReplicaList().GetReplicas()...)
 		}
@@ -287,7 +322,6 @@ func (r *routes) intercept(ctx context.Context, method string, req, reply any, c
 			}
 		}
 	}
-	return nil
 }
 
 // xferCounts counts bulk transfer requests by operation.

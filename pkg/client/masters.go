@@ -41,11 +41,14 @@ type masters struct {
 	failover time.Duration // Config.FailoverTimeout
 	dial     func(addr string) (*grpc.ClientConn, error)
 
-	mu     sync.Mutex // guards conns, hints, leader, closed
-	conns  map[string]*grpc.ClientConn
-	hints  []string // addresses followed from NOT_LEADER that are not configured
-	leader string   // the address the next call goes to
-	closed bool
+	noStream bool // Config.DisableCallStream (callstream.go)
+
+	mu      sync.Mutex // guards conns, streams, hints, leader, closed
+	conns   map[string]*grpc.ClientConn
+	streams map[string]*callStream // by address (callstream.go)
+	hints   []string               // addresses followed from NOT_LEADER that are not configured
+	leader  string                 // the address the next call goes to
+	closed  bool
 }
 
 // maxHints bounds the unconfigured leader addresses a client dials.
@@ -74,7 +77,8 @@ func splitMasters(s string) []string {
 func newMasters(cfg *Config, addrs []string, dial func(string) (*grpc.ClientConn, error)) *masters {
 	return &masters{
 		addrs: addrs, attempts: cfg.Attempts, backoff: cfg.Backoff, failover: cfg.FailoverTimeout, dial: dial,
-		conns: map[string]*grpc.ClientConn{}, leader: addrs[0],
+		noStream: cfg.DisableCallStream,
+		conns:    map[string]*grpc.ClientConn{}, streams: map[string]*callStream{}, leader: addrs[0],
 	}
 }
 
@@ -139,7 +143,7 @@ func (m *masters) next(addr string) {
 	m.leader = m.addrs[(slices.Index(m.addrs, addr)+1)%len(m.addrs)]
 }
 
-// Close closes every connection. Idempotent.
+// Close closes every call stream and connection. Idempotent.
 func (m *masters) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -147,6 +151,9 @@ func (m *masters) Close() error {
 		return nil
 	}
 	m.closed = true
+	for _, cs := range m.streams {
+		cs.close() // takes only cs.mu, as its goroutines do
+	}
 	var errs []error
 	for _, cc := range m.conns {
 		errs = append(errs, cc.Close())

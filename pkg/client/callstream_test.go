@@ -1,0 +1,206 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/crescent-kv/crescent/internal/testcluster"
+	"github.com/crescent-kv/crescent/internal/testutil"
+	"github.com/crescent-kv/crescent/pkg/client"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// getMany runs Gets of keys from 16 goroutines, twice over, and checks
+// every answer against data.
+func getMany(t *testing.T, c *client.Client, data map[string][]byte) {
+	t.Helper()
+	var wg sync.WaitGroup
+	keys := make([]string, 0, len(data))
+	for k := range data {
+		keys = append(keys, k)
+	}
+	for g := range 16 {
+		wg.Go(func() {
+			for i := range 2 * len(keys) {
+				k := keys[(g+i)%len(keys)]
+				got, err := c.Get(t.Context(), k)
+				if err != nil || string(got) != string(data[k]) {
+					t.Errorf("Get %s: %d bytes, %v", k, len(got), err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func putKeys(t *testing.T, c *client.Client, n int) map[string][]byte {
+	t.Helper()
+	data := map[string][]byte{}
+	for i := range n {
+		k := fmt.Sprintf("%s/cs-%d", t.Name(), i)
+		data[k] = []byte(k + "-value")
+		if err := c.Put(t.Context(), k, data[k]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return data
+}
+
+// TestCallStreamCarriesLookups: concurrent Gets' lookups go on the
+// master's CallStream, not as unary calls, and the master runs each
+// through BatchGetReplicaList's interceptors (the cluster's hook counts
+// them by that name). With DisableCallStream they are unary calls.
+func TestCallStreamCarriesLookups(t *testing.T) {
+	h := start(t, testcluster.Options{})
+	for _, off := range []bool{false, true} {
+		t.Run(fmt.Sprint("DisableCallStream=", off), func(t *testing.T) {
+			r := newRPCCounter()
+			c := coalescingClient(t, h, r, func(cfg *client.Config) { cfg.DisableCallStream = off })
+			data := putKeys(t, c, 16)
+			before := h.Calls("BatchGetReplicaList")
+			r.reset()
+			getMany(t, c, data)
+			calls, _ := r.snapshot()
+			r.mu.Lock()
+			carried := r.carried
+			r.mu.Unlock()
+			batches := calls["BatchGetReplicaList"]
+			if batches == 0 {
+				t.Fatal("no batched lookups: the test made no concurrent Gets")
+			}
+			if want := map[bool]int{false: batches, true: 0}[off]; carried != want {
+				t.Errorf("%d of %d lookups on the stream, want %d", carried, batches, want)
+			}
+			if got := h.Calls("BatchGetReplicaList") - before; got != batches {
+				t.Errorf("the master's interceptors saw %d lookups, the client sent %d", got, batches)
+			}
+		})
+	}
+}
+
+// TestCallStreamFallsBack: a master that does not have CallStream (an
+// older one: the cluster's hook answers UNIMPLEMENTED, as grpc-go does
+// for an unknown method) is asked once; the lookups go as unary calls
+// and every Get is answered.
+func TestCallStreamFallsBack(t *testing.T) {
+	h := start(t, testcluster.Options{})
+	h.SetMasterHook(func(m string) error {
+		if m == "CallStream" {
+			return status.Error(codes.Unimplemented, "unknown method CallStream for service crescent.master.v1.ObjectService")
+		}
+		return nil
+	})
+	r := newRPCCounter()
+	c := coalescingClient(t, h, r, nil)
+	data := putKeys(t, c, 16)
+	for range 3 {
+		getMany(t, c, data)
+	}
+	calls, _ := r.snapshot()
+	r.mu.Lock()
+	carried := r.carried
+	r.mu.Unlock()
+	// The first was sent on the stream before the master's refusal
+	// came back, and went again as a unary call.
+	if calls["BatchGetReplicaList"] <= 1 || carried > 1 {
+		t.Fatalf("%d lookups, %d of them sent on a stream; want unary calls after the first", calls["BatchGetReplicaList"], carried)
+	}
+	if n := h.Calls("CallStream"); n != 1 {
+		t.Fatalf("the stream was opened %d times; a master without it is not asked again for a while", n)
+	}
+}
+
+// TestCallStreamAcrossMasterRestart: the stream breaks when the master
+// restarts; the lookups in flight and the next ones go as unary calls
+// (which follow the master back), and a new stream carries them once the
+// backoff has passed.
+func TestCallStreamAcrossMasterRestart(t *testing.T) {
+	h := start(t, testcluster.Options{})
+	r := newRPCCounter()
+	c := coalescingClient(t, h, r, nil)
+	data := putKeys(t, c, 16)
+	getMany(t, c, data)
+	key := t.Name() + "/cs-1"
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		// Gets while the master restarts: each either answers right or
+		// fails as a unary call would while no master answers.
+		for ctx.Err() == nil {
+			if got, err := c.Get(ctx, key); err == nil && string(got) != string(data[key]) {
+				t.Errorf("Get across the restart: %q", got)
+			}
+		}
+	})
+	h.RestartMaster()
+	h.WaitSegments(h.Agents())
+	cancel()
+	wg.Wait()
+	testutil.EventuallyNoError(t, 20*time.Second, func() error {
+		r.reset()
+		getMany(t, c, data)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.carried == 0 {
+			return errors.New("no lookup on a stream yet")
+		}
+		return nil
+	})
+}
+
+// TestCallStreamDeadline: a carried lookup honours its caller's deadline
+// (the caller is answered DEADLINE_EXCEEDED when it passes, whatever the
+// master does), and the stream goes on serving the next calls.
+func TestCallStreamDeadline(t *testing.T) {
+	h := start(t, testcluster.Options{})
+	r := newRPCCounter()
+	c := coalescingClient(t, h, r, nil)
+	putKeys(t, c, 1)
+	key := t.Name() + "/cs-0"
+	// The first lookup goes unary (the connection is not up yet); make
+	// sure the next ones find the stream.
+	testutil.EventuallyNoError(t, 10*time.Second, func() error {
+		r.reset()
+		if _, err := c.Lookup(t.Context(), key); err != nil {
+			return err
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.carried == 0 {
+			return errors.New("not on the stream yet")
+		}
+		return nil
+	})
+	gate := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(gate) }) }
+	defer release()
+	h.SetMasterHook(func(m string) error {
+		if m == "BatchGetReplicaList" {
+			<-gate
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := c.Lookup(ctx, key); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("a held lookup past its deadline: %v", err)
+	}
+	release()
+	h.SetMasterHook(nil)
+	errs, err := c.Lookup(t.Context(), key, "nope")
+	if err != nil || errs[0] != nil || !errors.Is(errs[1], client.ErrNotFound) {
+		t.Fatalf("after the deadline: %v, %v", errs, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.carried < 3 {
+		t.Fatalf("%d lookups carried; the stream should have served the last two", r.carried)
+	}
+}
