@@ -73,6 +73,11 @@ func TestCallStreamAuthorization(t *testing.T) {
 		if err := call(t, st, carriedLookup(3, "a")); err != nil {
 			t.Errorf("%s: after a refused call the stream serves: %v", who.name, err)
 		}
+		putB := &masterv1.CallStreamRequest{RequestId: 4, Call: &masterv1.CallStreamRequest_PutStart{
+			PutStart: &masterv1.PutStartRequest{Tenant: "b", Key: "k", Size: 1, ClientId: "c"}}}
+		if err := call(t, st, putB); status.Code(err) != codes.PermissionDenied {
+			t.Errorf("%s: tenant a's PutStart into b: %v, want PERMISSION_DENIED", who.name, err)
+		}
 		_ = st.CloseSend()
 	}
 	admin := conn(t, dir, addr, auth.RoleAdmin, "admin")

@@ -25,10 +25,15 @@ const (
 	MaxCallTimeout = 10 * time.Second
 )
 
-// batchGetReplicaListInfo is what the interceptors see of a carried
-// BatchGetReplicaList: the unary method's name, so that its metrics, logs,
-// authorization rule, gates and test hooks are the unary call's.
-var batchGetReplicaListInfo = &grpc.UnaryServerInfo{FullMethod: masterv1.ObjectService_BatchGetReplicaList_FullMethodName}
+// The interceptors see a carried call as its unary method: its metrics,
+// logs, authorization rule, gates and test hooks are the unary call's.
+var (
+	batchGetReplicaListInfo = &grpc.UnaryServerInfo{FullMethod: masterv1.ObjectService_BatchGetReplicaList_FullMethodName}
+	putStartInfo            = &grpc.UnaryServerInfo{FullMethod: masterv1.ObjectService_PutStart_FullMethodName}
+	putEndInfo              = &grpc.UnaryServerInfo{FullMethod: masterv1.ObjectService_PutEnd_FullMethodName}
+	batchPutStartInfo       = &grpc.UnaryServerInfo{FullMethod: masterv1.ObjectService_BatchPutStart_FullMethodName}
+	batchPutEndInfo         = &grpc.UnaryServerInfo{FullMethod: masterv1.ObjectService_BatchPutEnd_FullMethodName}
+)
 
 // CallStream implements ObjectService.CallStream: each message carries a
 // call that is otherwise unary, answered by request id as that call would
@@ -169,12 +174,29 @@ func (s *Service) answer(ctx context.Context, r *masterv1.CallStreamRequest) *ma
 	var err error
 	switch c := r.GetCall().(type) {
 	case *masterv1.CallStreamRequest_BatchGetReplicaList:
-		var resp any
-		resp, err = s.unary(ctx, c.BatchGetReplicaList, batchGetReplicaListInfo, func(ctx context.Context, req any) (any, error) {
-			return s.BatchGetReplicaList(ctx, req.(*masterv1.BatchGetReplicaListRequest))
-		})
-		if err == nil {
-			m.Answer = &masterv1.CallStreamResponse_BatchGetReplicaList{BatchGetReplicaList: resp.(*masterv1.BatchGetReplicaListResponse)}
+		var a *masterv1.BatchGetReplicaListResponse
+		if a, err = carry(ctx, s, batchGetReplicaListInfo, c.BatchGetReplicaList, s.BatchGetReplicaList); err == nil {
+			m.Answer = &masterv1.CallStreamResponse_BatchGetReplicaList{BatchGetReplicaList: a}
+		}
+	case *masterv1.CallStreamRequest_PutStart:
+		var a *masterv1.PutStartResponse
+		if a, err = carry(ctx, s, putStartInfo, c.PutStart, s.PutStart); err == nil {
+			m.Answer = &masterv1.CallStreamResponse_PutStart{PutStart: a}
+		}
+	case *masterv1.CallStreamRequest_PutEnd:
+		var a *masterv1.PutEndResponse
+		if a, err = carry(ctx, s, putEndInfo, c.PutEnd, s.PutEnd); err == nil {
+			m.Answer = &masterv1.CallStreamResponse_PutEnd{PutEnd: a}
+		}
+	case *masterv1.CallStreamRequest_BatchPutStart:
+		var a *masterv1.BatchPutStartResponse
+		if a, err = carry(ctx, s, batchPutStartInfo, c.BatchPutStart, s.BatchPutStart); err == nil {
+			m.Answer = &masterv1.CallStreamResponse_BatchPutStart{BatchPutStart: a}
+		}
+	case *masterv1.CallStreamRequest_BatchPutEnd:
+		var a *masterv1.BatchPutEndResponse
+		if a, err = carry(ctx, s, batchPutEndInfo, c.BatchPutEnd, s.BatchPutEnd); err == nil {
+			m.Answer = &masterv1.CallStreamResponse_BatchPutEnd{BatchPutEnd: a}
 		}
 	default:
 		err = status.Error(codes.Unimplemented, "call stream: the master does not know this call (an older master): make it as a unary call")
@@ -184,4 +206,16 @@ func (s *Service) answer(ctx context.Context, r *masterv1.CallStreamRequest) *ma
 		m.Code, m.Message, m.Details = sp.GetCode(), sp.GetMessage(), sp.GetDetails()
 	}
 	return m
+}
+
+// carry runs handler on req through the unary chain, as info's method.
+func carry[Q, R any](ctx context.Context, s *Service, info *grpc.UnaryServerInfo, req Q, handler func(context.Context, Q) (R, error)) (R, error) {
+	resp, err := s.unary(ctx, req, info, func(ctx context.Context, req any) (any, error) {
+		return handler(ctx, req.(Q))
+	})
+	if err != nil {
+		var zero R
+		return zero, err
+	}
+	return resp.(R), nil
 }

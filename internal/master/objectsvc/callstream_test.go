@@ -291,3 +291,51 @@ func TestCallStreamClientGone(t *testing.T) {
 	}
 	close(gate)
 }
+
+// TestCallStreamCarriesPuts: PutStart, PutEnd and their batch forms on the
+// stream make objects readable as the unary calls do, and refuse as they
+// refuse (a PutEnd by another client).
+func TestCallStreamCarriesPuts(t *testing.T) {
+	h := start(t, 2, 1, 1<<20)
+	ctx := t.Context()
+	st, err := h.cli.CallStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(m *masterv1.CallStreamRequest) *masterv1.CallStreamResponse {
+		t.Helper()
+		if err := st.Send(m); err != nil {
+			t.Fatal(err)
+		}
+		return recvAll(t, st, 1)[m.GetRequestId()]
+	}
+	start := send(&masterv1.CallStreamRequest{RequestId: 1, Call: &masterv1.CallStreamRequest_PutStart{
+		PutStart: &masterv1.PutStartRequest{Tenant: "t", Key: "one", Size: 100, ClientId: "w"}}})
+	if err := callErr(start); err != nil || len(start.GetPutStart().GetReplicas()) != 1 {
+		t.Fatalf("PutStart: %v, %v", start.GetPutStart(), err)
+	}
+	if err := callErr(send(&masterv1.CallStreamRequest{RequestId: 2, Call: &masterv1.CallStreamRequest_PutEnd{
+		PutEnd: &masterv1.PutEndRequest{Tenant: "t", Key: "one", ClientId: "intruder", Checksum: 1}}})); err == nil {
+		t.Fatal("PutEnd by a client that did not start the put: no error")
+	}
+	if err := callErr(send(&masterv1.CallStreamRequest{RequestId: 3, Call: &masterv1.CallStreamRequest_PutEnd{
+		PutEnd: &masterv1.PutEndRequest{Tenant: "t", Key: "one", ClientId: "w", Checksum: 1}}})); err != nil {
+		t.Fatalf("PutEnd: %v", err)
+	}
+	bs := send(&masterv1.CallStreamRequest{RequestId: 4, Call: &masterv1.CallStreamRequest_BatchPutStart{BatchPutStart: &masterv1.BatchPutStartRequest{
+		Items: []*masterv1.PutStartRequest{{Tenant: "t", Key: "two", Size: 10, ClientId: "w"}, {Tenant: "t", Key: "one", Size: 10, ClientId: "w"}}}}})
+	if err := callErr(bs); err != nil || len(bs.GetBatchPutStart().GetResults()) != 2 {
+		t.Fatalf("BatchPutStart: %v, %v", bs.GetBatchPutStart(), err)
+	}
+	wantItem(t, bs.GetBatchPutStart().GetResults()[1].GetStatus(), "OBJECT_ALREADY_EXISTS")
+	be := send(&masterv1.CallStreamRequest{RequestId: 5, Call: &masterv1.CallStreamRequest_BatchPutEnd{BatchPutEnd: &masterv1.BatchPutEndRequest{
+		Items: []*masterv1.PutEndRequest{{Tenant: "t", Key: "two", ClientId: "w", Checksum: 2}}}}})
+	if err := callErr(be); err != nil || be.GetBatchPutEnd().GetResults()[0].GetCode() != 0 {
+		t.Fatalf("BatchPutEnd: %v, %v", be.GetBatchPutEnd(), err)
+	}
+	for _, k := range []string{"one", "two"} {
+		if _, err := h.cli.GetReplicaList(ctx, &masterv1.GetReplicaListRequest{Tenant: "t", Key: k}); err != nil {
+			t.Errorf("%s after the carried put: %v", k, err)
+		}
+	}
+}

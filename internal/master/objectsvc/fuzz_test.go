@@ -34,6 +34,12 @@ func FuzzRequests(f *testing.F) {
 		&masterv1.PrefetchRequest{Tenant: "t", Keys: []string{"k"}},
 		&masterv1.CallStreamRequest{RequestId: 3, TimeoutMs: 1, Call: &masterv1.CallStreamRequest_BatchGetReplicaList{
 			BatchGetReplicaList: &masterv1.BatchGetReplicaListRequest{Items: []*masterv1.GetReplicaListRequest{{Key: "k"}, {Key: ""}}}}},
+		&masterv1.CallStreamRequest{RequestId: 4, Call: &masterv1.CallStreamRequest_PutStart{PutStart: &masterv1.PutStartRequest{Key: "n", Size: 10, ClientId: "w"}}},
+		&masterv1.CallStreamRequest{RequestId: 5, Call: &masterv1.CallStreamRequest_PutEnd{PutEnd: &masterv1.PutEndRequest{Key: "k", ClientId: "w", Checksum: 1}}},
+		&masterv1.CallStreamRequest{RequestId: 6, Call: &masterv1.CallStreamRequest_BatchPutStart{BatchPutStart: &masterv1.BatchPutStartRequest{
+			Items: []*masterv1.PutStartRequest{{Key: "a", Size: 1}, {Key: "k", Size: 2, Upsert: true}}}}},
+		&masterv1.CallStreamRequest{RequestId: 7, Call: &masterv1.CallStreamRequest_BatchPutEnd{BatchPutEnd: &masterv1.BatchPutEndRequest{
+			Items: []*masterv1.PutEndRequest{{Key: "k", ClientId: "w"}, {Key: "zz"}}}}},
 	} {
 		b, _ := proto.Marshal(m)
 		for kind := range byte(12) {
@@ -116,8 +122,8 @@ func FuzzRequests(f *testing.F) {
 				if m.GetRequestId() != r.GetRequestId() {
 					t.Fatalf("answered as request %d, asked as %d", m.GetRequestId(), r.GetRequestId())
 				}
-				if (m.GetCode() == 0) != (m.GetBatchGetReplicaList() != nil) {
-					t.Fatalf("code %d with answer %v", m.GetCode(), m.GetBatchGetReplicaList())
+				if (m.GetCode() == 0) != (m.GetAnswer() != nil) {
+					t.Fatalf("code %d with answer %v", m.GetCode(), m.GetAnswer())
 				}
 				// A call the master does not know has no reason to give.
 				if m.GetCode() != int32(codes.Unimplemented) && m.GetCode() != 0 {

@@ -2830,6 +2830,10 @@ type CallStreamRequest struct {
 	// Types that are valid to be assigned to Call:
 	//
 	//	*CallStreamRequest_BatchGetReplicaList
+	//	*CallStreamRequest_PutStart
+	//	*CallStreamRequest_PutEnd
+	//	*CallStreamRequest_BatchPutStart
+	//	*CallStreamRequest_BatchPutEnd
 	Call          isCallStreamRequest_Call `protobuf_oneof:"call"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2895,6 +2899,42 @@ func (x *CallStreamRequest) GetBatchGetReplicaList() *BatchGetReplicaListRequest
 	return nil
 }
 
+func (x *CallStreamRequest) GetPutStart() *PutStartRequest {
+	if x != nil {
+		if x, ok := x.Call.(*CallStreamRequest_PutStart); ok {
+			return x.PutStart
+		}
+	}
+	return nil
+}
+
+func (x *CallStreamRequest) GetPutEnd() *PutEndRequest {
+	if x != nil {
+		if x, ok := x.Call.(*CallStreamRequest_PutEnd); ok {
+			return x.PutEnd
+		}
+	}
+	return nil
+}
+
+func (x *CallStreamRequest) GetBatchPutStart() *BatchPutStartRequest {
+	if x != nil {
+		if x, ok := x.Call.(*CallStreamRequest_BatchPutStart); ok {
+			return x.BatchPutStart
+		}
+	}
+	return nil
+}
+
+func (x *CallStreamRequest) GetBatchPutEnd() *BatchPutEndRequest {
+	if x != nil {
+		if x, ok := x.Call.(*CallStreamRequest_BatchPutEnd); ok {
+			return x.BatchPutEnd
+		}
+	}
+	return nil
+}
+
 type isCallStreamRequest_Call interface {
 	isCallStreamRequest_Call()
 }
@@ -2903,7 +2943,31 @@ type CallStreamRequest_BatchGetReplicaList struct {
 	BatchGetReplicaList *BatchGetReplicaListRequest `protobuf:"bytes,3,opt,name=batch_get_replica_list,json=batchGetReplicaList,proto3,oneof"`
 }
 
+type CallStreamRequest_PutStart struct {
+	PutStart *PutStartRequest `protobuf:"bytes,4,opt,name=put_start,json=putStart,proto3,oneof"`
+}
+
+type CallStreamRequest_PutEnd struct {
+	PutEnd *PutEndRequest `protobuf:"bytes,5,opt,name=put_end,json=putEnd,proto3,oneof"`
+}
+
+type CallStreamRequest_BatchPutStart struct {
+	BatchPutStart *BatchPutStartRequest `protobuf:"bytes,6,opt,name=batch_put_start,json=batchPutStart,proto3,oneof"`
+}
+
+type CallStreamRequest_BatchPutEnd struct {
+	BatchPutEnd *BatchPutEndRequest `protobuf:"bytes,7,opt,name=batch_put_end,json=batchPutEnd,proto3,oneof"`
+}
+
 func (*CallStreamRequest_BatchGetReplicaList) isCallStreamRequest_Call() {}
+
+func (*CallStreamRequest_PutStart) isCallStreamRequest_Call() {}
+
+func (*CallStreamRequest_PutEnd) isCallStreamRequest_Call() {}
+
+func (*CallStreamRequest_BatchPutStart) isCallStreamRequest_Call() {}
+
+func (*CallStreamRequest_BatchPutEnd) isCallStreamRequest_Call() {}
 
 // CallStreamResponse answers one CallStreamRequest.
 type CallStreamResponse struct {
@@ -2921,6 +2985,10 @@ type CallStreamResponse struct {
 	// Types that are valid to be assigned to Answer:
 	//
 	//	*CallStreamResponse_BatchGetReplicaList
+	//	*CallStreamResponse_PutStart
+	//	*CallStreamResponse_PutEnd
+	//	*CallStreamResponse_BatchPutStart
+	//	*CallStreamResponse_BatchPutEnd
 	Answer        isCallStreamResponse_Answer `protobuf_oneof:"answer"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3000,6 +3068,42 @@ func (x *CallStreamResponse) GetBatchGetReplicaList() *BatchGetReplicaListRespon
 	return nil
 }
 
+func (x *CallStreamResponse) GetPutStart() *PutStartResponse {
+	if x != nil {
+		if x, ok := x.Answer.(*CallStreamResponse_PutStart); ok {
+			return x.PutStart
+		}
+	}
+	return nil
+}
+
+func (x *CallStreamResponse) GetPutEnd() *PutEndResponse {
+	if x != nil {
+		if x, ok := x.Answer.(*CallStreamResponse_PutEnd); ok {
+			return x.PutEnd
+		}
+	}
+	return nil
+}
+
+func (x *CallStreamResponse) GetBatchPutStart() *BatchPutStartResponse {
+	if x != nil {
+		if x, ok := x.Answer.(*CallStreamResponse_BatchPutStart); ok {
+			return x.BatchPutStart
+		}
+	}
+	return nil
+}
+
+func (x *CallStreamResponse) GetBatchPutEnd() *BatchPutEndResponse {
+	if x != nil {
+		if x, ok := x.Answer.(*CallStreamResponse_BatchPutEnd); ok {
+			return x.BatchPutEnd
+		}
+	}
+	return nil
+}
+
 type isCallStreamResponse_Answer interface {
 	isCallStreamResponse_Answer()
 }
@@ -3008,7 +3112,31 @@ type CallStreamResponse_BatchGetReplicaList struct {
 	BatchGetReplicaList *BatchGetReplicaListResponse `protobuf:"bytes,5,opt,name=batch_get_replica_list,json=batchGetReplicaList,proto3,oneof"`
 }
 
+type CallStreamResponse_PutStart struct {
+	PutStart *PutStartResponse `protobuf:"bytes,6,opt,name=put_start,json=putStart,proto3,oneof"`
+}
+
+type CallStreamResponse_PutEnd struct {
+	PutEnd *PutEndResponse `protobuf:"bytes,7,opt,name=put_end,json=putEnd,proto3,oneof"`
+}
+
+type CallStreamResponse_BatchPutStart struct {
+	BatchPutStart *BatchPutStartResponse `protobuf:"bytes,8,opt,name=batch_put_start,json=batchPutStart,proto3,oneof"`
+}
+
+type CallStreamResponse_BatchPutEnd struct {
+	BatchPutEnd *BatchPutEndResponse `protobuf:"bytes,9,opt,name=batch_put_end,json=batchPutEnd,proto3,oneof"`
+}
+
 func (*CallStreamResponse_BatchGetReplicaList) isCallStreamResponse_Answer() {}
+
+func (*CallStreamResponse_PutStart) isCallStreamResponse_Answer() {}
+
+func (*CallStreamResponse_PutEnd) isCallStreamResponse_Answer() {}
+
+func (*CallStreamResponse_BatchPutStart) isCallStreamResponse_Answer() {}
+
+func (*CallStreamResponse_BatchPutEnd) isCallStreamResponse_Answer() {}
 
 var File_crescent_master_v1_object_proto protoreflect.FileDescriptor
 
@@ -3186,21 +3314,29 @@ const file_crescent_master_v1_object_proto_rawDesc = "" +
 	"\x15RemoveByRegexResponse\x12\x18\n" +
 	"\aremoved\x18\x01 \x01(\x04R\aremoved\x12\x18\n" +
 	"\askipped\x18\x02 \x01(\x04R\askipped\x12&\n" +
-	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"\xc0\x01\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"\xe4\x03\n" +
 	"\x11CallStreamRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x1d\n" +
 	"\n" +
 	"timeout_ms\x18\x02 \x01(\rR\ttimeoutMs\x12e\n" +
-	"\x16batch_get_replica_list\x18\x03 \x01(\v2..crescent.master.v1.BatchGetReplicaListRequestH\x00R\x13batchGetReplicaListB\x06\n" +
-	"\x04call\"\x83\x02\n" +
+	"\x16batch_get_replica_list\x18\x03 \x01(\v2..crescent.master.v1.BatchGetReplicaListRequestH\x00R\x13batchGetReplicaList\x12B\n" +
+	"\tput_start\x18\x04 \x01(\v2#.crescent.master.v1.PutStartRequestH\x00R\bputStart\x12<\n" +
+	"\aput_end\x18\x05 \x01(\v2!.crescent.master.v1.PutEndRequestH\x00R\x06putEnd\x12R\n" +
+	"\x0fbatch_put_start\x18\x06 \x01(\v2(.crescent.master.v1.BatchPutStartRequestH\x00R\rbatchPutStart\x12L\n" +
+	"\rbatch_put_end\x18\a \x01(\v2&.crescent.master.v1.BatchPutEndRequestH\x00R\vbatchPutEndB\x06\n" +
+	"\x04call\"\xab\x04\n" +
 	"\x12CallStreamResponse\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12.\n" +
 	"\adetails\x18\x04 \x03(\v2\x14.google.protobuf.AnyR\adetails\x12f\n" +
-	"\x16batch_get_replica_list\x18\x05 \x01(\v2/.crescent.master.v1.BatchGetReplicaListResponseH\x00R\x13batchGetReplicaListB\b\n" +
+	"\x16batch_get_replica_list\x18\x05 \x01(\v2/.crescent.master.v1.BatchGetReplicaListResponseH\x00R\x13batchGetReplicaList\x12C\n" +
+	"\tput_start\x18\x06 \x01(\v2$.crescent.master.v1.PutStartResponseH\x00R\bputStart\x12=\n" +
+	"\aput_end\x18\a \x01(\v2\".crescent.master.v1.PutEndResponseH\x00R\x06putEnd\x12S\n" +
+	"\x0fbatch_put_start\x18\b \x01(\v2).crescent.master.v1.BatchPutStartResponseH\x00R\rbatchPutStart\x12M\n" +
+	"\rbatch_put_end\x18\t \x01(\v2'.crescent.master.v1.BatchPutEndResponseH\x00R\vbatchPutEndB\b\n" +
 	"\x06answer*\x83\x01\n" +
 	"\rPrefetchState\x12\x1e\n" +
 	"\x1aPREFETCH_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
@@ -3343,57 +3479,65 @@ var file_crescent_master_v1_object_proto_depIdxs = []int32{
 	39, // 31: crescent.master.v1.BatchRemoveRequest.items:type_name -> crescent.master.v1.RemoveRequest
 	51, // 32: crescent.master.v1.BatchRemoveResponse.results:type_name -> crescent.master.v1.ItemStatus
 	25, // 33: crescent.master.v1.CallStreamRequest.batch_get_replica_list:type_name -> crescent.master.v1.BatchGetReplicaListRequest
-	56, // 34: crescent.master.v1.CallStreamResponse.details:type_name -> google.protobuf.Any
-	26, // 35: crescent.master.v1.CallStreamResponse.batch_get_replica_list:type_name -> crescent.master.v1.BatchGetReplicaListResponse
-	10, // 36: crescent.master.v1.ObjectService.PutStart:input_type -> crescent.master.v1.PutStartRequest
-	12, // 37: crescent.master.v1.ObjectService.PutEnd:input_type -> crescent.master.v1.PutEndRequest
-	14, // 38: crescent.master.v1.ObjectService.PutRevoke:input_type -> crescent.master.v1.PutRevokeRequest
-	16, // 39: crescent.master.v1.ObjectService.BatchPutStart:input_type -> crescent.master.v1.BatchPutStartRequest
-	19, // 40: crescent.master.v1.ObjectService.BatchPutEnd:input_type -> crescent.master.v1.BatchPutEndRequest
-	21, // 41: crescent.master.v1.ObjectService.BatchPutRevoke:input_type -> crescent.master.v1.BatchPutRevokeRequest
-	23, // 42: crescent.master.v1.ObjectService.GetReplicaList:input_type -> crescent.master.v1.GetReplicaListRequest
-	25, // 43: crescent.master.v1.ObjectService.BatchGetReplicaList:input_type -> crescent.master.v1.BatchGetReplicaListRequest
-	49, // 44: crescent.master.v1.ObjectService.CallStream:input_type -> crescent.master.v1.CallStreamRequest
-	28, // 45: crescent.master.v1.ObjectService.Exist:input_type -> crescent.master.v1.ExistRequest
-	30, // 46: crescent.master.v1.ObjectService.BatchExist:input_type -> crescent.master.v1.BatchExistRequest
-	32, // 47: crescent.master.v1.ObjectService.GetSize:input_type -> crescent.master.v1.GetSizeRequest
-	34, // 48: crescent.master.v1.ObjectService.QueryRoute:input_type -> crescent.master.v1.QueryRouteRequest
-	36, // 49: crescent.master.v1.ObjectService.ListObjects:input_type -> crescent.master.v1.ListObjectsRequest
-	39, // 50: crescent.master.v1.ObjectService.Remove:input_type -> crescent.master.v1.RemoveRequest
-	41, // 51: crescent.master.v1.ObjectService.BatchRemove:input_type -> crescent.master.v1.BatchRemoveRequest
-	43, // 52: crescent.master.v1.ObjectService.RemoveAll:input_type -> crescent.master.v1.RemoveAllRequest
-	45, // 53: crescent.master.v1.ObjectService.RemoveByPrefix:input_type -> crescent.master.v1.RemoveByPrefixRequest
-	47, // 54: crescent.master.v1.ObjectService.RemoveByRegex:input_type -> crescent.master.v1.RemoveByRegexRequest
-	5,  // 55: crescent.master.v1.ObjectService.Copy:input_type -> crescent.master.v1.ObjectServiceCopyRequest
-	7,  // 56: crescent.master.v1.ObjectService.Move:input_type -> crescent.master.v1.ObjectServiceMoveRequest
-	1,  // 57: crescent.master.v1.ObjectService.Prefetch:input_type -> crescent.master.v1.PrefetchRequest
-	11, // 58: crescent.master.v1.ObjectService.PutStart:output_type -> crescent.master.v1.PutStartResponse
-	13, // 59: crescent.master.v1.ObjectService.PutEnd:output_type -> crescent.master.v1.PutEndResponse
-	15, // 60: crescent.master.v1.ObjectService.PutRevoke:output_type -> crescent.master.v1.PutRevokeResponse
-	17, // 61: crescent.master.v1.ObjectService.BatchPutStart:output_type -> crescent.master.v1.BatchPutStartResponse
-	20, // 62: crescent.master.v1.ObjectService.BatchPutEnd:output_type -> crescent.master.v1.BatchPutEndResponse
-	22, // 63: crescent.master.v1.ObjectService.BatchPutRevoke:output_type -> crescent.master.v1.BatchPutRevokeResponse
-	24, // 64: crescent.master.v1.ObjectService.GetReplicaList:output_type -> crescent.master.v1.GetReplicaListResponse
-	26, // 65: crescent.master.v1.ObjectService.BatchGetReplicaList:output_type -> crescent.master.v1.BatchGetReplicaListResponse
-	50, // 66: crescent.master.v1.ObjectService.CallStream:output_type -> crescent.master.v1.CallStreamResponse
-	29, // 67: crescent.master.v1.ObjectService.Exist:output_type -> crescent.master.v1.ExistResponse
-	31, // 68: crescent.master.v1.ObjectService.BatchExist:output_type -> crescent.master.v1.BatchExistResponse
-	33, // 69: crescent.master.v1.ObjectService.GetSize:output_type -> crescent.master.v1.GetSizeResponse
-	35, // 70: crescent.master.v1.ObjectService.QueryRoute:output_type -> crescent.master.v1.QueryRouteResponse
-	37, // 71: crescent.master.v1.ObjectService.ListObjects:output_type -> crescent.master.v1.ListObjectsResponse
-	40, // 72: crescent.master.v1.ObjectService.Remove:output_type -> crescent.master.v1.RemoveResponse
-	42, // 73: crescent.master.v1.ObjectService.BatchRemove:output_type -> crescent.master.v1.BatchRemoveResponse
-	44, // 74: crescent.master.v1.ObjectService.RemoveAll:output_type -> crescent.master.v1.RemoveAllResponse
-	46, // 75: crescent.master.v1.ObjectService.RemoveByPrefix:output_type -> crescent.master.v1.RemoveByPrefixResponse
-	48, // 76: crescent.master.v1.ObjectService.RemoveByRegex:output_type -> crescent.master.v1.RemoveByRegexResponse
-	6,  // 77: crescent.master.v1.ObjectService.Copy:output_type -> crescent.master.v1.ObjectServiceCopyResponse
-	8,  // 78: crescent.master.v1.ObjectService.Move:output_type -> crescent.master.v1.ObjectServiceMoveResponse
-	2,  // 79: crescent.master.v1.ObjectService.Prefetch:output_type -> crescent.master.v1.PrefetchResponse
-	58, // [58:80] is the sub-list for method output_type
-	36, // [36:58] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	10, // 34: crescent.master.v1.CallStreamRequest.put_start:type_name -> crescent.master.v1.PutStartRequest
+	12, // 35: crescent.master.v1.CallStreamRequest.put_end:type_name -> crescent.master.v1.PutEndRequest
+	16, // 36: crescent.master.v1.CallStreamRequest.batch_put_start:type_name -> crescent.master.v1.BatchPutStartRequest
+	19, // 37: crescent.master.v1.CallStreamRequest.batch_put_end:type_name -> crescent.master.v1.BatchPutEndRequest
+	56, // 38: crescent.master.v1.CallStreamResponse.details:type_name -> google.protobuf.Any
+	26, // 39: crescent.master.v1.CallStreamResponse.batch_get_replica_list:type_name -> crescent.master.v1.BatchGetReplicaListResponse
+	11, // 40: crescent.master.v1.CallStreamResponse.put_start:type_name -> crescent.master.v1.PutStartResponse
+	13, // 41: crescent.master.v1.CallStreamResponse.put_end:type_name -> crescent.master.v1.PutEndResponse
+	17, // 42: crescent.master.v1.CallStreamResponse.batch_put_start:type_name -> crescent.master.v1.BatchPutStartResponse
+	20, // 43: crescent.master.v1.CallStreamResponse.batch_put_end:type_name -> crescent.master.v1.BatchPutEndResponse
+	10, // 44: crescent.master.v1.ObjectService.PutStart:input_type -> crescent.master.v1.PutStartRequest
+	12, // 45: crescent.master.v1.ObjectService.PutEnd:input_type -> crescent.master.v1.PutEndRequest
+	14, // 46: crescent.master.v1.ObjectService.PutRevoke:input_type -> crescent.master.v1.PutRevokeRequest
+	16, // 47: crescent.master.v1.ObjectService.BatchPutStart:input_type -> crescent.master.v1.BatchPutStartRequest
+	19, // 48: crescent.master.v1.ObjectService.BatchPutEnd:input_type -> crescent.master.v1.BatchPutEndRequest
+	21, // 49: crescent.master.v1.ObjectService.BatchPutRevoke:input_type -> crescent.master.v1.BatchPutRevokeRequest
+	23, // 50: crescent.master.v1.ObjectService.GetReplicaList:input_type -> crescent.master.v1.GetReplicaListRequest
+	25, // 51: crescent.master.v1.ObjectService.BatchGetReplicaList:input_type -> crescent.master.v1.BatchGetReplicaListRequest
+	49, // 52: crescent.master.v1.ObjectService.CallStream:input_type -> crescent.master.v1.CallStreamRequest
+	28, // 53: crescent.master.v1.ObjectService.Exist:input_type -> crescent.master.v1.ExistRequest
+	30, // 54: crescent.master.v1.ObjectService.BatchExist:input_type -> crescent.master.v1.BatchExistRequest
+	32, // 55: crescent.master.v1.ObjectService.GetSize:input_type -> crescent.master.v1.GetSizeRequest
+	34, // 56: crescent.master.v1.ObjectService.QueryRoute:input_type -> crescent.master.v1.QueryRouteRequest
+	36, // 57: crescent.master.v1.ObjectService.ListObjects:input_type -> crescent.master.v1.ListObjectsRequest
+	39, // 58: crescent.master.v1.ObjectService.Remove:input_type -> crescent.master.v1.RemoveRequest
+	41, // 59: crescent.master.v1.ObjectService.BatchRemove:input_type -> crescent.master.v1.BatchRemoveRequest
+	43, // 60: crescent.master.v1.ObjectService.RemoveAll:input_type -> crescent.master.v1.RemoveAllRequest
+	45, // 61: crescent.master.v1.ObjectService.RemoveByPrefix:input_type -> crescent.master.v1.RemoveByPrefixRequest
+	47, // 62: crescent.master.v1.ObjectService.RemoveByRegex:input_type -> crescent.master.v1.RemoveByRegexRequest
+	5,  // 63: crescent.master.v1.ObjectService.Copy:input_type -> crescent.master.v1.ObjectServiceCopyRequest
+	7,  // 64: crescent.master.v1.ObjectService.Move:input_type -> crescent.master.v1.ObjectServiceMoveRequest
+	1,  // 65: crescent.master.v1.ObjectService.Prefetch:input_type -> crescent.master.v1.PrefetchRequest
+	11, // 66: crescent.master.v1.ObjectService.PutStart:output_type -> crescent.master.v1.PutStartResponse
+	13, // 67: crescent.master.v1.ObjectService.PutEnd:output_type -> crescent.master.v1.PutEndResponse
+	15, // 68: crescent.master.v1.ObjectService.PutRevoke:output_type -> crescent.master.v1.PutRevokeResponse
+	17, // 69: crescent.master.v1.ObjectService.BatchPutStart:output_type -> crescent.master.v1.BatchPutStartResponse
+	20, // 70: crescent.master.v1.ObjectService.BatchPutEnd:output_type -> crescent.master.v1.BatchPutEndResponse
+	22, // 71: crescent.master.v1.ObjectService.BatchPutRevoke:output_type -> crescent.master.v1.BatchPutRevokeResponse
+	24, // 72: crescent.master.v1.ObjectService.GetReplicaList:output_type -> crescent.master.v1.GetReplicaListResponse
+	26, // 73: crescent.master.v1.ObjectService.BatchGetReplicaList:output_type -> crescent.master.v1.BatchGetReplicaListResponse
+	50, // 74: crescent.master.v1.ObjectService.CallStream:output_type -> crescent.master.v1.CallStreamResponse
+	29, // 75: crescent.master.v1.ObjectService.Exist:output_type -> crescent.master.v1.ExistResponse
+	31, // 76: crescent.master.v1.ObjectService.BatchExist:output_type -> crescent.master.v1.BatchExistResponse
+	33, // 77: crescent.master.v1.ObjectService.GetSize:output_type -> crescent.master.v1.GetSizeResponse
+	35, // 78: crescent.master.v1.ObjectService.QueryRoute:output_type -> crescent.master.v1.QueryRouteResponse
+	37, // 79: crescent.master.v1.ObjectService.ListObjects:output_type -> crescent.master.v1.ListObjectsResponse
+	40, // 80: crescent.master.v1.ObjectService.Remove:output_type -> crescent.master.v1.RemoveResponse
+	42, // 81: crescent.master.v1.ObjectService.BatchRemove:output_type -> crescent.master.v1.BatchRemoveResponse
+	44, // 82: crescent.master.v1.ObjectService.RemoveAll:output_type -> crescent.master.v1.RemoveAllResponse
+	46, // 83: crescent.master.v1.ObjectService.RemoveByPrefix:output_type -> crescent.master.v1.RemoveByPrefixResponse
+	48, // 84: crescent.master.v1.ObjectService.RemoveByRegex:output_type -> crescent.master.v1.RemoveByRegexResponse
+	6,  // 85: crescent.master.v1.ObjectService.Copy:output_type -> crescent.master.v1.ObjectServiceCopyResponse
+	8,  // 86: crescent.master.v1.ObjectService.Move:output_type -> crescent.master.v1.ObjectServiceMoveResponse
+	2,  // 87: crescent.master.v1.ObjectService.Prefetch:output_type -> crescent.master.v1.PrefetchResponse
+	66, // [66:88] is the sub-list for method output_type
+	44, // [44:66] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_crescent_master_v1_object_proto_init() }
@@ -3409,9 +3553,17 @@ func file_crescent_master_v1_object_proto_init() {
 	}
 	file_crescent_master_v1_object_proto_msgTypes[48].OneofWrappers = []any{
 		(*CallStreamRequest_BatchGetReplicaList)(nil),
+		(*CallStreamRequest_PutStart)(nil),
+		(*CallStreamRequest_PutEnd)(nil),
+		(*CallStreamRequest_BatchPutStart)(nil),
+		(*CallStreamRequest_BatchPutEnd)(nil),
 	}
 	file_crescent_master_v1_object_proto_msgTypes[49].OneofWrappers = []any{
 		(*CallStreamResponse_BatchGetReplicaList)(nil),
+		(*CallStreamResponse_PutStart)(nil),
+		(*CallStreamResponse_PutEnd)(nil),
+		(*CallStreamResponse_BatchPutStart)(nil),
+		(*CallStreamResponse_BatchPutEnd)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -82,16 +82,17 @@ type ObjectServiceClient interface {
 	GetReplicaList(ctx context.Context, in *GetReplicaListRequest, opts ...grpc.CallOption) (*GetReplicaListResponse, error)
 	// BatchGetReplicaList is GetReplicaList for many objects.
 	BatchGetReplicaList(ctx context.Context, in *BatchGetReplicaListRequest, opts ...grpc.CallOption) (*BatchGetReplicaListResponse, error)
-	// CallStream carries calls that are otherwise unary (today
-	// BatchGetReplicaList) over one long-lived stream, by request id, so that
-	// a client with many calls in flight pays no unary call's setup per call.
-	// Each message is answered as the unary call it carries would be: the
-	// same authorization (its tenant), limits, interceptors and errors, its
-	// status in the answer; the stream itself fails only when it breaks.
-	// Answers come in the order calls finish, not the order they were sent.
-	// At most 16 calls of a stream are answered at once; further messages
-	// wait unread. Used by the Go SDK's coalesced lookups, which fall back to
-	// the unary call when the stream fails or the master does not have it.
+	// CallStream carries calls that are otherwise unary (BatchGetReplicaList,
+	// PutStart, PutEnd, BatchPutStart, BatchPutEnd) over one long-lived
+	// stream, by request id, so that a client with many calls in flight pays
+	// no unary call's setup per call. Each message is answered as the unary
+	// call it carries would be: the same authorization (its tenant), limits,
+	// interceptors and errors, its status in the answer; the stream itself
+	// fails only when it breaks. Answers come in the order calls finish, not
+	// the order they were sent. At most 16 calls of a stream are answered at
+	// once; further messages wait unread. Used by the Go SDK, which falls
+	// back to the unary calls when the stream fails or the master does not
+	// have it.
 	CallStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[CallStreamRequest, CallStreamResponse], error)
 	// Exist reports whether an object is readable, and grants the read lease when it is.
 	Exist(ctx context.Context, in *ExistRequest, opts ...grpc.CallOption) (*ExistResponse, error)
@@ -430,16 +431,17 @@ type ObjectServiceServer interface {
 	GetReplicaList(context.Context, *GetReplicaListRequest) (*GetReplicaListResponse, error)
 	// BatchGetReplicaList is GetReplicaList for many objects.
 	BatchGetReplicaList(context.Context, *BatchGetReplicaListRequest) (*BatchGetReplicaListResponse, error)
-	// CallStream carries calls that are otherwise unary (today
-	// BatchGetReplicaList) over one long-lived stream, by request id, so that
-	// a client with many calls in flight pays no unary call's setup per call.
-	// Each message is answered as the unary call it carries would be: the
-	// same authorization (its tenant), limits, interceptors and errors, its
-	// status in the answer; the stream itself fails only when it breaks.
-	// Answers come in the order calls finish, not the order they were sent.
-	// At most 16 calls of a stream are answered at once; further messages
-	// wait unread. Used by the Go SDK's coalesced lookups, which fall back to
-	// the unary call when the stream fails or the master does not have it.
+	// CallStream carries calls that are otherwise unary (BatchGetReplicaList,
+	// PutStart, PutEnd, BatchPutStart, BatchPutEnd) over one long-lived
+	// stream, by request id, so that a client with many calls in flight pays
+	// no unary call's setup per call. Each message is answered as the unary
+	// call it carries would be: the same authorization (its tenant), limits,
+	// interceptors and errors, its status in the answer; the stream itself
+	// fails only when it breaks. Answers come in the order calls finish, not
+	// the order they were sent. At most 16 calls of a stream are answered at
+	// once; further messages wait unread. Used by the Go SDK, which falls
+	// back to the unary calls when the stream fails or the master does not
+	// have it.
 	CallStream(grpc.BidiStreamingServer[CallStreamRequest, CallStreamResponse]) error
 	// Exist reports whether an object is readable, and grants the read lease when it is.
 	Exist(context.Context, *ExistRequest) (*ExistResponse, error)

@@ -212,16 +212,17 @@ class ObjectServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def CallStream(self, request_iterator, context):
-        """CallStream carries calls that are otherwise unary (today
-        BatchGetReplicaList) over one long-lived stream, by request id, so that
-        a client with many calls in flight pays no unary call's setup per call.
-        Each message is answered as the unary call it carries would be: the
-        same authorization (its tenant), limits, interceptors and errors, its
-        status in the answer; the stream itself fails only when it breaks.
-        Answers come in the order calls finish, not the order they were sent.
-        At most 16 calls of a stream are answered at once; further messages
-        wait unread. Used by the Go SDK's coalesced lookups, which fall back to
-        the unary call when the stream fails or the master does not have it.
+        """CallStream carries calls that are otherwise unary (BatchGetReplicaList,
+        PutStart, PutEnd, BatchPutStart, BatchPutEnd) over one long-lived
+        stream, by request id, so that a client with many calls in flight pays
+        no unary call's setup per call. Each message is answered as the unary
+        call it carries would be: the same authorization (its tenant), limits,
+        interceptors and errors, its status in the answer; the stream itself
+        fails only when it breaks. Answers come in the order calls finish, not
+        the order they were sent. At most 16 calls of a stream are answered at
+        once; further messages wait unread. Used by the Go SDK, which falls
+        back to the unary calls when the stream fails or the master does not
+        have it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
