@@ -24,6 +24,7 @@ var (
 	largeWorkers = flag.Int("large-workers", 4, "concurrent callers (and raw TCP streams) of BenchmarkLargeObjects")
 	largeCPU     = flag.String("large-cpuprofile", "", "write a CPU profile of each iteration's timed put phase of BenchmarkLargeObjects to `prefix`.N (go tool pprof merges them)")
 	largeGetCPU  = flag.String("large-get-cpuprofile", "", "write a CPU profile of each iteration's timed get phase of BenchmarkLargeObjects to `prefix`.N")
+	largeUnary   = flag.Bool("large-unary", false, "BenchmarkLargeObjects' client makes its master calls unary (Config.DisableCallStream): the call stream's A/B in one binary")
 )
 
 // BenchmarkLargeObjects (make bench-large; issue 18 item 2): single Puts
@@ -53,7 +54,8 @@ var (
 // the put phase and of the first one-stream raw phase (get-cpu-µs: of the
 // get phase): on a shared VM the
 // CPU a put costs moves less than its throughput. -large-cpuprofile
-// profiles the put phases alone.
+// profiles the put phases alone; -large-unary turns the SDK's call stream
+// off (DisableCallStream) for an A/B in one binary.
 func BenchmarkLargeObjects(b *testing.B) {
 	size, n, w := *largeSize, *largeObjects, *largeWorkers
 	mem := uint64(2*n*size) + 64<<20 // each agent could hold them all (both put phases)
@@ -61,7 +63,7 @@ func BenchmarkLargeObjects(b *testing.B) {
 		AgentMemory: mem,
 		Agent:       func(_ int, c *agentapp.Config) { c.Prefault = true; c.Memory = config.ByteSize(mem) },
 	})
-	cl := c.Client(b)
+	cl := c.Client(b, func(cfg *client.Config) { cfg.DisableCallStream = *largeUnary })
 	// The put path before seal receipts (a Seal round trip in PutEnd), for
 	// a same-process A/B: put/putseal.
 	clSeal := c.Client(b, func(cfg *client.Config) { cfg.DisableSealOnWrite = true })

@@ -14,32 +14,40 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 )
 
-// The coalesced lookups (getMany's BatchGetReplicaList) go to the master
-// on one long-lived ObjectService.CallStream per master instead of a unary
-// call each (issue 18 item 1): a message on an open stream costs 40-46 %
-// less CPU than a unary call and comes back 37-44 % sooner
-// (BenchmarkRPCShape), and the lookups are bound by that round trip. The
-// master runs each carried call through the unary call's interceptors and
-// answers it with the unary call's status, so nothing but the transport
-// differs.
+// The SDK's batch and put calls to the master (BatchGetReplicaList — the
+// coalesced Gets' lookups —, PutStart, PutEnd and their batch forms) go on
+// one long-lived ObjectService.CallStream per master instead of a unary
+// call each (issue 18): a message on an open stream costs 40-46 % less CPU
+// than a unary call and comes back 37-44 % sooner (BenchmarkRPCShape), and
+// the coalesced Gets are bound by that round trip, a 1 MiB put's CPU off
+// the data path by those calls. The master runs each carried call through
+// the unary call's interceptors and answers it with the unary call's
+// status, so nothing but the transport differs. Single lookups
+// (GetReplicaList, Exist: a lone Get) stay unary calls, whose round trip
+// alone is shorter.
 //
-//   - The stream is opened on a lookup's first need, with a context of its
+//   - masters.Invoke sends the calls of carriedCalls on the stream, through
+//     do, so they follow the leader and fail over as every master call
+//     does; errors the master answers for a call (NOT_LEADER,
+//     MASTER_RECOVERING, a tenant refused) are that call's.
+//   - The stream is opened on a call's first need, with a context of its
 //     own (no call's deadline or trace), and kept until it breaks or the
 //     client closes. One goroutine sends on it and one receives; callers
 //     wait for their answer by request id, each honouring its context.
 //   - A call's deadline goes with it (timeout_ms; the master caps it).
-//   - A lookup traced and sampled goes as a unary call, so that its trace
+//   - A call traced and sampled goes as a unary call, so that its trace
 //     keeps the master's span (a carried call has none of its own).
 //   - Failure: when the stream cannot be opened, breaks, or the master
 //     does not have it (UNIMPLEMENTED, an older master), the calls waiting
 //     on it and the next ones go as unary calls; the stream is tried again
-//     after a backoff (callStreamRetry, doubling to callStreamMaxDown).
-//     Errors the master answers for a call (NOT_LEADER, MASTER_RECOVERING,
-//     a tenant refused) are that call's, and masters.do acts on them as on
-//     a unary call's.
-//   - Config.DisableCallStream sends every lookup as a unary call.
+//     after a backoff (callStreamRetry, doubling to callStreamMaxDown). A
+//     put the master ran but could not answer goes again, unary, as after
+//     a unary call whose connection broke: PutStart of a key this client
+//     has started answers as the first did, PutEnd is idempotent.
+//   - Config.DisableCallStream sends every call as a unary call.
 
 // callStreamRetry and callStreamMaxDown bound how long the lookups go as
 // unary calls after a stream failed, before it is tried again.
@@ -54,26 +62,37 @@ var errStreamDown = errors.New("client: call stream down")
 
 var callStreamDesc = &grpc.StreamDesc{StreamName: "CallStream", ServerStreams: true, ClientStreams: true}
 
-// lookup is BatchGetReplicaList into reply, on the leader's call stream
-// when it can be, else as a unary call; through do, so it follows the
-// leader and fails over as every master call does.
-func (m *masters) lookup(ctx context.Context, req *masterv1.BatchGetReplicaListRequest, reply *lookupReply) error {
-	const method = masterv1.ObjectService_BatchGetReplicaList_FullMethodName
+// carriedCalls are the methods masters.Invoke sends on the call stream,
+// each with the envelope of its request (false: not its request type).
+var carriedCalls = map[string]func(args any) (*masterv1.CallStreamRequest, bool){
+	masterv1.ObjectService_BatchGetReplicaList_FullMethodName: func(a any) (*masterv1.CallStreamRequest, bool) {
+		q, ok := a.(*masterv1.BatchGetReplicaListRequest)
+		return &masterv1.CallStreamRequest{Call: &masterv1.CallStreamRequest_BatchGetReplicaList{BatchGetReplicaList: q}}, ok
+	},
+	masterv1.ObjectService_PutStart_FullMethodName: func(a any) (*masterv1.CallStreamRequest, bool) {
+		q, ok := a.(*masterv1.PutStartRequest)
+		return &masterv1.CallStreamRequest{Call: &masterv1.CallStreamRequest_PutStart{PutStart: q}}, ok
+	},
+	masterv1.ObjectService_PutEnd_FullMethodName: func(a any) (*masterv1.CallStreamRequest, bool) {
+		q, ok := a.(*masterv1.PutEndRequest)
+		return &masterv1.CallStreamRequest{Call: &masterv1.CallStreamRequest_PutEnd{PutEnd: q}}, ok
+	},
+	masterv1.ObjectService_BatchPutStart_FullMethodName: func(a any) (*masterv1.CallStreamRequest, bool) {
+		q, ok := a.(*masterv1.BatchPutStartRequest)
+		return &masterv1.CallStreamRequest{Call: &masterv1.CallStreamRequest_BatchPutStart{BatchPutStart: q}}, ok
+	},
+	masterv1.ObjectService_BatchPutEnd_FullMethodName: func(a any) (*masterv1.CallStreamRequest, bool) {
+		q, ok := a.(*masterv1.BatchPutEndRequest)
+		return &masterv1.CallStreamRequest{Call: &masterv1.CallStreamRequest_BatchPutEnd{BatchPutEnd: q}}, ok
+	},
+}
+
+// carriable reports whether a call of method goes on the call stream.
+func (m *masters) carriable(ctx context.Context, method string) func(any) (*masterv1.CallStreamRequest, bool) {
 	if m.noStream || trace.SpanContextFromContext(ctx).IsSampled() {
-		return m.Invoke(ctx, method, req, reply, grpc.StaticMethod())
+		return nil
 	}
-	return m.do(ctx, func(addr string) error {
-		cc, err := m.conn(addr)
-		if err != nil {
-			return err
-		}
-		if cs := m.callStream(addr, cc); cs != nil {
-			if err := cs.lookup(ctx, req, reply); !errors.Is(err, errStreamDown) {
-				return err
-			}
-		}
-		return cc.Invoke(ctx, method, req, reply, grpc.StaticMethod())
-	})
+	return carriedCalls[method]
 }
 
 // callStream is the call stream to addr, made on first use; nil once the
@@ -115,10 +134,9 @@ type openStream struct {
 	waiting map[uint64]chan *callReply
 }
 
-// lookup carries one BatchGetReplicaList. errStreamDown: it was not
-// answered on the stream, and should go as a unary call.
-func (c *callStream) lookup(ctx context.Context, req *masterv1.BatchGetReplicaListRequest, reply *lookupReply) error {
-	m := &masterv1.CallStreamRequest{Call: &masterv1.CallStreamRequest_BatchGetReplicaList{BatchGetReplicaList: req}}
+// call carries m, answered into reply. errStreamDown: it was not answered
+// on the stream, and should go as a unary call.
+func (c *callStream) call(ctx context.Context, m *masterv1.CallStreamRequest, reply any) error {
 	if d, ok := ctx.Deadline(); ok {
 		// Rounded up: a deadline of 0 ms would mean the master's cap.
 		if ms := (time.Until(d) + time.Millisecond - 1) / time.Millisecond; ms > 0 && ms < 1<<32 {
@@ -156,12 +174,7 @@ func (c *callStream) lookup(ctx context.Context, req *masterv1.BatchGetReplicaLi
 		if r.Code != int32(codes.OK) {
 			return status.ErrorProto(&spb.Status{Code: r.Code, Message: r.Message, Details: r.Details})
 		}
-		a, ok := r.Answer.(*masterv1.CallStreamResponse_BatchGetReplicaList)
-		if !ok || a.BatchGetReplicaList == nil {
-			return status.Error(codes.Internal, "client: the master answered a lookup on its call stream with no lookup")
-		}
-		reply.Results = a.BatchGetReplicaList.Results
-		return nil
+		return r.answerInto(reply)
 	case <-ctx.Done():
 		c.forget(o, id)
 		return status.FromContextError(ctx.Err()).Err()
@@ -283,6 +296,40 @@ func (c *callStream) close() {
 // answered lookup decodes as lookupReply's (rpccodec.FastDecoder).
 type callReply struct {
 	masterv1.CallStreamResponse
+}
+
+// answerInto moves the answer into reply, the message the unary call would
+// have filled: a lookup's results as they are, any other by proto.Merge
+// (into the caller's fresh message: a copy). An answer of another type
+// than reply's is the master's error.
+func (r *callReply) answerInto(reply any) error {
+	var src proto.Message
+	switch a := r.Answer.(type) {
+	case *masterv1.CallStreamResponse_BatchGetReplicaList:
+		switch dst := reply.(type) {
+		case *lookupReply:
+			dst.Results = a.BatchGetReplicaList.GetResults()
+			return nil
+		case *masterv1.BatchGetReplicaListResponse:
+			dst.Results = a.BatchGetReplicaList.GetResults()
+			return nil
+		}
+		src = a.BatchGetReplicaList
+	case *masterv1.CallStreamResponse_PutStart:
+		src = a.PutStart
+	case *masterv1.CallStreamResponse_PutEnd:
+		src = a.PutEnd
+	case *masterv1.CallStreamResponse_BatchPutStart:
+		src = a.BatchPutStart
+	case *masterv1.CallStreamResponse_BatchPutEnd:
+		src = a.BatchPutEnd
+	}
+	dst, ok := reply.(proto.Message)
+	if src == nil || !ok || dst.ProtoReflect().Descriptor().FullName() != src.ProtoReflect().Descriptor().FullName() {
+		return status.Errorf(codes.Internal, "client: the master answered a call on its call stream with %T for a %T", r.Answer, reply)
+	}
+	proto.Merge(dst, src)
+	return nil
 }
 
 // DecodeFast implements rpccodec.FastDecoder: a CallStreamResponse as

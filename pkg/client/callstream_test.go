@@ -52,33 +52,57 @@ func putKeys(t *testing.T, c *client.Client, n int) map[string][]byte {
 	return data
 }
 
-// TestCallStreamCarriesLookups: concurrent Gets' lookups go on the
-// master's CallStream, not as unary calls, and the master runs each
-// through BatchGetReplicaList's interceptors (the cluster's hook counts
-// them by that name). With DisableCallStream they are unary calls.
-func TestCallStreamCarriesLookups(t *testing.T) {
+// TestCallStreamCarriesCalls: concurrent Gets' lookups and puts' PutStart
+// and PutEnd (single and batched) go on the master's CallStream, not as
+// unary calls, and the master runs each through its unary method's
+// interceptors (the cluster's hook counts them by that name). With
+// DisableCallStream they are unary calls.
+func TestCallStreamCarriesCalls(t *testing.T) {
 	h := start(t, testcluster.Options{})
+	carriedKinds := []string{"BatchGetReplicaList", "PutStart", "PutEnd", "BatchPutStart", "BatchPutEnd"}
 	for _, off := range []bool{false, true} {
 		t.Run(fmt.Sprint("DisableCallStream=", off), func(t *testing.T) {
 			r := newRPCCounter()
 			c := coalescingClient(t, h, r, func(cfg *client.Config) { cfg.DisableCallStream = off })
-			data := putKeys(t, c, 16)
-			before := h.Calls("BatchGetReplicaList")
+			// The connection is up after this: the next calls may use the stream.
+			if err := c.Put(t.Context(), t.Name()+"/warm", []byte("w")); err != nil {
+				t.Fatal(err)
+			}
+			before := map[string]int{}
+			for _, k := range carriedKinds {
+				before[k] = h.Calls(k)
+			}
 			r.reset()
+			data := putKeys(t, c, 16)
+			var wg sync.WaitGroup
+			for g := range 8 {
+				wg.Go(func() {
+					for i := range 4 {
+						k := fmt.Sprintf("%s/par-%d-%d", t.Name(), g, i)
+						if err := c.Put(t.Context(), k, []byte(k)); err != nil {
+							t.Error(err)
+						}
+					}
+				})
+			}
+			wg.Wait()
 			getMany(t, c, data)
 			calls, _ := r.snapshot()
 			r.mu.Lock()
 			carried := r.carried
 			r.mu.Unlock()
-			batches := calls["BatchGetReplicaList"]
-			if batches == 0 {
-				t.Fatal("no batched lookups: the test made no concurrent Gets")
+			total := 0
+			for _, k := range carriedKinds {
+				total += calls[k]
+				if got := h.Calls(k) - before[k]; got != calls[k] {
+					t.Errorf("%s: the master's interceptors saw %d, the client sent %d", k, got, calls[k])
+				}
 			}
-			if want := map[bool]int{false: batches, true: 0}[off]; carried != want {
-				t.Errorf("%d of %d lookups on the stream, want %d", carried, batches, want)
+			if calls["BatchGetReplicaList"] == 0 || calls["PutStart"] == 0 || calls["PutEnd"] == 0 {
+				t.Fatalf("calls %v: the test made no batched lookups or no single puts", calls)
 			}
-			if got := h.Calls("BatchGetReplicaList") - before; got != batches {
-				t.Errorf("the master's interceptors saw %d lookups, the client sent %d", got, batches)
+			if want := map[bool]int{false: total, true: 0}[off]; carried != want {
+				t.Errorf("%d of %d calls on the stream, want %d (%v)", carried, total, want, calls)
 			}
 		})
 	}

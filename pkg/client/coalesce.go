@@ -11,6 +11,7 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 )
 
@@ -582,10 +583,10 @@ func (c *Client) getMany(ctx context.Context, qs []getQ) ([]getR, []error) {
 	for i, q := range qs {
 		req.Items[i] = &masterv1.GetReplicaListRequest{Tenant: c.tenant, Key: q.key, ClientHost: c.s.cfg.HostID}
 	}
-	// On the master's call stream or as a unary call (callstream.go),
-	// into a lookupReply (lookupcodec.go).
+	// The generated client's call (on the master's call stream or as a
+	// unary call: callstream.go), into a lookupReply (lookupcodec.go).
 	reply := &lookupReply{}
-	err := c.s.masters.lookup(ctx, req, reply)
+	err := c.s.masters.Invoke(ctx, masterv1.ObjectService_BatchGetReplicaList_FullMethodName, req, reply, grpc.StaticMethod())
 	resp := &reply.BatchGetReplicaListResponse
 	if err != nil {
 		err = rpcerr.FromStatus(err)

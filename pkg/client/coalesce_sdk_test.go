@@ -29,7 +29,7 @@ type rpcCounter struct {
 	held   bool
 	gate   chan struct{}
 	holdUp chan struct{} // closed when the held call is held
-	// carried counts the calls among calls that went on the master's
+	// carried counts the calls among calls sent on the master's
 	// CallStream rather than as unary calls.
 	carried int
 }
@@ -59,13 +59,32 @@ type countedStream struct {
 }
 
 func (s *countedStream) SendMsg(m any) error {
-	if q, ok := m.(*masterv1.CallStreamRequest); ok && q.GetBatchGetReplicaList() != nil {
+	if q, ok := m.(*masterv1.CallStreamRequest); ok {
+		name, req := carriedCall(q)
 		s.r.mu.Lock()
 		s.r.carried++
 		s.r.mu.Unlock()
-		s.r.record("BatchGetReplicaList", q.GetBatchGetReplicaList())
+		s.r.record(name, req)
 	}
 	return s.ClientStream.SendMsg(m)
+}
+
+// carriedCall is the unary method (its name alone) and request a
+// CallStream message carries.
+func carriedCall(q *masterv1.CallStreamRequest) (string, any) {
+	switch c := q.GetCall().(type) {
+	case *masterv1.CallStreamRequest_BatchGetReplicaList:
+		return "BatchGetReplicaList", c.BatchGetReplicaList
+	case *masterv1.CallStreamRequest_PutStart:
+		return "PutStart", c.PutStart
+	case *masterv1.CallStreamRequest_PutEnd:
+		return "PutEnd", c.PutEnd
+	case *masterv1.CallStreamRequest_BatchPutStart:
+		return "BatchPutStart", c.BatchPutStart
+	case *masterv1.CallStreamRequest_BatchPutEnd:
+		return "BatchPutEnd", c.BatchPutEnd
+	}
+	return fmt.Sprintf("%T", q.GetCall()), nil
 }
 
 // dialOptions are the interceptors that count a client's calls.

@@ -99,7 +99,7 @@ func (c *Client) Lookup(ctx context.Context, keys ...string) ([]error, error) {
 		req.Items = append(req.Items, &masterv1.GetReplicaListRequest{Tenant: c.tenant, Key: k, ClientHost: c.s.cfg.HostID})
 	}
 	reply := &lookupReply{}
-	if err := c.s.masters.lookup(ctx, req, reply); err != nil {
+	if err := c.s.masters.Invoke(ctx, masterv1.ObjectService_BatchGetReplicaList_FullMethodName, req, reply); err != nil {
 		return nil, err
 	}
 	errs := make([]error, len(reply.Results))

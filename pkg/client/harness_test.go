@@ -271,10 +271,20 @@ type routedStream struct {
 
 func (s *routedStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
+	// The SDK's type embeds a CallStreamResponse.
 	if a, ok := m.(interface {
 		GetBatchGetReplicaList() *masterv1.BatchGetReplicaListResponse
-	}); ok && err == nil && a.GetBatchGetReplicaList() != nil {
-		s.r.rewrite(a.GetBatchGetReplicaList())
+		GetPutStart() *masterv1.PutStartResponse
+		GetBatchPutStart() *masterv1.BatchPutStartResponse
+	}); ok && err == nil {
+		switch {
+		case a.GetBatchGetReplicaList() != nil:
+			s.r.rewrite(a.GetBatchGetReplicaList())
+		case a.GetPutStart() != nil:
+			s.r.rewrite(a.GetPutStart())
+		case a.GetBatchPutStart() != nil:
+			s.r.rewrite(a.GetBatchPutStart())
+		}
 	}
 	return err
 }

@@ -302,12 +302,25 @@ func (e *endedError) GRPCStatus() *status.Status {
 	return status.New(status.FromContextError(e.ctx).Code(), e.Error())
 }
 
-// Invoke implements grpc.ClientConnInterface: a unary call to the leader.
+// Invoke implements grpc.ClientConnInterface: a unary call to the leader,
+// carried on its call stream when it can be (callstream.go).
 func (m *masters) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	wrap := m.carriable(ctx, method)
 	return m.do(ctx, func(addr string) error {
 		cc, err := m.conn(addr)
 		if err != nil {
 			return err
+		}
+		if wrap != nil {
+			if cs := m.callStream(addr, cc); cs != nil {
+				// A fresh envelope each try: the last one may still be
+				// queued on a stream that broke.
+				if q, ok := wrap(args); ok {
+					if err := cs.call(ctx, q, reply); !errors.Is(err, errStreamDown) {
+						return err
+					}
+				}
+			}
 		}
 		return cc.Invoke(ctx, method, args, reply, opts...)
 	})
