@@ -44,9 +44,12 @@ import (
 //     does not have it (UNIMPLEMENTED, an older master), the calls waiting
 //     on it and the next ones go as unary calls; the stream is tried again
 //     after a backoff (callStreamRetry, doubling to callStreamMaxDown). A
-//     put the master ran but could not answer goes again, unary, as after
-//     a unary call whose connection broke: PutStart of a key this client
-//     has started answers as the first did, PutEnd is idempotent.
+//     master that stops answers the calls it is running before it ends
+//     its streams, as a graceful stop lets unary calls finish; a call
+//     whose stream broke unanswered goes again, unary, with the same
+//     outcome as a unary call retried after its connection broke (a
+//     PutStart the master had run is then refused ALREADY_EXISTS, a write
+//     in progress, until the put expires; PutEnd is idempotent).
 //   - Config.DisableCallStream sends every call as a unary call.
 
 // callStreamRetry and callStreamMaxDown bound how long the lookups go as

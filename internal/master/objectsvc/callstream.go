@@ -2,7 +2,6 @@ package objectsvc
 
 import (
 	"context"
-	"errors"
 	"io"
 	"sync"
 	"time"
@@ -52,16 +51,18 @@ var (
 // the stream (started as calls need them: a goroutine each would grow its
 // stack anew per call); one goroutine receives and one sends. When the
 // client closes its side, the calls running are answered and the stream
-// ends OK. When the service closes (the master stops), the stream ends at
-// once with UNAVAILABLE / MASTER_SHUTTING_DOWN; the SDK makes the calls it
-// had in flight again, as unary calls, which find the next leader.
+// ends OK. When the service closes (the master stops), the stream takes no
+// more calls, answers the ones running — as a graceful stop lets unary
+// calls finish: a put the master ran is answered — and ends with
+// UNAVAILABLE / MASTER_SHUTTING_DOWN; the SDK makes the calls it sent
+// after that again, as unary calls, which find the next leader.
 func (s *Service) CallStream(st masterv1.ObjectService_CallStreamServer) error {
 	if s.stopping.Err() != nil {
 		return errShuttingDown()
 	}
+	// ctx ends with the stream, or when sending fails.
 	ctx, cancel := context.WithCancel(st.Context())
 	defer cancel()
-	defer context.AfterFunc(s.stopping, cancel)()
 
 	// The sender: the only goroutine that calls Send. It stops when out
 	// is closed (every answer sent) or ctx ends (the stream is over).
@@ -87,23 +88,27 @@ func (s *Service) CallStream(st masterv1.ObjectService_CallStreamServer) error {
 		}
 	}()
 
-	// The receiver: the only goroutine that calls Recv, starts workers
-	// and writes to work; it closes work when it stops.
-	work := make(chan *masterv1.CallStreamRequest)
-	var wg sync.WaitGroup
+	// The receiver: the only goroutine that calls Recv and writes to work;
+	// it starts the workers, under mu, and none once draining is set.
+	var (
+		work     = make(chan *masterv1.CallStreamRequest)
+		drain    = make(chan struct{}) // closed with draining set: take no more calls
+		mu       sync.Mutex
+		draining bool
+		wg       sync.WaitGroup
+	)
 	worker := func() {
 		for {
 			select {
-			case r, ok := <-work:
-				if !ok {
-					return
-				}
+			case r := <-work:
 				m := s.answer(ctx, r)
 				select {
 				case out <- m:
 				case <-ctx.Done():
 					return
 				}
+			case <-drain:
+				return
 			case <-ctx.Done():
 				return
 			}
@@ -111,7 +116,6 @@ func (s *Service) CallStream(st masterv1.ObjectService_CallStreamServer) error {
 	}
 	received := make(chan error, 1)
 	go func() {
-		defer close(work)
 		workers := 0
 		for {
 			req, err := st.Recv()
@@ -124,12 +128,22 @@ func (s *Service) CallStream(st masterv1.ObjectService_CallStreamServer) error {
 				continue
 			default:
 			}
+			mu.Lock()
+			if draining {
+				mu.Unlock()
+				received <- nil
+				return
+			}
 			if workers < MaxStreamCalls {
 				workers++
 				wg.Go(worker)
 			}
+			mu.Unlock()
 			select {
 			case work <- req:
+			case <-drain:
+				received <- nil
+				return
 			case <-ctx.Done():
 				received <- ctx.Err()
 				return
@@ -141,21 +155,31 @@ func (s *Service) CallStream(st masterv1.ObjectService_CallStreamServer) error {
 	select {
 	case err = <-received:
 	case <-ctx.Done():
+	case <-s.stopping.Done():
 	}
-	if errors.Is(err, io.EOF) {
-		// The client closed its side: answer what runs, then end. The
-		// receiver has stopped, so no worker starts after Wait begins.
+	if err == io.EOF || s.stopping.Err() != nil {
+		// The client closed its side, or the master stops: answer the
+		// calls running, then end. After draining is set no worker
+		// starts, so Wait cannot race a new one; an idle worker leaves
+		// on drain, a busy one when its answer is queued.
+		mu.Lock()
+		draining = true
+		close(drain)
+		mu.Unlock()
 		wg.Wait()
 		close(out)
-		return <-sent
-	}
-	// Broken, cancelled or stopping: the workers and the receiver stop
-	// on ctx (the receiver once the stream ends, when this returns).
-	cancel()
-	sendErr := <-sent
-	if s.stopping.Err() != nil {
+		if sendErr := <-sent; sendErr != nil && err == io.EOF {
+			return sendErr
+		}
+		if err == io.EOF {
+			return nil
+		}
 		return errShuttingDown()
 	}
+	// Broken or cancelled: the workers and the receiver stop on ctx (the
+	// receiver once the stream ends, when this returns).
+	cancel()
+	sendErr := <-sent
 	if err == nil {
 		err = sendErr
 	}

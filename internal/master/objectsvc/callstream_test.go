@@ -339,3 +339,38 @@ func TestCallStreamCarriesPuts(t *testing.T) {
 		}
 	}
 }
+
+// TestCallStreamCloseAnswersRunningCalls: calls running when the service
+// closes are answered before the stream ends (a put the master ran must
+// reach its client, as a graceful stop lets a unary call finish).
+func TestCallStreamCloseAnswersRunningCalls(t *testing.T) {
+	gate := make(chan struct{})
+	entered := make(chan struct{}, 2)
+	h := startWith(t, 1, 1, 1<<20, Config{MaxBatch: 256, Unary: func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+		entered <- struct{}{}
+		<-gate
+		return next(ctx, req)
+	}})
+	st, err := h.cli.CallStream(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if err := st.Send(lookupCall(uint64(i+1), 0, "t", "k")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-entered
+	<-entered
+	h.svc.Close()
+	close(gate)
+	got := recvAll(t, st, 2)
+	for id, m := range got {
+		if err := callErr(m); err != nil {
+			t.Errorf("call %d running at Close: %v", id, err)
+		}
+	}
+	if _, err := st.Recv(); rpcerr.Reason(err) != "MASTER_SHUTTING_DOWN" {
+		t.Fatalf("after the running calls: %v, want MASTER_SHUTTING_DOWN", err)
+	}
+}
