@@ -45,12 +45,8 @@ func (r *rpcCounter) intercept(ctx context.Context, method string, req, reply an
 
 // interceptStream counts (and holds) the calls the client carries on the
 // master's CallStream as the unary calls they stand for.
-func (r *rpcCounter) interceptStream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	cs, err := streamer(ctx, desc, cc, method, opts...)
-	if err != nil || method != masterv1.ObjectService_CallStream_FullMethodName {
-		return cs, err
-	}
-	return &countedStream{ClientStream: cs, r: r}, nil
+func (r *rpcCounter) interceptStream() grpc.StreamClientInterceptor {
+	return onCallStream(func(cs grpc.ClientStream) grpc.ClientStream { return &countedStream{ClientStream: cs, r: r} })
 }
 
 type countedStream struct {
@@ -89,7 +85,7 @@ func carriedCall(q *masterv1.CallStreamRequest) (string, any) {
 
 // dialOptions are the interceptors that count a client's calls.
 func (r *rpcCounter) dialOptions() []grpc.DialOption {
-	return []grpc.DialOption{grpc.WithChainUnaryInterceptor(r.intercept), grpc.WithChainStreamInterceptor(r.interceptStream)}
+	return []grpc.DialOption{grpc.WithChainUnaryInterceptor(r.intercept), grpc.WithChainStreamInterceptor(r.interceptStream())}
 }
 
 // record counts a call of method m (its name alone) and holds it if asked.

@@ -75,7 +75,7 @@ func (h *harness) client(t *testing.T, cfg client.Config) *client.Client {
 	if cfg.Backoff == 0 {
 		cfg.Backoff = time.Millisecond
 	}
-	cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(h.r.intercept), grpc.WithChainStreamInterceptor(h.r.interceptStream))
+	cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(h.r.intercept), grpc.WithChainStreamInterceptor(h.r.interceptStream()))
 	c, err := client.New(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -254,14 +254,22 @@ func (r *routes) intercept(ctx context.Context, method string, req, reply any, c
 	return nil
 }
 
-// interceptStream rewrites the lookups answered on the master's
-// CallStream as intercept rewrites the unary calls'.
-func (r *routes) interceptStream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	cs, err := streamer(ctx, desc, cc, method, opts...)
-	if err != nil || method != masterv1.ObjectService_CallStream_FullMethodName {
-		return cs, err
+// onCallStream is a stream interceptor that wraps the master's CallStream
+// (the client's only stream of it), and no other stream, with wrap.
+func onCallStream(wrap func(grpc.ClientStream) grpc.ClientStream) grpc.StreamClientInterceptor {
+	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		cs, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil || method != masterv1.ObjectService_CallStream_FullMethodName {
+			return cs, err
+		}
+		return wrap(cs), nil
 	}
-	return &routedStream{ClientStream: cs, r: r}, nil
+}
+
+// interceptStream rewrites the answers of the master's CallStream as
+// intercept rewrites the unary calls'.
+func (r *routes) interceptStream() grpc.StreamClientInterceptor {
+	return onCallStream(func(cs grpc.ClientStream) grpc.ClientStream { return &routedStream{ClientStream: cs, r: r} })
 }
 
 type routedStream struct {

@@ -15,6 +15,61 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// running is a master serving cfg on loopback (runMaster), with a
+// plaintext connection to it.
+type running struct {
+	m      *Master
+	cc     *grpc.ClientConn
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// runMaster starts a master of cfg and dials it; the test's end stops it
+// if the test did not (stop).
+func runMaster(t *testing.T, cfg Config) *running {
+	t.Helper()
+	m, err := New(cfg, testutil.Logger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Server.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{m: m, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- m.Run(ctx) }()
+	if r.cc, err = grpc.NewClient(m.Server.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		cancel()
+		<-r.done
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		r.cc.Close()
+		if r.done != nil {
+			r.stop(t, time.Minute)
+		}
+	})
+	return r
+}
+
+// stop cancels the master and waits for Run, failing the test if it
+// errs or outlasts within; it returns how long Run took to return.
+func (r *running) stop(t *testing.T, within time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		r.done = nil
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(within):
+		t.Fatalf("Run did not return %v after cancel", within)
+	}
+	return time.Since(start)
+}
+
 func TestValidate(t *testing.T) {
 	tests := []struct {
 		name string
@@ -70,20 +125,8 @@ func TestRunServesAndStops(t *testing.T) {
 	// Long enough that a loaded CI machine still makes the first calls
 	// below within it (500 ms was not, once).
 	cfg.RecoveryGrace = 2 * time.Second
-	m, err := New(cfg, testutil.Logger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Server.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	cc, err := grpc.NewClient(m.Server.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := runMaster(t, cfg)
+	cc := r.cc
 	rctx, rcancel := context.WithTimeout(t.Context(), 15*time.Second)
 	defer rcancel()
 	st, err := masterv1.NewAdminServiceClient(cc).GetClusterStatus(rctx, &masterv1.GetClusterStatusRequest{}, grpc.WaitForReady(true))
@@ -115,17 +158,7 @@ func TestRunServesAndStops(t *testing.T) {
 		t.Fatalf("Exist after the recovery: %v", err)
 	}
 	cc.Close()
-	start := time.Now()
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return 10s after cancel")
-	}
-	if d := time.Since(start); d > 5*time.Second {
+	if d := r.stop(t, 10*time.Second); d > 5*time.Second {
 		t.Fatalf("shutdown took %v", d)
 	}
 }

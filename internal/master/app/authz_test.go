@@ -17,7 +17,6 @@ import (
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -304,27 +303,7 @@ func TestPlaintextAllowsEverything(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.GRPCAddr, cfg.AdminAddr = "127.0.0.1:0", ""
 	cfg.RecoveryGrace = 0
-	m, err := New(cfg, testutil.Logger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Server.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
-	cc, err := grpc.NewClient(m.Server.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	cc := runMaster(t, cfg).cc
 	rctx, rcancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer rcancel()
 	if _, err := masterv1.NewObjectServiceClient(cc).RemoveAll(rctx, &masterv1.RemoveAllRequest{Tenant: "b", Force: true}, grpc.WaitForReady(true)); err != nil {
