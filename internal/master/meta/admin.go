@@ -76,21 +76,30 @@ type SnapshotEntry struct {
 // exactly. Every shard is locked before the revision is read and each is
 // unlocked as soon as it has been copied, so no change with a later
 // revision is in the copy and none with an earlier one is missing.
+//
+// The tenant's id is looked up with every shard locked too: an id looked up
+// before could be one the tenant has since retired from (its last object
+// removed) and been re-added under another, whose objects the copy would
+// then miss although their `stored` records are before the revision. Under
+// the locks, the id lookup returns is the only one holding objects (see
+// RemoveAll).
 func (s *Store) Snapshot(ctx context.Context, tenant string) (uint64, []SnapshotEntry, error) {
-	var only uint32
 	filter := tenant != ""
-	if filter {
-		if len(tenant) > MaxTenantLen {
-			return 0, nil, errInvalid("tenant must be at most %d bytes", MaxTenantLen)
-		}
-		i, ok := s.tenants.lookup(tenant)
-		if !ok {
-			return s.log.Head(), nil, nil
-		}
-		only = i
+	if filter && len(tenant) > MaxTenantLen {
+		return 0, nil, errInvalid("tenant must be at most %d bytes", MaxTenantLen)
 	}
 	s.lockAll()
 	rev := s.log.Head()
+	var only uint32
+	if filter {
+		var ok bool
+		if only, ok = s.tenants.lookup(tenant); !ok {
+			for i := range s.shards {
+				s.shards[i].mu.Unlock()
+			}
+			return rev, nil, nil
+		}
+	}
 	var out []SnapshotEntry
 	for sh := range s.shards {
 		shd := &s.shards[sh]

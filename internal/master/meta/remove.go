@@ -113,6 +113,12 @@ func (s *Store) removeEvery(ctx context.Context, t uint32, force bool) (removed,
 // removed something, skipped nothing and the tenant is then empty (checked
 // with every shard locked, so no write slips in between), it records
 // `cleared`.
+//
+// `cleared` names the tenant, not its id, so "empty" must hold for every id
+// the name has: removing the tenant's last object retires it, and a put
+// that starts before the check re-adds the name under a new id (its slot's
+// next generation, or another slot). Objects of that id are not under t,
+// yet a follower applying `cleared` would drop their `stored` records.
 func (s *Store) RemoveAll(ctx context.Context, tenant string, force bool) (removed, skipped uint64, err error) {
 	tenant = NormalizeTenant(tenant)
 	if len(tenant) > MaxTenantLen {
@@ -127,12 +133,14 @@ func (s *Store) RemoveAll(ctx context.Context, tenant string, force bool) (remov
 		return removed, skipped, nil
 	}
 	s.lockAll()
-	empty := true
-	for i := range s.shards {
-		if s.shards[i].tenants[t].len() > 0 {
-			empty = false
-			break
-		}
+	// With every shard locked no object can be created, and any id that
+	// holds objects was added before its first object's insert (under a
+	// shard lock, so before lockAll returned): lookup sees it. A name has
+	// at most one live id, and a retired id holds no objects, so t and the
+	// name's current id are the only ones to check.
+	empty := s.tenantEmptyLocked(t)
+	if cur, ok := s.tenants.lookup(tenant); ok && cur != t && empty {
+		empty = s.tenantEmptyLocked(cur)
 	}
 	if empty {
 		recs := []changelog.Record{{Type: changelog.Cleared, Tenant: tenant, TimeMs: s.nowMs()}}
@@ -143,6 +151,17 @@ func (s *Store) RemoveAll(ctx context.Context, tenant string, force bool) (remov
 		s.shards[i].mu.Unlock()
 	}
 	return removed, skipped, nil
+}
+
+// tenantEmptyLocked reports whether no shard holds an object under tenant
+// id t (put in progress or not). Every shard must be locked (lockAll).
+func (s *Store) tenantEmptyLocked(t uint32) bool {
+	for i := range s.shards {
+		if s.shards[i].tenants[t].len() > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // RemoveByPrefix removes the tenant's objects whose key starts with

@@ -250,6 +250,9 @@ func (s *Store) shardIndex(tenant uint32, key string) int {
 // lockAll locks every shard in index order (snapshot, RemoveAll's final
 // check). Nobody else holds two shard locks, so this cannot deadlock.
 func (s *Store) lockAll() {
+	if h := s.hooks.beforeLockAll; h != nil {
+		h()
+	}
 	for i := range s.shards {
 		s.shards[i].mu.Lock()
 	}

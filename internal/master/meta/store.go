@@ -100,6 +100,9 @@ type Store struct {
 	// promo is read promotion and Prefetch (promote.go).
 	promo *promoter
 
+	// hooks are test seams (nil outside tests).
+	hooks storeHooks
+
 	evicted        prometheus.Counter
 	offloaded      prometheus.Counter
 	offloadedBytes prometheus.Counter
@@ -255,3 +258,12 @@ func (s *Store) kickEviction() {
 }
 
 func (s *Store) nowMs() int64 { return s.now().UnixMilli() }
+
+// storeHooks let tests run code at points where a race matters. Set them
+// before the Store is used concurrently; nil hooks cost one load.
+type storeHooks struct {
+	// beforeLockAll runs at the start of lockAll, before the first shard
+	// is locked: in RemoveAll after its removal pass, in Snapshot after
+	// its argument checks.
+	beforeLockAll func()
+}
