@@ -32,6 +32,9 @@ var (
 	putEndInfo              = &grpc.UnaryServerInfo{FullMethod: masterv1.ObjectService_PutEnd_FullMethodName}
 	batchPutStartInfo       = &grpc.UnaryServerInfo{FullMethod: masterv1.ObjectService_BatchPutStart_FullMethodName}
 	batchPutEndInfo         = &grpc.UnaryServerInfo{FullMethod: masterv1.ObjectService_BatchPutEnd_FullMethodName}
+	getReplicaListInfo      = &grpc.UnaryServerInfo{FullMethod: masterv1.ObjectService_GetReplicaList_FullMethodName}
+	existInfo               = &grpc.UnaryServerInfo{FullMethod: masterv1.ObjectService_Exist_FullMethodName}
+	batchExistInfo          = &grpc.UnaryServerInfo{FullMethod: masterv1.ObjectService_BatchExist_FullMethodName}
 )
 
 // CallStream implements ObjectService.CallStream: each message carries a
@@ -221,6 +224,21 @@ func (s *Service) answer(ctx context.Context, r *masterv1.CallStreamRequest) *ma
 		var a *masterv1.BatchPutEndResponse
 		if a, err = carry(ctx, s, batchPutEndInfo, c.BatchPutEnd, s.BatchPutEnd); err == nil {
 			m.Answer = &masterv1.CallStreamResponse_BatchPutEnd{BatchPutEnd: a}
+		}
+	case *masterv1.CallStreamRequest_GetReplicaList:
+		var a *masterv1.GetReplicaListResponse
+		if a, err = carry(ctx, s, getReplicaListInfo, c.GetReplicaList, s.GetReplicaList); err == nil {
+			m.Answer = &masterv1.CallStreamResponse_GetReplicaList{GetReplicaList: a}
+		}
+	case *masterv1.CallStreamRequest_Exist:
+		var a *masterv1.ExistResponse
+		if a, err = carry(ctx, s, existInfo, c.Exist, s.Exist); err == nil {
+			m.Answer = &masterv1.CallStreamResponse_Exist{Exist: a}
+		}
+	case *masterv1.CallStreamRequest_BatchExist:
+		var a *masterv1.BatchExistResponse
+		if a, err = carry(ctx, s, batchExistInfo, c.BatchExist, s.BatchExist); err == nil {
+			m.Answer = &masterv1.CallStreamResponse_BatchExist{BatchExist: a}
 		}
 	default:
 		err = status.Error(codes.Unimplemented, "call stream: the master does not know this call (an older master): make it as a unary call")

@@ -294,7 +294,8 @@ func TestCallStreamClientGone(t *testing.T) {
 
 // TestCallStreamCarriesPuts: PutStart, PutEnd and their batch forms on the
 // stream make objects readable as the unary calls do, and refuse as they
-// refuse (a PutEnd by another client).
+// refuse (a PutEnd by another client); the single lookups and Exists
+// carried find them.
 func TestCallStreamCarriesPuts(t *testing.T) {
 	h := start(t, 2, 1, 1<<20)
 	ctx := t.Context()
@@ -333,10 +334,31 @@ func TestCallStreamCarriesPuts(t *testing.T) {
 	if err := callErr(be); err != nil || be.GetBatchPutEnd().GetResults()[0].GetCode() != 0 {
 		t.Fatalf("BatchPutEnd: %v, %v", be.GetBatchPutEnd(), err)
 	}
-	for _, k := range []string{"one", "two"} {
+	for i, k := range []string{"one", "two"} {
 		if _, err := h.cli.GetReplicaList(ctx, &masterv1.GetReplicaListRequest{Tenant: "t", Key: k}); err != nil {
 			t.Errorf("%s after the carried put: %v", k, err)
 		}
+		// And the single lookups, carried.
+		gl := send(&masterv1.CallStreamRequest{RequestId: uint64(10 + i), Call: &masterv1.CallStreamRequest_GetReplicaList{
+			GetReplicaList: &masterv1.GetReplicaListRequest{Tenant: "t", Key: k}}})
+		if err := callErr(gl); err != nil || len(gl.GetGetReplicaList().GetReplicas()) != 1 {
+			t.Errorf("carried GetReplicaList %s: %v, %v", k, gl.GetGetReplicaList(), err)
+		}
+	}
+	ex := send(&masterv1.CallStreamRequest{RequestId: 20, Call: &masterv1.CallStreamRequest_Exist{Exist: &masterv1.ExistRequest{Tenant: "t", Key: "two"}}})
+	if err := callErr(ex); err != nil || !ex.GetExist().GetExists() {
+		t.Errorf("carried Exist: %v, %v", ex.GetExist(), err)
+	}
+	bx := send(&masterv1.CallStreamRequest{RequestId: 21, Call: &masterv1.CallStreamRequest_BatchExist{BatchExist: &masterv1.BatchExistRequest{
+		Items: []*masterv1.ExistRequest{{Tenant: "t", Key: "one"}, {Tenant: "t", Key: "none"}}}}})
+	if err := callErr(bx); err != nil || len(bx.GetBatchExist().GetExists()) != 2 {
+		t.Fatalf("carried BatchExist: %v, %v", bx.GetBatchExist(), err)
+	}
+	if r := bx.GetBatchExist().GetExists(); !r[0] || r[1] {
+		t.Errorf("carried BatchExist: %v", r)
+	}
+	if err := callErr(send(lookupCall(22, 0, "t", "none"))); err != nil {
+		t.Errorf("a lookup after them: %v", err)
 	}
 }
 

@@ -40,6 +40,10 @@ func FuzzRequests(f *testing.F) {
 			Items: []*masterv1.PutStartRequest{{Key: "a", Size: 1}, {Key: "k", Size: 2, Upsert: true}}}}},
 		&masterv1.CallStreamRequest{RequestId: 7, Call: &masterv1.CallStreamRequest_BatchPutEnd{BatchPutEnd: &masterv1.BatchPutEndRequest{
 			Items: []*masterv1.PutEndRequest{{Key: "k", ClientId: "w"}, {Key: "zz"}}}}},
+		&masterv1.CallStreamRequest{RequestId: 8, Call: &masterv1.CallStreamRequest_GetReplicaList{GetReplicaList: &masterv1.GetReplicaListRequest{Key: "k"}}},
+		&masterv1.CallStreamRequest{RequestId: 9, Call: &masterv1.CallStreamRequest_Exist{Exist: &masterv1.ExistRequest{Key: "k"}}},
+		&masterv1.CallStreamRequest{RequestId: 10, Call: &masterv1.CallStreamRequest_BatchExist{BatchExist: &masterv1.BatchExistRequest{
+			Items: []*masterv1.ExistRequest{{Key: "k"}, {Key: ""}}}}},
 	} {
 		b, _ := proto.Marshal(m)
 		for kind := range byte(12) {

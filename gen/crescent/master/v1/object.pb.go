@@ -2834,6 +2834,9 @@ type CallStreamRequest struct {
 	//	*CallStreamRequest_PutEnd
 	//	*CallStreamRequest_BatchPutStart
 	//	*CallStreamRequest_BatchPutEnd
+	//	*CallStreamRequest_GetReplicaList
+	//	*CallStreamRequest_Exist
+	//	*CallStreamRequest_BatchExist
 	Call          isCallStreamRequest_Call `protobuf_oneof:"call"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2935,6 +2938,33 @@ func (x *CallStreamRequest) GetBatchPutEnd() *BatchPutEndRequest {
 	return nil
 }
 
+func (x *CallStreamRequest) GetGetReplicaList() *GetReplicaListRequest {
+	if x != nil {
+		if x, ok := x.Call.(*CallStreamRequest_GetReplicaList); ok {
+			return x.GetReplicaList
+		}
+	}
+	return nil
+}
+
+func (x *CallStreamRequest) GetExist() *ExistRequest {
+	if x != nil {
+		if x, ok := x.Call.(*CallStreamRequest_Exist); ok {
+			return x.Exist
+		}
+	}
+	return nil
+}
+
+func (x *CallStreamRequest) GetBatchExist() *BatchExistRequest {
+	if x != nil {
+		if x, ok := x.Call.(*CallStreamRequest_BatchExist); ok {
+			return x.BatchExist
+		}
+	}
+	return nil
+}
+
 type isCallStreamRequest_Call interface {
 	isCallStreamRequest_Call()
 }
@@ -2959,6 +2989,18 @@ type CallStreamRequest_BatchPutEnd struct {
 	BatchPutEnd *BatchPutEndRequest `protobuf:"bytes,7,opt,name=batch_put_end,json=batchPutEnd,proto3,oneof"`
 }
 
+type CallStreamRequest_GetReplicaList struct {
+	GetReplicaList *GetReplicaListRequest `protobuf:"bytes,8,opt,name=get_replica_list,json=getReplicaList,proto3,oneof"`
+}
+
+type CallStreamRequest_Exist struct {
+	Exist *ExistRequest `protobuf:"bytes,9,opt,name=exist,proto3,oneof"`
+}
+
+type CallStreamRequest_BatchExist struct {
+	BatchExist *BatchExistRequest `protobuf:"bytes,10,opt,name=batch_exist,json=batchExist,proto3,oneof"`
+}
+
 func (*CallStreamRequest_BatchGetReplicaList) isCallStreamRequest_Call() {}
 
 func (*CallStreamRequest_PutStart) isCallStreamRequest_Call() {}
@@ -2968,6 +3010,12 @@ func (*CallStreamRequest_PutEnd) isCallStreamRequest_Call() {}
 func (*CallStreamRequest_BatchPutStart) isCallStreamRequest_Call() {}
 
 func (*CallStreamRequest_BatchPutEnd) isCallStreamRequest_Call() {}
+
+func (*CallStreamRequest_GetReplicaList) isCallStreamRequest_Call() {}
+
+func (*CallStreamRequest_Exist) isCallStreamRequest_Call() {}
+
+func (*CallStreamRequest_BatchExist) isCallStreamRequest_Call() {}
 
 // CallStreamResponse answers one CallStreamRequest.
 type CallStreamResponse struct {
@@ -2989,6 +3037,9 @@ type CallStreamResponse struct {
 	//	*CallStreamResponse_PutEnd
 	//	*CallStreamResponse_BatchPutStart
 	//	*CallStreamResponse_BatchPutEnd
+	//	*CallStreamResponse_GetReplicaList
+	//	*CallStreamResponse_Exist
+	//	*CallStreamResponse_BatchExist
 	Answer        isCallStreamResponse_Answer `protobuf_oneof:"answer"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3104,6 +3155,33 @@ func (x *CallStreamResponse) GetBatchPutEnd() *BatchPutEndResponse {
 	return nil
 }
 
+func (x *CallStreamResponse) GetGetReplicaList() *GetReplicaListResponse {
+	if x != nil {
+		if x, ok := x.Answer.(*CallStreamResponse_GetReplicaList); ok {
+			return x.GetReplicaList
+		}
+	}
+	return nil
+}
+
+func (x *CallStreamResponse) GetExist() *ExistResponse {
+	if x != nil {
+		if x, ok := x.Answer.(*CallStreamResponse_Exist); ok {
+			return x.Exist
+		}
+	}
+	return nil
+}
+
+func (x *CallStreamResponse) GetBatchExist() *BatchExistResponse {
+	if x != nil {
+		if x, ok := x.Answer.(*CallStreamResponse_BatchExist); ok {
+			return x.BatchExist
+		}
+	}
+	return nil
+}
+
 type isCallStreamResponse_Answer interface {
 	isCallStreamResponse_Answer()
 }
@@ -3128,6 +3206,18 @@ type CallStreamResponse_BatchPutEnd struct {
 	BatchPutEnd *BatchPutEndResponse `protobuf:"bytes,9,opt,name=batch_put_end,json=batchPutEnd,proto3,oneof"`
 }
 
+type CallStreamResponse_GetReplicaList struct {
+	GetReplicaList *GetReplicaListResponse `protobuf:"bytes,10,opt,name=get_replica_list,json=getReplicaList,proto3,oneof"`
+}
+
+type CallStreamResponse_Exist struct {
+	Exist *ExistResponse `protobuf:"bytes,11,opt,name=exist,proto3,oneof"`
+}
+
+type CallStreamResponse_BatchExist struct {
+	BatchExist *BatchExistResponse `protobuf:"bytes,12,opt,name=batch_exist,json=batchExist,proto3,oneof"`
+}
+
 func (*CallStreamResponse_BatchGetReplicaList) isCallStreamResponse_Answer() {}
 
 func (*CallStreamResponse_PutStart) isCallStreamResponse_Answer() {}
@@ -3137,6 +3227,12 @@ func (*CallStreamResponse_PutEnd) isCallStreamResponse_Answer() {}
 func (*CallStreamResponse_BatchPutStart) isCallStreamResponse_Answer() {}
 
 func (*CallStreamResponse_BatchPutEnd) isCallStreamResponse_Answer() {}
+
+func (*CallStreamResponse_GetReplicaList) isCallStreamResponse_Answer() {}
+
+func (*CallStreamResponse_Exist) isCallStreamResponse_Answer() {}
+
+func (*CallStreamResponse_BatchExist) isCallStreamResponse_Answer() {}
 
 var File_crescent_master_v1_object_proto protoreflect.FileDescriptor
 
@@ -3314,7 +3410,7 @@ const file_crescent_master_v1_object_proto_rawDesc = "" +
 	"\x15RemoveByRegexResponse\x12\x18\n" +
 	"\aremoved\x18\x01 \x01(\x04R\aremoved\x12\x18\n" +
 	"\askipped\x18\x02 \x01(\x04R\askipped\x12&\n" +
-	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"\xe4\x03\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"\xbf\x05\n" +
 	"\x11CallStreamRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x1d\n" +
@@ -3324,8 +3420,13 @@ const file_crescent_master_v1_object_proto_rawDesc = "" +
 	"\tput_start\x18\x04 \x01(\v2#.crescent.master.v1.PutStartRequestH\x00R\bputStart\x12<\n" +
 	"\aput_end\x18\x05 \x01(\v2!.crescent.master.v1.PutEndRequestH\x00R\x06putEnd\x12R\n" +
 	"\x0fbatch_put_start\x18\x06 \x01(\v2(.crescent.master.v1.BatchPutStartRequestH\x00R\rbatchPutStart\x12L\n" +
-	"\rbatch_put_end\x18\a \x01(\v2&.crescent.master.v1.BatchPutEndRequestH\x00R\vbatchPutEndB\x06\n" +
-	"\x04call\"\xab\x04\n" +
+	"\rbatch_put_end\x18\a \x01(\v2&.crescent.master.v1.BatchPutEndRequestH\x00R\vbatchPutEnd\x12U\n" +
+	"\x10get_replica_list\x18\b \x01(\v2).crescent.master.v1.GetReplicaListRequestH\x00R\x0egetReplicaList\x128\n" +
+	"\x05exist\x18\t \x01(\v2 .crescent.master.v1.ExistRequestH\x00R\x05exist\x12H\n" +
+	"\vbatch_exist\x18\n" +
+	" \x01(\v2%.crescent.master.v1.BatchExistRequestH\x00R\n" +
+	"batchExistB\x06\n" +
+	"\x04call\"\x89\x06\n" +
 	"\x12CallStreamResponse\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x12\n" +
@@ -3336,7 +3437,12 @@ const file_crescent_master_v1_object_proto_rawDesc = "" +
 	"\tput_start\x18\x06 \x01(\v2$.crescent.master.v1.PutStartResponseH\x00R\bputStart\x12=\n" +
 	"\aput_end\x18\a \x01(\v2\".crescent.master.v1.PutEndResponseH\x00R\x06putEnd\x12S\n" +
 	"\x0fbatch_put_start\x18\b \x01(\v2).crescent.master.v1.BatchPutStartResponseH\x00R\rbatchPutStart\x12M\n" +
-	"\rbatch_put_end\x18\t \x01(\v2'.crescent.master.v1.BatchPutEndResponseH\x00R\vbatchPutEndB\b\n" +
+	"\rbatch_put_end\x18\t \x01(\v2'.crescent.master.v1.BatchPutEndResponseH\x00R\vbatchPutEnd\x12V\n" +
+	"\x10get_replica_list\x18\n" +
+	" \x01(\v2*.crescent.master.v1.GetReplicaListResponseH\x00R\x0egetReplicaList\x129\n" +
+	"\x05exist\x18\v \x01(\v2!.crescent.master.v1.ExistResponseH\x00R\x05exist\x12I\n" +
+	"\vbatch_exist\x18\f \x01(\v2&.crescent.master.v1.BatchExistResponseH\x00R\n" +
+	"batchExistB\b\n" +
 	"\x06answer*\x83\x01\n" +
 	"\rPrefetchState\x12\x1e\n" +
 	"\x1aPREFETCH_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
@@ -3483,61 +3589,67 @@ var file_crescent_master_v1_object_proto_depIdxs = []int32{
 	12, // 35: crescent.master.v1.CallStreamRequest.put_end:type_name -> crescent.master.v1.PutEndRequest
 	16, // 36: crescent.master.v1.CallStreamRequest.batch_put_start:type_name -> crescent.master.v1.BatchPutStartRequest
 	19, // 37: crescent.master.v1.CallStreamRequest.batch_put_end:type_name -> crescent.master.v1.BatchPutEndRequest
-	56, // 38: crescent.master.v1.CallStreamResponse.details:type_name -> google.protobuf.Any
-	26, // 39: crescent.master.v1.CallStreamResponse.batch_get_replica_list:type_name -> crescent.master.v1.BatchGetReplicaListResponse
-	11, // 40: crescent.master.v1.CallStreamResponse.put_start:type_name -> crescent.master.v1.PutStartResponse
-	13, // 41: crescent.master.v1.CallStreamResponse.put_end:type_name -> crescent.master.v1.PutEndResponse
-	17, // 42: crescent.master.v1.CallStreamResponse.batch_put_start:type_name -> crescent.master.v1.BatchPutStartResponse
-	20, // 43: crescent.master.v1.CallStreamResponse.batch_put_end:type_name -> crescent.master.v1.BatchPutEndResponse
-	10, // 44: crescent.master.v1.ObjectService.PutStart:input_type -> crescent.master.v1.PutStartRequest
-	12, // 45: crescent.master.v1.ObjectService.PutEnd:input_type -> crescent.master.v1.PutEndRequest
-	14, // 46: crescent.master.v1.ObjectService.PutRevoke:input_type -> crescent.master.v1.PutRevokeRequest
-	16, // 47: crescent.master.v1.ObjectService.BatchPutStart:input_type -> crescent.master.v1.BatchPutStartRequest
-	19, // 48: crescent.master.v1.ObjectService.BatchPutEnd:input_type -> crescent.master.v1.BatchPutEndRequest
-	21, // 49: crescent.master.v1.ObjectService.BatchPutRevoke:input_type -> crescent.master.v1.BatchPutRevokeRequest
-	23, // 50: crescent.master.v1.ObjectService.GetReplicaList:input_type -> crescent.master.v1.GetReplicaListRequest
-	25, // 51: crescent.master.v1.ObjectService.BatchGetReplicaList:input_type -> crescent.master.v1.BatchGetReplicaListRequest
-	49, // 52: crescent.master.v1.ObjectService.CallStream:input_type -> crescent.master.v1.CallStreamRequest
-	28, // 53: crescent.master.v1.ObjectService.Exist:input_type -> crescent.master.v1.ExistRequest
-	30, // 54: crescent.master.v1.ObjectService.BatchExist:input_type -> crescent.master.v1.BatchExistRequest
-	32, // 55: crescent.master.v1.ObjectService.GetSize:input_type -> crescent.master.v1.GetSizeRequest
-	34, // 56: crescent.master.v1.ObjectService.QueryRoute:input_type -> crescent.master.v1.QueryRouteRequest
-	36, // 57: crescent.master.v1.ObjectService.ListObjects:input_type -> crescent.master.v1.ListObjectsRequest
-	39, // 58: crescent.master.v1.ObjectService.Remove:input_type -> crescent.master.v1.RemoveRequest
-	41, // 59: crescent.master.v1.ObjectService.BatchRemove:input_type -> crescent.master.v1.BatchRemoveRequest
-	43, // 60: crescent.master.v1.ObjectService.RemoveAll:input_type -> crescent.master.v1.RemoveAllRequest
-	45, // 61: crescent.master.v1.ObjectService.RemoveByPrefix:input_type -> crescent.master.v1.RemoveByPrefixRequest
-	47, // 62: crescent.master.v1.ObjectService.RemoveByRegex:input_type -> crescent.master.v1.RemoveByRegexRequest
-	5,  // 63: crescent.master.v1.ObjectService.Copy:input_type -> crescent.master.v1.ObjectServiceCopyRequest
-	7,  // 64: crescent.master.v1.ObjectService.Move:input_type -> crescent.master.v1.ObjectServiceMoveRequest
-	1,  // 65: crescent.master.v1.ObjectService.Prefetch:input_type -> crescent.master.v1.PrefetchRequest
-	11, // 66: crescent.master.v1.ObjectService.PutStart:output_type -> crescent.master.v1.PutStartResponse
-	13, // 67: crescent.master.v1.ObjectService.PutEnd:output_type -> crescent.master.v1.PutEndResponse
-	15, // 68: crescent.master.v1.ObjectService.PutRevoke:output_type -> crescent.master.v1.PutRevokeResponse
-	17, // 69: crescent.master.v1.ObjectService.BatchPutStart:output_type -> crescent.master.v1.BatchPutStartResponse
-	20, // 70: crescent.master.v1.ObjectService.BatchPutEnd:output_type -> crescent.master.v1.BatchPutEndResponse
-	22, // 71: crescent.master.v1.ObjectService.BatchPutRevoke:output_type -> crescent.master.v1.BatchPutRevokeResponse
-	24, // 72: crescent.master.v1.ObjectService.GetReplicaList:output_type -> crescent.master.v1.GetReplicaListResponse
-	26, // 73: crescent.master.v1.ObjectService.BatchGetReplicaList:output_type -> crescent.master.v1.BatchGetReplicaListResponse
-	50, // 74: crescent.master.v1.ObjectService.CallStream:output_type -> crescent.master.v1.CallStreamResponse
-	29, // 75: crescent.master.v1.ObjectService.Exist:output_type -> crescent.master.v1.ExistResponse
-	31, // 76: crescent.master.v1.ObjectService.BatchExist:output_type -> crescent.master.v1.BatchExistResponse
-	33, // 77: crescent.master.v1.ObjectService.GetSize:output_type -> crescent.master.v1.GetSizeResponse
-	35, // 78: crescent.master.v1.ObjectService.QueryRoute:output_type -> crescent.master.v1.QueryRouteResponse
-	37, // 79: crescent.master.v1.ObjectService.ListObjects:output_type -> crescent.master.v1.ListObjectsResponse
-	40, // 80: crescent.master.v1.ObjectService.Remove:output_type -> crescent.master.v1.RemoveResponse
-	42, // 81: crescent.master.v1.ObjectService.BatchRemove:output_type -> crescent.master.v1.BatchRemoveResponse
-	44, // 82: crescent.master.v1.ObjectService.RemoveAll:output_type -> crescent.master.v1.RemoveAllResponse
-	46, // 83: crescent.master.v1.ObjectService.RemoveByPrefix:output_type -> crescent.master.v1.RemoveByPrefixResponse
-	48, // 84: crescent.master.v1.ObjectService.RemoveByRegex:output_type -> crescent.master.v1.RemoveByRegexResponse
-	6,  // 85: crescent.master.v1.ObjectService.Copy:output_type -> crescent.master.v1.ObjectServiceCopyResponse
-	8,  // 86: crescent.master.v1.ObjectService.Move:output_type -> crescent.master.v1.ObjectServiceMoveResponse
-	2,  // 87: crescent.master.v1.ObjectService.Prefetch:output_type -> crescent.master.v1.PrefetchResponse
-	66, // [66:88] is the sub-list for method output_type
-	44, // [44:66] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	23, // 38: crescent.master.v1.CallStreamRequest.get_replica_list:type_name -> crescent.master.v1.GetReplicaListRequest
+	28, // 39: crescent.master.v1.CallStreamRequest.exist:type_name -> crescent.master.v1.ExistRequest
+	30, // 40: crescent.master.v1.CallStreamRequest.batch_exist:type_name -> crescent.master.v1.BatchExistRequest
+	56, // 41: crescent.master.v1.CallStreamResponse.details:type_name -> google.protobuf.Any
+	26, // 42: crescent.master.v1.CallStreamResponse.batch_get_replica_list:type_name -> crescent.master.v1.BatchGetReplicaListResponse
+	11, // 43: crescent.master.v1.CallStreamResponse.put_start:type_name -> crescent.master.v1.PutStartResponse
+	13, // 44: crescent.master.v1.CallStreamResponse.put_end:type_name -> crescent.master.v1.PutEndResponse
+	17, // 45: crescent.master.v1.CallStreamResponse.batch_put_start:type_name -> crescent.master.v1.BatchPutStartResponse
+	20, // 46: crescent.master.v1.CallStreamResponse.batch_put_end:type_name -> crescent.master.v1.BatchPutEndResponse
+	24, // 47: crescent.master.v1.CallStreamResponse.get_replica_list:type_name -> crescent.master.v1.GetReplicaListResponse
+	29, // 48: crescent.master.v1.CallStreamResponse.exist:type_name -> crescent.master.v1.ExistResponse
+	31, // 49: crescent.master.v1.CallStreamResponse.batch_exist:type_name -> crescent.master.v1.BatchExistResponse
+	10, // 50: crescent.master.v1.ObjectService.PutStart:input_type -> crescent.master.v1.PutStartRequest
+	12, // 51: crescent.master.v1.ObjectService.PutEnd:input_type -> crescent.master.v1.PutEndRequest
+	14, // 52: crescent.master.v1.ObjectService.PutRevoke:input_type -> crescent.master.v1.PutRevokeRequest
+	16, // 53: crescent.master.v1.ObjectService.BatchPutStart:input_type -> crescent.master.v1.BatchPutStartRequest
+	19, // 54: crescent.master.v1.ObjectService.BatchPutEnd:input_type -> crescent.master.v1.BatchPutEndRequest
+	21, // 55: crescent.master.v1.ObjectService.BatchPutRevoke:input_type -> crescent.master.v1.BatchPutRevokeRequest
+	23, // 56: crescent.master.v1.ObjectService.GetReplicaList:input_type -> crescent.master.v1.GetReplicaListRequest
+	25, // 57: crescent.master.v1.ObjectService.BatchGetReplicaList:input_type -> crescent.master.v1.BatchGetReplicaListRequest
+	49, // 58: crescent.master.v1.ObjectService.CallStream:input_type -> crescent.master.v1.CallStreamRequest
+	28, // 59: crescent.master.v1.ObjectService.Exist:input_type -> crescent.master.v1.ExistRequest
+	30, // 60: crescent.master.v1.ObjectService.BatchExist:input_type -> crescent.master.v1.BatchExistRequest
+	32, // 61: crescent.master.v1.ObjectService.GetSize:input_type -> crescent.master.v1.GetSizeRequest
+	34, // 62: crescent.master.v1.ObjectService.QueryRoute:input_type -> crescent.master.v1.QueryRouteRequest
+	36, // 63: crescent.master.v1.ObjectService.ListObjects:input_type -> crescent.master.v1.ListObjectsRequest
+	39, // 64: crescent.master.v1.ObjectService.Remove:input_type -> crescent.master.v1.RemoveRequest
+	41, // 65: crescent.master.v1.ObjectService.BatchRemove:input_type -> crescent.master.v1.BatchRemoveRequest
+	43, // 66: crescent.master.v1.ObjectService.RemoveAll:input_type -> crescent.master.v1.RemoveAllRequest
+	45, // 67: crescent.master.v1.ObjectService.RemoveByPrefix:input_type -> crescent.master.v1.RemoveByPrefixRequest
+	47, // 68: crescent.master.v1.ObjectService.RemoveByRegex:input_type -> crescent.master.v1.RemoveByRegexRequest
+	5,  // 69: crescent.master.v1.ObjectService.Copy:input_type -> crescent.master.v1.ObjectServiceCopyRequest
+	7,  // 70: crescent.master.v1.ObjectService.Move:input_type -> crescent.master.v1.ObjectServiceMoveRequest
+	1,  // 71: crescent.master.v1.ObjectService.Prefetch:input_type -> crescent.master.v1.PrefetchRequest
+	11, // 72: crescent.master.v1.ObjectService.PutStart:output_type -> crescent.master.v1.PutStartResponse
+	13, // 73: crescent.master.v1.ObjectService.PutEnd:output_type -> crescent.master.v1.PutEndResponse
+	15, // 74: crescent.master.v1.ObjectService.PutRevoke:output_type -> crescent.master.v1.PutRevokeResponse
+	17, // 75: crescent.master.v1.ObjectService.BatchPutStart:output_type -> crescent.master.v1.BatchPutStartResponse
+	20, // 76: crescent.master.v1.ObjectService.BatchPutEnd:output_type -> crescent.master.v1.BatchPutEndResponse
+	22, // 77: crescent.master.v1.ObjectService.BatchPutRevoke:output_type -> crescent.master.v1.BatchPutRevokeResponse
+	24, // 78: crescent.master.v1.ObjectService.GetReplicaList:output_type -> crescent.master.v1.GetReplicaListResponse
+	26, // 79: crescent.master.v1.ObjectService.BatchGetReplicaList:output_type -> crescent.master.v1.BatchGetReplicaListResponse
+	50, // 80: crescent.master.v1.ObjectService.CallStream:output_type -> crescent.master.v1.CallStreamResponse
+	29, // 81: crescent.master.v1.ObjectService.Exist:output_type -> crescent.master.v1.ExistResponse
+	31, // 82: crescent.master.v1.ObjectService.BatchExist:output_type -> crescent.master.v1.BatchExistResponse
+	33, // 83: crescent.master.v1.ObjectService.GetSize:output_type -> crescent.master.v1.GetSizeResponse
+	35, // 84: crescent.master.v1.ObjectService.QueryRoute:output_type -> crescent.master.v1.QueryRouteResponse
+	37, // 85: crescent.master.v1.ObjectService.ListObjects:output_type -> crescent.master.v1.ListObjectsResponse
+	40, // 86: crescent.master.v1.ObjectService.Remove:output_type -> crescent.master.v1.RemoveResponse
+	42, // 87: crescent.master.v1.ObjectService.BatchRemove:output_type -> crescent.master.v1.BatchRemoveResponse
+	44, // 88: crescent.master.v1.ObjectService.RemoveAll:output_type -> crescent.master.v1.RemoveAllResponse
+	46, // 89: crescent.master.v1.ObjectService.RemoveByPrefix:output_type -> crescent.master.v1.RemoveByPrefixResponse
+	48, // 90: crescent.master.v1.ObjectService.RemoveByRegex:output_type -> crescent.master.v1.RemoveByRegexResponse
+	6,  // 91: crescent.master.v1.ObjectService.Copy:output_type -> crescent.master.v1.ObjectServiceCopyResponse
+	8,  // 92: crescent.master.v1.ObjectService.Move:output_type -> crescent.master.v1.ObjectServiceMoveResponse
+	2,  // 93: crescent.master.v1.ObjectService.Prefetch:output_type -> crescent.master.v1.PrefetchResponse
+	72, // [72:94] is the sub-list for method output_type
+	50, // [50:72] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_crescent_master_v1_object_proto_init() }
@@ -3557,6 +3669,9 @@ func file_crescent_master_v1_object_proto_init() {
 		(*CallStreamRequest_PutEnd)(nil),
 		(*CallStreamRequest_BatchPutStart)(nil),
 		(*CallStreamRequest_BatchPutEnd)(nil),
+		(*CallStreamRequest_GetReplicaList)(nil),
+		(*CallStreamRequest_Exist)(nil),
+		(*CallStreamRequest_BatchExist)(nil),
 	}
 	file_crescent_master_v1_object_proto_msgTypes[49].OneofWrappers = []any{
 		(*CallStreamResponse_BatchGetReplicaList)(nil),
@@ -3564,6 +3679,9 @@ func file_crescent_master_v1_object_proto_init() {
 		(*CallStreamResponse_PutEnd)(nil),
 		(*CallStreamResponse_BatchPutStart)(nil),
 		(*CallStreamResponse_BatchPutEnd)(nil),
+		(*CallStreamResponse_GetReplicaList)(nil),
+		(*CallStreamResponse_Exist)(nil),
+		(*CallStreamResponse_BatchExist)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -82,9 +82,9 @@ type ObjectServiceClient interface {
 	GetReplicaList(ctx context.Context, in *GetReplicaListRequest, opts ...grpc.CallOption) (*GetReplicaListResponse, error)
 	// BatchGetReplicaList is GetReplicaList for many objects.
 	BatchGetReplicaList(ctx context.Context, in *BatchGetReplicaListRequest, opts ...grpc.CallOption) (*BatchGetReplicaListResponse, error)
-	// CallStream carries calls that are otherwise unary (BatchGetReplicaList,
-	// PutStart, PutEnd, BatchPutStart, BatchPutEnd) over one long-lived
-	// stream, by request id, so that a client with many calls in flight pays
+	// CallStream carries calls that are otherwise unary (GetReplicaList,
+	// BatchGetReplicaList, Exist, BatchExist, PutStart, PutEnd, BatchPutStart,
+	// BatchPutEnd) over one long-lived stream, by request id, so that a client with many calls in flight pays
 	// no unary call's setup per call. Each message is answered as the unary
 	// call it carries would be: the same authorization (its tenant), limits,
 	// interceptors and errors, its status in the answer; the stream itself
@@ -431,9 +431,9 @@ type ObjectServiceServer interface {
 	GetReplicaList(context.Context, *GetReplicaListRequest) (*GetReplicaListResponse, error)
 	// BatchGetReplicaList is GetReplicaList for many objects.
 	BatchGetReplicaList(context.Context, *BatchGetReplicaListRequest) (*BatchGetReplicaListResponse, error)
-	// CallStream carries calls that are otherwise unary (BatchGetReplicaList,
-	// PutStart, PutEnd, BatchPutStart, BatchPutEnd) over one long-lived
-	// stream, by request id, so that a client with many calls in flight pays
+	// CallStream carries calls that are otherwise unary (GetReplicaList,
+	// BatchGetReplicaList, Exist, BatchExist, PutStart, PutEnd, BatchPutStart,
+	// BatchPutEnd) over one long-lived stream, by request id, so that a client with many calls in flight pays
 	// no unary call's setup per call. Each message is answered as the unary
 	// call it carries would be: the same authorization (its tenant), limits,
 	// interceptors and errors, its status in the answer; the stream itself

@@ -212,9 +212,9 @@ class ObjectServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def CallStream(self, request_iterator, context):
-        """CallStream carries calls that are otherwise unary (BatchGetReplicaList,
-        PutStart, PutEnd, BatchPutStart, BatchPutEnd) over one long-lived
-        stream, by request id, so that a client with many calls in flight pays
+        """CallStream carries calls that are otherwise unary (GetReplicaList,
+        BatchGetReplicaList, Exist, BatchExist, PutStart, PutEnd, BatchPutStart,
+        BatchPutEnd) over one long-lived stream, by request id, so that a client with many calls in flight pays
         no unary call's setup per call. Each message is answered as the unary
         call it carries would be: the same authorization (its tenant), limits,
         interceptors and errors, its status in the answer; the stream itself
