@@ -17,17 +17,15 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// The SDK's batch and put calls to the master (BatchGetReplicaList — the
-// coalesced Gets' lookups —, PutStart, PutEnd and their batch forms) go on
-// one long-lived ObjectService.CallStream per master instead of a unary
-// call each (issue 18): a message on an open stream costs 40-46 % less CPU
-// than a unary call and comes back 37-44 % sooner (BenchmarkRPCShape), and
-// the coalesced Gets are bound by that round trip, a 1 MiB put's CPU off
-// the data path by those calls. The master runs each carried call through
-// the unary call's interceptors and answers it with the unary call's
-// status, so nothing but the transport differs. Single lookups
-// (GetReplicaList, Exist: a lone Get) stay unary calls, whose round trip
-// alone is shorter.
+// The SDK's lookups and puts' calls to the master (GetReplicaList,
+// BatchGetReplicaList, Exist, BatchExist, PutStart, PutEnd, BatchPutStart,
+// BatchPutEnd) go on one long-lived ObjectService.CallStream per master
+// instead of a unary call each (issue 18): a message on an open stream
+// costs 40-46 % less CPU than a unary call and comes back 37-44 % sooner
+// (BenchmarkRPCShape), and the coalesced Gets are bound by that round
+// trip, a lone Get or put by its latency. The master runs each carried
+// call through the unary call's interceptors and answers it with the
+// unary call's status, so nothing but the transport differs.
 //
 //   - masters.Invoke sends the calls of carriedCalls on the stream, through
 //     do, so they follow the leader and fail over as every master call
@@ -87,6 +85,18 @@ var carriedCalls = map[string]func(args any) (*masterv1.CallStreamRequest, bool)
 	masterv1.ObjectService_BatchPutEnd_FullMethodName: func(a any) (*masterv1.CallStreamRequest, bool) {
 		q, ok := a.(*masterv1.BatchPutEndRequest)
 		return &masterv1.CallStreamRequest{Call: &masterv1.CallStreamRequest_BatchPutEnd{BatchPutEnd: q}}, ok
+	},
+	masterv1.ObjectService_GetReplicaList_FullMethodName: func(a any) (*masterv1.CallStreamRequest, bool) {
+		q, ok := a.(*masterv1.GetReplicaListRequest)
+		return &masterv1.CallStreamRequest{Call: &masterv1.CallStreamRequest_GetReplicaList{GetReplicaList: q}}, ok
+	},
+	masterv1.ObjectService_Exist_FullMethodName: func(a any) (*masterv1.CallStreamRequest, bool) {
+		q, ok := a.(*masterv1.ExistRequest)
+		return &masterv1.CallStreamRequest{Call: &masterv1.CallStreamRequest_Exist{Exist: q}}, ok
+	},
+	masterv1.ObjectService_BatchExist_FullMethodName: func(a any) (*masterv1.CallStreamRequest, bool) {
+		q, ok := a.(*masterv1.BatchExistRequest)
+		return &masterv1.CallStreamRequest{Call: &masterv1.CallStreamRequest_BatchExist{BatchExist: q}}, ok
 	},
 }
 
@@ -326,6 +336,12 @@ func (r *callReply) answerInto(reply any) error {
 		src = a.BatchPutStart
 	case *masterv1.CallStreamResponse_BatchPutEnd:
 		src = a.BatchPutEnd
+	case *masterv1.CallStreamResponse_GetReplicaList:
+		src = a.GetReplicaList
+	case *masterv1.CallStreamResponse_Exist:
+		src = a.Exist
+	case *masterv1.CallStreamResponse_BatchExist:
+		src = a.BatchExist
 	}
 	dst, ok := reply.(proto.Message)
 	if src == nil || !ok || dst.ProtoReflect().Descriptor().FullName() != src.ProtoReflect().Descriptor().FullName() {

@@ -52,14 +52,14 @@ func putKeys(t *testing.T, c *client.Client, n int) map[string][]byte {
 	return data
 }
 
-// TestCallStreamCarriesCalls: concurrent Gets' lookups and puts' PutStart
+// TestCallStreamCarriesCalls: Gets' lookups, Exists and puts' PutStart
 // and PutEnd (single and batched) go on the master's CallStream, not as
 // unary calls, and the master runs each through its unary method's
 // interceptors (the cluster's hook counts them by that name). With
 // DisableCallStream they are unary calls.
 func TestCallStreamCarriesCalls(t *testing.T) {
 	h := start(t, testcluster.Options{})
-	carriedKinds := []string{"BatchGetReplicaList", "PutStart", "PutEnd", "BatchPutStart", "BatchPutEnd"}
+	carriedKinds := []string{"GetReplicaList", "BatchGetReplicaList", "Exist", "BatchExist", "PutStart", "PutEnd", "BatchPutStart", "BatchPutEnd"}
 	for _, off := range []bool{false, true} {
 		t.Run(fmt.Sprint("DisableCallStream=", off), func(t *testing.T) {
 			r := newRPCCounter()
@@ -87,6 +87,11 @@ func TestCallStreamCarriesCalls(t *testing.T) {
 			}
 			wg.Wait()
 			getMany(t, c, data)
+			for k := range data {
+				if ok, err := c.Exist(t.Context(), k); !ok || err != nil {
+					t.Fatalf("Exist %s: %v, %v", k, ok, err)
+				}
+			}
 			calls, _ := r.snapshot()
 			r.mu.Lock()
 			carried := r.carried

@@ -79,6 +79,12 @@ func carriedCall(q *masterv1.CallStreamRequest) (string, any) {
 		return "BatchPutStart", c.BatchPutStart
 	case *masterv1.CallStreamRequest_BatchPutEnd:
 		return "BatchPutEnd", c.BatchPutEnd
+	case *masterv1.CallStreamRequest_GetReplicaList:
+		return "GetReplicaList", c.GetReplicaList
+	case *masterv1.CallStreamRequest_Exist:
+		return "Exist", c.Exist
+	case *masterv1.CallStreamRequest_BatchExist:
+		return "BatchExist", c.BatchExist
 	}
 	return fmt.Sprintf("%T", q.GetCall()), nil
 }

@@ -281,11 +281,14 @@ func (s *routedStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
 	// The SDK's type embeds a CallStreamResponse.
 	if a, ok := m.(interface {
+		GetGetReplicaList() *masterv1.GetReplicaListResponse
 		GetBatchGetReplicaList() *masterv1.BatchGetReplicaListResponse
 		GetPutStart() *masterv1.PutStartResponse
 		GetBatchPutStart() *masterv1.BatchPutStartResponse
 	}); ok && err == nil {
 		switch {
+		case a.GetGetReplicaList() != nil:
+			s.r.rewrite(a.GetGetReplicaList())
 		case a.GetBatchGetReplicaList() != nil:
 			s.r.rewrite(a.GetBatchGetReplicaList())
 		case a.GetPutStart() != nil:
