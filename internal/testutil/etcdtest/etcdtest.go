@@ -3,10 +3,13 @@
 package etcdtest
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,22 +36,36 @@ func StartTLS(t testing.TB, certFile, keyFile, caFile string) *Server {
 
 func start(t testing.TB, tlsInfo *transport.TLSInfo) *Server {
 	t.Helper()
-	cfg := embed.NewConfig()
-	cfg.Name = "test"
-	cfg.Dir = t.TempDir()
-	cfg.LogLevel = "error"
-	cfg.Logger = "zap"
-	client, peer := freeURL(t), freeURL(t)
-	if tlsInfo != nil {
-		client.Scheme = "https"
-		cfg.ClientTLSInfo = *tlsInfo
-	}
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		t.Fatalf("etcd: %v", err)
+	// freeURL's ports are free when it looks, not when etcd binds them: a
+	// test in another process may take one in between (TestHAEtcdTLS once
+	// failed "bind: address already in use" under CI's parallel packages).
+	// Such a start is tried again on fresh ports.
+	var (
+		e      *embed.Etcd
+		client url.URL
+		err    error
+	)
+	for try := 1; ; try++ {
+		cfg := embed.NewConfig()
+		cfg.Name = "test"
+		cfg.Dir = t.TempDir()
+		cfg.LogLevel = "error"
+		cfg.Logger = "zap"
+		var peer url.URL
+		client, peer = freeURL(t), freeURL(t)
+		if tlsInfo != nil {
+			client.Scheme = "https"
+			cfg.ClientTLSInfo = *tlsInfo
+		}
+		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
+		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
+		cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+		if e, err = embed.StartEtcd(cfg); err == nil {
+			break
+		}
+		if try == 5 || !(errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use")) {
+			t.Fatalf("etcd: %v", err)
+		}
 	}
 	select {
 	case <-e.Server.ReadyNotify():
