@@ -22,6 +22,8 @@ const (
 	// timeout_ms; 0 is the cap). A unary call's deadline is the client's;
 	// a carried call's bounds what one message can hold on the master.
 	MaxCallTimeout = 10 * time.Second
+	// keepIdle is how many of a stream's workers may wait for a call.
+	keepIdle = 4
 )
 
 // The interceptors see a carried call as its unary method: its metrics,
@@ -50,9 +52,10 @@ var (
 // admits the roles that may make the calls it carries; each call is then
 // authorized, its tenant included, as the unary call is.
 //
-// Up to MaxStreamCalls calls run at once, on workers that live as long as
-// the stream (started as calls need them: a goroutine each would grow its
-// stack anew per call); one goroutine receives and one sends. When the
+// Up to MaxStreamCalls calls run at once, on workers started as calls need
+// them, of which up to keepIdle stay while the stream lives (a goroutine
+// per call would grow its stack anew each time); one goroutine receives
+// and one sends. When the
 // client closes its side, the calls running are answered and the stream
 // ends OK. When the service closes (the master stops), the stream takes no
 // more calls, answers the ones running — as a graceful stop lets unary
@@ -92,24 +95,43 @@ func (s *Service) CallStream(st masterv1.ObjectService_CallStreamServer) error {
 	}()
 
 	// The receiver: the only goroutine that calls Recv and writes to work;
-	// it starts the workers, under mu, and none once draining is set.
+	// it starts the workers, under mu, and none once draining is set. A
+	// worker that finishes a call while keepIdle others wait for one
+	// leaves: a stream that once had many calls in flight does not keep
+	// their goroutines.
 	var (
 		work     = make(chan *masterv1.CallStreamRequest)
 		drain    = make(chan struct{}) // closed with draining set: take no more calls
 		mu       sync.Mutex
 		draining bool
+		workers  int // running, under mu
+		idle     int // waiting for a call, under mu
 		wg       sync.WaitGroup
 	)
 	worker := func() {
+		mu.Lock()
+		idle++
+		mu.Unlock()
 		for {
 			select {
 			case r := <-work:
+				mu.Lock()
+				idle--
+				mu.Unlock()
 				m := s.answer(ctx, r)
 				select {
 				case out <- m:
 				case <-ctx.Done():
 					return
 				}
+				mu.Lock()
+				if idle >= keepIdle {
+					workers--
+					mu.Unlock()
+					return
+				}
+				idle++
+				mu.Unlock()
 			case <-drain:
 				return
 			case <-ctx.Done():
@@ -119,7 +141,6 @@ func (s *Service) CallStream(st masterv1.ObjectService_CallStreamServer) error {
 	}
 	received := make(chan error, 1)
 	go func() {
-		workers := 0
 		for {
 			req, err := st.Recv()
 			if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -190,6 +191,9 @@ func TestCallStreamCapsCallsInFlight(t *testing.T) {
 	running, most := 0, 0
 	gate := make(chan struct{})
 	h := startWith(t, 1, 1, 1<<20, Config{MaxBatch: 256, Unary: func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+		if req.(*masterv1.BatchGetReplicaListRequest).GetItems()[0].GetKey() == "free" {
+			return next(ctx, req)
+		}
 		mu.Lock()
 		running++
 		most = max(most, running)
@@ -204,6 +208,13 @@ func TestCallStreamCapsCallsInFlight(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// One call first: the stream, its sender and receiver and one worker
+	// are up.
+	if err := st.Send(lookupCall(1000, 0, "t", "free")); err != nil {
+		t.Fatal(err)
+	}
+	recvAll(t, st, 1)
+	base := runtime.NumGoroutine()
 	const n = 3 * MaxStreamCalls
 	for i := range n {
 		if err := st.Send(lookupCall(uint64(i+1), 0, "t", "k")); err != nil {
@@ -224,10 +235,18 @@ func TestCallStreamCapsCallsInFlight(t *testing.T) {
 	close(gate)
 	recvAll(t, st, n)
 	mu.Lock()
-	defer mu.Unlock()
 	if most != MaxStreamCalls {
 		t.Fatalf("%d calls ran at once, want MaxStreamCalls (%d)", most, MaxStreamCalls)
 	}
+	mu.Unlock()
+	// The burst's workers do not stay: at most keepIdle wait for calls
+	// (base counted one).
+	testutil.EventuallyNoError(t, 10*time.Second, func() error {
+		if g := runtime.NumGoroutine(); g > base+keepIdle {
+			return fmt.Errorf("%d goroutines, %d before the burst: workers stayed", g, base)
+		}
+		return nil
+	})
 }
 
 // TestCallStreamClose: Close ends the streams open with UNAVAILABLE /
