@@ -174,10 +174,14 @@ bench-failover: build $(BIN)/etcd
 
 ## fuzz: run every fuzz target briefly (FUZZTIME=30s for longer)
 FUZZTIME ?= 10s
+# Go minimizes each new interesting input for up to 60 s by default, and
+# its execs/s reads 0 meanwhile: with FUZZTIME=10s most targets spent their
+# time minimizing (41 new inputs in 15 s with 1 s, 1 without, FuzzUnmarshal).
+FUZZMINIMIZE ?= 1s
 fuzz:
 	@for pkg in $$($(GO) list $(PKGS)); do \
 		for f in $$($(GO) test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
-			echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+			echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE) $$pkg || exit 1; \
 		done; \
 	done
 
