@@ -140,12 +140,18 @@ type callStream struct {
 
 // openStream is one opened stream and its waiters.
 type openStream struct {
-	st      grpc.ClientStream
-	cancel  context.CancelFunc
-	sendQ   chan *masterv1.CallStreamRequest
-	done    chan struct{} // closed when the stream is given up
-	waiting map[uint64]chan *callReply
+	st       grpc.ClientStream
+	cancel   context.CancelFunc
+	sendQ    chan *masterv1.CallStreamRequest
+	done     chan struct{} // closed when the stream is given up
+	finish   chan struct{} // closed by close: the sender closes our side
+	received chan struct{} // closed when the receiver has stopped
+	waiting  map[uint64]chan *callReply
 }
+
+// closeWait bounds how long close waits for the master to end a stream
+// whose side it closed, before it cancels it.
+const closeWait = time.Second
 
 // call carries m, answered into reply. errStreamDown: it was not answered
 // on the stream, and should go as a unary call.
@@ -219,7 +225,8 @@ func (c *callStream) open() (*openStream, error) {
 		return nil, errStreamDown
 	}
 	o := &openStream{st: st, cancel: cancel, sendQ: make(chan *masterv1.CallStreamRequest, 64),
-		done: make(chan struct{}), waiting: map[uint64]chan *callReply{}}
+		done: make(chan struct{}), finish: make(chan struct{}), received: make(chan struct{}),
+		waiting: map[uint64]chan *callReply{}}
 	c.cur = o
 	c.stopped.Add(2)
 	go func() { // the sender: the only goroutine that sends on st
@@ -231,6 +238,12 @@ func (c *callStream) open() (*openStream, error) {
 					c.broke(o, err)
 					return
 				}
+			case <-o.finish:
+				// The client closes: end our side, so that the master
+				// answers what it runs and ends the stream OK rather
+				// than see it cancelled.
+				_ = st.CloseSend()
+				return
 			case <-o.done:
 				return
 			}
@@ -238,6 +251,7 @@ func (c *callStream) open() (*openStream, error) {
 	}()
 	go func() { // the receiver
 		defer c.stopped.Done()
+		defer close(o.received)
 		for {
 			r := &callReply{}
 			if err := st.RecvMsg(r); err != nil {
@@ -293,15 +307,29 @@ func (c *callStream) down(err error) {
 	c.until = time.Now().Add(wait)
 }
 
-// close ends the stream and waits for its goroutines.
+// close ends the stream and waits for its goroutines: it closes its side,
+// waits up to closeWait for the master to end the stream (the receiver
+// then stops), and cancels it.
 func (c *callStream) close() {
 	c.mu.Lock()
 	c.closed = true
-	if c.cur != nil {
-		c.shut(c.cur)
-		c.cur = nil
-	}
+	o := c.cur
 	c.mu.Unlock()
+	if o != nil {
+		close(o.finish)
+		t := time.NewTimer(closeWait)
+		select {
+		case <-o.received:
+		case <-t.C:
+		}
+		t.Stop()
+		c.mu.Lock()
+		if c.cur == o {
+			c.cur = nil
+			c.shut(o)
+		}
+		c.mu.Unlock()
+	}
 	c.stopped.Wait()
 }
 

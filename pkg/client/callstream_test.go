@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -232,4 +236,48 @@ func TestCallStreamDeadline(t *testing.T) {
 	if r.carried < 3 {
 		t.Fatalf("%d lookups carried; the stream should have served the last two", r.carried)
 	}
+}
+
+// TestCallStreamCloseEndsOK: a client's Close ends its call stream as a
+// finished call (OK in the master's metrics), not as a cancelled one.
+func TestCallStreamCloseEndsOK(t *testing.T) {
+	h := start(t, testcluster.Options{})
+	handled := func(code string) float64 {
+		t.Helper()
+		resp, err := http.Get("http://" + h.MasterAdminAddr() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if strings.HasPrefix(line, "grpc_server_handled_total{") && strings.Contains(line, `grpc_method="CallStream"`) &&
+				strings.Contains(line, `grpc_code="`+code+`"`) {
+				v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+				return v
+			}
+		}
+		return 0
+	}
+	r := newRPCCounter()
+	c, err := client.New(t.Context(), client.Config{Master: h.MasterAddr(), DialOptions: r.dialOptions()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	putKeys(t, c, 4) // the first put connects; the others go on the stream
+	r.mu.Lock()
+	carried := r.carried
+	r.mu.Unlock()
+	if carried == 0 {
+		t.Fatal("no call on the stream")
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.EventuallyNoError(t, 10*time.Second, func() error {
+		if ok, cancelled := handled("OK"), handled("Canceled"); ok != 1 || cancelled != 0 {
+			return fmt.Errorf("CallStream handled: %v OK, %v Canceled", ok, cancelled)
+		}
+		return nil
+	})
 }

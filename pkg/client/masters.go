@@ -143,16 +143,18 @@ func (m *masters) next(addr string) {
 	m.leader = m.addrs[(slices.Index(m.addrs, addr)+1)%len(m.addrs)]
 }
 
-// Close closes every call stream and connection. Idempotent.
+// Close closes every call stream, then every connection. Idempotent.
 func (m *masters) Close() error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	if m.closed {
+		m.mu.Unlock()
 		return nil
 	}
-	m.closed = true
+	m.closed = true // no stream or connection is added after this
+	m.mu.Unlock()
+	// Without m.mu: a stream's close may wait for its master (closeWait).
 	for _, cs := range m.streams {
-		cs.close() // takes only cs.mu, as its goroutines do
+		cs.close()
 	}
 	var errs []error
 	for _, cc := range m.conns {
