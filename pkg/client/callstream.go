@@ -7,6 +7,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/callstream"
 	"go.opentelemetry.io/otel/trace"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
@@ -27,7 +28,7 @@ import (
 // call through the unary call's interceptors and answers it with the
 // unary call's status, so nothing but the transport differs.
 //
-//   - masters.Invoke sends the calls of carriedCalls on the stream, through
+//   - masters.Invoke sends the calls CallStream carries on the stream, through
 //     do, so they follow the leader and fail over as every master call
 //     does; errors the master answers for a call (NOT_LEADER,
 //     MASTER_RECOVERING, a tenant refused) are that call's.
@@ -63,49 +64,11 @@ var errStreamDown = errors.New("client: call stream down")
 
 var callStreamDesc = &grpc.StreamDesc{StreamName: "CallStream", ServerStreams: true, ClientStreams: true}
 
-// carriedCalls are the methods masters.Invoke sends on the call stream,
-// each with the envelope of its request (false: not its request type).
-var carriedCalls = map[string]func(args any) (*masterv1.CallStreamRequest, bool){
-	masterv1.ObjectService_BatchGetReplicaList_FullMethodName: func(a any) (*masterv1.CallStreamRequest, bool) {
-		q, ok := a.(*masterv1.BatchGetReplicaListRequest)
-		return &masterv1.CallStreamRequest{Call: &masterv1.CallStreamRequest_BatchGetReplicaList{BatchGetReplicaList: q}}, ok
-	},
-	masterv1.ObjectService_PutStart_FullMethodName: func(a any) (*masterv1.CallStreamRequest, bool) {
-		q, ok := a.(*masterv1.PutStartRequest)
-		return &masterv1.CallStreamRequest{Call: &masterv1.CallStreamRequest_PutStart{PutStart: q}}, ok
-	},
-	masterv1.ObjectService_PutEnd_FullMethodName: func(a any) (*masterv1.CallStreamRequest, bool) {
-		q, ok := a.(*masterv1.PutEndRequest)
-		return &masterv1.CallStreamRequest{Call: &masterv1.CallStreamRequest_PutEnd{PutEnd: q}}, ok
-	},
-	masterv1.ObjectService_BatchPutStart_FullMethodName: func(a any) (*masterv1.CallStreamRequest, bool) {
-		q, ok := a.(*masterv1.BatchPutStartRequest)
-		return &masterv1.CallStreamRequest{Call: &masterv1.CallStreamRequest_BatchPutStart{BatchPutStart: q}}, ok
-	},
-	masterv1.ObjectService_BatchPutEnd_FullMethodName: func(a any) (*masterv1.CallStreamRequest, bool) {
-		q, ok := a.(*masterv1.BatchPutEndRequest)
-		return &masterv1.CallStreamRequest{Call: &masterv1.CallStreamRequest_BatchPutEnd{BatchPutEnd: q}}, ok
-	},
-	masterv1.ObjectService_GetReplicaList_FullMethodName: func(a any) (*masterv1.CallStreamRequest, bool) {
-		q, ok := a.(*masterv1.GetReplicaListRequest)
-		return &masterv1.CallStreamRequest{Call: &masterv1.CallStreamRequest_GetReplicaList{GetReplicaList: q}}, ok
-	},
-	masterv1.ObjectService_Exist_FullMethodName: func(a any) (*masterv1.CallStreamRequest, bool) {
-		q, ok := a.(*masterv1.ExistRequest)
-		return &masterv1.CallStreamRequest{Call: &masterv1.CallStreamRequest_Exist{Exist: q}}, ok
-	},
-	masterv1.ObjectService_BatchExist_FullMethodName: func(a any) (*masterv1.CallStreamRequest, bool) {
-		q, ok := a.(*masterv1.BatchExistRequest)
-		return &masterv1.CallStreamRequest{Call: &masterv1.CallStreamRequest_BatchExist{BatchExist: q}}, ok
-	},
-}
-
-// carriable reports whether a call of method goes on the call stream.
-func (m *masters) carriable(ctx context.Context, method string) func(any) (*masterv1.CallStreamRequest, bool) {
-	if m.noStream || trace.SpanContextFromContext(ctx).IsSampled() {
-		return nil
-	}
-	return carriedCalls[method]
+// carries reports whether a call of method goes on the call stream: one
+// CallStream carries (internal/callstream: the proto decides), when the
+// stream is not turned off and the call's trace is not sampled.
+func (m *masters) carries(ctx context.Context, method string) bool {
+	return !m.noStream && callstream.Carries(method) && !trace.SpanContextFromContext(ctx).IsSampled()
 }
 
 // callStream is the call stream to addr, made on first use; nil once the
@@ -344,32 +307,16 @@ type callReply struct {
 // (into the caller's fresh message: a copy). An answer of another type
 // than reply's is the master's error.
 func (r *callReply) answerInto(reply any) error {
-	var src proto.Message
-	switch a := r.Answer.(type) {
-	case *masterv1.CallStreamResponse_BatchGetReplicaList:
+	src := callstream.Answer(&r.CallStreamResponse)
+	if a, ok := src.(*masterv1.BatchGetReplicaListResponse); ok {
 		switch dst := reply.(type) {
 		case *lookupReply:
-			dst.Results = a.BatchGetReplicaList.GetResults()
+			dst.Results = a.GetResults()
 			return nil
 		case *masterv1.BatchGetReplicaListResponse:
-			dst.Results = a.BatchGetReplicaList.GetResults()
+			dst.Results = a.GetResults()
 			return nil
 		}
-		src = a.BatchGetReplicaList
-	case *masterv1.CallStreamResponse_PutStart:
-		src = a.PutStart
-	case *masterv1.CallStreamResponse_PutEnd:
-		src = a.PutEnd
-	case *masterv1.CallStreamResponse_BatchPutStart:
-		src = a.BatchPutStart
-	case *masterv1.CallStreamResponse_BatchPutEnd:
-		src = a.BatchPutEnd
-	case *masterv1.CallStreamResponse_GetReplicaList:
-		src = a.GetReplicaList
-	case *masterv1.CallStreamResponse_Exist:
-		src = a.Exist
-	case *masterv1.CallStreamResponse_BatchExist:
-		src = a.BatchExist
 	}
 	dst, ok := reply.(proto.Message)
 	if src == nil || !ok || dst.ProtoReflect().Descriptor().FullName() != src.ProtoReflect().Descriptor().FullName() {

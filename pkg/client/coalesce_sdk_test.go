@@ -10,6 +10,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/callstream"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testcluster"
 	"github.com/crescent-kv/crescent/internal/testutil"
@@ -56,37 +57,13 @@ type countedStream struct {
 
 func (s *countedStream) SendMsg(m any) error {
 	if q, ok := m.(*masterv1.CallStreamRequest); ok {
-		name, req := carriedCall(q)
+		method, req, _ := callstream.Unwrap(q)
 		s.r.mu.Lock()
 		s.r.carried++
 		s.r.mu.Unlock()
-		s.r.record(name, req)
+		s.r.record(method[strings.LastIndex(method, "/")+1:], req)
 	}
 	return s.ClientStream.SendMsg(m)
-}
-
-// carriedCall is the unary method (its name alone) and request a
-// CallStream message carries.
-func carriedCall(q *masterv1.CallStreamRequest) (string, any) {
-	switch c := q.GetCall().(type) {
-	case *masterv1.CallStreamRequest_BatchGetReplicaList:
-		return "BatchGetReplicaList", c.BatchGetReplicaList
-	case *masterv1.CallStreamRequest_PutStart:
-		return "PutStart", c.PutStart
-	case *masterv1.CallStreamRequest_PutEnd:
-		return "PutEnd", c.PutEnd
-	case *masterv1.CallStreamRequest_BatchPutStart:
-		return "BatchPutStart", c.BatchPutStart
-	case *masterv1.CallStreamRequest_BatchPutEnd:
-		return "BatchPutEnd", c.BatchPutEnd
-	case *masterv1.CallStreamRequest_GetReplicaList:
-		return "GetReplicaList", c.GetReplicaList
-	case *masterv1.CallStreamRequest_Exist:
-		return "Exist", c.Exist
-	case *masterv1.CallStreamRequest_BatchExist:
-		return "BatchExist", c.BatchExist
-	}
-	return fmt.Sprintf("%T", q.GetCall()), nil
 }
 
 // dialOptions are the interceptors that count a client's calls.

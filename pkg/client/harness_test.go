@@ -14,6 +14,7 @@ import (
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/callstream"
 	masterapp "github.com/crescent-kv/crescent/internal/master/app"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testcluster"
@@ -21,6 +22,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/xfer"
 	"github.com/crescent-kv/crescent/pkg/client"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 )
 
 // The SDK's tests run against a real cluster started in-process by
@@ -280,21 +282,9 @@ type routedStream struct {
 func (s *routedStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
 	// The SDK's type embeds a CallStreamResponse.
-	if a, ok := m.(interface {
-		GetGetReplicaList() *masterv1.GetReplicaListResponse
-		GetBatchGetReplicaList() *masterv1.BatchGetReplicaListResponse
-		GetPutStart() *masterv1.PutStartResponse
-		GetBatchPutStart() *masterv1.BatchPutStartResponse
-	}); ok && err == nil {
-		switch {
-		case a.GetGetReplicaList() != nil:
-			s.r.rewrite(a.GetGetReplicaList())
-		case a.GetBatchGetReplicaList() != nil:
-			s.r.rewrite(a.GetBatchGetReplicaList())
-		case a.GetPutStart() != nil:
-			s.r.rewrite(a.GetPutStart())
-		case a.GetBatchPutStart() != nil:
-			s.r.rewrite(a.GetBatchPutStart())
+	if pm, ok := m.(proto.Message); ok && err == nil {
+		if a := callstream.Answer(pm); a != nil {
+			s.r.rewrite(a)
 		}
 	}
 	return err

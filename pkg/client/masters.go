@@ -9,6 +9,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/callstream"
 	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"google.golang.org/grpc"
@@ -307,17 +308,17 @@ func (e *endedError) GRPCStatus() *status.Status {
 // Invoke implements grpc.ClientConnInterface: a unary call to the leader,
 // carried on its call stream when it can be (callstream.go).
 func (m *masters) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
-	wrap := m.carriable(ctx, method)
+	carried := m.carries(ctx, method)
 	return m.do(ctx, func(addr string) error {
 		cc, err := m.conn(addr)
 		if err != nil {
 			return err
 		}
-		if wrap != nil {
+		if carried {
 			if cs := m.callStream(addr, cc); cs != nil {
 				// A fresh envelope each try: the last one may still be
 				// queued on a stream that broke.
-				if q, ok := wrap(args); ok {
+				if q, ok := callstream.Wrap(method, args); ok {
 					if err := cs.call(ctx, q, reply); !errors.Is(err, errStreamDown) {
 						return err
 					}

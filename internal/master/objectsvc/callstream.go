@@ -7,9 +7,11 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/callstream"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // Limits of one CallStream.
@@ -26,18 +28,44 @@ const (
 	keepIdle = 4
 )
 
-// The interceptors see a carried call as its unary method: its metrics,
-// logs, authorization rule, gates and test hooks are the unary call's.
-var (
-	batchGetReplicaListInfo = &grpc.UnaryServerInfo{FullMethod: masterv1.ObjectService_BatchGetReplicaList_FullMethodName}
-	putStartInfo            = &grpc.UnaryServerInfo{FullMethod: masterv1.ObjectService_PutStart_FullMethodName}
-	putEndInfo              = &grpc.UnaryServerInfo{FullMethod: masterv1.ObjectService_PutEnd_FullMethodName}
-	batchPutStartInfo       = &grpc.UnaryServerInfo{FullMethod: masterv1.ObjectService_BatchPutStart_FullMethodName}
-	batchPutEndInfo         = &grpc.UnaryServerInfo{FullMethod: masterv1.ObjectService_BatchPutEnd_FullMethodName}
-	getReplicaListInfo      = &grpc.UnaryServerInfo{FullMethod: masterv1.ObjectService_GetReplicaList_FullMethodName}
-	existInfo               = &grpc.UnaryServerInfo{FullMethod: masterv1.ObjectService_Exist_FullMethodName}
-	batchExistInfo          = &grpc.UnaryServerInfo{FullMethod: masterv1.ObjectService_BatchExist_FullMethodName}
-)
+// carriedCall is the handler of a carried call, and what the interceptors
+// see of it: its unary method's name, so that its metrics, logs,
+// authorization rule, gates and test hooks are the unary call's.
+type carriedCall struct {
+	info    *grpc.UnaryServerInfo
+	handler grpc.UnaryHandler
+}
+
+// carriedCalls are the service's handlers of the calls CallStream carries
+// (callstream.Methods: the proto decides which), by full method name.
+func (s *Service) carriedCalls() map[string]carriedCall {
+	hs := map[string]grpc.UnaryHandler{
+		masterv1.ObjectService_GetReplicaList_FullMethodName:      handle(s.GetReplicaList),
+		masterv1.ObjectService_BatchGetReplicaList_FullMethodName: handle(s.BatchGetReplicaList),
+		masterv1.ObjectService_Exist_FullMethodName:               handle(s.Exist),
+		masterv1.ObjectService_BatchExist_FullMethodName:          handle(s.BatchExist),
+		masterv1.ObjectService_PutStart_FullMethodName:            handle(s.PutStart),
+		masterv1.ObjectService_PutEnd_FullMethodName:              handle(s.PutEnd),
+		masterv1.ObjectService_BatchPutStart_FullMethodName:       handle(s.BatchPutStart),
+		masterv1.ObjectService_BatchPutEnd_FullMethodName:         handle(s.BatchPutEnd),
+	}
+	out := make(map[string]carriedCall, len(hs))
+	for m, h := range hs {
+		out[m] = carriedCall{info: &grpc.UnaryServerInfo{Server: s, FullMethod: m}, handler: h}
+	}
+	return out
+}
+
+// handle is h as a grpc.UnaryHandler.
+func handle[Q, R any](h func(context.Context, Q) (R, error)) grpc.UnaryHandler {
+	return func(ctx context.Context, req any) (any, error) {
+		resp, err := h(ctx, req.(Q))
+		if err != nil {
+			return nil, err
+		}
+		return resp, nil
+	}
+}
 
 // CallStream implements ObjectService.CallStream: each message carries a
 // call that is otherwise unary, answered by request id as that call would
@@ -220,48 +248,13 @@ func (s *Service) answer(ctx context.Context, r *masterv1.CallStreamRequest) *ma
 	defer cancel()
 	m := &masterv1.CallStreamResponse{RequestId: r.GetRequestId()}
 	var err error
-	switch c := r.GetCall().(type) {
-	case *masterv1.CallStreamRequest_BatchGetReplicaList:
-		var a *masterv1.BatchGetReplicaListResponse
-		if a, err = carry(ctx, s, batchGetReplicaListInfo, c.BatchGetReplicaList, s.BatchGetReplicaList); err == nil {
-			m.Answer = &masterv1.CallStreamResponse_BatchGetReplicaList{BatchGetReplicaList: a}
+	method, req, ok := callstream.Unwrap(r)
+	if c, known := s.carried[method]; ok && known {
+		var resp any
+		if resp, err = s.unary(ctx, req, c.info, c.handler); err == nil && !callstream.SetAnswer(m, resp.(proto.Message)) {
+			err = status.Errorf(codes.Internal, "call stream: no answer field for %T", resp)
 		}
-	case *masterv1.CallStreamRequest_PutStart:
-		var a *masterv1.PutStartResponse
-		if a, err = carry(ctx, s, putStartInfo, c.PutStart, s.PutStart); err == nil {
-			m.Answer = &masterv1.CallStreamResponse_PutStart{PutStart: a}
-		}
-	case *masterv1.CallStreamRequest_PutEnd:
-		var a *masterv1.PutEndResponse
-		if a, err = carry(ctx, s, putEndInfo, c.PutEnd, s.PutEnd); err == nil {
-			m.Answer = &masterv1.CallStreamResponse_PutEnd{PutEnd: a}
-		}
-	case *masterv1.CallStreamRequest_BatchPutStart:
-		var a *masterv1.BatchPutStartResponse
-		if a, err = carry(ctx, s, batchPutStartInfo, c.BatchPutStart, s.BatchPutStart); err == nil {
-			m.Answer = &masterv1.CallStreamResponse_BatchPutStart{BatchPutStart: a}
-		}
-	case *masterv1.CallStreamRequest_BatchPutEnd:
-		var a *masterv1.BatchPutEndResponse
-		if a, err = carry(ctx, s, batchPutEndInfo, c.BatchPutEnd, s.BatchPutEnd); err == nil {
-			m.Answer = &masterv1.CallStreamResponse_BatchPutEnd{BatchPutEnd: a}
-		}
-	case *masterv1.CallStreamRequest_GetReplicaList:
-		var a *masterv1.GetReplicaListResponse
-		if a, err = carry(ctx, s, getReplicaListInfo, c.GetReplicaList, s.GetReplicaList); err == nil {
-			m.Answer = &masterv1.CallStreamResponse_GetReplicaList{GetReplicaList: a}
-		}
-	case *masterv1.CallStreamRequest_Exist:
-		var a *masterv1.ExistResponse
-		if a, err = carry(ctx, s, existInfo, c.Exist, s.Exist); err == nil {
-			m.Answer = &masterv1.CallStreamResponse_Exist{Exist: a}
-		}
-	case *masterv1.CallStreamRequest_BatchExist:
-		var a *masterv1.BatchExistResponse
-		if a, err = carry(ctx, s, batchExistInfo, c.BatchExist, s.BatchExist); err == nil {
-			m.Answer = &masterv1.CallStreamResponse_BatchExist{BatchExist: a}
-		}
-	default:
+	} else {
 		err = status.Error(codes.Unimplemented, "call stream: the master does not know this call (an older master): make it as a unary call")
 	}
 	if err != nil {
@@ -269,16 +262,4 @@ func (s *Service) answer(ctx context.Context, r *masterv1.CallStreamRequest) *ma
 		m.Code, m.Message, m.Details = sp.GetCode(), sp.GetMessage(), sp.GetDetails()
 	}
 	return m
-}
-
-// carry runs handler on req through the unary chain, as info's method.
-func carry[Q, R any](ctx context.Context, s *Service, info *grpc.UnaryServerInfo, req Q, handler func(context.Context, Q) (R, error)) (R, error) {
-	resp, err := s.unary(ctx, req, info, func(ctx context.Context, req any) (any, error) {
-		return handler(ctx, req.(Q))
-	})
-	if err != nil {
-		var zero R
-		return zero, err
-	}
-	return resp.(R), nil
 }

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/callstream"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
@@ -214,7 +216,7 @@ func TestCallStreamCapsCallsInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	recvAll(t, st, 1)
-	base := runtime.NumGoroutine()
+	base := streamGoroutines()
 	const n = 3 * MaxStreamCalls
 	for i := range n {
 		if err := st.Send(lookupCall(uint64(i+1), 0, "t", "k")); err != nil {
@@ -242,7 +244,7 @@ func TestCallStreamCapsCallsInFlight(t *testing.T) {
 	// The burst's workers do not stay: at most keepIdle wait for calls
 	// (base counted one).
 	testutil.EventuallyNoError(t, 10*time.Second, func() error {
-		if g := runtime.NumGoroutine(); g > base+keepIdle {
+		if g := streamGoroutines(); g > base+keepIdle {
 			return fmt.Errorf("%d goroutines, %d before the burst: workers stayed", g, base)
 		}
 		return nil
@@ -413,5 +415,35 @@ func TestCallStreamCloseAnswersRunningCalls(t *testing.T) {
 	}
 	if _, err := st.Recv(); rpcerr.Reason(err) != "MASTER_SHUTTING_DOWN" {
 		t.Fatalf("after the running calls: %v, want MASTER_SHUTTING_DOWN", err)
+	}
+}
+
+// streamGoroutines counts the goroutines of CallStream handlers (the
+// handler, its sender, receiver and workers): the process's whole count
+// also moves with the goroutines of earlier tests' servers winding down.
+func streamGoroutines() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if strings.Contains(g, "objectsvc.(*Service).CallStream") {
+			n++
+		}
+	}
+	return n
+}
+
+// TestCallStreamHandlesEveryCarriedCall: every method the proto makes
+// CallStream carry has a handler here (else the SDK's calls of it would be
+// answered UNIMPLEMENTED and go again, unary).
+func TestCallStreamHandlesEveryCarriedCall(t *testing.T) {
+	s := New(Config{}, nil)
+	for _, m := range callstream.Methods() {
+		if _, ok := s.carried[m]; !ok {
+			t.Errorf("CallStream carries %s, which the service does not handle", m)
+		}
+	}
+	if len(s.carried) != len(callstream.Methods()) {
+		t.Errorf("%d handlers for %d carried methods", len(s.carried), len(callstream.Methods()))
 	}
 }

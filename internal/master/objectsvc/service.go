@@ -33,7 +33,8 @@ type Service struct {
 	store    *meta.Store
 	maxBatch int
 	unary    grpc.UnaryServerInterceptor
-	stopping context.Context // ended by Close
+	carried  map[string]carriedCall // CallStream's calls (callstream.go)
+	stopping context.Context        // ended by Close
 	stop     context.CancelFunc
 }
 
@@ -48,6 +49,7 @@ func New(cfg Config, store *meta.Store) *Service {
 		}
 	}
 	s := &Service{store: store, maxBatch: cfg.MaxBatch, unary: cfg.Unary}
+	s.carried = s.carriedCalls()
 	s.stopping, s.stop = context.WithCancel(context.Background())
 	return s
 }
