@@ -240,8 +240,8 @@ func (r *Registry) startGraceLocked(e *entry, deadline time.Time) {
 	}
 }
 
-// Disconnect records that the agent's session ended. Its segments become
-// SUSPECTED at once (nothing can be sent to the agent, and the master can no
+// Disconnect records that the agent's session ended. Its segments not
+// already UNMOUNTING become SUSPECTED at once (nothing can be sent to the agent, and the master can no
 // longer vouch for its reads); liveness unmounts them unmount_after after the
 // last heartbeat unless the agent comes back. When the agent had announced a
 // clean stop, its GRACEFULLY_UNMOUNTING segments become UNMOUNTING now and
@@ -257,7 +257,11 @@ func (r *Registry) Disconnect(agentID string, gen uint64) (unmounting []string) 
 	a.connected, a.reconciling, a.disconnectAt = false, false, now
 	for _, id := range slices.Sorted(maps.Keys(a.segments)) {
 		e := r.segs[id]
-		if e == nil || e.seg.Lifecycle == lcUnmounted {
+		// An UNMOUNTING segment is already being dropped by whoever moved
+		// it there, and reads of it are refused by its lifecycle; its
+		// health stays as that unmount found it, so the outcome does not
+		// depend on whether the stream ended before or after the drop.
+		if e == nil || e.seg.Lifecycle == lcUnmounted || e.seg.Lifecycle == lcUnmounting {
 			continue
 		}
 		r.setHealthLocked(e, suspected)

@@ -320,6 +320,14 @@ func TestGracefulUnmount(t *testing.T) {
 		if !slices.Equal(x.Unmounting, []string{"s1"}) || !slices.Equal(x.Lost, []string{"a1"}) {
 			t.Fatalf("at the deadline: got %+v", x)
 		}
+		// The lost agent's stream may end before or after the unmount
+		// completes; either way the segment ends UNMOUNTED/HEALTHY.
+		if got := r.Disconnect("a1", gen); len(got) != 0 {
+			t.Fatalf("Disconnect during the unmount: got %v, want none", got)
+		}
+		wantState(t, r, "s1", lcUnmounting, healthy)
+		r.MarkUnmounted([]string{"s1"})
+		wantState(t, r, "s1", lcUnmounted, healthy)
 	})
 	t.Run("stream closes", func(t *testing.T) {
 		r, _, _ := newTestRegistry(t)
