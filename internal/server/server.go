@@ -168,29 +168,27 @@ func New(cfg Config, lg *slog.Logger, reg *prometheus.Registry, opts ...grpc.Ser
 		grpcprom.WithHistogramBuckets([]float64{0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5}),
 	))
 	reg.MustRegister(metrics)
-	logOpts := []logging.Option{
-		logging.WithLogOnEvents(logging.FinishCall),
-		logging.WithLevels(func(c codes.Code) logging.Level {
-			if slices.Contains(cfg.QuietCodes, c) {
-				return logging.LevelDebug
-			}
-			switch c {
-			case codes.OK, codes.NotFound, codes.AlreadyExists, codes.Canceled, codes.FailedPrecondition, codes.InvalidArgument, codes.OutOfRange:
-				return logging.LevelDebug
-			case codes.Internal, codes.Unknown, codes.DataLoss:
-				return logging.LevelError
-			default:
-				return logging.LevelWarn
-			}
-		}),
+	levels := func(c codes.Code) logging.Level {
+		if slices.Contains(cfg.QuietCodes, c) {
+			return logging.LevelDebug
+		}
+		switch c {
+		case codes.OK, codes.NotFound, codes.AlreadyExists, codes.Canceled, codes.FailedPrecondition, codes.InvalidArgument, codes.OutOfRange:
+			return logging.LevelDebug
+		case codes.Internal, codes.Unknown, codes.DataLoss:
+			return logging.LevelError
+		default:
+			return logging.LevelWarn
+		}
 	}
+	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall), logging.WithLevels(levels)}
 	recoverOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		lg.ErrorContext(ctx, "panic in grpc handler", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 		return status.Errorf(codes.Internal, "internal error")
 	})
 	unary := []grpc.UnaryServerInterceptor{
 		metrics.UnaryServerInterceptor(),
-		logging.UnaryServerInterceptor(slogAdapter(lg), logOpts...),
+		finishLog(lg, levels),
 		recovery.UnaryServerInterceptor(recoverOpt),
 	}
 	stream := []grpc.StreamServerInterceptor{
