@@ -37,6 +37,16 @@ func lookupCall(id uint64, timeoutMs uint32, tenant string, keys ...string) *mas
 		Call: &masterv1.CallStreamRequest_BatchGetReplicaList{BatchGetReplicaList: req}}
 }
 
+// sendLookups sends n lookups of tenant t's key k, request ids 1 to n.
+func sendLookups(t *testing.T, st masterv1.ObjectService_CallStreamClient, n int) {
+	t.Helper()
+	for i := range n {
+		if err := st.Send(lookupCall(uint64(i+1), 0, "t", "k")); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // recvAll receives n answers, by request id.
 func recvAll(t *testing.T, st masterv1.ObjectService_CallStreamClient, n int) map[uint64]*masterv1.CallStreamResponse {
 	t.Helper()
@@ -218,11 +228,7 @@ func TestCallStreamCapsCallsInFlight(t *testing.T) {
 	recvAll(t, st, 1)
 	base := streamGoroutines()
 	const n = 3 * MaxStreamCalls
-	for i := range n {
-		if err := st.Send(lookupCall(uint64(i+1), 0, "t", "k")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	sendLookups(t, st, n)
 	testutil.EventuallyNoError(t, 10*time.Second, func() error {
 		mu.Lock()
 		defer mu.Unlock()
@@ -300,11 +306,7 @@ func TestCallStreamClientGone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 4 {
-		if err := st.Send(lookupCall(uint64(i+1), 0, "t", "k")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	sendLookups(t, st, 4)
 	<-entered
 	cancel()
 	if _, err := st.Recv(); !errors.Is(err, context.Canceled) && status.Code(err) != codes.Canceled {
@@ -398,11 +400,7 @@ func TestCallStreamCloseAnswersRunningCalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 2 {
-		if err := st.Send(lookupCall(uint64(i+1), 0, "t", "k")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	sendLookups(t, st, 2)
 	<-entered
 	<-entered
 	h.svc.Close()
