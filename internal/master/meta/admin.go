@@ -94,9 +94,7 @@ func (s *Store) Snapshot(ctx context.Context, tenant string) (uint64, []Snapshot
 	if filter {
 		var ok bool
 		if only, ok = s.tenants.lookup(tenant); !ok {
-			for i := range s.shards {
-				s.shards[i].mu.Unlock()
-			}
+			s.unlockAll()
 			return rev, nil, nil
 		}
 	}

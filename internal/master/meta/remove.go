@@ -147,9 +147,7 @@ func (s *Store) RemoveAll(ctx context.Context, tenant string, force bool) (remov
 		s.log.AppendTraced(recs, sampled(ctx))
 		s.changes.Inc()
 	}
-	for i := range s.shards {
-		s.shards[i].mu.Unlock()
-	}
+	s.unlockAll()
 	return removed, skipped, nil
 }
 

@@ -257,3 +257,10 @@ func (s *Store) lockAll() {
 		s.shards[i].mu.Lock()
 	}
 }
+
+// unlockAll unlocks every shard lockAll locked.
+func (s *Store) unlockAll() {
+	for i := range s.shards {
+		s.shards[i].mu.Unlock()
+	}
+}
