@@ -122,11 +122,15 @@ func (s *Service) CallStream(st masterv1.ObjectService_CallStreamServer) error {
 		}
 	}()
 
-	// The receiver: the only goroutine that calls Recv and writes to work;
-	// it starts the workers, under mu, and none once draining is set. A
-	// worker that finishes a call while keepIdle others wait for one
-	// leaves: a stream that once had many calls in flight does not keep
-	// their goroutines.
+	// The receiver: the only goroutine that calls Recv and writes to work.
+	// A call no idle worker takes at once starts a worker of its own,
+	// under mu, while fewer than MaxStreamCalls run and draining is not
+	// set; past that it waits for a worker to finish. A worker that has
+	// answered waits for the next call only while fewer than keepIdle
+	// others do, else it leaves: a stream that once had many calls in
+	// flight does not keep their goroutines. Only that choice adds to
+	// idle (a new worker starts with its call), so idle never exceeds
+	// keepIdle, however the receiver and the workers interleave.
 	var (
 		work     = make(chan *masterv1.CallStreamRequest)
 		drain    = make(chan struct{}) // closed with draining set: take no more calls
@@ -136,29 +140,26 @@ func (s *Service) CallStream(st masterv1.ObjectService_CallStreamServer) error {
 		idle     int // waiting for a call, under mu
 		wg       sync.WaitGroup
 	)
-	worker := func() {
-		mu.Lock()
-		idle++
-		mu.Unlock()
+	worker := func(r *masterv1.CallStreamRequest) {
 		for {
+			m := s.answer(ctx, r)
 			select {
-			case r := <-work:
+			case out <- m:
+			case <-ctx.Done():
+				return
+			}
+			mu.Lock()
+			if idle >= keepIdle {
+				workers--
+				mu.Unlock()
+				return
+			}
+			idle++
+			mu.Unlock()
+			select {
+			case r = <-work:
 				mu.Lock()
 				idle--
-				mu.Unlock()
-				m := s.answer(ctx, r)
-				select {
-				case out <- m:
-				case <-ctx.Done():
-					return
-				}
-				mu.Lock()
-				if idle >= keepIdle {
-					workers--
-					mu.Unlock()
-					return
-				}
-				idle++
 				mu.Unlock()
 			case <-drain:
 				return
@@ -188,7 +189,9 @@ func (s *Service) CallStream(st masterv1.ObjectService_CallStreamServer) error {
 			}
 			if workers < MaxStreamCalls {
 				workers++
-				wg.Go(worker)
+				wg.Go(func() { worker(req) })
+				mu.Unlock()
+				continue
 			}
 			mu.Unlock()
 			select {
