@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -53,7 +56,10 @@ var (
 // process's CPU time (client, master and agents together) per object of
 // the put phase and of the first one-stream raw phase (get-cpu-µs: of the
 // get phase): on a shared VM the
-// CPU a put costs moves less than its throughput. -large-cpuprofile
+// CPU a put costs moves less than its throughput. reserve-µs is the mean
+// round trip of the master's Reserve messages to the agents during the put
+// phases (from its crescent_master_agent_command_seconds): the hop a
+// PutStart waits for besides its own. -large-cpuprofile
 // profiles the put phases alone; -large-unary turns the SDK's call stream
 // off (DisableCallStream) for an A/B in one binary.
 func BenchmarkLargeObjects(b *testing.B) {
@@ -72,7 +78,8 @@ func BenchmarkLargeObjects(b *testing.B) {
 	drainValue(src, 7)
 	keys := make([]string, n)
 	var rawPutD, rawGetD, rawNPutD, rawNGetD, rawSD, putD, getD, putCPU, getCPU, rawCPU time.Duration
-	var abD [2]atomic.Int64 // summed put latencies: with receipts, with Seal
+	var abD [2]atomic.Int64        // summed put latencies: with receipts, with Seal
+	var reserveS, reserveN float64 // the put phases' Reserve round trips: summed seconds, count
 	sealKeys := make([]string, n)
 	b.ResetTimer()
 	for it := 0; it < b.N; it++ {
@@ -89,8 +96,11 @@ func BenchmarkLargeObjects(b *testing.B) {
 		}
 		stopProfile := startProfile(b, *largeCPU, it)
 		cpu0 = testutil.ProcessCPU()
+		rs0, rn0 := reserveRoundTrips(b, c)
 		putD += forEach(b, n, w, func(i int, _ []byte) error { return cl.Put(ctx, keys[i], src) }, 0)
 		putCPU += testutil.ProcessCPU() - cpu0
+		rs1, rn1 := reserveRoundTrips(b, c)
+		reserveS, reserveN = reserveS+rs1-rs0, reserveN+rn1-rn0
 		stopProfile()
 		// The A/B: puts with and without seal on write interleaved (even
 		// objects one way, odd the other), so both see the same load; the
@@ -148,6 +158,9 @@ func BenchmarkLargeObjects(b *testing.B) {
 	// their throughput by what else runs on the machine.
 	b.ReportMetric(float64(putCPU.Microseconds())/float64(b.N*n), "put-cpu-µs")
 	b.ReportMetric(float64(getCPU.Microseconds())/float64(b.N*n), "get-cpu-µs")
+	if reserveN > 0 {
+		b.ReportMetric(reserveS/reserveN*1e6, "reserve-µs")
+	}
 	b.ReportMetric(float64(rawCPU.Microseconds())/float64(b.N*n), "raw1-cpu-µs") // the floor: the first raw phase
 }
 
@@ -308,4 +321,34 @@ func rawCopyConc(tb testing.TB, n, size, w int) time.Duration {
 		tb.Fatal(*err)
 	}
 	return took
+}
+
+// reserveRoundTrips reads the master's summed Reserve round trips (seconds)
+// and their count from its /metrics (crescent_master_agent_command_seconds
+// {kind="reserve"}): over a put phase, the mean wait of a PutStart's hop to
+// the agent.
+func reserveRoundTrips(b *testing.B, c *testcluster.Cluster) (sum, count float64) {
+	b.Helper()
+	resp, err := http.Get("http://" + c.MasterAdminAddr() + "/metrics")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.SplitSeq(string(body), "\n") {
+		name, v, ok := strings.Cut(line, `{kind="reserve"} `)
+		if !ok {
+			continue
+		}
+		switch name {
+		case "crescent_master_agent_command_seconds_sum":
+			sum, _ = strconv.ParseFloat(v, 64)
+		case "crescent_master_agent_command_seconds_count":
+			count, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	return sum, count
 }

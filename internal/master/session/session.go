@@ -224,6 +224,7 @@ func (s *session) complete(k kind, id uint64, n int, split func(c *call, off, n 
 		s.m.lg.Debug("agent result for unknown request", "agent_id", s.agentID, "kind", k.String(), "request_id", id)
 		return
 	}
+	s.m.met.roundTrip[k].Observe(time.Since(f.sentAt).Seconds())
 	if n != wholeRequest && n != f.items {
 		err := rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INTERNAL,
 			"agent %q answered %s request %d with %d items for %d", s.agentID, k, id, n, f.items)

@@ -13,7 +13,9 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
+	"github.com/prometheus/client_golang/prometheus"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -311,6 +313,9 @@ func TestBatchingRoutesResults(t *testing.T) {
 		if msgs >= callers {
 			t.Errorf("%s messages: got %d for %d calls, want fewer (coalesced)", kind, msgs, callers)
 		}
+		if got := roundTrips(t, h.m.met, kind); got != uint64(msgs) {
+			t.Errorf("%s round trips observed: got %d, want one per message (%d)", kind, got, msgs)
+		}
 		t.Logf("%s: %d calls in %d messages", kind, callers, msgs)
 	}
 	a.mu.Lock()
@@ -323,6 +328,17 @@ func TestBatchingRoutesResults(t *testing.T) {
 	if got := promtest.ToFloat64(h.m.met.batches.WithLabelValues("reserve")); got < 1 {
 		t.Errorf("batches metric: got %v, want >= 1", got)
 	}
+}
+
+// roundTrips is how many command messages of kind came back, as
+// crescent_master_agent_command_seconds counted them.
+func roundTrips(t *testing.T, m *metrics, kind string) uint64 {
+	t.Helper()
+	var out dto.Metric
+	if err := m.commandSeconds.WithLabelValues(kind).(prometheus.Histogram).Write(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out.GetHistogram().GetSampleCount()
 }
 
 func TestMaxBatchItemsSplits(t *testing.T) {
