@@ -198,7 +198,11 @@ func (c *callStream) open() (*openStream, error) {
 			select {
 			case m := <-o.sendQ:
 				if err := st.SendMsg(m); err != nil {
-					c.broke(o, err)
+					// The stream is over. SendMsg says io.EOF when the
+					// master ended it; the receiver's RecvMsg returns
+					// why (UNIMPLEMENTED from an older master, which
+					// is not asked again for callStreamMaxDown), and it
+					// gives the stream up.
 					return
 				}
 			case <-o.finish:
