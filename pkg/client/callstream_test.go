@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -132,21 +133,53 @@ func TestCallStreamFallsBack(t *testing.T) {
 	r := newRPCCounter()
 	c := coalescingClient(t, h, r, nil)
 	data := putKeys(t, c, 16)
+	// The stream is tried once the connection is up (here, or during the
+	// puts). Every call sent on it before the master's refusal came back
+	// went again as a unary call, and had its answer before getMany
+	// returned; how many were sent depends on how the callers raced the
+	// refusal, so the test counts the calls after it, once the refused
+	// stream's sender has stopped (it may still be sending one it had
+	// taken when the refusal came).
+	getMany(t, c, data)
+	testutil.EventuallyNoError(t, 10*time.Second, func() error {
+		if n := streamSenders(); n > 0 {
+			return fmt.Errorf("%d call stream senders still running", n)
+		}
+		return nil
+	})
+	stream := func() (lookups, carried int) {
+		calls, _ := r.snapshot()
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return calls["BatchGetReplicaList"], r.carried
+	}
+	lookups0, carried0 := stream()
+	if n := h.Calls("CallStream"); n != 1 {
+		t.Fatalf("the stream was opened %d times before the test's Gets were answered, want once", n)
+	}
 	for range 3 {
 		getMany(t, c, data)
 	}
-	calls, _ := r.snapshot()
-	r.mu.Lock()
-	carried := r.carried
-	r.mu.Unlock()
-	// The first was sent on the stream before the master's refusal
-	// came back, and went again as a unary call.
-	if calls["BatchGetReplicaList"] <= 1 || carried > 1 {
-		t.Fatalf("%d lookups, %d of them sent on a stream; want unary calls after the first", calls["BatchGetReplicaList"], carried)
+	if lookups, carried := stream(); carried != carried0 || lookups <= lookups0 {
+		t.Fatalf("after the refusal: %d more lookups, %d more sent on a stream; want unary calls only", lookups-lookups0, carried-carried0)
 	}
 	if n := h.Calls("CallStream"); n != 1 {
 		t.Fatalf("the stream was opened %d times; a master without it is not asked again for a while", n)
 	}
+}
+
+// streamSenders counts the SDK's call stream senders running in the
+// process.
+func streamSenders() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if strings.Contains(g, "client.(*callStream).open.func1") {
+			n++
+		}
+	}
+	return n
 }
 
 // TestCallStreamAcrossMasterRestart: the stream breaks when the master
