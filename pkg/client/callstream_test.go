@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -142,7 +141,7 @@ func TestCallStreamFallsBack(t *testing.T) {
 	// taken when the refusal came).
 	getMany(t, c, data)
 	testutil.EventuallyNoError(t, 10*time.Second, func() error {
-		if n := streamSenders(); n > 0 {
+		if n := testutil.Goroutines("client.(*callStream).open.func1"); n > 0 {
 			return fmt.Errorf("%d call stream senders still running", n)
 		}
 		return nil
@@ -166,20 +165,6 @@ func TestCallStreamFallsBack(t *testing.T) {
 	if n := h.Calls("CallStream"); n != 1 {
 		t.Fatalf("the stream was opened %d times; a master without it is not asked again for a while", n)
 	}
-}
-
-// streamSenders counts the SDK's call stream senders running in the
-// process.
-func streamSenders() int {
-	buf := make([]byte, 1<<20)
-	buf = buf[:runtime.Stack(buf, true)]
-	n := 0
-	for g := range strings.SplitSeq(string(buf), "\n\n") {
-		if strings.Contains(g, "client.(*callStream).open.func1") {
-			n++
-		}
-	}
-	return n
 }
 
 // TestCallStreamAcrossMasterRestart: the stream breaks when the master

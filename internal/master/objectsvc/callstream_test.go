@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"runtime"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -226,7 +224,7 @@ func TestCallStreamCapsCallsInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	recvAll(t, st, 1)
-	base := streamGoroutines()
+	base := testutil.Goroutines("objectsvc.(*Service).CallStream")
 	const n = 3 * MaxStreamCalls
 	sendLookups(t, st, n)
 	testutil.EventuallyNoError(t, 10*time.Second, func() error {
@@ -250,7 +248,7 @@ func TestCallStreamCapsCallsInFlight(t *testing.T) {
 	// The burst's workers do not stay: at most keepIdle wait for calls
 	// (base counted the handler, its sender and receiver, and one worker).
 	testutil.EventuallyNoError(t, 10*time.Second, func() error {
-		if g := streamGoroutines(); g > base-1+keepIdle {
+		if g := testutil.Goroutines("objectsvc.(*Service).CallStream"); g > base-1+keepIdle {
 			return fmt.Errorf("%d goroutines, %d before the burst: more than keepIdle (%d) workers stayed", g, base, keepIdle)
 		}
 		return nil
@@ -414,21 +412,6 @@ func TestCallStreamCloseAnswersRunningCalls(t *testing.T) {
 	if _, err := st.Recv(); rpcerr.Reason(err) != "MASTER_SHUTTING_DOWN" {
 		t.Fatalf("after the running calls: %v, want MASTER_SHUTTING_DOWN", err)
 	}
-}
-
-// streamGoroutines counts the goroutines of CallStream handlers (the
-// handler, its sender, receiver and workers): the process's whole count
-// also moves with the goroutines of earlier tests' servers winding down.
-func streamGoroutines() int {
-	buf := make([]byte, 1<<20)
-	buf = buf[:runtime.Stack(buf, true)]
-	n := 0
-	for g := range strings.SplitSeq(string(buf), "\n\n") {
-		if strings.Contains(g, "objectsvc.(*Service).CallStream") {
-			n++
-		}
-	}
-	return n
 }
 
 // TestCallStreamHandlesEveryCarriedCall: every method the proto makes
