@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -329,16 +328,7 @@ func rawCopyConc(tb testing.TB, n, size, w int) time.Duration {
 // the agent.
 func reserveRoundTrips(b *testing.B, c *testcluster.Cluster) (sum, count float64) {
 	b.Helper()
-	resp, err := http.Get("http://" + c.MasterAdminAddr() + "/metrics")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		b.Fatal(err)
-	}
-	for line := range strings.SplitSeq(string(body), "\n") {
+	for line := range strings.SplitSeq(testutil.Metrics(b, c.MasterAdminAddr()), "\n") {
 		name, v, ok := strings.Cut(line, `{kind="reserve"} `)
 		if !ok {
 			continue

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -262,13 +260,7 @@ func TestCallStreamCloseEndsOK(t *testing.T) {
 	h := start(t, testcluster.Options{})
 	handled := func(code string) float64 {
 		t.Helper()
-		resp, err := http.Get("http://" + h.MasterAdminAddr() + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		for line := range strings.SplitSeq(string(b), "\n") {
+		for line := range strings.SplitSeq(testutil.Metrics(t, h.MasterAdminAddr()), "\n") {
 			if strings.HasPrefix(line, "grpc_server_handled_total{") && strings.Contains(line, `grpc_method="CallStream"`) &&
 				strings.Contains(line, `grpc_code="`+code+`"`) {
 				v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)

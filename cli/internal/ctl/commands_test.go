@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -579,16 +577,7 @@ func TestSharedMemorySocketFlag(t *testing.T) {
 	c := testcluster.Start(t, testcluster.Options{Agents: 1, Agent: func(_ int, cfg *agentapp.Config) { cfg.ShmSocket = sock }})
 	writes := func() string {
 		t.Helper()
-		resp, err := http.Get("http://" + c.Agent(0).AdminAddr() + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for line := range strings.Lines(string(b)) {
+		for line := range strings.Lines(testutil.Metrics(t, c.Agent(0).AdminAddr())) {
 			if v, ok := strings.CutPrefix(strings.TrimSpace(line), `crescent_agent_shm_items_total{op="write"} `); ok {
 				return v
 			}
