@@ -23,8 +23,8 @@ import (
 // lookups, de-duplicated field lists), whether or not the logger writes
 // it, and at the default level an OK call's line is never written. That
 // was about a sixth of an empty call's latency: a lone health check's p50
-// fell from 59-64 to 48-54 µs, a lone Get over shared memory from 58-62 to
-// 45-50 µs without it (issue 18, BENCHMARKS.md "The unary log line, built
+// fell from 60-64 to 52-54 µs, a lone Get over shared memory from 57-61 to
+// 47-50 µs without it (issue 18, BENCHMARKS.md "The unary log line, built
 // only when written"). Here an unwritten line costs a clock reading and
 // the logger's Enabled check; TestFinishLogMatchesLibrary keeps the fields
 // and levels equal to the library's.
