@@ -5,19 +5,24 @@
 // verifies them without asking the master. A token names the key that signed
 // it and binds the object (tenant and key), the replica (segment and
 // allocation), the mode and the expiry, so it cannot be replayed against
-// another allocation, another object or by another tenant.
+// another allocation, another object or by another tenant. A write token
+// also binds the replica's identity (replica id, group, hard pin): an agent
+// writing into a blank reservation (one the master reserved ahead with no
+// object, issue 18 item 2) records the object from the token when the
+// write opens, so a client cannot rename what it writes.
 //
-// Wire layout, version 2 (all integers big-endian):
+// Wire layout, version 3 (all integers big-endian):
 //
-//	version u8 (2) | key_id u32 | mode u8 | allocation u64 | expiry_unix_ms i64 |
-//	segment_len u8 | tenant_len u16 | key_len u16 |
-//	segment bytes | tenant bytes | key bytes |
+//	version u8 (3) | key_id u32 | mode u8 | allocation u64 | expiry_unix_ms i64 |
+//	replica_id u32 | flags u8 (bit 0: hard pin) |
+//	segment_len u8 | tenant_len u16 | key_len u16 | group_len u16 |
+//	segment bytes | tenant bytes | key bytes | group bytes |
 //	HMAC-SHA256 over everything before it, under key key_id (32 bytes)
 //
-// The lengths sit in the fixed 27-byte header, so framing is checked before
-// any variable field is read. Version 1 tokens (no key id, no object) are
-// refused as malformed: masters and agents are upgraded together (the
-// Settings field that carried version 1's single key is gone).
+// The lengths sit in the fixed 34-byte header, so framing is checked before
+// any variable field is read. Older versions (1: no key id, no object; 2:
+// no replica identity) are refused as malformed: masters and agents are
+// upgraded together, and tokens live minutes.
 //
 // Internal to the Crescent module: the services, the CLI and pkg/client
 // import it; other modules cannot, so it may change in any release.
@@ -46,17 +51,21 @@ const (
 )
 
 const (
-	version = 2
+	version = 3
 	macLen  = sha256.Size
 	// Header offsets.
 	offKeyID   = 1
 	offMode    = 5
 	offAlloc   = 6
 	offExpiry  = 14
-	offSegLen  = 22
-	offTenLen  = 23
-	offKeyLen  = 25
-	headerLen  = 27
+	offReplica = 22
+	offFlags   = 26
+	offSegLen  = 27
+	offTenLen  = 28
+	offKeyLen  = 30
+	offGrpLen  = 32
+	headerLen  = 34
+	flagHard   = 1
 	maxSegment = 1<<8 - 1
 	maxString  = 1<<16 - 1
 	// KeyLen is the length of a signing key.
@@ -88,6 +97,12 @@ type Claims struct {
 	SegmentID    string
 	AllocationID uint64
 	Expiry       time.Time
+	// ReplicaID, Group and HardPin are the replica's identity, which an
+	// agent records when a write opens a blank reservation (zero in read
+	// tokens).
+	ReplicaID uint32
+	Group     string
+	HardPin   bool
 }
 
 // SigningKey is one HMAC-SHA256 key and the id tokens name it by.
@@ -126,21 +141,29 @@ func clip(s string, n int) string {
 // appendBody appends the signed part of the token for c under key id.
 // Over-long strings are cut (the master's validation keeps them shorter).
 func appendBody(b []byte, id uint32, c Claims) []byte {
-	seg, ten, key := clip(c.SegmentID, maxSegment), clip(c.Tenant, maxString), clip(c.Key, maxString)
+	seg, ten, key, grp := clip(c.SegmentID, maxSegment), clip(c.Tenant, maxString), clip(c.Key, maxString), clip(c.Group, maxString)
 	if b == nil {
-		b = make([]byte, 0, headerLen+len(seg)+len(ten)+len(key)+macLen)
+		b = make([]byte, 0, headerLen+len(seg)+len(ten)+len(key)+len(grp)+macLen)
+	}
+	var flags byte
+	if c.HardPin {
+		flags |= flagHard
 	}
 	b = append(b, version)
 	b = binary.BigEndian.AppendUint32(b, id)
 	b = append(b, byte(c.Mode))
 	b = binary.BigEndian.AppendUint64(b, c.AllocationID)
 	b = binary.BigEndian.AppendUint64(b, uint64(c.Expiry.UnixMilli()))
+	b = binary.BigEndian.AppendUint32(b, c.ReplicaID)
+	b = append(b, flags)
 	b = append(b, byte(len(seg)))
 	b = binary.BigEndian.AppendUint16(b, uint16(len(ten)))
 	b = binary.BigEndian.AppendUint16(b, uint16(len(key)))
+	b = binary.BigEndian.AppendUint16(b, uint16(len(grp)))
 	b = append(b, seg...)
 	b = append(b, ten...)
-	return append(b, key...)
+	b = append(b, key...)
+	return append(b, grp...)
 }
 
 // Signer signs tokens under one key like Sign, reusing keyed HMAC states
@@ -205,21 +228,23 @@ func (p macPool) equal(body, mac []byte) bool {
 
 // split checks a token's framing and returns its key id, signed body and MAC.
 func split(tok []byte) (id uint32, body, mac []byte, err error) {
-	if len(tok) < headerLen+macLen || tok[0] != version {
+	if len(tok) < headerLen+macLen || tok[0] != version || tok[offFlags]&^flagHard != 0 {
 		return 0, nil, nil, ErrMalformed
 	}
-	n := headerLen + int(tok[offSegLen]) + int(binary.BigEndian.Uint16(tok[offTenLen:])) + int(binary.BigEndian.Uint16(tok[offKeyLen:]))
+	n := headerLen + int(tok[offSegLen]) + int(binary.BigEndian.Uint16(tok[offTenLen:])) +
+		int(binary.BigEndian.Uint16(tok[offKeyLen:])) + int(binary.BigEndian.Uint16(tok[offGrpLen:]))
 	if len(tok) != n+macLen {
 		return 0, nil, nil, ErrMalformed
 	}
 	return binary.BigEndian.Uint32(tok[offKeyID:]), tok[:n], tok[n:], nil
 }
 
-// fields returns views of a framed body's segment, tenant and key.
-func fields(body []byte) (seg, tenant, key []byte) {
+// fields returns views of a framed body's segment, tenant, key and group.
+func fields(body []byte) (seg, tenant, key, group []byte) {
 	s := headerLen + int(body[offSegLen])
 	t := s + int(binary.BigEndian.Uint16(body[offTenLen:]))
-	return body[headerLen:s], body[s:t], body[t:]
+	k := t + int(binary.BigEndian.Uint16(body[offKeyLen:]))
+	return body[headerLen:s], body[s:t], body[t:k], body[k:]
 }
 
 // Request is what a data-plane call wants to do; Verify checks a token
@@ -233,10 +258,15 @@ type Request struct {
 	CallerTenant string
 }
 
-// Object is the tenant and key a verified token names: views into the
-// token, valid while it is. The agent compares them with the allocation's
-// own (the object its Reserve named).
-type Object struct{ Tenant, Key []byte }
+// Object is the object and replica a verified token names: views into the
+// token, valid while it is. The agent compares the tenant and key with the
+// allocation's own (the object its Reserve named), or records them all in
+// a blank reservation.
+type Object struct {
+	Tenant, Key, Group []byte
+	ReplicaID          uint32
+	HardPin            bool
+}
 
 // Is reports whether o names tenant's key.
 func (o Object) Is(tenant, key string) bool {
@@ -245,7 +275,7 @@ func (o Object) Is(tenant, key string) bool {
 
 // checkClaims compares a verified body's claims with the request.
 func checkClaims(body []byte, r *Request, now time.Time) (Object, error) {
-	seg, tenant, key := fields(body)
+	seg, tenant, key, group := fields(body)
 	if Mode(body[offMode]) != r.Mode || string(seg) != r.SegmentID || binary.BigEndian.Uint64(body[offAlloc:]) != r.AllocationID {
 		return Object{}, ErrMismatch
 	}
@@ -255,7 +285,7 @@ func checkClaims(body []byte, r *Request, now time.Time) (Object, error) {
 	if now.After(time.UnixMilli(int64(binary.BigEndian.Uint64(body[offExpiry:])))) {
 		return Object{}, ErrExpired
 	}
-	return Object{Tenant: tenant, Key: key}, nil
+	return Object{Tenant: tenant, Key: key, Group: group, ReplicaID: binary.BigEndian.Uint32(body[offReplica:]), HardPin: body[offFlags]&flagHard != 0}, nil
 }
 
 // find returns the key id names among keys.
@@ -284,7 +314,7 @@ func Parse(tok []byte, keys ...SigningKey) (Claims, error) {
 	if !hmac.Equal(m.Sum(nil), mac) {
 		return Claims{}, ErrSignature
 	}
-	seg, tenant, key := fields(body)
+	seg, tenant, key, group := fields(body)
 	return Claims{
 		KeyID:        id,
 		Mode:         Mode(body[offMode]),
@@ -293,6 +323,9 @@ func Parse(tok []byte, keys ...SigningKey) (Claims, error) {
 		SegmentID:    string(seg),
 		Tenant:       string(tenant),
 		Key:          string(key),
+		ReplicaID:    binary.BigEndian.Uint32(body[offReplica:]),
+		Group:        string(group),
+		HardPin:      body[offFlags]&flagHard != 0,
 	}, nil
 }
 

@@ -15,7 +15,8 @@ func TestVerify(t *testing.T) {
 	key, other := testKey(7), testKey(8)
 	sameID := SigningKey{ID: key.ID, Secret: other.Secret}
 	now := time.UnixMilli(1_000_000)
-	c := Claims{Mode: Write, Tenant: "acme", Key: "obj/1", SegmentID: "seg-a", AllocationID: 7, Expiry: now.Add(time.Second)}
+	c := Claims{Mode: Write, Tenant: "acme", Key: "obj/1", SegmentID: "seg-a", AllocationID: 7, Expiry: now.Add(time.Second),
+		ReplicaID: 3, Group: "g", HardPin: true}
 	tok := Sign(key, c)
 	req := Request{Mode: Write, SegmentID: "seg-a", AllocationID: 7}
 	with := func(f func(*Request)) Request { r := req; f(&r); return r }
@@ -43,6 +44,7 @@ func TestVerify(t *testing.T) {
 		{"truncated", []SigningKey{key}, tok[:len(tok)-1], req, now, ErrMalformed},
 		{"longer", []SigningKey{key}, append(append([]byte(nil), tok...), 0), req, now, ErrMalformed},
 		{"version 1", []SigningKey{key}, append([]byte{1}, tok[1:]...), req, now, ErrMalformed},
+		{"version 2", []SigningKey{key}, append([]byte{2}, tok[1:]...), req, now, ErrMalformed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -54,8 +56,9 @@ func TestVerify(t *testing.T) {
 			if !errors.Is(got, tt.want) {
 				t.Fatalf("Verifier: got %v, want %v", got, tt.want)
 			}
-			if got == nil && !o.Is("acme", "obj/1") {
-				t.Fatalf("Verifier object: got %q/%q, want acme/obj/1", o.Tenant, o.Key)
+			if got == nil && (!o.Is("acme", "obj/1") || o.ReplicaID != 3 || string(o.Group) != "g" || !o.HardPin) {
+				t.Fatalf("Verifier object: got %q/%q replica %d group %q hard pin %v, want acme/obj/1 replica 3 group g hard pin",
+					o.Tenant, o.Key, o.ReplicaID, o.Group, o.HardPin)
 			}
 		})
 	}
@@ -67,7 +70,8 @@ func TestVerify(t *testing.T) {
 func TestBoundFields(t *testing.T) {
 	key := testKey(3)
 	now := time.UnixMilli(5_000)
-	base := Claims{Mode: Read, Tenant: "t", Key: "k", SegmentID: "s", AllocationID: 9, Expiry: now.Add(time.Minute)}
+	base := Claims{Mode: Read, Tenant: "t", Key: "k", SegmentID: "s", AllocationID: 9, Expiry: now.Add(time.Minute),
+		ReplicaID: 2, Group: "grp", HardPin: true}
 	tok := Sign(key, base)
 	for i := range len(tok) - macLen {
 		if i == 0 {
@@ -84,7 +88,8 @@ func TestBoundFields(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.KeyID != key.ID || c.Tenant != "t" || c.Key != "k" || c.SegmentID != "s" || c.AllocationID != 9 || c.Mode != Read || !c.Expiry.Equal(base.Expiry) {
+	if c.KeyID != key.ID || c.Tenant != "t" || c.Key != "k" || c.SegmentID != "s" || c.AllocationID != 9 || c.Mode != Read || !c.Expiry.Equal(base.Expiry) ||
+		c.ReplicaID != 2 || c.Group != "grp" || !c.HardPin {
 		t.Fatalf("Parse: got %+v, want %+v with key id %d", c, base, key.ID)
 	}
 	for _, tt := range []struct {
@@ -115,7 +120,8 @@ func FuzzParse(f *testing.F) {
 	f.Add(Sign(key, Claims{Mode: Read, Tenant: "t", Key: "k", SegmentID: "s", AllocationID: 1, Expiry: time.UnixMilli(5)}))
 	f.Add(Sign(key, Claims{Mode: Write, SegmentID: "s", AllocationID: 1, Expiry: time.UnixMilli(5)}))
 	f.Add(Sign(testKey(2), Claims{Mode: Read, SegmentID: "s", AllocationID: 1, Expiry: time.UnixMilli(5)}))
-	f.Add([]byte{2, 0, 0, 0, 1})
+	f.Add(Sign(key, Claims{Mode: Write, Tenant: "t", Key: "k", SegmentID: "s", AllocationID: 1, Expiry: time.UnixMilli(5), ReplicaID: 4, Group: "g", HardPin: true}))
+	f.Add([]byte{3, 0, 0, 0, 1})
 	f.Add([]byte{1, 2, 3})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := Parse(b, key)
@@ -134,6 +140,8 @@ func FuzzVerifierMatchesVerify(f *testing.F) {
 	keys := []SigningKey{testKey(1), testKey(2)}
 	f.Add(Sign(keys[0], Claims{Mode: Read, Tenant: "t", Key: "k", SegmentID: "s", AllocationID: 1, Expiry: time.UnixMilli(5)}), "s", uint64(1), "t", int64(4))
 	f.Add(Sign(keys[1], Claims{Mode: Write, Tenant: "t", Key: "k", SegmentID: "s", AllocationID: 1, Expiry: time.UnixMilli(5)}), "s", uint64(1), "", int64(4))
+	f.Add(Sign(keys[1], Claims{Mode: Write, Tenant: "t", Key: "k", SegmentID: "s", AllocationID: 1, Expiry: time.UnixMilli(5),
+		ReplicaID: 7, Group: "g", HardPin: true}), "s", uint64(1), "t", int64(4))
 	f.Add([]byte{1, 2, 3}, "", uint64(0), "", int64(0))
 	v := NewVerifier(keys...)
 	f.Fuzz(func(t *testing.T, b []byte, seg string, alloc uint64, tenant string, nowMs int64) {
@@ -145,8 +153,9 @@ func FuzzVerifierMatchesVerify(f *testing.F) {
 			if got != want {
 				t.Fatalf("Verifier.Verify: got %v, Verify: %v", got, want)
 			}
-			if !bytes.Equal(gotObj.Tenant, wantObj.Tenant) || !bytes.Equal(gotObj.Key, wantObj.Key) {
-				t.Fatalf("Verifier.Verify object: got %q, Verify: %q", gotObj, wantObj)
+			if !bytes.Equal(gotObj.Tenant, wantObj.Tenant) || !bytes.Equal(gotObj.Key, wantObj.Key) || !bytes.Equal(gotObj.Group, wantObj.Group) ||
+				gotObj.ReplicaID != wantObj.ReplicaID || gotObj.HardPin != wantObj.HardPin {
+				t.Fatalf("Verifier.Verify object: got %+v, Verify: %+v", gotObj, wantObj)
 			}
 		}
 	})

@@ -1738,8 +1738,15 @@ type ReserveItem struct {
 	GroupId            string                 `protobuf:"bytes,6,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
 	HardPin            bool                   `protobuf:"varint,7,opt,name=hard_pin,json=hardPin,proto3" json:"hard_pin,omitempty"`
 	SoftPinUntilUnixMs int64                  `protobuf:"varint,8,opt,name=soft_pin_until_unix_ms,json=softPinUntilUnixMs,proto3" json:"soft_pin_until_unix_ms,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// blank reserves space ahead of any put (issue 18 item 2): tenant, key,
+	// replica_id, group_id and the pins are empty, and the write token of
+	// the put the master later places there names them; the agent records
+	// them when that write opens. A blank refuses Seal and reads until then,
+	// is left out of registrations and the table feed, and expires after
+	// reserved_grace like any unclaimed reservation.
+	Blank         bool `protobuf:"varint,9,opt,name=blank,proto3" json:"blank,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReserveItem) Reset() {
@@ -1826,6 +1833,13 @@ func (x *ReserveItem) GetSoftPinUntilUnixMs() int64 {
 		return x.SoftPinUntilUnixMs
 	}
 	return 0
+}
+
+func (x *ReserveItem) GetBlank() bool {
+	if x != nil {
+		return x.Blank
+	}
+	return false
 }
 
 type ReserveResult struct {
@@ -2674,7 +2688,7 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\x05items\x18\x03 \x03(\v2\x1f.crescent.master.v1.ReserveItemR\x05items\x12E\n" +
 	"\rtrace_context\x18\x04 \x01(\v2 .crescent.master.v1.TraceContextR\ftraceContext\x12A\n" +
 	"\vtrace_links\x18\x05 \x03(\v2 .crescent.master.v1.TraceContextR\n" +
-	"traceLinks\"\xf3\x01\n" +
+	"traceLinks\"\x89\x02\n" +
 	"\vReserveItem\x12\x1d\n" +
 	"\n" +
 	"segment_id\x18\x01 \x01(\tR\tsegmentId\x12\x12\n" +
@@ -2685,7 +2699,8 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"replica_id\x18\x05 \x01(\rR\treplicaId\x12\x19\n" +
 	"\bgroup_id\x18\x06 \x01(\tR\agroupId\x12\x19\n" +
 	"\bhard_pin\x18\a \x01(\bR\ahardPin\x122\n" +
-	"\x16soft_pin_until_unix_ms\x18\b \x01(\x03R\x12softPinUntilUnixMs\"k\n" +
+	"\x16soft_pin_until_unix_ms\x18\b \x01(\x03R\x12softPinUntilUnixMs\x12\x14\n" +
+	"\x05blank\x18\t \x01(\bR\x05blank\"k\n" +
 	"\rReserveResult\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x12;\n" +

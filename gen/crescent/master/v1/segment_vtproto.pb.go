@@ -1504,6 +1504,16 @@ func (m *ReserveItem) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.Blank {
+		i--
+		if m.Blank {
+			dAtA[i] = 1
+		} else {
+			dAtA[i] = 0
+		}
+		i--
+		dAtA[i] = 0x48
+	}
 	if m.SoftPinUntilUnixMs != 0 {
 		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.SoftPinUntilUnixMs))
 		i--
@@ -2900,6 +2910,9 @@ func (m *ReserveItem) SizeVT() (n int) {
 	}
 	if m.SoftPinUntilUnixMs != 0 {
 		n += 1 + protohelpers.SizeOfVarint(uint64(m.SoftPinUntilUnixMs))
+	}
+	if m.Blank {
+		n += 2
 	}
 	n += len(m.unknownFields)
 	return n
@@ -6753,6 +6766,26 @@ func (m *ReserveItem) UnmarshalVT(dAtA []byte) error {
 					break
 				}
 			}
+		case 9:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Blank", wireType)
+			}
+			var v int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				v |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			m.Blank = bool(v != 0)
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
@@ -12074,6 +12107,26 @@ func (m *ReserveItem) UnmarshalVTUnsafe(dAtA []byte) error {
 					break
 				}
 			}
+		case 9:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Blank", wireType)
+			}
+			var v int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				v |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			m.Blank = bool(v != 0)
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
