@@ -4,7 +4,10 @@
 // this agent (the current and the previous one). The token must name this
 // allocation, the operation, the object the allocation holds (tenant and
 // key, as its Reserve named them) and, when the caller is a tenant
-// principal, the caller's tenant.
+// principal, the caller's tenant. A blank reservation (reserved with no
+// object) holds the object of the first write token that opens it: the
+// write records the token's tenant, key, replica id, group and hard pin
+// before any byte lands, and later tokens must name the same object.
 //
 // The hot path copies as little as it can: a Write copies each received
 // message's data straight into the segment (memory: the mapping; disk:
@@ -180,19 +183,22 @@ func errToken(format string, args ...any) error {
 	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_TOKEN, format, args...)
 }
 
-// open checks the token, then opens the allocation for mode and checks that
-// it holds the token's object. callerTenant is check's.
+// open checks the token, then opens the allocation for mode: a read when
+// the allocation holds the token's object, a write as openWriteTo does.
+// callerTenant is check's.
 func (s *Server) open(segID string, allocID uint64, tok []byte, mode token.Mode, callerTenant string) (*segment.Handle, error) {
+	if mode == token.Write {
+		h := new(segment.Handle)
+		if err := s.openWriteTo(h, segID, allocID, tok, s.now(), callerTenant); err != nil {
+			return nil, err
+		}
+		return h, nil
+	}
 	seg, obj, err := s.check(segID, allocID, tok, mode, s.now(), callerTenant)
 	if err != nil {
 		return nil, err
 	}
-	var h *segment.Handle
-	if mode == token.Write {
-		h, err = seg.OpenWrite(allocID)
-	} else {
-		h, err = seg.OpenRead(allocID)
-	}
+	h, err := seg.OpenRead(allocID)
 	if err != nil {
 		return nil, err
 	}
@@ -203,25 +209,20 @@ func (s *Server) open(segID string, allocID uint64, tok []byte, mode token.Mode,
 	return h, nil
 }
 
-// openWriteTo is open for writing into h (segment.OpenWriteTo), with the
-// token checked at now.
+// openWriteTo checks the write token at now and opens the allocation for
+// writing into h (segment.OpenWriteAs) as the object and replica the token
+// names: a blank reservation is bound to them as it opens, before any byte
+// lands; any other allocation must hold the token's object.
 func (s *Server) openWriteTo(h *segment.Handle, segID string, allocID uint64, tok []byte, now time.Time, callerTenant string) error {
 	seg, obj, err := s.check(segID, allocID, tok, token.Write, now, callerTenant)
 	if err != nil {
 		return err
 	}
-	if err := seg.OpenWriteTo(h, allocID); err != nil {
-		return err
-	}
-	if err := checkObject(h, obj, allocID); err != nil {
-		h.Close()
-		return err
-	}
-	return nil
+	return seg.OpenWriteAs(h, allocID, segment.Identity{Tenant: obj.Tenant, Key: obj.Key, Group: obj.Group, ReplicaID: obj.ReplicaID, HardPin: obj.HardPin}, now)
 }
 
-// checkObject refuses a token for another object than the one the open
-// allocation holds.
+// checkObject refuses a read token for another object than the one the
+// open allocation holds (writes compare as they open, OpenWriteAs).
 func checkObject(h *segment.Handle, obj token.Object, allocID uint64) error {
 	if tenant, key := h.Object(); !obj.Is(tenant, key) {
 		return errToken("token names object %q/%q; allocation %d holds another", obj.Tenant, obj.Key, allocID)

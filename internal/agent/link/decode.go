@@ -296,7 +296,7 @@ func fieldValue(b []byte, typ, want protowire.Type) (v uint64, p []byte, n int, 
 
 // reserveItemTypes are ReserveItem's wire types by field number.
 var reserveItemTypes = [...]protowire.Type{1: protowire.BytesType, 2: protowire.VarintType, 3: protowire.BytesType, 4: protowire.BytesType,
-	5: protowire.VarintType, 6: protowire.BytesType, 7: protowire.VarintType, 8: protowire.VarintType}
+	5: protowire.VarintType, 6: protowire.BytesType, 7: protowire.VarintType, 8: protowire.VarintType, 9: protowire.VarintType}
 
 func (d *itemDecoder) reserveItem(b []byte, it *masterv1.ReserveItem) bool {
 	for len(b) > 0 {
@@ -326,6 +326,8 @@ func (d *itemDecoder) reserveItem(b []byte, it *masterv1.ReserveItem) bool {
 			it.HardPin = v != 0
 		case 8:
 			it.SoftPinUntilUnixMs = int64(v)
+		case 9:
+			it.Blank = v != 0
 		}
 		if !ok {
 			return false

@@ -77,7 +77,9 @@ func reserveMsg(n int) *masterv1.ConnectResponse {
 		items[i] = &masterv1.ReserveItem{SegmentId: testSeg, Size: 4096 + uint64(i), Tenant: "tenant", Key: "bench/object-" + strconv.Itoa(i),
 			ReplicaId: uint32(i % 3), GroupId: []string{"", "g"}[i%2], HardPin: i%5 == 0, SoftPinUntilUnixMs: int64(i) - 3}
 	}
-	items = append(items, &masterv1.ReserveItem{SegmentId: "other-segment", Key: "k"}, &masterv1.ReserveItem{})
+	// A blank reservation (no object), then two odd items.
+	items = append(items, &masterv1.ReserveItem{SegmentId: testSeg, Size: 4096, Blank: true},
+		&masterv1.ReserveItem{SegmentId: "other-segment", Key: "k"}, &masterv1.ReserveItem{})
 	return &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Reserve{Reserve: &masterv1.ReserveRequest{RequestId: 7, Epoch: 3, Items: items}}}
 }
 
@@ -122,7 +124,34 @@ func seedMessages(t testing.TB) [][]byte {
 		{Tenant: "t\xe2\x82", Key: "a"}, {Tenant: "t\xe2\x82", Key: "b"}, {Tenant: "ok", GroupId: "\x80"},
 	}}}})
 	seeds = append(seeds, badSeg, badTenant)
+	seeds = append(seeds, blankSeeds()...)
 	return append(seeds, traceSeeds(t)...)
+}
+
+// blankSeeds are reserve commands whose item sets blank (field 9) in odd
+// but valid encodings (a value other than 1, the field twice: the last
+// wins) and in a malformed one (the wrong wire type).
+func blankSeeds() [][]byte {
+	item := func(fields ...[]byte) []byte {
+		b := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), testSeg)
+		b = protowire.AppendVarint(protowire.AppendTag(b, 2, protowire.VarintType), 4096)
+		for _, f := range fields {
+			b = append(b, f...)
+		}
+		body := protowire.AppendBytes(protowire.AppendTag(nil, 3, protowire.BytesType), b)
+		return protowire.AppendBytes(protowire.AppendTag(nil, fieldReserve, protowire.BytesType), body)
+	}
+	blank := func(v uint64) []byte {
+		return protowire.AppendVarint(protowire.AppendTag(nil, 9, protowire.VarintType), v)
+	}
+	return [][]byte{
+		item(blank(1)),
+		item(blank(2)),
+		item(blank(1<<63 + 1)),
+		item(blank(1), blank(0)),
+		item(blank(0), blank(1)),
+		item(protowire.AppendString(protowire.AppendTag(nil, 9, protowire.BytesType), "x")),
+	}
 }
 
 const testParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -186,6 +215,37 @@ func TestConnectResponseDecode(t *testing.T) {
 	// group, the arrays, the request, the oneof wrapper, the wrapper.
 	if allocs > 140 {
 		t.Fatalf("decoding 130 reserve items took %v allocations, want about one per key", allocs)
+	}
+}
+
+// TestReserveBlankFastPath: a reserve command with blank items takes the
+// fast path and decodes the field as the generated decoder does.
+func TestReserveBlankFastPath(t *testing.T) {
+	seeds := blankSeeds()[:5]
+	wantBlank := []bool{true, true, true, false, true}
+	seeds, wantBlank = append(seeds, marshal(t, reserveMsg(2))), append(wantBlank, false)
+	for i, b := range seeds {
+		want := &masterv1.ConnectResponse{}
+		if err := proto.Unmarshal(b, want); err != nil {
+			t.Fatalf("seed %d: proto.Unmarshal: %v", i, err)
+		}
+		w := &connectResponse{ConnectResponse: &masterv1.ConnectResponse{}, ids: testIDs}
+		if !w.fast(b, true) {
+			t.Fatalf("seed %d: the fast path declined a blank reservation", i)
+		}
+		if !proto.Equal(w.ConnectResponse, want) {
+			t.Fatalf("seed %d: fast path %v, want %v", i, w.ConnectResponse, want)
+		}
+		items := w.GetReserve().GetItems()
+		if got := items[0].GetBlank(); got != wantBlank[i] {
+			t.Fatalf("seed %d: first item blank = %v, want %v", i, got, wantBlank[i])
+		}
+		if i == len(seeds)-1 && !items[2].GetBlank() {
+			t.Fatalf("reserveMsg's blank item decoded as %v", items[2])
+		}
+		if w.held != nil {
+			w.held.release()
+		}
 	}
 }
 

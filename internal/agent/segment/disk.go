@@ -198,7 +198,7 @@ func OpenDisk(dir string, size uint64) (*Segment, Recovery, error) {
 		if e.state == masterv1.AllocationState_ALLOCATION_STATE_SEALED {
 			s.sealedN++
 		} else {
-			s.resQ = append(s.resQ, e.id)
+			s.resQ = append(s.resQ, queued{e.id, e.created})
 		}
 	}
 	rec.Sealed = len(live)

@@ -12,11 +12,12 @@ import (
 	"github.com/crescent-kv/crescent/internal/checksum"
 )
 
-// TestExpireReservedModel: reservations, seals, releases, open writers and
-// sweeps at random times; ExpireReserved (which looks only at its queue of
+// TestExpireReservedModel: reservations (blank ones too), seals, releases,
+// open writers (which bind a blank, restarting its grace) and sweeps at
+// random times; ExpireReserved (which looks only at its queue of
 // reservations) expires exactly the RESERVED allocations older than the
-// cutoff that nobody is writing, and Stats' counts (kept, not counted)
-// match a walk of the table.
+// cutoff that nobody is writing, Stats' counts (kept, not counted) match a
+// walk of the allocations, and Table holds all but the unbound blanks.
 func TestExpireReservedModel(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		s, err := NewMemory("mem-0", 1<<20)
@@ -27,6 +28,7 @@ func TestExpireReservedModel(t *testing.T) {
 		now := t0
 		zeros := checksum.Sum(make([]byte, 64))
 		var ids []uint64
+		blanks := map[uint64]bool{}
 		open := map[uint64]*Handle{}
 		defer func() {
 			for _, h := range open {
@@ -34,11 +36,13 @@ func TestExpireReservedModel(t *testing.T) {
 			}
 		}()
 		for step := range rapid.IntRange(1, 60).Draw(rt, "steps") {
-			switch op := rapid.IntRange(0, 5).Draw(rt, "op"); op {
-			case 0, 1:
-				a, err := s.Reserve(&masterv1.ReserveItem{SegmentId: s.ID(), Size: 64, Tenant: "t", Key: fmt.Sprint("k", step), ReplicaId: 1}, now)
+			switch op := rapid.IntRange(0, 6).Draw(rt, "op"); op {
+			case 0, 1, 6:
+				blank := op == 6
+				a, err := s.Reserve(&masterv1.ReserveItem{SegmentId: s.ID(), Size: 64, Tenant: "t", Key: fmt.Sprint("k", step), ReplicaId: 1, Blank: blank}, now)
 				if err == nil {
 					ids = append(ids, a.GetAllocationId())
+					blanks[a.GetAllocationId()] = blank
 				}
 			case 2:
 				if len(ids) > 0 {
@@ -55,6 +59,11 @@ func TestExpireReservedModel(t *testing.T) {
 					if h, ok := open[id]; ok {
 						h.Close()
 						delete(open, id)
+					} else if blanks[id] {
+						h := new(Handle)
+						if s.OpenWriteAs(h, id, Identity{Tenant: []byte("t"), Key: []byte(fmt.Sprint("b", id))}, now) == nil {
+							open[id] = h
+						}
 					} else if h, err := s.OpenWrite(id); err == nil {
 						open[id] = h
 					}
@@ -62,7 +71,7 @@ func TestExpireReservedModel(t *testing.T) {
 			case 5:
 				cutoff := now.Add(-time.Duration(rapid.IntRange(0, 5).Draw(rt, "age")) * time.Millisecond)
 				var want []uint64
-				for _, a := range s.Table() {
+				for _, a := range lookupAll(s, ids) {
 					if a.GetState() == masterv1.AllocationState_ALLOCATION_STATE_RESERVED && open[a.GetAllocationId()] == nil &&
 						a.GetCreatedUnixMs() < cutoff.UnixMilli() {
 						want = append(want, a.GetAllocationId())
@@ -76,17 +85,41 @@ func TestExpireReservedModel(t *testing.T) {
 				}
 			}
 			now = now.Add(time.Duration(rapid.IntRange(0, 2).Draw(rt, "tick")) * time.Millisecond)
-			var reserved, sealed int
-			for _, a := range s.Table() {
+			var reserved, sealed, named int
+			for _, a := range lookupAll(s, ids) {
 				if a.GetState() == masterv1.AllocationState_ALLOCATION_STATE_SEALED {
 					sealed++
 				} else {
 					reserved++
 				}
+				if a.GetKey() != "" {
+					named++ // not an unbound blank
+				}
 			}
 			if _, r, sl := s.Stats(); r != reserved || sl != sealed {
 				rt.Fatalf("Stats: %d reserved, %d sealed; the table holds %d and %d", r, sl, reserved, sealed)
 			}
+			tbl := s.Table()
+			if len(tbl) != named || s.View().Len() != named {
+				rt.Fatalf("Table has %d rows and View %d; %d allocations name an object", len(tbl), s.View().Len(), named)
+			}
+			for _, a := range tbl {
+				if a.GetKey() == "" {
+					rt.Fatalf("Table holds an unbound blank: %v", a)
+				}
+			}
 		}
 	})
+}
+
+// lookupAll returns the allocations of ids still in s's table, unbound
+// blanks included (which Table leaves out).
+func lookupAll(s *Segment, ids []uint64) []*masterv1.Allocation {
+	var out []*masterv1.Allocation
+	for _, id := range ids {
+		if a, ok := s.Lookup(id); ok {
+			out = append(out, a)
+		}
+	}
+	return out
 }

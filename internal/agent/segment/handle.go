@@ -2,6 +2,7 @@ package segment
 
 import (
 	"sync"
+	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
@@ -21,32 +22,52 @@ type Handle struct {
 	once  sync.Once
 }
 
-// OpenWrite opens a RESERVED allocation for writing.
+// Identity is the object and replica a write names (its token's claims):
+// views the segment compares, and copies when it binds a blank
+// reservation to them (OpenWriteAs).
+type Identity struct {
+	Tenant, Key, Group []byte
+	ReplicaID          uint32
+	HardPin            bool
+}
+
+// OpenWrite opens a RESERVED allocation for writing, without naming an
+// object: a blank reservation is refused, since its bytes would belong to
+// none. The data plane opens with OpenWriteAs.
 func (s *Segment) OpenWrite(id uint64) (*Handle, error) {
 	h := new(Handle)
-	if err := s.open(h, id, true); err != nil {
+	if err := s.open(h, id, true, nil, 0); err != nil {
 		return nil, err
 	}
 	return h, nil
 }
 
-// OpenWriteTo is OpenWrite into h, which must be a zero Handle (never
-// opened), so a caller opening many allocations at once can allocate their
-// Handles together.
-func (s *Segment) OpenWriteTo(h *Handle, id uint64) error {
-	return s.open(h, id, true)
+// OpenWriteAs opens a RESERVED allocation for writing into h, which must
+// be a zero Handle (never opened, so a caller opening many allocations at
+// once can allocate their Handles together), for the object who names.
+//
+// A blank reservation is bound to who here, under the segment's lock and
+// so before any byte of the write lands: it takes who's tenant, key,
+// replica id, group and hard pin, and its reservation grace starts again
+// at now (ExpireReserved), since the put that owns it starts now. Any
+// other allocation, a blank bound earlier included, is opened only when
+// who's tenant and key are the ones it holds: INVALID_TOKEN otherwise.
+func (s *Segment) OpenWriteAs(h *Handle, id uint64, who Identity, now time.Time) error {
+	return s.open(h, id, true, &who, now.UnixMilli())
 }
 
 // OpenRead opens a SEALED allocation for reading.
 func (s *Segment) OpenRead(id uint64) (*Handle, error) {
 	h := new(Handle)
-	if err := s.open(h, id, false); err != nil {
+	if err := s.open(h, id, false, nil, 0); err != nil {
 		return nil, err
 	}
 	return h, nil
 }
 
-func (s *Segment) open(h *Handle, id uint64, write bool) error {
+// open opens allocation id into h. A write names its object in who (nil:
+// none, which a blank refuses) at nowMs.
+func (s *Segment) open(h *Handle, id uint64, write bool, who *Identity, nowMs int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -63,6 +84,17 @@ func (s *Segment) open(h *Handle, id uint64, write bool) error {
 		if e.state != masterv1.AllocationState_ALLOCATION_STATE_RESERVED || e.sealing {
 			return errState("allocation %d is %s; writes need RESERVED", id, stateName(e))
 		}
+		switch {
+		case who == nil:
+			if e.blank {
+				return errState("allocation %d is a blank reservation: a write must name its object", id)
+			}
+		case e.blank:
+			s.bindLocked(e, who, nowMs)
+		case string(who.Tenant) != e.tenant || string(who.Key) != e.key:
+			return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_TOKEN,
+				"token names object %q/%q; allocation %d holds another", who.Tenant, who.Key, id)
+		}
 		e.writers++
 		e.writeOpens++
 		h.gen, h.alone = e.writeOpens, e.writers == 1
@@ -75,6 +107,18 @@ func (s *Segment) open(h *Handle, id uint64, write bool) error {
 	s.refs++
 	h.s, h.e, h.write = s, e, write
 	return nil
+}
+
+// bindLocked records who as blank entry e's object, at nowMs.
+func (s *Segment) bindLocked(e *entry, who *Identity, nowMs int64) {
+	e.tenant, e.key, e.group = string(who.Tenant), string(who.Key), string(who.Group)
+	e.replica, e.hardPin, e.blank = who.ReplicaID, who.HardPin, false
+	if nowMs > e.created {
+		// Queued again: the old place in resQ no longer matches the
+		// entry's time, and ExpireReserved skips it.
+		e.created = nowMs
+		s.resQ = append(s.resQ, queued{e.id, nowMs})
+	}
 }
 
 func stateName(e *entry) string {
@@ -189,6 +233,7 @@ func (h *Handle) Segment() *Segment { return h.s }
 // when not known).
 func (h *Handle) Epoch() uint64 { return h.e.epoch }
 
-// Object is the tenant and key the allocation was reserved for (fixed at
-// Reserve).
+// Object is the tenant and key the allocation holds, fixed by the time h
+// opened: at Reserve, or for a blank reservation by the write open that
+// bound it (h's own at the latest).
 func (h *Handle) Object() (tenant, key string) { return h.e.tenant, h.e.key }

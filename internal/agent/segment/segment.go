@@ -57,9 +57,17 @@ type entry struct {
 	checksum uint64
 	group    string
 	hardPin  bool
-	softPin  int64 // unix ms
-	created  int64 // unix ms
-	sealed   int64 // unix ms
+	// blank is set while the allocation is a blank reservation (reserved
+	// ahead of any put, ReserveItem.blank) that no write has bound to an
+	// object yet: tenant, key, replica, group and pins are empty, and the
+	// first write open records them from its token (OpenWriteAs). A blank
+	// is RESERVED, so it is never journaled nor fed; it is also left out
+	// of the table a registration sends, whose rows must name an object.
+	// (Next to hardPin: the padding before softPin holds it.)
+	blank   bool
+	softPin int64 // unix ms
+	created int64 // unix ms
+	sealed  int64 // unix ms
 	// epoch is the master epoch of the Reserve that made the allocation
 	// (0 when not known); a seal receipt names it. Runtime only: a
 	// restarted agent holds no RESERVED allocation to seal on write.
@@ -117,11 +125,20 @@ type Segment struct {
 	// whole table (which holds millions of sealed ones at scale, and a walk
 	// of it under mu stalled every write and read for a tenth of a second
 	// each sweep). Lazy: an id whose allocation was sealed or released
-	// since stays until a sweep reaches it.
-	resQ []uint64
+	// since stays until a sweep reaches it. A blank bound by a write is
+	// queued again with its new creation time (OpenWriteAs); its earlier
+	// place, whose time is no longer the entry's, is skipped.
+	resQ []queued
 	// feed records this segment's seals and releases of sealed
 	// allocations (SetFeed); nil records nothing.
 	feed *Feed
+}
+
+// queued is one place in Segment.resQ: an allocation and its creation time
+// when it was queued.
+type queued struct {
+	id uint64
+	at int64 // unix ms
 }
 
 func newSegment(id, name string, medium masterv1.Medium, store backing, a *alloc.Allocator) *Segment {
@@ -173,6 +190,9 @@ func (s *Segment) Table() []*masterv1.Allocation {
 	out := make([]*masterv1.Allocation, len(all))
 	i := 0
 	for e := range s.table.all() {
+		if e.blank {
+			continue // no object yet: as View
+		}
 		e.fill(&all[i], s.id)
 		out[i] = &all[i]
 		i++
@@ -191,6 +211,9 @@ func (s *Segment) Table() []*masterv1.Allocation {
 // An entry keeps what the view shows: one released since is still shown
 // (as it last was), one sealed since is shown sealed. Either is what a
 // table taken a moment later would show; the view's length never changes.
+// Blank reservations no write has bound yet are left out: they name no
+// object, and the master refuses a registered allocation without a key. A
+// blank is never blank again once bound, so Fill never meets one.
 type TableView struct {
 	seg     *Segment
 	entries []*entry
@@ -201,7 +224,9 @@ func (s *Segment) View() *TableView {
 	s.mu.Lock()
 	entries := make([]*entry, 0, s.table.len())
 	for e := range s.table.all() {
-		entries = append(entries, e)
+		if !e.blank {
+			entries = append(entries, e)
+		}
 	}
 	s.mu.Unlock()
 	byID := func(a, b *entry) int { return cmp.Compare(a.id, b.id) }
@@ -248,6 +273,12 @@ func errState(format string, args ...any) error {
 	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_ALLOCATION_STATE, format, args...)
 }
 
+// errBlank refuses to seal a blank reservation: its bytes, if any, belong
+// to no object.
+func errBlank(id uint64) error {
+	return errState("allocation %d is a blank reservation no write has bound to an object", id)
+}
+
 var errClosed = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE, "segment is closed")
 
 // Reserve allocates space for one replica and records it RESERVED.
@@ -283,13 +314,19 @@ func (s *Segment) reserveLocked(it *masterv1.ReserveItem, nowMs int64, epoch uin
 	}
 	e := &entry{
 		id: s.nextID, offset: ext.Offset, size: it.GetSize(), ext: ext,
-		state:  masterv1.AllocationState_ALLOCATION_STATE_RESERVED,
-		tenant: it.GetTenant(), key: it.GetKey(), replica: it.GetReplicaId(), group: it.GetGroupId(),
-		hardPin: it.GetHardPin(), softPin: it.GetSoftPinUntilUnixMs(), created: nowMs, epoch: epoch,
+		state: masterv1.AllocationState_ALLOCATION_STATE_RESERVED, created: nowMs, epoch: epoch,
+	}
+	if it.GetBlank() {
+		// The object is the write token's, recorded when a write opens;
+		// whatever identity the item carries besides is not the put's.
+		e.blank = true
+	} else {
+		e.tenant, e.key, e.replica, e.group = it.GetTenant(), it.GetKey(), it.GetReplicaId(), it.GetGroupId()
+		e.hardPin, e.softPin = it.GetHardPin(), it.GetSoftPinUntilUnixMs()
 	}
 	s.nextID++
 	s.table.put(e)
-	s.resQ = append(s.resQ, e.id)
+	s.resQ = append(s.resQ, queued{e.id, nowMs})
 	return e, nil
 }
 
@@ -375,6 +412,8 @@ func (s *Segment) Seal(args []SealArg, now time.Time) []error {
 				errs[i] = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH,
 					"allocation %d is sealed with checksum %#x, not %#x", a.ID, e.checksum, a.Checksum)
 			}
+		case e.blank:
+			errs[i] = errBlank(a.ID)
 		case e.sealing:
 			errs[i] = errState("allocation %d is being sealed", a.ID)
 		case e.writers > 0:
@@ -437,7 +476,7 @@ func (s *Segment) Seal(args []SealArg, now time.Time) []error {
 			if err := s.jrn.appendSeal(e); err != nil {
 				e.state = masterv1.AllocationState_ALLOCATION_STATE_RESERVED
 				s.sealedN--
-				s.resQ = append(s.resQ, e.id) // out of order: expires no sooner
+				s.resQ = append(s.resQ, queued{e.id, e.created}) // out of order: expires no sooner
 				e.checksum, e.sealed = 0, 0
 				errs[j.i] = rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, err, "journal seal of %d", e.id)
 			}
@@ -488,6 +527,10 @@ func (h *Handle) SealReceived(checksum, sum uint64, now time.Time) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
+	case e.blank:
+		// Not reachable through the write opens, which all bind a blank;
+		// refused here too so no path seals bytes of no object.
+		return errBlank(e.id)
 	case s.closed, s.jrn != nil, e.released, e.sealing,
 		e.state != masterv1.AllocationState_ALLOCATION_STATE_RESERVED,
 		!h.alone, e.writers != 1, e.writeOpens != h.gen:
@@ -539,19 +582,27 @@ func (s *Segment) sealedLocked() []*entry {
 func (s *Segment) ExpireReserved(cutoff time.Time) []uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out, busy []uint64
+	var out []uint64
+	var busy []queued
 	limit := cutoff.UnixMilli()
 	i := 0
 	for ; i < len(s.resQ); i++ {
-		e, ok := s.table.get(s.resQ[i])
+		q := s.resQ[i]
+		e, ok := s.table.get(q.id)
 		if !ok || e.state != masterv1.AllocationState_ALLOCATION_STATE_RESERVED {
 			continue // sealed or released since (or listed twice)
+		}
+		if e.created != q.at {
+			// A blank bound since: queued again, further on, with the
+			// time of its binding. Stopping here would hold back the
+			// older reservations queued after this place.
+			continue
 		}
 		if e.created >= limit {
 			break // the rest are younger
 		}
 		if e.sealing || e.writers > 0 {
-			busy = append(busy, e.id) // looked at again next sweep
+			busy = append(busy, q) // looked at again next sweep
 			continue
 		}
 		s.table.del(e.id)
