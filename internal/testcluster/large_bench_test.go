@@ -58,7 +58,9 @@ var (
 // CPU a put costs moves less than its throughput. reserve-µs is the mean
 // round trip of the master's Reserve messages to the agents during the put
 // phases (from its crescent_master_agent_command_seconds): the hop a
-// PutStart waits for besides its own. -large-cpuprofile
+// PutStart waits for besides its own, unless it finds a blank reservation;
+// blank-share is the share of the timed put phase's replicas placed on one
+// (crescent_master_put_reservations_total). -large-cpuprofile
 // profiles the put phases alone; -large-unary turns the SDK's call stream
 // off (DisableCallStream) for an A/B in one binary.
 func BenchmarkLargeObjects(b *testing.B) {
@@ -79,6 +81,7 @@ func BenchmarkLargeObjects(b *testing.B) {
 	var rawPutD, rawGetD, rawNPutD, rawNGetD, rawSD, putD, getD, putCPU, getCPU, rawCPU time.Duration
 	var abD [2]atomic.Int64        // summed put latencies: with receipts, with Seal
 	var reserveS, reserveN float64 // the put phases' Reserve round trips: summed seconds, count
+	var blanks, reserves float64   // the timed put phase's replicas placed on a blank, reserved
 	sealKeys := make([]string, n)
 	b.ResetTimer()
 	for it := 0; it < b.N; it++ {
@@ -95,11 +98,12 @@ func BenchmarkLargeObjects(b *testing.B) {
 		}
 		stopProfile := startProfile(b, *largeCPU, it)
 		cpu0 = testutil.ProcessCPU()
-		rs0, rn0 := reserveRoundTrips(b, c)
+		rs0, rn0, bl0, rv0 := reserveRoundTrips(b, c)
 		putD += forEach(b, n, w, func(i int, _ []byte) error { return cl.Put(ctx, keys[i], src) }, 0)
 		putCPU += testutil.ProcessCPU() - cpu0
-		rs1, rn1 := reserveRoundTrips(b, c)
+		rs1, rn1, bl1, rv1 := reserveRoundTrips(b, c)
 		reserveS, reserveN = reserveS+rs1-rs0, reserveN+rn1-rn0
+		blanks, reserves = blanks+bl1-bl0, reserves+rv1-rv0
 		stopProfile()
 		// The A/B: puts with and without seal on write interleaved (even
 		// objects one way, odd the other), so both see the same load; the
@@ -159,6 +163,9 @@ func BenchmarkLargeObjects(b *testing.B) {
 	b.ReportMetric(float64(getCPU.Microseconds())/float64(b.N*n), "get-cpu-µs")
 	if reserveN > 0 {
 		b.ReportMetric(reserveS/reserveN*1e6, "reserve-µs")
+	}
+	if blanks+reserves > 0 {
+		b.ReportMetric(blanks/(blanks+reserves), "blank-share")
 	}
 	b.ReportMetric(float64(rawCPU.Microseconds())/float64(b.N*n), "raw1-cpu-µs") // the floor: the first raw phase
 }
@@ -322,23 +329,29 @@ func rawCopyConc(tb testing.TB, n, size, w int) time.Duration {
 	return took
 }
 
-// reserveRoundTrips reads the master's summed Reserve round trips (seconds)
-// and their count from its /metrics (crescent_master_agent_command_seconds
+// reserveRoundTrips reads from the master's /metrics its summed Reserve
+// round trips (seconds) and their count (crescent_master_agent_command_seconds
 // {kind="reserve"}): over a put phase, the mean wait of a PutStart's hop to
-// the agent.
-func reserveRoundTrips(b *testing.B, c *testcluster.Cluster) (sum, count float64) {
+// the agent; and the replicas PutStart placed on a blank reservation and
+// reserved (crescent_master_put_reservations_total).
+func reserveRoundTrips(b *testing.B, c *testcluster.Cluster) (sum, count, blanks, reserves float64) {
 	b.Helper()
 	for line := range strings.SplitSeq(testutil.Metrics(b, c.MasterAdminAddr()), "\n") {
-		name, v, ok := strings.Cut(line, `{kind="reserve"} `)
+		name, v, ok := strings.Cut(line, " ")
 		if !ok {
 			continue
 		}
+		f, _ := strconv.ParseFloat(v, 64)
 		switch name {
-		case "crescent_master_agent_command_seconds_sum":
-			sum, _ = strconv.ParseFloat(v, 64)
-		case "crescent_master_agent_command_seconds_count":
-			count, _ = strconv.ParseFloat(v, 64)
+		case `crescent_master_agent_command_seconds_sum{kind="reserve"}`:
+			sum = f
+		case `crescent_master_agent_command_seconds_count{kind="reserve"}`:
+			count = f
+		case `crescent_master_put_reservations_total{via="blank"}`:
+			blanks = f
+		case `crescent_master_put_reservations_total{via="reserve"}`:
+			reserves = f
 		}
 	}
-	return sum, count
+	return sum, count, blanks, reserves
 }

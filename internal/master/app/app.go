@@ -61,6 +61,10 @@ type Config struct {
 	PromoteThreshold int
 	PromoteRate      config.ByteSize
 	PromoteQueue     int
+	// BlankPool is how many blank reservations the master keeps per
+	// segment and object size, so that a PutStart skips the agent's
+	// Reserve (issue 18 item 2); 0 disables them.
+	BlankPool int
 
 	// WriteTokenTTL is how long PutStart's (and a drain's) write tokens last.
 	WriteTokenTTL time.Duration
@@ -130,6 +134,7 @@ func DefaultConfig() Config {
 		PromoteThreshold:   meta.DefaultPromoteThreshold,
 		PromoteRate:        128 << 20,
 		PromoteQueue:       4096,
+		BlankPool:          8,
 		GCPercent:          400,
 		RecoveryGrace:      3 * time.Second,
 		RecoveryMax:        2 * time.Minute,
@@ -173,6 +178,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		"what the background eviction does with a memory segment's victims: offload (move them to a disk segment with room below its high watermark, same host first; dropped when none has room or when there is no disk segment) or drop; disk victims and those of a put that found no room are always dropped")
 	fs.IntVar(&c.PromoteThreshold, "promote-threshold", c.PromoteThreshold, "reads of an object with no memory replica (a decaying count) that queue it for a copy to memory; 0 disables promotion on reads (Prefetch still works); at most 255")
 	fs.Var(&c.PromoteRate, "promote-rate", "bytes per second the background promotion may copy to memory (e.g. 128MiB); it never fills a memory segment past low-watermark")
+	fs.IntVar(&c.BlankPool, "blank-pool", c.BlankPool, "blank reservations kept at agents per segment and object size, so that a PutStart needs no Reserve round trip; used within half of reserved-grace or released; 0 disables them; at most 64")
 	fs.IntVar(&c.PromoteQueue, "promote-queue", c.PromoteQueue, "keys waiting for promotion at most; more are dropped (crescent_master_promotion_drops_total)")
 	fs.DurationVar(&c.RecoveryGrace, "recovery-grace", c.RecoveryGrace, "after start, ChangeService waits at least this long for agents to re-register before serving, and then while any agent is still registering (0 disables)")
 	fs.DurationVar(&c.RecoveryMax, "recovery-max", c.RecoveryMax, "the longest ChangeService waits for agents to finish registering after start")
@@ -249,6 +255,9 @@ func (c *Config) Validate() error {
 	if _, err := meta.ParseEvictPolicy(c.EvictPolicy); err != nil {
 		errs = append(errs, err)
 	}
+	if c.BlankPool < 0 || c.BlankPool > 64 {
+		errs = append(errs, fmt.Errorf("blank-pool must be 0..64, got %d", c.BlankPool))
+	}
 	if c.PromoteThreshold < 0 || c.PromoteThreshold > 255 {
 		errs = append(errs, fmt.Errorf("promote-threshold must be 0..255, got %d", c.PromoteThreshold))
 	}
@@ -273,6 +282,15 @@ func (c *Config) Validate() error {
 
 // promoteThreshold maps the flag (0 disables) to meta's (negative
 // disables, 0 is the default).
+// blankPool maps the flag (0 disables) to meta.Config's (0 is the
+// default, negative disables).
+func blankPool(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
+}
+
 func promoteThreshold(n int) int {
 	if n == 0 {
 		return -1
@@ -374,6 +392,9 @@ func newMaster(cfg Config, lg *slog.Logger, epoch uint64, opts ...grpc.ServerOpt
 		PromoteThreshold:   promoteThreshold(cfg.PromoteThreshold),
 		PromoteBytesPerSec: uint64(cfg.PromoteRate),
 		PromoteQueue:       cfg.PromoteQueue,
+
+		BlankPool:   blankPool(cfg.BlankPool),
+		BlankMaxAge: cfg.ReservedGrace / 2,
 	}, meta.Deps{Registry: segReg, Agents: sessions, Identity: id, Metrics: reg}, lg.With("part", "meta"))
 	if err != nil {
 		return nil, err

@@ -77,6 +77,14 @@ type Config struct {
 	// PromoteHalveEvery halves every counter of the read sketch after this
 	// many counted reads (default 1<<18), so old reads fade.
 	PromoteHalveEvery int
+	// BlankPool is how many blank reservations the master keeps per
+	// segment and object size (blank.go): a PutStart that finds one skips
+	// the agent's Reserve round trip. Default 8; negative disables them.
+	BlankPool int
+	// BlankMaxAge is how long a blank may wait for a put before it is
+	// released (default 30 s). Keep it at most half the agents' reserved
+	// grace, so that an agent never frees a blank the master hands out.
+	BlankMaxAge time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -133,6 +141,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PromoteHalveEvery <= 0 {
 		c.PromoteHalveEvery = 1 << 18
+	}
+	if c.BlankPool == 0 {
+		c.BlankPool = 8
+	}
+	if c.BlankMaxAge <= 0 {
+		c.BlankMaxAge = 30 * time.Second
 	}
 	return c
 }

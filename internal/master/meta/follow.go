@@ -29,6 +29,11 @@ func (s *Store) SetFollowing(on bool) { s.following.Store(on) }
 // streams ended, before the leader serves.
 func (s *Store) Promote(id cluster.Identity) {
 	s.id = id
+	// A following store keeps no blanks (takeBlank, refillBlanks); none
+	// made under another term may survive into this one.
+	for _, e := range s.segs.all() {
+		s.dropBlanks([]string{e.id})
+	}
 	s.log.Reset(id.Epoch)
 	s.following.Store(false)
 }

@@ -32,6 +32,12 @@ type env struct {
 
 func newEnv(t testing.TB, hosts, segs int, capacity uint64, cfg Config) *env {
 	t.Helper()
+	if cfg.BlankPool == 0 {
+		// Blank reservations are off unless a test asks for them: a
+		// background refill would otherwise change what the agents hold
+		// at moments the test does not choose.
+		cfg.BlankPool = -1
+	}
 	c := metatest.NewCluster(hosts, segs, capacity)
 	clk := newClock()
 	c.Agents.NowMs = func() int64 { return clk.Now().UnixMilli() }
@@ -202,6 +208,27 @@ func checkInvariants(t fataler, e *env, f *follower) {
 	}
 	if pending != 0 {
 		t.Fatalf("%d replicas still pending between operations", pending)
+	}
+	// The blank reservations are the master's too, and each segment's
+	// blank bytes are what its pools hold.
+	for _, se := range e.s.segs.all() {
+		var bytes int64
+		se.blanks.mu.Lock()
+		for size, p := range se.blanks.bySize {
+			for _, b := range p.blanks {
+				ref := metatest.Ref{Segment: se.id, ID: b.alloc}
+				if refs[ref] {
+					se.blanks.mu.Unlock()
+					t.Fatalf("(c) blank %v is also a replica's allocation", ref)
+				}
+				refs[ref] = true
+				bytes += int64(size)
+			}
+		}
+		se.blanks.mu.Unlock()
+		if got := se.blankBytes.Load(); got != bytes {
+			t.Fatalf("segment %s blank bytes: got %d, pools hold %d", se.id, got, bytes)
+		}
 	}
 	live := e.c.Agents.Live()
 	for r := range live {

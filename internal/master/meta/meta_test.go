@@ -34,9 +34,11 @@ func (e *env) put(t testing.TB, sp PutSpec) {
 		sp.Size = 10
 	}
 	ctx := context.Background()
-	if _, err := e.s.PutStart(ctx, sp); err != nil {
+	descs, err := e.s.PutStart(ctx, sp)
+	if err != nil {
 		t.Fatalf("PutStart %s/%s: %v", sp.Tenant, sp.Key, err)
 	}
+	e.writeAs(t, descs)
 	if err := e.s.PutEnd(ctx, PutEndSpec{Tenant: sp.Tenant, Key: sp.Key, ClientID: sp.ClientID, Checksum: sp.Size * 7}); err != nil {
 		t.Fatalf("PutEnd %s/%s: %v", sp.Tenant, sp.Key, err)
 	}

@@ -400,7 +400,7 @@ func (s *Store) migrateChunk(ctx context.Context, chunk []*move, rel *releases, 
 			TargetTransferEndpoint: tgt.TransferEndpoint,
 			Target:                 &masterv1.AllocationRef{SegmentId: tgt.ID, AllocationId: mv.dstAlloc},
 			TargetToken: signer.Sign(token.Claims{Mode: token.Write, Tenant: mv.tenantName, Key: mv.key,
-				SegmentID: tgt.ID, AllocationID: mv.dstAlloc, Expiry: exp}),
+				SegmentID: tgt.ID, AllocationID: mv.dstAlloc, Expiry: exp, ReplicaID: mv.dst, Group: mv.group, HardPin: mv.hard}),
 		})
 		b.moves = append(b.moves, mv)
 	}

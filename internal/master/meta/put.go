@@ -285,13 +285,15 @@ func (s *Store) putStartRound(ctx context.Context, specs []PutSpec, items []*put
 		place.SetAttributes(tracectx.Items.Int(len(items)), tracectx.Failed.Int(len(items)-placed))
 	}
 	place.End()
-	// Phase 2: reserve at the agents, batched per agent.
+	// Phase 2: take a blank reservation where the segment has one of the
+	// size (blank.go), else reserve at the agents, batched per agent.
 	type batch struct {
 		items []*masterv1.ReserveItem
 		reps  []*plannedRep
 	}
 	per := map[string]*batch{}
 	ris := slab[masterv1.ReserveItem]{n: len(items)}
+	nowMs := s.nowMs()
 	for _, it := range items {
 		if it.err != nil {
 			continue
@@ -299,6 +301,11 @@ func (s *Store) putStartRound(ctx context.Context, specs []PutSpec, items []*put
 		sp := &specs[it.i]
 		for r := range it.reps {
 			rp := &it.reps[r]
+			if b, ok := s.takeBlank(rp.v, sp.Size, nowMs); ok {
+				rp.allocID, rp.offset = b.alloc, b.offset
+				continue
+			}
+			s.reservesSent.Add(1)
 			b := per[rp.v.seg.AgentID]
 			if b == nil {
 				b = &batch{}
@@ -519,8 +526,11 @@ func (s *Store) writeDescriptors(w *descWriter, sp *PutSpec, it *putItem) []*mas
 			Size:             sp.Size,
 			Medium:           sp.Medium,
 			Status:           masterv1.ReplicaStatus_REPLICA_STATUS_PROCESSING,
+			// The token names the whole replica: an agent writing into a
+			// blank reservation records it from the token.
 			Token: w.signer.Sign(token.Claims{Mode: token.Write, Tenant: sp.Tenant, Key: sp.Key,
-				SegmentID: rp.v.seg.ID, AllocationID: rp.allocID, Expiry: exp}),
+				SegmentID: rp.v.seg.ID, AllocationID: rp.allocID, Expiry: exp,
+				ReplicaID: rp.id, Group: sp.Group, HardPin: sp.HardPin}),
 			TokenExpiryUnixMs: exp.UnixMilli(),
 		}
 	}

@@ -82,6 +82,14 @@ func (s *Store) BeginReconcile(ctx context.Context, agentID string, segments []c
 		}
 	}
 	r.owedCheck = r.owedCheck || r.claimed != nil
+	// The agent's blanks are gone if it restarted, and unknown to the
+	// table either way: forget them (a reconnected agent's grace frees
+	// them).
+	ids := make([]string, len(segments))
+	for i := range segments {
+		ids[i] = segments[i].ID
+	}
+	s.dropBlanks(ids)
 	return r
 }
 

@@ -20,15 +20,19 @@ type segEntry struct {
 	// arrived after the removal passed for fresh, and a put that had just
 	// evicted for room found none: seen as NO_AVAILABLE_HANDLE in e2e.)
 	freedMs atomic.Int64
+	// blanks are the segment's blank reservations (blank.go), and
+	// blankBytes their object bytes, counted as used for placement.
+	blanks     blankPools
+	blankBytes atomic.Int64
 }
 
 // used is the segment's use for placement and eviction: what the metadata
-// has placed, or the agent's last report when that is larger and not older
+// has placed (and holds in blank reservations), or the agent's last report when that is larger and not older
 // than the metadata's last removal there (the report includes alignment
 // and allocations the metadata does not know; a stale one does not see
 // what was just freed).
 func (e *segEntry) used(sg cluster.Segment) int64 {
-	p := e.placed.Load()
+	p := e.placed.Load() + e.blankBytes.Load()
 	if e.freedMs.Load() >= sg.LastHeartbeatMs {
 		return p
 	}

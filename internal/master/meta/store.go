@@ -113,6 +113,11 @@ type Store struct {
 	// tried to seal, by how: a seal receipt (sealed on write, receipt.go)
 	// or a Seal to the agent (PutSeals, crescent_master_put_seals_total).
 	sealsByReceipt, sealsBySeal atomic.Uint64
+	// blankKick asks blankLoop for a refill; blanksTaken and reservesSent
+	// count the replicas PutStart placed on a blank and those it reserved
+	// at the agent (crescent_master_put_reservations_total).
+	blankKick                 chan struct{}
+	blanksTaken, reservesSent atomic.Uint64
 }
 
 var _ cluster.Metadata = (*Store)(nil)
@@ -148,6 +153,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		keys:           deps.Identity.Keys,
 		leaseTTL:       durationpb.New(cfg.LeaseTTL),
 		evictKick:      make(chan struct{}, 1),
+		blankKick:      make(chan struct{}, 1),
 		closed:         make(chan struct{}),
 		owed:           make(map[allocKey]struct{}),
 		offloadMore:    make(map[uint32]bool),
@@ -194,8 +200,18 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 				Help: "Replicas PutEnd sealed or tried to seal, by how: via=receipt (the agent sealed on write and the client passed its seal receipt) or via=seal (a Seal command to the agent).",
 			}, func() float64 { return float64(n.Load()) })
 		}
+		reservations := func(via string, n *atomic.Uint64) prometheus.Collector {
+			return prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "crescent_master_put_reservations_total", ConstLabels: prometheus.Labels{"via": via},
+				Help: "Replicas PutStart placed, by how their allocation was had: via=blank (a blank reservation made ahead, no round trip to the agent) or via=reserve (a Reserve to the agent inside the PutStart).",
+			}, func() float64 { return float64(n.Load()) })
+		}
+		blanks := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "crescent_master_blank_reservations", Help: "Blank reservations the master holds at agents for coming puts (--blank-pool per segment and object size).",
+		}, func() float64 { n, _ := s.BlankStats(); return float64(n) })
 		for _, c := range append([]prometheus.Collector{s.evicted, s.offloaded, s.offloadedBytes, s.changes, s.reserved, s.expired,
-			seals("receipt", &s.sealsByReceipt), seals("seal", &s.sealsBySeal), objects, bytes, rev}, s.promo.collectors()...) {
+			seals("receipt", &s.sealsByReceipt), seals("seal", &s.sealsBySeal), objects, bytes, rev,
+			reservations("blank", &s.blanksTaken), reservations("reserve", &s.reservesSent), blanks}, s.promo.collectors()...) {
 			if err := deps.Metrics.Register(c); err != nil {
 				return nil, fmt.Errorf("meta: register metrics: %w", err)
 			}
@@ -215,8 +231,9 @@ func (s *Store) LeaseTTL() time.Duration { return s.cfg.LeaseTTL }
 
 // Run runs the background work until ctx ends: the periodic and triggered
 // eviction check, the sweep that expires puts past the put timeout (on the
-// store's clock, every PutSweepInterval), and the promotion worker (its
-// own goroutine, ended and waited for before Run returns). Leases and pins
+// store's clock, every PutSweepInterval), and the promotion worker and the
+// blank reservations' refills and sweep (their own goroutines, ended and
+// waited for before Run returns). Leases and pins
 // expire lazily and need no loop.
 func (s *Store) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
@@ -224,6 +241,7 @@ func (s *Store) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	wg.Go(func() { s.promoteLoop(ctx) })
+	wg.Go(func() { s.blankLoop(ctx) })
 	t := time.NewTicker(s.cfg.EvictInterval)
 	defer t.Stop()
 	sweep := time.NewTicker(s.cfg.PutSweepInterval)

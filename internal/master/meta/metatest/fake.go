@@ -115,6 +115,9 @@ type Alloc struct {
 	HardPin    bool
 	SoftPinMs  int64
 	SealedAtMs int64
+	// Blank: reserved with no identity (ReserveItem.blank) and not bound
+	// by a write yet (Bind).
+	Blank bool
 }
 
 // Agents is a fake of every agent at once: it answers Reserve from each
@@ -270,8 +273,12 @@ func (a *Agents) Reserve(ctx context.Context, agent string, items []*masterv1.Re
 			}
 			a.next++
 			r := Ref{seg.ID, a.next}
-			a.live[r] = &Alloc{Ref: r, Offset: off, Size: it.GetSize(), Tenant: it.GetTenant(), Key: it.GetKey(), ReplicaID: it.GetReplicaId(),
-				Group: it.GetGroupId(), HardPin: it.GetHardPin(), SoftPinMs: it.GetSoftPinUntilUnixMs()}
+			if it.GetBlank() {
+				a.live[r] = &Alloc{Ref: r, Offset: off, Size: it.GetSize(), Blank: true}
+			} else {
+				a.live[r] = &Alloc{Ref: r, Offset: off, Size: it.GetSize(), Tenant: it.GetTenant(), Key: it.GetKey(), ReplicaID: it.GetReplicaId(),
+					Group: it.GetGroupId(), HardPin: it.GetHardPin(), SoftPinMs: it.GetSoftPinUntilUnixMs()}
+			}
 			a.used[seg.ID] += it.GetSize()
 			out[i] = &masterv1.ReserveItemResult{Status: &masterv1.ItemStatus{}, AllocationId: a.next, Offset: off}
 		}
@@ -296,6 +303,8 @@ func (a *Agents) Seal(ctx context.Context, agent string, items []*masterv1.SealI
 		switch {
 		case al == nil:
 			out[i] = rpcerr.Item(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_ALLOCATION_NOT_FOUND, "no allocation %d", it.GetAllocationId()))
+		case al.Blank:
+			out[i] = rpcerr.Item(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_ALLOCATION_STATE, "allocation %d is a blank reservation no write has bound", it.GetAllocationId()))
 		case a.badSum[al.Key]:
 			out[i] = rpcerr.Item(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "checksum mismatch"))
 		case al.Sealed && al.Checksum != it.GetChecksum():
@@ -402,6 +411,24 @@ func (a *Agents) Unmount(segment string) {
 	a.used[segment] = 0
 }
 
+// Bind records an object in a blank reservation, as an agent does from
+// the write token when a client's write opens it; binding a bound one to
+// another object fails, to the same one is a no-op.
+func (a *Agents) Bind(seg string, id uint64, tenant, key string, replica uint32, group string, hardPin bool) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	al := a.live[Ref{seg, id}]
+	switch {
+	case al == nil:
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_ALLOCATION_NOT_FOUND, "no allocation %d", id)
+	case al.Blank:
+		al.Blank, al.Tenant, al.Key, al.ReplicaID, al.Group, al.HardPin = false, tenant, key, replica, group, hardPin
+	case al.Tenant != tenant || al.Key != key:
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_TOKEN, "allocation %d holds %q/%q", id, al.Tenant, al.Key)
+	}
+	return nil
+}
+
 // Live returns a copy of every live allocation.
 func (a *Agents) Live() map[Ref]Alloc {
 	a.mu.Lock()
@@ -441,8 +468,8 @@ func (a *Agents) Table(agent string) []*masterv1.Allocation {
 	var out []*masterv1.Allocation
 	for _, al := range a.live {
 		seg, ok := a.Reg.Segment(al.Segment)
-		if !ok || seg.AgentID != agent {
-			continue
+		if !ok || seg.AgentID != agent || al.Blank {
+			continue // an agent leaves unbound blanks out of its table
 		}
 		st := masterv1.AllocationState_ALLOCATION_STATE_RESERVED
 		if al.Sealed {

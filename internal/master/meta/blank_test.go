@@ -1,0 +1,226 @@
+package meta
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"testing/synctest"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/master/cluster"
+	"github.com/crescent-kv/crescent/internal/master/meta/metatest"
+	"github.com/crescent-kv/crescent/internal/token"
+)
+
+const blankTestSize = 1 << 20
+
+// newBlankEnv is one agent with one 1 GiB memory segment and blank pools of
+// depth 4. Nothing runs in the background: the tests call refillBlanks and
+// sweepBlanks themselves.
+func newBlankEnv(t *testing.T) *env {
+	t.Helper()
+	return newEnv(t, 1, 1, 1<<30, Config{BlankPool: 4})
+}
+
+// writeAs does what a client's write does at the agent: it binds each
+// replica's allocation to the identity its write token names (an agent
+// checks the token's signature first; so does this).
+func (e *env) writeAs(t testing.TB, descs []*masterv1.ReplicaDescriptor) {
+	t.Helper()
+	for _, d := range descs {
+		c, err := token.Parse(d.GetToken(), e.s.keys.Keys()...)
+		if err != nil {
+			t.Fatalf("write token of replica %d: %v", d.GetReplicaId(), err)
+		}
+		if c.SegmentID != d.GetSegmentId() || c.AllocationID != d.GetAllocationId() || c.ReplicaID != d.GetReplicaId() {
+			t.Fatalf("write token names %s/%d replica %d; the descriptor %s/%d replica %d",
+				c.SegmentID, c.AllocationID, c.ReplicaID, d.GetSegmentId(), d.GetAllocationId(), d.GetReplicaId())
+		}
+		if err := e.c.Agents.Bind(c.SegmentID, c.AllocationID, c.Tenant, c.Key, c.ReplicaID, c.Group, c.HardPin); err != nil {
+			t.Fatalf("bind replica %d: %v", d.GetReplicaId(), err)
+		}
+	}
+}
+
+// TestBlankSkipsReserve: the first put of a size reserves at the agent and
+// starts a pool; once the pool is filled (one Reserve for all of it), a put
+// of that size takes a blank with no Reserve of its own, its write token
+// names the whole replica, and the object it makes is what the agent's
+// table shows after the write and the seal.
+func TestBlankSkipsReserve(t *testing.T) {
+	e := newBlankEnv(t)
+	ctx := context.Background()
+	f := &follower{set: map[rkey]bool{}}
+	e.put(t, PutSpec{Key: "first", Size: blankTestSize})
+	if r, _, _ := e.c.Agents.Calls(); r != 1 {
+		t.Fatalf("first put: %d Reserves, want 1", r)
+	}
+	e.s.refillBlanks(ctx)
+	if r, _, _ := e.c.Agents.Calls(); r != 2 {
+		t.Fatalf("refill: %d Reserves in all, want 2 (one for the whole pool)", r)
+	}
+	if n, bytes := e.s.BlankStats(); n != 4 || bytes != 4*blankTestSize {
+		t.Fatalf("after a refill: %d blanks of %d bytes, want 4 of %d", n, bytes, 4*blankTestSize)
+	}
+	checkInvariants(t, e, f)
+
+	descs, err := e.s.PutStart(ctx, PutSpec{Key: "second", Size: blankTestSize, ClientID: "w", Group: "g", HardPin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, _, _ := e.c.Agents.Calls(); r != 2 {
+		t.Fatalf("a put that found a blank sent a Reserve (%d in all, want 2)", r)
+	}
+	if al := e.c.Agents.Live()[metatest.Ref{Segment: descs[0].GetSegmentId(), ID: descs[0].GetAllocationId()}]; !al.Blank {
+		t.Fatalf("the put's allocation %d is not one of the blanks: %+v", descs[0].GetAllocationId(), al)
+	}
+	if got, res := e.s.blanksTaken.Load(), e.s.reservesSent.Load(); got != 1 || res != 1 {
+		t.Fatalf("replicas placed on blanks %d, reserved %d; want 1 and 1", got, res)
+	}
+	e.writeAs(t, descs)
+	if err := e.s.PutEnd(ctx, PutEndSpec{Key: "second", ClientID: "w", Checksum: 7}); err != nil {
+		t.Fatal(err)
+	}
+	al := e.c.Agents.Live()[metatest.Ref{Segment: descs[0].GetSegmentId(), ID: descs[0].GetAllocationId()}]
+	if !al.Sealed || al.Tenant != DefaultTenant || al.Key != "second" || al.ReplicaID != descs[0].GetReplicaId() || al.Group != "g" || !al.HardPin {
+		t.Fatalf("the agent holds %+v; want sealed, %s/second, replica %d, group g, hard pin", al, DefaultTenant, descs[0].GetReplicaId())
+	}
+	if n, _ := e.s.BlankStats(); n != 3 {
+		t.Fatalf("%d blanks left, want 3", n)
+	}
+	checkInvariants(t, e, f)
+}
+
+// TestBlankUnboundRefusesSeal: a put whose client never wrote cannot be
+// sealed on a blank (the agent refuses to seal a blank no write bound),
+// and the put fails rather than publishing an object with no identity.
+func TestBlankUnboundRefusesSeal(t *testing.T) {
+	e := newBlankEnv(t)
+	ctx := context.Background()
+	e.put(t, PutSpec{Key: "first", Size: blankTestSize})
+	e.s.refillBlanks(ctx)
+	if _, err := e.s.PutStart(ctx, PutSpec{Key: "unwritten", Size: blankTestSize, ClientID: "w"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.PutEnd(ctx, PutEndSpec{Key: "unwritten", ClientID: "w", Checksum: 7}); err == nil {
+		t.Fatal("PutEnd of a put whose blank no write bound: accepted")
+	}
+	if readableSet(e.s)[rkey{DefaultTenant, "unwritten", masterv1.Medium_MEDIUM_MEMORY}] {
+		t.Fatal("the unwritten object is readable")
+	}
+}
+
+// TestBlankAgeAndSweep: a blank is handed out only while younger than
+// BlankMaxAge; the sweep releases older ones at the agent, and drops a pool
+// nobody used for that long.
+func TestBlankAgeAndSweep(t *testing.T) {
+	e := newBlankEnv(t)
+	ctx := context.Background()
+	e.put(t, PutSpec{Key: "first", Size: blankTestSize})
+	e.s.refillBlanks(ctx)
+	live := len(e.c.Agents.Live())
+	e.clk.Advance(e.s.cfg.BlankMaxAge)
+	r0, _, _ := e.c.Agents.Calls()
+	e.put(t, PutSpec{Key: "late", Size: blankTestSize})
+	if r, _, _ := e.c.Agents.Calls(); r != r0+1 {
+		t.Fatalf("a put after BlankMaxAge took a stale blank (Reserves %d, want %d)", r, r0+1)
+	}
+	e.s.sweepBlanks(ctx)
+	if n, _ := e.s.BlankStats(); n != 0 {
+		t.Fatalf("%d blanks after the sweep, want 0", n)
+	}
+	if got := len(e.c.Agents.Live()); got != live+1-4 {
+		t.Fatalf("agent holds %d allocations, want %d (the 4 stale blanks released)", got, live+1-4)
+	}
+	if p := e.c.Agents.Problems(); len(p) > 0 {
+		t.Fatal(p)
+	}
+	e.clk.Advance(e.s.cfg.BlankMaxAge)
+	e.s.sweepBlanks(ctx)
+	e.s.refillBlanks(ctx)
+	if n, _ := e.s.BlankStats(); n != 0 {
+		t.Fatalf("a pool unused for BlankMaxAge was refilled: %d blanks", n)
+	}
+	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
+}
+
+// TestBlankDroppedOnRegistration: when the agent registers again (after a
+// restart it holds no RESERVED allocation), its segments' blanks are
+// forgotten, and a put reserves as before.
+func TestBlankDroppedOnRegistration(t *testing.T) {
+	e := newBlankEnv(t)
+	ctx := context.Background()
+	e.put(t, PutSpec{Key: "first", Size: blankTestSize})
+	e.s.refillBlanks(ctx)
+	sg, _ := e.c.Reg.Segment("seg-0-0")
+	e.s.Reconcile(ctx, "agent-0", []cluster.Segment{sg}, e.c.Agents.Table("agent-0"))
+	if n, bytes := e.s.BlankStats(); n != 0 || bytes != 0 {
+		t.Fatalf("after the agent registered: %d blanks of %d bytes, want none", n, bytes)
+	}
+	r0, _, _ := e.c.Agents.Calls()
+	e.put(t, PutSpec{Key: "after", Size: blankTestSize})
+	if r, _, _ := e.c.Agents.Calls(); r != r0+1 {
+		t.Fatalf("put after registration: Reserves %d, want %d", r, r0+1)
+	}
+}
+
+// TestBlankRoom: a pool holds at most 1/64 of its segment, blanks count as
+// used when placing, and a refill never takes a segment past the high
+// watermark.
+func TestBlankRoom(t *testing.T) {
+	e := newEnv(t, 1, 1, 1024*blankTestSize, Config{BlankPool: 64, HighWatermark: 0.1, LowWatermark: 0.05})
+	ctx := context.Background()
+	e.put(t, PutSpec{Key: "first", Size: blankTestSize})
+	e.s.refillBlanks(ctx)
+	if n, _ := e.s.BlankStats(); n != 16 {
+		t.Fatalf("refill of a 1 GiB segment's 1 MiB pool: %d blanks, want 16 (1/64 of the segment)", n)
+	}
+	for i := range 100 {
+		e.put(t, PutSpec{Key: fmt.Sprintf("k%d", i), Size: blankTestSize})
+	}
+	e.s.refillBlanks(ctx)
+	n, bytes := e.s.BlankStats()
+	// 101 MiB placed; the watermark is at 102.4 MiB.
+	if n != 1 {
+		t.Fatalf("refill on a segment with 101 of 102.4 MiB under the watermark used: %d blanks, want 1", n)
+	}
+	sg, _ := e.c.Reg.Segment("seg-0-0")
+	if got, want := e.s.segs.get(0).used(sg), int64(101*blankTestSize)+bytes; got != want {
+		t.Fatalf("segment used %d, want %d (objects and blanks)", got, want)
+	}
+	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
+}
+
+// TestBlankOff: with BlankPool negative no pool is kept and every put
+// reserves.
+func TestBlankOff(t *testing.T) {
+	e := newEnv(t, 1, 1, 1<<30, Config{BlankPool: -1})
+	ctx := context.Background()
+	for _, k := range []string{"a", "b", "c"} {
+		e.put(t, PutSpec{Key: k, Size: blankTestSize})
+		e.s.refillBlanks(ctx)
+	}
+	if r, _, _ := e.c.Agents.Calls(); r != 3 {
+		t.Fatalf("%d Reserves, want 3", r)
+	}
+	if n, _ := e.s.BlankStats(); n != 0 {
+		t.Fatalf("%d blanks with the pool off", n)
+	}
+}
+
+// TestBlankRunRefills: Run's loop refills a pool that a put found low, in
+// the background, with no call of the put's waiting on it.
+func TestBlankRunRefills(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newBlankEnv(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- e.s.Run(ctx) }()
+		defer func() { cancel(); <-done }()
+		e.put(t, PutSpec{Key: "first", Size: blankTestSize})
+		synctest.Wait() // Run's loop has taken the put's kick and refilled
+		if n, _ := e.s.BlankStats(); n != 4 {
+			t.Fatalf("%d blanks once the refill the put asked for is done, want 4", n)
+		}
+	})
+}
