@@ -333,3 +333,10 @@ func (s *Store) BlankStats() (n int, bytes int64) {
 	}
 	return n, bytes
 }
+
+// PutReservations reports the replicas PutStart placed on a blank
+// reservation and those it reserved at the agent
+// (crescent_master_put_reservations_total).
+func (s *Store) PutReservations() (blank, reserve uint64) {
+	return s.blanksTaken.Load(), s.reservesSent.Load()
+}
