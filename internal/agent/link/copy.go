@@ -38,21 +38,36 @@ func (l *Link) copyResult(ctx context.Context, r *masterv1.CopyRequest) *masterv
 	errs := l.copyBatch(ctx, r.GetItems())
 	out := &masterv1.CopyResult{RequestId: r.GetRequestId(), Items: make([]*masterv1.ItemStatus, len(errs))}
 	ok := &masterv1.ItemStatus{}
-	failed, first := 0, error(nil)
+	failed, gone, first := 0, 0, error(nil)
 	for i, err := range errs {
 		if err == nil {
 			out.Items[i] = ok
 			continue
 		}
+		out.Items[i] = rpcerr.Item(err)
+		if releasedMeanwhile(err) {
+			gone++
+			continue
+		}
 		if failed++; first == nil {
 			first = err
 		}
-		out.Items[i] = rpcerr.Item(err)
 	}
 	if failed > 0 {
-		l.lg.Warn("copy items failed", "items", len(errs), "failed", failed, "first_err", first)
+		l.lg.Warn("copy items failed", "items", len(errs), "failed", failed, "released_meanwhile", gone, "first_err", first)
+	} else if gone > 0 {
+		l.lg.Debug("copy items whose allocation was released meanwhile", "items", len(errs), "released_meanwhile", gone)
 	}
 	return out
+}
+
+// releasedMeanwhile reports a copy item that failed because its source or
+// its target allocation no longer exists. Only the master releases them:
+// it removed the object, or gave up the move, after it sent the copy (an
+// offload whose victim a forced RemoveByPrefix took, say). The master
+// reads the item's status; at the agent it is not worth a warning.
+func releasedMeanwhile(err error) bool {
+	return rpcerr.Reason(err) == "ALLOCATION_NOT_FOUND"
 }
 
 // checkCopy refuses a request as a whole: too many items, or both forms at

@@ -3,6 +3,7 @@ package link
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"testing"
 	"time"
@@ -357,5 +358,63 @@ func TestCopyBatchFallsBackToDataService(t *testing.T) {
 		if err := tgt.Seal([]segment.SealArg{{ID: items[i].GetTarget().GetAllocationId(), Checksum: sums[i]}}, time.Now())[0]; err != nil {
 			t.Fatalf("item %d at its target: %v", i, err)
 		}
+	}
+}
+
+// TestCopyReleasedMeanwhileIsNotAWarning: a copy item whose source or
+// target the master released after it sent the copy (its object removed,
+// its move given up) fails ALLOCATION_NOT_FOUND for the master to read,
+// and is logged at Debug, not as a failure; any other failure is still a
+// warning, which counts the released items beside it.
+func TestCopyReleasedMeanwhileIsNotAWarning(t *testing.T) {
+	mem, err := segment.NewMemory("mem-0", 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs testutil.LogBuffer
+	cfg := Config{MasterAddr: "passthrough:///master", AgentID: "a1", DataEndpoint: "a1:1"}
+	l, err := New(cfg, Deps{Segments: segment.NewSet(mem)}, slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	tgt := newCopyTarget(t, 1<<20)
+	data := pattern(4<<10, 3)
+	item := func(key string) *masterv1.CopyItem {
+		src := sealedAlloc(t, mem, key, data)
+		dst, tok := tgt.reserve(t, key, len(data))
+		return &masterv1.CopyItem{Source: &masterv1.AllocationRef{SegmentId: mem.ID(), AllocationId: src.GetAllocationId()},
+			TargetTransferEndpoint: tgt.endpoint, Target: dst, TargetToken: tok}
+	}
+	released := item("source-released")
+	if err := mem.Release(released.GetSource().GetAllocationId()); err != nil {
+		t.Fatal(err)
+	}
+	targetGone := item("target-released")
+	if err := tgt.mem.Release(targetGone.GetTarget().GetAllocationId()); err != nil {
+		t.Fatal(err)
+	}
+	res := l.copyResult(t.Context(), &masterv1.CopyRequest{RequestId: 1, Items: []*masterv1.CopyItem{released, targetGone, item("ok")}})
+	for i, want := range []string{"ALLOCATION_NOT_FOUND", "ALLOCATION_NOT_FOUND", ""} {
+		if got := res.GetItems()[i].GetReason(); got != want {
+			t.Fatalf("item %d: %v, want reason %q", i, res.GetItems()[i], want)
+		}
+	}
+	if n := logs.Count(`"level":"WARN"`); n != 0 {
+		t.Fatalf("%d warnings for copies whose allocations were released meanwhile:\n%s", n, logs.String())
+	}
+	if n := logs.Count(`"released_meanwhile":2`); n != 1 {
+		t.Fatalf("no Debug line counting the 2 released items:\n%s", logs.String())
+	}
+
+	forged := item("forged")
+	forged.TargetToken = []byte("forged")
+	released = item("released-again")
+	if err := mem.Release(released.GetSource().GetAllocationId()); err != nil {
+		t.Fatal(err)
+	}
+	l.copyResult(t.Context(), &masterv1.CopyRequest{RequestId: 2, Items: []*masterv1.CopyItem{forged, released}})
+	if n := logs.Count(`"msg":"copy items failed"`); n != 1 || logs.Count(`"failed":1,"released_meanwhile":1`) != 1 {
+		t.Fatalf("a forged token beside a released source: want one warning counting each:\n%s", logs.String())
 	}
 }
