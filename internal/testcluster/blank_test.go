@@ -76,7 +76,8 @@ func TestPutsOnBlankReservations(t *testing.T) {
 	}
 
 	// A master rebuilt from the agents holds every object and no blank:
-	// the agents' tables leave unbound blanks out.
+	// the agents' tables list their unbound blanks flagged, and nothing
+	// adopts one.
 	c.RestartMaster()
 	testutil.Eventually(t, 30*time.Second, func() bool { o, _, _ := c.Master().Store.Stats(); return o == uint64(len(keys)+1) },
 		"the new master to rebuild the %d objects", len(keys)+1)

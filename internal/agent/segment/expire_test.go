@@ -17,7 +17,8 @@ import (
 // random times; ExpireReserved (which looks only at its queue of
 // reservations) expires exactly the RESERVED allocations older than the
 // cutoff that nobody is writing, Stats' counts (kept, not counted) match a
-// walk of the allocations, and Table holds all but the unbound blanks.
+// walk of the allocations, and Table and View hold them all, exactly the
+// unbound blanks flagged blank (with no object).
 func TestExpireReservedModel(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		s, err := NewMemory("mem-0", 1<<20)
@@ -85,35 +86,41 @@ func TestExpireReservedModel(t *testing.T) {
 				}
 			}
 			now = now.Add(time.Duration(rapid.IntRange(0, 2).Draw(rt, "tick")) * time.Millisecond)
-			var reserved, sealed, named int
+			var reserved, sealed, unbound int
 			for _, a := range lookupAll(s, ids) {
 				if a.GetState() == masterv1.AllocationState_ALLOCATION_STATE_SEALED {
 					sealed++
 				} else {
 					reserved++
 				}
-				if a.GetKey() != "" {
-					named++ // not an unbound blank
+				if a.GetKey() == "" {
+					unbound++ // an unbound blank
 				}
 			}
 			if _, r, sl := s.Stats(); r != reserved || sl != sealed {
 				rt.Fatalf("Stats: %d reserved, %d sealed; the table holds %d and %d", r, sl, reserved, sealed)
 			}
 			tbl := s.Table()
-			if len(tbl) != named || s.View().Len() != named {
-				rt.Fatalf("Table has %d rows and View %d; %d allocations name an object", len(tbl), s.View().Len(), named)
+			if all := reserved + sealed; len(tbl) != all || s.View().Len() != all {
+				rt.Fatalf("Table has %d rows and View %d; the segment holds %d allocations", len(tbl), s.View().Len(), all)
 			}
+			flagged := 0
 			for _, a := range tbl {
-				if a.GetKey() == "" {
-					rt.Fatalf("Table holds an unbound blank: %v", a)
+				if a.GetBlank() != (a.GetKey() == "") {
+					rt.Fatalf("Table row %v: flagged blank %v with key %q", a, a.GetBlank(), a.GetKey())
 				}
+				if a.GetBlank() {
+					flagged++
+				}
+			}
+			if flagged != unbound {
+				rt.Fatalf("Table flags %d blanks; %d are unbound", flagged, unbound)
 			}
 		}
 	})
 }
 
-// lookupAll returns the allocations of ids still in s's table, unbound
-// blanks included (which Table leaves out).
+// lookupAll returns the allocations of ids still in s's table.
 func lookupAll(s *Segment, ids []uint64) []*masterv1.Allocation {
 	var out []*masterv1.Allocation
 	for _, id := range ids {

@@ -61,8 +61,8 @@ type entry struct {
 	// ahead of any put, ReserveItem.blank) that no write has bound to an
 	// object yet: tenant, key, replica, group and pins are empty, and the
 	// first write open records them from its token (OpenWriteAs). A blank
-	// is RESERVED, so it is never journaled nor fed; it is also left out
-	// of the table a registration sends, whose rows must name an object.
+	// is RESERVED, so it is never journaled nor fed; the table a
+	// registration sends lists it flagged (Allocation.blank).
 	// (Next to hardPin: the padding before softPin holds it.)
 	blank   bool
 	softPin int64 // unix ms
@@ -93,6 +93,7 @@ func (e *entry) fill(a *masterv1.Allocation, segID string) {
 	a.SegmentId, a.AllocationId, a.Offset, a.Size, a.State = segID, e.id, e.offset, e.size, e.state
 	a.Tenant, a.Key, a.ReplicaId, a.Checksum, a.GroupId = e.tenant, e.key, e.replica, e.checksum, e.group
 	a.HardPin, a.SoftPinUntilUnixMs, a.CreatedUnixMs, a.SealedUnixMs = e.hardPin, e.softPin, e.created, e.sealed
+	a.Blank = e.blank
 }
 
 // Segment is one mounted segment.
@@ -190,9 +191,6 @@ func (s *Segment) Table() []*masterv1.Allocation {
 	out := make([]*masterv1.Allocation, len(all))
 	i := 0
 	for e := range s.table.all() {
-		if e.blank {
-			continue // no object yet: as View
-		}
 		e.fill(&all[i], s.id)
 		out[i] = &all[i]
 		i++
@@ -211,9 +209,10 @@ func (s *Segment) Table() []*masterv1.Allocation {
 // An entry keeps what the view shows: one released since is still shown
 // (as it last was), one sealed since is shown sealed. Either is what a
 // table taken a moment later would show; the view's length never changes.
-// Blank reservations no write has bound yet are left out: they name no
-// object, and the master refuses a registered allocation without a key. A
-// blank is never blank again once bound, so Fill never meets one.
+// A blank reservation no write has bound yet is shown with Allocation.blank
+// and no object: the master keeps the put it handed the blank to (its
+// write may bind it after this view was taken). One bound since is shown
+// bound.
 type TableView struct {
 	seg     *Segment
 	entries []*entry
@@ -224,9 +223,7 @@ func (s *Segment) View() *TableView {
 	s.mu.Lock()
 	entries := make([]*entry, 0, s.table.len())
 	for e := range s.table.all() {
-		if !e.blank {
-			entries = append(entries, e)
-		}
+		entries = append(entries, e)
 	}
 	s.mu.Unlock()
 	byID := func(a, b *entry) int { return cmp.Compare(a.id, b.id) }

@@ -23,9 +23,11 @@ import (
 // runs low.
 //
 // What keeps it safe:
-//   - A blank is RESERVED at the agent: no registration, table feed or
-//     standby sees it, and the agent's reservation grace frees it if the
-//     master forgets it. The master uses a blank within BlankMaxAge (half
+//   - A blank is RESERVED at the agent: the table feed never carries it, a
+//     registration lists it flagged with no object (which keeps the replica
+//     of a put the master handed it to, reconcile.go) and nothing adopts
+//     it, and the agent's reservation grace frees it if the master forgets
+//     it. The master uses a blank within BlankMaxAge (half
 //     the grace) or releases it, so the agent never frees one a put holds.
 //   - A registration of the agent (it restarted, or reconnected after a
 //     loss) drops its segments' pools: an agent that restarted has no

@@ -3,8 +3,10 @@ package meta
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/cluster"
@@ -164,6 +166,43 @@ func TestBlankDroppedOnRegistration(t *testing.T) {
 	}
 }
 
+// TestBlankHeldAcrossRegistration: a put placed on a blank whose agent
+// registers again before the put's write binds it keeps its replica (the
+// agent's table lists the blank flagged, with no object), so the write and
+// PutEnd that follow succeed; an unbound blank no put holds is left alone
+// (for the agent's grace).
+func TestBlankHeldAcrossRegistration(t *testing.T) {
+	e := newBlankEnv(t)
+	ctx := context.Background()
+	e.put(t, PutSpec{Key: "first", Size: blankTestSize})
+	e.s.refillBlanks(ctx)
+	descs, err := e.s.PutStart(ctx, PutSpec{Key: "across", Size: blankTestSize, ClientID: "w"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sg, _ := e.c.Reg.Segment("seg-0-0")
+	table := e.c.Agents.Table("agent-0")
+	var blanks int
+	for _, a := range table {
+		if a.GetBlank() {
+			blanks++
+		}
+	}
+	if blanks != 4 { // the put's and the three left in the pool
+		t.Fatalf("the agent's table lists %d blanks, want 4", blanks)
+	}
+	if rel := e.s.Reconcile(ctx, "agent-0", []cluster.Segment{sg}, table); len(rel) != 0 {
+		t.Fatalf("reconcile returned %v for release; blanks are left to the agent's grace", rel)
+	}
+	e.writeAs(t, descs)
+	if err := e.s.PutEnd(ctx, PutEndSpec{Key: "across", ClientID: "w", Checksum: 7}); err != nil {
+		t.Fatalf("PutEnd after the agent registered again: %v", err)
+	}
+	if !readableSet(e.s)[rkey{DefaultTenant, "across", masterv1.Medium_MEDIUM_MEMORY}] {
+		t.Fatal("the put is not readable")
+	}
+}
+
 // TestBlankRoom: a pool holds at most 1/64 of its segment, blanks count as
 // used when placing, and a refill never takes a segment past the high
 // watermark.
@@ -223,4 +262,57 @@ func TestBlankRunRefills(t *testing.T) {
 			t.Fatalf("%d blanks once the refill the put asked for is done, want 4", n)
 		}
 	})
+}
+
+// TestBlankConcurrent: puts of two sizes from many goroutines while the
+// blank loop refills and the sweep ages blanks out (the clock jumps past
+// BlankMaxAge now and then): every put succeeds, and afterwards every
+// allocation at the agent is an object's replica or a blank in a pool,
+// none released twice or unknown. (A registration's effect on pools is
+// TestBlankHeldAcrossRegistration's: the fake agents answer Reserves at
+// any moment, where a registering agent's segments take no placements, so
+// a registration here would race in ways a cluster does not.)
+func TestBlankConcurrent(t *testing.T) {
+	e := newEnv(t, 1, 1, 1<<30, Config{BlankPool: 4, BlankMaxAge: time.Second})
+	// Pools of both sizes first, so that some puts certainly take blanks
+	// (the fake agents answer faster than the loop refills; one segment,
+	// so the second put of a size finds the first one's pool).
+	for _, size := range []uint64{blankTestSize, 4 << 10} {
+		e.put(t, PutSpec{Key: fmt.Sprintf("warm/%d", size), Size: size})
+		e.s.refillBlanks(context.Background())
+		e.put(t, PutSpec{Key: fmt.Sprintf("warm/%d/blank", size), Size: size})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.s.Run(ctx) }()
+	var wg sync.WaitGroup
+	for g := range 6 {
+		wg.Go(func() {
+			for i := range 40 {
+				size := uint64(blankTestSize)
+				if (g+i)%3 == 0 {
+					size = 4 << 10
+				}
+				e.put(t, PutSpec{Key: fmt.Sprintf("g%d/%d", g, i), Size: size})
+			}
+		})
+	}
+	wg.Go(func() {
+		for range 20 {
+			e.clk.Advance(300 * time.Millisecond)
+			e.s.kickBlanks()
+			time.Sleep(time.Millisecond)
+		}
+	})
+	wg.Wait()
+	cancel()
+	<-done
+	f := &follower{set: map[rkey]bool{}}
+	checkInvariants(t, e, f)
+	if len(f.set) != 6*40+4 {
+		t.Fatalf("%d objects readable, want %d", len(f.set), 6*40+4)
+	}
+	if b, r := e.s.PutReservations(); b == 0 || r == 0 {
+		t.Fatalf("blanks taken %d, reserved %d: want both", b, r)
+	}
 }

@@ -27,7 +27,10 @@ type allocKey struct {
 //     (tenant, key); otherwise it is removed (the bytes are
 //     gone). A COMPLETE replica whose allocation is only RESERVED at the
 //     agent is removed too (the bytes were never sealed). Replicas whose
-//     reservation is still in flight are left to their PutStart.
+//     reservation is still in flight are left to their PutStart. A blank
+//     reservation (Allocation.blank: no object until a write binds it,
+//     blank.go) keeps the replica that names it, whose put may bind it
+//     after the table was read.
 //   - Unclaimed SEALED allocations are adopted as COMPLETE replicas. For one
 //     (tenant, key) the newest sealed version wins: when the metadata holds
 //     the object with another checksum or size, the version sealed later
@@ -42,7 +45,8 @@ type allocKey struct {
 //     write replaces them, as an upsert would), as are allocations with an
 //     invalid tag or bounds no segment can have (a size or end past the
 //     segment's capacity, which would wrap the int64 accounting).
-//   - Unclaimed RESERVED allocations are left to the agent's grace.
+//   - Unclaimed RESERVED allocations, blanks included, are left to the
+//     agent's grace.
 //
 // Adopted objects are charged to their tenant without a quota check (the
 // bytes exist). Changes are recorded through the mutation path.
@@ -192,6 +196,17 @@ func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation,
 		if r.owedCheck && s.takeOwed(k) {
 			// Removed here while the agent was unreachable: release, never adopt.
 			ref(k.seg, k.alloc)
+			continue
+		}
+		if a.GetBlank() {
+			// A blank reservation no write has bound yet: it names no
+			// object, but a put this master handed it to may be writing
+			// into it (its write binds it after the table was read), so
+			// the replica that names it is kept. One no put holds is left
+			// to the agent's grace.
+			if track {
+				r.claimed[k] = true
+			}
 			continue
 		}
 		if !sealed && !track {

@@ -72,8 +72,10 @@ func (c *tableCursor) check(ch *masterv1.RegisterChunk) error {
 				return invalid("register chunk: allocation %d of segment %q out of order (want ids increasing within a segment)", a.GetAllocationId(), seg)
 			case a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_RESERVED && a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_SEALED:
 				return invalid("register chunk: allocation %d of segment %q has state %v", a.GetAllocationId(), seg, a.GetState())
-			case a.GetKey() == "":
+			case a.GetKey() == "" && !blankReserved(a):
 				return invalid("register chunk: allocation %d of segment %q has no key", a.GetAllocationId(), seg)
+			case a.GetBlank() && !blankReserved(a):
+				return invalid("register chunk: allocation %d of segment %q is blank with an object or not RESERVED", a.GetAllocationId(), seg)
 			}
 			a.SegmentId = seg
 			c.last, c.first = a.GetAllocationId(), false

@@ -134,6 +134,10 @@ func TestChunkedRegisterMalformed(t *testing.T) {
 	noKey[0].Key = ""
 	reserved := seg0(1, 1)
 	reserved[0].State = masterv1.AllocationState_ALLOCATION_STATE_UNSPECIFIED
+	namedBlank := seg0(1, 1) // a blank names no object
+	namedBlank[0].State, namedBlank[0].Blank = masterv1.AllocationState_ALLOCATION_STATE_RESERVED, true
+	sealedBlank := seg0(1, 1) // nor is one ever sealed
+	sealedBlank[0].Tenant, sealedBlank[0].Key, sealedBlank[0].Blank = "", "", true
 	inline := chunkedRegister("m", 1, two)
 	inline.GetRegister().Allocations = seg0(1, 1)
 	countOnly := &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: registerMsg("m", two)}}
@@ -153,6 +157,8 @@ func TestChunkedRegisterMalformed(t *testing.T) {
 		{"unlisted segment", chunkedRegister("m", 1, two), []*masterv1.ConnectRequest{chunkMsg(true, sealedAllocs("other", 1, 1)...)}, "did not list"},
 		{"no key", chunkedRegister("m", 1, two), []*masterv1.ConnectRequest{chunkMsg(true, noKey...)}, "has no key"},
 		{"bad state", chunkedRegister("m", 1, two), []*masterv1.ConnectRequest{chunkMsg(true, reserved...)}, "has state"},
+		{"blank with an object", chunkedRegister("m", 1, two), []*masterv1.ConnectRequest{chunkMsg(true, namedBlank...)}, "blank with an object or not RESERVED"},
+		{"sealed blank", chunkedRegister("m", 1, two), []*masterv1.ConnectRequest{chunkMsg(true, sealedBlank...)}, "has no key"},
 		{"heartbeat inside the table", chunkedRegister("m", 2, two), []*masterv1.ConnectRequest{chunkMsg(false, seg0(1, 1)...),
 			{Msg: &masterv1.ConnectRequest_Heartbeat{Heartbeat: &masterv1.Heartbeat{Seq: 1}}}}, "expected RegisterChunk"},
 		{"chunked with inline allocations", inline, nil, "not inline"},
@@ -185,7 +191,8 @@ func TestChunkedRegisterMalformed(t *testing.T) {
 		})
 	}
 	// A well-formed chunked registration still works afterwards, with an
-	// empty table too.
+	// empty table too, and with a blank reservation (RESERVED, flagged,
+	// no object) in it.
 	conn, stream, cancel := h.open(chunkedRegister("m", 0, two))
 	defer conn.Close()
 	defer cancel()
@@ -194,5 +201,16 @@ func TestChunkedRegisterMalformed(t *testing.T) {
 	}
 	if msg, err := stream.Recv(); err != nil || msg.GetSettings() == nil {
 		t.Fatalf("empty chunked registration: got %v, %v; want Settings", msg, err)
+	}
+	blank := &masterv1.Allocation{SegmentId: "m-mem-0", AllocationId: 1, Size: 64, Blank: true,
+		State: masterv1.AllocationState_ALLOCATION_STATE_RESERVED}
+	conn2, stream2, cancel2 := h.open(chunkedRegister("m", 1, two))
+	defer conn2.Close()
+	defer cancel2()
+	if err := stream2.Send(chunkMsg(true, blank)); err != nil {
+		t.Fatal(err)
+	}
+	if msg, err := stream2.Recv(); err != nil || msg.GetSettings() == nil {
+		t.Fatalf("registration with a blank reservation: got %v, %v; want Settings", msg, err)
 	}
 }

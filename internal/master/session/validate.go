@@ -93,8 +93,10 @@ func validateRegister(r *masterv1.Register, epoch uint64, maxSegs int) (registry
 			return registry.Registration{}, invalid("register: allocation %d of segment %q listed twice", a.GetAllocationId(), a.GetSegmentId())
 		case a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_RESERVED && a.GetState() != masterv1.AllocationState_ALLOCATION_STATE_SEALED:
 			return registry.Registration{}, invalid("register: allocation %d of segment %q has state %v", a.GetAllocationId(), a.GetSegmentId(), a.GetState())
-		case a.GetKey() == "":
+		case a.GetKey() == "" && !blankReserved(a):
 			return registry.Registration{}, invalid("register: allocation %d of segment %q has no key", a.GetAllocationId(), a.GetSegmentId())
+		case a.GetBlank() && !blankReserved(a):
+			return registry.Registration{}, invalid("register: allocation %d of segment %q is blank with an object or not RESERVED", a.GetAllocationId(), a.GetSegmentId())
 		}
 		seen[k] = true
 	}
@@ -159,4 +161,11 @@ func bindHost(ctx context.Context, reg *registry.Registration) error {
 	}
 	reg.HostBound = true
 	return nil
+}
+
+// blankReserved reports a well-formed blank reservation in a registration:
+// flagged blank, RESERVED, with no object (meta reconciles it as one).
+func blankReserved(a *masterv1.Allocation) bool {
+	return a.GetBlank() && a.GetState() == masterv1.AllocationState_ALLOCATION_STATE_RESERVED &&
+		a.GetTenant() == "" && a.GetKey() == ""
 }

@@ -319,6 +319,11 @@ type Allocation struct {
 	// When the allocation was reserved / sealed, Unix ms.
 	CreatedUnixMs int64 `protobuf:"varint,13,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
 	SealedUnixMs  int64 `protobuf:"varint,14,opt,name=sealed_unix_ms,json=sealedUnixMs,proto3" json:"sealed_unix_ms,omitempty"`
+	// blank: a blank reservation no write has bound yet (ReserveItem.blank):
+	// RESERVED, with no tenant, key, replica, group or pins. A registration
+	// lists it so that the master keeps the put it handed the blank to,
+	// whose write may bind it after the table was read.
+	Blank         bool `protobuf:"varint,15,opt,name=blank,proto3" json:"blank,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -449,6 +454,13 @@ func (x *Allocation) GetSealedUnixMs() int64 {
 		return x.SealedUnixMs
 	}
 	return 0
+}
+
+func (x *Allocation) GetBlank() bool {
+	if x != nil {
+		return x.Blank
+	}
+	return false
 }
 
 // ConnectRequest is an agent-to-master envelope.
@@ -1742,8 +1754,9 @@ type ReserveItem struct {
 	// replica_id, group_id and the pins are empty, and the write token of
 	// the put the master later places there names them; the agent records
 	// them when that write opens. A blank refuses Seal and reads until then,
-	// is left out of registrations and the table feed, and expires after
-	// reserved_grace like any unclaimed reservation.
+	// is listed in registrations flagged (Allocation.blank) and not in the
+	// table feed, and expires after reserved_grace like any unclaimed
+	// reservation.
 	Blank         bool `protobuf:"varint,9,opt,name=blank,proto3" json:"blank,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2571,7 +2584,7 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\x04used\x18\x04 \x01(\x04R\x04used\x12.\n" +
 	"\x13largest_free_extent\x18\x05 \x01(\x04R\x11largestFreeExtent\x12\x1c\n" +
 	"\talignment\x18\x06 \x01(\x04R\talignment\x12\x12\n" +
-	"\x04name\x18\a \x01(\tR\x04name\"\xd4\x03\n" +
+	"\x04name\x18\a \x01(\tR\x04name\"\xea\x03\n" +
 	"\n" +
 	"Allocation\x12\x1d\n" +
 	"\n" +
@@ -2590,7 +2603,8 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\bhard_pin\x18\v \x01(\bR\ahardPin\x122\n" +
 	"\x16soft_pin_until_unix_ms\x18\f \x01(\x03R\x12softPinUntilUnixMs\x12&\n" +
 	"\x0fcreated_unix_ms\x18\r \x01(\x03R\rcreatedUnixMs\x12$\n" +
-	"\x0esealed_unix_ms\x18\x0e \x01(\x03R\fsealedUnixMs\"\xd0\x05\n" +
+	"\x0esealed_unix_ms\x18\x0e \x01(\x03R\fsealedUnixMs\x12\x14\n" +
+	"\x05blank\x18\x0f \x01(\bR\x05blank\"\xd0\x05\n" +
 	"\x0eConnectRequest\x12:\n" +
 	"\bregister\x18\x01 \x01(\v2\x1c.crescent.master.v1.RegisterH\x00R\bregister\x12=\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x1d.crescent.master.v1.HeartbeatH\x00R\theartbeat\x12J\n" +

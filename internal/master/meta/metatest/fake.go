@@ -468,8 +468,8 @@ func (a *Agents) Table(agent string) []*masterv1.Allocation {
 	var out []*masterv1.Allocation
 	for _, al := range a.live {
 		seg, ok := a.Reg.Segment(al.Segment)
-		if !ok || seg.AgentID != agent || al.Blank {
-			continue // an agent leaves unbound blanks out of its table
+		if !ok || seg.AgentID != agent {
+			continue
 		}
 		st := masterv1.AllocationState_ALLOCATION_STATE_RESERVED
 		if al.Sealed {
@@ -478,7 +478,7 @@ func (a *Agents) Table(agent string) []*masterv1.Allocation {
 		out = append(out, &masterv1.Allocation{
 			SegmentId: al.Segment, AllocationId: al.ID, Offset: al.Offset, Size: al.Size, State: st,
 			Tenant: al.Tenant, Key: al.Key, ReplicaId: al.ReplicaID, Checksum: al.Checksum,
-			GroupId: al.Group, HardPin: al.HardPin, SoftPinUntilUnixMs: al.SoftPinMs, SealedUnixMs: al.SealedAtMs,
+			GroupId: al.Group, HardPin: al.HardPin, SoftPinUntilUnixMs: al.SoftPinMs, SealedUnixMs: al.SealedAtMs, Blank: al.Blank,
 		})
 	}
 	slices.SortFunc(out, func(x, y *masterv1.Allocation) int {
