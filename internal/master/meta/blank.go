@@ -32,8 +32,12 @@ import (
 //   - A registration of the agent (it restarted, or reconnected after a
 //     loss) drops its segments' pools: an agent that restarted has no
 //     RESERVED allocation left.
-//   - Blanks count as used when placing (segEntry.used), and a refill stops
-//     below the high watermark, so blanks never make eviction evict.
+//   - Blanks count as used when placing (segEntry.used); a refill stops at
+//     the low watermark, so blanks never make eviction evict; and a put
+//     short of room releases its medium's blanks before it evicts, since
+//     they are no object's and sit where a contiguous hole must form.
+//   - A size gets blanks from its second put on: a workload of assorted
+//     sizes keeps none.
 //   - A following store (a standby) keeps no blanks; it is promoted with
 //     none.
 
@@ -72,7 +76,11 @@ type blankPool struct {
 	blanks []blank
 	// usedMs is when a put last took a blank or wanted one (created the
 	// pool); a pool unused for BlankMaxAge is dropped.
-	usedMs    int64
+	usedMs int64
+	// uses counts the puts that came for a blank; a pool is filled from
+	// the second on, so sizes put once (a workload of assorted sizes)
+	// hold no space.
+	uses      int
 	refilling bool
 }
 
@@ -96,17 +104,15 @@ func (s *Store) takeBlank(v *segView, size uint64, nowMs int64) (b blank, ok boo
 	ps.mu.Lock()
 	p := ps.bySize[size]
 	if p == nil {
-		if len(ps.bySize) >= maxBlankSizes {
+		if !ps.roomLocked() {
 			ps.mu.Unlock()
 			return blank{}, false
-		}
-		if ps.bySize == nil {
-			ps.bySize = make(map[uint64]*blankPool, maxBlankSizes)
 		}
 		p = &blankPool{}
 		ps.bySize[size] = p
 	}
 	p.usedMs = nowMs
+	p.uses = min(p.uses+1, 2)
 	oldest := nowMs - s.cfg.BlankMaxAge.Milliseconds()
 	// Blanks are in the order their refills were sent, so the head is
 	// the oldest: take it when fresh, else the tail when that is.
@@ -118,7 +124,7 @@ func (s *Store) takeBlank(v *segView, size uint64, nowMs int64) (b blank, ok boo
 		b, ok = p.blanks[n-1], true
 		p.blanks = p.blanks[:n-1]
 	}
-	refill := !p.refilling && len(p.blanks) <= depth/2
+	refill := !p.refilling && p.uses >= 2 && len(p.blanks) <= depth/2
 	ps.mu.Unlock()
 	if ok {
 		v.e.blankBytes.Add(-int64(size))
@@ -128,6 +134,25 @@ func (s *Store) takeBlank(v *segView, size uint64, nowMs int64) (b blank, ok boo
 		s.kickBlanks()
 	}
 	return b, ok
+}
+
+// roomLocked makes room for one more size's pool: under maxBlankSizes, or
+// by dropping a pool of a size put only once that holds nothing. ps.mu is
+// held.
+func (ps *blankPools) roomLocked() bool {
+	if ps.bySize == nil {
+		ps.bySize = make(map[uint64]*blankPool, maxBlankSizes)
+	}
+	if len(ps.bySize) < maxBlankSizes {
+		return true
+	}
+	for size, p := range ps.bySize {
+		if p.uses < 2 && len(p.blanks) == 0 && !p.refilling {
+			delete(ps.bySize, size)
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Store) kickBlanks() {
@@ -164,10 +189,12 @@ type refillReq struct {
 	n    int
 }
 
-// refillBlanks tops up every pool at or below half its depth that a put
-// used within BlankMaxAge, on segments that can allocate, without taking a
-// segment past the high watermark: one batched Reserve per agent, agents
-// in parallel.
+// refillBlanks tops up every pool at or below half its depth that puts
+// came to at least twice and last within BlankMaxAge, on segments that can
+// allocate, without taking a segment past the low watermark (blanks are
+// for a segment with room; past it eviction is near, and a put short of
+// room releases them, releaseBlanksOf): one batched Reserve per agent,
+// agents in parallel.
 func (s *Store) refillBlanks(ctx context.Context) {
 	if s.following.Load() || s.cfg.BlankPool <= 0 {
 		return
@@ -183,11 +210,11 @@ func (s *Store) refillBlanks(ctx context.Context) {
 		if !ok || !sg.CanAllocate() {
 			continue
 		}
-		room := int64(s.cfg.HighWatermark*float64(sg.Capacity)) - e.placed.Load() - e.blankBytes.Load()
+		room := int64(s.cfg.LowWatermark*float64(sg.Capacity)) - e.placed.Load() - e.blankBytes.Load()
 		e.blanks.mu.Lock()
 		for size, p := range e.blanks.bySize {
 			depth := s.blankDepth(sg.Capacity, size)
-			if p.refilling || len(p.blanks) > depth/2 || nowMs-p.usedMs >= s.cfg.BlankMaxAge.Milliseconds() {
+			if p.refilling || p.uses < 2 || len(p.blanks) > depth/2 || nowMs-p.usedMs >= s.cfg.BlankMaxAge.Milliseconds() {
 				continue
 			}
 			n := min(depth-len(p.blanks), int(max(room, 0)/int64(size)))
@@ -271,6 +298,40 @@ func (s *Store) sweepBlanks(ctx context.Context) {
 			if len(p.blanks) == 0 && !p.refilling && p.usedMs <= oldest {
 				delete(e.blanks.bySize, size)
 			}
+		}
+		e.blanks.mu.Unlock()
+	}
+	if len(per) == 0 {
+		return
+	}
+	rctx, cancel := cleanupCtx(ctx)
+	defer cancel()
+	fanOut(per, func(agent string, refs []*masterv1.AllocationRef) { s.releaseBlanks(rctx, agent, refs) })
+}
+
+// releaseBlanksOf releases every blank of the segments of medium at their
+// agents and drops their pools: a put found no room, and blanks are the
+// first room to give back (they also sit where eviction's contiguous hole
+// must form). Waits for the releases, so the room is there for the retry.
+func (s *Store) releaseBlanksOf(ctx context.Context, medium masterv1.Medium) {
+	per := map[string][]*masterv1.AllocationRef{}
+	for _, sg := range s.reg.Segments() {
+		if sg.Medium != medium {
+			continue
+		}
+		idx, ok := s.segs.lookup(sg.ID)
+		if !ok {
+			continue
+		}
+		e := s.segs.get(idx)
+		e.blanks.mu.Lock()
+		for size, p := range e.blanks.bySize {
+			for _, b := range p.blanks {
+				per[sg.AgentID] = append(per[sg.AgentID], &masterv1.AllocationRef{SegmentId: sg.ID, AllocationId: b.alloc})
+			}
+			e.blankBytes.Add(-int64(len(p.blanks)) * int64(size))
+			// A refill in flight lands in no pool and is released.
+			delete(e.blanks.bySize, size)
 		}
 		e.blanks.mu.Unlock()
 	}

@@ -54,12 +54,17 @@ func TestBlankSkipsReserve(t *testing.T) {
 	ctx := context.Background()
 	f := &follower{set: map[rkey]bool{}}
 	e.put(t, PutSpec{Key: "first", Size: blankTestSize})
-	if r, _, _ := e.c.Agents.Calls(); r != 1 {
-		t.Fatalf("first put: %d Reserves, want 1", r)
+	e.s.refillBlanks(ctx)
+	if n, _ := e.s.BlankStats(); n != 0 {
+		t.Fatalf("after one put of the size: %d blanks, want none (a size gets blanks from its second put)", n)
+	}
+	e.put(t, PutSpec{Key: "again", Size: blankTestSize})
+	if r, _, _ := e.c.Agents.Calls(); r != 2 {
+		t.Fatalf("two puts: %d Reserves, want 2", r)
 	}
 	e.s.refillBlanks(ctx)
-	if r, _, _ := e.c.Agents.Calls(); r != 2 {
-		t.Fatalf("refill: %d Reserves in all, want 2 (one for the whole pool)", r)
+	if r, _, _ := e.c.Agents.Calls(); r != 3 {
+		t.Fatalf("refill: %d Reserves in all, want 3 (one for the whole pool)", r)
 	}
 	if n, bytes := e.s.BlankStats(); n != 4 || bytes != 4*blankTestSize {
 		t.Fatalf("after a refill: %d blanks of %d bytes, want 4 of %d", n, bytes, 4*blankTestSize)
@@ -70,14 +75,14 @@ func TestBlankSkipsReserve(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r, _, _ := e.c.Agents.Calls(); r != 2 {
-		t.Fatalf("a put that found a blank sent a Reserve (%d in all, want 2)", r)
+	if r, _, _ := e.c.Agents.Calls(); r != 3 {
+		t.Fatalf("a put that found a blank sent a Reserve (%d in all, want 3)", r)
 	}
 	if al := e.c.Agents.Live()[metatest.Ref{Segment: descs[0].GetSegmentId(), ID: descs[0].GetAllocationId()}]; !al.Blank {
 		t.Fatalf("the put's allocation %d is not one of the blanks: %+v", descs[0].GetAllocationId(), al)
 	}
-	if got, res := e.s.blanksTaken.Load(), e.s.reservesSent.Load(); got != 1 || res != 1 {
-		t.Fatalf("replicas placed on blanks %d, reserved %d; want 1 and 1", got, res)
+	if got, res := e.s.blanksTaken.Load(), e.s.reservesSent.Load(); got != 1 || res != 2 {
+		t.Fatalf("replicas placed on blanks %d, reserved %d; want 1 and 2", got, res)
 	}
 	e.writeAs(t, descs)
 	if err := e.s.PutEnd(ctx, PutEndSpec{Key: "second", ClientID: "w", Checksum: 7}); err != nil {
@@ -100,6 +105,7 @@ func TestBlankUnboundRefusesSeal(t *testing.T) {
 	e := newBlankEnv(t)
 	ctx := context.Background()
 	e.put(t, PutSpec{Key: "first", Size: blankTestSize})
+	e.put(t, PutSpec{Key: "again", Size: blankTestSize})
 	e.s.refillBlanks(ctx)
 	if _, err := e.s.PutStart(ctx, PutSpec{Key: "unwritten", Size: blankTestSize, ClientID: "w"}); err != nil {
 		t.Fatal(err)
@@ -119,6 +125,7 @@ func TestBlankAgeAndSweep(t *testing.T) {
 	e := newBlankEnv(t)
 	ctx := context.Background()
 	e.put(t, PutSpec{Key: "first", Size: blankTestSize})
+	e.put(t, PutSpec{Key: "again", Size: blankTestSize})
 	e.s.refillBlanks(ctx)
 	live := len(e.c.Agents.Live())
 	e.clk.Advance(e.s.cfg.BlankMaxAge)
@@ -153,6 +160,7 @@ func TestBlankDroppedOnRegistration(t *testing.T) {
 	e := newBlankEnv(t)
 	ctx := context.Background()
 	e.put(t, PutSpec{Key: "first", Size: blankTestSize})
+	e.put(t, PutSpec{Key: "again", Size: blankTestSize})
 	e.s.refillBlanks(ctx)
 	sg, _ := e.c.Reg.Segment("seg-0-0")
 	e.s.Reconcile(ctx, "agent-0", []cluster.Segment{sg}, e.c.Agents.Table("agent-0"))
@@ -175,6 +183,7 @@ func TestBlankHeldAcrossRegistration(t *testing.T) {
 	e := newBlankEnv(t)
 	ctx := context.Background()
 	e.put(t, PutSpec{Key: "first", Size: blankTestSize})
+	e.put(t, PutSpec{Key: "again", Size: blankTestSize})
 	e.s.refillBlanks(ctx)
 	descs, err := e.s.PutStart(ctx, PutSpec{Key: "across", Size: blankTestSize, ClientID: "w"})
 	if err != nil {
@@ -204,28 +213,63 @@ func TestBlankHeldAcrossRegistration(t *testing.T) {
 }
 
 // TestBlankRoom: a pool holds at most 1/64 of its segment, blanks count as
-// used when placing, and a refill never takes a segment past the high
+// used when placing, and a refill never takes a segment past the low
 // watermark.
 func TestBlankRoom(t *testing.T) {
-	e := newEnv(t, 1, 1, 1024*blankTestSize, Config{BlankPool: 64, HighWatermark: 0.1, LowWatermark: 0.05})
+	e := newEnv(t, 1, 1, 1024*blankTestSize, Config{BlankPool: 64, HighWatermark: 0.2, LowWatermark: 0.1})
 	ctx := context.Background()
 	e.put(t, PutSpec{Key: "first", Size: blankTestSize})
+	e.put(t, PutSpec{Key: "again", Size: blankTestSize})
 	e.s.refillBlanks(ctx)
 	if n, _ := e.s.BlankStats(); n != 16 {
 		t.Fatalf("refill of a 1 GiB segment's 1 MiB pool: %d blanks, want 16 (1/64 of the segment)", n)
 	}
-	for i := range 100 {
+	for i := range 99 {
 		e.put(t, PutSpec{Key: fmt.Sprintf("k%d", i), Size: blankTestSize})
 	}
 	e.s.refillBlanks(ctx)
 	n, bytes := e.s.BlankStats()
-	// 101 MiB placed; the watermark is at 102.4 MiB.
+	// 101 MiB placed; the low watermark is at 102.4 MiB.
 	if n != 1 {
-		t.Fatalf("refill on a segment with 101 of 102.4 MiB under the watermark used: %d blanks, want 1", n)
+		t.Fatalf("refill on a segment with 101 of 102.4 MiB under the low watermark used: %d blanks, want 1", n)
 	}
 	sg, _ := e.c.Reg.Segment("seg-0-0")
 	if got, want := e.s.segs.get(0).used(sg), int64(101*blankTestSize)+bytes; got != want {
 		t.Fatalf("segment used %d, want %d (objects and blanks)", got, want)
+	}
+	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
+}
+
+// TestBlankGivesWayToPuts: a put that finds no room releases the blanks
+// of its medium before it evicts (they are no object's, and sit where a
+// contiguous hole must form), and succeeds.
+func TestBlankGivesWayToPuts(t *testing.T) {
+	const small = 256 << 10
+	e := newEnv(t, 1, 1, 64<<20, Config{BlankPool: 4})
+	ctx := context.Background()
+	e.put(t, PutSpec{Key: "s1", Size: small})
+	e.put(t, PutSpec{Key: "s2", Size: small})
+	e.s.refillBlanks(ctx)
+	if n, _ := e.s.BlankStats(); n != 4 {
+		t.Fatalf("%d blanks of 256 KiB, want 4", n)
+	}
+	var blanks []metatest.Ref
+	for r, al := range e.c.Agents.Live() {
+		if al.Blank {
+			blanks = append(blanks, r)
+		}
+	}
+	for i := range 8 { // 64 MiB of 8 MiB objects: the last ones find no room
+		e.put(t, PutSpec{Key: fmt.Sprintf("big%d", i), Size: 8 << 20})
+	}
+	if n, bytes := e.s.BlankStats(); n != 0 || bytes != 0 {
+		t.Fatalf("after puts that found no room: %d blanks of %d bytes held, want none", n, bytes)
+	}
+	live := e.c.Agents.Live()
+	for _, r := range blanks {
+		if _, ok := live[r]; ok {
+			t.Fatalf("blank %v still reserved at the agent", r)
+		}
 	}
 	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
 }
@@ -257,7 +301,8 @@ func TestBlankRunRefills(t *testing.T) {
 		go func() { done <- e.s.Run(ctx) }()
 		defer func() { cancel(); <-done }()
 		e.put(t, PutSpec{Key: "first", Size: blankTestSize})
-		synctest.Wait() // Run's loop has taken the put's kick and refilled
+		e.put(t, PutSpec{Key: "again", Size: blankTestSize})
+		synctest.Wait() // Run's loop has taken the second put's kick and refilled
 		if n, _ := e.s.BlankStats(); n != 4 {
 			t.Fatalf("%d blanks once the refill the put asked for is done, want 4", n)
 		}

@@ -243,6 +243,10 @@ func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartRe
 			retry = append(retry, it)
 		}
 		for medium, w := range evict {
+			// Blanks are the first room to give back: they are no
+			// object's, and they sit between objects where eviction's
+			// contiguous hole must form.
+			s.releaseBlanksOf(ctx, medium)
 			if hole := s.evictFor(ctx, medium, w.total, w.largest); hole != "" {
 				for _, it := range retry {
 					if specs[it.i].Medium == medium {
