@@ -37,6 +37,14 @@ func FuzzReconcile(f *testing.F) {
 		{SegmentId: "seg-0-1", AllocationId: 1, Size: 0, State: masterv1.AllocationState_ALLOCATION_STATE_RESERVED, Tenant: "t", Key: "x"},
 	}})
 	f.Add(seed)
+	// Blank reservations: as an agent lists them, and malformed ones the
+	// session would refuse (a blank naming an object, a sealed blank).
+	blanks, _ := proto.Marshal(&masterv1.Register{AgentId: "agent-0", Allocations: []*masterv1.Allocation{
+		{SegmentId: "seg-0-0", AllocationId: 7, Size: 10, State: masterv1.AllocationState_ALLOCATION_STATE_RESERVED, Blank: true},
+		{SegmentId: "seg-0-0", AllocationId: 8, Size: 10, State: masterv1.AllocationState_ALLOCATION_STATE_SEALED, Key: "k", Checksum: 3, Blank: true},
+		{SegmentId: "seg-0-1", AllocationId: 2, Size: 10, State: masterv1.AllocationState_ALLOCATION_STATE_SEALED, Blank: true},
+	}})
+	f.Add(blanks)
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var reg masterv1.Register
