@@ -92,9 +92,9 @@ type blankPools struct {
 
 // takeBlank gives a replica of size bytes on v's segment one of its blanks,
 // the oldest fresh one (younger than BlankMaxAge; older ones wait for the
-// sweep to release them). A miss creates the pool (while the segment keeps
-// fewer than maxBlankSizes sizes), and a pool at or below half its depth
-// asks for a refill.
+// sweep to release them). A miss creates the pool when the segment has a
+// slot for its size (roomLocked), and a pool that puts came to twice and
+// that is at or below half its depth asks for a refill.
 func (s *Store) takeBlank(v *segView, size uint64, nowMs int64) (b blank, ok bool) {
 	depth := s.blankDepth(v.seg.Capacity, size)
 	if depth == 0 || s.following.Load() {
@@ -163,8 +163,8 @@ func (s *Store) kickBlanks() {
 }
 
 // blankLoop refills the pools that ran low when kicked, and every
-// BlankMaxAge/4 releases blanks about to age out and drops pools nobody
-// used for BlankMaxAge. It returns when ctx ends.
+// BlankMaxAge/4 releases the blanks that reached BlankMaxAge and drops the
+// pools nobody used for that long. It returns when ctx ends.
 func (s *Store) blankLoop(ctx context.Context) {
 	t := time.NewTicker(max(s.cfg.BlankMaxAge/4, time.Millisecond))
 	defer t.Stop()
