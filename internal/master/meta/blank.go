@@ -301,12 +301,7 @@ func (s *Store) sweepBlanks(ctx context.Context) {
 		}
 		e.blanks.mu.Unlock()
 	}
-	if len(per) == 0 {
-		return
-	}
-	rctx, cancel := cleanupCtx(ctx)
-	defer cancel()
-	fanOut(per, func(agent string, refs []*masterv1.AllocationRef) { s.releaseBlanks(rctx, agent, refs) })
+	s.releaseBlanksAt(ctx, per)
 }
 
 // releaseBlanksOf releases every blank of the segments of medium at their
@@ -319,28 +314,13 @@ func (s *Store) releaseBlanksOf(ctx context.Context, medium masterv1.Medium) {
 		if sg.Medium != medium {
 			continue
 		}
-		idx, ok := s.segs.lookup(sg.ID)
-		if !ok {
-			continue
-		}
-		e := s.segs.get(idx)
-		e.blanks.mu.Lock()
-		for size, p := range e.blanks.bySize {
-			for _, b := range p.blanks {
-				per[sg.AgentID] = append(per[sg.AgentID], &masterv1.AllocationRef{SegmentId: sg.ID, AllocationId: b.alloc})
+		if idx, ok := s.segs.lookup(sg.ID); ok {
+			for _, id := range s.segs.get(idx).emptyBlanks() {
+				per[sg.AgentID] = append(per[sg.AgentID], &masterv1.AllocationRef{SegmentId: sg.ID, AllocationId: id})
 			}
-			e.blankBytes.Add(-int64(len(p.blanks)) * int64(size))
-			// A refill in flight lands in no pool and is released.
-			delete(e.blanks.bySize, size)
 		}
-		e.blanks.mu.Unlock()
 	}
-	if len(per) == 0 {
-		return
-	}
-	rctx, cancel := cleanupCtx(ctx)
-	defer cancel()
-	fanOut(per, func(agent string, refs []*masterv1.AllocationRef) { s.releaseBlanks(rctx, agent, refs) })
+	s.releaseBlanksAt(ctx, per)
 }
 
 // dropBlanks forgets every blank of the segments, without releasing them:
@@ -348,21 +328,37 @@ func (s *Store) releaseBlanksOf(ctx context.Context, medium masterv1.Medium) {
 // a reconnect its grace frees them).
 func (s *Store) dropBlanks(segIDs []string) {
 	for _, id := range segIDs {
-		idx, ok := s.segs.lookup(id)
-		if !ok {
-			continue
+		if idx, ok := s.segs.lookup(id); ok {
+			s.segs.get(idx).emptyBlanks()
 		}
-		e := s.segs.get(idx)
-		e.blanks.mu.Lock()
-		for size, p := range e.blanks.bySize {
-			e.blankBytes.Add(-int64(len(p.blanks)) * int64(size))
-			p.blanks = nil
-			// A refill in flight lands in a pool that is no longer
-			// there and is released.
-			delete(e.blanks.bySize, size)
-		}
-		e.blanks.mu.Unlock()
 	}
+}
+
+// emptyBlanks drops every pool of the segment and returns the ids of the
+// blanks they held. A refill in flight then lands in no pool and is
+// released.
+func (e *segEntry) emptyBlanks() (ids []uint64) {
+	e.blanks.mu.Lock()
+	defer e.blanks.mu.Unlock()
+	for size, p := range e.blanks.bySize {
+		for _, b := range p.blanks {
+			ids = append(ids, b.alloc)
+		}
+		e.blankBytes.Add(-int64(len(p.blanks)) * int64(size))
+		delete(e.blanks.bySize, size)
+	}
+	return ids
+}
+
+// releaseBlanksAt releases each agent's blanks in per, agents in parallel,
+// under the cleanup timeout, and waits for them.
+func (s *Store) releaseBlanksAt(ctx context.Context, per map[string][]*masterv1.AllocationRef) {
+	if len(per) == 0 {
+		return
+	}
+	rctx, cancel := cleanupCtx(ctx)
+	defer cancel()
+	fanOut(per, func(agent string, refs []*masterv1.AllocationRef) { s.releaseBlanks(rctx, agent, refs) })
 }
 
 // releaseBlanks releases blanks at their agent, best effort: one that

@@ -24,6 +24,16 @@ func newBlankEnv(t *testing.T) *env {
 	return newEnv(t, 1, 1, 1<<30, Config{BlankPool: 4})
 }
 
+// warmBlanks puts two objects of size (a size gets blanks from its second
+// put on a segment; the tests' env has one) and fills the pool.
+func (e *env) warmBlanks(t *testing.T, size uint64) {
+	t.Helper()
+	for _, k := range []string{"first", "again"} {
+		e.put(t, PutSpec{Key: fmt.Sprintf("%s/%d", k, size), Size: size})
+	}
+	e.s.refillBlanks(context.Background())
+}
+
 // writeAs does what a client's write does at the agent: it binds each
 // replica's allocation to the identity its write token names (an agent
 // checks the token's signature first; so does this).
@@ -104,9 +114,7 @@ func TestBlankSkipsReserve(t *testing.T) {
 func TestBlankUnboundRefusesSeal(t *testing.T) {
 	e := newBlankEnv(t)
 	ctx := context.Background()
-	e.put(t, PutSpec{Key: "first", Size: blankTestSize})
-	e.put(t, PutSpec{Key: "again", Size: blankTestSize})
-	e.s.refillBlanks(ctx)
+	e.warmBlanks(t, blankTestSize)
 	if _, err := e.s.PutStart(ctx, PutSpec{Key: "unwritten", Size: blankTestSize, ClientID: "w"}); err != nil {
 		t.Fatal(err)
 	}
@@ -124,9 +132,7 @@ func TestBlankUnboundRefusesSeal(t *testing.T) {
 func TestBlankAgeAndSweep(t *testing.T) {
 	e := newBlankEnv(t)
 	ctx := context.Background()
-	e.put(t, PutSpec{Key: "first", Size: blankTestSize})
-	e.put(t, PutSpec{Key: "again", Size: blankTestSize})
-	e.s.refillBlanks(ctx)
+	e.warmBlanks(t, blankTestSize)
 	live := len(e.c.Agents.Live())
 	e.clk.Advance(e.s.cfg.BlankMaxAge)
 	r0, _, _ := e.c.Agents.Calls()
@@ -159,9 +165,7 @@ func TestBlankAgeAndSweep(t *testing.T) {
 func TestBlankDroppedOnRegistration(t *testing.T) {
 	e := newBlankEnv(t)
 	ctx := context.Background()
-	e.put(t, PutSpec{Key: "first", Size: blankTestSize})
-	e.put(t, PutSpec{Key: "again", Size: blankTestSize})
-	e.s.refillBlanks(ctx)
+	e.warmBlanks(t, blankTestSize)
 	sg, _ := e.c.Reg.Segment("seg-0-0")
 	e.s.Reconcile(ctx, "agent-0", []cluster.Segment{sg}, e.c.Agents.Table("agent-0"))
 	if n, bytes := e.s.BlankStats(); n != 0 || bytes != 0 {
@@ -182,9 +186,7 @@ func TestBlankDroppedOnRegistration(t *testing.T) {
 func TestBlankHeldAcrossRegistration(t *testing.T) {
 	e := newBlankEnv(t)
 	ctx := context.Background()
-	e.put(t, PutSpec{Key: "first", Size: blankTestSize})
-	e.put(t, PutSpec{Key: "again", Size: blankTestSize})
-	e.s.refillBlanks(ctx)
+	e.warmBlanks(t, blankTestSize)
 	descs, err := e.s.PutStart(ctx, PutSpec{Key: "across", Size: blankTestSize, ClientID: "w"})
 	if err != nil {
 		t.Fatal(err)
@@ -218,9 +220,7 @@ func TestBlankHeldAcrossRegistration(t *testing.T) {
 func TestBlankRoom(t *testing.T) {
 	e := newEnv(t, 1, 1, 1024*blankTestSize, Config{BlankPool: 64, HighWatermark: 0.2, LowWatermark: 0.1})
 	ctx := context.Background()
-	e.put(t, PutSpec{Key: "first", Size: blankTestSize})
-	e.put(t, PutSpec{Key: "again", Size: blankTestSize})
-	e.s.refillBlanks(ctx)
+	e.warmBlanks(t, blankTestSize)
 	if n, _ := e.s.BlankStats(); n != 16 {
 		t.Fatalf("refill of a 1 GiB segment's 1 MiB pool: %d blanks, want 16 (1/64 of the segment)", n)
 	}

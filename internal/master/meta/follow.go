@@ -32,7 +32,7 @@ func (s *Store) Promote(id cluster.Identity) {
 	// A following store keeps no blanks (takeBlank, refillBlanks); none
 	// made under another term may survive into this one.
 	for _, e := range s.segs.all() {
-		s.dropBlanks([]string{e.id})
+		e.emptyBlanks()
 	}
 	s.log.Reset(id.Epoch)
 	s.following.Store(false)
