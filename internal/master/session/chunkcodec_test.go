@@ -88,6 +88,12 @@ func FuzzDecodeRegisterChunk(f *testing.F) {
 	}
 	f.Add([]byte{0x4a, 0x02, 0x0a, 0x00})
 	f.Add([]byte{0x4a, 0x04, 0x0a, 0x02, 0x38, 0x01, 0x4a, 0x00})
+	blank, err := proto.Marshal(&masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_RegisterChunk{RegisterChunk: &masterv1.RegisterChunk{
+		SegmentId: "s", Allocations: []*masterv1.Allocation{{AllocationId: 1, Size: 64, State: masterv1.AllocationState_ALLOCATION_STATE_RESERVED, Blank: true}}}}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(blank)
 	// Every input is decoded into Allocations that held another chunk
 	// (a stream's receiver reuses them): nothing of it may remain.
 	prev, err := proto.Marshal(chunkRequest(2500, "prev"))

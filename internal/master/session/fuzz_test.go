@@ -47,6 +47,10 @@ func FuzzRegister(f *testing.F) {
 	f.Add(mustMarshal(f, &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: &masterv1.Register{AgentId: "a", DataEndpoint: "x:1", Chunked: true, AllocationCount: 1 << 40,
 		Segments: []*masterv1.SegmentInfo{{SegmentId: "m", Medium: masterv1.Medium_MEDIUM_MEMORY, Capacity: 10}}}}}))
 	f.Add([]byte{0x0a, 0x02, 0x0a, 0x00})
+	// A blank reservation as an agent lists it, and one that names an object.
+	f.Add(mustMarshal(f, &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: registerMsg("a1",
+		withAllocations(&masterv1.Allocation{SegmentId: "a1-mem-0", AllocationId: 2, State: masterv1.AllocationState_ALLOCATION_STATE_RESERVED, Blank: true},
+			&masterv1.Allocation{SegmentId: "a1-mem-0", AllocationId: 3, State: masterv1.AllocationState_ALLOCATION_STATE_RESERVED, Key: "k", Blank: true}))}}))
 	m := fuzzManager(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var msg masterv1.ConnectRequest
@@ -175,6 +179,8 @@ func FuzzRegisterChunk(f *testing.F) {
 	f.Add(chunk(false, sealed("s1", 1)), chunk(true, sealed("s0", 2)))
 	f.Add(chunk(true, sealed("s0", 1), sealed("s0", 1)), []byte{})
 	f.Add(chunk(true), []byte{0x4a, 0x02, 0x10, 0x01})
+	blank := &masterv1.Allocation{SegmentId: "s0", AllocationId: 3, State: masterv1.AllocationState_ALLOCATION_STATE_RESERVED, Blank: true}
+	f.Add(chunk(false, sealed("s0", 1), blank), chunk(true, sealed("s1", 1)))
 	f.Fuzz(func(t *testing.T, a, b []byte) {
 		r := &masterv1.Register{AgentId: "a", DataEndpoint: "e:1", Chunked: true, AllocationCount: 3,
 			Segments: []*masterv1.SegmentInfo{{SegmentId: "s0"}, {SegmentId: "s1"}}}
