@@ -323,20 +323,10 @@ func (s *Store) releaseBlanksOf(ctx context.Context, medium masterv1.Medium) {
 	s.releaseBlanksAt(ctx, per)
 }
 
-// dropBlanks forgets every blank of the segments, without releasing them:
-// called when their agent registers (after a restart it holds none; after
-// a reconnect its grace frees them).
-func (s *Store) dropBlanks(segIDs []string) {
-	for _, id := range segIDs {
-		if idx, ok := s.segs.lookup(id); ok {
-			s.segs.get(idx).emptyBlanks()
-		}
-	}
-}
-
 // emptyBlanks drops every pool of the segment and returns the ids of the
-// blanks they held. A refill in flight then lands in no pool and is
-// released.
+// blanks they held: releaseBlanksOf releases them; a registration of the
+// segment's agent (BeginReconcile) and Promote only forget them. A refill
+// in flight then lands in no pool and is released.
 func (e *segEntry) emptyBlanks() (ids []uint64) {
 	e.blanks.mu.Lock()
 	defer e.blanks.mu.Unlock()

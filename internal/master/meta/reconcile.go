@@ -81,19 +81,16 @@ func (s *Store) BeginReconcile(ctx context.Context, agentID string, segments []c
 	for _, sg := range segments {
 		idx := s.segs.intern(sg.ID)
 		r.segSet[idx] = sg
-		if s.segs.get(idx).replicas.Load() > 0 {
+		e := s.segs.get(idx)
+		if e.replicas.Load() > 0 {
 			r.claimed = map[allocKey]bool{}
 		}
+		// The agent's blanks are gone if it restarted, and a registering
+		// agent's segments place nothing: forget the pools (a reconnected
+		// agent's grace frees their blanks).
+		e.emptyBlanks()
 	}
 	r.owedCheck = r.owedCheck || r.claimed != nil
-	// The agent's blanks are gone if it restarted, and unknown to the
-	// table either way: forget them (a reconnected agent's grace frees
-	// them).
-	ids := make([]string, len(segments))
-	for i := range segments {
-		ids[i] = segments[i].ID
-	}
-	s.dropBlanks(ids)
 	return r
 }
 

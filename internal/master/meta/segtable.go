@@ -27,10 +27,10 @@ type segEntry struct {
 }
 
 // used is the segment's use for placement and eviction: what the metadata
-// has placed (and holds in blank reservations), or the agent's last report when that is larger and not older
-// than the metadata's last removal there (the report includes alignment
-// and allocations the metadata does not know; a stale one does not see
-// what was just freed).
+// has placed (and holds in blank reservations), or the agent's last report
+// when that is larger and not older than the metadata's last removal there
+// (the report includes alignment and allocations the metadata does not
+// know; a stale one does not see what was just freed).
 func (e *segEntry) used(sg cluster.Segment) int64 {
 	p := e.placed.Load() + e.blankBytes.Load()
 	if e.freedMs.Load() >= sg.LastHeartbeatMs {
