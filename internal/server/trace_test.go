@@ -69,10 +69,11 @@ func TestServerTraces(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
-	defer func() {
+	stop := sync.OnceValue(func() error {
 		cancel()
-		<-done
-	}()
+		return <-done
+	})
+	defer func() { _ = stop() }()
 	cc, err := grpc.NewClient(s.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()), tracing.DialOption())
 	if err != nil {
 		t.Fatal(err)
@@ -87,6 +88,12 @@ func TestServerTraces(t *testing.T) {
 		t.Fatal(err)
 	}
 	root.End()
+	// The server ends its span in a deferred stats event after it has sent
+	// the response, so the client can get here first. GracefulStop waits
+	// for every handler, the span's end included, before Run returns.
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
 	if err := shutdown(t.Context()); err != nil { // flushes
 		t.Fatal(err)
 	}
