@@ -94,7 +94,15 @@ type TransferItem struct {
 	// DATA_LOSS CHECKSUM_MISMATCH (the allocation stays RESERVED); set on a
 	// partial item it fails the item with INVALID_PARAMS. Absent: the write
 	// leaves the allocation RESERVED for the master's Seal, as before.
-	SealChecksum  *uint64 `protobuf:"varint,6,opt,name=seal_checksum,json=sealChecksum,proto3,oneof" json:"seal_checksum,omitempty"`
+	SealChecksum *uint64 `protobuf:"varint,6,opt,name=seal_checksum,json=sealChecksum,proto3,oneof" json:"seal_checksum,omitempty"`
+	// WRITE into a spare (a blank reservation the master leased to the
+	// client ahead of its puts, whose write token carries the spare flag and
+	// names no key): the key of the object the write stores. The agent binds
+	// the token's tenant and this key to the allocation before any byte lands
+	// and covers both in its seal receipt (version 2), so the client cannot
+	// commit the bytes under another key. Must be empty with any other token
+	// (INVALID_PARAMS); at most 1024 bytes of UTF-8.
+	Key           string `protobuf:"bytes,7,opt,name=key,proto3" json:"key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -169,6 +177,13 @@ func (x *TransferItem) GetSealChecksum() uint64 {
 		return *x.SealChecksum
 	}
 	return 0
+}
+
+func (x *TransferItem) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
 }
 
 // TransferRequest is the header of one request frame.
@@ -439,7 +454,7 @@ var File_crescent_agent_v1_transfer_proto protoreflect.FileDescriptor
 
 const file_crescent_agent_v1_transfer_proto_rawDesc = "" +
 	"\n" +
-	" crescent/agent/v1/transfer.proto\x12\x11crescent.agent.v1\x1a\x1ccrescent/agent/v1/data.proto\"\xd4\x01\n" +
+	" crescent/agent/v1/transfer.proto\x12\x11crescent.agent.v1\x1a\x1ccrescent/agent/v1/data.proto\"\xe6\x01\n" +
 	"\fTransferItem\x12\x1d\n" +
 	"\n" +
 	"segment_id\x18\x01 \x01(\tR\tsegmentId\x12#\n" +
@@ -447,7 +462,8 @@ const file_crescent_agent_v1_transfer_proto_rawDesc = "" +
 	"\x05token\x18\x03 \x01(\fR\x05token\x12\x16\n" +
 	"\x06offset\x18\x04 \x01(\x04R\x06offset\x12\x16\n" +
 	"\x06length\x18\x05 \x01(\x04R\x06length\x12(\n" +
-	"\rseal_checksum\x18\x06 \x01(\x04H\x00R\fsealChecksum\x88\x01\x01B\x10\n" +
+	"\rseal_checksum\x18\x06 \x01(\x04H\x00R\fsealChecksum\x88\x01\x01\x12\x10\n" +
+	"\x03key\x18\a \x01(\tR\x03keyB\x10\n" +
 	"\x0e_seal_checksum\"\xbd\x01\n" +
 	"\x0fTransferRequest\x12-\n" +
 	"\x02op\x18\x01 \x01(\x0e2\x1d.crescent.agent.v1.TransferOpR\x02op\x125\n" +

@@ -669,7 +669,15 @@ type PutStartRequest struct {
 	// Opaque id of the writing client; PutEnd/PutRevoke must carry the same.
 	ClientId string `protobuf:"bytes,5,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
 	// Replace an existing object instead of failing with OBJECT_ALREADY_EXISTS.
-	Upsert        bool `protobuf:"varint,6,opt,name=upsert,proto3" json:"upsert,omitempty"`
+	Upsert bool `protobuf:"varint,6,opt,name=upsert,proto3" json:"upsert,omitempty"`
+	// Spares (put leases) the client would like for its next puts of this
+	// size, at most 2: blank reservations of the size the master holds, each
+	// answered in PutStartResponse.spares. A later single-replica put of the
+	// same size writes into one (naming its key in TransferItem.key) and ends
+	// with one PutEnd that names the spare: no PutStart. The master may answer
+	// fewer or none (the size is not pooled, the segments are short of room,
+	// the client holds its share).
+	Spares        uint32 `protobuf:"varint,7,opt,name=spares,proto3" json:"spares,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -746,10 +754,22 @@ func (x *PutStartRequest) GetUpsert() bool {
 	return false
 }
 
+func (x *PutStartRequest) GetSpares() uint32 {
+	if x != nil {
+		return x.Spares
+	}
+	return 0
+}
+
 type PutStartResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One descriptor per replica, each with a write token.
-	Replicas      []*ReplicaDescriptor `protobuf:"bytes,1,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	Replicas []*ReplicaDescriptor `protobuf:"bytes,1,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	// The spares leased, as many as the request asked for at most: each a
+	// memory replica of the request's size with a spare write token (no key)
+	// that expires with the lease (token_expiry_unix_ms). The client writes a
+	// spare once, before then, or leaves it to expire.
+	Spares        []*ReplicaDescriptor `protobuf:"bytes,2,rep,name=spares,proto3" json:"spares,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -791,6 +811,98 @@ func (x *PutStartResponse) GetReplicas() []*ReplicaDescriptor {
 	return nil
 }
 
+func (x *PutStartResponse) GetSpares() []*ReplicaDescriptor {
+	if x != nil {
+		return x.Spares
+	}
+	return nil
+}
+
+// SpareCommit names the spare a PutEnd commits as a whole put: the object's
+// only replica, already written and sealed by its agent (the request's
+// seal_receipts must hold that write's receipt, version 2). The master does
+// in this one call what PutStart and PutEnd would: the key's existence (or
+// upsert), the quota, the lease (held by this client, this size, not
+// expired), the receipt. Whatever it refuses, it releases the allocation.
+type SpareCommit struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	SegmentId    string                 `protobuf:"bytes,1,opt,name=segment_id,json=segmentId,proto3" json:"segment_id,omitempty"`
+	AllocationId uint64                 `protobuf:"varint,2,opt,name=allocation_id,json=allocationId,proto3" json:"allocation_id,omitempty"`
+	// The object size: the spare's.
+	Size uint64 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	// As in PutStart; only a single-replica memory put without group, hard
+	// pin or preferred segments may commit a spare (INVALID_PARAMS otherwise).
+	Config        *ReplicateConfig `protobuf:"bytes,4,opt,name=config,proto3" json:"config,omitempty"`
+	Upsert        bool             `protobuf:"varint,5,opt,name=upsert,proto3" json:"upsert,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SpareCommit) Reset() {
+	*x = SpareCommit{}
+	mi := &file_crescent_master_v1_object_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SpareCommit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SpareCommit) ProtoMessage() {}
+
+func (x *SpareCommit) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_object_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SpareCommit.ProtoReflect.Descriptor instead.
+func (*SpareCommit) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SpareCommit) GetSegmentId() string {
+	if x != nil {
+		return x.SegmentId
+	}
+	return ""
+}
+
+func (x *SpareCommit) GetAllocationId() uint64 {
+	if x != nil {
+		return x.AllocationId
+	}
+	return 0
+}
+
+func (x *SpareCommit) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *SpareCommit) GetConfig() *ReplicateConfig {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
+func (x *SpareCommit) GetUpsert() bool {
+	if x != nil {
+		return x.Upsert
+	}
+	return false
+}
+
 type PutEndRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Tenant   string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
@@ -808,14 +920,21 @@ type PutEndRequest struct {
 	// checksum or master epoch) fails the put (INVALID_ARGUMENT or
 	// FAILED_PRECONDITION with the reason) and its replicas are released.
 	// internal/token/receipt.go specifies the layout.
-	SealReceipts  [][]byte `protobuf:"bytes,5,rep,name=seal_receipts,json=sealReceipts,proto3" json:"seal_receipts,omitempty"`
+	SealReceipts [][]byte `protobuf:"bytes,5,rep,name=seal_receipts,json=sealReceipts,proto3" json:"seal_receipts,omitempty"`
+	// The put wrote into a leased spare and never called PutStart: this
+	// PutEnd starts and ends it (see SpareCommit).
+	Spare *SpareCommit `protobuf:"bytes,6,opt,name=spare,proto3" json:"spare,omitempty"`
+	// More spares of the object's size for the client's next puts, as in
+	// PutStartRequest.spares; answered in PutEndResponse.spares. Honoured
+	// only with spare (the request then names the size).
+	Spares        uint32 `protobuf:"varint,7,opt,name=spares,proto3" json:"spares,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PutEndRequest) Reset() {
 	*x = PutEndRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +946,7 @@ func (x *PutEndRequest) String() string {
 func (*PutEndRequest) ProtoMessage() {}
 
 func (x *PutEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +959,7 @@ func (x *PutEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutEndRequest.ProtoReflect.Descriptor instead.
 func (*PutEndRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{11}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PutEndRequest) GetTenant() string {
@@ -878,15 +997,31 @@ func (x *PutEndRequest) GetSealReceipts() [][]byte {
 	return nil
 }
 
+func (x *PutEndRequest) GetSpare() *SpareCommit {
+	if x != nil {
+		return x.Spare
+	}
+	return nil
+}
+
+func (x *PutEndRequest) GetSpares() uint32 {
+	if x != nil {
+		return x.Spares
+	}
+	return 0
+}
+
 type PutEndResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The spares leased (PutEndRequest.spares), as in PutStartResponse.
+	Spares        []*ReplicaDescriptor `protobuf:"bytes,1,rep,name=spares,proto3" json:"spares,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PutEndResponse) Reset() {
 	*x = PutEndResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -898,7 +1033,7 @@ func (x *PutEndResponse) String() string {
 func (*PutEndResponse) ProtoMessage() {}
 
 func (x *PutEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -911,7 +1046,14 @@ func (x *PutEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutEndResponse.ProtoReflect.Descriptor instead.
 func (*PutEndResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{12}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *PutEndResponse) GetSpares() []*ReplicaDescriptor {
+	if x != nil {
+		return x.Spares
+	}
+	return nil
 }
 
 type PutRevokeRequest struct {
@@ -925,7 +1067,7 @@ type PutRevokeRequest struct {
 
 func (x *PutRevokeRequest) Reset() {
 	*x = PutRevokeRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -937,7 +1079,7 @@ func (x *PutRevokeRequest) String() string {
 func (*PutRevokeRequest) ProtoMessage() {}
 
 func (x *PutRevokeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -950,7 +1092,7 @@ func (x *PutRevokeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRevokeRequest.ProtoReflect.Descriptor instead.
 func (*PutRevokeRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{13}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PutRevokeRequest) GetTenant() string {
@@ -982,7 +1124,7 @@ type PutRevokeResponse struct {
 
 func (x *PutRevokeResponse) Reset() {
 	*x = PutRevokeResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -994,7 +1136,7 @@ func (x *PutRevokeResponse) String() string {
 func (*PutRevokeResponse) ProtoMessage() {}
 
 func (x *PutRevokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1007,7 +1149,7 @@ func (x *PutRevokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRevokeResponse.ProtoReflect.Descriptor instead.
 func (*PutRevokeResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{14}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{15}
 }
 
 type BatchPutStartRequest struct {
@@ -1019,7 +1161,7 @@ type BatchPutStartRequest struct {
 
 func (x *BatchPutStartRequest) Reset() {
 	*x = BatchPutStartRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1031,7 +1173,7 @@ func (x *BatchPutStartRequest) String() string {
 func (*BatchPutStartRequest) ProtoMessage() {}
 
 func (x *BatchPutStartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1044,7 +1186,7 @@ func (x *BatchPutStartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutStartRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutStartRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{15}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *BatchPutStartRequest) GetItems() []*PutStartRequest {
@@ -1063,7 +1205,7 @@ type BatchPutStartResponse struct {
 
 func (x *BatchPutStartResponse) Reset() {
 	*x = BatchPutStartResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1075,7 +1217,7 @@ func (x *BatchPutStartResponse) String() string {
 func (*BatchPutStartResponse) ProtoMessage() {}
 
 func (x *BatchPutStartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1088,7 +1230,7 @@ func (x *BatchPutStartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutStartResponse.ProtoReflect.Descriptor instead.
 func (*BatchPutStartResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{16}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *BatchPutStartResponse) GetResults() []*PutStartResult {
@@ -1103,13 +1245,14 @@ type PutStartResult struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Status        *ItemStatus            `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
 	Replicas      []*ReplicaDescriptor   `protobuf:"bytes,2,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	Spares        []*ReplicaDescriptor   `protobuf:"bytes,3,rep,name=spares,proto3" json:"spares,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PutStartResult) Reset() {
 	*x = PutStartResult{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1121,7 +1264,7 @@ func (x *PutStartResult) String() string {
 func (*PutStartResult) ProtoMessage() {}
 
 func (x *PutStartResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1134,7 +1277,7 @@ func (x *PutStartResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutStartResult.ProtoReflect.Descriptor instead.
 func (*PutStartResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{17}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PutStartResult) GetStatus() *ItemStatus {
@@ -1151,6 +1294,13 @@ func (x *PutStartResult) GetReplicas() []*ReplicaDescriptor {
 	return nil
 }
 
+func (x *PutStartResult) GetSpares() []*ReplicaDescriptor {
+	if x != nil {
+		return x.Spares
+	}
+	return nil
+}
+
 type BatchPutEndRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Items         []*PutEndRequest       `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
@@ -1160,7 +1310,7 @@ type BatchPutEndRequest struct {
 
 func (x *BatchPutEndRequest) Reset() {
 	*x = BatchPutEndRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1172,7 +1322,7 @@ func (x *BatchPutEndRequest) String() string {
 func (*BatchPutEndRequest) ProtoMessage() {}
 
 func (x *BatchPutEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1185,7 +1335,7 @@ func (x *BatchPutEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutEndRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutEndRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{18}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *BatchPutEndRequest) GetItems() []*PutEndRequest {
@@ -1196,15 +1346,18 @@ func (x *BatchPutEndRequest) GetItems() []*PutEndRequest {
 }
 
 type BatchPutEndResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Results       []*ItemStatus          `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Results []*ItemStatus          `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	// Per item, in item order, what PutEnd answers beside its status (the
+	// spares leased); empty when no item got any.
+	Answers       []*PutEndResponse `protobuf:"bytes,2,rep,name=answers,proto3" json:"answers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BatchPutEndResponse) Reset() {
 	*x = BatchPutEndResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1216,7 +1369,7 @@ func (x *BatchPutEndResponse) String() string {
 func (*BatchPutEndResponse) ProtoMessage() {}
 
 func (x *BatchPutEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1229,12 +1382,19 @@ func (x *BatchPutEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutEndResponse.ProtoReflect.Descriptor instead.
 func (*BatchPutEndResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{19}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *BatchPutEndResponse) GetResults() []*ItemStatus {
 	if x != nil {
 		return x.Results
+	}
+	return nil
+}
+
+func (x *BatchPutEndResponse) GetAnswers() []*PutEndResponse {
+	if x != nil {
+		return x.Answers
 	}
 	return nil
 }
@@ -1248,7 +1408,7 @@ type BatchPutRevokeRequest struct {
 
 func (x *BatchPutRevokeRequest) Reset() {
 	*x = BatchPutRevokeRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[20]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1260,7 +1420,7 @@ func (x *BatchPutRevokeRequest) String() string {
 func (*BatchPutRevokeRequest) ProtoMessage() {}
 
 func (x *BatchPutRevokeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[20]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1273,7 +1433,7 @@ func (x *BatchPutRevokeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutRevokeRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutRevokeRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{20}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *BatchPutRevokeRequest) GetItems() []*PutRevokeRequest {
@@ -1292,7 +1452,7 @@ type BatchPutRevokeResponse struct {
 
 func (x *BatchPutRevokeResponse) Reset() {
 	*x = BatchPutRevokeResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[21]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1304,7 +1464,7 @@ func (x *BatchPutRevokeResponse) String() string {
 func (*BatchPutRevokeResponse) ProtoMessage() {}
 
 func (x *BatchPutRevokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[21]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1317,7 +1477,7 @@ func (x *BatchPutRevokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutRevokeResponse.ProtoReflect.Descriptor instead.
 func (*BatchPutRevokeResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{21}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BatchPutRevokeResponse) GetResults() []*ItemStatus {
@@ -1339,7 +1499,7 @@ type GetReplicaListRequest struct {
 
 func (x *GetReplicaListRequest) Reset() {
 	*x = GetReplicaListRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[22]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1351,7 +1511,7 @@ func (x *GetReplicaListRequest) String() string {
 func (*GetReplicaListRequest) ProtoMessage() {}
 
 func (x *GetReplicaListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[22]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1364,7 +1524,7 @@ func (x *GetReplicaListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaListRequest.ProtoReflect.Descriptor instead.
 func (*GetReplicaListRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{22}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetReplicaListRequest) GetTenant() string {
@@ -1404,7 +1564,7 @@ type GetReplicaListResponse struct {
 
 func (x *GetReplicaListResponse) Reset() {
 	*x = GetReplicaListResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[23]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1416,7 +1576,7 @@ func (x *GetReplicaListResponse) String() string {
 func (*GetReplicaListResponse) ProtoMessage() {}
 
 func (x *GetReplicaListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[23]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1429,7 +1589,7 @@ func (x *GetReplicaListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaListResponse.ProtoReflect.Descriptor instead.
 func (*GetReplicaListResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{23}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetReplicaListResponse) GetSize() uint64 {
@@ -1476,7 +1636,7 @@ type BatchGetReplicaListRequest struct {
 
 func (x *BatchGetReplicaListRequest) Reset() {
 	*x = BatchGetReplicaListRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[24]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1488,7 +1648,7 @@ func (x *BatchGetReplicaListRequest) String() string {
 func (*BatchGetReplicaListRequest) ProtoMessage() {}
 
 func (x *BatchGetReplicaListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[24]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1501,7 +1661,7 @@ func (x *BatchGetReplicaListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetReplicaListRequest.ProtoReflect.Descriptor instead.
 func (*BatchGetReplicaListRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{24}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *BatchGetReplicaListRequest) GetItems() []*GetReplicaListRequest {
@@ -1520,7 +1680,7 @@ type BatchGetReplicaListResponse struct {
 
 func (x *BatchGetReplicaListResponse) Reset() {
 	*x = BatchGetReplicaListResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[25]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1532,7 +1692,7 @@ func (x *BatchGetReplicaListResponse) String() string {
 func (*BatchGetReplicaListResponse) ProtoMessage() {}
 
 func (x *BatchGetReplicaListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[25]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1545,7 +1705,7 @@ func (x *BatchGetReplicaListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetReplicaListResponse.ProtoReflect.Descriptor instead.
 func (*BatchGetReplicaListResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{25}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *BatchGetReplicaListResponse) GetResults() []*GetReplicaListResult {
@@ -1566,7 +1726,7 @@ type GetReplicaListResult struct {
 
 func (x *GetReplicaListResult) Reset() {
 	*x = GetReplicaListResult{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[26]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1578,7 +1738,7 @@ func (x *GetReplicaListResult) String() string {
 func (*GetReplicaListResult) ProtoMessage() {}
 
 func (x *GetReplicaListResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[26]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1591,7 +1751,7 @@ func (x *GetReplicaListResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaListResult.ProtoReflect.Descriptor instead.
 func (*GetReplicaListResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{26}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetReplicaListResult) GetStatus() *ItemStatus {
@@ -1618,7 +1778,7 @@ type ExistRequest struct {
 
 func (x *ExistRequest) Reset() {
 	*x = ExistRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[27]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1630,7 +1790,7 @@ func (x *ExistRequest) String() string {
 func (*ExistRequest) ProtoMessage() {}
 
 func (x *ExistRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[27]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1643,7 +1803,7 @@ func (x *ExistRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistRequest.ProtoReflect.Descriptor instead.
 func (*ExistRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{27}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ExistRequest) GetTenant() string {
@@ -1669,7 +1829,7 @@ type ExistResponse struct {
 
 func (x *ExistResponse) Reset() {
 	*x = ExistResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[28]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1681,7 +1841,7 @@ func (x *ExistResponse) String() string {
 func (*ExistResponse) ProtoMessage() {}
 
 func (x *ExistResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[28]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1694,7 +1854,7 @@ func (x *ExistResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistResponse.ProtoReflect.Descriptor instead.
 func (*ExistResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{28}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ExistResponse) GetExists() bool {
@@ -1713,7 +1873,7 @@ type BatchExistRequest struct {
 
 func (x *BatchExistRequest) Reset() {
 	*x = BatchExistRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[29]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1725,7 +1885,7 @@ func (x *BatchExistRequest) String() string {
 func (*BatchExistRequest) ProtoMessage() {}
 
 func (x *BatchExistRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[29]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1738,7 +1898,7 @@ func (x *BatchExistRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchExistRequest.ProtoReflect.Descriptor instead.
 func (*BatchExistRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{29}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *BatchExistRequest) GetItems() []*ExistRequest {
@@ -1758,7 +1918,7 @@ type BatchExistResponse struct {
 
 func (x *BatchExistResponse) Reset() {
 	*x = BatchExistResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[30]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1770,7 +1930,7 @@ func (x *BatchExistResponse) String() string {
 func (*BatchExistResponse) ProtoMessage() {}
 
 func (x *BatchExistResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[30]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1783,7 +1943,7 @@ func (x *BatchExistResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchExistResponse.ProtoReflect.Descriptor instead.
 func (*BatchExistResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{30}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *BatchExistResponse) GetExists() []bool {
@@ -1803,7 +1963,7 @@ type GetSizeRequest struct {
 
 func (x *GetSizeRequest) Reset() {
 	*x = GetSizeRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[31]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1815,7 +1975,7 @@ func (x *GetSizeRequest) String() string {
 func (*GetSizeRequest) ProtoMessage() {}
 
 func (x *GetSizeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[31]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1828,7 +1988,7 @@ func (x *GetSizeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSizeRequest.ProtoReflect.Descriptor instead.
 func (*GetSizeRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{31}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetSizeRequest) GetTenant() string {
@@ -1854,7 +2014,7 @@ type GetSizeResponse struct {
 
 func (x *GetSizeResponse) Reset() {
 	*x = GetSizeResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[32]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1866,7 +2026,7 @@ func (x *GetSizeResponse) String() string {
 func (*GetSizeResponse) ProtoMessage() {}
 
 func (x *GetSizeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[32]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1879,7 +2039,7 @@ func (x *GetSizeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSizeResponse.ProtoReflect.Descriptor instead.
 func (*GetSizeResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{32}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetSizeResponse) GetSize() uint64 {
@@ -1899,7 +2059,7 @@ type QueryRouteRequest struct {
 
 func (x *QueryRouteRequest) Reset() {
 	*x = QueryRouteRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[33]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1911,7 +2071,7 @@ func (x *QueryRouteRequest) String() string {
 func (*QueryRouteRequest) ProtoMessage() {}
 
 func (x *QueryRouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[33]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1924,7 +2084,7 @@ func (x *QueryRouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryRouteRequest.ProtoReflect.Descriptor instead.
 func (*QueryRouteRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{33}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *QueryRouteRequest) GetTenant() string {
@@ -1954,7 +2114,7 @@ type QueryRouteResponse struct {
 
 func (x *QueryRouteResponse) Reset() {
 	*x = QueryRouteResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[34]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1966,7 +2126,7 @@ func (x *QueryRouteResponse) String() string {
 func (*QueryRouteResponse) ProtoMessage() {}
 
 func (x *QueryRouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[34]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1979,7 +2139,7 @@ func (x *QueryRouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryRouteResponse.ProtoReflect.Descriptor instead.
 func (*QueryRouteResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{34}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *QueryRouteResponse) GetSize() uint64 {
@@ -2025,7 +2185,7 @@ type ListObjectsRequest struct {
 
 func (x *ListObjectsRequest) Reset() {
 	*x = ListObjectsRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[35]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2037,7 +2197,7 @@ func (x *ListObjectsRequest) String() string {
 func (*ListObjectsRequest) ProtoMessage() {}
 
 func (x *ListObjectsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[35]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2050,7 +2210,7 @@ func (x *ListObjectsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListObjectsRequest.ProtoReflect.Descriptor instead.
 func (*ListObjectsRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{35}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListObjectsRequest) GetTenant() string {
@@ -2092,7 +2252,7 @@ type ListObjectsResponse struct {
 
 func (x *ListObjectsResponse) Reset() {
 	*x = ListObjectsResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[36]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2104,7 +2264,7 @@ func (x *ListObjectsResponse) String() string {
 func (*ListObjectsResponse) ProtoMessage() {}
 
 func (x *ListObjectsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[36]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2117,7 +2277,7 @@ func (x *ListObjectsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListObjectsResponse.ProtoReflect.Descriptor instead.
 func (*ListObjectsResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{36}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListObjectsResponse) GetObjects() []*ObjectInfo {
@@ -2157,7 +2317,7 @@ type ObjectInfo struct {
 
 func (x *ObjectInfo) Reset() {
 	*x = ObjectInfo{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[37]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2169,7 +2329,7 @@ func (x *ObjectInfo) String() string {
 func (*ObjectInfo) ProtoMessage() {}
 
 func (x *ObjectInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[37]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2182,7 +2342,7 @@ func (x *ObjectInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectInfo.ProtoReflect.Descriptor instead.
 func (*ObjectInfo) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{37}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ObjectInfo) GetKey() string {
@@ -2267,7 +2427,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[38]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2279,7 +2439,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[38]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2292,7 +2452,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{38}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RemoveRequest) GetTenant() string {
@@ -2324,7 +2484,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[39]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2336,7 +2496,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[39]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2349,7 +2509,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{39}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{40}
 }
 
 type BatchRemoveRequest struct {
@@ -2361,7 +2521,7 @@ type BatchRemoveRequest struct {
 
 func (x *BatchRemoveRequest) Reset() {
 	*x = BatchRemoveRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[40]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2373,7 +2533,7 @@ func (x *BatchRemoveRequest) String() string {
 func (*BatchRemoveRequest) ProtoMessage() {}
 
 func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[40]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2386,7 +2546,7 @@ func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRemoveRequest.ProtoReflect.Descriptor instead.
 func (*BatchRemoveRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{40}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *BatchRemoveRequest) GetItems() []*RemoveRequest {
@@ -2405,7 +2565,7 @@ type BatchRemoveResponse struct {
 
 func (x *BatchRemoveResponse) Reset() {
 	*x = BatchRemoveResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[41]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2417,7 +2577,7 @@ func (x *BatchRemoveResponse) String() string {
 func (*BatchRemoveResponse) ProtoMessage() {}
 
 func (x *BatchRemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[41]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2430,7 +2590,7 @@ func (x *BatchRemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRemoveResponse.ProtoReflect.Descriptor instead.
 func (*BatchRemoveResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{41}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *BatchRemoveResponse) GetResults() []*ItemStatus {
@@ -2450,7 +2610,7 @@ type RemoveAllRequest struct {
 
 func (x *RemoveAllRequest) Reset() {
 	*x = RemoveAllRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[42]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2462,7 +2622,7 @@ func (x *RemoveAllRequest) String() string {
 func (*RemoveAllRequest) ProtoMessage() {}
 
 func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[42]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2475,7 +2635,7 @@ func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllRequest.ProtoReflect.Descriptor instead.
 func (*RemoveAllRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{42}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *RemoveAllRequest) GetTenant() string {
@@ -2504,7 +2664,7 @@ type RemoveAllResponse struct {
 
 func (x *RemoveAllResponse) Reset() {
 	*x = RemoveAllResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[43]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2516,7 +2676,7 @@ func (x *RemoveAllResponse) String() string {
 func (*RemoveAllResponse) ProtoMessage() {}
 
 func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[43]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2529,7 +2689,7 @@ func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllResponse.ProtoReflect.Descriptor instead.
 func (*RemoveAllResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{43}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RemoveAllResponse) GetRemoved() uint64 {
@@ -2560,7 +2720,7 @@ type RemoveByPrefixRequest struct {
 
 func (x *RemoveByPrefixRequest) Reset() {
 	*x = RemoveByPrefixRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[44]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2572,7 +2732,7 @@ func (x *RemoveByPrefixRequest) String() string {
 func (*RemoveByPrefixRequest) ProtoMessage() {}
 
 func (x *RemoveByPrefixRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[44]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2585,7 +2745,7 @@ func (x *RemoveByPrefixRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByPrefixRequest.ProtoReflect.Descriptor instead.
 func (*RemoveByPrefixRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{44}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RemoveByPrefixRequest) GetTenant() string {
@@ -2633,7 +2793,7 @@ type RemoveByPrefixResponse struct {
 
 func (x *RemoveByPrefixResponse) Reset() {
 	*x = RemoveByPrefixResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[45]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2645,7 +2805,7 @@ func (x *RemoveByPrefixResponse) String() string {
 func (*RemoveByPrefixResponse) ProtoMessage() {}
 
 func (x *RemoveByPrefixResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[45]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2658,7 +2818,7 @@ func (x *RemoveByPrefixResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByPrefixResponse.ProtoReflect.Descriptor instead.
 func (*RemoveByPrefixResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{45}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RemoveByPrefixResponse) GetRemoved() uint64 {
@@ -2697,7 +2857,7 @@ type RemoveByRegexRequest struct {
 
 func (x *RemoveByRegexRequest) Reset() {
 	*x = RemoveByRegexRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[46]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2709,7 +2869,7 @@ func (x *RemoveByRegexRequest) String() string {
 func (*RemoveByRegexRequest) ProtoMessage() {}
 
 func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[46]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2722,7 +2882,7 @@ func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByRegexRequest.ProtoReflect.Descriptor instead.
 func (*RemoveByRegexRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{46}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RemoveByRegexRequest) GetTenant() string {
@@ -2766,7 +2926,7 @@ type RemoveByRegexResponse struct {
 
 func (x *RemoveByRegexResponse) Reset() {
 	*x = RemoveByRegexResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[47]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2778,7 +2938,7 @@ func (x *RemoveByRegexResponse) String() string {
 func (*RemoveByRegexResponse) ProtoMessage() {}
 
 func (x *RemoveByRegexResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[47]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2791,7 +2951,7 @@ func (x *RemoveByRegexResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByRegexResponse.ProtoReflect.Descriptor instead.
 func (*RemoveByRegexResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{47}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RemoveByRegexResponse) GetRemoved() uint64 {
@@ -2844,7 +3004,7 @@ type CallStreamRequest struct {
 
 func (x *CallStreamRequest) Reset() {
 	*x = CallStreamRequest{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[48]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2856,7 +3016,7 @@ func (x *CallStreamRequest) String() string {
 func (*CallStreamRequest) ProtoMessage() {}
 
 func (x *CallStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[48]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2869,7 +3029,7 @@ func (x *CallStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallStreamRequest.ProtoReflect.Descriptor instead.
 func (*CallStreamRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{48}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *CallStreamRequest) GetRequestId() uint64 {
@@ -3047,7 +3207,7 @@ type CallStreamResponse struct {
 
 func (x *CallStreamResponse) Reset() {
 	*x = CallStreamResponse{}
-	mi := &file_crescent_master_v1_object_proto_msgTypes[49]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3059,7 +3219,7 @@ func (x *CallStreamResponse) String() string {
 func (*CallStreamResponse) ProtoMessage() {}
 
 func (x *CallStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_object_proto_msgTypes[49]
+	mi := &file_crescent_master_v1_object_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3072,7 +3232,7 @@ func (x *CallStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallStreamResponse.ProtoReflect.Descriptor instead.
 func (*CallStreamResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{49}
+	return file_crescent_master_v1_object_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *CallStreamResponse) GetRequestId() uint64 {
@@ -3273,23 +3433,35 @@ const file_crescent_master_v1_object_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x126\n" +
 	"\x06status\x18\x02 \x01(\v2\x1e.crescent.master.v1.ItemStatusR\x06status\x12?\n" +
 	"\areplica\x18\x03 \x01(\v2%.crescent.master.v1.ReplicaDescriptorR\areplica\x12*\n" +
-	"\x11source_segment_id\x18\x04 \x01(\tR\x0fsourceSegmentId\"\xc1\x01\n" +
+	"\x11source_segment_id\x18\x04 \x01(\tR\x0fsourceSegmentId\"\xd9\x01\n" +
 	"\x0fPutStartRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
 	"\x04size\x18\x03 \x01(\x04R\x04size\x12;\n" +
 	"\x06config\x18\x04 \x01(\v2#.crescent.master.v1.ReplicateConfigR\x06config\x12\x1b\n" +
 	"\tclient_id\x18\x05 \x01(\tR\bclientId\x12\x16\n" +
-	"\x06upsert\x18\x06 \x01(\bR\x06upsert\"U\n" +
+	"\x06upsert\x18\x06 \x01(\bR\x06upsert\x12\x16\n" +
+	"\x06spares\x18\a \x01(\rR\x06spares\"\x94\x01\n" +
 	"\x10PutStartResponse\x12A\n" +
-	"\breplicas\x18\x01 \x03(\v2%.crescent.master.v1.ReplicaDescriptorR\breplicas\"\x97\x01\n" +
+	"\breplicas\x18\x01 \x03(\v2%.crescent.master.v1.ReplicaDescriptorR\breplicas\x12=\n" +
+	"\x06spares\x18\x02 \x03(\v2%.crescent.master.v1.ReplicaDescriptorR\x06spares\"\xba\x01\n" +
+	"\vSpareCommit\x12\x1d\n" +
+	"\n" +
+	"segment_id\x18\x01 \x01(\tR\tsegmentId\x12#\n" +
+	"\rallocation_id\x18\x02 \x01(\x04R\fallocationId\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x04R\x04size\x12;\n" +
+	"\x06config\x18\x04 \x01(\v2#.crescent.master.v1.ReplicateConfigR\x06config\x12\x16\n" +
+	"\x06upsert\x18\x05 \x01(\bR\x06upsert\"\xe6\x01\n" +
 	"\rPutEndRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1b\n" +
 	"\tclient_id\x18\x03 \x01(\tR\bclientId\x12\x1a\n" +
 	"\bchecksum\x18\x04 \x01(\x04R\bchecksum\x12#\n" +
-	"\rseal_receipts\x18\x05 \x03(\fR\fsealReceipts\"\x10\n" +
-	"\x0ePutEndResponse\"Y\n" +
+	"\rseal_receipts\x18\x05 \x03(\fR\fsealReceipts\x125\n" +
+	"\x05spare\x18\x06 \x01(\v2\x1f.crescent.master.v1.SpareCommitR\x05spare\x12\x16\n" +
+	"\x06spares\x18\a \x01(\rR\x06spares\"O\n" +
+	"\x0ePutEndResponse\x12=\n" +
+	"\x06spares\x18\x01 \x03(\v2%.crescent.master.v1.ReplicaDescriptorR\x06spares\"Y\n" +
 	"\x10PutRevokeRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1b\n" +
@@ -3298,14 +3470,16 @@ const file_crescent_master_v1_object_proto_rawDesc = "" +
 	"\x14BatchPutStartRequest\x129\n" +
 	"\x05items\x18\x01 \x03(\v2#.crescent.master.v1.PutStartRequestR\x05items\"U\n" +
 	"\x15BatchPutStartResponse\x12<\n" +
-	"\aresults\x18\x01 \x03(\v2\".crescent.master.v1.PutStartResultR\aresults\"\x8b\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\".crescent.master.v1.PutStartResultR\aresults\"\xca\x01\n" +
 	"\x0ePutStartResult\x126\n" +
 	"\x06status\x18\x01 \x01(\v2\x1e.crescent.master.v1.ItemStatusR\x06status\x12A\n" +
-	"\breplicas\x18\x02 \x03(\v2%.crescent.master.v1.ReplicaDescriptorR\breplicas\"M\n" +
+	"\breplicas\x18\x02 \x03(\v2%.crescent.master.v1.ReplicaDescriptorR\breplicas\x12=\n" +
+	"\x06spares\x18\x03 \x03(\v2%.crescent.master.v1.ReplicaDescriptorR\x06spares\"M\n" +
 	"\x12BatchPutEndRequest\x127\n" +
-	"\x05items\x18\x01 \x03(\v2!.crescent.master.v1.PutEndRequestR\x05items\"O\n" +
+	"\x05items\x18\x01 \x03(\v2!.crescent.master.v1.PutEndRequestR\x05items\"\x8d\x01\n" +
 	"\x13BatchPutEndResponse\x128\n" +
-	"\aresults\x18\x01 \x03(\v2\x1e.crescent.master.v1.ItemStatusR\aresults\"S\n" +
+	"\aresults\x18\x01 \x03(\v2\x1e.crescent.master.v1.ItemStatusR\aresults\x12<\n" +
+	"\aanswers\x18\x02 \x03(\v2\".crescent.master.v1.PutEndResponseR\aanswers\"S\n" +
 	"\x15BatchPutRevokeRequest\x12:\n" +
 	"\x05items\x18\x01 \x03(\v2$.crescent.master.v1.PutRevokeRequestR\x05items\"R\n" +
 	"\x16BatchPutRevokeResponse\x128\n" +
@@ -3490,7 +3664,7 @@ func file_crescent_master_v1_object_proto_rawDescGZIP() []byte {
 }
 
 var file_crescent_master_v1_object_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_crescent_master_v1_object_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_crescent_master_v1_object_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_crescent_master_v1_object_proto_goTypes = []any{
 	(PrefetchState)(0),                  // 0: crescent.master.v1.PrefetchState
 	(*PrefetchRequest)(nil),             // 1: crescent.master.v1.PrefetchRequest
@@ -3504,152 +3678,159 @@ var file_crescent_master_v1_object_proto_goTypes = []any{
 	(*MigrationResult)(nil),             // 9: crescent.master.v1.MigrationResult
 	(*PutStartRequest)(nil),             // 10: crescent.master.v1.PutStartRequest
 	(*PutStartResponse)(nil),            // 11: crescent.master.v1.PutStartResponse
-	(*PutEndRequest)(nil),               // 12: crescent.master.v1.PutEndRequest
-	(*PutEndResponse)(nil),              // 13: crescent.master.v1.PutEndResponse
-	(*PutRevokeRequest)(nil),            // 14: crescent.master.v1.PutRevokeRequest
-	(*PutRevokeResponse)(nil),           // 15: crescent.master.v1.PutRevokeResponse
-	(*BatchPutStartRequest)(nil),        // 16: crescent.master.v1.BatchPutStartRequest
-	(*BatchPutStartResponse)(nil),       // 17: crescent.master.v1.BatchPutStartResponse
-	(*PutStartResult)(nil),              // 18: crescent.master.v1.PutStartResult
-	(*BatchPutEndRequest)(nil),          // 19: crescent.master.v1.BatchPutEndRequest
-	(*BatchPutEndResponse)(nil),         // 20: crescent.master.v1.BatchPutEndResponse
-	(*BatchPutRevokeRequest)(nil),       // 21: crescent.master.v1.BatchPutRevokeRequest
-	(*BatchPutRevokeResponse)(nil),      // 22: crescent.master.v1.BatchPutRevokeResponse
-	(*GetReplicaListRequest)(nil),       // 23: crescent.master.v1.GetReplicaListRequest
-	(*GetReplicaListResponse)(nil),      // 24: crescent.master.v1.GetReplicaListResponse
-	(*BatchGetReplicaListRequest)(nil),  // 25: crescent.master.v1.BatchGetReplicaListRequest
-	(*BatchGetReplicaListResponse)(nil), // 26: crescent.master.v1.BatchGetReplicaListResponse
-	(*GetReplicaListResult)(nil),        // 27: crescent.master.v1.GetReplicaListResult
-	(*ExistRequest)(nil),                // 28: crescent.master.v1.ExistRequest
-	(*ExistResponse)(nil),               // 29: crescent.master.v1.ExistResponse
-	(*BatchExistRequest)(nil),           // 30: crescent.master.v1.BatchExistRequest
-	(*BatchExistResponse)(nil),          // 31: crescent.master.v1.BatchExistResponse
-	(*GetSizeRequest)(nil),              // 32: crescent.master.v1.GetSizeRequest
-	(*GetSizeResponse)(nil),             // 33: crescent.master.v1.GetSizeResponse
-	(*QueryRouteRequest)(nil),           // 34: crescent.master.v1.QueryRouteRequest
-	(*QueryRouteResponse)(nil),          // 35: crescent.master.v1.QueryRouteResponse
-	(*ListObjectsRequest)(nil),          // 36: crescent.master.v1.ListObjectsRequest
-	(*ListObjectsResponse)(nil),         // 37: crescent.master.v1.ListObjectsResponse
-	(*ObjectInfo)(nil),                  // 38: crescent.master.v1.ObjectInfo
-	(*RemoveRequest)(nil),               // 39: crescent.master.v1.RemoveRequest
-	(*RemoveResponse)(nil),              // 40: crescent.master.v1.RemoveResponse
-	(*BatchRemoveRequest)(nil),          // 41: crescent.master.v1.BatchRemoveRequest
-	(*BatchRemoveResponse)(nil),         // 42: crescent.master.v1.BatchRemoveResponse
-	(*RemoveAllRequest)(nil),            // 43: crescent.master.v1.RemoveAllRequest
-	(*RemoveAllResponse)(nil),           // 44: crescent.master.v1.RemoveAllResponse
-	(*RemoveByPrefixRequest)(nil),       // 45: crescent.master.v1.RemoveByPrefixRequest
-	(*RemoveByPrefixResponse)(nil),      // 46: crescent.master.v1.RemoveByPrefixResponse
-	(*RemoveByRegexRequest)(nil),        // 47: crescent.master.v1.RemoveByRegexRequest
-	(*RemoveByRegexResponse)(nil),       // 48: crescent.master.v1.RemoveByRegexResponse
-	(*CallStreamRequest)(nil),           // 49: crescent.master.v1.CallStreamRequest
-	(*CallStreamResponse)(nil),          // 50: crescent.master.v1.CallStreamResponse
-	(*ItemStatus)(nil),                  // 51: crescent.master.v1.ItemStatus
-	(*ReplicaDescriptor)(nil),           // 52: crescent.master.v1.ReplicaDescriptor
-	(Medium)(0),                         // 53: crescent.master.v1.Medium
-	(*ReplicateConfig)(nil),             // 54: crescent.master.v1.ReplicateConfig
-	(*durationpb.Duration)(nil),         // 55: google.protobuf.Duration
-	(*anypb.Any)(nil),                   // 56: google.protobuf.Any
+	(*SpareCommit)(nil),                 // 12: crescent.master.v1.SpareCommit
+	(*PutEndRequest)(nil),               // 13: crescent.master.v1.PutEndRequest
+	(*PutEndResponse)(nil),              // 14: crescent.master.v1.PutEndResponse
+	(*PutRevokeRequest)(nil),            // 15: crescent.master.v1.PutRevokeRequest
+	(*PutRevokeResponse)(nil),           // 16: crescent.master.v1.PutRevokeResponse
+	(*BatchPutStartRequest)(nil),        // 17: crescent.master.v1.BatchPutStartRequest
+	(*BatchPutStartResponse)(nil),       // 18: crescent.master.v1.BatchPutStartResponse
+	(*PutStartResult)(nil),              // 19: crescent.master.v1.PutStartResult
+	(*BatchPutEndRequest)(nil),          // 20: crescent.master.v1.BatchPutEndRequest
+	(*BatchPutEndResponse)(nil),         // 21: crescent.master.v1.BatchPutEndResponse
+	(*BatchPutRevokeRequest)(nil),       // 22: crescent.master.v1.BatchPutRevokeRequest
+	(*BatchPutRevokeResponse)(nil),      // 23: crescent.master.v1.BatchPutRevokeResponse
+	(*GetReplicaListRequest)(nil),       // 24: crescent.master.v1.GetReplicaListRequest
+	(*GetReplicaListResponse)(nil),      // 25: crescent.master.v1.GetReplicaListResponse
+	(*BatchGetReplicaListRequest)(nil),  // 26: crescent.master.v1.BatchGetReplicaListRequest
+	(*BatchGetReplicaListResponse)(nil), // 27: crescent.master.v1.BatchGetReplicaListResponse
+	(*GetReplicaListResult)(nil),        // 28: crescent.master.v1.GetReplicaListResult
+	(*ExistRequest)(nil),                // 29: crescent.master.v1.ExistRequest
+	(*ExistResponse)(nil),               // 30: crescent.master.v1.ExistResponse
+	(*BatchExistRequest)(nil),           // 31: crescent.master.v1.BatchExistRequest
+	(*BatchExistResponse)(nil),          // 32: crescent.master.v1.BatchExistResponse
+	(*GetSizeRequest)(nil),              // 33: crescent.master.v1.GetSizeRequest
+	(*GetSizeResponse)(nil),             // 34: crescent.master.v1.GetSizeResponse
+	(*QueryRouteRequest)(nil),           // 35: crescent.master.v1.QueryRouteRequest
+	(*QueryRouteResponse)(nil),          // 36: crescent.master.v1.QueryRouteResponse
+	(*ListObjectsRequest)(nil),          // 37: crescent.master.v1.ListObjectsRequest
+	(*ListObjectsResponse)(nil),         // 38: crescent.master.v1.ListObjectsResponse
+	(*ObjectInfo)(nil),                  // 39: crescent.master.v1.ObjectInfo
+	(*RemoveRequest)(nil),               // 40: crescent.master.v1.RemoveRequest
+	(*RemoveResponse)(nil),              // 41: crescent.master.v1.RemoveResponse
+	(*BatchRemoveRequest)(nil),          // 42: crescent.master.v1.BatchRemoveRequest
+	(*BatchRemoveResponse)(nil),         // 43: crescent.master.v1.BatchRemoveResponse
+	(*RemoveAllRequest)(nil),            // 44: crescent.master.v1.RemoveAllRequest
+	(*RemoveAllResponse)(nil),           // 45: crescent.master.v1.RemoveAllResponse
+	(*RemoveByPrefixRequest)(nil),       // 46: crescent.master.v1.RemoveByPrefixRequest
+	(*RemoveByPrefixResponse)(nil),      // 47: crescent.master.v1.RemoveByPrefixResponse
+	(*RemoveByRegexRequest)(nil),        // 48: crescent.master.v1.RemoveByRegexRequest
+	(*RemoveByRegexResponse)(nil),       // 49: crescent.master.v1.RemoveByRegexResponse
+	(*CallStreamRequest)(nil),           // 50: crescent.master.v1.CallStreamRequest
+	(*CallStreamResponse)(nil),          // 51: crescent.master.v1.CallStreamResponse
+	(*ItemStatus)(nil),                  // 52: crescent.master.v1.ItemStatus
+	(*ReplicaDescriptor)(nil),           // 53: crescent.master.v1.ReplicaDescriptor
+	(Medium)(0),                         // 54: crescent.master.v1.Medium
+	(*ReplicateConfig)(nil),             // 55: crescent.master.v1.ReplicateConfig
+	(*durationpb.Duration)(nil),         // 56: google.protobuf.Duration
+	(*anypb.Any)(nil),                   // 57: google.protobuf.Any
 }
 var file_crescent_master_v1_object_proto_depIdxs = []int32{
 	3,  // 0: crescent.master.v1.PrefetchResponse.results:type_name -> crescent.master.v1.PrefetchResult
-	51, // 1: crescent.master.v1.PrefetchResult.status:type_name -> crescent.master.v1.ItemStatus
+	52, // 1: crescent.master.v1.PrefetchResult.status:type_name -> crescent.master.v1.ItemStatus
 	0,  // 2: crescent.master.v1.PrefetchResult.state:type_name -> crescent.master.v1.PrefetchState
-	52, // 3: crescent.master.v1.PrefetchResult.replica:type_name -> crescent.master.v1.ReplicaDescriptor
-	53, // 4: crescent.master.v1.MigrationTarget.medium:type_name -> crescent.master.v1.Medium
+	53, // 3: crescent.master.v1.PrefetchResult.replica:type_name -> crescent.master.v1.ReplicaDescriptor
+	54, // 4: crescent.master.v1.MigrationTarget.medium:type_name -> crescent.master.v1.Medium
 	4,  // 5: crescent.master.v1.ObjectServiceCopyRequest.target:type_name -> crescent.master.v1.MigrationTarget
 	9,  // 6: crescent.master.v1.ObjectServiceCopyResponse.results:type_name -> crescent.master.v1.MigrationResult
 	4,  // 7: crescent.master.v1.ObjectServiceMoveRequest.target:type_name -> crescent.master.v1.MigrationTarget
 	9,  // 8: crescent.master.v1.ObjectServiceMoveResponse.results:type_name -> crescent.master.v1.MigrationResult
-	51, // 9: crescent.master.v1.MigrationResult.status:type_name -> crescent.master.v1.ItemStatus
-	52, // 10: crescent.master.v1.MigrationResult.replica:type_name -> crescent.master.v1.ReplicaDescriptor
-	54, // 11: crescent.master.v1.PutStartRequest.config:type_name -> crescent.master.v1.ReplicateConfig
-	52, // 12: crescent.master.v1.PutStartResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
-	10, // 13: crescent.master.v1.BatchPutStartRequest.items:type_name -> crescent.master.v1.PutStartRequest
-	18, // 14: crescent.master.v1.BatchPutStartResponse.results:type_name -> crescent.master.v1.PutStartResult
-	51, // 15: crescent.master.v1.PutStartResult.status:type_name -> crescent.master.v1.ItemStatus
-	52, // 16: crescent.master.v1.PutStartResult.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
-	12, // 17: crescent.master.v1.BatchPutEndRequest.items:type_name -> crescent.master.v1.PutEndRequest
-	51, // 18: crescent.master.v1.BatchPutEndResponse.results:type_name -> crescent.master.v1.ItemStatus
-	14, // 19: crescent.master.v1.BatchPutRevokeRequest.items:type_name -> crescent.master.v1.PutRevokeRequest
-	51, // 20: crescent.master.v1.BatchPutRevokeResponse.results:type_name -> crescent.master.v1.ItemStatus
-	52, // 21: crescent.master.v1.GetReplicaListResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
-	55, // 22: crescent.master.v1.GetReplicaListResponse.lease_ttl:type_name -> google.protobuf.Duration
-	23, // 23: crescent.master.v1.BatchGetReplicaListRequest.items:type_name -> crescent.master.v1.GetReplicaListRequest
-	27, // 24: crescent.master.v1.BatchGetReplicaListResponse.results:type_name -> crescent.master.v1.GetReplicaListResult
-	51, // 25: crescent.master.v1.GetReplicaListResult.status:type_name -> crescent.master.v1.ItemStatus
-	24, // 26: crescent.master.v1.GetReplicaListResult.replica_list:type_name -> crescent.master.v1.GetReplicaListResponse
-	28, // 27: crescent.master.v1.BatchExistRequest.items:type_name -> crescent.master.v1.ExistRequest
-	52, // 28: crescent.master.v1.QueryRouteResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
-	38, // 29: crescent.master.v1.ListObjectsResponse.objects:type_name -> crescent.master.v1.ObjectInfo
-	53, // 30: crescent.master.v1.ObjectInfo.media:type_name -> crescent.master.v1.Medium
-	39, // 31: crescent.master.v1.BatchRemoveRequest.items:type_name -> crescent.master.v1.RemoveRequest
-	51, // 32: crescent.master.v1.BatchRemoveResponse.results:type_name -> crescent.master.v1.ItemStatus
-	25, // 33: crescent.master.v1.CallStreamRequest.batch_get_replica_list:type_name -> crescent.master.v1.BatchGetReplicaListRequest
-	10, // 34: crescent.master.v1.CallStreamRequest.put_start:type_name -> crescent.master.v1.PutStartRequest
-	12, // 35: crescent.master.v1.CallStreamRequest.put_end:type_name -> crescent.master.v1.PutEndRequest
-	16, // 36: crescent.master.v1.CallStreamRequest.batch_put_start:type_name -> crescent.master.v1.BatchPutStartRequest
-	19, // 37: crescent.master.v1.CallStreamRequest.batch_put_end:type_name -> crescent.master.v1.BatchPutEndRequest
-	23, // 38: crescent.master.v1.CallStreamRequest.get_replica_list:type_name -> crescent.master.v1.GetReplicaListRequest
-	28, // 39: crescent.master.v1.CallStreamRequest.exist:type_name -> crescent.master.v1.ExistRequest
-	30, // 40: crescent.master.v1.CallStreamRequest.batch_exist:type_name -> crescent.master.v1.BatchExistRequest
-	56, // 41: crescent.master.v1.CallStreamResponse.details:type_name -> google.protobuf.Any
-	26, // 42: crescent.master.v1.CallStreamResponse.batch_get_replica_list:type_name -> crescent.master.v1.BatchGetReplicaListResponse
-	11, // 43: crescent.master.v1.CallStreamResponse.put_start:type_name -> crescent.master.v1.PutStartResponse
-	13, // 44: crescent.master.v1.CallStreamResponse.put_end:type_name -> crescent.master.v1.PutEndResponse
-	17, // 45: crescent.master.v1.CallStreamResponse.batch_put_start:type_name -> crescent.master.v1.BatchPutStartResponse
-	20, // 46: crescent.master.v1.CallStreamResponse.batch_put_end:type_name -> crescent.master.v1.BatchPutEndResponse
-	24, // 47: crescent.master.v1.CallStreamResponse.get_replica_list:type_name -> crescent.master.v1.GetReplicaListResponse
-	29, // 48: crescent.master.v1.CallStreamResponse.exist:type_name -> crescent.master.v1.ExistResponse
-	31, // 49: crescent.master.v1.CallStreamResponse.batch_exist:type_name -> crescent.master.v1.BatchExistResponse
-	10, // 50: crescent.master.v1.ObjectService.PutStart:input_type -> crescent.master.v1.PutStartRequest
-	12, // 51: crescent.master.v1.ObjectService.PutEnd:input_type -> crescent.master.v1.PutEndRequest
-	14, // 52: crescent.master.v1.ObjectService.PutRevoke:input_type -> crescent.master.v1.PutRevokeRequest
-	16, // 53: crescent.master.v1.ObjectService.BatchPutStart:input_type -> crescent.master.v1.BatchPutStartRequest
-	19, // 54: crescent.master.v1.ObjectService.BatchPutEnd:input_type -> crescent.master.v1.BatchPutEndRequest
-	21, // 55: crescent.master.v1.ObjectService.BatchPutRevoke:input_type -> crescent.master.v1.BatchPutRevokeRequest
-	23, // 56: crescent.master.v1.ObjectService.GetReplicaList:input_type -> crescent.master.v1.GetReplicaListRequest
-	25, // 57: crescent.master.v1.ObjectService.BatchGetReplicaList:input_type -> crescent.master.v1.BatchGetReplicaListRequest
-	49, // 58: crescent.master.v1.ObjectService.CallStream:input_type -> crescent.master.v1.CallStreamRequest
-	28, // 59: crescent.master.v1.ObjectService.Exist:input_type -> crescent.master.v1.ExistRequest
-	30, // 60: crescent.master.v1.ObjectService.BatchExist:input_type -> crescent.master.v1.BatchExistRequest
-	32, // 61: crescent.master.v1.ObjectService.GetSize:input_type -> crescent.master.v1.GetSizeRequest
-	34, // 62: crescent.master.v1.ObjectService.QueryRoute:input_type -> crescent.master.v1.QueryRouteRequest
-	36, // 63: crescent.master.v1.ObjectService.ListObjects:input_type -> crescent.master.v1.ListObjectsRequest
-	39, // 64: crescent.master.v1.ObjectService.Remove:input_type -> crescent.master.v1.RemoveRequest
-	41, // 65: crescent.master.v1.ObjectService.BatchRemove:input_type -> crescent.master.v1.BatchRemoveRequest
-	43, // 66: crescent.master.v1.ObjectService.RemoveAll:input_type -> crescent.master.v1.RemoveAllRequest
-	45, // 67: crescent.master.v1.ObjectService.RemoveByPrefix:input_type -> crescent.master.v1.RemoveByPrefixRequest
-	47, // 68: crescent.master.v1.ObjectService.RemoveByRegex:input_type -> crescent.master.v1.RemoveByRegexRequest
-	5,  // 69: crescent.master.v1.ObjectService.Copy:input_type -> crescent.master.v1.ObjectServiceCopyRequest
-	7,  // 70: crescent.master.v1.ObjectService.Move:input_type -> crescent.master.v1.ObjectServiceMoveRequest
-	1,  // 71: crescent.master.v1.ObjectService.Prefetch:input_type -> crescent.master.v1.PrefetchRequest
-	11, // 72: crescent.master.v1.ObjectService.PutStart:output_type -> crescent.master.v1.PutStartResponse
-	13, // 73: crescent.master.v1.ObjectService.PutEnd:output_type -> crescent.master.v1.PutEndResponse
-	15, // 74: crescent.master.v1.ObjectService.PutRevoke:output_type -> crescent.master.v1.PutRevokeResponse
-	17, // 75: crescent.master.v1.ObjectService.BatchPutStart:output_type -> crescent.master.v1.BatchPutStartResponse
-	20, // 76: crescent.master.v1.ObjectService.BatchPutEnd:output_type -> crescent.master.v1.BatchPutEndResponse
-	22, // 77: crescent.master.v1.ObjectService.BatchPutRevoke:output_type -> crescent.master.v1.BatchPutRevokeResponse
-	24, // 78: crescent.master.v1.ObjectService.GetReplicaList:output_type -> crescent.master.v1.GetReplicaListResponse
-	26, // 79: crescent.master.v1.ObjectService.BatchGetReplicaList:output_type -> crescent.master.v1.BatchGetReplicaListResponse
-	50, // 80: crescent.master.v1.ObjectService.CallStream:output_type -> crescent.master.v1.CallStreamResponse
-	29, // 81: crescent.master.v1.ObjectService.Exist:output_type -> crescent.master.v1.ExistResponse
-	31, // 82: crescent.master.v1.ObjectService.BatchExist:output_type -> crescent.master.v1.BatchExistResponse
-	33, // 83: crescent.master.v1.ObjectService.GetSize:output_type -> crescent.master.v1.GetSizeResponse
-	35, // 84: crescent.master.v1.ObjectService.QueryRoute:output_type -> crescent.master.v1.QueryRouteResponse
-	37, // 85: crescent.master.v1.ObjectService.ListObjects:output_type -> crescent.master.v1.ListObjectsResponse
-	40, // 86: crescent.master.v1.ObjectService.Remove:output_type -> crescent.master.v1.RemoveResponse
-	42, // 87: crescent.master.v1.ObjectService.BatchRemove:output_type -> crescent.master.v1.BatchRemoveResponse
-	44, // 88: crescent.master.v1.ObjectService.RemoveAll:output_type -> crescent.master.v1.RemoveAllResponse
-	46, // 89: crescent.master.v1.ObjectService.RemoveByPrefix:output_type -> crescent.master.v1.RemoveByPrefixResponse
-	48, // 90: crescent.master.v1.ObjectService.RemoveByRegex:output_type -> crescent.master.v1.RemoveByRegexResponse
-	6,  // 91: crescent.master.v1.ObjectService.Copy:output_type -> crescent.master.v1.ObjectServiceCopyResponse
-	8,  // 92: crescent.master.v1.ObjectService.Move:output_type -> crescent.master.v1.ObjectServiceMoveResponse
-	2,  // 93: crescent.master.v1.ObjectService.Prefetch:output_type -> crescent.master.v1.PrefetchResponse
-	72, // [72:94] is the sub-list for method output_type
-	50, // [50:72] is the sub-list for method input_type
-	50, // [50:50] is the sub-list for extension type_name
-	50, // [50:50] is the sub-list for extension extendee
-	0,  // [0:50] is the sub-list for field type_name
+	52, // 9: crescent.master.v1.MigrationResult.status:type_name -> crescent.master.v1.ItemStatus
+	53, // 10: crescent.master.v1.MigrationResult.replica:type_name -> crescent.master.v1.ReplicaDescriptor
+	55, // 11: crescent.master.v1.PutStartRequest.config:type_name -> crescent.master.v1.ReplicateConfig
+	53, // 12: crescent.master.v1.PutStartResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
+	53, // 13: crescent.master.v1.PutStartResponse.spares:type_name -> crescent.master.v1.ReplicaDescriptor
+	55, // 14: crescent.master.v1.SpareCommit.config:type_name -> crescent.master.v1.ReplicateConfig
+	12, // 15: crescent.master.v1.PutEndRequest.spare:type_name -> crescent.master.v1.SpareCommit
+	53, // 16: crescent.master.v1.PutEndResponse.spares:type_name -> crescent.master.v1.ReplicaDescriptor
+	10, // 17: crescent.master.v1.BatchPutStartRequest.items:type_name -> crescent.master.v1.PutStartRequest
+	19, // 18: crescent.master.v1.BatchPutStartResponse.results:type_name -> crescent.master.v1.PutStartResult
+	52, // 19: crescent.master.v1.PutStartResult.status:type_name -> crescent.master.v1.ItemStatus
+	53, // 20: crescent.master.v1.PutStartResult.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
+	53, // 21: crescent.master.v1.PutStartResult.spares:type_name -> crescent.master.v1.ReplicaDescriptor
+	13, // 22: crescent.master.v1.BatchPutEndRequest.items:type_name -> crescent.master.v1.PutEndRequest
+	52, // 23: crescent.master.v1.BatchPutEndResponse.results:type_name -> crescent.master.v1.ItemStatus
+	14, // 24: crescent.master.v1.BatchPutEndResponse.answers:type_name -> crescent.master.v1.PutEndResponse
+	15, // 25: crescent.master.v1.BatchPutRevokeRequest.items:type_name -> crescent.master.v1.PutRevokeRequest
+	52, // 26: crescent.master.v1.BatchPutRevokeResponse.results:type_name -> crescent.master.v1.ItemStatus
+	53, // 27: crescent.master.v1.GetReplicaListResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
+	56, // 28: crescent.master.v1.GetReplicaListResponse.lease_ttl:type_name -> google.protobuf.Duration
+	24, // 29: crescent.master.v1.BatchGetReplicaListRequest.items:type_name -> crescent.master.v1.GetReplicaListRequest
+	28, // 30: crescent.master.v1.BatchGetReplicaListResponse.results:type_name -> crescent.master.v1.GetReplicaListResult
+	52, // 31: crescent.master.v1.GetReplicaListResult.status:type_name -> crescent.master.v1.ItemStatus
+	25, // 32: crescent.master.v1.GetReplicaListResult.replica_list:type_name -> crescent.master.v1.GetReplicaListResponse
+	29, // 33: crescent.master.v1.BatchExistRequest.items:type_name -> crescent.master.v1.ExistRequest
+	53, // 34: crescent.master.v1.QueryRouteResponse.replicas:type_name -> crescent.master.v1.ReplicaDescriptor
+	39, // 35: crescent.master.v1.ListObjectsResponse.objects:type_name -> crescent.master.v1.ObjectInfo
+	54, // 36: crescent.master.v1.ObjectInfo.media:type_name -> crescent.master.v1.Medium
+	40, // 37: crescent.master.v1.BatchRemoveRequest.items:type_name -> crescent.master.v1.RemoveRequest
+	52, // 38: crescent.master.v1.BatchRemoveResponse.results:type_name -> crescent.master.v1.ItemStatus
+	26, // 39: crescent.master.v1.CallStreamRequest.batch_get_replica_list:type_name -> crescent.master.v1.BatchGetReplicaListRequest
+	10, // 40: crescent.master.v1.CallStreamRequest.put_start:type_name -> crescent.master.v1.PutStartRequest
+	13, // 41: crescent.master.v1.CallStreamRequest.put_end:type_name -> crescent.master.v1.PutEndRequest
+	17, // 42: crescent.master.v1.CallStreamRequest.batch_put_start:type_name -> crescent.master.v1.BatchPutStartRequest
+	20, // 43: crescent.master.v1.CallStreamRequest.batch_put_end:type_name -> crescent.master.v1.BatchPutEndRequest
+	24, // 44: crescent.master.v1.CallStreamRequest.get_replica_list:type_name -> crescent.master.v1.GetReplicaListRequest
+	29, // 45: crescent.master.v1.CallStreamRequest.exist:type_name -> crescent.master.v1.ExistRequest
+	31, // 46: crescent.master.v1.CallStreamRequest.batch_exist:type_name -> crescent.master.v1.BatchExistRequest
+	57, // 47: crescent.master.v1.CallStreamResponse.details:type_name -> google.protobuf.Any
+	27, // 48: crescent.master.v1.CallStreamResponse.batch_get_replica_list:type_name -> crescent.master.v1.BatchGetReplicaListResponse
+	11, // 49: crescent.master.v1.CallStreamResponse.put_start:type_name -> crescent.master.v1.PutStartResponse
+	14, // 50: crescent.master.v1.CallStreamResponse.put_end:type_name -> crescent.master.v1.PutEndResponse
+	18, // 51: crescent.master.v1.CallStreamResponse.batch_put_start:type_name -> crescent.master.v1.BatchPutStartResponse
+	21, // 52: crescent.master.v1.CallStreamResponse.batch_put_end:type_name -> crescent.master.v1.BatchPutEndResponse
+	25, // 53: crescent.master.v1.CallStreamResponse.get_replica_list:type_name -> crescent.master.v1.GetReplicaListResponse
+	30, // 54: crescent.master.v1.CallStreamResponse.exist:type_name -> crescent.master.v1.ExistResponse
+	32, // 55: crescent.master.v1.CallStreamResponse.batch_exist:type_name -> crescent.master.v1.BatchExistResponse
+	10, // 56: crescent.master.v1.ObjectService.PutStart:input_type -> crescent.master.v1.PutStartRequest
+	13, // 57: crescent.master.v1.ObjectService.PutEnd:input_type -> crescent.master.v1.PutEndRequest
+	15, // 58: crescent.master.v1.ObjectService.PutRevoke:input_type -> crescent.master.v1.PutRevokeRequest
+	17, // 59: crescent.master.v1.ObjectService.BatchPutStart:input_type -> crescent.master.v1.BatchPutStartRequest
+	20, // 60: crescent.master.v1.ObjectService.BatchPutEnd:input_type -> crescent.master.v1.BatchPutEndRequest
+	22, // 61: crescent.master.v1.ObjectService.BatchPutRevoke:input_type -> crescent.master.v1.BatchPutRevokeRequest
+	24, // 62: crescent.master.v1.ObjectService.GetReplicaList:input_type -> crescent.master.v1.GetReplicaListRequest
+	26, // 63: crescent.master.v1.ObjectService.BatchGetReplicaList:input_type -> crescent.master.v1.BatchGetReplicaListRequest
+	50, // 64: crescent.master.v1.ObjectService.CallStream:input_type -> crescent.master.v1.CallStreamRequest
+	29, // 65: crescent.master.v1.ObjectService.Exist:input_type -> crescent.master.v1.ExistRequest
+	31, // 66: crescent.master.v1.ObjectService.BatchExist:input_type -> crescent.master.v1.BatchExistRequest
+	33, // 67: crescent.master.v1.ObjectService.GetSize:input_type -> crescent.master.v1.GetSizeRequest
+	35, // 68: crescent.master.v1.ObjectService.QueryRoute:input_type -> crescent.master.v1.QueryRouteRequest
+	37, // 69: crescent.master.v1.ObjectService.ListObjects:input_type -> crescent.master.v1.ListObjectsRequest
+	40, // 70: crescent.master.v1.ObjectService.Remove:input_type -> crescent.master.v1.RemoveRequest
+	42, // 71: crescent.master.v1.ObjectService.BatchRemove:input_type -> crescent.master.v1.BatchRemoveRequest
+	44, // 72: crescent.master.v1.ObjectService.RemoveAll:input_type -> crescent.master.v1.RemoveAllRequest
+	46, // 73: crescent.master.v1.ObjectService.RemoveByPrefix:input_type -> crescent.master.v1.RemoveByPrefixRequest
+	48, // 74: crescent.master.v1.ObjectService.RemoveByRegex:input_type -> crescent.master.v1.RemoveByRegexRequest
+	5,  // 75: crescent.master.v1.ObjectService.Copy:input_type -> crescent.master.v1.ObjectServiceCopyRequest
+	7,  // 76: crescent.master.v1.ObjectService.Move:input_type -> crescent.master.v1.ObjectServiceMoveRequest
+	1,  // 77: crescent.master.v1.ObjectService.Prefetch:input_type -> crescent.master.v1.PrefetchRequest
+	11, // 78: crescent.master.v1.ObjectService.PutStart:output_type -> crescent.master.v1.PutStartResponse
+	14, // 79: crescent.master.v1.ObjectService.PutEnd:output_type -> crescent.master.v1.PutEndResponse
+	16, // 80: crescent.master.v1.ObjectService.PutRevoke:output_type -> crescent.master.v1.PutRevokeResponse
+	18, // 81: crescent.master.v1.ObjectService.BatchPutStart:output_type -> crescent.master.v1.BatchPutStartResponse
+	21, // 82: crescent.master.v1.ObjectService.BatchPutEnd:output_type -> crescent.master.v1.BatchPutEndResponse
+	23, // 83: crescent.master.v1.ObjectService.BatchPutRevoke:output_type -> crescent.master.v1.BatchPutRevokeResponse
+	25, // 84: crescent.master.v1.ObjectService.GetReplicaList:output_type -> crescent.master.v1.GetReplicaListResponse
+	27, // 85: crescent.master.v1.ObjectService.BatchGetReplicaList:output_type -> crescent.master.v1.BatchGetReplicaListResponse
+	51, // 86: crescent.master.v1.ObjectService.CallStream:output_type -> crescent.master.v1.CallStreamResponse
+	30, // 87: crescent.master.v1.ObjectService.Exist:output_type -> crescent.master.v1.ExistResponse
+	32, // 88: crescent.master.v1.ObjectService.BatchExist:output_type -> crescent.master.v1.BatchExistResponse
+	34, // 89: crescent.master.v1.ObjectService.GetSize:output_type -> crescent.master.v1.GetSizeResponse
+	36, // 90: crescent.master.v1.ObjectService.QueryRoute:output_type -> crescent.master.v1.QueryRouteResponse
+	38, // 91: crescent.master.v1.ObjectService.ListObjects:output_type -> crescent.master.v1.ListObjectsResponse
+	41, // 92: crescent.master.v1.ObjectService.Remove:output_type -> crescent.master.v1.RemoveResponse
+	43, // 93: crescent.master.v1.ObjectService.BatchRemove:output_type -> crescent.master.v1.BatchRemoveResponse
+	45, // 94: crescent.master.v1.ObjectService.RemoveAll:output_type -> crescent.master.v1.RemoveAllResponse
+	47, // 95: crescent.master.v1.ObjectService.RemoveByPrefix:output_type -> crescent.master.v1.RemoveByPrefixResponse
+	49, // 96: crescent.master.v1.ObjectService.RemoveByRegex:output_type -> crescent.master.v1.RemoveByRegexResponse
+	6,  // 97: crescent.master.v1.ObjectService.Copy:output_type -> crescent.master.v1.ObjectServiceCopyResponse
+	8,  // 98: crescent.master.v1.ObjectService.Move:output_type -> crescent.master.v1.ObjectServiceMoveResponse
+	2,  // 99: crescent.master.v1.ObjectService.Prefetch:output_type -> crescent.master.v1.PrefetchResponse
+	78, // [78:100] is the sub-list for method output_type
+	56, // [56:78] is the sub-list for method input_type
+	56, // [56:56] is the sub-list for extension type_name
+	56, // [56:56] is the sub-list for extension extendee
+	0,  // [0:56] is the sub-list for field type_name
 }
 
 func init() { file_crescent_master_v1_object_proto_init() }
@@ -3663,7 +3844,7 @@ func file_crescent_master_v1_object_proto_init() {
 		(*MigrationTarget_HostId)(nil),
 		(*MigrationTarget_Medium)(nil),
 	}
-	file_crescent_master_v1_object_proto_msgTypes[48].OneofWrappers = []any{
+	file_crescent_master_v1_object_proto_msgTypes[49].OneofWrappers = []any{
 		(*CallStreamRequest_BatchGetReplicaList)(nil),
 		(*CallStreamRequest_PutStart)(nil),
 		(*CallStreamRequest_PutEnd)(nil),
@@ -3673,7 +3854,7 @@ func file_crescent_master_v1_object_proto_init() {
 		(*CallStreamRequest_Exist)(nil),
 		(*CallStreamRequest_BatchExist)(nil),
 	}
-	file_crescent_master_v1_object_proto_msgTypes[49].OneofWrappers = []any{
+	file_crescent_master_v1_object_proto_msgTypes[50].OneofWrappers = []any{
 		(*CallStreamResponse_BatchGetReplicaList)(nil),
 		(*CallStreamResponse_PutStart)(nil),
 		(*CallStreamResponse_PutEnd)(nil),
@@ -3689,7 +3870,7 @@ func file_crescent_master_v1_object_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crescent_master_v1_object_proto_rawDesc), len(file_crescent_master_v1_object_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   50,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
