@@ -11,10 +11,18 @@
 // object, issue 18 item 2) records the object from the token when the
 // write opens, so a client cannot rename what it writes.
 //
+// A *spare* token (the spare flag) is the write token of a blank the
+// master leased to a client ahead of its puts (put leases): it names the
+// tenant and the replica id but no key, and the agent binds the blank to
+// the token's tenant and the key the bulk transfer item names. The flag is
+// valid only on a write token with an empty key: Parse and Verify refuse
+// any other token that carries it as ErrMalformed (the master never signs
+// one), before its MAC is checked.
+//
 // Wire layout, version 3 (all integers big-endian):
 //
 //	version u8 (3) | key_id u32 | mode u8 | allocation u64 | expiry_unix_ms i64 |
-//	replica_id u32 | flags u8 (bit 0: hard pin) |
+//	replica_id u32 | flags u8 (bit 0: hard pin, bit 1: spare; others refused) |
 //	segment_len u8 | tenant_len u16 | key_len u16 | group_len u16 |
 //	segment bytes | tenant bytes | key bytes | group bytes |
 //	HMAC-SHA256 over everything before it, under key key_id (32 bytes)
@@ -66,6 +74,8 @@ const (
 	offGrpLen  = 32
 	headerLen  = 34
 	flagHard   = 1
+	flagSpare  = 2
+	flagsKnown = flagHard | flagSpare
 	maxSegment = 1<<8 - 1
 	maxString  = 1<<16 - 1
 	// KeyLen is the length of a signing key.
@@ -84,6 +94,10 @@ var (
 	ErrMismatch   = errors.New("token: not for this allocation or mode")
 	// ErrTenant: the caller is a tenant other than the token's.
 	ErrTenant = errors.New("token: for another tenant")
+
+	// errSpare is the ErrMalformed of a spare token that is not a write
+	// token naming no key. One value, so that errors compare equal.
+	errSpare = fmt.Errorf("%w (the spare flag needs a write token that names no key)", ErrMalformed)
 )
 
 // Claims are what a token asserts.
@@ -103,6 +117,11 @@ type Claims struct {
 	ReplicaID uint32
 	Group     string
 	HardPin   bool
+	// Spare marks the write token of a leased blank (a spare): it names no
+	// Key, which the write names instead (TransferItem.key). Valid only
+	// with Mode Write and an empty Key; Sign writes what it is given, and
+	// Parse and Verify refuse anything else as ErrMalformed.
+	Spare bool
 }
 
 // SigningKey is one HMAC-SHA256 key and the id tokens name it by.
@@ -148,6 +167,9 @@ func appendBody(b []byte, id uint32, c Claims) []byte {
 	var flags byte
 	if c.HardPin {
 		flags |= flagHard
+	}
+	if c.Spare {
+		flags |= flagSpare
 	}
 	b = append(b, version)
 	b = binary.BigEndian.AppendUint32(b, id)
@@ -198,7 +220,12 @@ type macPool struct{ pool *sync.Pool }
 type macState struct {
 	h   hash.Hash
 	sum [macLen]byte
+	// obj is scratch for a version 2 receipt's tenant and key.
+	obj []byte
 }
+
+// maxKeptObject bounds the scratch a pooled macState keeps.
+const maxKeptObject = 4 << 10
 
 func newMACPool(key []byte) macPool {
 	k := append([]byte(nil), key...)
@@ -215,6 +242,42 @@ func (p macPool) sum(dst, body []byte) []byte {
 	return dst
 }
 
+// sumObject appends to dst the MAC of body | appendObject(tenant, key) (a
+// version 2 receipt's). dst may share body's array past len(body): body is
+// hashed before anything is appended.
+func (p macPool) sumObject(dst, body []byte, tenant, key string) []byte {
+	st := p.pool.Get().(*macState)
+	st.h.Reset()
+	st.h.Write(body)
+	st.obj = appendObject(st.obj[:0], tenant, key)
+	st.h.Write(st.obj)
+	dst = st.h.Sum(dst)
+	p.put(st)
+	return dst
+}
+
+// equalObject reports whether mac is the MAC of body | appendObject(tenant,
+// key) (constant time).
+func (p macPool) equalObject(body []byte, tenant, key string, mac []byte) bool {
+	st := p.pool.Get().(*macState)
+	st.h.Reset()
+	st.h.Write(body)
+	st.obj = appendObject(st.obj[:0], tenant, key)
+	st.h.Write(st.obj)
+	ok := hmac.Equal(st.h.Sum(st.sum[:0]), mac)
+	p.put(st)
+	return ok
+}
+
+// put returns st to the pool, without a scratch buffer grown past
+// maxKeptObject.
+func (p macPool) put(st *macState) {
+	if cap(st.obj) > maxKeptObject {
+		st.obj = nil
+	}
+	p.pool.Put(st)
+}
+
 // equal reports whether mac is the MAC of body (constant time), allocating
 // nothing.
 func (p macPool) equal(body, mac []byte) bool {
@@ -226,15 +289,21 @@ func (p macPool) equal(body, mac []byte) bool {
 	return ok
 }
 
-// split checks a token's framing and returns its key id, signed body and MAC.
+// split checks a token's framing and returns its key id, signed body and
+// MAC. A spare flag on anything but a write token with an empty key is
+// malformed (errSpare).
 func split(tok []byte) (id uint32, body, mac []byte, err error) {
-	if len(tok) < headerLen+macLen || tok[0] != version || tok[offFlags]&^flagHard != 0 {
+	if len(tok) < headerLen+macLen || tok[0] != version || tok[offFlags]&^flagsKnown != 0 {
 		return 0, nil, nil, ErrMalformed
 	}
+	keyLen := binary.BigEndian.Uint16(tok[offKeyLen:])
 	n := headerLen + int(tok[offSegLen]) + int(binary.BigEndian.Uint16(tok[offTenLen:])) +
-		int(binary.BigEndian.Uint16(tok[offKeyLen:])) + int(binary.BigEndian.Uint16(tok[offGrpLen:]))
+		int(keyLen) + int(binary.BigEndian.Uint16(tok[offGrpLen:]))
 	if len(tok) != n+macLen {
 		return 0, nil, nil, ErrMalformed
+	}
+	if tok[offFlags]&flagSpare != 0 && (Mode(tok[offMode]) != Write || keyLen != 0) {
+		return 0, nil, nil, errSpare
 	}
 	return binary.BigEndian.Uint32(tok[offKeyID:]), tok[:n], tok[n:], nil
 }
@@ -266,6 +335,9 @@ type Object struct {
 	Tenant, Key, Group []byte
 	ReplicaID          uint32
 	HardPin            bool
+	// Spare: a spare's write token (Claims.Spare); Key is empty, and the
+	// write names the key.
+	Spare bool
 }
 
 // Is reports whether o names tenant's key.
@@ -285,7 +357,8 @@ func checkClaims(body []byte, r *Request, now time.Time) (Object, error) {
 	if now.After(time.UnixMilli(int64(binary.BigEndian.Uint64(body[offExpiry:])))) {
 		return Object{}, ErrExpired
 	}
-	return Object{Tenant: tenant, Key: key, Group: group, ReplicaID: binary.BigEndian.Uint32(body[offReplica:]), HardPin: body[offFlags]&flagHard != 0}, nil
+	return Object{Tenant: tenant, Key: key, Group: group, ReplicaID: binary.BigEndian.Uint32(body[offReplica:]),
+		HardPin: body[offFlags]&flagHard != 0, Spare: body[offFlags]&flagSpare != 0}, nil
 }
 
 // find returns the key id names among keys.
@@ -326,6 +399,7 @@ func Parse(tok []byte, keys ...SigningKey) (Claims, error) {
 		ReplicaID:    binary.BigEndian.Uint32(body[offReplica:]),
 		Group:        string(group),
 		HardPin:      body[offFlags]&flagHard != 0,
+		Spare:        body[offFlags]&flagSpare != 0,
 	}, nil
 }
 

@@ -2,6 +2,7 @@ package token
 
 import (
 	"bytes"
+	"encoding/hex"
 	"errors"
 	"testing"
 	"time"
@@ -56,7 +57,7 @@ func TestVerify(t *testing.T) {
 			if !errors.Is(got, tt.want) {
 				t.Fatalf("Verifier: got %v, want %v", got, tt.want)
 			}
-			if got == nil && (!o.Is("acme", "obj/1") || o.ReplicaID != 3 || string(o.Group) != "g" || !o.HardPin) {
+			if got == nil && (!o.Is("acme", "obj/1") || o.ReplicaID != 3 || string(o.Group) != "g" || !o.HardPin || o.Spare) {
 				t.Fatalf("Verifier object: got %q/%q replica %d group %q hard pin %v, want acme/obj/1 replica 3 group g hard pin",
 					o.Tenant, o.Key, o.ReplicaID, o.Group, o.HardPin)
 			}
@@ -113,6 +114,93 @@ func TestBoundFields(t *testing.T) {
 	}
 }
 
+// TestTokenBytes: a version 3 token without the spare flag is the bytes it
+// was before spares (a fixed vector).
+func TestTokenBytes(t *testing.T) {
+	tok := Sign(testKey(7), Claims{Mode: Write, Tenant: "acme", Key: "obj/1", SegmentID: "seg-a", AllocationID: 7, Expiry: time.UnixMilli(1_001_000),
+		ReplicaID: 3, Group: "g", HardPin: true})
+	const want = "030000000701000000000000000700000000000f46280000000301050004000500017365672d6161636d656f626a2f3167" +
+		"cf2909426a36291061b414d3a59e74e8cdc66a0b1dccfbe63d4a8d0d1b1be280"
+	if got := hex.EncodeToString(tok); got != want {
+		t.Fatalf("token bytes:\ngot  %s\nwant %s", got, want)
+	}
+}
+
+// TestSpare: a spare's write token (no key, the spare flag) round-trips
+// and verifies with Object.Spare; the flag on a read token or on a token
+// that names a key, and any flag bit but the hard pin's and the spare's,
+// are refused as malformed by Parse, Verify and the Verifier alike.
+func TestSpare(t *testing.T) {
+	key := testKey(5)
+	now := time.UnixMilli(1_000_000)
+	spare := Claims{Mode: Write, Tenant: "acme", SegmentID: "seg-a", AllocationID: 7, Expiry: now.Add(time.Second), ReplicaID: 4, Spare: true}
+	tok := Sign(key, spare)
+	if tok[offFlags] != flagSpare {
+		t.Fatalf("flags byte = %#x, want %#x", tok[offFlags], flagSpare)
+	}
+	c, err := Parse(tok, key)
+	spare.KeyID = key.ID
+	if err != nil || c.Tenant != spare.Tenant || c.Key != "" || !c.Spare || c.HardPin || c.ReplicaID != 4 || c.Mode != Write || c.AllocationID != 7 {
+		t.Fatalf("Parse = %+v, %v; want %+v", c, err, spare)
+	}
+	req := Request{Mode: Write, SegmentID: "seg-a", AllocationID: 7, CallerTenant: "acme"}
+	for _, o := range verifyBoth(t, tok, req, now, nil, key) {
+		if !o.Spare || string(o.Tenant) != "acme" || len(o.Key) != 0 || o.ReplicaID != 4 {
+			t.Fatalf("object = %+v, want a spare of acme, replica 4, no key", o)
+		}
+	}
+	// The same claims without the flag: an ordinary token, not a spare.
+	plain := spare
+	plain.Spare = false
+	for _, o := range verifyBoth(t, Sign(key, plain), req, now, nil, key) {
+		if o.Spare {
+			t.Fatal("a token without the spare flag verifies as a spare")
+		}
+	}
+
+	withBit := func(bit byte) []byte { b := bytes.Clone(tok); b[offFlags] |= bit; return b }
+	// Bit 2 under a valid MAC: refused all the same.
+	bit2 := appendBody(nil, key.ID, plain)
+	bit2[offFlags] = 4
+	bit2 = NewSigner(key).macs.sum(bit2, bit2)
+	for _, tt := range []struct {
+		name string
+		tok  []byte
+		req  Request
+	}{
+		{"spare read", Sign(key, Claims{Mode: Read, Tenant: "acme", SegmentID: "seg-a", AllocationID: 7, Expiry: spare.Expiry, Spare: true}),
+			Request{Mode: Read, SegmentID: "seg-a", AllocationID: 7}},
+		{"spare with a key", Sign(key, Claims{Mode: Write, Tenant: "acme", Key: "k", SegmentID: "seg-a", AllocationID: 7, Expiry: spare.Expiry, Spare: true}), req},
+		{"spare of unknown mode", Sign(key, Claims{Mode: 3, Tenant: "acme", SegmentID: "seg-a", AllocationID: 7, Expiry: spare.Expiry, Spare: true}),
+			Request{Mode: 3, SegmentID: "seg-a", AllocationID: 7}},
+		{"flag bit 2", withBit(4), req},
+		{"flag bit 7", withBit(0x80), req},
+		{"flag bit 2 signed", bit2, req},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := Parse(tt.tok, key); !errors.Is(err, ErrMalformed) {
+				t.Fatalf("Parse = %v, want %v", err, ErrMalformed)
+			}
+			verifyBoth(t, tt.tok, tt.req, now, ErrMalformed, key)
+		})
+	}
+}
+
+// verifyBoth verifies tok with Verify and a Verifier, wants err from both,
+// and returns the objects.
+func verifyBoth(t *testing.T, tok []byte, r Request, now time.Time, want error, keys ...SigningKey) []Object {
+	t.Helper()
+	o1, err := Verify(tok, r, now, keys...)
+	if !errors.Is(err, want) {
+		t.Fatalf("Verify = %v, want %v", err, want)
+	}
+	o2, err := NewVerifier(keys...).Verify(tok, r, now)
+	if !errors.Is(err, want) {
+		t.Fatalf("Verifier.Verify = %v, want %v", err, want)
+	}
+	return []Object{o1, o2}
+}
+
 // FuzzParse: arbitrary bytes from the network never panic Parse, and whatever
 // it accepts re-signs to the same bytes.
 func FuzzParse(f *testing.F) {
@@ -121,6 +209,8 @@ func FuzzParse(f *testing.F) {
 	f.Add(Sign(key, Claims{Mode: Write, SegmentID: "s", AllocationID: 1, Expiry: time.UnixMilli(5)}))
 	f.Add(Sign(testKey(2), Claims{Mode: Read, SegmentID: "s", AllocationID: 1, Expiry: time.UnixMilli(5)}))
 	f.Add(Sign(key, Claims{Mode: Write, Tenant: "t", Key: "k", SegmentID: "s", AllocationID: 1, Expiry: time.UnixMilli(5), ReplicaID: 4, Group: "g", HardPin: true}))
+	f.Add(Sign(key, Claims{Mode: Write, Tenant: "t", SegmentID: "s", AllocationID: 1, Expiry: time.UnixMilli(5), ReplicaID: 4, Spare: true}))
+	f.Add(Sign(key, Claims{Mode: Read, Tenant: "t", SegmentID: "s", AllocationID: 1, Expiry: time.UnixMilli(5), Spare: true}))
 	f.Add([]byte{3, 0, 0, 0, 1})
 	f.Add([]byte{1, 2, 3})
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -142,6 +232,8 @@ func FuzzVerifierMatchesVerify(f *testing.F) {
 	f.Add(Sign(keys[1], Claims{Mode: Write, Tenant: "t", Key: "k", SegmentID: "s", AllocationID: 1, Expiry: time.UnixMilli(5)}), "s", uint64(1), "", int64(4))
 	f.Add(Sign(keys[1], Claims{Mode: Write, Tenant: "t", Key: "k", SegmentID: "s", AllocationID: 1, Expiry: time.UnixMilli(5),
 		ReplicaID: 7, Group: "g", HardPin: true}), "s", uint64(1), "t", int64(4))
+	f.Add(Sign(keys[0], Claims{Mode: Write, Tenant: "t", SegmentID: "s", AllocationID: 1, Expiry: time.UnixMilli(5), ReplicaID: 7, Spare: true}), "s", uint64(1), "t", int64(4))
+	f.Add(Sign(keys[0], Claims{Mode: Write, Tenant: "t", Key: "k", SegmentID: "s", AllocationID: 1, Expiry: time.UnixMilli(5), Spare: true}), "s", uint64(1), "t", int64(4))
 	f.Add([]byte{1, 2, 3}, "", uint64(0), "", int64(0))
 	v := NewVerifier(keys...)
 	f.Fuzz(func(t *testing.T, b []byte, seg string, alloc uint64, tenant string, nowMs int64) {
@@ -154,7 +246,7 @@ func FuzzVerifierMatchesVerify(f *testing.F) {
 				t.Fatalf("Verifier.Verify: got %v, Verify: %v", got, want)
 			}
 			if !bytes.Equal(gotObj.Tenant, wantObj.Tenant) || !bytes.Equal(gotObj.Key, wantObj.Key) || !bytes.Equal(gotObj.Group, wantObj.Group) ||
-				gotObj.ReplicaID != wantObj.ReplicaID || gotObj.HardPin != wantObj.HardPin {
+				gotObj.ReplicaID != wantObj.ReplicaID || gotObj.HardPin != wantObj.HardPin || gotObj.Spare != wantObj.Spare {
 				t.Fatalf("Verifier.Verify object: got %+v, Verify: %+v", gotObj, wantObj)
 			}
 		}
