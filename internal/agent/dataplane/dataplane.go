@@ -9,6 +9,13 @@
 // write records the token's tenant, key, replica id, group and hard pin
 // before any byte lands, and later tokens must name the same object.
 //
+// A spare (a blank the master leased to a client ahead of its puts) has a
+// write token with the spare flag, which names the tenant and replica id
+// but no key: only the bulk transfer listener writes one, binding it to
+// the token's tenant and the key its item names (TransferItem.key), and it
+// seals the write with a seal receipt bound to that object (version 2).
+// The other write paths carry no key and refuse a spare's token.
+//
 // The hot path copies as little as it can: a Write copies each received
 // message's data straight into the segment (memory: the mapping; disk:
 // pwrite), a Read of a memory segment sends slices of the mapping itself (the
@@ -30,6 +37,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
+	"unsafe"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
@@ -48,6 +57,9 @@ const (
 	MaxChunkSize = 64 << 20
 	// MaxBatchReadBytes bounds the data of one BatchRead response.
 	MaxBatchReadBytes = 192 << 20
+	// MaxSpareKeyLen bounds the key a spare's write names
+	// (TransferItem.key), in bytes.
+	MaxSpareKeyLen = 1024
 )
 
 // Config tunes the data plane.
@@ -212,13 +224,53 @@ func (s *Server) open(segID string, allocID uint64, tok []byte, mode token.Mode,
 // openWriteTo checks the write token at now and opens the allocation for
 // writing into h (segment.OpenWriteAs) as the object and replica the token
 // names: a blank reservation is bound to them as it opens, before any byte
-// lands; any other allocation must hold the token's object.
+// lands; any other allocation must hold the token's object. A spare's
+// token is refused (INVALID_TOKEN): its object's key is named by a bulk
+// transfer item (openItemWrite), and these callers have none.
 func (s *Server) openWriteTo(h *segment.Handle, segID string, allocID uint64, tok []byte, now time.Time, callerTenant string) error {
 	seg, obj, err := s.check(segID, allocID, tok, token.Write, now, callerTenant)
 	if err != nil {
 		return err
 	}
+	if obj.Spare {
+		return errToken("the token of allocation %d is a spare's: a spare is written over the bulk transfer listener, which names the key", allocID)
+	}
 	return seg.OpenWriteAs(h, allocID, segment.Identity{Tenant: obj.Tenant, Key: obj.Key, Group: obj.Group, ReplicaID: obj.ReplicaID, HardPin: obj.HardPin}, now)
+}
+
+// openItemWrite is openWriteTo for a bulk transfer WRITE item, which may
+// write a spare: with a spare's token the item must name its object's key
+// (non-empty, at most MaxSpareKeyLen bytes of UTF-8) and carry
+// seal_checksum (a spare's write is sealed on write, its receipt bound to
+// the object), and the allocation is opened as the token's tenant, the
+// item's key and the token's replica id (no group, no hard pin). Any other
+// token's item must name no key. Both refusals are INVALID_PARAMS.
+func (s *Server) openItemWrite(h *segment.Handle, it *agentv1.TransferItem, now time.Time, callerTenant string) error {
+	allocID := it.GetAllocationId()
+	seg, obj, err := s.check(it.GetSegmentId(), allocID, it.GetToken(), token.Write, now, callerTenant)
+	if err != nil {
+		return err
+	}
+	key := it.GetKey()
+	if !obj.Spare {
+		if key != "" {
+			return errInvalid("item of allocation %d names a key, but its token is not a spare's: key is only for a spare's write", allocID)
+		}
+		return seg.OpenWriteAs(h, allocID, segment.Identity{Tenant: obj.Tenant, Key: obj.Key, Group: obj.Group, ReplicaID: obj.ReplicaID, HardPin: obj.HardPin}, now)
+	}
+	switch {
+	case key == "":
+		return errInvalid("the token of allocation %d is a spare's: its item must name the object's key", allocID)
+	case len(key) > MaxSpareKeyLen:
+		return errInvalid("item of spare allocation %d names a key of %d bytes: at most %d", allocID, len(key), MaxSpareKeyLen)
+	case !utf8.ValidString(key):
+		return errInvalid("item of spare allocation %d names a key that is not valid UTF-8", allocID)
+	case it.SealChecksum == nil:
+		return errInvalid("spare allocation %d is sealed on write: its item must carry seal_checksum", allocID)
+	}
+	// A view of the key (which points into the request header): the
+	// segment compares it, or copies it when it binds the spare.
+	return seg.OpenWriteAs(h, allocID, segment.Identity{Tenant: obj.Tenant, Key: unsafe.Slice(unsafe.StringData(key), len(key)), ReplicaID: obj.ReplicaID}, now)
 }
 
 // checkObject refuses a read token for another object than the one the

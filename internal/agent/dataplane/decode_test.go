@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"strconv"
+	"strings"
 	"testing"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
@@ -72,6 +73,18 @@ func transferSeeds(t testing.TB) [][]byte {
 	bad := m(&agentv1.TransferRequest{Items: []*agentv1.TransferItem{{SegmentId: "ab"}}})
 	bad[len(bad)-1] = 0xfe
 	seeds = append(seeds, bad, protowire.AppendVarint(protowire.AppendTag(nil, 1, protowire.VarintType), 1<<63|1<<31))
+	// Spares' items naming a key (field 7): ordinary, long, not UTF-8, and
+	// repeated in one item (the last wins).
+	keyed := transferMsg(2)
+	keyed.Items[0].Key, keyed.Items[0].SealChecksum = "obj/1", proto.Uint64(7)
+	keyed.Items[1].Key = strings.Repeat("k", 2000)
+	seeds = append(seeds, m(keyed))
+	badKey := m(&agentv1.TransferRequest{Items: []*agentv1.TransferItem{{Key: "ab"}}})
+	badKey[len(badKey)-1] = 0xff
+	seeds = append(seeds, badKey)
+	twice := protowire.AppendString(protowire.AppendTag(nil, 7, protowire.BytesType), "first")
+	twice = protowire.AppendString(protowire.AppendTag(twice, 7, protowire.BytesType), "second")
+	seeds = append(seeds, protowire.AppendBytes(protowire.AppendTag(nil, 2, protowire.BytesType), twice))
 	return seeds
 }
 

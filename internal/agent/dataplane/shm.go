@@ -502,6 +502,9 @@ func (t *shmServer) open(it *agentv1.TransferItem, write bool) (*segment.Handle,
 	length := it.GetLength()
 	var err error
 	if write {
+		if it.GetKey() != "" {
+			return nil, 0, 0, errInvalid("item of allocation %d names a key: key is only for a spare's write, over the bulk transfer listener", it.GetAllocationId())
+		}
 		h = new(segment.Handle)
 		if err = t.s.openWriteTo(h, it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), t.s.now(), ""); err != nil {
 			return nil, 0, 0, err

@@ -51,7 +51,7 @@ func (t *transferServer) write(c *transferConn, items []*agentv1.TransferItem) e
 	now, tenant := s.now(), c.callerTenant()
 	for i, it := range items {
 		h := &slab[i]
-		err := s.openWriteTo(h, it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), now, tenant)
+		err := s.openItemWrite(h, it, now, tenant)
 		if err == nil {
 			if err = h.CheckBounds(it.GetOffset(), it.GetLength()); err == nil && it.SealChecksum != nil {
 				err = checkSealOnWrite(h, it)
@@ -377,6 +377,9 @@ type sealWrite struct {
 	size     uint64
 	epoch    uint64
 	checksum uint64
+	// tenant and key: a spare's object, which its receipt binds (version
+	// 2); empty for any other write (version 1).
+	tenant, key string
 	// hashed: sum is the checksum of the bytes as received; early is
 	// what SealReceived made of it (segment.ErrSealLater: seal as usual).
 	hashed bool
@@ -398,6 +401,11 @@ func (c *transferConn) sealsToDo(items []*agentv1.TransferItem, hs handles, errs
 			out = c.seals[:0]
 		}
 		sw := sealWrite{i: i, seg: h.Segment(), id: h.ID(), size: h.Size(), epoch: h.Epoch(), checksum: it.GetSealChecksum(), early: segment.ErrSealLater}
+		if it.GetKey() != "" {
+			// Only a spare's item that opened names a key (openItemWrite):
+			// its receipt binds the object the allocation now holds.
+			sw.tenant, sw.key = h.Object()
+		}
 		if sums != nil && sums[i].ok {
 			sw.hashed, sw.sum = true, sums[i].sum
 		}
@@ -417,7 +425,8 @@ func (c *transferConn) sealsToDo(items []*agentv1.TransferItem, hs handles, errs
 // not what the client meant; it revokes the put). Any other failure to seal
 // now (another write of the allocation in progress, a disk sync error, no
 // key yet) leaves the allocation RESERVED and answers no receipt: the
-// master's Seal at PutEnd decides, as it did before receipts.
+// master's Seal at PutEnd decides, as it did before receipts. A spare's
+// receipt (sw.key set) is version 2, bound to its tenant and key.
 func (s *Server) sealOnWrite(sw sealWrite, segID string, now time.Time) ([]byte, error) {
 	rk := s.keys.receipts()
 	err := sw.early
@@ -439,5 +448,6 @@ func (s *Server) sealOnWrite(sw sealWrite, segID string, now time.Time) ([]byte,
 		return nil, nil
 	}
 	s.sealsOnWrite.Inc()
-	return rk.Sign(token.Receipt{SegmentID: segID, AllocationID: sw.id, Size: sw.size, Checksum: sw.checksum, Epoch: sw.epoch}), nil
+	return rk.Sign(token.Receipt{SegmentID: segID, AllocationID: sw.id, Size: sw.size, Checksum: sw.checksum, Epoch: sw.epoch,
+		Tenant: sw.tenant, Key: sw.key}), nil
 }
