@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"math"
 	"sync"
 	"time"
 
@@ -301,6 +302,7 @@ func (s *Store) sweepBlanks(ctx context.Context) {
 		}
 		e.blanks.mu.Unlock()
 	}
+	s.sweepSpares(nowMs, per)
 	s.releaseBlanksAt(ctx, per)
 }
 
@@ -319,6 +321,11 @@ func (s *Store) releaseBlanksOf(ctx context.Context, medium masterv1.Medium) {
 				per[sg.AgentID] = append(per[sg.AgentID], &masterv1.AllocationRef{SegmentId: sg.ID, AllocationId: id})
 			}
 		}
+	}
+	if medium == masterv1.Medium_MEDIUM_MEMORY {
+		// Spares too: a client's commit of one is then PUT_EXPIRED and
+		// its put goes through PutStart.
+		s.sweepSpares(math.MaxInt64, per)
 	}
 	s.releaseBlanksAt(ctx, per)
 }

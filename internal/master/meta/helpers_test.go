@@ -209,10 +209,23 @@ func checkInvariants(t fataler, e *env, f *follower) {
 	if pending != 0 {
 		t.Fatalf("%d replicas still pending between operations", pending)
 	}
-	// The blank reservations are the master's too, and each segment's
-	// blank bytes are what its pools hold.
-	for _, se := range e.s.segs.all() {
-		var bytes int64
+	// The blank reservations are the master's too, pooled or leased as
+	// spares, and each segment's blank bytes are what its pools and
+	// leases hold.
+	leased := map[uint32]int64{}
+	e.s.spares.mu.Lock()
+	for k, l := range e.s.spares.by {
+		ref := metatest.Ref{Segment: e.s.segs.get(k.seg).id, ID: k.alloc}
+		if refs[ref] {
+			e.s.spares.mu.Unlock()
+			t.Fatalf("(c) spare %v is also a replica's allocation", ref)
+		}
+		refs[ref] = true
+		leased[k.seg] += int64(l.size)
+	}
+	e.s.spares.mu.Unlock()
+	for i, se := range e.s.segs.all() {
+		bytes := leased[uint32(i)]
 		se.blanks.mu.Lock()
 		for size, p := range se.blanks.bySize {
 			for _, b := range p.blanks {

@@ -33,6 +33,12 @@ type PutSpec struct {
 	// hole is a segment eviction just made a contiguous hole on for this
 	// put's retry; it is tried first.
 	hole string
+	// spare is the leased blank a put committed by PutEnd goes on
+	// (spare.go): placed there, not reserved, never retried elsewhere.
+	// spareAttached: its replica holds the allocation (a failure from
+	// then on releases it with the replica).
+	spare         *spareRef
+	spareAttached bool
 }
 
 // PutStartResult is one BatchPutStart outcome.
@@ -229,7 +235,7 @@ func (s *Store) BatchPutStart(ctx context.Context, specs []PutSpec) []PutStartRe
 				res[it.i].Replicas = s.writeDescriptors(&wd, &specs[it.i], it)
 				continue
 			}
-			if !it.retry || round == 1 {
+			if !it.retry || round == 1 || specs[it.i].spare != nil {
 				res[it.i].Err = it.err
 				continue
 			}
@@ -305,6 +311,10 @@ func (s *Store) putStartRound(ctx context.Context, specs []PutSpec, items []*put
 		sp := &specs[it.i]
 		for r := range it.reps {
 			rp := &it.reps[r]
+			if sp.spare != nil {
+				rp.allocID, rp.offset = sp.spare.alloc, sp.spare.offset
+				continue
+			}
 			if b, ok := s.takeBlank(rp.v, sp.Size, nowMs); ok {
 				rp.allocID, rp.offset = b.alloc, b.offset
 				continue
@@ -378,10 +388,21 @@ func (s *Store) placeLocked(m *mut, p *placer, sp *PutSpec, it *putItem) {
 	// Place before destroying anything, so a failed upsert keeps the old
 	// object. The old replicas' segments stay eligible (their space is
 	// freed below).
-	vs, perr := p.pick(sp.ReplicaNum, sp.Medium, sp.Size, sp.hole, sp.Preferred, sp.PreferLocalHost, nil)
-	if perr != nil {
-		it.err, it.retry = perr.err, perr.space
-		return
+	var vs []*segView
+	if sp.spare != nil {
+		v := p.spareView(sp.spare)
+		if v == nil {
+			it.err = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE,
+				"the spare's segment %s can no longer take puts", s.segs.get(sp.spare.seg).id)
+			return
+		}
+		vs = []*segView{v}
+	} else {
+		var perr *placeErr
+		if vs, perr = p.pick(sp.ReplicaNum, sp.Medium, sp.Size, sp.hole, sp.Preferred, sp.PreferLocalHost, nil); perr != nil {
+			it.err, it.retry = perr.err, perr.space
+			return
+		}
 	}
 	if o != nil {
 		// Preempt an abandoned put, or replace (upsert) the object: charge
@@ -420,7 +441,12 @@ func (s *Store) placeLocked(m *mut, p *placer, sp *PutSpec, it *putItem) {
 	}
 	m.sh.startPutLocked(o, ps)
 	it.reps = make([]plannedRep, len(vs))
+	sp.spareAttached = sp.spare != nil
 	for i, v := range vs {
+		if sp.spare != nil {
+			it.reps[i] = plannedRep{id: m.createSpare(o, v.idx, sp.spare.rid), v: v}
+			continue
+		}
 		it.reps[i] = plannedRep{id: m.create(o, v.idx, uint8(sp.Medium), true, 0), v: v}
 		if s.overHigh(v) {
 			s.kickEviction()

@@ -17,6 +17,9 @@ type PutEndSpec struct {
 	// (PutEndRequest.seal_receipts): a replica with a valid one was sealed
 	// on write and is committed without a Seal (receipt.go).
 	Receipts [][]byte
+	// Spare, when set, is the leased spare the put wrote into without a
+	// PutStart: this PutEnd starts the put on it first (spare.go).
+	Spare *SpareSpec
 }
 
 // PutEnd ends one put; see BatchPutEnd.
@@ -71,7 +74,16 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 	items := make([]*endItem, 0, len(specs))
 	arena := make([]endItem, len(specs))
 	for i := range specs {
+		if specs[i].Spare != nil {
+			s.startSpares(ctx, specs, res)
+			break
+		}
+	}
+	for i := range specs {
 		sp := &specs[i]
+		if res[i] != nil {
+			continue
+		}
 		if err := ValidateClientID(sp.ClientID); err != nil {
 			res[i] = err
 			continue
@@ -85,7 +97,7 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 		if len(sp.Receipts) > 0 {
 			// A receipt that does not open fails the put (in phase 1,
 			// once the writer is checked), never just this call.
-			arena[i].receipts, arena[i].receiptErr = s.openReceipts(sp.Receipts)
+			arena[i].receipts, arena[i].receiptErr = s.openReceipts(sp.Receipts, sp.Tenant, sp.Key, sp.Spare != nil)
 		}
 		items = append(items, &arena[i])
 	}

@@ -35,8 +35,10 @@ const maxReceipts = 64
 // openedReceipt is one receipt whose MAC verified.
 type openedReceipt struct{ token.Receipt }
 
-// openReceipts verifies the receipts' MACs (outside any lock).
-func (s *Store) openReceipts(raw [][]byte) ([]openedReceipt, error) {
+// openReceipts verifies the receipts' MACs (outside any lock) for the put
+// of tenant's key: a version 2 receipt (a spare's write) is bound to it,
+// and a spare's commit takes no other.
+func (s *Store) openReceipts(raw [][]byte, tenant, key string, spare bool) ([]openedReceipt, error) {
 	if len(raw) > maxReceipts {
 		return nil, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
 			"a PutEnd carries at most %d seal receipts (one per replica), this one %d", maxReceipts, len(raw))
@@ -44,7 +46,7 @@ func (s *Store) openReceipts(raw [][]byte) ([]openedReceipt, error) {
 	rk := s.keys.ReceiptKeys()
 	out := make([]openedReceipt, len(raw))
 	for i, b := range raw {
-		r, err := rk.Open(b)
+		r, err := rk.OpenObject(b, tenant, key)
 		switch {
 		case errors.Is(err, token.ErrMalformed):
 			return nil, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "seal receipt %d is malformed (%d bytes)", i, len(b))
@@ -53,6 +55,10 @@ func (s *Store) openReceipts(raw [][]byte) ([]openedReceipt, error) {
 				"seal receipt %d names key id %d, which this master does not hold (rotated out, or another master's)", i, r.KeyID)
 		case err != nil:
 			return nil, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_TOKEN, "seal receipt %d does not verify: not made by an agent of this master", i)
+		}
+		if spare && r.Key == "" {
+			return nil, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
+				"seal receipt %d is not bound to an object (version 1): a spare's write answers a version 2 receipt", i)
 		}
 		out[i].Receipt = r
 	}

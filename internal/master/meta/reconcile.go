@@ -90,6 +90,9 @@ func (s *Store) BeginReconcile(ctx context.Context, agentID string, segments []c
 		// agent's grace frees their blanks).
 		e.emptyBlanks()
 	}
+	// Its spares' leases end too: the agent lists an unwritten one as a
+	// blank and a written one as sealed, which this reconcile adopts.
+	s.dropSpares(func(seg uint32) bool { _, mine := r.segSet[seg]; return mine })
 	r.owedCheck = r.owedCheck || r.claimed != nil
 	return r
 }

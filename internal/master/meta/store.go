@@ -116,7 +116,9 @@ type Store struct {
 	// blankKick asks blankLoop for a refill; blanksTaken and reservesSent
 	// count the replicas PutStart placed on a blank and those it reserved
 	// at the agent (crescent_master_put_reservations_total).
-	blankKick                 chan struct{}
+	blankKick chan struct{}
+	// spares are the blanks leased to clients (spare.go).
+	spares                    spareLeases
 	blanksTaken, reservesSent atomic.Uint64
 }
 
@@ -209,9 +211,21 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		blanks := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "crescent_master_blank_reservations", Help: "Blank reservations the master holds at agents for coming puts (--blank-pool per segment and object size).",
 		}, func() float64 { n, _ := s.BlankStats(); return float64(n) })
+		spares := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "crescent_master_spares", Help: "Spares (blank reservations leased to clients for puts without a PutStart) held now.",
+		}, func() float64 { n, _, _, _ := s.SpareStats(); return float64(n) })
+		spareOutcome := func(outcome string, pick func(leased, committed, lapsed uint64) uint64) prometheus.Collector {
+			return prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "crescent_master_spares_total", ConstLabels: prometheus.Labels{"outcome": outcome},
+				Help: "Spares by outcome: outcome=leased (leased to a client), committed (a put written into one and committed by its PutEnd), lapsed (expired, or dropped when the segment's agent registered or on Promote).",
+			}, func() float64 { _, l, c, x := s.SpareStats(); return float64(pick(l, c, x)) })
+		}
 		for _, c := range append([]prometheus.Collector{s.evicted, s.offloaded, s.offloadedBytes, s.changes, s.reserved, s.expired,
 			seals("receipt", &s.sealsByReceipt), seals("seal", &s.sealsBySeal), objects, bytes, rev,
-			reservations("blank", &s.blanksTaken), reservations("reserve", &s.reservesSent), blanks}, s.promo.collectors()...) {
+			reservations("blank", &s.blanksTaken), reservations("reserve", &s.reservesSent), blanks, spares,
+			spareOutcome("leased", func(l, _, _ uint64) uint64 { return l }),
+			spareOutcome("committed", func(_, c, _ uint64) uint64 { return c }),
+			spareOutcome("lapsed", func(_, _, x uint64) uint64 { return x })}, s.promo.collectors()...) {
 			if err := deps.Metrics.Register(c); err != nil {
 				return nil, fmt.Errorf("meta: register metrics: %w", err)
 			}

@@ -118,16 +118,51 @@ func (s *Service) PutStart(ctx context.Context, r *masterv1.PutStartRequest) (*m
 	if err != nil {
 		return nil, rpcerr.Status(err)
 	}
-	return &masterv1.PutStartResponse{Replicas: reps}, nil
+	return &masterv1.PutStartResponse{Replicas: reps, Spares: s.leaseSpares(r.GetClientId(), r.GetTenant(), r.GetSize(), r.GetSpares())}, nil
+}
+
+// leaseSpares answers a request's spares (meta.LeaseSpares); nil when it
+// asked for none.
+func (s *Service) leaseSpares(client, tenant string, size uint64, n uint32) []*masterv1.ReplicaDescriptor {
+	if n == 0 {
+		return nil
+	}
+	return s.store.LeaseSpares(client, tenant, size, int(min(n, 16)))
+}
+
+// putEndSpec converts a PutEndRequest; a spare's put parameters are
+// checked as PutStart's.
+func putEndSpec(r *masterv1.PutEndRequest) (meta.PutEndSpec, error) {
+	sp := meta.PutEndSpec{Tenant: r.GetTenant(), Key: r.GetKey(), ClientID: r.GetClientId(), Checksum: r.GetChecksum(), Receipts: r.GetSealReceipts()}
+	if c := r.GetSpare(); c != nil {
+		ps, err := putSpec(&masterv1.PutStartRequest{Tenant: r.GetTenant(), Key: r.GetKey(), Size: c.GetSize(), Config: c.GetConfig(), ClientId: r.GetClientId(), Upsert: c.GetUpsert()})
+		if err != nil {
+			return sp, err
+		}
+		sp.Spare = &meta.SpareSpec{SegmentID: c.GetSegmentId(), AllocationID: c.GetAllocationId(), Put: ps}
+	}
+	return sp, nil
+}
+
+// endSpares answers a spare's commit with the spares it asked for: a
+// put's PutEnd names its size only when it commits a spare.
+func (s *Service) endSpares(r *masterv1.PutEndRequest) []*masterv1.ReplicaDescriptor {
+	if r.GetSpare() == nil {
+		return nil
+	}
+	return s.leaseSpares(r.GetClientId(), r.GetTenant(), r.GetSpare().GetSize(), r.GetSpares())
 }
 
 // PutEnd implements ObjectService.PutEnd.
 func (s *Service) PutEnd(ctx context.Context, r *masterv1.PutEndRequest) (*masterv1.PutEndResponse, error) {
-	err := s.store.PutEnd(ctx, meta.PutEndSpec{Tenant: r.GetTenant(), Key: r.GetKey(), ClientID: r.GetClientId(), Checksum: r.GetChecksum(), Receipts: r.GetSealReceipts()})
+	sp, err := putEndSpec(r)
 	if err != nil {
 		return nil, rpcerr.Status(err)
 	}
-	return &masterv1.PutEndResponse{}, nil
+	if err := s.store.PutEnd(ctx, sp); err != nil {
+		return nil, rpcerr.Status(err)
+	}
+	return &masterv1.PutEndResponse{Spares: s.endSpares(r)}, nil
 }
 
 // PutRevoke implements ObjectService.PutRevoke.
@@ -157,9 +192,12 @@ func (s *Service) BatchPutStart(ctx context.Context, r *masterv1.BatchPutStartRe
 	}
 	results := make([]masterv1.PutStartResult, len(specs))
 	for j, res := range s.store.BatchPutStart(ctx, specs) {
-		r := &results[j]
-		r.Status, r.Replicas = item(res.Err), res.Replicas
-		out[idx[j]] = r
+		o := &results[j]
+		o.Status, o.Replicas = item(res.Err), res.Replicas
+		if req := r.GetItems()[idx[j]]; res.Err == nil {
+			o.Spares = s.leaseSpares(req.GetClientId(), req.GetTenant(), req.GetSize(), req.GetSpares())
+		}
+		out[idx[j]] = o
 	}
 	return &masterv1.BatchPutStartResponse{Results: out}, nil
 }
@@ -169,11 +207,35 @@ func (s *Service) BatchPutEnd(ctx context.Context, r *masterv1.BatchPutEndReques
 	if err := s.checkBatch(len(r.GetItems())); err != nil {
 		return nil, err
 	}
-	specs := make([]meta.PutEndSpec, len(r.GetItems()))
+	specs := make([]meta.PutEndSpec, 0, len(r.GetItems()))
+	idx := make([]int, 0, len(r.GetItems()))
+	errs := make([]error, len(r.GetItems()))
 	for i, it := range r.GetItems() {
-		specs[i] = meta.PutEndSpec{Tenant: it.GetTenant(), Key: it.GetKey(), ClientID: it.GetClientId(), Checksum: it.GetChecksum(), Receipts: it.GetSealReceipts()}
+		sp, err := putEndSpec(it)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		specs = append(specs, sp)
+		idx = append(idx, i)
 	}
-	return &masterv1.BatchPutEndResponse{Results: items(s.store.BatchPutEnd(ctx, specs))}, nil
+	for j, err := range s.store.BatchPutEnd(ctx, specs) {
+		errs[idx[j]] = err
+	}
+	resp := &masterv1.BatchPutEndResponse{Results: items(errs)}
+	for i, it := range r.GetItems() {
+		if errs[i] != nil || it.GetSpare() == nil || it.GetSpares() == 0 {
+			continue
+		}
+		if resp.Answers == nil {
+			resp.Answers = make([]*masterv1.PutEndResponse, len(errs))
+			for k := range resp.Answers {
+				resp.Answers[k] = &masterv1.PutEndResponse{}
+			}
+		}
+		resp.Answers[i].Spares = s.endSpares(it)
+	}
+	return resp, nil
 }
 
 // BatchPutRevoke implements ObjectService.BatchPutRevoke.
