@@ -141,6 +141,12 @@ type Config struct {
 	// agents, as before receipts. For A/B measurements and as an escape
 	// hatch; the default (false) saves that round trip.
 	DisableSealOnWrite bool
+	// DisableSpares stops a single-replica Put from leasing spares (blank
+	// reservations the master holds for the client's next puts of a size)
+	// and writing into them without a PutStart (spare.go): every put then
+	// makes its PutStart round trip, as before spares. For A/B
+	// measurements and as an escape hatch.
+	DisableSpares bool
 	// SharedMemorySockets are the Unix sockets of the agents on this host
 	// that share their memory segments (crescent-agent --shm-socket): their
 	// replicas' bytes then move by memcpy through this process's mapping
@@ -248,6 +254,9 @@ func (c *Config) defaults() {
 // shared is what every tenant view of a client shares.
 type shared struct {
 	cfg Config
+
+	// spares are the spares leased to this client (spare.go).
+	spares spareCache
 
 	// masters routes every master call to the leader (masters.go).
 	masters *masters

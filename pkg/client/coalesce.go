@@ -516,7 +516,7 @@ func newCoalescers(s *shared) *coalescers {
 			r, err := objects().BatchPutStart(ctx, &masterv1.BatchPutStartRequest{Items: qs})
 			return perItem(len(qs), r.GetResults(), err, (*masterv1.PutStartResult).GetStatus,
 				func(res *masterv1.PutStartResult) *masterv1.PutStartResponse {
-					return &masterv1.PutStartResponse{Replicas: res.GetReplicas()}
+					return &masterv1.PutStartResponse{Replicas: res.GetReplicas(), Spares: res.GetSpares()}
 				})
 		})
 	// A put started for a caller that gave up is revoked, as the single
@@ -543,8 +543,16 @@ func newCoalescers(s *shared) *coalescers {
 		},
 		func(ctx context.Context, qs []*masterv1.PutEndRequest) ([]*masterv1.PutEndResponse, []error) {
 			r, err := objects().BatchPutEnd(ctx, &masterv1.BatchPutEndRequest{Items: qs})
-			return perItem(len(qs), r.GetResults(), err, func(st *masterv1.ItemStatus) *masterv1.ItemStatus { return st },
+			out, errs := perItem(len(qs), r.GetResults(), err, func(st *masterv1.ItemStatus) *masterv1.ItemStatus { return st },
 				func(*masterv1.ItemStatus) *masterv1.PutEndResponse { return &masterv1.PutEndResponse{} })
+			if a := r.GetAnswers(); len(a) == len(qs) {
+				for i := range out {
+					if out[i] != nil {
+						out[i] = a[i]
+					}
+				}
+			}
+			return out, errs
 		})
 	return cs
 }

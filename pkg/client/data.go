@@ -116,8 +116,23 @@ func (e *leaderChanged) Error() string { return e.err.Error() }
 func (e *leaderChanged) Unwrap() error { return e.err }
 
 func (c *Client) putOnce(ctx context.Context, key string, size int64, src source, objSum *objectSum, o *putOptions) error {
+	var spares uint32
+	if c.spareEligible(key, size, o) {
+		if d := c.s.spares.take(uint64(size), time.Now()); d != nil {
+			err := c.putOnSpare(ctx, key, size, src, objSum, o, d)
+			var gone *errSpareGone
+			if !errors.As(err, &gone) {
+				if err != nil {
+					return fmt.Errorf("put %q: %w", key, err)
+				}
+				return nil
+			}
+			// Nothing committed: put through PutStart.
+		}
+		spares = c.s.spares.want(uint64(size))
+	}
 	start, err := c.putStart(ctx, &masterv1.PutStartRequest{
-		Tenant: c.tenant, Key: key, Size: uint64(size), Config: o.cfg, ClientId: c.s.cfg.ClientID, Upsert: o.upsert,
+		Tenant: c.tenant, Key: key, Size: uint64(size), Config: o.cfg, ClientId: c.s.cfg.ClientID, Upsert: o.upsert, Spares: spares,
 	})
 	if err != nil {
 		if abandoned(err) {
@@ -128,6 +143,7 @@ func (c *Client) putOnce(ctx context.Context, key string, size int64, src source
 		return fmt.Errorf("put %q: %w", key, err)
 	}
 	startedAt, _ := c.s.masters.current() // the master that answered PutStart
+	c.s.spares.keep(start.GetSpares())
 	sum := objSum.get()
 	var done atomic.Int64
 	total := size * int64(len(start.GetReplicas()))
