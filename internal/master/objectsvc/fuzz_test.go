@@ -40,6 +40,16 @@ func FuzzRequests(f *testing.F) {
 			Items: []*masterv1.PutStartRequest{{Key: "a", Size: 1}, {Key: "k", Size: 2, Upsert: true}}}}},
 		&masterv1.CallStreamRequest{RequestId: 7, Call: &masterv1.CallStreamRequest_BatchPutEnd{BatchPutEnd: &masterv1.BatchPutEndRequest{
 			Items: []*masterv1.PutEndRequest{{Key: "k", ClientId: "w"}, {Key: "zz"}}}}},
+		// Spares: asked for beyond the caps, and commits of spares never
+		// leased, of odd sizes and configs.
+		&masterv1.PutStartRequest{Key: "s", Size: 1 << 20, ClientId: "w", Spares: 1 << 31},
+		&masterv1.PutEndRequest{Key: "s", ClientId: "w", Checksum: 7, Spares: 9, SealReceipts: [][]byte{{2, 0, 0, 0, 1}},
+			Spare: &masterv1.SpareCommit{SegmentId: "seg-0-0", AllocationId: 1, Size: 1 << 20}},
+		&masterv1.CallStreamRequest{RequestId: 11, Call: &masterv1.CallStreamRequest_BatchPutEnd{BatchPutEnd: &masterv1.BatchPutEndRequest{
+			Items: []*masterv1.PutEndRequest{
+				{Key: "a", ClientId: "w", Spare: &masterv1.SpareCommit{SegmentId: "nope", Size: 1<<64 - 1, Config: &masterv1.ReplicateConfig{ReplicaNum: 16}}},
+				{Key: "b", ClientId: "w", Spares: 2, Spare: &masterv1.SpareCommit{SegmentId: "seg-0-0", AllocationId: 1 << 63, Upsert: true}},
+			}}}},
 		&masterv1.CallStreamRequest{RequestId: 8, Call: &masterv1.CallStreamRequest_GetReplicaList{GetReplicaList: &masterv1.GetReplicaListRequest{Key: "k"}}},
 		&masterv1.CallStreamRequest{RequestId: 9, Call: &masterv1.CallStreamRequest_Exist{Exist: &masterv1.ExistRequest{Key: "k"}}},
 		&masterv1.CallStreamRequest{RequestId: 10, Call: &masterv1.CallStreamRequest_BatchExist{BatchExist: &masterv1.BatchExistRequest{
