@@ -18,7 +18,8 @@ import (
 // with their key, committed by one PutEnd, no PutStart — and each
 // allocation then holds the object and replica id the master records,
 // sealed, with its bytes; a client with spares off puts as before; a master
-// rebuilt from the agents holds every object.
+// rebuilt from the agents holds every object; and a client's spares from
+// the old master fall back to PutStart.
 func TestPutsOnSpares(t *testing.T) {
 	const size = 64 << 10 // 8 blanks per 32 MiB segment
 	c := testcluster.Start(t, testcluster.Options{})
@@ -96,6 +97,16 @@ func TestPutsOnSpares(t *testing.T) {
 	c.RestartMaster()
 	testutil.Eventually(t, 30*time.Second, func() bool { o, _, _ := c.Master().Store.Stats(); return o == uint64(len(keys)) },
 		"the new master to rebuild the %d objects", len(keys))
+	// The first client still holds spares the old master leased: its puts
+	// write into them, the new master knows no such lease (PUT_EXPIRED),
+	// and they go through PutStart.
+	st = c.Master().Store
+	for i := range 4 {
+		put(cl, fmt.Sprintf("after/%d", i))
+	}
+	if _, _, n, _ := st.SpareStats(); n == 0 {
+		t.Fatal("after the restart no put committed a spare of the new master's")
+	}
 	cl = c.Client(t)
 	for _, key := range keys {
 		want := data(key)
