@@ -41,7 +41,10 @@ func readerSource(r io.ReaderAt) source {
 }
 
 // Put stores data under key. It returns after PutEnd: the object is then
-// readable on every replica. On any failure the put is revoked.
+// readable on every replica. On any failure the put is revoked. A Put whose
+// context ends while its PutEnd is in flight may still store the object
+// (the master may have committed it); a put on a spare (spare.go) exists at
+// the master only from that commit.
 func (c *Client) Put(ctx context.Context, key string, data []byte, opts ...PutOption) error {
 	return c.put(ctx, key, int64(len(data)), sliceSource(data), sumAside(data), newPutOptions(c, opts))
 }

@@ -221,8 +221,8 @@ func benchCmd(e *env) *cobra.Command {
 }
 
 // runBench runs op from conc workers until d passes and aggregates latency.
-func runBench(ctx context.Context, mode string, conc int, d time.Duration, op func(context.Context, int) (int, error), bar *progress) benchResult {
-	ctx, cancel := context.WithTimeout(ctx, d)
+func runBench(parent context.Context, mode string, conc int, d time.Duration, op func(context.Context, int) (int, error), bar *progress) benchResult {
+	ctx, cancel := context.WithTimeout(parent, d)
 	defer cancel()
 	var (
 		mu       sync.Mutex
@@ -246,7 +246,13 @@ func runBench(ctx context.Context, mode string, conc int, d time.Duration, op fu
 			var local []time.Duration
 			for i := w; !over(); i += conc {
 				t0 := time.Now()
-				n, err := op(ctx, i)
+				// An op in flight at the deadline runs to its end (only
+				// the caller's own cancel stops it), so that none is left
+				// half done behind the run: a put abandoned between its
+				// write and its commit could be committed after the
+				// clean-up removed the run's objects (a put on a spare
+				// exists at the master only from its commit).
+				n, err := op(parent, i)
 				if over() {
 					break
 				}
