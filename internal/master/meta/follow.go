@@ -34,7 +34,7 @@ func (s *Store) Promote(id cluster.Identity) {
 	for _, e := range s.segs.all() {
 		e.emptyBlanks()
 	}
-	s.dropSpares(func(uint32) bool { return true })
+	s.dropSpares(func(allocKey) bool { return true })
 	s.log.Reset(id.Epoch)
 	s.following.Store(false)
 }

@@ -47,6 +47,9 @@ type allocKey struct {
 //     segment's capacity, which would wrap the int64 accounting).
 //   - Unclaimed RESERVED allocations, blanks included, are left to the
 //     agent's grace.
+//   - Spares leased on the agent's segments (spare.go), written or not,
+//     are left to their clients' commits: never adopted nor claimed. The
+//     leases of those the table does not list end (the agent restarted).
 //
 // Adopted objects are charged to their tenant without a quota check (the
 // bytes exist). Changes are recorded through the mutation path.
@@ -90,9 +93,10 @@ func (s *Store) BeginReconcile(ctx context.Context, agentID string, segments []c
 		// agent's grace frees their blanks).
 		e.emptyBlanks()
 	}
-	// Its spares' leases end too: the agent lists an unwritten one as a
-	// blank and a written one as sealed, which this reconcile adopts.
-	s.dropSpares(func(seg uint32) bool { _, mine := r.segSet[seg]; return mine })
+	// Spares leased on its segments are left to their clients' commits
+	// when the table lists them (neither adopted nor claimed); Finish ends
+	// the leases of the others (the agent restarted: they are gone).
+	r.leased = s.sparesOn(r.segSet)
 	r.owedCheck = r.owedCheck || r.claimed != nil
 	return r
 }
@@ -123,6 +127,11 @@ type reconcileRun struct {
 	// skipHeld leaves an allocation that is already a replica as it is
 	// (FollowDelta: a delta may repeat what the followed table showed).
 	skipHeld bool
+	// leased are the spares leased on the agent's segments when the run
+	// began (nil: none), and listed those the table showed: a written
+	// spare is sealed and names its object, yet its client's commit, not
+	// this run, makes it a replica.
+	leased, listed map[allocKey]bool
 
 	allocs, removed, adopted, returned int
 
@@ -196,6 +205,13 @@ func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation,
 		if r.owedCheck && s.takeOwed(k) {
 			// Removed here while the agent was unreachable: release, never adopt.
 			ref(k.seg, k.alloc)
+			continue
+		}
+		if r.leased[k] {
+			if r.listed == nil {
+				r.listed = map[allocKey]bool{}
+			}
+			r.listed[k] = true
 			continue
 		}
 		if a.GetBlank() {
@@ -402,6 +418,9 @@ func (r *reconcileRun) Finish(ctx context.Context) []*masterv1.AllocationRef {
 			r.deferred = nil
 			out = r.apply(ctx, d, false)
 		}
+	}
+	if len(r.leased) > 0 {
+		s.dropSpares(func(k allocKey) bool { return r.leased[k] && !r.listed[k] })
 	}
 	s.lg.Info("reconciled agent allocations", "agent_id", r.agentID, "segments", r.segs,
 		"allocations", r.allocs, "replicas_removed", r.removed, "replicas_adopted", r.adopted, "returned", r.returned)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/token"
 )
@@ -30,9 +31,14 @@ import (
 //   - A lease is this master's soft state, held by one client id and
 //     tenant, for one size. It ends when the spare is committed, when it
 //     expires (the token's expiry, at most the blank's BlankMaxAge, then
-//     released by the blank sweep), when the segment's agent registers, and
-//     on Promote. A commit of a lease that ended is PUT_EXPIRED and touches
-//     nothing: the client puts again through PutStart.
+//     released by the blank sweep), when the segment's agent registers with
+//     a table that does not list it (the agent restarted), and on Promote.
+//     A registration whose table lists it keeps it: reconcile neither
+//     adopts nor claims a leased spare, written or not, so its client's
+//     commit still places it (while the agent registers, its segments take
+//     no put: a commit then is SEGMENT_UNAVAILABLE and releases it). A
+//     commit of a lease that ended is PUT_EXPIRED and touches nothing: the
+//     client puts again through PutStart.
 //   - Whatever a commit refuses after it took the lease (the key exists,
 //     quota, a receipt that does not hold) releases the allocation.
 //   - A spare's bytes count as the segment's blanks (blankBytes) until the
@@ -223,20 +229,39 @@ func (s *Store) sweepSpares(nowMs int64, per map[string][]*masterv1.AllocationRe
 	}
 }
 
-// dropSpares forgets the leases on the segments drop selects, releasing
-// nothing: an agent that registers again lists an unwritten spare as a
-// blank (its grace frees it) and a written one as a sealed allocation
-// (reconcile adopts it); a promoted store holds no lease of another term.
-func (s *Store) dropSpares(drop func(seg uint32) bool) {
+// dropSpares forgets the leases drop selects, releasing nothing: those of
+// a registering agent whose table did not list them (it restarted: they
+// are gone), and on Promote all (a promoted store holds no lease of
+// another term; the agents' grace frees the unwritten ones, and a written
+// one is adopted when its agent next registers).
+func (s *Store) dropSpares(drop func(k allocKey) bool) {
 	sl := &s.spares
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
 	for k, l := range sl.by {
-		if drop(k.seg) {
+		if drop(k) {
 			s.endLeaseLocked(k, l)
 			sl.lapsed++
 		}
 	}
+}
+
+// sparesOn returns the spares leased on segs' segments; nil when none (a
+// registration's reconcile then checks nothing per allocation).
+func (s *Store) sparesOn(segs map[uint32]cluster.Segment) map[allocKey]bool {
+	sl := &s.spares
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	var out map[allocKey]bool
+	for k := range sl.by {
+		if _, mine := segs[k.seg]; mine {
+			if out == nil {
+				out = map[allocKey]bool{}
+			}
+			out[k] = true
+		}
+	}
+	return out
 }
 
 // SpareStats reports the leases held and the counts of leases made,

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"github.com/crescent-kv/crescent/internal/master/meta/metatest"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/token"
@@ -208,20 +209,66 @@ func TestSpareLeaseLimits(t *testing.T) {
 	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
 }
 
-// TestSpareDroppedOnRegistration: an agent's registration ends the leases
-// on its segments (a commit is then PUT_EXPIRED), and so does Promote.
-func TestSpareDroppedOnRegistration(t *testing.T) {
+// TestSpareAcrossRegistration: an agent's registration keeps the leases
+// its table lists — a written, sealed spare is not adopted, and its
+// client's commit still places it — and ends those it does not (the agent
+// restarted: a commit is then PUT_EXPIRED).
+func TestSpareAcrossRegistration(t *testing.T) {
 	e := newBlankEnv(t)
 	ctx := context.Background()
-	d := e.leaseOne(t)
-	rc := e.writeSpare(t, d, "k")
-	seg := e.c.Reg.Segments()[0]
-	rec := e.s.BeginReconcile(ctx, seg.AgentID, e.c.Reg.Segments(), 0)
-	defer rec.Finish(ctx)
-	if held, _, _, lapsed := e.s.SpareStats(); held != 0 || lapsed != 1 {
-		t.Fatalf("after a registration: %d leases held, %d lapsed; want 0, 1", held, lapsed)
+	f := &follower{set: map[rkey]bool{}}
+	e.warmBlanks(t, blankTestSize)
+	ds := e.s.LeaseSpares("w", "t", blankTestSize, 2)
+	if len(ds) != 2 {
+		t.Fatalf("LeaseSpares: %d spares, want 2", len(ds))
 	}
-	if err := e.s.PutEnd(ctx, commitSpec(d, "k", rc)); rpcerr.Reason(err) != "PUT_EXPIRED" {
-		t.Fatalf("commit after the registration = %v, want PUT_EXPIRED", err)
+	written, unwritten := ds[0], ds[1]
+	rc := e.writeSpare(t, written, "k")
+	// The agent sealed it on write.
+	if st, err := e.c.Agents.Seal(ctx, "agent-0", []*masterv1.SealItem{{SegmentId: written.GetSegmentId(),
+		AllocationId: written.GetAllocationId(), Checksum: spareSum}}); err != nil || st[0].GetCode() != 0 {
+		t.Fatalf("seal the written spare at the fake agent: %v %v", st, err)
+	}
+	sg, _ := e.c.Reg.Segment("seg-0-0")
+	table := e.c.Agents.Table("agent-0")
+	e.s.Reconcile(ctx, "agent-0", []cluster.Segment{sg}, table)
+	if held, _, _, lapsed := e.s.SpareStats(); held != 2 || lapsed != 0 {
+		t.Fatalf("after a registration that listed both: %d leases held, %d lapsed; want 2, 0", held, lapsed)
+	}
+	if readableSet(e.s)[rkey{"t", "k", masterv1.Medium_MEDIUM_MEMORY}] {
+		t.Fatal("the registration adopted a leased spare as an object")
+	}
+	if err := e.s.PutEnd(ctx, commitSpec(written, "k", rc)); err != nil {
+		t.Fatalf("commit after the registration: %v", err)
+	}
+	if rl, err := e.s.Get(ctx, GetSpec{Tenant: "t", Key: "k"}); err != nil || len(rl.GetReplicas()) != 1 ||
+		rl.GetReplicas()[0].GetAllocationId() != written.GetAllocationId() {
+		t.Fatalf("after the commit: %v, %v; want one replica on the spare's allocation %d", rl, err, written.GetAllocationId())
+	}
+
+	// The agent restarted: its table lacks the unwritten spare.
+	var rest []*masterv1.Allocation
+	for _, a := range e.c.Agents.Table("agent-0") {
+		if a.GetAllocationId() != unwritten.GetAllocationId() {
+			rest = append(rest, a)
+		}
+	}
+	e.s.Reconcile(ctx, "agent-0", []cluster.Segment{sg}, rest)
+	if held, _, _, lapsed := e.s.SpareStats(); held != 0 || lapsed != 1 {
+		t.Fatalf("after a registration without it: %d leases held, %d lapsed; want 0, 1", held, lapsed)
+	}
+	rc2 := e.writeSpare(t, unwritten, "k2")
+	if err := e.s.PutEnd(ctx, commitSpec(unwritten, "k2", rc2)); rpcerr.Reason(err) != "PUT_EXPIRED" {
+		t.Fatalf("commit of a spare its agent no longer listed = %v, want PUT_EXPIRED", err)
+	}
+	// (The fake agent still holds it and the pools' blanks the
+	// registrations forgot; a restarted one would not, so the invariants'
+	// allocation check does not apply here.)
+	f.catchUp(t, e.s.log)
+	if got := completeOn(e.s, written.GetSegmentId()); got != 3 {
+		t.Fatalf("%d COMPLETE replicas on the segment, want 3 (two warm-up puts and the spare)", got)
+	}
+	if !f.set[rkey{"t", "k", masterv1.Medium_MEDIUM_MEMORY}] {
+		t.Fatal("the committed spare is not recorded as stored")
 	}
 }
