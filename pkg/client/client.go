@@ -145,7 +145,9 @@ type Config struct {
 	// reservations the master holds for the client's next puts of a size)
 	// and writing into them without a PutStart (spare.go): every put then
 	// makes its PutStart round trip, as before spares. For A/B
-	// measurements and as an escape hatch.
+	// measurements and as an escape hatch. A client with
+	// SharedMemorySockets leases none either (its puts keep the
+	// shared-memory path).
 	DisableSpares bool
 	// SharedMemorySockets are the Unix sockets of the agents on this host
 	// that share their memory segments (crescent-agent --shm-socket): their

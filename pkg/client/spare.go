@@ -92,10 +92,14 @@ func (sc *spareCache) keep(ds []*masterv1.ReplicaDescriptor) {
 
 // spareEligible says whether a put of size bytes with o may use spares:
 // one memory replica without group, hard pin or placement preferences,
-// sealed on write over the bulk path in one request.
+// sealed on write over the bulk path in one request. A client given
+// shared-memory sockets keeps PutStart and the shared-memory path: a spare
+// is written over TCP (the socket names no key), which for 1 MiB puts on
+// one host measured no faster than the memcpy (BENCHMARKS, "Spares").
 func (c *Client) spareEligible(key string, size int64, o *putOptions) bool {
 	cfg := o.cfg
 	return !c.s.cfg.DisableSpares && !c.s.cfg.DisableSealOnWrite && c.s.xfer != nil && len(key) <= maxSpareKey &&
+		len(c.s.cfg.SharedMemorySockets) == 0 &&
 		size > 0 && size <= xferChunk &&
 		cfg.GetReplicaNum() <= 1 && cfg.GetGroupId() == "" && !cfg.GetHardPin() &&
 		len(cfg.GetPreferredSegments()) == 0 && cfg.GetPreferLocalHost() == "" &&
