@@ -97,6 +97,13 @@ type blankPools struct {
 // slot for its size (roomLocked), and a pool that puts came to twice and
 // that is at or below half its depth asks for a refill.
 func (s *Store) takeBlank(v *segView, size uint64, nowMs int64) (b blank, ok bool) {
+	return s.takeBlankAs(v, size, nowMs, false)
+}
+
+// takeBlankAs is takeBlank; a lease (LeaseSpares) takes only from a pool
+// that exists and is not a put's use of the size: a size still gets blanks
+// only from its second put on the segment.
+func (s *Store) takeBlankAs(v *segView, size uint64, nowMs int64, lease bool) (b blank, ok bool) {
 	depth := s.blankDepth(v.seg.Capacity, size)
 	if depth == 0 || s.following.Load() {
 		return blank{}, false
@@ -104,6 +111,10 @@ func (s *Store) takeBlank(v *segView, size uint64, nowMs int64) (b blank, ok boo
 	ps := &v.e.blanks
 	ps.mu.Lock()
 	p := ps.bySize[size]
+	if p == nil && lease {
+		ps.mu.Unlock()
+		return blank{}, false
+	}
 	if p == nil {
 		if !ps.roomLocked() {
 			ps.mu.Unlock()
@@ -113,7 +124,9 @@ func (s *Store) takeBlank(v *segView, size uint64, nowMs int64) (b blank, ok boo
 		ps.bySize[size] = p
 	}
 	p.usedMs = nowMs
-	p.uses = min(p.uses+1, 2)
+	if !lease {
+		p.uses = min(p.uses+1, 2)
+	}
 	oldest := nowMs - s.cfg.BlankMaxAge.Milliseconds()
 	// Blanks are in the order their refills were sent, so the head is
 	// the oldest: take it when fresh, else the tail when that is.

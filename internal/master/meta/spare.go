@@ -131,7 +131,7 @@ func (s *Store) LeaseSpares(client, tenant string, size uint64, n int) []*master
 			break
 		}
 		v := vs[0]
-		b, ok := s.takeBlank(v, size, nowMs)
+		b, ok := s.takeBlankAs(v, size, nowMs, true)
 		if !ok {
 			break
 		}

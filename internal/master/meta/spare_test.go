@@ -206,6 +206,17 @@ func TestSpareLeaseLimits(t *testing.T) {
 	if got := len(e.s.LeaseSpares("", "t", blankTestSize, 2)); got != 0 {
 		t.Fatalf("no client id: %d spares", got)
 	}
+	// A lease is not a put's use of a size: one put of a size and a
+	// lease of it leave the size unpooled (pools start at the second put).
+	n0, _ := e.s.BlankStats()
+	e.put(t, PutSpec{Key: "once", Size: 4096})
+	if got := len(e.s.LeaseSpares("w3", "t", 4096, 2)); got != 0 {
+		t.Fatalf("a size put once: %d spares", got)
+	}
+	e.s.refillBlanks(context.Background())
+	if n, _ := e.s.BlankStats(); n != n0 {
+		t.Fatalf("a size put once and leased: blanks %d -> %d, want it unpooled", n0, n)
+	}
 	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
 }
 
