@@ -345,6 +345,67 @@ func TestCoalesceGet(t *testing.T) {
 	})
 }
 
+// TestCoalesceLargeGetReadsAlone: a lone Get of a large object frees the
+// coalescer once its lookup returns, so other Gets are not queued behind
+// its read (issue 18, item 2: 1 MiB Gets from 4 goroutines took turns).
+func TestCoalesceLargeGetReadsAlone(t *testing.T) {
+	h := start(t, testcluster.Options{})
+	gate, held := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
+	// Holds the first streamed agent Read (the large object's) until
+	// released.
+	hold := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		if strings.HasSuffix(method, "/Read") {
+			select {
+			case <-held:
+			default:
+				close(held)
+				<-gate
+			}
+		}
+		return streamer(ctx, desc, cc, method, opts...)
+	}
+	c := h.client(t, client.Config{
+		DisableTransfer: true, SmallObject: 8 << 10,
+		DialOptions: []grpc.DialOption{grpc.WithChainStreamInterceptor(hold)},
+	})
+	ctx := t.Context()
+	big, small := make([]byte, 40<<10), []byte("small")
+	for i := range big {
+		big[i] = byte(i)
+	}
+	for k, v := range map[string][]byte{"lg-big": big, "lg-small": small} {
+		if err := c.Put(ctx, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := make(chan error, 1)
+	go func() {
+		b, err := c.Get(ctx, "lg-big")
+		if err == nil && string(b) != string(big) {
+			err = fmt.Errorf("got %d bytes, not the object", len(b))
+		}
+		first <- err
+	}()
+	select {
+	case <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the large Get never read")
+	}
+	// The large Get's read is held: another Get must not wait for it.
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if b, err := c.Get(sctx, "lg-small"); err != nil || string(b) != "small" {
+		t.Fatalf("a Get while a large Get reads: %q, %v", b, err)
+	}
+	release()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestCoalescePut: puts made while one is in flight share BatchPutStart
 // and BatchPutEnd; a put of an existing key fails alone with
 // OBJECT_ALREADY_EXISTS; every other put is readable.
