@@ -19,6 +19,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -87,27 +88,57 @@ func binDir(t testing.TB) string {
 // freeAddr returns a loopback address with a free port.
 //
 // The port is free when it is picked but closed again for the process to
-// bind, so the kernel may hand it out again before then: freeAddr never
-// returns one it returned before in this test binary (a gateway once got
-// the same port for --pub and --grpc-addr and failed to start).
+// bind, so something else could take it before then. freeAddr picks ports
+// below the kernel's ephemeral range (net.ipv4.ip_local_port_range), which
+// the kernel never hands out by itself — not to a :0 listener, not as the
+// source port of an outgoing connection — so only another freeAddr could
+// take one, and freeAddr never returns an address it returned before in
+// this test binary (a gateway once got the same port for --pub and
+// --grpc-addr; a restarted master once found its port taken, "bind:
+// address already in use", most likely as a reconnecting client's source
+// port). Where the range leaves too few ports below it, it falls back to
+// ports the kernel picks.
 func freeAddr(t testing.TB) string {
 	t.Helper()
 	handedOut.Lock()
 	defer handedOut.Unlock()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+	lo, hi := 20000, ephemeralLow()
+	for range 200 {
+		addr := "127.0.0.1:0"
+		if hi-lo >= 1000 {
+			addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(lo+rand.IntN(hi-lo)))
 		}
-		addr := l.Addr().String()
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue // in use
+		}
+		addr = l.Addr().String()
 		l.Close()
 		if !handedOut.addrs[addr] {
 			handedOut.addrs[addr] = true
 			return addr
 		}
 	}
-	t.Fatal("freeAddr: no fresh loopback port in 100 tries")
+	t.Fatal("freeAddr: no fresh loopback port in 200 tries")
 	return ""
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range, or 0
+// when it cannot be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0
+	}
+	n, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 0
+	}
+	return n
 }
 
 // handedOut are the addresses freeAddr has returned.
