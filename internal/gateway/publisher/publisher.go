@@ -729,15 +729,17 @@ func (p *Publisher) heartbeat(pub *pubSocket) {
 }
 
 // send frames the payload at buf[p.headroom:] as batch p.seq, journals
-// it, hands it to the subscribers and the replay ring, and records it.
+// it, hands it to the replay ring and then to the subscribers (in that
+// order: a subscriber whose subscription took effect too late for the
+// batch finds it in the ring; see subConn.readLoop), and records it.
 func (p *Publisher) send(pub *pubSocket, buf []byte, ts int64, evs []kvevent.Event) {
 	wire := bytes.Clone(frameMessage(buf, p.cfg.Topic, p.seq, p.suffix))
 	if p.runJournal != nil {
 		payload := wire[len(wire)-(len(buf)-p.headroom):]
 		p.appendJournal(statedir.Record{Seq: p.seq, Master: p.pos, LastEventID: p.nextID, UnixMilli: ts, Payload: payload})
 	}
-	pub.broadcast(wire)
 	p.ring.add(p.seq, wire)
+	pub.broadcast(wire)
 	// lastSeq first: whoever sees the event count sees its sequence too.
 	p.lastSeq.Store(p.seq)
 	p.batches.Add(1)

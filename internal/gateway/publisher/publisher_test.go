@@ -491,3 +491,52 @@ func TestFrameInPlace(t *testing.T) {
 		}
 	}
 }
+
+// TestPongConfirmsSubscription: the PUB answers a PING with a PONG that
+// echoes its context (at most 16 bytes), once the subscription sent before
+// it is in effect: a batch published after the PONG reaches the
+// subscriber live, and one published before it is in the replay ring
+// (pkg/kvevent's subscriber replays after the PONG).
+func TestPongConfirmsSubscription(t *testing.T) {
+	p := start(t, testConfig())
+	if err := p.EnqueueWait(t.Context(), kvevent.Event{Type: kvevent.Stored, Tenant: "t", Key: "before", Medium: kvevent.MediumCPU}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 20*time.Second, func() bool { return p.Stats().ReplayBatches == 1 }, "the first batch in the ring")
+	c, err := zmtp.Dial(t.Context(), p.PubEndpoint(), zmq4.Sub, 5*time.Second, zmtp.Limits{MaxFrame: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	long := []byte(strings.Repeat("c", 100))
+	msg := zmtp.AppendMessage(nil, []byte{1})
+	msg = zmtp.AppendCommand(msg, "PING", append([]byte{0, 0}, "ctx-1"...))
+	msg = zmtp.AppendCommand(msg, "PING", append([]byte{0, 0}, long...))
+	if err := c.Write(msg, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	var pongs []string
+	for len(pongs) < 2 {
+		m, err := c.ReadMessage()
+		if err != nil {
+			t.Fatalf("after %d PONGs: %v", len(pongs), err)
+		}
+		switch {
+		case m.Command == "PONG":
+			pongs = append(pongs, string(m.Frames[0]))
+		case m.Command == "":
+			t.Fatalf("a data message before the PONGs (only one published before the subscription exists): %q", m.Frames)
+		}
+	}
+	if pongs[0] != "ctx-1" || pongs[1] != string(long[:16]) {
+		t.Fatalf("PONG contexts %q, want ctx-1 and 16 bytes of the long one", pongs)
+	}
+	if err := p.EnqueueWait(t.Context(), kvevent.Event{Type: kvevent.Stored, Tenant: "t", Key: "after", Medium: kvevent.MediumCPU}); err != nil {
+		t.Fatal(err)
+	}
+	frames := read(t, c)
+	if seq, _, err := kvevent.DecodeSeqFrame(frames[1]); err != nil || seq != 2 {
+		t.Fatalf("live after the PONG: seq %d, %v; want 2", seq, err)
+	}
+}

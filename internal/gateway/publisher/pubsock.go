@@ -124,6 +124,10 @@ func (p *pubSocket) handle(sc *subConn, nc net.Conn) {
 // zmtp.DefaultMaxCommand. Anything larger drops the connection.
 var subLimits = zmtp.Limits{MaxFrame: 1024, MaxFrames: 4}
 
+// maxPingContext is the most of a PING's context a PONG echoes (ZMTP 3.1:
+// at most 16 bytes).
+const maxPingContext = 16
+
 // isPeerFault reports whether a read error is the peer's doing (a protocol
 // violation or an oversized frame) rather than a closed connection.
 func isPeerFault(err error) bool {
@@ -135,12 +139,29 @@ func isPeerFault(err error) bool {
 // what libzmq sends a 3.0 peer) or SUBSCRIBE / CANCEL commands (ZMTP 3.1).
 // Each change of the count of matching subscriptions is signalled on
 // p.subsChanged.
+//
+// A PING (ZMTP 3.1) is answered with a PONG carrying its context, queued
+// behind the batches already queued, by the connection's writer. It also
+// tells a subscriber when its subscription is in effect: the subscriptions
+// it sent before the PING are, once the PONG is queued, so every batch
+// published later reaches it, and every batch published earlier is in the
+// replay ring (send adds to the ring before it broadcasts). A subscriber
+// that replays from where it stands after the PONG misses nothing
+// (pkg/kvevent: without it, a subscriber that caught up before its
+// subscription took effect could lose the batches in between for good
+// when nothing followed them).
 func (sc *subConn) readLoop(p *pubSocket) error {
 	subs := newSubscriptions(p.topic)
 	for {
 		m, err := sc.c.ReadMessage()
 		if err != nil {
 			return err
+		}
+		if m.Command == "PING" {
+			if b := m.Frames[0]; len(b) >= 2 {
+				sc.enqueue(p, zmtp.AppendCommand(nil, "PONG", b[2:min(len(b), 2+maxPingContext)]))
+			}
+			continue
 		}
 		var sub, prefix []byte
 		switch {
@@ -156,7 +177,12 @@ func (sc *subConn) readLoop(p *pubSocket) error {
 		if sub[0] > 1 || !subs.apply(sub[0] == 1, prefix) {
 			continue
 		}
+		// Under p.mu, which broadcast holds: a batch broadcast before this
+		// skipped the connection, and is in the ring before the PONG of a
+		// PING read after it.
+		p.mu.Lock()
 		sc.subs.Store(subs.total)
+		p.mu.Unlock()
 		select {
 		case p.subsChanged <- struct{}{}:
 		default:
