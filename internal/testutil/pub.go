@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -18,10 +19,14 @@ type Publisher struct {
 	l  net.Listener
 	wg sync.WaitGroup
 
-	mu    sync.Mutex // guards raw, conns
+	mu    sync.Mutex // guards raw, conns, pings
 	raw   map[net.Conn]bool
 	conns []*zmtp.Conn
 	subs  chan struct{}
+	// pings are the contexts of the PINGs read and not yet answered, per
+	// connection; pinged signals each.
+	pings  map[*zmtp.Conn][][]byte
+	pinged chan struct{}
 }
 
 // StartPublisher listens on a loopback port; Close stops it.
@@ -30,7 +35,8 @@ func StartPublisher() (*Publisher, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Publisher{l: l, raw: map[net.Conn]bool{}, subs: make(chan struct{}, 64)}
+	p := &Publisher{l: l, raw: map[net.Conn]bool{}, subs: make(chan struct{}, 64),
+		pings: map[*zmtp.Conn][][]byte{}, pinged: make(chan struct{}, 64)}
 	p.wg.Go(p.accept)
 	return p, nil
 }
@@ -63,8 +69,18 @@ func (p *Publisher) accept() {
 			p.mu.Unlock()
 			p.subs <- struct{}{}
 			for {
-				if _, err := c.ReadMessage(); err != nil {
+				m, err := c.ReadMessage()
+				if err != nil {
 					return
+				}
+				if m.Command == "PING" && len(m.Frames[0]) >= 2 {
+					p.mu.Lock()
+					p.pings[c] = append(p.pings[c], bytes.Clone(m.Frames[0][2:]))
+					p.mu.Unlock()
+					select {
+					case p.pinged <- struct{}{}:
+					default: // nobody waits for that many
+					}
 				}
 			}
 		})
@@ -80,6 +96,31 @@ func (p *Publisher) WaitSubscriber(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// WaitPing waits until one more PING has arrived. The publisher answers
+// none by itself (as a publisher without ZMTP 3.1 PING would): Pong does.
+func (p *Publisher) WaitPing(ctx context.Context) error {
+	select {
+	case <-p.pinged:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Pong answers every PING read so far with a PONG carrying its context.
+func (p *Publisher) Pong() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for c, ctxs := range p.pings {
+		for _, pc := range ctxs {
+			errs = append(errs, c.Write(zmtp.AppendCommand(nil, "PONG", pc), 5*time.Second))
+		}
+		delete(p.pings, c)
+	}
+	return errors.Join(errs...)
 }
 
 // Send writes one message of frames to every subscriber and returns the

@@ -338,6 +338,55 @@ func TestCatchUpFromSeq(t *testing.T) {
 	}
 }
 
+// TestCatchUpConfirmed: a batch published after a subscriber's catch-up
+// but before its subscription took effect reached it neither way; with
+// nothing published after it, the subscriber would wait for it forever.
+// When the publisher answers the PING sent after the subscription, the
+// subscriber replays once more and gets it (e2e TestCtlWatch once hung
+// so).
+func TestCatchUpConfirmed(t *testing.T) {
+	pub := newFakePub(t)
+	router := newFakeRouter(t, false)
+	st := newStream()
+	var ps [][]byte
+	for s := uint64(1); s <= 4; s++ {
+		ps = append(ps, st.payload(t, stored(string(rune('a'+s)))))
+	}
+	router.put(1, ps[0])
+	router.put(2, ps[1])
+	var rec recorder
+	sub := subscribe(t, pub.endpoint(), rec.opts(Options{ReplayEndpoint: router.endpoint(), FromSeq: 1}))
+	pub.waitSub()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := pub.WaitPing(ctx); err != nil {
+		t.Fatal("the subscriber sent no PING after subscribing")
+	}
+	if got, want := rec.waitSeqs(t, 2), []uint64{1, 2}; !slices.Equal(got, want) {
+		t.Fatalf("caught up %v, want %v", got, want)
+	}
+	router.put(3, ps[2]) // published while the subscription was not yet in effect
+	if err := pub.Pong(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := rec.waitSeqs(t, 3), []uint64{1, 2, 3}; !slices.Equal(got, want) {
+		t.Fatalf("after the PONG: %v, want %v", got, want)
+	}
+	// Live from here: batch 3 again (skipped), then 4.
+	router.put(4, ps[3])
+	pub.send(nil, PutSeq(3), ps[2])
+	pub.send(nil, PutSeq(4), ps[3])
+	if got, want := rec.waitSeqs(t, 4), []uint64{1, 2, 3, 4}; !slices.Equal(got, want) {
+		t.Fatalf("seqs = %v, want %v", got, want)
+	}
+	if g := rec.gapList(); len(g) != 0 {
+		t.Errorf("gaps = %+v, want none", g)
+	}
+	if st := sub.Stats(); st.Resets != 0 || sub.Index().Len() != 4 {
+		t.Errorf("resets %d, index %d entries; want 0 and 4", st.Resets, sub.Index().Len())
+	}
+}
+
 func TestReconnectAndMalformed(t *testing.T) {
 	pub := newFakePub(t)
 	var rec recorder
