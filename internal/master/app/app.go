@@ -8,13 +8,16 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"runtime"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/config"
+	"github.com/crescent-kv/crescent/internal/fastcall"
 	"github.com/crescent-kv/crescent/internal/master/adminsvc"
 	"github.com/crescent-kv/crescent/internal/master/changesvc"
 	"github.com/crescent-kv/crescent/internal/master/cluster"
@@ -25,17 +28,25 @@ import (
 	"github.com/crescent-kv/crescent/internal/obs"
 	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/crescent-kv/crescent/internal/token"
+	"github.com/crescent-kv/crescent/internal/xfer"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 )
 
 // Config is the master's configuration. Flag names are YAML keys; each flag
 // is also read from CRESCENT_<FLAG>.
 type Config struct {
-	GRPCAddr        string
-	AdminAddr       string
-	LogLevel        string
-	MasterID        string
-	ShutdownTimeout time.Duration
+	GRPCAddr string
+	// LookupAddr is the lookup listener's address (internal/fastcall): ""
+	// is a free port on the gRPC address's host, LookupOff none.
+	// AdvertiseLookupAddr is what CallStream tells clients to dial: ""
+	// names the bound port on the host the client dialed.
+	LookupAddr          string
+	AdvertiseLookupAddr string
+	AdminAddr           string
+	LogLevel            string
+	MasterID            string
+	ShutdownTimeout     time.Duration
 
 	HeartbeatInterval time.Duration
 	SuspectAfter      time.Duration
@@ -111,6 +122,9 @@ type Config struct {
 	HA HA
 }
 
+// LookupOff is Config.LookupAddr for no lookup listener.
+const LookupOff = "off"
+
 // DefaultConfig returns the defaults of ARCHITECTURE.md.
 func DefaultConfig() Config {
 	return Config{
@@ -152,6 +166,8 @@ func DefaultConfig() Config {
 // RegisterFlags binds every field to fs with its current value as default.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.GRPCAddr, "grpc-addr", c.GRPCAddr, "gRPC listen address (ObjectService, ChangeService, AdminService, SegmentService)")
+	fs.StringVar(&c.LookupAddr, "lookup-addr", c.LookupAddr, "lookup listener address: the SDK's lookups (GetReplicaList, Exist and their batches) framed on plain TCP, TLS with the gRPC listener's certificates, the same authorization; empty: a free port on the grpc-addr host; off: none")
+	fs.StringVar(&c.AdvertiseLookupAddr, "advertise-lookup-addr", c.AdvertiseLookupAddr, "host:port clients dial for lookup-addr (default: the bound port on the host they dialed the master at)")
 	fs.StringVar(&c.AdminAddr, "admin-addr", c.AdminAddr, "admin HTTP listen address (/healthz, /readyz, /metrics)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn, error")
 	fs.StringVar(&c.MasterID, "master-id", c.MasterID, "name of this master (default: the gRPC address)")
@@ -198,6 +214,19 @@ func (c *Config) Validate() error {
 	var errs []error
 	if c.GRPCAddr == "" {
 		errs = append(errs, errors.New("grpc-addr must be set"))
+	}
+	if c.LookupAddr != "" && c.LookupAddr != LookupOff {
+		if _, _, err := net.SplitHostPort(c.LookupAddr); err != nil {
+			errs = append(errs, fmt.Errorf("lookup-addr %q: %w", c.LookupAddr, err))
+		}
+	}
+	if c.AdvertiseLookupAddr != "" {
+		if _, _, err := net.SplitHostPort(c.AdvertiseLookupAddr); err != nil {
+			errs = append(errs, fmt.Errorf("advertise-lookup-addr %q: %w", c.AdvertiseLookupAddr, err))
+		}
+		if c.LookupAddr == LookupOff {
+			errs = append(errs, errors.New("advertise-lookup-addr is set while lookup-addr is off"))
+		}
 	}
 	pos := map[string]time.Duration{
 		"heartbeat-interval": c.HeartbeatInterval, "suspect-after": c.SuspectAfter, "unmount-after": c.UnmountAfter,
@@ -330,6 +359,82 @@ type Master struct {
 	rec     *recovery
 	changes *changesvc.Service
 	objects *objectsvc.Service
+	creds   *server.Credentials
+	// lookupAddr is the lookup listener's bound address while it serves;
+	// lookup the listener, once started.
+	lookupAddr atomic.Pointer[string]
+	lookup     atomic.Pointer[fastcall.Server]
+}
+
+// LookupStats are the lookup listener's counters (zero before it starts).
+func (m *Master) LookupStats() fastcall.Stats {
+	if s := m.lookup.Load(); s != nil {
+		return s.Stats()
+	}
+	return fastcall.Stats{}
+}
+
+// LookupAddr is the bound address of the lookup listener, "" while it
+// does not serve.
+func (m *Master) LookupAddr() string {
+	if a := m.lookupAddr.Load(); a != nil {
+		return *a
+	}
+	return ""
+}
+
+// lookupMetrics export the lookup listener's counters.
+func lookupMetrics(stats func() fastcall.Stats) []prometheus.Collector {
+	counter := func(name, help string, v func(fastcall.Stats) uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v(stats())) })
+	}
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "crescent_master_lookup_connections",
+			Help: "Connections open on the lookup listener (--lookup-addr).",
+		}, func() float64 { return float64(stats().Conns) }),
+		counter("crescent_master_lookup_calls_total", "Calls answered on the lookup listener (each also counted under its method, as a unary call).",
+			func(s fastcall.Stats) uint64 { return s.Calls }),
+		counter("crescent_master_lookup_refused_total", "Connections to the lookup listener closed at once: over its connection caps.",
+			func(s fastcall.Stats) uint64 { return s.Refused }),
+		counter("crescent_master_lookup_dropped_total", "Connections to the lookup listener ended for breaking its protocol.",
+			func(s fastcall.Stats) uint64 { return s.Dropped }),
+	}
+}
+
+// listenLookup opens the lookup listener (internal/fastcall) and returns
+// it with the address CallStream advertises; nil when it is off.
+func (m *Master) listenLookup() (net.Listener, string, error) {
+	addr := m.cfg.LookupAddr
+	switch addr {
+	case LookupOff:
+		return nil, "", nil
+	case "":
+		host, _, err := net.SplitHostPort(m.Server.GRPCAddr())
+		if err != nil {
+			host = ""
+		}
+		addr = net.JoinHostPort(host, "0")
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, "", fmt.Errorf("lookup listen %s: %w", addr, err)
+	}
+	if err := m.creds.CheckListen("lookup-addr", lis.Addr()); err != nil {
+		lis.Close()
+		return nil, "", err
+	}
+	adv := m.cfg.AdvertiseLookupAddr
+	if adv == "" {
+		_, port, _ := net.SplitHostPort(lis.Addr().String())
+		adv = ":" + port
+	}
+	if m.creds.Secure() {
+		// The gRPC listener's certificates, reloaded per handshake; each
+		// call is authorized from the connection's certificate.
+		lis = xfer.TLSListener(lis, m.creds.ServerTLS())
+	}
+	return lis, adv, nil
 }
 
 // New builds the master. It starts nothing; its only I/O is reading the
@@ -352,6 +457,8 @@ func newMaster(cfg Config, lg *slog.Logger, epoch uint64, opts ...grpc.ServerOpt
 		return nil, err
 	}
 	reg := obs.NewRegistry()
+	m := &Master{}
+	reg.MustRegister(lookupMetrics(m.LookupStats)...)
 	id := cluster.Identity{
 		MasterID: cfg.MasterID,
 		Epoch:    epoch,
@@ -436,7 +543,9 @@ func newMaster(cfg Config, lg *slog.Logger, epoch uint64, opts ...grpc.ServerOpt
 	changes.Register(srv.GRPC)
 	masterv1.RegisterAdminServiceServer(srv.GRPC, admin)
 	masterv1.RegisterSegmentServiceServer(srv.GRPC, sessions)
-	return &Master{cfg: cfg, lg: lg, Server: srv, Store: store, Sessions: sessions, Registry: segReg, Identity: id, rec: rec, changes: changes, objects: objects}, nil
+	m.cfg, m.lg, m.Server, m.Store, m.Sessions, m.Registry, m.Identity = cfg, lg, srv, store, sessions, segReg, id
+	m.rec, m.changes, m.objects, m.creds = rec, changes, objects, creds
+	return m, nil
 }
 
 // Run serves until ctx ends, then stops the server (which ends the agent
@@ -477,8 +586,25 @@ func (m *Master) run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	errc := make(chan error, 3)
-	for name, run := range map[string]func(context.Context) error{"store": m.Store.Run, "sessions": m.Sessions.Run, "recovery": m.rec.run} {
+	errc := make(chan error, 4)
+	runs := map[string]func(context.Context) error{"store": m.Store.Run, "sessions": m.Sessions.Run, "recovery": m.rec.run}
+	lis, adv, err := m.listenLookup()
+	if err != nil {
+		return err
+	}
+	if lis != nil {
+		bound := lis.Addr().String()
+		m.lookupAddr.Store(&bound)
+		m.objects.SetLookupAddr(adv)
+		m.lg.Info("lookup listener serving", "addr", bound, "advertised", adv)
+		fc := fastcall.NewServer(fastcall.Config{}, m.objects.Answer, m.lg.With("part", "lookup"))
+		m.lookup.Store(fc)
+		runs["lookup"] = func(ctx context.Context) error {
+			defer m.lookupAddr.Store(nil)
+			return fc.Serve(ctx, lis)
+		}
+	}
+	for name, run := range runs {
 		wg.Go(func() {
 			if err := run(ctx); err != nil && ctx.Err() == nil {
 				errc <- fmt.Errorf("%s: %w", name, err)
@@ -498,7 +624,7 @@ func (m *Master) run(ctx context.Context) error {
 		_ = m.Sessions.Close()
 		srvCancel()
 	}()
-	err := m.Server.Run(srvCtx)
+	err = m.Server.Run(srvCtx)
 	cancel()
 	wg.Wait()
 	_ = m.Sessions.Close()

@@ -51,6 +51,13 @@ func (l *logSink) audits() []string {
 // returns its gRPC address and its log.
 func secureMaster(t *testing.T, dir string) (string, *logSink) {
 	t.Helper()
+	m, logs := secureMasterApp(t, dir)
+	return m.Server.GRPCAddr(), logs
+}
+
+// secureMasterApp is secureMaster's master itself.
+func secureMasterApp(t *testing.T, dir string) (*Master, *logSink) {
+	t.Helper()
 	cfg := DefaultConfig()
 	cfg.GRPCAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.RecoveryGrace = 0
@@ -77,7 +84,7 @@ func secureMaster(t *testing.T, dir string) (string, *logSink) {
 			t.Errorf("Run: %v", err)
 		}
 	})
-	return m.Server.GRPCAddr(), logs
+	return m, logs
 }
 
 const tenantAToken = "tenant-a-token-0123456789"

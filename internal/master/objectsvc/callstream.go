@@ -10,6 +10,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/callstream"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
@@ -93,6 +94,13 @@ func handle[Q, R any](h func(context.Context, Q) (R, error)) grpc.UnaryHandler {
 func (s *Service) CallStream(st masterv1.ObjectService_CallStreamServer) error {
 	if s.stopping.Err() != nil {
 		return errShuttingDown()
+	}
+	if a := s.lookupAddr.Load(); a != nil {
+		// Where this master's lookup listener is (internal/fastcall): the
+		// SDK sends its lookups there while this stream lives.
+		if err := st.SendHeader(metadata.Pairs(LookupAddrHeader, *a)); err != nil {
+			return err
+		}
 	}
 	// ctx ends with the stream, or when sending fails.
 	ctx, cancel := context.WithCancel(st.Context())
@@ -239,6 +247,34 @@ func (s *Service) CallStream(st masterv1.ObjectService_CallStreamServer) error {
 		err = sendErr
 	}
 	return err
+}
+
+// LookupAddrHeader is the CallStream response header that names the
+// master's lookup listener: "host:port", or ":port" on the host the
+// client dialed.
+const LookupAddrHeader = "crescent-lookup-addr"
+
+// SetLookupAddr makes CallStream name the lookup listener (addr as
+// LookupAddrHeader has it); "" names none.
+func (s *Service) SetLookupAddr(addr string) {
+	if addr == "" {
+		s.lookupAddr.Store(nil)
+		return
+	}
+	s.lookupAddr.Store(&addr)
+}
+
+// Answer runs a call that came on the lookup listener (internal/fastcall)
+// as CallStream runs a carried call: through the unary chain, under ctx
+// (which carries the connection's peer). Once the service closes it
+// answers UNAVAILABLE / MASTER_SHUTTING_DOWN, as CallStream does: the SDK
+// makes the call again elsewhere.
+func (s *Service) Answer(ctx context.Context, r *masterv1.CallStreamRequest) *masterv1.CallStreamResponse {
+	if s.stopping.Err() != nil {
+		sp := status.Convert(errShuttingDown()).Proto()
+		return &masterv1.CallStreamResponse{RequestId: r.GetRequestId(), Code: sp.GetCode(), Message: sp.GetMessage(), Details: sp.GetDetails()}
+	}
+	return s.answer(ctx, r)
 }
 
 // answer runs one carried call through the unary chain.

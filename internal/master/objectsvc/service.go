@@ -6,6 +6,7 @@ package objectsvc
 
 import (
 	"context"
+	"sync/atomic"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/meta"
@@ -35,7 +36,10 @@ type Service struct {
 	unary    grpc.UnaryServerInterceptor
 	carried  map[string]carriedCall // CallStream's calls (callstream.go)
 	stopping context.Context        // ended by Close
-	stop     context.CancelFunc
+	// lookupAddr is what CallStream names as the lookup listener; nil
+	// when there is none.
+	lookupAddr atomic.Pointer[string]
+	stop       context.CancelFunc
 }
 
 // New returns the adapter. It does no I/O.

@@ -1,0 +1,266 @@
+package fastcall
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/rpccodec"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+)
+
+// Config bounds a Server. Zero fields take the defaults.
+type Config struct {
+	// MaxConns bounds the open connections (default 4096); MaxConnsPerIP
+	// those from one remote address (default 64). A connection past
+	// either is closed at once.
+	MaxConns, MaxConnsPerIP int
+	// IdleTimeout closes a connection that starts no request for this long
+	// (default 2 min); IOTimeout bounds a TLS handshake, the preamble, the
+	// rest of a request once its first byte came, and writing an answer
+	// (default 30 s).
+	IdleTimeout, IOTimeout time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.MaxConns <= 0 {
+		c.MaxConns = 4096
+	}
+	if c.MaxConnsPerIP <= 0 {
+		c.MaxConnsPerIP = 64
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 2 * time.Minute
+	}
+	if c.IOTimeout <= 0 {
+		c.IOTimeout = 30 * time.Second
+	}
+	return c
+}
+
+// Answer runs one call and returns its answer (objectsvc.Service.Answer:
+// through the unary interceptors, under ctx, which carries the
+// connection's peer and TLS state as a gRPC call's context does).
+type Answer func(ctx context.Context, req *masterv1.CallStreamRequest) *masterv1.CallStreamResponse
+
+// Server serves the lookup listener.
+type Server struct {
+	cfg    Config
+	answer Answer
+	lg     *slog.Logger
+
+	mu      sync.Mutex // guards conns, perIP, closing
+	conns   map[net.Conn]bool
+	perIP   map[netip.Addr]int
+	closing bool
+	wg      sync.WaitGroup
+
+	refused, dropped, calls atomic.Uint64
+}
+
+// NewServer returns a server that answers calls with answer.
+func NewServer(cfg Config, answer Answer, lg *slog.Logger) *Server {
+	return &Server{cfg: cfg.withDefaults(), answer: answer, lg: lg, conns: map[net.Conn]bool{}, perIP: map[netip.Addr]int{}}
+}
+
+// Stats are the server's counters.
+type Stats struct {
+	Conns   int    // open now
+	Refused uint64 // connections closed at once: over a cap
+	Dropped uint64 // connections ended for a protocol violation
+	Calls   uint64 // calls answered
+}
+
+// Stats reads the counters.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	n := len(s.conns)
+	s.mu.Unlock()
+	return Stats{Conns: n, Refused: s.refused.Load(), Dropped: s.dropped.Load(), Calls: s.calls.Load()}
+}
+
+// Serve accepts connections on lis (a TLS listener when the master has
+// TLS) until ctx ends or lis fails, then closes every connection and
+// waits for their goroutines; a call running is answered first if it can
+// be within IOTimeout.
+func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+	stop := context.AfterFunc(ctx, func() { _ = lis.Close() })
+	defer stop()
+	var err error
+	var delay time.Duration
+	for {
+		nc, aerr := lis.Accept()
+		if aerr != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			if temporary(aerr) {
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				s.lg.Warn("lookup listener accept failed; retrying", "err", aerr, "delay", delay)
+				select {
+				case <-ctx.Done():
+				case <-time.After(delay):
+				}
+				continue
+			}
+			err = fmt.Errorf("lookup listener: %w", aerr)
+			break
+		}
+		delay = 0
+		if !s.add(nc) {
+			s.refused.Add(1)
+			_ = nc.Close()
+			continue
+		}
+		s.wg.Go(func() { s.serve(ctx, nc) })
+	}
+	_ = lis.Close()
+	s.mu.Lock()
+	s.closing = true
+	for nc, busy := range s.conns {
+		if !busy {
+			_ = nc.Close()
+		}
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return err
+}
+
+func temporary(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ENOBUFS) ||
+		errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ECONNABORTED)
+}
+
+func remoteIP(nc net.Conn) netip.Addr {
+	if a, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
+		ip, _ := netip.AddrFromSlice(a.IP)
+		return ip.Unmap()
+	}
+	return netip.Addr{}
+}
+
+// add admits a connection under the caps.
+func (s *Server) add(nc net.Conn) bool {
+	ip := remoteIP(nc)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing || len(s.conns) >= s.cfg.MaxConns || s.perIP[ip] >= s.cfg.MaxConnsPerIP {
+		return false
+	}
+	s.conns[nc] = false
+	s.perIP[ip]++
+	return true
+}
+
+func (s *Server) remove(nc net.Conn) {
+	ip := remoteIP(nc)
+	s.mu.Lock()
+	delete(s.conns, nc)
+	if s.perIP[ip]--; s.perIP[ip] <= 0 {
+		delete(s.perIP, ip)
+	}
+	s.mu.Unlock()
+	_ = nc.Close()
+}
+
+// setBusy marks a connection busy (a call running: shutdown lets it
+// answer) or idle; false when the server is closing and it is idle (it
+// is to end).
+func (s *Server) setBusy(nc net.Conn, busy bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing && !busy {
+		return false
+	}
+	s.conns[nc] = busy
+	return true
+}
+
+// serve runs one connection: the TLS handshake, the preamble, then calls
+// in order until the peer leaves, breaks the protocol, idles out or the
+// server closes.
+func (s *Server) serve(ctx context.Context, nc net.Conn) {
+	defer s.remove(nc)
+	pr := &peer.Peer{Addr: nc.RemoteAddr(), LocalAddr: nc.LocalAddr()}
+	if tc, ok := nc.(*tls.Conn); ok {
+		_ = tc.SetDeadline(time.Now().Add(s.cfg.IOTimeout))
+		if err := tc.Handshake(); err != nil {
+			s.lg.Debug("lookup listener TLS handshake failed", "remote", nc.RemoteAddr().String(), "err", err)
+			return
+		}
+		_ = tc.SetDeadline(time.Time{})
+		pr.AuthInfo = credentials.TLSInfo{State: tc.ConnectionState(), CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.PrivacyAndIntegrity}}
+	}
+	ctx = peer.NewContext(context.WithoutCancel(ctx), pr)
+	_ = nc.SetReadDeadline(time.Now().Add(s.cfg.IOTimeout))
+	var pre [len(Preamble)]byte
+	if _, err := io.ReadFull(nc, pre[:]); err != nil {
+		return
+	}
+	if string(pre[:]) != Preamble {
+		s.dropped.Add(1)
+		s.lg.Debug("not a lookup connection", "remote", nc.RemoteAddr().String(), "preamble", fmt.Sprintf("%q", pre[:]))
+		return
+	}
+	br := bufio.NewReaderSize(nc, 16<<10)
+	var in, out []byte
+	for {
+		if !s.setBusy(nc, false) {
+			return
+		}
+		_ = nc.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
+		if _, err := br.Peek(1); err != nil {
+			return // gone, idle, or closed by shutdown
+		}
+		s.setBusy(nc, true)
+		_ = nc.SetReadDeadline(time.Now().Add(s.cfg.IOTimeout))
+		var err error
+		if in, err = ReadFrame(br, in, MaxRequest); err != nil {
+			s.protocol(nc, err)
+			return
+		}
+		req := &masterv1.CallStreamRequest{}
+		if err := rpccodec.UnmarshalLimited(in, req); err != nil {
+			s.protocol(nc, fmt.Errorf("%w: a request that does not decode: %v", ErrProtocol, err))
+			return
+		}
+		resp := s.answer(ctx, req)
+		s.calls.Add(1)
+		if out, err = AppendFrame(out[:0], resp, MaxResponse); err != nil {
+			s.lg.Warn("lookup answer not framed", "remote", nc.RemoteAddr().String(), "err", err)
+			return
+		}
+		_ = nc.SetWriteDeadline(time.Now().Add(s.cfg.IOTimeout))
+		if _, err := nc.Write(out); err != nil {
+			return
+		}
+		if cap(in) > 1<<20 {
+			in = nil // a large request's buffer is not kept
+		}
+		if cap(out) > 1<<20 {
+			out = nil
+		}
+	}
+}
+
+// protocol counts and logs a connection that broke the protocol (a
+// closed connection or a timeout is not one).
+func (s *Server) protocol(nc net.Conn, err error) {
+	if errors.Is(err, ErrProtocol) {
+		s.dropped.Add(1)
+		s.lg.Debug("lookup connection dropped", "remote", nc.RemoteAddr().String(), "err", err)
+	}
+}
