@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"sync"
 	"time"
@@ -81,7 +82,7 @@ func (m *masters) callStream(addr string, cc *grpc.ClientConn) *callStream {
 	}
 	cs := m.streams[addr]
 	if cs == nil {
-		cs = &callStream{cc: cc}
+		cs = &callStream{cc: cc, addr: addr, lookups: m.lookups, tls: m.tls}
 		m.streams[addr] = cs
 	}
 	return cs
@@ -90,13 +91,19 @@ func (m *masters) callStream(addr string, cc *grpc.ClientConn) *callStream {
 // callStream is one master's CallStream: opened when a call needs it,
 // reopened after a backoff when it broke.
 type callStream struct {
-	cc *grpc.ClientConn
+	cc   *grpc.ClientConn
+	addr string // the master's, as dialed
+	// lookups: the stream's master may name a lookup listener (lookup.go);
+	// tls is the client's TLS configuration (nil: plaintext).
+	lookups bool
+	tls     *tls.Config
 
 	mu      sync.Mutex
-	cur     *openStream // nil while down or not yet opened
-	next    uint64      // the last request id given
-	fails   int         // failures since an answer last came
-	until   time.Time   // while down: no new stream before then
+	cur     *openStream     // nil while down or not yet opened
+	lookup  *lookupListener // the one cur's master named; nil: none
+	next    uint64          // the last request id given
+	fails   int             // failures since an answer last came
+	until   time.Time       // while down: no new stream before then
 	closed  bool
 	stopped sync.WaitGroup // the open streams' goroutines
 }
@@ -219,6 +226,15 @@ func (c *callStream) open() (*openStream, error) {
 	go func() { // the receiver
 		defer c.stopped.Done()
 		defer close(o.received)
+		if c.lookups {
+			// The header comes first, naming the lookup listener if the
+			// master has one.
+			if md, err := st.Header(); err == nil {
+				if v := md.Get(lookupAddrHeader); len(v) == 1 {
+					c.setLookup(o, v[0])
+				}
+			}
+		}
 		for {
 			r := &callReply{}
 			if err := st.RecvMsg(r); err != nil {
@@ -238,6 +254,42 @@ func (c *callStream) open() (*openStream, error) {
 	return o, nil
 }
 
+// lookupAddrHeader is objectsvc.LookupAddrHeader.
+const lookupAddrHeader = "crescent-lookup-addr"
+
+// setLookup makes the listener o's master advertised (adv) the one its
+// lookups go to, while o is the stream.
+func (c *callStream) setLookup(o *openStream, adv string) {
+	addr, ok := resolveLookup(adv, c.addr)
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur != o || c.closed {
+		return
+	}
+	if c.lookup != nil {
+		if c.lookup.addr == addr {
+			return
+		}
+		c.lookup.close()
+	}
+	c.lookup = newLookupListener(addr, c.tls)
+}
+
+// lookupCall makes a lookup on the listener the stream's master named;
+// errStreamDown when there is none or it did not answer.
+func (c *callStream) lookupCall(ctx context.Context, q *masterv1.CallStreamRequest, reply any) error {
+	c.mu.Lock()
+	l := c.lookup
+	c.mu.Unlock()
+	if l == nil {
+		return errStreamDown
+	}
+	return l.call(ctx, q, reply)
+}
+
 // broke gives up o after err: its waiters go as unary calls, and no new
 // stream is opened before the backoff has passed.
 func (c *callStream) broke(o *openStream, err error) {
@@ -250,6 +302,11 @@ func (c *callStream) broke(o *openStream, err error) {
 	c.shut(o)
 	if !c.closed {
 		c.down(err)
+	}
+	if c.lookup != nil {
+		// The next stream's master names its own.
+		c.lookup.close()
+		c.lookup = nil
 	}
 }
 
@@ -281,6 +338,10 @@ func (c *callStream) close() {
 	c.mu.Lock()
 	c.closed = true
 	o := c.cur
+	if c.lookup != nil {
+		c.lookup.close()
+		c.lookup = nil
+	}
 	c.mu.Unlock()
 	if o != nil {
 		close(o.finish)

@@ -188,6 +188,15 @@ type Config struct {
 	// call; a lookup falls back to the unary call by itself when the
 	// stream fails or the master does not have it (callstream.go).
 	DisableCallStream bool
+	// DisableLookupListener keeps the lookups on the call stream. By
+	// default, when a master's CallStream names its lookup listener
+	// (crescent-master --lookup-addr), the lookups (Get's replica lists,
+	// Exist) go there, on pooled connections of the client's own: a
+	// quarter of the hand-offs between goroutines, the same authorization;
+	// any failure there sends them back to the stream (lookup.go). Unused
+	// with BearerToken, DisableCallStream or DialOptions (no gRPC
+	// interceptor sees a call on the listener).
+	DisableLookupListener bool
 	// CoalesceInFlight is how many RPCs of one kind of single call may be
 	// in flight. A Get, Exist or replica-list lookup goes out on its own
 	// only when none of its kind is in flight, a PutStart or PutEnd while

@@ -63,6 +63,21 @@ func TestClusterTLS(t *testing.T) {
 		})
 	}
 
+	// The lookups went on the master's lookup listener, over TLS with the
+	// tenant's certificate (issue 18); another tenant's key is refused
+	// there as on gRPC.
+	if st := c.Master().LookupStats(); st.Calls == 0 {
+		t.Errorf("no lookup on the lookup listener: %+v", st)
+	}
+	t.Run("lookup of another tenant", func(t *testing.T) {
+		a := c.Client(t, c.As(auth.RoleTenant, testcluster.TenantA), func(cfg *client.Config) { cfg.Tenant = testcluster.TenantA })
+		for range 3 {
+			if _, err := a.Tenant(testcluster.TenantB).Exist(t.Context(), "k"); status.Code(err) != codes.PermissionDenied {
+				t.Fatalf("tenant a's Exist in b: %v, want PERMISSION_DENIED", err)
+			}
+		}
+	})
+
 	t.Run("token of another tenant", func(t *testing.T) {
 		ctx := t.Context()
 		owner := c.Client(t, c.As(auth.RoleTenant, testcluster.TenantA), func(cfg *client.Config) { cfg.Tenant = testcluster.TenantA })

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"slices"
 	"strings"
@@ -43,6 +44,10 @@ type masters struct {
 	dial     func(addr string) (*grpc.ClientConn, error)
 
 	noStream bool // Config.DisableCallStream (callstream.go)
+	// lookups: lookups may go on a master's lookup listener (lookup.go);
+	// tls is the client's TLS configuration for it.
+	lookups bool
+	tls     *tls.Config
 
 	mu      sync.Mutex // guards conns, streams, hints, leader, closed
 	conns   map[string]*grpc.ClientConn
@@ -79,7 +84,8 @@ func newMasters(cfg *Config, addrs []string, dial func(string) (*grpc.ClientConn
 	return &masters{
 		addrs: addrs, attempts: cfg.Attempts, backoff: cfg.Backoff, failover: cfg.FailoverTimeout, dial: dial,
 		noStream: cfg.DisableCallStream,
-		conns:    map[string]*grpc.ClientConn{}, streams: map[string]*callStream{}, leader: addrs[0],
+		lookups:  !cfg.DisableLookupListener && cfg.BearerToken == "" && len(cfg.DialOptions) == 0, tls: cfg.TLS,
+		conns: map[string]*grpc.ClientConn{}, streams: map[string]*callStream{}, leader: addrs[0],
 	}
 }
 
@@ -319,6 +325,11 @@ func (m *masters) Invoke(ctx context.Context, method string, args, reply any, op
 				// A fresh envelope each try: the last one may still be
 				// queued on a stream that broke.
 				if q, ok := callstream.Wrap(method, args); ok {
+					if lookupMethod(method) {
+						if err := cs.lookupCall(ctx, q, reply); !errors.Is(err, errStreamDown) {
+							return err
+						}
+					}
 					if err := cs.call(ctx, q, reply); !errors.Is(err, errStreamDown) {
 						return err
 					}

@@ -1,0 +1,239 @@
+package client
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"net"
+	"sync"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/fastcall"
+	"github.com/crescent-kv/crescent/internal/rpccodec"
+	"github.com/crescent-kv/crescent/internal/xfer"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// The lookups on the master's lookup listener (internal/fastcall; issue
+// 18, item 1). A master's CallStream names its lookup listener in a
+// response header; while that stream lives, the lookups the stream would
+// carry (GetReplicaList, BatchGetReplicaList, Exist, BatchExist) go there
+// instead: the caller's goroutine writes the call on a pooled connection
+// of its own and reads the answer, two wake-ups where the stream's
+// message takes about eight. The master runs them exactly as the stream's
+// (same interceptors, same authorization from the same client
+// certificate), so only the transport differs.
+//
+//   - Only lookups: they may be made twice. A call whose connection fails
+//     before its answer goes again on the stream (or as a unary call), and
+//     the listener is not used again for a backoff (lookupRetry, doubling
+//     to lookupMaxDown); a dial that fails counts so too (an advertised
+//     port the client cannot reach costs one dial timeout per backoff).
+//   - A broken stream forgets its listener (a new leader names its own).
+//   - Not with Config.BearerToken (the listener knows callers by their
+//     certificate), Config.DialOptions (no gRPC interceptor of the
+//     client's sees a call there), Config.DisableCallStream, or
+//     Config.DisableLookupListener.
+
+const (
+	lookupRetry   = 100 * time.Millisecond
+	lookupMaxDown = 30 * time.Second
+	// lookupDialTimeout bounds a dial and TLS handshake to the listener.
+	lookupDialTimeout = 2 * time.Second
+	// lookupIdle is how many idle connections a listener's pool keeps.
+	lookupIdle = 8
+	// lookupCallTimeout bounds a call whose context has no deadline.
+	lookupCallTimeout = 30 * time.Second
+)
+
+// lookupMethod reports whether method may go on the lookup listener.
+func lookupMethod(method string) bool {
+	switch method {
+	case masterv1.ObjectService_GetReplicaList_FullMethodName, masterv1.ObjectService_BatchGetReplicaList_FullMethodName,
+		masterv1.ObjectService_Exist_FullMethodName, masterv1.ObjectService_BatchExist_FullMethodName:
+		return true
+	}
+	return false
+}
+
+// lookupListener is one master's lookup listener and its idle connections.
+type lookupListener struct {
+	addr string      // host:port
+	tls  *tls.Config // nil: plaintext
+
+	mu     sync.Mutex
+	idle   []*lookupConn
+	fails  int
+	until  time.Time // while down: not used before then
+	closed bool
+}
+
+type lookupConn struct {
+	nc    net.Conn
+	br    *bufio.Reader
+	buf   []byte // the last answer's bytes
+	out   []byte // the last request's frame
+	fresh bool   // the preamble is still to go
+}
+
+// resolveLookup is the address a master's advertised lookup listener is
+// dialed at: adv as it is, or, when it names only a port (":port"), that
+// port on the host of master (the address the client dialed).
+func resolveLookup(adv, master string) (string, bool) {
+	host, port, err := net.SplitHostPort(adv)
+	if err != nil || port == "" {
+		return "", false
+	}
+	if host == "" {
+		if host, _, err = net.SplitHostPort(master); err != nil {
+			return "", false
+		}
+	}
+	return net.JoinHostPort(host, port), true
+}
+
+func newLookupListener(addr string, base *tls.Config) *lookupListener {
+	l := &lookupListener{addr: addr}
+	if base != nil {
+		l.tls = xfer.ClientTLS(base, addr)
+	}
+	return l
+}
+
+// call makes q on the listener, answered into reply. errStreamDown: it was
+// not answered there and goes another way.
+func (l *lookupListener) call(ctx context.Context, q *masterv1.CallStreamRequest, reply any) error {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(lookupCallTimeout)
+	}
+	if ms := (time.Until(deadline) + time.Millisecond - 1) / time.Millisecond; ms > 0 && ms < 1<<32 {
+		q.TimeoutMs = uint32(ms)
+	}
+	c, err := l.get(ctx)
+	if err != nil {
+		return err
+	}
+	out := c.out[:0]
+	if c.fresh {
+		out = append(out, fastcall.Preamble...)
+	}
+	if out, err = fastcall.AppendFrame(out, q, fastcall.MaxRequest); err != nil {
+		l.put(c) // too large for the listener: the stream takes it
+		return errStreamDown
+	}
+	c.out, c.fresh = out, false
+	_ = c.nc.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(time.Unix(1, 0)) })
+	_, err = c.nc.Write(out)
+	if err == nil {
+		c.buf, err = fastcall.ReadFrame(c.br, c.buf, fastcall.MaxResponse)
+	}
+	r := &callReply{}
+	if err == nil {
+		err = rpccodec.UnmarshalLimited(c.buf, r)
+	}
+	if !stop() || err != nil {
+		// The context ended (its deadline on the connection may yet
+		// land), or the connection failed: it is not kept.
+		_ = c.nc.Close()
+		switch {
+		case ctx.Err() != nil && err != nil:
+			return status.FromContextError(ctx.Err()).Err()
+		case err != nil:
+			l.down()
+			return errStreamDown
+		}
+	} else {
+		if cap(c.buf) > 1<<20 {
+			c.buf = nil
+		}
+		l.put(c)
+	}
+	l.answered()
+	if r.Code != int32(codes.OK) {
+		return status.ErrorProto(&spb.Status{Code: r.Code, Message: r.Message, Details: r.Details})
+	}
+	return r.answerInto(reply)
+}
+
+// get takes an idle connection or dials one; errStreamDown while the
+// listener is down, or when the dial fails.
+func (l *lookupListener) get(ctx context.Context) (*lookupConn, error) {
+	l.mu.Lock()
+	if l.closed || time.Now().Before(l.until) {
+		l.mu.Unlock()
+		return nil, errStreamDown
+	}
+	if n := len(l.idle); n > 0 {
+		c := l.idle[n-1]
+		l.idle[n-1] = nil
+		l.idle = l.idle[:n-1]
+		l.mu.Unlock()
+		return c, nil
+	}
+	l.mu.Unlock()
+	dctx, cancel := context.WithTimeout(ctx, lookupDialTimeout)
+	defer cancel()
+	nc, err := (&net.Dialer{}).DialContext(dctx, "tcp", l.addr)
+	if err == nil && l.tls != nil {
+		tc := tls.Client(nc, l.tls)
+		if err = tc.HandshakeContext(dctx); err != nil {
+			_ = nc.Close()
+		}
+		nc = tc
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			l.down()
+		}
+		return nil, errStreamDown
+	}
+	return &lookupConn{nc: nc, br: bufio.NewReaderSize(nc, 16<<10), fresh: true}, nil
+}
+
+// put keeps c for the next call, or closes it.
+func (l *lookupListener) put(c *lookupConn) {
+	_ = c.nc.SetDeadline(time.Time{})
+	l.mu.Lock()
+	if !l.closed && len(l.idle) < lookupIdle {
+		l.idle = append(l.idle, c)
+		c = nil
+	}
+	l.mu.Unlock()
+	if c != nil {
+		_ = c.nc.Close()
+	}
+}
+
+// down starts a backoff after a failure.
+func (l *lookupListener) down() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.fails++
+	l.until = time.Now().Add(min(lookupRetry<<min(l.fails-1, 16), lookupMaxDown))
+}
+
+// answered resets the backoff.
+func (l *lookupListener) answered() {
+	l.mu.Lock()
+	if l.fails != 0 {
+		l.fails = 0
+	}
+	l.mu.Unlock()
+}
+
+// close closes the idle connections; calls in flight close theirs.
+func (l *lookupListener) close() {
+	l.mu.Lock()
+	l.closed = true
+	idle := l.idle
+	l.idle = nil
+	l.mu.Unlock()
+	for _, c := range idle {
+		_ = c.nc.Close()
+	}
+}
