@@ -27,6 +27,7 @@ var (
 	largeCPU     = flag.String("large-cpuprofile", "", "write a CPU profile of each iteration's timed put phase of BenchmarkLargeObjects to `prefix`.N (go tool pprof merges them)")
 	largeGetCPU  = flag.String("large-get-cpuprofile", "", "write a CPU profile of each iteration's timed get phase of BenchmarkLargeObjects to `prefix`.N")
 	largeUnary   = flag.Bool("large-unary", false, "BenchmarkLargeObjects' client makes its master calls unary (Config.DisableCallStream): the call stream's A/B in one binary")
+	largeNoLook  = flag.Bool("large-nolookup", false, "BenchmarkLargeObjects' client keeps its lookups on the call stream (Config.DisableLookupListener): the lookup listener's A/B in one binary")
 	largeNoSpare = flag.Bool("large-nospares", false, "BenchmarkLargeObjects' client leases no spares (Config.DisableSpares): every put makes its PutStart, the spares' A/B in one binary")
 )
 
@@ -71,7 +72,9 @@ func BenchmarkLargeObjects(b *testing.B) {
 		AgentMemory: mem,
 		Agent:       func(_ int, c *agentapp.Config) { c.Prefault = true; c.Memory = config.ByteSize(mem) },
 	})
-	cl := c.Client(b, func(cfg *client.Config) { cfg.DisableCallStream, cfg.DisableSpares = *largeUnary, *largeNoSpare })
+	cl := c.Client(b, func(cfg *client.Config) {
+		cfg.DisableCallStream, cfg.DisableSpares, cfg.DisableLookupListener = *largeUnary, *largeNoSpare, *largeNoLook
+	})
 	// The put path before seal receipts (a Seal round trip in PutEnd), for
 	// a same-process A/B: put/putseal.
 	clSeal := c.Client(b, func(cfg *client.Config) { cfg.DisableSealOnWrite = true })

@@ -150,11 +150,14 @@ func benchClusterTLS(b *testing.B, workers, batch, size int, put bool) {
 // asking the agent for every read (DisableMappedReads), its A/B;
 // "sdk-unary" and "sdk-shm-unary" send the coalesced lookups as unary
 // calls instead of on the master's CallStream (DisableCallStream), the
-// stream's A/B in the same rounds. The agents serve sockets only when
+// stream's A/B in the same rounds; "sdk-stream" and "sdk-shm-stream"
+// keep the lookups on the stream instead of the master's lookup listener
+// (DisableLookupListener), the listener's. The agents serve sockets only when
 // -single-clients selects one of the shm configurations.
 func init() {
 	singleClients["sdk-uncoalesced"] = func(c *client.Config) { c.DisableCoalescing = true }
 	singleClients["sdk-unary"] = func(c *client.Config) { c.DisableCallStream = true }
+	singleClients["sdk-stream"] = func(c *client.Config) { c.DisableLookupListener = true }
 	var dir string
 	var sockets []string
 	singleAgent = func(b *testing.B, i int, c *agentapp.Config) {
@@ -172,6 +175,7 @@ func init() {
 	singleClients["sdk-shm"] = func(c *client.Config) { c.SharedMemorySockets = sockets }
 	singleClients["sdk-shm-granted"] = func(c *client.Config) { c.SharedMemorySockets, c.DisableMappedReads = sockets, true }
 	singleClients["sdk-shm-unary"] = func(c *client.Config) { c.SharedMemorySockets, c.DisableCallStream = sockets, true }
+	singleClients["sdk-shm-stream"] = func(c *client.Config) { c.SharedMemorySockets, c.DisableLookupListener = sockets, true }
 	singleCoalesced = func(c *client.Client, op string) (batches, items int) {
 		n := c.Coalesced()[op]
 		return n[0], n[1]
