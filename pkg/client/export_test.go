@@ -108,3 +108,6 @@ func (c *Client) Lookup(ctx context.Context, keys ...string) ([]error, error) {
 	}
 	return errs, nil
 }
+
+// SparesHeld is how many spares of size c holds.
+func SparesHeld(c *Client, size uint64) int { return c.s.spares.held(size) }

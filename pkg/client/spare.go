@@ -21,7 +21,8 @@ import (
 // the spare (and asks for one more): no PutStart. A spare the master no
 // longer holds for the client (expired, its agent registered again, a new
 // leader) fails that PutEnd with PUT_EXPIRED, or its write fails at the
-// agent; the Put then goes through PutStart as usual.
+// agent; the Put then goes through PutStart as usual, and on PUT_EXPIRED
+// or a token of unknown keys the client drops its other spares too.
 
 const (
 	// sparesHeld is how many spares of a size the client keeps leased.
@@ -57,6 +58,23 @@ func (sc *spareCache) take(size uint64, now time.Time) *masterv1.ReplicaDescript
 	}
 	delete(sc.by, size)
 	return nil
+}
+
+// drop forgets every spare: the master that leased them no longer holds
+// them (a commit answered PUT_EXPIRED: they lapsed, or a new master or
+// leader knows no such lease), so the others are most likely gone too,
+// and each would cost a write into it before its put fell back.
+func (sc *spareCache) drop() {
+	sc.mu.Lock()
+	clear(sc.by)
+	sc.mu.Unlock()
+}
+
+// held is how many spares of size the client holds.
+func (sc *spareCache) held(size uint64) int {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return len(sc.by[size])
 }
 
 // want is how many more spares of size the client would like.
@@ -137,6 +155,11 @@ func (c *Client) putOnSpare(ctx context.Context, key string, size int64, src sou
 		if ctx.Err() != nil {
 			return err
 		}
+		if rpcerr.Reason(err) == "INVALID_TOKEN" {
+			// Signed by keys the agent no longer knows (a new master): so
+			// are the others.
+			c.s.spares.drop()
+		}
 		return &errSpareGone{fmt.Errorf("write spare: %w", err)}
 	}
 	if len(res[0].Receipt) == 0 {
@@ -155,7 +178,10 @@ func (c *Client) putOnSpare(ctx context.Context, key string, size int64, src sou
 	})
 	if err != nil {
 		switch rpcerr.Reason(err) {
-		case "PUT_EXPIRED", "SEGMENT_UNAVAILABLE":
+		case "PUT_EXPIRED":
+			c.s.spares.drop()
+			return &errSpareGone{err}
+		case "SEGMENT_UNAVAILABLE":
 			return &errSpareGone{err}
 		}
 		return err
