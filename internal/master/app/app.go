@@ -600,7 +600,10 @@ func (m *Master) run(ctx context.Context) error {
 		fc := fastcall.NewServer(fastcall.Config{}, m.objects.Answer, m.lg.With("part", "lookup"))
 		m.lookup.Store(fc)
 		runs["lookup"] = func(ctx context.Context) error {
-			defer m.lookupAddr.Store(nil)
+			defer func() {
+				m.objects.SetLookupAddr("")
+				m.lookupAddr.Store(nil)
+			}()
 			return fc.Serve(ctx, lis)
 		}
 	}
