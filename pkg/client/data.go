@@ -405,9 +405,26 @@ func (c *Client) getDirect(ctx context.Context, key string, alloc func(size uint
 		if ctx.Err() != nil {
 			break
 		}
+		if round == 0 && rpcerr.Reason(lastErr) == "INVALID_TOKEN" {
+			// A master that has just (re)started, or a new leader, makes a
+			// registering agent's segments readable as it sends the agent
+			// its token keys, so for a moment the agent may not know the
+			// key of a fresh list's tokens. Refetching at once met the same
+			// agent still without it (CI, TestPutsOnBlankReservations).
+			t := time.NewTimer(tokenRetryPause)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+		}
 	}
 	return fmt.Errorf("get %q: %w", key, lastErr)
 }
+
+// tokenRetryPause is how long a Get whose replicas refused their tokens
+// waits before it fetches a fresh replica list.
+const tokenRetryPause = 25 * time.Millisecond
 
 func (c *Client) replicaList(ctx context.Context, key string) (*masterv1.GetReplicaListResponse, error) {
 	rl, err := c.s.co.lists.do(ctx, &masterv1.GetReplicaListRequest{Tenant: c.tenant, Key: key, ClientHost: c.s.cfg.HostID})

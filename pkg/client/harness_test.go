@@ -163,6 +163,15 @@ func (h *harness) refuseAgents(t *testing.T, agents ...int) (heal func()) {
 	return heal
 }
 
+// refuseAgentsFor is refuseAgents for the lookups answered within d of the
+// first one it spoils.
+func (h *harness) refuseAgentsFor(t *testing.T, d time.Duration, agents ...int) {
+	t.Helper()
+	h.refuseAgents(t, agents...)
+	h.r.set(func() { h.r.badFor, h.r.badUntil = d, time.Time{} })
+	t.Cleanup(func() { h.r.set(func() { h.r.badFor, h.r.badUntil = 0, time.Time{} }) })
+}
+
 // cutAgent makes agent i unreachable from the client while the master
 // still lists its replicas: every endpoint of it refuses connections, until
 // heal is called or the test ends.
@@ -239,6 +248,11 @@ type routes struct {
 	down     map[string]bool   // agent ids: both endpoints closed
 	xferDown map[string]bool   // agent ids: transfer endpoint closed
 	badToken map[string]bool   // agent ids: tokens the agent refuses
+	// badFor, when set, limits badToken to the lookups answered within
+	// badFor of the first one it spoiled (badUntil): an agent that, for a
+	// moment, does not know the master's key.
+	badFor   time.Duration
+	badUntil time.Time
 	proxy    map[string]string // agent id -> counting proxy of its transfer endpoint
 }
 
@@ -321,7 +335,14 @@ func (r *routes) rewrite(reply any) {
 		if r.xferDown[id] && d.GetTransferEndpoint() != "" {
 			d.TransferEndpoint = closedAddr
 		}
-		if r.badToken[id] && len(d.GetToken()) > 0 {
+		spoil := r.badToken[id]
+		if spoil && r.badFor > 0 {
+			if r.badUntil.IsZero() {
+				r.badUntil = time.Now().Add(r.badFor)
+			}
+			spoil = time.Now().Before(r.badUntil)
+		}
+		if spoil && len(d.GetToken()) > 0 {
 			tok := slices.Clone(d.GetToken())
 			tok[len(tok)/2] ^= 0xff
 			d.Token = tok

@@ -874,3 +874,21 @@ func TestTenantsAndRawClients(t *testing.T) {
 		t.Fatal("Put after Close (of a view sharing the connections) succeeded")
 	}
 }
+
+// TestGetWaitsForAgentKeys: an agent that refuses a fresh list's tokens for
+// a moment (a master that just started sends a registering agent its keys
+// as it makes its segments readable) fails a Get's first round; the Get
+// waits before it fetches the list again, and reads.
+func TestGetWaitsForAgentKeys(t *testing.T) {
+	h := start(t, testcluster.Options{Agents: 1})
+	c := h.pathClient(t, true)
+	ctx := t.Context()
+	data := pattern(100<<10, 3)
+	if err := c.Put(ctx, "keys", data); err != nil {
+		t.Fatal(err)
+	}
+	h.refuseAgentsFor(t, 15*time.Millisecond, 0)
+	if got, err := c.Get(ctx, "keys"); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("Get while the agent briefly refuses its tokens: %d bytes, %v", len(got), err)
+	}
+}
