@@ -245,9 +245,9 @@ const closedAddr = "127.0.0.1:1"
 // answers (single and batch) on their way to the client.
 type routes struct {
 	mu       sync.Mutex
-	down     map[string]bool   // agent ids: both endpoints closed
-	xferDown map[string]bool   // agent ids: transfer endpoint closed
-	badToken map[string]bool   // agent ids: tokens the agent refuses
+	down     map[string]bool // agent ids: both endpoints closed
+	xferDown map[string]bool // agent ids: transfer endpoint closed
+	badToken map[string]bool // agent ids: tokens the agent refuses
 	// badFor, when set, limits badToken to the lookups answered within
 	// badFor of the first one it spoiled (badUntil): an agent that, for a
 	// moment, does not know the master's key.
