@@ -54,6 +54,18 @@ func (b *Backoff) Wait(ctx context.Context) error {
 	}
 }
 
+// Sleep waits d, or until ctx ends (returning its error).
+func Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
 // Delay is the stateless form: the delay before attempt (0-based), base·2^attempt
 // capped at hi, jittered.
 func Delay(base, hi time.Duration, attempt int) time.Duration {

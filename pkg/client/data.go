@@ -13,6 +13,7 @@ import (
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/checksum"
+	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/tracectx"
 	"google.golang.org/grpc"
@@ -411,12 +412,7 @@ func (c *Client) getDirect(ctx context.Context, key string, alloc func(size uint
 			// its token keys, so for a moment the agent may not know the
 			// key of a fresh list's tokens. Refetching at once met the same
 			// agent still without it (CI, TestPutsOnBlankReservations).
-			t := time.NewTimer(tokenRetryPause)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-			}
-			t.Stop()
+			_ = retry.Sleep(ctx, tokenRetryPause)
 		}
 	}
 	return fmt.Errorf("get %q: %w", key, lastErr)

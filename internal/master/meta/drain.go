@@ -11,6 +11,7 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/cluster"
+	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 )
 
@@ -191,7 +192,7 @@ func (s *Store) drain(ctx context.Context, sd *segDrain, r *drainRun, sv cluster
 			} else if failedBefore < r.failed.Load() {
 				// Let a target that failed (an agent stopping) leave the
 				// registry before placing again.
-				if err := sleepCtx(ctx, drainRetryDelay); err != nil {
+				if err := retry.Sleep(ctx, drainRetryDelay); err != nil {
 					r.left.Store(uint64(s.drainLeft(src)))
 					return stopped, rpcerr.Status(err)
 				}
@@ -305,18 +306,6 @@ const drainRetryDelay = 200 * time.Millisecond
 // drainWaitPoll is how often a drain looks again at the writes in
 // progress it waits for.
 const drainWaitPoll = 20 * time.Millisecond
-
-// sleepCtx waits d or until ctx ends.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
 
 // drainScan lists the COMPLETE replicas on segment src of objects with no
 // put in progress, and counts the writes in progress with a replica there.
