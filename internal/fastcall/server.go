@@ -12,10 +12,10 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -99,26 +99,14 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	stop := context.AfterFunc(ctx, func() { _ = lis.Close() })
 	defer stop()
 	var err error
-	var delay time.Duration
 	for {
-		nc, aerr := lis.Accept()
+		nc, aerr := retry.Accept(ctx, lis, s.lg, "lookup")
 		if aerr != nil {
-			if ctx.Err() != nil {
-				break
+			if ctx.Err() == nil {
+				err = aerr
 			}
-			if temporary(aerr) {
-				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-				s.lg.Warn("lookup listener accept failed; retrying", "err", aerr, "delay", delay)
-				select {
-				case <-ctx.Done():
-				case <-time.After(delay):
-				}
-				continue
-			}
-			err = fmt.Errorf("lookup listener: %w", aerr)
 			break
 		}
-		delay = 0
 		if !s.add(nc) {
 			s.refused.Add(1)
 			_ = nc.Close()
@@ -137,11 +125,6 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	s.mu.Unlock()
 	s.wg.Wait()
 	return err
-}
-
-func temporary(err error) bool {
-	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ENOBUFS) ||
-		errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ECONNABORTED)
 }
 
 func remoteIP(nc net.Conn) netip.Addr {

@@ -10,7 +10,12 @@ package retry
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"net"
+	"syscall"
 	"time"
 )
 
@@ -82,4 +87,35 @@ func Jitter(d time.Duration) time.Duration {
 		return 0
 	}
 	return d/2 + rand.N(d/2+1)
+}
+
+// Accept is lis.Accept for a listener's serve loop: a temporary failure
+// (out of descriptors or memory, a connection aborted before it was
+// accepted) is logged and tried again after a delay doubling from 5 ms to
+// 1 s, as net/http does, instead of spinning; the delay honours ctx. It
+// returns ctx's error once ctx ends, else a lasting failure as "what
+// listener: err".
+func Accept(ctx context.Context, lis net.Listener, lg *slog.Logger, what string) (net.Conn, error) {
+	var delay time.Duration
+	for {
+		nc, err := lis.Accept()
+		switch {
+		case err == nil:
+			return nc, nil
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case !temporary(err):
+			return nil, fmt.Errorf("%s listener: %w", what, err)
+		}
+		delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+		lg.Warn(what+" accept failed; retrying", "err", err, "delay", delay)
+		if Sleep(ctx, delay) != nil {
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func temporary(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ENOBUFS) ||
+		errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ECONNABORTED)
 }

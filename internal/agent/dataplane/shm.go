@@ -15,6 +15,7 @@ import (
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/xfer"
 	"github.com/crescent-kv/crescent/internal/xfer/shm"
@@ -97,26 +98,15 @@ func (s *Server) ServeShm(ctx context.Context, lis *net.UnixListener, cfg ShmCon
 	stop := context.AfterFunc(ctx, func() { _ = lis.Close() })
 	defer stop()
 	var err error
-	var delay time.Duration
 	for {
-		uc, aerr := lis.AcceptUnix()
+		nc, aerr := retry.Accept(ctx, lis, s.lg, "shm")
 		if aerr != nil {
-			if ctx.Err() != nil {
-				break
+			if ctx.Err() == nil {
+				err = aerr
 			}
-			if temporary(aerr) {
-				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-				s.lg.Warn("shm accept failed; retrying", "err", aerr, "delay", delay)
-				select {
-				case <-ctx.Done():
-				case <-time.After(delay):
-				}
-				continue
-			}
-			err = fmt.Errorf("shm listener: %w", aerr)
 			break
 		}
-		delay = 0
+		uc := nc.(*net.UnixConn) // a UnixListener's
 		t.wg.Go(func() { t.serve(uc) })
 	}
 	_ = lis.Close()

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -21,6 +20,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/agent/segment"
 	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/checksum"
+	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/tracectx"
 	"github.com/crescent-kv/crescent/internal/xfer"
@@ -161,28 +161,14 @@ func (s *Server) ServeTransfer(ctx context.Context, lis net.Listener) error {
 	stop := context.AfterFunc(ctx, func() { _ = lis.Close() })
 	defer stop()
 	var err error
-	var delay time.Duration
 	for {
-		nc, aerr := lis.Accept()
+		nc, aerr := retry.Accept(ctx, lis, s.lg, "transfer")
 		if aerr != nil {
-			if ctx.Err() != nil {
-				break
+			if ctx.Err() == nil {
+				err = aerr
 			}
-			if temporary(aerr) {
-				// Out of descriptors or memory: back off instead of
-				// spinning, as net/http does.
-				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-				s.lg.Warn("transfer accept failed; retrying", "err", aerr, "delay", delay)
-				select {
-				case <-ctx.Done():
-				case <-time.After(delay):
-				}
-				continue
-			}
-			err = fmt.Errorf("transfer listener: %w", aerr)
 			break
 		}
-		delay = 0
 		c, rerr := t.add(nc)
 		if rerr != nil {
 			t.reject(nc, rerr)
@@ -197,11 +183,6 @@ func (s *Server) ServeTransfer(ctx context.Context, lis net.Listener) error {
 	_ = lis.Close()
 	t.shutdown()
 	return err
-}
-
-func temporary(err error) bool {
-	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ENOBUFS) ||
-		errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ECONNABORTED)
 }
 
 // transferServer is one ServeTransfer: its connections and their states.
