@@ -127,10 +127,7 @@ const closeWait = time.Second
 // on the stream, and should go as a unary call.
 func (c *callStream) call(ctx context.Context, m *masterv1.CallStreamRequest, reply any) error {
 	if d, ok := ctx.Deadline(); ok {
-		// Rounded up: a deadline of 0 ms would mean the master's cap.
-		if ms := (time.Until(d) + time.Millisecond - 1) / time.Millisecond; ms > 0 && ms < 1<<32 {
-			m.TimeoutMs = uint32(ms)
-		}
+		setTimeout(m, d)
 	}
 	c.mu.Lock()
 	o := c.cur
@@ -167,6 +164,14 @@ func (c *callStream) call(ctx context.Context, m *masterv1.CallStreamRequest, re
 	case <-ctx.Done():
 		c.forget(o, id)
 		return status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+// setTimeout sends the deadline d with m (timeout_ms), rounded up: a
+// timeout of 0 ms would mean the master's cap.
+func setTimeout(m *masterv1.CallStreamRequest, d time.Time) {
+	if ms := (time.Until(d) + time.Millisecond - 1) / time.Millisecond; ms > 0 && ms < 1<<32 {
+		m.TimeoutMs = uint32(ms)
 	}
 }
 

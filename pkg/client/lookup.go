@@ -110,9 +110,7 @@ func (l *lookupListener) call(ctx context.Context, q *masterv1.CallStreamRequest
 	if !ok {
 		deadline = time.Now().Add(lookupCallTimeout)
 	}
-	if ms := (time.Until(deadline) + time.Millisecond - 1) / time.Millisecond; ms > 0 && ms < 1<<32 {
-		q.TimeoutMs = uint32(ms)
-	}
+	setTimeout(q, deadline)
 	c, err := l.get(ctx)
 	if err != nil {
 		return err
@@ -122,7 +120,7 @@ func (l *lookupListener) call(ctx context.Context, q *masterv1.CallStreamRequest
 		out = append(out, fastcall.Preamble...)
 	}
 	if out, err = fastcall.AppendFrame(out, q, fastcall.MaxRequest); err != nil {
-		l.put(c) // too large for the listener: the stream takes it
+		l.release(c, true) // too large for the listener: the stream takes it
 		return errStreamDown
 	}
 	c.out, c.fresh = out, false
@@ -136,24 +134,25 @@ func (l *lookupListener) call(ctx context.Context, q *masterv1.CallStreamRequest
 	if err == nil {
 		err = rpccodec.UnmarshalLimited(c.buf, r)
 	}
-	if !stop() || err != nil {
-		// The context ended (its deadline on the connection may yet
-		// land), or the connection failed: it is not kept.
+	// A connection whose context ended (its deadline on it may yet land)
+	// or that failed is not kept.
+	keep := stop() && err == nil
+	switch {
+	case err != nil && ctx.Err() != nil:
 		_ = c.nc.Close()
-		switch {
-		case ctx.Err() != nil && err != nil:
-			return status.FromContextError(ctx.Err()).Err()
-		case err != nil:
-			l.down()
-			return errStreamDown
-		}
-	} else {
-		if cap(c.buf) > 1<<20 {
-			c.buf = nil
-		}
-		l.put(c)
+		return status.FromContextError(ctx.Err()).Err()
+	case err != nil:
+		_ = c.nc.Close()
+		l.down()
+		return errStreamDown
 	}
-	l.answered()
+	if cap(c.buf) > 1<<20 {
+		c.buf = nil // a large answer's buffer is not kept
+	}
+	if cap(c.out) > 1<<20 {
+		c.out = nil
+	}
+	l.release(c, keep)
 	if r.Code != int32(codes.OK) {
 		return status.ErrorProto(&spb.Status{Code: r.Code, Message: r.Message, Details: r.Details})
 	}
@@ -195,11 +194,16 @@ func (l *lookupListener) get(ctx context.Context) (*lookupConn, error) {
 	return &lookupConn{nc: nc, br: bufio.NewReaderSize(nc, 16<<10), fresh: true}, nil
 }
 
-// put keeps c for the next call, or closes it.
-func (l *lookupListener) put(c *lookupConn) {
-	_ = c.nc.SetDeadline(time.Time{})
+// release ends a call on c that the listener answered (or that never
+// went): the backoff starts over, and c is kept for the next call when
+// keep and there is room, else closed.
+func (l *lookupListener) release(c *lookupConn, keep bool) {
+	if keep {
+		_ = c.nc.SetDeadline(time.Time{})
+	}
 	l.mu.Lock()
-	if !l.closed && len(l.idle) < lookupIdle {
+	l.fails = 0
+	if keep && !l.closed && len(l.idle) < lookupIdle {
 		l.idle = append(l.idle, c)
 		c = nil
 	}
@@ -215,15 +219,6 @@ func (l *lookupListener) down() {
 	defer l.mu.Unlock()
 	l.fails++
 	l.until = time.Now().Add(min(lookupRetry<<min(l.fails-1, 16), lookupMaxDown))
-}
-
-// answered resets the backoff.
-func (l *lookupListener) answered() {
-	l.mu.Lock()
-	if l.fails != 0 {
-		l.fails = 0
-	}
-	l.mu.Unlock()
 }
 
 // close closes the idle connections; calls in flight close theirs.
