@@ -532,14 +532,21 @@ func (s *Subscriber) repair(ctx context.Context, from, to uint64) {
 // live batches it already delivered are then skipped.
 func (s *Subscriber) catchUp(ctx context.Context, from uint64) {
 	s.started, s.expected = true, from
+	if err := s.replayOn(ctx); err != nil {
+		s.report(Gap{From: s.expected, Err: fmt.Errorf("kvevent: replay from %d: %w", from, err)})
+	}
+}
+
+// replayOn delivers every retained batch from s.expected on, and marks
+// them to be skipped when they arrive live (skipReplayed).
+func (s *Subscriber) replayOn(ctx context.Context) error {
+	from := s.expected
 	err := Replay(ctx, s.opts.ReplayEndpoint, from, s.replayOptions(), func(rb Batch) error {
 		s.fill(rb)
 		return nil
 	})
-	if err != nil {
-		s.report(Gap{From: s.expected, Err: fmt.Errorf("kvevent: replay from %d: %w", from, err)})
-	}
 	s.skipReplayed(from)
+	return err
 }
 
 // skipReplayed marks the batches a replay from `from` delivered, up to
@@ -576,14 +583,9 @@ func (s *Subscriber) confirmed(ctx context.Context) {
 		return
 	}
 	from := s.expected
-	err := Replay(ctx, s.opts.ReplayEndpoint, from, s.replayOptions(), func(rb Batch) error {
-		s.fill(rb)
-		return nil
-	})
-	if err != nil && ctx.Err() == nil {
+	if err := s.replayOn(ctx); err != nil && ctx.Err() == nil {
 		s.lg.Warn("kv event replay after subscribing failed: batches published meanwhile show up at the next live batch", "from", from, "err", err)
 	}
-	s.skipReplayed(from)
 }
 
 // fill delivers a replayed batch, reporting sequences before it that the

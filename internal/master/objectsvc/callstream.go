@@ -271,8 +271,7 @@ func (s *Service) SetLookupAddr(addr string) {
 // makes the call again elsewhere.
 func (s *Service) Answer(ctx context.Context, r *masterv1.CallStreamRequest) *masterv1.CallStreamResponse {
 	if s.stopping.Err() != nil {
-		sp := status.Convert(errShuttingDown()).Proto()
-		return &masterv1.CallStreamResponse{RequestId: r.GetRequestId(), Code: sp.GetCode(), Message: sp.GetMessage(), Details: sp.GetDetails()}
+		return failed(&masterv1.CallStreamResponse{RequestId: r.GetRequestId()}, errShuttingDown())
 	}
 	return s.answer(ctx, r)
 }
@@ -297,8 +296,14 @@ func (s *Service) answer(ctx context.Context, r *masterv1.CallStreamRequest) *ma
 		err = status.Error(codes.Unimplemented, "call stream: the master does not know this call (an older master): make it as a unary call")
 	}
 	if err != nil {
-		sp := status.Convert(err).Proto()
-		m.Code, m.Message, m.Details = sp.GetCode(), sp.GetMessage(), sp.GetDetails()
+		return failed(m, err)
 	}
+	return m
+}
+
+// failed sets m's status to err's.
+func failed(m *masterv1.CallStreamResponse, err error) *masterv1.CallStreamResponse {
+	sp := status.Convert(err).Proto()
+	m.Code, m.Message, m.Details = sp.GetCode(), sp.GetMessage(), sp.GetDetails()
 	return m
 }
