@@ -407,11 +407,14 @@ func (c *Client) getDirect(ctx context.Context, key string, alloc func(size uint
 			break
 		}
 		if round == 0 && rpcerr.Reason(lastErr) == "INVALID_TOKEN" {
-			// A master that has just (re)started, or a new leader, makes a
-			// registering agent's segments readable as it sends the agent
-			// its token keys, so for a moment the agent may not know the
-			// key of a fresh list's tokens. Refetching at once met the same
-			// agent still without it (CI, TestPutsOnBlankReservations).
+			// A master of before SettingsApplied, just (re)started or newly
+			// elected, made a registering agent's segments readable as it
+			// sent the agent its token keys, so for a moment the agent might
+			// not know the key of a fresh list's tokens, and refetching at
+			// once met the same agent still without it (CI,
+			// TestPutsOnBlankReservations). Masters now wait for the agent's
+			// answer; the pause stays for older ones and costs nothing
+			// otherwise.
 			_ = retry.Sleep(ctx, tokenRetryPause)
 		}
 	}

@@ -67,7 +67,7 @@ func (m *master) Connect(stream masterv1.SegmentService_ConnectServer) error {
 				errc <- err
 				return
 			}
-			if msg.GetHeartbeat() == nil {
+			if msg.GetHeartbeat() == nil && msg.GetSettingsApplied() == nil {
 				c.in <- msg
 			}
 		}

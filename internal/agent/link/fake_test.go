@@ -36,6 +36,9 @@ type fakeMaster struct {
 	followErr func() error
 	// followCalls counts Follow calls.
 	followCalls atomic.Int64
+	// onApplied, when set (before the link starts), is called with each
+	// SettingsApplied as it arrives.
+	onApplied func(*masterv1.SettingsApplied)
 }
 
 func newFakeMaster() *fakeMaster {
@@ -52,7 +55,10 @@ type fakeSession struct {
 	allocs []*masterv1.Allocation
 	recv   chan *masterv1.ConnectRequest  // agent → master after Register
 	send   chan *masterv1.ConnectResponse // master → agent
-	drop   chan error                     // end the stream with this status
+	// applied holds the agent's SettingsApplied answers (recv never
+	// does).
+	applied chan *masterv1.SettingsApplied
+	drop    chan error // end the stream with this status
 	// ended is closed when the handler returns; eof is set when the agent
 	// closed its send side.
 	ended chan struct{}
@@ -107,12 +113,13 @@ func (f *fakeMaster) serve(stream masterv1.SegmentService_ConnectServer, out cha
 		}
 	}
 	s := &fakeSession{
-		reg:    first.GetRegister(),
-		allocs: table,
-		recv:   make(chan *masterv1.ConnectRequest, 1024),
-		send:   make(chan *masterv1.ConnectResponse, 64),
-		drop:   make(chan error, 1),
-		ended:  make(chan struct{}),
+		reg:     first.GetRegister(),
+		allocs:  table,
+		recv:    make(chan *masterv1.ConnectRequest, 1024),
+		send:    make(chan *masterv1.ConnectResponse, 64),
+		applied: make(chan *masterv1.SettingsApplied, 64),
+		drop:    make(chan error, 1),
+		ended:   make(chan struct{}),
 	}
 	defer close(s.ended)
 	ctx := stream.Context()
@@ -131,6 +138,16 @@ func (f *fakeMaster) serve(stream masterv1.SegmentService_ConnectServer, out cha
 				}
 				recvDone <- err
 				return
+			}
+			if a := m.GetSettingsApplied(); a != nil {
+				if f.onApplied != nil {
+					f.onApplied(a)
+				}
+				select {
+				case s.applied <- a:
+				default:
+				}
+				continue
 			}
 			select {
 			case s.recv <- m:
@@ -202,6 +219,9 @@ type harnessOpts struct {
 	masters func(list string) string
 	// now, when set, is the link's clock.
 	now func() time.Time
+	// applyDelay is how long OnSettings takes (a data plane slow to take
+	// its keys).
+	applyDelay time.Duration
 }
 
 func newHarness(t *testing.T, o harnessOpts) *harness {
@@ -284,6 +304,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 		Segments: h.segs,
 		Feed:     h.feed,
 		OnSettings: func(s *masterv1.Settings) {
+			time.Sleep(o.applyDelay)
 			h.mu.Lock()
 			h.settings = append(h.settings, s)
 			h.mu.Unlock()

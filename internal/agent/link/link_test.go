@@ -273,6 +273,47 @@ func TestCopyToAnotherAgent(t *testing.T) {
 	}
 }
 
+// TestSettingsAppliedAfterKeys: the agent answers every Settings with
+// SettingsApplied naming its newest token key, and only once OnSettings
+// (which hands the keys to the data plane) has returned: the master makes
+// a registering agent's segments readable on that answer, so no client is
+// handed a token the agent cannot verify yet.
+func TestSettingsAppliedAfterKeys(t *testing.T) {
+	h := newHarness(t, harnessOpts{applyDelay: 30 * time.Millisecond})
+	type answer struct {
+		keyID uint32
+		seen  int // Settings OnSettings had been called with by then
+	}
+	got := make(chan answer, 4)
+	h.master.onApplied = func(a *masterv1.SettingsApplied) {
+		h.mu.Lock()
+		n := len(h.settings)
+		h.mu.Unlock()
+		got <- answer{a.GetTokenKeyId(), n}
+	}
+	s := connected(t, h, 3)
+	next := func() answer {
+		t.Helper()
+		select {
+		case a := <-got:
+			return a
+		case <-time.After(5 * time.Second):
+			t.Fatal("no SettingsApplied from the agent")
+			return answer{}
+		}
+	}
+	if a := next(); a != (answer{1, 1}) {
+		t.Fatalf("answer to the registration's Settings: key %d after %d Settings applied, want key 1 after 1", a.keyID, a.seen)
+	}
+	rotated := settings(3)
+	st := rotated.GetSettings()
+	st.TokenKeys = append([]*masterv1.TokenKey{{Id: 2, Key: []byte("abcdef0123456789abcdef0123456789")}}, st.TokenKeys...)
+	s.send <- rotated
+	if a := next(); a != (answer{2, 2}) {
+		t.Fatalf("answer to a rotation's Settings: key %d after %d Settings applied, want key 2 after 2", a.keyID, a.seen)
+	}
+}
+
 func TestStaleEpochRejected(t *testing.T) {
 	h := newHarness(t, harnessOpts{})
 	s := connected(t, h, 5)

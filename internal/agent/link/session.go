@@ -360,13 +360,20 @@ func (s *session) applySettings(st *masterv1.Settings) error {
 		default:
 		}
 	}
+	// The keys first: the master makes this agent's segments readable
+	// once it has the answer below, and a release list may be long.
+	if l.deps.OnSettings != nil {
+		l.deps.OnSettings(st)
+	}
 	if rel := st.GetReleaseAllocations(); len(rel) > 0 {
 		l.deps.Segments.ReleaseRefs(rel)
 		l.lg.Info("released allocations the master did not claim", "count", len(rel))
 	}
-	if l.deps.OnSettings != nil {
-		l.deps.OnSettings(st)
-	}
 	l.met.epoch.Set(float64(l.epoch.Load()))
+	applied := &masterv1.SettingsApplied{}
+	if keys := st.GetTokenKeys(); len(keys) > 0 {
+		applied.TokenKeyId = keys[0].GetId()
+	}
+	s.enqueue(&masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_SettingsApplied{SettingsApplied: applied}})
 	return nil
 }

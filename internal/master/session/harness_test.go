@@ -379,6 +379,11 @@ func (h *harness) connectWith(dial func(context.Context) (*grpc.ClientConn, erro
 	if first.GetSettings() == nil {
 		t.Fatalf("agent %s: first response: got %T, want Settings", agentID, first.GetMsg())
 	}
+	// As an agent does once it holds the Settings' keys: the master makes
+	// its segments readable on this answer.
+	if err := stream.Send(&masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_SettingsApplied{SettingsApplied: &masterv1.SettingsApplied{}}}); err != nil {
+		t.Fatal(err)
+	}
 	a := &fakeAgent{
 		t: t, id: agentID, conn: conn, stream: stream, cancel: cancel, settings: first.GetSettings(),
 		out: make(chan *masterv1.ConnectRequest, 1024), ctl: make(chan func()), msgs: map[string]int{}, items: map[string]int{},

@@ -416,6 +416,9 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 	case <-ctx.Done():
 		return causeStatus(ctx)
 	}
+	if over, err := m.awaitApplied(ctx, s, recvc, recvErr); over {
+		return err
+	}
 	if _, ok := m.reg.Activate(reg.AgentID, gen); !ok {
 		return errReplaced
 	}
@@ -438,14 +441,45 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 				return rpcerr.Status(err)
 			}
 		case err := <-recvErr:
-			if errors.Is(err, io.EOF) {
-				m.lg.Info("agent stream closed", "agent_id", s.agentID)
-				return nil
-			}
-			m.lg.Info("agent stream ended", "agent_id", s.agentID, "err", err)
-			return nil
+			return s.ended(err)
 		case <-ctx.Done():
 			return causeStatus(ctx)
+		}
+	}
+}
+
+// awaitApplied waits for the agent's answer to its registration's Settings
+// (SettingsApplied or, from an agent that predates that message, its first
+// Heartbeat, which it sends only after applying Settings), handling what
+// else it sends meanwhile. Until the answer the agent's segments stay as
+// Register left them (SUSPECTED, reconciling), so no lookup hands out a
+// token the agent cannot verify yet: a restarted or newly elected
+// master's key is new to every agent, and a Get read in that window used
+// to fail with INVALID_TOKEN "signed by an unknown key". An agent that
+// answers neither within RegisterTimeout is activated anyway, as before
+// the answer existed, with a warning. over is true when the stream ended
+// meanwhile (Connect returns err).
+func (m *Manager) awaitApplied(ctx context.Context, s *session, recvc <-chan *masterv1.ConnectRequest, recvErr <-chan error) (over bool, err error) {
+	t := time.NewTimer(m.cfg.RegisterTimeout)
+	defer t.Stop()
+	for {
+		select {
+		case msg := <-recvc:
+			if err := s.handle(msg); err != nil {
+				m.lg.Warn("agent protocol error", "agent_id", s.agentID, "err", err)
+				return true, rpcerr.Status(err)
+			}
+			if msg.GetSettingsApplied() != nil || msg.GetHeartbeat() != nil {
+				return false, nil
+			}
+		case err := <-recvErr:
+			return true, s.ended(err)
+		case <-t.C:
+			m.lg.Warn("agent did not acknowledge its Settings; making its segments readable anyway (reads may fail INVALID_TOKEN until it applies them)",
+				"agent_id", s.agentID, "waited", m.cfg.RegisterTimeout)
+			return false, nil
+		case <-ctx.Done():
+			return true, causeStatus(ctx)
 		}
 	}
 }

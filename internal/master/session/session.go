@@ -2,6 +2,8 @@ package session
 
 import (
 	"context"
+	"errors"
+	"io"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -114,6 +116,16 @@ func (s *session) sendLoop() {
 	}
 }
 
+// ended is Connect's return for a stream whose receiver stopped with err.
+func (s *session) ended(err error) error {
+	if errors.Is(err, io.EOF) {
+		s.m.lg.Info("agent stream closed", "agent_id", s.agentID)
+		return nil
+	}
+	s.m.lg.Info("agent stream ended", "agent_id", s.agentID, "err", err)
+	return nil
+}
+
 // stopSend forbids further Sends. A Send already running is unblocked by the
 // handler's return.
 func (s *session) stopSend() {
@@ -185,6 +197,9 @@ func (s *session) handle(msg *masterv1.ConnectRequest) error {
 		if ids := m.reg.Unmount(s.agentID, s.gen, u.GetUnmountedSegmentIds()); len(ids) > 0 {
 			m.unmount(ids)
 		}
+	case *masterv1.ConnectRequest_SettingsApplied:
+		// Connect waited for the registration's (awaitApplied); later
+		// ones answer key rotations, which the activation delay covers.
 	case *masterv1.ConnectRequest_Register:
 		return invalid("Register is only allowed as the first message of a stream")
 	case *masterv1.ConnectRequest_RegisterChunk:

@@ -891,3 +891,63 @@ func TestEventsArriveBeforeAcknowledged(t *testing.T) {
 		t.Fatal("no departure after a graceful stop")
 	}
 }
+
+// TestSegmentsReadableOnceSettingsApplied: a registering agent's segments
+// stay SUSPECTED (no lookup hands out their replicas) until the agent
+// answers the registration's Settings, which carry the token keys it
+// verifies reads with; a restarted master's key is new to every agent.
+// The answer is SettingsApplied, or from an agent that predates it its
+// first heartbeat; an agent that sends neither is activated after
+// RegisterTimeout, as before the answer existed.
+func TestSegmentsReadableOnceSettingsApplied(t *testing.T) {
+	h := newHarness(t, fastConfig(), harnessOpts{})
+	register := func(t *testing.T, id string) masterv1.SegmentService_ConnectClient {
+		conn, stream, cancel := h.open(&masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Register{Register: registerMsg(id)}})
+		t.Cleanup(func() {
+			cancel()
+			_ = conn.Close()
+		})
+		if m, err := stream.Recv(); err != nil || m.GetSettings() == nil {
+			t.Fatalf("first response: %v, %v; want Settings", m, err)
+		}
+		return stream
+	}
+	// unanswered checks that seg stays SUSPECTED while its agent is silent.
+	unanswered := func(t *testing.T, seg string) {
+		t.Helper()
+		for range 10 {
+			if got := segState(h, seg); got != "ok/suspected" {
+				t.Fatalf("segment %s before its agent applied Settings: %s, want ok/suspected", seg, got)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	send := func(t *testing.T, stream masterv1.SegmentService_ConnectClient, m *masterv1.ConnectRequest) {
+		t.Helper()
+		if err := stream.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("applied", func(t *testing.T) {
+		stream := register(t, "acks")
+		unanswered(t, "acks-mem-0")
+		// Other messages meanwhile are served, and do not activate.
+		send(t, stream, &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_SegmentsUpdate{SegmentsUpdate: &masterv1.SegmentsUpdate{}}})
+		unanswered(t, "acks-mem-0")
+		send(t, stream, &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_SettingsApplied{SettingsApplied: &masterv1.SettingsApplied{TokenKeyId: testTokenKey.ID}}})
+		waitState(t, h, "acks-mem-0", "ok/healthy", time.Second)
+	})
+	t.Run("older agent's heartbeat", func(t *testing.T) {
+		stream := register(t, "beats")
+		unanswered(t, "beats-mem-0")
+		send(t, stream, &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_Heartbeat{Heartbeat: &masterv1.Heartbeat{Seq: 1}}})
+		waitState(t, h, "beats-mem-0", "ok/healthy", time.Second)
+	})
+	t.Run("silent agent", func(t *testing.T) {
+		register(t, "silent")
+		unanswered(t, "silent-mem-0")
+		// fastConfig's RegisterTimeout is 1 s.
+		waitState(t, h, "silent-mem-0", "ok/healthy", 3*time.Second)
+	})
+}

@@ -478,6 +478,7 @@ type ConnectRequest struct {
 	//	*ConnectRequest_SegmentsUpdate
 	//	*ConnectRequest_RegisterChunk
 	//	*ConnectRequest_TableDelta
+	//	*ConnectRequest_SettingsApplied
 	Msg           isConnectRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -610,6 +611,15 @@ func (x *ConnectRequest) GetTableDelta() *TableDelta {
 	return nil
 }
 
+func (x *ConnectRequest) GetSettingsApplied() *SettingsApplied {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectRequest_SettingsApplied); ok {
+			return x.SettingsApplied
+		}
+	}
+	return nil
+}
+
 type isConnectRequest_Msg interface {
 	isConnectRequest_Msg()
 }
@@ -655,6 +665,10 @@ type ConnectRequest_TableDelta struct {
 	TableDelta *TableDelta `protobuf:"bytes,10,opt,name=table_delta,json=tableDelta,proto3,oneof"`
 }
 
+type ConnectRequest_SettingsApplied struct {
+	SettingsApplied *SettingsApplied `protobuf:"bytes,11,opt,name=settings_applied,json=settingsApplied,proto3,oneof"`
+}
+
 func (*ConnectRequest_Register) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_Heartbeat) isConnectRequest_Msg() {}
@@ -674,6 +688,60 @@ func (*ConnectRequest_SegmentsUpdate) isConnectRequest_Msg() {}
 func (*ConnectRequest_RegisterChunk) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_TableDelta) isConnectRequest_Msg() {}
+
+func (*ConnectRequest_SettingsApplied) isConnectRequest_Msg() {}
+
+// SettingsApplied answers every Settings once the agent applied it: from
+// then on it verifies tokens under that Settings' token keys. The master
+// makes a registering agent's segments readable only after this answer to
+// the registration's Settings, so no client is handed a token the agent
+// cannot verify yet. A master that predates it ignores it; an agent that
+// predates it never sends it, and the master takes its first Heartbeat
+// (sent only after Settings was applied) as the answer instead.
+type SettingsApplied struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The newest token key id of the Settings applied (0 when it had none).
+	TokenKeyId    uint32 `protobuf:"varint,1,opt,name=token_key_id,json=tokenKeyId,proto3" json:"token_key_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettingsApplied) Reset() {
+	*x = SettingsApplied{}
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettingsApplied) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettingsApplied) ProtoMessage() {}
+
+func (x *SettingsApplied) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettingsApplied.ProtoReflect.Descriptor instead.
+func (*SettingsApplied) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *SettingsApplied) GetTokenKeyId() uint32 {
+	if x != nil {
+		return x.TokenKeyId
+	}
+	return 0
+}
 
 // Register is the first message of every session: the agent's full state.
 // A large allocation table follows it in RegisterChunk messages (chunked
@@ -731,7 +799,7 @@ type Register struct {
 
 func (x *Register) Reset() {
 	*x = Register{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[3]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +811,7 @@ func (x *Register) String() string {
 func (*Register) ProtoMessage() {}
 
 func (x *Register) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[3]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +824,7 @@ func (x *Register) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Register.ProtoReflect.Descriptor instead.
 func (*Register) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{3}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Register) GetAgentId() string {
@@ -863,7 +931,7 @@ type TablePosition struct {
 
 func (x *TablePosition) Reset() {
 	*x = TablePosition{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[4]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -875,7 +943,7 @@ func (x *TablePosition) String() string {
 func (*TablePosition) ProtoMessage() {}
 
 func (x *TablePosition) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[4]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -888,7 +956,7 @@ func (x *TablePosition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TablePosition.ProtoReflect.Descriptor instead.
 func (*TablePosition) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{4}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *TablePosition) GetInstance() string {
@@ -925,7 +993,7 @@ type TableDelta struct {
 
 func (x *TableDelta) Reset() {
 	*x = TableDelta{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[5]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -937,7 +1005,7 @@ func (x *TableDelta) String() string {
 func (*TableDelta) ProtoMessage() {}
 
 func (x *TableDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[5]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -950,7 +1018,7 @@ func (x *TableDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableDelta.ProtoReflect.Descriptor instead.
 func (*TableDelta) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{5}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *TableDelta) GetFromVersion() uint64 {
@@ -993,7 +1061,7 @@ type TableRequest struct {
 
 func (x *TableRequest) Reset() {
 	*x = TableRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[6]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1005,7 +1073,7 @@ func (x *TableRequest) String() string {
 func (*TableRequest) ProtoMessage() {}
 
 func (x *TableRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[6]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1018,7 +1086,7 @@ func (x *TableRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableRequest.ProtoReflect.Descriptor instead.
 func (*TableRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{6}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TableRequest) GetReason() string {
@@ -1051,7 +1119,7 @@ type RegisterChunk struct {
 
 func (x *RegisterChunk) Reset() {
 	*x = RegisterChunk{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[7]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1063,7 +1131,7 @@ func (x *RegisterChunk) String() string {
 func (*RegisterChunk) ProtoMessage() {}
 
 func (x *RegisterChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[7]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1076,7 +1144,7 @@ func (x *RegisterChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterChunk.ProtoReflect.Descriptor instead.
 func (*RegisterChunk) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{7}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RegisterChunk) GetAllocations() []*Allocation {
@@ -1112,7 +1180,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[8]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1124,7 +1192,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[8]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1137,7 +1205,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{8}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Heartbeat) GetSeq() uint64 {
@@ -1165,7 +1233,7 @@ type SegmentsUpdate struct {
 
 func (x *SegmentsUpdate) Reset() {
 	*x = SegmentsUpdate{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[9]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1177,7 +1245,7 @@ func (x *SegmentsUpdate) String() string {
 func (*SegmentsUpdate) ProtoMessage() {}
 
 func (x *SegmentsUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[9]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1190,7 +1258,7 @@ func (x *SegmentsUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentsUpdate.ProtoReflect.Descriptor instead.
 func (*SegmentsUpdate) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{9}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SegmentsUpdate) GetMounted() []*SegmentInfo {
@@ -1219,7 +1287,7 @@ type Deregister struct {
 
 func (x *Deregister) Reset() {
 	*x = Deregister{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[10]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1231,7 +1299,7 @@ func (x *Deregister) String() string {
 func (*Deregister) ProtoMessage() {}
 
 func (x *Deregister) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[10]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1244,7 +1312,7 @@ func (x *Deregister) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Deregister.ProtoReflect.Descriptor instead.
 func (*Deregister) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{10}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Deregister) GetGrace() *durationpb.Duration {
@@ -1279,7 +1347,7 @@ type ConnectResponse struct {
 
 func (x *ConnectResponse) Reset() {
 	*x = ConnectResponse{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1291,7 +1359,7 @@ func (x *ConnectResponse) String() string {
 func (*ConnectResponse) ProtoMessage() {}
 
 func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1304,7 +1372,7 @@ func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectResponse.ProtoReflect.Descriptor instead.
 func (*ConnectResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{11}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ConnectResponse) GetMsg() isConnectResponse_Msg {
@@ -1443,7 +1511,7 @@ type Settings struct {
 
 func (x *Settings) Reset() {
 	*x = Settings{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1455,7 +1523,7 @@ func (x *Settings) String() string {
 func (*Settings) ProtoMessage() {}
 
 func (x *Settings) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1468,7 +1536,7 @@ func (x *Settings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Settings.ProtoReflect.Descriptor instead.
 func (*Settings) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{12}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Settings) GetEpoch() uint64 {
@@ -1561,7 +1629,7 @@ type TokenKey struct {
 
 func (x *TokenKey) Reset() {
 	*x = TokenKey{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1573,7 +1641,7 @@ func (x *TokenKey) String() string {
 func (*TokenKey) ProtoMessage() {}
 
 func (x *TokenKey) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1586,7 +1654,7 @@ func (x *TokenKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenKey.ProtoReflect.Descriptor instead.
 func (*TokenKey) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{13}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TokenKey) GetId() uint32 {
@@ -1614,7 +1682,7 @@ type AllocationRef struct {
 
 func (x *AllocationRef) Reset() {
 	*x = AllocationRef{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1626,7 +1694,7 @@ func (x *AllocationRef) String() string {
 func (*AllocationRef) ProtoMessage() {}
 
 func (x *AllocationRef) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1639,7 +1707,7 @@ func (x *AllocationRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationRef.ProtoReflect.Descriptor instead.
 func (*AllocationRef) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{14}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AllocationRef) GetSegmentId() string {
@@ -1676,7 +1744,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1688,7 +1756,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1701,7 +1769,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{15}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReserveRequest) GetRequestId() uint64 {
@@ -1764,7 +1832,7 @@ type ReserveItem struct {
 
 func (x *ReserveItem) Reset() {
 	*x = ReserveItem{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1776,7 +1844,7 @@ func (x *ReserveItem) String() string {
 func (*ReserveItem) ProtoMessage() {}
 
 func (x *ReserveItem) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1789,7 +1857,7 @@ func (x *ReserveItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveItem.ProtoReflect.Descriptor instead.
 func (*ReserveItem) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{16}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReserveItem) GetSegmentId() string {
@@ -1866,7 +1934,7 @@ type ReserveResult struct {
 
 func (x *ReserveResult) Reset() {
 	*x = ReserveResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1878,7 +1946,7 @@ func (x *ReserveResult) String() string {
 func (*ReserveResult) ProtoMessage() {}
 
 func (x *ReserveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1891,7 +1959,7 @@ func (x *ReserveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveResult.ProtoReflect.Descriptor instead.
 func (*ReserveResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{17}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReserveResult) GetRequestId() uint64 {
@@ -1920,7 +1988,7 @@ type ReserveItemResult struct {
 
 func (x *ReserveItemResult) Reset() {
 	*x = ReserveItemResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1932,7 +2000,7 @@ func (x *ReserveItemResult) String() string {
 func (*ReserveItemResult) ProtoMessage() {}
 
 func (x *ReserveItemResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1945,7 +2013,7 @@ func (x *ReserveItemResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveItemResult.ProtoReflect.Descriptor instead.
 func (*ReserveItemResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{18}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReserveItemResult) GetStatus() *ItemStatus {
@@ -1988,7 +2056,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2000,7 +2068,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2013,7 +2081,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{19}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReleaseRequest) GetRequestId() uint64 {
@@ -2061,7 +2129,7 @@ type ReleaseResult struct {
 
 func (x *ReleaseResult) Reset() {
 	*x = ReleaseResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[20]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2073,7 +2141,7 @@ func (x *ReleaseResult) String() string {
 func (*ReleaseResult) ProtoMessage() {}
 
 func (x *ReleaseResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[20]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2086,7 +2154,7 @@ func (x *ReleaseResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResult.ProtoReflect.Descriptor instead.
 func (*ReleaseResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{20}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReleaseResult) GetRequestId() uint64 {
@@ -2123,7 +2191,7 @@ type SealRequest struct {
 
 func (x *SealRequest) Reset() {
 	*x = SealRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[21]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2135,7 +2203,7 @@ func (x *SealRequest) String() string {
 func (*SealRequest) ProtoMessage() {}
 
 func (x *SealRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[21]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2148,7 +2216,7 @@ func (x *SealRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealRequest.ProtoReflect.Descriptor instead.
 func (*SealRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{21}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SealRequest) GetRequestId() uint64 {
@@ -2201,7 +2269,7 @@ type SealItem struct {
 
 func (x *SealItem) Reset() {
 	*x = SealItem{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[22]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2213,7 +2281,7 @@ func (x *SealItem) String() string {
 func (*SealItem) ProtoMessage() {}
 
 func (x *SealItem) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[22]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2226,7 +2294,7 @@ func (x *SealItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealItem.ProtoReflect.Descriptor instead.
 func (*SealItem) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{22}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SealItem) GetSegmentId() string {
@@ -2267,7 +2335,7 @@ type SealResult struct {
 
 func (x *SealResult) Reset() {
 	*x = SealResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[23]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2279,7 +2347,7 @@ func (x *SealResult) String() string {
 func (*SealResult) ProtoMessage() {}
 
 func (x *SealResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[23]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2292,7 +2360,7 @@ func (x *SealResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealResult.ProtoReflect.Descriptor instead.
 func (*SealResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{23}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SealResult) GetRequestId() uint64 {
@@ -2341,7 +2409,7 @@ type CopyRequest struct {
 
 func (x *CopyRequest) Reset() {
 	*x = CopyRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[24]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2353,7 +2421,7 @@ func (x *CopyRequest) String() string {
 func (*CopyRequest) ProtoMessage() {}
 
 func (x *CopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[24]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2366,7 +2434,7 @@ func (x *CopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyRequest.ProtoReflect.Descriptor instead.
 func (*CopyRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{24}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CopyRequest) GetRequestId() uint64 {
@@ -2445,7 +2513,7 @@ type CopyItem struct {
 
 func (x *CopyItem) Reset() {
 	*x = CopyItem{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[25]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2457,7 +2525,7 @@ func (x *CopyItem) String() string {
 func (*CopyItem) ProtoMessage() {}
 
 func (x *CopyItem) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[25]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2470,7 +2538,7 @@ func (x *CopyItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyItem.ProtoReflect.Descriptor instead.
 func (*CopyItem) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{25}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CopyItem) GetSource() *AllocationRef {
@@ -2522,7 +2590,7 @@ type CopyResult struct {
 
 func (x *CopyResult) Reset() {
 	*x = CopyResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[26]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2534,7 +2602,7 @@ func (x *CopyResult) String() string {
 func (*CopyResult) ProtoMessage() {}
 
 func (x *CopyResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[26]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2547,7 +2615,7 @@ func (x *CopyResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyResult.ProtoReflect.Descriptor instead.
 func (*CopyResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{26}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CopyResult) GetRequestId() uint64 {
@@ -2604,7 +2672,7 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\x16soft_pin_until_unix_ms\x18\f \x01(\x03R\x12softPinUntilUnixMs\x12&\n" +
 	"\x0fcreated_unix_ms\x18\r \x01(\x03R\rcreatedUnixMs\x12$\n" +
 	"\x0esealed_unix_ms\x18\x0e \x01(\x03R\fsealedUnixMs\x12\x14\n" +
-	"\x05blank\x18\x0f \x01(\bR\x05blank\"\xd0\x05\n" +
+	"\x05blank\x18\x0f \x01(\bR\x05blank\"\xa2\x06\n" +
 	"\x0eConnectRequest\x12:\n" +
 	"\bregister\x18\x01 \x01(\v2\x1c.crescent.master.v1.RegisterH\x00R\bregister\x12=\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x1d.crescent.master.v1.HeartbeatH\x00R\theartbeat\x12J\n" +
@@ -2621,8 +2689,12 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\x0eregister_chunk\x18\t \x01(\v2!.crescent.master.v1.RegisterChunkH\x00R\rregisterChunk\x12A\n" +
 	"\vtable_delta\x18\n" +
 	" \x01(\v2\x1e.crescent.master.v1.TableDeltaH\x00R\n" +
-	"tableDeltaB\x05\n" +
-	"\x03msg\"\x9c\x04\n" +
+	"tableDelta\x12P\n" +
+	"\x10settings_applied\x18\v \x01(\v2#.crescent.master.v1.SettingsAppliedH\x00R\x0fsettingsAppliedB\x05\n" +
+	"\x03msg\"3\n" +
+	"\x0fSettingsApplied\x12 \n" +
+	"\ftoken_key_id\x18\x01 \x01(\rR\n" +
+	"tokenKeyId\"\x9c\x04\n" +
 	"\bRegister\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x17\n" +
 	"\ahost_id\x18\x02 \x01(\tR\x06hostId\x12#\n" +
@@ -2810,7 +2882,7 @@ func file_crescent_master_v1_segment_proto_rawDescGZIP() []byte {
 }
 
 var file_crescent_master_v1_segment_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_crescent_master_v1_segment_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_crescent_master_v1_segment_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_crescent_master_v1_segment_proto_goTypes = []any{
 	(SegmentLifecycle)(0),       // 0: crescent.master.v1.SegmentLifecycle
 	(SegmentHealth)(0),          // 1: crescent.master.v1.SegmentHealth
@@ -2818,99 +2890,101 @@ var file_crescent_master_v1_segment_proto_goTypes = []any{
 	(*SegmentInfo)(nil),         // 3: crescent.master.v1.SegmentInfo
 	(*Allocation)(nil),          // 4: crescent.master.v1.Allocation
 	(*ConnectRequest)(nil),      // 5: crescent.master.v1.ConnectRequest
-	(*Register)(nil),            // 6: crescent.master.v1.Register
-	(*TablePosition)(nil),       // 7: crescent.master.v1.TablePosition
-	(*TableDelta)(nil),          // 8: crescent.master.v1.TableDelta
-	(*TableRequest)(nil),        // 9: crescent.master.v1.TableRequest
-	(*RegisterChunk)(nil),       // 10: crescent.master.v1.RegisterChunk
-	(*Heartbeat)(nil),           // 11: crescent.master.v1.Heartbeat
-	(*SegmentsUpdate)(nil),      // 12: crescent.master.v1.SegmentsUpdate
-	(*Deregister)(nil),          // 13: crescent.master.v1.Deregister
-	(*ConnectResponse)(nil),     // 14: crescent.master.v1.ConnectResponse
-	(*Settings)(nil),            // 15: crescent.master.v1.Settings
-	(*TokenKey)(nil),            // 16: crescent.master.v1.TokenKey
-	(*AllocationRef)(nil),       // 17: crescent.master.v1.AllocationRef
-	(*ReserveRequest)(nil),      // 18: crescent.master.v1.ReserveRequest
-	(*ReserveItem)(nil),         // 19: crescent.master.v1.ReserveItem
-	(*ReserveResult)(nil),       // 20: crescent.master.v1.ReserveResult
-	(*ReserveItemResult)(nil),   // 21: crescent.master.v1.ReserveItemResult
-	(*ReleaseRequest)(nil),      // 22: crescent.master.v1.ReleaseRequest
-	(*ReleaseResult)(nil),       // 23: crescent.master.v1.ReleaseResult
-	(*SealRequest)(nil),         // 24: crescent.master.v1.SealRequest
-	(*SealItem)(nil),            // 25: crescent.master.v1.SealItem
-	(*SealResult)(nil),          // 26: crescent.master.v1.SealResult
-	(*CopyRequest)(nil),         // 27: crescent.master.v1.CopyRequest
-	(*CopyItem)(nil),            // 28: crescent.master.v1.CopyItem
-	(*CopyResult)(nil),          // 29: crescent.master.v1.CopyResult
-	(Medium)(0),                 // 30: crescent.master.v1.Medium
-	(*durationpb.Duration)(nil), // 31: google.protobuf.Duration
-	(*TraceContext)(nil),        // 32: crescent.master.v1.TraceContext
-	(*ItemStatus)(nil),          // 33: crescent.master.v1.ItemStatus
+	(*SettingsApplied)(nil),     // 6: crescent.master.v1.SettingsApplied
+	(*Register)(nil),            // 7: crescent.master.v1.Register
+	(*TablePosition)(nil),       // 8: crescent.master.v1.TablePosition
+	(*TableDelta)(nil),          // 9: crescent.master.v1.TableDelta
+	(*TableRequest)(nil),        // 10: crescent.master.v1.TableRequest
+	(*RegisterChunk)(nil),       // 11: crescent.master.v1.RegisterChunk
+	(*Heartbeat)(nil),           // 12: crescent.master.v1.Heartbeat
+	(*SegmentsUpdate)(nil),      // 13: crescent.master.v1.SegmentsUpdate
+	(*Deregister)(nil),          // 14: crescent.master.v1.Deregister
+	(*ConnectResponse)(nil),     // 15: crescent.master.v1.ConnectResponse
+	(*Settings)(nil),            // 16: crescent.master.v1.Settings
+	(*TokenKey)(nil),            // 17: crescent.master.v1.TokenKey
+	(*AllocationRef)(nil),       // 18: crescent.master.v1.AllocationRef
+	(*ReserveRequest)(nil),      // 19: crescent.master.v1.ReserveRequest
+	(*ReserveItem)(nil),         // 20: crescent.master.v1.ReserveItem
+	(*ReserveResult)(nil),       // 21: crescent.master.v1.ReserveResult
+	(*ReserveItemResult)(nil),   // 22: crescent.master.v1.ReserveItemResult
+	(*ReleaseRequest)(nil),      // 23: crescent.master.v1.ReleaseRequest
+	(*ReleaseResult)(nil),       // 24: crescent.master.v1.ReleaseResult
+	(*SealRequest)(nil),         // 25: crescent.master.v1.SealRequest
+	(*SealItem)(nil),            // 26: crescent.master.v1.SealItem
+	(*SealResult)(nil),          // 27: crescent.master.v1.SealResult
+	(*CopyRequest)(nil),         // 28: crescent.master.v1.CopyRequest
+	(*CopyItem)(nil),            // 29: crescent.master.v1.CopyItem
+	(*CopyResult)(nil),          // 30: crescent.master.v1.CopyResult
+	(Medium)(0),                 // 31: crescent.master.v1.Medium
+	(*durationpb.Duration)(nil), // 32: google.protobuf.Duration
+	(*TraceContext)(nil),        // 33: crescent.master.v1.TraceContext
+	(*ItemStatus)(nil),          // 34: crescent.master.v1.ItemStatus
 }
 var file_crescent_master_v1_segment_proto_depIdxs = []int32{
-	30, // 0: crescent.master.v1.SegmentInfo.medium:type_name -> crescent.master.v1.Medium
+	31, // 0: crescent.master.v1.SegmentInfo.medium:type_name -> crescent.master.v1.Medium
 	2,  // 1: crescent.master.v1.Allocation.state:type_name -> crescent.master.v1.AllocationState
-	6,  // 2: crescent.master.v1.ConnectRequest.register:type_name -> crescent.master.v1.Register
-	11, // 3: crescent.master.v1.ConnectRequest.heartbeat:type_name -> crescent.master.v1.Heartbeat
-	20, // 4: crescent.master.v1.ConnectRequest.reserve_result:type_name -> crescent.master.v1.ReserveResult
-	23, // 5: crescent.master.v1.ConnectRequest.release_result:type_name -> crescent.master.v1.ReleaseResult
-	26, // 6: crescent.master.v1.ConnectRequest.seal_result:type_name -> crescent.master.v1.SealResult
-	13, // 7: crescent.master.v1.ConnectRequest.deregister:type_name -> crescent.master.v1.Deregister
-	29, // 8: crescent.master.v1.ConnectRequest.copy_result:type_name -> crescent.master.v1.CopyResult
-	12, // 9: crescent.master.v1.ConnectRequest.segments_update:type_name -> crescent.master.v1.SegmentsUpdate
-	10, // 10: crescent.master.v1.ConnectRequest.register_chunk:type_name -> crescent.master.v1.RegisterChunk
-	8,  // 11: crescent.master.v1.ConnectRequest.table_delta:type_name -> crescent.master.v1.TableDelta
-	3,  // 12: crescent.master.v1.Register.segments:type_name -> crescent.master.v1.SegmentInfo
-	4,  // 13: crescent.master.v1.Register.allocations:type_name -> crescent.master.v1.Allocation
-	7,  // 14: crescent.master.v1.Register.table_position:type_name -> crescent.master.v1.TablePosition
-	4,  // 15: crescent.master.v1.TableDelta.sealed:type_name -> crescent.master.v1.Allocation
-	4,  // 16: crescent.master.v1.TableDelta.released:type_name -> crescent.master.v1.Allocation
-	4,  // 17: crescent.master.v1.RegisterChunk.allocations:type_name -> crescent.master.v1.Allocation
-	3,  // 18: crescent.master.v1.Heartbeat.segments:type_name -> crescent.master.v1.SegmentInfo
-	3,  // 19: crescent.master.v1.SegmentsUpdate.mounted:type_name -> crescent.master.v1.SegmentInfo
-	31, // 20: crescent.master.v1.Deregister.grace:type_name -> google.protobuf.Duration
-	15, // 21: crescent.master.v1.ConnectResponse.settings:type_name -> crescent.master.v1.Settings
-	18, // 22: crescent.master.v1.ConnectResponse.reserve:type_name -> crescent.master.v1.ReserveRequest
-	22, // 23: crescent.master.v1.ConnectResponse.release:type_name -> crescent.master.v1.ReleaseRequest
-	24, // 24: crescent.master.v1.ConnectResponse.seal:type_name -> crescent.master.v1.SealRequest
-	27, // 25: crescent.master.v1.ConnectResponse.copy:type_name -> crescent.master.v1.CopyRequest
-	9,  // 26: crescent.master.v1.ConnectResponse.table_request:type_name -> crescent.master.v1.TableRequest
-	31, // 27: crescent.master.v1.Settings.heartbeat_interval:type_name -> google.protobuf.Duration
-	31, // 28: crescent.master.v1.Settings.suspect_after:type_name -> google.protobuf.Duration
-	31, // 29: crescent.master.v1.Settings.unmount_after:type_name -> google.protobuf.Duration
-	31, // 30: crescent.master.v1.Settings.reserved_grace:type_name -> google.protobuf.Duration
-	17, // 31: crescent.master.v1.Settings.release_allocations:type_name -> crescent.master.v1.AllocationRef
-	16, // 32: crescent.master.v1.Settings.token_keys:type_name -> crescent.master.v1.TokenKey
-	19, // 33: crescent.master.v1.ReserveRequest.items:type_name -> crescent.master.v1.ReserveItem
-	32, // 34: crescent.master.v1.ReserveRequest.trace_context:type_name -> crescent.master.v1.TraceContext
-	32, // 35: crescent.master.v1.ReserveRequest.trace_links:type_name -> crescent.master.v1.TraceContext
-	21, // 36: crescent.master.v1.ReserveResult.items:type_name -> crescent.master.v1.ReserveItemResult
-	33, // 37: crescent.master.v1.ReserveItemResult.status:type_name -> crescent.master.v1.ItemStatus
-	17, // 38: crescent.master.v1.ReleaseRequest.items:type_name -> crescent.master.v1.AllocationRef
-	32, // 39: crescent.master.v1.ReleaseRequest.trace_context:type_name -> crescent.master.v1.TraceContext
-	32, // 40: crescent.master.v1.ReleaseRequest.trace_links:type_name -> crescent.master.v1.TraceContext
-	33, // 41: crescent.master.v1.ReleaseResult.items:type_name -> crescent.master.v1.ItemStatus
-	25, // 42: crescent.master.v1.SealRequest.items:type_name -> crescent.master.v1.SealItem
-	32, // 43: crescent.master.v1.SealRequest.trace_context:type_name -> crescent.master.v1.TraceContext
-	32, // 44: crescent.master.v1.SealRequest.trace_links:type_name -> crescent.master.v1.TraceContext
-	33, // 45: crescent.master.v1.SealResult.items:type_name -> crescent.master.v1.ItemStatus
-	17, // 46: crescent.master.v1.CopyRequest.source:type_name -> crescent.master.v1.AllocationRef
-	17, // 47: crescent.master.v1.CopyRequest.target:type_name -> crescent.master.v1.AllocationRef
-	32, // 48: crescent.master.v1.CopyRequest.trace_context:type_name -> crescent.master.v1.TraceContext
-	28, // 49: crescent.master.v1.CopyRequest.items:type_name -> crescent.master.v1.CopyItem
-	17, // 50: crescent.master.v1.CopyItem.source:type_name -> crescent.master.v1.AllocationRef
-	17, // 51: crescent.master.v1.CopyItem.target:type_name -> crescent.master.v1.AllocationRef
-	33, // 52: crescent.master.v1.CopyResult.status:type_name -> crescent.master.v1.ItemStatus
-	33, // 53: crescent.master.v1.CopyResult.items:type_name -> crescent.master.v1.ItemStatus
-	5,  // 54: crescent.master.v1.SegmentService.Connect:input_type -> crescent.master.v1.ConnectRequest
-	5,  // 55: crescent.master.v1.SegmentService.Follow:input_type -> crescent.master.v1.ConnectRequest
-	14, // 56: crescent.master.v1.SegmentService.Connect:output_type -> crescent.master.v1.ConnectResponse
-	14, // 57: crescent.master.v1.SegmentService.Follow:output_type -> crescent.master.v1.ConnectResponse
-	56, // [56:58] is the sub-list for method output_type
-	54, // [54:56] is the sub-list for method input_type
-	54, // [54:54] is the sub-list for extension type_name
-	54, // [54:54] is the sub-list for extension extendee
-	0,  // [0:54] is the sub-list for field type_name
+	7,  // 2: crescent.master.v1.ConnectRequest.register:type_name -> crescent.master.v1.Register
+	12, // 3: crescent.master.v1.ConnectRequest.heartbeat:type_name -> crescent.master.v1.Heartbeat
+	21, // 4: crescent.master.v1.ConnectRequest.reserve_result:type_name -> crescent.master.v1.ReserveResult
+	24, // 5: crescent.master.v1.ConnectRequest.release_result:type_name -> crescent.master.v1.ReleaseResult
+	27, // 6: crescent.master.v1.ConnectRequest.seal_result:type_name -> crescent.master.v1.SealResult
+	14, // 7: crescent.master.v1.ConnectRequest.deregister:type_name -> crescent.master.v1.Deregister
+	30, // 8: crescent.master.v1.ConnectRequest.copy_result:type_name -> crescent.master.v1.CopyResult
+	13, // 9: crescent.master.v1.ConnectRequest.segments_update:type_name -> crescent.master.v1.SegmentsUpdate
+	11, // 10: crescent.master.v1.ConnectRequest.register_chunk:type_name -> crescent.master.v1.RegisterChunk
+	9,  // 11: crescent.master.v1.ConnectRequest.table_delta:type_name -> crescent.master.v1.TableDelta
+	6,  // 12: crescent.master.v1.ConnectRequest.settings_applied:type_name -> crescent.master.v1.SettingsApplied
+	3,  // 13: crescent.master.v1.Register.segments:type_name -> crescent.master.v1.SegmentInfo
+	4,  // 14: crescent.master.v1.Register.allocations:type_name -> crescent.master.v1.Allocation
+	8,  // 15: crescent.master.v1.Register.table_position:type_name -> crescent.master.v1.TablePosition
+	4,  // 16: crescent.master.v1.TableDelta.sealed:type_name -> crescent.master.v1.Allocation
+	4,  // 17: crescent.master.v1.TableDelta.released:type_name -> crescent.master.v1.Allocation
+	4,  // 18: crescent.master.v1.RegisterChunk.allocations:type_name -> crescent.master.v1.Allocation
+	3,  // 19: crescent.master.v1.Heartbeat.segments:type_name -> crescent.master.v1.SegmentInfo
+	3,  // 20: crescent.master.v1.SegmentsUpdate.mounted:type_name -> crescent.master.v1.SegmentInfo
+	32, // 21: crescent.master.v1.Deregister.grace:type_name -> google.protobuf.Duration
+	16, // 22: crescent.master.v1.ConnectResponse.settings:type_name -> crescent.master.v1.Settings
+	19, // 23: crescent.master.v1.ConnectResponse.reserve:type_name -> crescent.master.v1.ReserveRequest
+	23, // 24: crescent.master.v1.ConnectResponse.release:type_name -> crescent.master.v1.ReleaseRequest
+	25, // 25: crescent.master.v1.ConnectResponse.seal:type_name -> crescent.master.v1.SealRequest
+	28, // 26: crescent.master.v1.ConnectResponse.copy:type_name -> crescent.master.v1.CopyRequest
+	10, // 27: crescent.master.v1.ConnectResponse.table_request:type_name -> crescent.master.v1.TableRequest
+	32, // 28: crescent.master.v1.Settings.heartbeat_interval:type_name -> google.protobuf.Duration
+	32, // 29: crescent.master.v1.Settings.suspect_after:type_name -> google.protobuf.Duration
+	32, // 30: crescent.master.v1.Settings.unmount_after:type_name -> google.protobuf.Duration
+	32, // 31: crescent.master.v1.Settings.reserved_grace:type_name -> google.protobuf.Duration
+	18, // 32: crescent.master.v1.Settings.release_allocations:type_name -> crescent.master.v1.AllocationRef
+	17, // 33: crescent.master.v1.Settings.token_keys:type_name -> crescent.master.v1.TokenKey
+	20, // 34: crescent.master.v1.ReserveRequest.items:type_name -> crescent.master.v1.ReserveItem
+	33, // 35: crescent.master.v1.ReserveRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	33, // 36: crescent.master.v1.ReserveRequest.trace_links:type_name -> crescent.master.v1.TraceContext
+	22, // 37: crescent.master.v1.ReserveResult.items:type_name -> crescent.master.v1.ReserveItemResult
+	34, // 38: crescent.master.v1.ReserveItemResult.status:type_name -> crescent.master.v1.ItemStatus
+	18, // 39: crescent.master.v1.ReleaseRequest.items:type_name -> crescent.master.v1.AllocationRef
+	33, // 40: crescent.master.v1.ReleaseRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	33, // 41: crescent.master.v1.ReleaseRequest.trace_links:type_name -> crescent.master.v1.TraceContext
+	34, // 42: crescent.master.v1.ReleaseResult.items:type_name -> crescent.master.v1.ItemStatus
+	26, // 43: crescent.master.v1.SealRequest.items:type_name -> crescent.master.v1.SealItem
+	33, // 44: crescent.master.v1.SealRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	33, // 45: crescent.master.v1.SealRequest.trace_links:type_name -> crescent.master.v1.TraceContext
+	34, // 46: crescent.master.v1.SealResult.items:type_name -> crescent.master.v1.ItemStatus
+	18, // 47: crescent.master.v1.CopyRequest.source:type_name -> crescent.master.v1.AllocationRef
+	18, // 48: crescent.master.v1.CopyRequest.target:type_name -> crescent.master.v1.AllocationRef
+	33, // 49: crescent.master.v1.CopyRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	29, // 50: crescent.master.v1.CopyRequest.items:type_name -> crescent.master.v1.CopyItem
+	18, // 51: crescent.master.v1.CopyItem.source:type_name -> crescent.master.v1.AllocationRef
+	18, // 52: crescent.master.v1.CopyItem.target:type_name -> crescent.master.v1.AllocationRef
+	34, // 53: crescent.master.v1.CopyResult.status:type_name -> crescent.master.v1.ItemStatus
+	34, // 54: crescent.master.v1.CopyResult.items:type_name -> crescent.master.v1.ItemStatus
+	5,  // 55: crescent.master.v1.SegmentService.Connect:input_type -> crescent.master.v1.ConnectRequest
+	5,  // 56: crescent.master.v1.SegmentService.Follow:input_type -> crescent.master.v1.ConnectRequest
+	15, // 57: crescent.master.v1.SegmentService.Connect:output_type -> crescent.master.v1.ConnectResponse
+	15, // 58: crescent.master.v1.SegmentService.Follow:output_type -> crescent.master.v1.ConnectResponse
+	57, // [57:59] is the sub-list for method output_type
+	55, // [55:57] is the sub-list for method input_type
+	55, // [55:55] is the sub-list for extension type_name
+	55, // [55:55] is the sub-list for extension extendee
+	0,  // [0:55] is the sub-list for field type_name
 }
 
 func init() { file_crescent_master_v1_segment_proto_init() }
@@ -2930,8 +3004,9 @@ func file_crescent_master_v1_segment_proto_init() {
 		(*ConnectRequest_SegmentsUpdate)(nil),
 		(*ConnectRequest_RegisterChunk)(nil),
 		(*ConnectRequest_TableDelta)(nil),
+		(*ConnectRequest_SettingsApplied)(nil),
 	}
-	file_crescent_master_v1_segment_proto_msgTypes[11].OneofWrappers = []any{
+	file_crescent_master_v1_segment_proto_msgTypes[12].OneofWrappers = []any{
 		(*ConnectResponse_Settings)(nil),
 		(*ConnectResponse_Reserve)(nil),
 		(*ConnectResponse_Release)(nil),
@@ -2945,7 +3020,7 @@ func file_crescent_master_v1_segment_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crescent_master_v1_segment_proto_rawDesc), len(file_crescent_master_v1_segment_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   27,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
