@@ -96,6 +96,7 @@ func FuzzHandle(f *testing.F) {
 			Mounted: []*masterv1.SegmentInfo{{SegmentId: "s2", Medium: masterv1.Medium_MEDIUM_DISK, Capacity: 1}}, UnmountedSegmentIds: []string{"s1", "zz"}}}},
 		{Msg: &masterv1.ConnectRequest_Register{Register: &masterv1.Register{AgentId: "a1"}}},
 		{Msg: &masterv1.ConnectRequest_RegisterChunk{RegisterChunk: &masterv1.RegisterChunk{Last: true}}},
+		{Msg: &masterv1.ConnectRequest_SettingsApplied{SettingsApplied: &masterv1.SettingsApplied{TokenKeyId: 7}}},
 		{},
 	}
 	for _, s := range seeds {
