@@ -66,6 +66,16 @@ func sendAll(t *testing.T, s connectStream, msgs ...*masterv1.ConnectRequest) {
 	}
 }
 
+// applied is an agent's answer to st once it holds st's keys: the master
+// makes the agent's segments readable on it.
+func applied(st *masterv1.Settings) *masterv1.ConnectRequest {
+	a := &masterv1.SettingsApplied{}
+	if keys := st.GetTokenKeys(); len(keys) > 0 {
+		a.TokenKeyId = keys[0].GetId()
+	}
+	return &masterv1.ConnectRequest{Msg: &masterv1.ConnectRequest_SettingsApplied{SettingsApplied: a}}
+}
+
 func recv(t *testing.T, s connectStream) *masterv1.ConnectResponse {
 	t.Helper()
 	r, err := s.Recv()
@@ -191,6 +201,7 @@ func TestWarmStandbyResumes(t *testing.T) {
 	if st == nil || !st.GetResumed() || st.GetEpoch() != 42 || len(st.GetTokenKeys()) == 0 {
 		t.Fatalf("resume answer %v, want Settings resumed in epoch 42 with keys", st)
 	}
+	sendAll(t, c1, applied(st))
 	obj := masterv1.NewObjectServiceClient(lc)
 	for _, k := range []string{"k2", "k3", "k4"} {
 		waitFor(t, func() bool {
@@ -213,9 +224,11 @@ func TestWarmStandbyResumes(t *testing.T) {
 	}
 	sendAll(t, c2, a2.register(2, &masterv1.TablePosition{Instance: "i2", Version: 4}, false))
 	sendAll(t, c2, a2.table(a2.alloc(1, "j1"), a2.alloc(2, "j2"))...)
-	if st := recv(t, c2).GetSettings(); st == nil || st.GetResumed() {
+	st = recv(t, c2).GetSettings()
+	if st == nil || st.GetResumed() {
 		t.Fatalf("full registration answer %v, want Settings not resumed", st)
 	}
+	sendAll(t, c2, applied(st))
 	waitFor(t, func() bool {
 		r, err := obj.Exist(ctx, &masterv1.ExistRequest{Tenant: "t", Key: "j2"})
 		return err == nil && r.GetExists()
