@@ -100,13 +100,17 @@ func TestPutsOnSpares(t *testing.T) {
 	// The first client still holds spares the old master leased: its puts
 	// write into them, the new master knows no such lease (PUT_EXPIRED),
 	// and they go through PutStart.
+	// The new master leases spares once its blank reservations are
+	// refilled, which a loaded machine may take a while to do: the puts
+	// go on (through PutStart meanwhile) until one commits a spare of its.
 	st = c.Master().Store
-	for i := range 4 {
+	i := 0
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		put(cl, fmt.Sprintf("after/%d", i))
-	}
-	if _, _, n, _ := st.SpareStats(); n == 0 {
-		t.Fatal("after the restart no put committed a spare of the new master's")
-	}
+		i++
+		_, _, n, _ := st.SpareStats()
+		return n > 0
+	}, "a put after the restart to commit a spare of the new master's")
 	cl = c.Client(t)
 	for _, key := range keys {
 		want := data(key)
