@@ -433,17 +433,36 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 		"gen", gen, "segments", len(reg.Segments), "allocations", n, "chunked", r.GetChunked(), "resumed", resumed,
 		"released", len(release), "graceful", reg.Graceful, "took", took)
 
+	_, err = m.serve(ctx, s, recvc, recvErr, nil, nil)
+	return err
+}
+
+// serve handles the agent's messages until the stream ends (over, with
+// Connect's return err), until done reports true for a message it
+// handled, or until timeout fires (both optional).
+func (m *Manager) serve(ctx context.Context, s *session, recvc <-chan *masterv1.ConnectRequest, recvErr <-chan error,
+	timeout <-chan time.Time, done func(*masterv1.ConnectRequest) bool) (over bool, err error) {
 	for {
 		select {
 		case msg := <-recvc:
 			if err := s.handle(msg); err != nil {
 				m.lg.Warn("agent protocol error", "agent_id", s.agentID, "err", err)
-				return rpcerr.Status(err)
+				return true, rpcerr.Status(err)
+			}
+			if done != nil && done(msg) {
+				return false, nil
 			}
 		case err := <-recvErr:
-			return s.ended(err)
+			if errors.Is(err, io.EOF) {
+				m.lg.Info("agent stream closed", "agent_id", s.agentID)
+			} else {
+				m.lg.Info("agent stream ended", "agent_id", s.agentID, "err", err)
+			}
+			return true, nil
+		case <-timeout:
+			return false, nil
 		case <-ctx.Done():
-			return causeStatus(ctx)
+			return true, causeStatus(ctx)
 		}
 	}
 }
@@ -462,26 +481,16 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 func (m *Manager) awaitApplied(ctx context.Context, s *session, recvc <-chan *masterv1.ConnectRequest, recvErr <-chan error) (over bool, err error) {
 	t := time.NewTimer(m.cfg.RegisterTimeout)
 	defer t.Stop()
-	for {
-		select {
-		case msg := <-recvc:
-			if err := s.handle(msg); err != nil {
-				m.lg.Warn("agent protocol error", "agent_id", s.agentID, "err", err)
-				return true, rpcerr.Status(err)
-			}
-			if msg.GetSettingsApplied() != nil || msg.GetHeartbeat() != nil {
-				return false, nil
-			}
-		case err := <-recvErr:
-			return true, s.ended(err)
-		case <-t.C:
-			m.lg.Warn("agent did not acknowledge its Settings; making its segments readable anyway (reads may fail INVALID_TOKEN until it applies them)",
-				"agent_id", s.agentID, "waited", m.cfg.RegisterTimeout)
-			return false, nil
-		case <-ctx.Done():
-			return true, causeStatus(ctx)
-		}
+	answered := false
+	over, err = m.serve(ctx, s, recvc, recvErr, t.C, func(msg *masterv1.ConnectRequest) bool {
+		answered = msg.GetSettingsApplied() != nil || msg.GetHeartbeat() != nil
+		return answered
+	})
+	if !over && !answered {
+		m.lg.Warn("agent did not acknowledge its Settings; making its segments readable anyway (reads may fail INVALID_TOKEN until it applies them)",
+			"agent_id", s.agentID, "waited", m.cfg.RegisterTimeout)
 	}
+	return over, err
 }
 
 // register takes a Connect's Register: validated, bound to the caller's

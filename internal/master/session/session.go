@@ -2,8 +2,6 @@ package session
 
 import (
 	"context"
-	"errors"
-	"io"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -114,16 +112,6 @@ func (s *session) sendLoop() {
 			return
 		}
 	}
-}
-
-// ended is Connect's return for a stream whose receiver stopped with err.
-func (s *session) ended(err error) error {
-	if errors.Is(err, io.EOF) {
-		s.m.lg.Info("agent stream closed", "agent_id", s.agentID)
-		return nil
-	}
-	s.m.lg.Info("agent stream ended", "agent_id", s.agentID, "err", err)
-	return nil
 }
 
 // stopSend forbids further Sends. A Send already running is unblocked by the
