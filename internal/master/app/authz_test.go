@@ -89,8 +89,9 @@ func secureMasterApp(t *testing.T, dir string) (*Master, *logSink) {
 
 const tenantAToken = "tenant-a-token-0123456789"
 
-// conn dials addr as role/name (a CA-only client with no name).
-func conn(t *testing.T, dir, addr string, role auth.Role, name string, opts ...grpc.DialOption) *grpc.ClientConn {
+// clientSource is role/name's development certificate (a CA-only client
+// with no name).
+func clientSource(t *testing.T, dir string, role auth.Role, name string) *auth.Source {
 	t.Helper()
 	f := devcerts.FilesFor(dir, role, name)
 	if name == "" {
@@ -100,7 +101,16 @@ func conn(t *testing.T, dir, addr string, role auth.Role, name string, opts ...g
 	if err != nil {
 		t.Fatal(err)
 	}
-	tc := src.ClientCredentials("", auth.ServerIdentity{TrustDomain: "crescent.local", Roles: []auth.Role{auth.RoleMaster}})
+	return src
+}
+
+// masterIdentity is what a client of these tests expects the server to be.
+var masterIdentity = auth.ServerIdentity{TrustDomain: "crescent.local", Roles: []auth.Role{auth.RoleMaster}}
+
+// conn dials addr as role/name (a CA-only client with no name).
+func conn(t *testing.T, dir, addr string, role auth.Role, name string, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	tc := clientSource(t, dir, role, name).ClientCredentials("", masterIdentity)
 	cc, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(tc)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)

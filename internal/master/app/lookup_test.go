@@ -99,15 +99,7 @@ func TestLookupListenerAuthorization(t *testing.T) {
 	_ = st.CloseSend()
 
 	as := func(role auth.Role, name string) *tls.Config {
-		f := devcerts.FilesFor(dir, role, name)
-		if name == "" {
-			f = auth.Files{CA: f.CA}
-		}
-		src, err := auth.NewSource(f, testutil.Logger())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return xfer.ClientTLS(src.ClientTLSExpect("", auth.ServerIdentity{TrustDomain: "crescent.local", Roles: []auth.Role{auth.RoleMaster}}), addr)
+		return xfer.ClientTLS(clientSource(t, dir, role, name).ClientTLSExpect("", masterIdentity), addr)
 	}
 	a := dialLookup(t, addr, as(auth.RoleTenant, "a"))
 	if _, err := a.call(carriedLookup(1, "a")); err != nil {
