@@ -55,12 +55,81 @@ if [ "$TLS" = 1 ]; then
 fi
 
 pids=()
-declare -A names
+declare -A names ports
+# start NAME CMD...: runs CMD, its output prefixed with [NAME]. ports[NAME]
+# are the TCP ports it listens on (preflight, await_listening).
 start() {
   local name=$1; shift
   "$@" > >(sed -u "s/^/[$name] /") 2>&1 &
   pids+=($!)
   names[$!]=$name
+}
+
+# held PORT: the states of the TCP sockets whose local end is PORT, one
+# per line (0A: listening, 06: TIME_WAIT). From /proc, so it needs no ss
+# or lsof.
+held() {
+  local f files=()
+  for f in /proc/net/tcp /proc/net/tcp6; do [ -r "$f" ] && files+=("$f"); done
+  awk -v p="$(printf '%04X' "$1")" 'FNR > 1 { n = split($2, a, ":"); if (a[n] == p) print $4 }' "${files[@]}"
+}
+
+# preflight NAME...: refuses to start when a port the cluster needs is
+# taken by a listener (another cluster, or another program). Any other
+# socket there is the local end of a recent outgoing connection: Linux
+# picks those ports from net.ipv4.ip_local_port_range (32768-60999 by
+# default), which holds 50051-50264, and a connection that ended keeps its
+# port in TIME_WAIT for 60 s, during which a listener cannot bind it (Go's
+# SO_REUSEADDR does not help: the connection's socket did not set it).
+# After a test run that is likely for one of a dozen ports, so wait it
+# out; `sysctl net.ipv4.ip_local_reserved_ports` prevents it for good
+# (docs/OPERATIONS.md, "Ports").
+preflight() {
+  local name port states waited=0
+  [ -r /proc/net/tcp ] || return 0
+  for name in "$@"; do
+    for port in ${ports[$name]}; do
+      while states=$(held "$port") && [ -n "$states" ]; do
+        if grep -q '^0A$' <<<"$states"; then
+          echo "[run] port $port ($name) is already taken by a listening socket: is another cluster running? Stop it first (Ctrl-C where it runs)." >&2
+          exit 1
+        fi
+        if [ "$waited" -ge 700 ]; then
+          echo "[run] port $port ($name) is still held by a connection after 70 s; not starting." >&2
+          exit 1
+        fi
+        [ "$waited" -gt 0 ] || echo "[run] port $port ($name) is held by a recent outgoing connection (Linux's ephemeral ports include this cluster's); waiting for the kernel to release it, at most 60 s (docs/OPERATIONS.md, \"Ports\")"
+        sleep 0.1
+        waited=$((waited + 1))
+      done
+    done
+  done
+}
+
+# await_listening: waits until every process listens on its ports. A
+# process that exits first (a port taken after all, a bad flag) stops the
+# whole cluster: a cluster missing a part is not what `make run` promises.
+await_listening() {
+  local pid name port i rc
+  [ -r /proc/net/tcp ] || return 0
+  for pid in "${pids[@]}"; do
+    name=${names[$pid]}
+    for port in ${ports[$name]}; do
+      for ((i = 0; i < 600; i++)); do
+        grep -q '^0A$' <<<"$(held "$port")" && break
+        if ! kill -0 "$pid" 2>/dev/null; then
+          rc=0
+          wait "$pid" || rc=$?
+          echo "[run] $name exited while starting (status $rc); its log is above. Stopping the cluster." >&2
+          kill -TERM "${pids[@]}" 2>/dev/null || true
+          wait "${pids[@]}" 2>/dev/null || true
+          exit 1
+        fi
+        sleep 0.1
+      done
+      grep -q '^0A$' <<<"$(held "$port")" || echo "[run] $name does not listen on port $port after 60s; going on" >&2
+    done
+  done
 }
 
 stop() {
@@ -72,6 +141,14 @@ stop() {
   exit 0
 }
 trap stop INT TERM
+
+ports=([agent-a]="50052 50054 9004" [agent-b]="50062 50064 9014" [gateway]="50053 9005 5557 5558 5559")
+if [ "$HA" = 1 ]; then
+  ports+=([etcd]="2379 2380" [master-0]="50051 9003" [master-1]="50151 9103" [master-2]="50251 9203")
+else
+  ports+=([master]="50051 9003")
+fi
+preflight "${!ports[@]}"
 
 # $(tls ...) is split into words on purpose (no paths with blanks in $CERTS).
 MASTERS=127.0.0.1:50051
@@ -111,6 +188,7 @@ start gateway "$BIN/crescent-gateway" --master "$MASTERS" --pub 'tcp://*:5557' -
   --snapshot-endpoint 'tcp://*:5559' --state-dir "$DATA/gateway" --stream-format "$STREAM_FORMAT" \
   --admin-addr 127.0.0.1:9005 --grpc-addr 127.0.0.1:50053 --backend-id local --log-level "$LOG_LEVEL" $(tls gateway gateway-1)
 
+await_listening
 echo "[run] cluster up: master $MASTERS, agents :50052 :50062 (transfer :50054 :50064), gateway tcp://127.0.0.1:5557 (snapshots :5559, $STREAM_FORMAT format), admin $scheme://127.0.0.1:9003 (Ctrl-C to stop)"
 if [ "$SHM" = 1 ] && [ "$TLS" != 1 ]; then
   echo "[run] same-host shared memory: crescentctl --shm-socket $DATA/agent-a/shm.sock,$DATA/agent-b/shm.sock (or CRESCENT_SHM_SOCKETS)"
