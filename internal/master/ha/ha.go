@@ -227,7 +227,7 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 		return fail(fmt.Errorf("ha: session: %w", err))
 	}
 	t.election = concurrency.NewElection(t.session, e.electionPrefix())
-	if err := t.election.Campaign(ctx, e.cfg.Advertise); err != nil {
+	if err := t.campaign(ctx, e.cfg.Advertise); err != nil {
 		return fail(fmt.Errorf("ha: campaign: %w", err))
 	}
 	if t.Epoch, err = t.nextEpoch(ctx); err != nil {
@@ -247,6 +247,33 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 	e.leader.Store(&addr)
 	e.lg.Info("elected master leader", "epoch", t.Epoch, "lease_ttl", e.cfg.LeaseTTL)
 	return t, nil
+}
+
+// campaign is the election's Campaign, bounded: once ctx ends it returns
+// within DialTimeout. etcd's Campaign, when its context ends while it
+// waits, resigns under the etcd client's own context, which has no end
+// while etcd cannot be reached: a standby stopped together with its etcd
+// (`make run-ha` or compose stopping everything at once) hung there until
+// it was killed. The resignation left behind finishes, or fails, when the
+// Elector closes its client; close's revoke (or the lease's expiry) takes
+// the election key with the lease in any case.
+func (t *Term) campaign(ctx context.Context, val string) error {
+	errc := make(chan error, 1)
+	go func() { errc <- t.election.Campaign(ctx, val) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	timer := time.NewTimer(t.e.cfg.DialTimeout)
+	defer timer.Stop()
+	select {
+	case err := <-errc:
+		return err
+	case <-timer.C:
+		t.e.lg.Warn("etcd did not take back a campaign that was stopped; leaving it to the lease", "err", ctx.Err())
+		return ctx.Err()
+	}
 }
 
 // nextEpoch writes and returns max(now, last epoch + 1), only while this
