@@ -182,6 +182,7 @@ type Term struct {
 	session    *concurrency.Session
 	election   *concurrency.Election
 	validUntil atomic.Int64 // unix nanos
+	elected    atomic.Bool  // Campaign returned the term: a lapse loses leadership
 	lost       chan struct{}
 	lostOnce   sync.Once
 	stop       context.CancelFunc
@@ -243,37 +244,46 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 	if !t.Valid() {
 		return fail(ErrLost)
 	}
+	t.elected.Store(true)
 	addr := e.cfg.Advertise
 	e.leader.Store(&addr)
 	e.lg.Info("elected master leader", "epoch", t.Epoch, "lease_ttl", e.cfg.LeaseTTL)
 	return t, nil
 }
 
-// campaign is the election's Campaign, bounded: once ctx ends it returns
-// within DialTimeout. etcd's Campaign, when its context ends while it
-// waits, resigns under the etcd client's own context, which has no end
-// while etcd cannot be reached: a standby stopped together with its etcd
-// (`make run-ha` or compose stopping everything at once) hung there until
-// it was killed. The resignation left behind finishes, or fails, when the
-// Elector closes its client; close's revoke (or the lease's expiry) takes
-// the election key with the lease in any case.
+// campaign is the election's Campaign, bounded: once ctx ends, or the
+// campaign's lease lapses (a campaign on a lapsed lease cannot win: its
+// key goes with the lease), it returns within DialTimeout. etcd's
+// Campaign, when its context ends while it waits, resigns under the etcd
+// client's own context, which has no end while etcd cannot be reached: a
+// standby stopped together with its etcd (`make run-ha` or compose
+// stopping everything at once) hung there until it was killed. The
+// resignation left behind finishes, or fails, when the Elector closes its
+// client; close's revoke (or the lease's expiry) takes the election key
+// with the lease in any case.
 func (t *Term) campaign(ctx context.Context, val string) error {
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	errc := make(chan error, 1)
-	go func() { errc <- t.election.Campaign(ctx, val) }()
+	go func() { errc <- t.election.Campaign(cctx, val) }()
+	var why error
 	select {
 	case err := <-errc:
 		return err
 	case <-ctx.Done():
+		why = ctx.Err()
+	case <-t.lost:
+		why = ErrLost
 	}
+	cancel()
 	timer := time.NewTimer(t.e.cfg.DialTimeout)
 	defer timer.Stop()
 	select {
-	case err := <-errc:
-		return err
+	case <-errc:
 	case <-timer.C:
-		t.e.lg.Warn("etcd did not take back a campaign that was stopped; leaving it to the lease", "err", ctx.Err())
-		return ctx.Err()
+		t.e.lg.Warn("etcd did not take back a campaign that was stopped; leaving it to the lease", "err", why)
 	}
+	return why
 }
 
 // nextEpoch writes and returns max(now, last epoch + 1), only while this
@@ -333,8 +343,7 @@ func (t *Term) keepAlive(ctx context.Context) {
 		case <-time.After(time.Until(time.Unix(0, t.validUntil.Load()))):
 			cancel()
 			<-resc
-			e.lg.Error("master lease not renewed in time: leadership lost", "lease_ttl", e.cfg.LeaseTTL)
-			t.markLost()
+			t.lapsed()
 			return
 		}
 		switch {
@@ -351,8 +360,7 @@ func (t *Term) keepAlive(ctx context.Context) {
 		}
 		left := time.Until(time.Unix(0, t.validUntil.Load()))
 		if left <= 0 {
-			e.lg.Error("master lease not renewed in time: leadership lost", "lease_ttl", e.cfg.LeaseTTL)
-			t.markLost()
+			t.lapsed()
 			return
 		}
 		wait := interval - e.now().Sub(sent)
@@ -365,6 +373,18 @@ func (t *Term) keepAlive(ctx context.Context) {
 		case <-time.After(min(max(wait, 0), left)):
 		}
 	}
+}
+
+// lapsed ends a term whose lease was not renewed in time. Only a leader
+// loses leadership so; a standby's campaign lease lapsing (etcd slow or
+// gone while it waits) is logged as what it is.
+func (t *Term) lapsed() {
+	if t.elected.Load() {
+		t.e.lg.Error("master lease not renewed in time: leadership lost", "lease_ttl", t.e.cfg.LeaseTTL)
+	} else {
+		t.e.lg.Warn("campaign lease not renewed in time; campaigning again", "lease_ttl", t.e.cfg.LeaseTTL)
+	}
+	t.markLost()
 }
 
 // Resign gives leadership up at once (the next master need not wait for

@@ -2,6 +2,7 @@ package ha
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"testing"
@@ -114,42 +115,58 @@ func TestTermLostWhenPartitioned(t *testing.T) {
 }
 
 // TestCampaignStopsWithoutEtcd: a standby whose etcd is gone stops
-// campaigning when told to, within the dial timeout. etcd's own Campaign
-// resigns on its way out under the client's context and waited for etcd
-// for as long as the process lived.
+// campaigning when told to, within the dial timeout, and by itself once
+// its campaign's lease lapses (a campaign on a lapsed lease cannot win).
+// etcd's own Campaign resigns on its way out under the client's context
+// and waited for etcd for as long as the process lived.
 func TestCampaignStopsWithoutEtcd(t *testing.T) {
-	etcd := etcdtest.Start(t)
-	proxy := etcdtest.NewProxy(t, etcd.Endpoint)
-	a, b := newElector(t, etcd.Endpoint, "a:1"), newElector(t, proxy.Addr, "b:1")
-	ta, err := a.Campaign(t.Context())
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name    string
+		cancel  bool
+		want    error
+		within  time.Duration
+		explain string
+	}{
+		{"context ends", true, context.Canceled, 10 * time.Second, "after its context ended"},
+		{"lease lapses", false, ErrLost, 10 * time.Second, "after etcd became unreachable (lease TTL 2s)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			etcd := etcdtest.Start(t)
+			proxy := etcdtest.NewProxy(t, etcd.Endpoint)
+			a, b := newElector(t, etcd.Endpoint, "a:1"), newElector(t, proxy.Addr, "b:1")
+			ta, err := a.Campaign(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ta.Resign(context.Background())
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			errc := make(chan error, 1)
+			go func() {
+				tb, err := b.Campaign(ctx)
+				if tb != nil {
+					tb.Resign(context.Background())
+				}
+				errc <- err
+			}()
+			time.Sleep(500 * time.Millisecond) // b waits behind a
+			proxy.Blackhole()
+			cut := time.Now()
+			if tc.cancel {
+				cancel()
+			}
+			select {
+			case err := <-errc:
+				if !errors.Is(err, tc.want) {
+					t.Fatalf("campaign ended with %v, want %v", err, tc.want)
+				}
+				t.Logf("campaign stopped %v %s: %v", time.Since(cut).Round(time.Millisecond), tc.explain, err)
+			case <-time.After(tc.within):
+				t.Fatalf("campaign still running %v %s (dial timeout 2s)", tc.within, tc.explain)
+			}
+			proxy.Restore()
+		})
 	}
-	defer ta.Resign(context.Background())
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	errc := make(chan error, 1)
-	go func() {
-		tb, err := b.Campaign(ctx)
-		if tb != nil {
-			tb.Resign(context.Background())
-		}
-		errc <- err
-	}()
-	time.Sleep(500 * time.Millisecond) // b waits behind a
-	proxy.Blackhole()
-	stopped := time.Now()
-	cancel()
-	select {
-	case err := <-errc:
-		if err == nil {
-			t.Fatal("b elected while a leads")
-		}
-		t.Logf("campaign stopped %v after its context, etcd unreachable: %v", time.Since(stopped).Round(time.Millisecond), err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("campaign still running 10s after its context ended, with etcd unreachable (dial timeout 2s)")
-	}
-	proxy.Restore()
 }
 
 // TestEpochsRise: every new term's epoch is above the last written, even
