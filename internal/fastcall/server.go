@@ -9,12 +9,12 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/conntrack"
 	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"google.golang.org/grpc/credentials"
@@ -61,18 +61,18 @@ type Server struct {
 	answer Answer
 	lg     *slog.Logger
 
-	mu      sync.Mutex // guards conns, perIP, closing
-	conns   map[net.Conn]bool
-	perIP   map[netip.Addr]int
-	closing bool
-	wg      sync.WaitGroup
+	// conns admits connections under MaxConns and MaxConnsPerIP and knows
+	// which are between calls, which shutdown closes at once.
+	conns *conntrack.Tracker
+	wg    sync.WaitGroup
 
 	refused, dropped, calls atomic.Uint64
 }
 
 // NewServer returns a server that answers calls with answer.
 func NewServer(cfg Config, answer Answer, lg *slog.Logger) *Server {
-	return &Server{cfg: cfg.withDefaults(), answer: answer, lg: lg, conns: map[net.Conn]bool{}, perIP: map[netip.Addr]int{}}
+	cfg = cfg.withDefaults()
+	return &Server{cfg: cfg, answer: answer, lg: lg, conns: conntrack.New(cfg.MaxConns, cfg.MaxConnsPerIP)}
 }
 
 // Stats are the server's counters.
@@ -85,10 +85,7 @@ type Stats struct {
 
 // Stats reads the counters.
 func (s *Server) Stats() Stats {
-	s.mu.Lock()
-	n := len(s.conns)
-	s.mu.Unlock()
-	return Stats{Conns: n, Refused: s.refused.Load(), Dropped: s.dropped.Load(), Calls: s.calls.Load()}
+	return Stats{Conns: s.conns.Len(), Refused: s.refused.Load(), Dropped: s.dropped.Load(), Calls: s.calls.Load()}
 }
 
 // Serve accepts connections on lis (a TLS listener when the master has
@@ -107,76 +104,29 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 			}
 			break
 		}
-		if !s.add(nc) {
+		c, rerr := s.conns.Add(nc)
+		if rerr != nil { // either cap, or closing: all refusals alike
 			s.refused.Add(1)
 			_ = nc.Close()
 			continue
 		}
-		s.wg.Go(func() { s.serve(ctx, nc) })
+		s.wg.Go(func() { s.serve(ctx, nc, c) })
 	}
 	_ = lis.Close()
-	s.mu.Lock()
-	s.closing = true
-	for nc, busy := range s.conns {
-		if !busy {
-			_ = nc.Close()
-		}
-	}
-	s.mu.Unlock()
+	// A connection between calls ends now; one in a call answers it first
+	// (its next MarkIdle says stop).
+	s.conns.Shutdown()
 	s.wg.Wait()
 	return err
 }
 
-func remoteIP(nc net.Conn) netip.Addr {
-	if a, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
-		ip, _ := netip.AddrFromSlice(a.IP)
-		return ip.Unmap()
-	}
-	return netip.Addr{}
-}
-
-// add admits a connection under the caps.
-func (s *Server) add(nc net.Conn) bool {
-	ip := remoteIP(nc)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closing || len(s.conns) >= s.cfg.MaxConns || s.perIP[ip] >= s.cfg.MaxConnsPerIP {
-		return false
-	}
-	s.conns[nc] = false
-	s.perIP[ip]++
-	return true
-}
-
-func (s *Server) remove(nc net.Conn) {
-	ip := remoteIP(nc)
-	s.mu.Lock()
-	delete(s.conns, nc)
-	if s.perIP[ip]--; s.perIP[ip] <= 0 {
-		delete(s.perIP, ip)
-	}
-	s.mu.Unlock()
-	_ = nc.Close()
-}
-
-// setBusy marks a connection busy (a call running: shutdown lets it
-// answer) or idle; false when the server is closing and it is idle (it
-// is to end).
-func (s *Server) setBusy(nc net.Conn, busy bool) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closing && !busy {
-		return false
-	}
-	s.conns[nc] = busy
-	return true
-}
-
-// serve runs one connection: the TLS handshake, the preamble, then calls
-// in order until the peer leaves, breaks the protocol, idles out or the
-// server closes.
-func (s *Server) serve(ctx context.Context, nc net.Conn) {
-	defer s.remove(nc)
+// serve runs one connection, c its entry in s.conns: the TLS handshake,
+// the preamble, then calls in order until the peer leaves, breaks the
+// protocol, idles out or the server closes. Between calls it is idle,
+// during one busy; marking either takes no lock, so a call costs the
+// server no shared lock.
+func (s *Server) serve(ctx context.Context, nc net.Conn, c *conntrack.Conn) {
+	defer s.conns.Remove(c)
 	pr := &peer.Peer{Addr: nc.RemoteAddr(), LocalAddr: nc.LocalAddr()}
 	if tc, ok := nc.(*tls.Conn); ok {
 		_ = tc.SetDeadline(time.Now().Add(s.cfg.IOTimeout))
@@ -201,14 +151,14 @@ func (s *Server) serve(ctx context.Context, nc net.Conn) {
 	br := bufio.NewReaderSize(nc, 16<<10)
 	var in, out []byte
 	for {
-		if !s.setBusy(nc, false) {
-			return
+		if !c.MarkIdle() {
+			return // shutdown: the call before was answered
 		}
 		_ = nc.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
 		if _, err := br.Peek(1); err != nil {
 			return // gone, idle, or closed by shutdown
 		}
-		s.setBusy(nc, true)
+		c.MarkBusy()
 		_ = nc.SetReadDeadline(time.Now().Add(s.cfg.IOTimeout))
 		var err error
 		if in, err = ReadFrame(br, in, MaxRequest); err != nil {

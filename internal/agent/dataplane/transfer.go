@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -20,6 +19,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/agent/segment"
 	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/checksum"
+	"github.com/crescent-kv/crescent/internal/conntrack"
 	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/tracectx"
@@ -191,37 +191,36 @@ type transferServer struct {
 	cfg TransferConfig
 	wg  sync.WaitGroup
 
-	// mu guards conns, perIP, every conn's busy flag, rejecting, items,
-	// freed and closing.
-	mu    sync.Mutex
-	conns map[*transferConn]struct{}
-	// perIP counts the open connections by remote address (the zero
-	// Addr for connections that are not TCP).
-	perIP map[netip.Addr]int
+	// conns admits connections under MaxConns and MaxConnsPerIP, knows
+	// which are idle between requests and is closing once shutdown began
+	// (the closing state acquire and reject read too). It has its own
+	// lock, never held with mu.
+	conns *conntrack.Tracker
+
+	// mu guards rejecting, items and freed.
+	mu sync.Mutex
 	// rejecting counts refused connections still being answered.
 	rejecting int
 	// items counts the items of the requests being served (acquire);
 	// freed, when set, is closed as soon as some are given back.
-	items   int
-	freed   chan struct{}
-	closing bool
+	items int
+	freed chan struct{}
 }
 
 func newTransferServer(s *Server) *transferServer {
-	return &transferServer{s: s, cfg: s.cfg.Transfer, conns: map[*transferConn]struct{}{}, perIP: map[netip.Addr]int{}}
+	return &transferServer{s: s, cfg: s.cfg.Transfer, conns: conntrack.New(s.cfg.Transfer.MaxConns, s.cfg.Transfer.MaxConnsPerIP)}
 }
 
 // transferConn is one client connection, served by one goroutine.
 type transferConn struct {
 	nc net.Conn
-	ip netip.Addr // the key of transferServer.perIP
+	tc *conntrack.Conn // its entry in transferServer.conns
 	// tenant is the caller's tenant when it is a tenant principal (TLS),
 	// "" otherwise; tokens must name it (callerTenant).
 	tenant string
 	// br buffers the connection once its preamble is in, so a connection
 	// that never gets that far costs no buffer.
 	br   *bufio.Reader
-	busy bool // a request is in progress; guarded by transferServer.mu
 	hbuf []byte
 	wbuf []byte
 	iov  net.Buffers

@@ -1,56 +1,44 @@
 package dataplane
 
 import (
+	"errors"
 	"io"
 	"net"
-	"net/netip"
 	"sync"
 	"syscall"
 	"time"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/conntrack"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/xfer"
 )
-
-// remoteIP is the address connections are counted under for
-// MaxConnsPerIP: the remote IP of a TCP connection (an IPv4-mapped IPv6
-// address as IPv4), the zero Addr for anything else.
-func remoteIP(nc net.Conn) netip.Addr {
-	if a, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
-		return a.AddrPort().Addr().Unmap()
-	}
-	return netip.Addr{}
-}
 
 // add registers a new connection. It returns nil and no error when the
 // server is closing, and a LIMIT_EXCEEDED error when the connection is
 // one too many (counted in crescent_agent_transfer_connections_refused_total).
 func (t *transferServer) add(nc net.Conn) (*transferConn, error) {
-	ip := remoteIP(nc)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closing {
+	tc, err := t.conns.Add(nc)
+	switch {
+	case errors.Is(err, conntrack.ErrClosing):
 		return nil, nil
-	}
-	if len(t.conns) >= t.cfg.MaxConns {
+	case errors.Is(err, conntrack.ErrMaxConns):
 		t.s.xferRefused.WithLabelValues("max_connections").Inc()
 		return nil, errConnLimit("the agent holds its maximum of %d transfer connections", t.cfg.MaxConns)
-	}
-	if t.perIP[ip] >= t.cfg.MaxConnsPerIP {
+	case errors.Is(err, conntrack.ErrMaxConnsPerIP):
 		t.s.xferRefused.WithLabelValues("max_connections_per_ip").Inc()
-		return nil, errConnLimit("%s holds the maximum of %d transfer connections per remote address", ip, t.cfg.MaxConnsPerIP)
+		return nil, errConnLimit("%s holds the maximum of %d transfer connections per remote address", conntrack.RemoteIP(nc), t.cfg.MaxConnsPerIP)
+	case err != nil:
+		return nil, err
 	}
-	t.perIP[ip]++
-	c := &transferConn{nc: nc, ip: ip}
+	c := &transferConn{nc: nc, tc: tc}
 	if sc, ok := nc.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			c.rc = rc
 			c.rvFn = c.readvOnce
 		}
 	}
-	t.conns[c] = struct{}{}
 	t.s.xferConns.Inc()
 	return c, nil
 }
@@ -67,7 +55,7 @@ func errConnLimit(format string, args ...any) error {
 // of its first answer. It does not wait for the answer.
 func (t *transferServer) reject(nc net.Conn, err error) {
 	t.mu.Lock()
-	ok := !t.closing && t.rejecting < maxRejecting
+	ok := !t.conns.Closing() && t.rejecting < maxRejecting
 	if ok {
 		t.rejecting++
 	}
@@ -91,59 +79,49 @@ func (t *transferServer) reject(nc net.Conn, err error) {
 	})
 }
 
+// remove forgets c and closes its connection; c's goroutine calls it as
+// it ends.
 func (t *transferServer) remove(c *transferConn) {
-	t.mu.Lock()
-	delete(t.conns, c)
-	if t.perIP[c.ip]--; t.perIP[c.ip] <= 0 {
-		delete(t.perIP, c.ip)
-	}
-	if c.busy {
-		c.busy = false
+	if c.tc.Busy() {
 		t.s.xferBusy.Dec()
 	}
-	t.mu.Unlock()
+	t.conns.Remove(c.tc)
 	t.s.xferConns.Dec()
-	_ = c.nc.Close()
 }
 
-// setBusy marks c busy or idle; it reports false when c should stop
-// (the server is closing and c finished its request).
+// setBusy marks c busy or idle, moving crescent_agent_transfer_requests_in_flight
+// on a change; it reports false when c should stop (the server is closing
+// and c finished its request). Only c's goroutine calls it, so the check
+// and the change need no lock, and neither does the flag shutdown reads
+// (conntrack).
 func (t *transferServer) setBusy(c *transferConn, busy bool) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	switch {
-	case busy && !c.busy:
-		t.s.xferBusy.Inc()
-	case !busy && c.busy:
+	if busy {
+		if c.tc.MarkBusy() {
+			t.s.xferBusy.Inc()
+		}
+		return true
+	}
+	if c.tc.Busy() {
 		t.s.xferBusy.Dec()
 	}
-	c.busy = busy
-	return busy || !t.closing
+	return c.tc.MarkIdle()
 }
 
 // shutdown closes the idle connections at once, gives busy ones
 // DrainTimeout to finish their request, then cuts them, and waits for
 // every connection goroutine.
 func (t *transferServer) shutdown() {
+	// First closing, then freed: a request waiting in acquire wakes and
+	// finds the tracker closing.
+	t.conns.Shutdown()
 	t.mu.Lock()
-	t.closing = true
 	if t.freed != nil {
 		close(t.freed)
 		t.freed = nil
 	}
-	for c := range t.conns {
-		if !c.busy {
-			_ = c.nc.Close()
-		}
-	}
 	t.mu.Unlock()
 	drain(&t.wg, t.cfg.DrainTimeout, func() {
-		t.mu.Lock()
-		n := len(t.conns)
-		for c := range t.conns {
-			_ = c.nc.Close()
-		}
-		t.mu.Unlock()
+		n := t.conns.CloseAll()
 		t.s.lg.Warn("transfer requests still running at shutdown were cut", "connections", n, "drain_timeout", t.cfg.DrainTimeout)
 	})
 }
@@ -186,7 +164,7 @@ func (t *transferServer) acquire(n int) bool {
 			t.s.xferItems.Add(float64(n))
 			return true
 		}
-		if t.closing {
+		if t.conns.Closing() {
 			t.mu.Unlock()
 			return false
 		}

@@ -642,7 +642,7 @@ func FuzzTransferConn(f *testing.F) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("connection handler did not return after the client left")
 		}
-		if len(ts.conns) != 0 {
+		if ts.conns.Len() != 0 {
 			t.Fatal("connection not removed")
 		}
 	})

@@ -1,0 +1,181 @@
+// Package conntrack admits and tracks the connections of a raw-TCP
+// listener that serves one request at a time per connection: the master's
+// lookup listener (internal/fastcall) and the agent's bulk transfer
+// listener (internal/agent/dataplane). Both bound their connections in
+// total and per remote address, and both shut down the same way: refuse
+// new connections, close the idle ones at once, let the busy ones finish
+// their request, and, when that takes too long, cut them.
+//
+// Concurrency: a connection is added and removed once, under the
+// tracker's mutex; it is marked busy and idle once per request, and that
+// takes no lock. Shutdown must still never miss a connection that goes
+// idle as it starts: each side writes its own flag, then reads the
+// other's, and Go's atomics are sequentially consistent, so at least one
+// of them sees the other.
+//
+//	connection (MarkIdle)          shutdown (Shutdown)
+//	busy.Store(false)              closing.Store(true)
+//	if closing.Load(): stop        for each c (under mu): if !c.busy.Load(): close c
+//
+// Either the connection sees closing and stops itself, or shutdown sees
+// it idle and closes it; often both, which is harmless.
+//
+// Internal to the Crescent module.
+package conntrack
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+)
+
+// Why Add refused a connection. The listeners count and answer each cap
+// differently, so they are distinct.
+var (
+	// ErrClosing: the tracker is shutting down.
+	ErrClosing = errors.New("conntrack: closing")
+	// ErrMaxConns: the tracker holds its maximum of connections.
+	ErrMaxConns = errors.New("conntrack: maximum connections reached")
+	// ErrMaxConnsPerIP: the remote address holds its maximum of
+	// connections.
+	ErrMaxConnsPerIP = errors.New("conntrack: maximum connections per remote address reached")
+)
+
+// Tracker holds a listener's open connections: what the caps count, and
+// what shutdown must close.
+type Tracker struct {
+	maxConns, maxConnsPerIP int
+
+	// closing is set once by Shutdown or CloseAll; read without the lock
+	// by every MarkIdle (see the package doc for the ordering).
+	closing atomic.Bool
+
+	// mu guards conns and perIP. It is taken once when a connection comes
+	// and once when it goes, never per request.
+	mu    sync.Mutex
+	conns map[*Conn]struct{}
+	// perIP counts the open connections by remote address (RemoteIP).
+	perIP map[netip.Addr]int
+}
+
+// New returns a tracker that admits at most maxConns connections, at most
+// maxConnsPerIP of them from one remote address. Callers apply their own
+// defaults: a cap of 0 admits nothing.
+func New(maxConns, maxConnsPerIP int) *Tracker {
+	return &Tracker{maxConns: maxConns, maxConnsPerIP: maxConnsPerIP, conns: map[*Conn]struct{}{}, perIP: map[netip.Addr]int{}}
+}
+
+// Conn is one admitted connection. Only the goroutine serving it marks it
+// busy or idle.
+type Conn struct {
+	t  *Tracker
+	nc net.Conn
+	ip netip.Addr // its key in Tracker.perIP
+	// busy is set while a request is served, so Shutdown lets it finish;
+	// a new connection is idle (a handshake or preamble is not a request).
+	busy atomic.Bool
+}
+
+// RemoteIP is the address connections are counted under for the per-IP
+// cap: the remote IP of a TCP connection (an IPv4-mapped IPv6 address as
+// IPv4, so one client is one client whichever way it came), the zero Addr
+// for anything else (a net.Pipe in tests; all of them share one count).
+func RemoteIP(nc net.Conn) netip.Addr {
+	if a, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
+		return a.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
+}
+
+// Add admits nc, idle, unless the tracker is closing (ErrClosing) or nc
+// would pass a cap (ErrMaxConns, checked first, or ErrMaxConnsPerIP). It
+// does not close a refused nc: the caller may answer it first.
+func (t *Tracker) Add(nc net.Conn) (*Conn, error) {
+	ip := RemoteIP(nc)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	// Loaded under mu: Shutdown stores closing before it takes mu to close
+	// the idle connections, so a connection added here is either refused
+	// or in the set Shutdown walks.
+	switch {
+	case t.closing.Load():
+		return nil, ErrClosing
+	case len(t.conns) >= t.maxConns:
+		return nil, ErrMaxConns
+	case t.perIP[ip] >= t.maxConnsPerIP:
+		return nil, ErrMaxConnsPerIP
+	}
+	c := &Conn{t: t, nc: nc, ip: ip}
+	t.conns[c] = struct{}{}
+	t.perIP[ip]++
+	return c, nil
+}
+
+// Remove forgets c and closes its connection; the goroutine serving c
+// calls it once, as it ends.
+func (t *Tracker) Remove(c *Conn) {
+	t.mu.Lock()
+	delete(t.conns, c)
+	if t.perIP[c.ip]--; t.perIP[c.ip] <= 0 {
+		delete(t.perIP, c.ip)
+	}
+	t.mu.Unlock()
+	_ = c.nc.Close()
+}
+
+// Len is the number of open connections.
+func (t *Tracker) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.conns)
+}
+
+// Closing reports whether Shutdown (or CloseAll) was called. A listener
+// waiting for something else than a request (a budget, say) checks it to
+// give up at shutdown.
+func (t *Tracker) Closing() bool { return t.closing.Load() }
+
+// Shutdown refuses new connections and closes the idle ones; a busy one
+// finishes its request, then MarkIdle tells it to stop. It walks the set
+// under mu, after storing closing, so a connection Add admits
+// concurrently is in the walk or refused.
+func (t *Tracker) Shutdown() {
+	t.closing.Store(true) // before the busy loads below: see the package doc
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for c := range t.conns {
+		if !c.busy.Load() {
+			_ = c.nc.Close()
+		}
+	}
+}
+
+// CloseAll closes every open connection, busy or not, and returns how many
+// there were: the cut, for requests that outlast a drain timeout. It
+// refuses new connections too.
+func (t *Tracker) CloseAll() int {
+	t.closing.Store(true)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for c := range t.conns {
+		_ = c.nc.Close()
+	}
+	return len(t.conns)
+}
+
+// MarkBusy marks c busy: a request started, which Shutdown lets finish.
+// It reports whether c was idle, for callers that count busy connections.
+func (c *Conn) MarkBusy() bool { return !c.busy.Swap(true) }
+
+// MarkIdle marks c idle between requests; false when the tracker is
+// closing and c is to stop rather than wait for another request. The
+// store comes before the load: see the package doc.
+func (c *Conn) MarkIdle() bool {
+	c.busy.Store(false)
+	return !c.t.closing.Load()
+}
+
+// Busy reports whether c is marked busy.
+func (c *Conn) Busy() bool { return c.busy.Load() }
