@@ -15,7 +15,7 @@
 //
 //	connection (MarkIdle)          shutdown (Shutdown)
 //	busy.Store(false)              closing.Store(true)
-//	if closing.Load(): stop        for each c (under mu): if !c.busy.Load(): close c
+//	if closing.Load(): stop        for each c (under mu): if !c.busy.Load(): close c (after mu)
 //
 // Either the connection sees closing and stops itself, or shutdown sees
 // it idle and closes it; often both, which is harmless.
@@ -143,13 +143,27 @@ func (t *Tracker) Closing() bool { return t.closing.Load() }
 // concurrently is in the walk or refused.
 func (t *Tracker) Shutdown() {
 	t.closing.Store(true) // before the busy loads below: see the package doc
+	t.closeEach(func(c *Conn) bool { return !c.busy.Load() })
+}
+
+// closeEach closes the connections pick picks, outside mu: closing a TLS
+// connection writes its close_notify (for up to the connection's write
+// deadline, to a peer that may not read), and neither Add nor Remove
+// should wait behind that, nor one close behind another's.
+func (t *Tracker) closeEach(pick func(*Conn) bool) int {
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	n := len(t.conns)
+	var picked []net.Conn
 	for c := range t.conns {
-		if !c.busy.Load() {
-			_ = c.nc.Close()
+		if pick(c) {
+			picked = append(picked, c.nc)
 		}
 	}
+	t.mu.Unlock()
+	for _, nc := range picked {
+		_ = nc.Close()
+	}
+	return n
 }
 
 // CloseAll closes every open connection, busy or not, and returns how many
@@ -157,12 +171,7 @@ func (t *Tracker) Shutdown() {
 // refuses new connections too.
 func (t *Tracker) CloseAll() int {
 	t.closing.Store(true)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for c := range t.conns {
-		_ = c.nc.Close()
-	}
-	return len(t.conns)
+	return t.closeEach(func(*Conn) bool { return true })
 }
 
 // MarkBusy marks c busy: a request started, which Shutdown lets finish.
