@@ -129,7 +129,7 @@ func (c *client) call(t *testing.T, pre string, m *masterv1.CallStreamRequest) (
 }
 
 // TestServe: calls are answered in order on a connection, with the peer in
-// their context; a bad preamble, a frame over MaxRequest or bytes that do
+// their context, empty calls too; a bad preamble, a frame over MaxRequest or bytes that do
 // not decode end the connection (counted), and the others serve on.
 func TestServe(t *testing.T) {
 	s, addr := start(t, Config{}, echo)
@@ -157,8 +157,12 @@ func TestServe(t *testing.T) {
 	if r, err := c.call(t, "", lookup(9, "c")); err != nil || r.GetRequestId() != 9 {
 		t.Fatalf("after the others' violations: %v, %v", r, err)
 	}
-	if st := s.Stats(); st.Calls != 4 {
-		t.Errorf("%d calls answered, want 4", st.Calls)
+	// An empty call (a client's probe) is answered and counted apart.
+	if r, err := c.call(t, "", &masterv1.CallStreamRequest{RequestId: 10}); err != nil || r.GetRequestId() != 10 {
+		t.Fatalf("empty call: %v, %v", r, err)
+	}
+	if st := s.Stats(); st.Calls != 4 || st.Pings != 1 {
+		t.Errorf("%d calls and %d pings answered, want 4 and 1", st.Calls, st.Pings)
 	}
 }
 

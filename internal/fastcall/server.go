@@ -66,7 +66,7 @@ type Server struct {
 	conns *conntrack.Tracker
 	wg    sync.WaitGroup
 
-	refused, dropped, calls atomic.Uint64
+	refused, dropped, calls, pings atomic.Uint64
 }
 
 // NewServer returns a server that answers calls with answer.
@@ -81,11 +81,12 @@ type Stats struct {
 	Refused uint64 // connections closed at once: over a cap
 	Dropped uint64 // connections ended for a protocol violation
 	Calls   uint64 // calls answered
+	Pings   uint64 // empty calls answered: clients' probes (pkg/client)
 }
 
 // Stats reads the counters.
 func (s *Server) Stats() Stats {
-	return Stats{Conns: s.conns.Len(), Refused: s.refused.Load(), Dropped: s.dropped.Load(), Calls: s.calls.Load()}
+	return Stats{Conns: s.conns.Len(), Refused: s.refused.Load(), Dropped: s.dropped.Load(), Calls: s.calls.Load(), Pings: s.pings.Load()}
 }
 
 // Serve accepts connections on lis (a TLS listener when the master has
@@ -171,7 +172,11 @@ func (s *Server) serve(ctx context.Context, nc net.Conn, c *conntrack.Conn) {
 			return
 		}
 		resp := s.answer(ctx, req)
-		s.calls.Add(1)
+		if req.GetCall() == nil {
+			s.pings.Add(1)
+		} else {
+			s.calls.Add(1)
+		}
 		if out, err = AppendFrame(out[:0], resp, MaxResponse); err != nil {
 			s.lg.Warn("lookup answer not framed", "remote", nc.RemoteAddr().String(), "err", err)
 			return

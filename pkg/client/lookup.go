@@ -30,8 +30,15 @@ import (
 //   - Only lookups: they may be made twice. A call whose connection fails
 //     before its answer goes again on the stream (or as a unary call), and
 //     the listener is not used again for a backoff (lookupRetry, doubling
-//     to lookupMaxDown); a dial that fails counts so too (an advertised
-//     port the client cannot reach costs one dial timeout per backoff).
+//     to lookupMaxDown); a dial or probe that fails counts so too.
+//   - A listener is dialed on a call's path only once it has answered
+//     (since it was named, or since it last failed). Until then one probe
+//     at a time dials it in the background and makes an empty call (which
+//     any master answers UNIMPLEMENTED, before authorization), and calls
+//     go on the stream. An advertised port the client cannot reach (SYNs
+//     dropped by a firewall, a load balancer that accepts and never
+//     answers) would otherwise hold every lookup in flight for up to
+//     lookupDialTimeout each time its backoff ran out, or to its deadline.
 //   - A broken stream forgets its listener (a new leader names its own).
 //   - Not with Config.BearerToken (the listener knows callers by their
 //     certificate), Config.DialOptions (no gRPC interceptor of the
@@ -69,6 +76,14 @@ type lookupListener struct {
 	fails  int
 	until  time.Time // while down: not used before then
 	closed bool
+	// ready: the listener answered since it was named or last failed, so
+	// a call may dial it; until then probe does, in the background.
+	ready   bool
+	probing bool
+
+	ctx    context.Context // ends at close: the probe's
+	stop   context.CancelFunc
+	probes sync.WaitGroup
 }
 
 type lookupConn struct {
@@ -97,6 +112,7 @@ func resolveLookup(adv, master string) (string, bool) {
 
 func newLookupListener(addr string, base *tls.Config) *lookupListener {
 	l := &lookupListener{addr: addr}
+	l.ctx, l.stop = context.WithCancel(context.Background())
 	if base != nil {
 		l.tls = xfer.ClientTLS(base, addr)
 	}
@@ -159,8 +175,9 @@ func (l *lookupListener) call(ctx context.Context, q *masterv1.CallStreamRequest
 	return r.answerInto(reply)
 }
 
-// get takes an idle connection or dials one; errStreamDown while the
-// listener is down, or when the dial fails.
+// get takes an idle connection or, once the listener has answered, dials
+// one; errStreamDown while the listener is down or not known to answer
+// (a probe is then under way), or when the dial fails.
 func (l *lookupListener) get(ctx context.Context) (*lookupConn, error) {
 	l.mu.Lock()
 	if l.closed || time.Now().Before(l.until) {
@@ -174,24 +191,102 @@ func (l *lookupListener) get(ctx context.Context) (*lookupConn, error) {
 		l.mu.Unlock()
 		return c, nil
 	}
+	if !l.ready {
+		if !l.probing {
+			l.probing = true
+			l.probes.Go(l.probe)
+		}
+		l.mu.Unlock()
+		return nil, errStreamDown
+	}
 	l.mu.Unlock()
 	dctx, cancel := context.WithTimeout(ctx, lookupDialTimeout)
 	defer cancel()
-	nc, err := (&net.Dialer{}).DialContext(dctx, "tcp", l.addr)
-	if err == nil && l.tls != nil {
-		tc := tls.Client(nc, l.tls)
-		if err = tc.HandshakeContext(dctx); err != nil {
-			_ = nc.Close()
-		}
-		nc = tc
-	}
+	c, err := l.dial(dctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			l.down()
 		}
 		return nil, errStreamDown
 	}
+	return c, nil
+}
+
+// dial connects to the listener, with its TLS handshake, under ctx.
+func (l *lookupListener) dial(ctx context.Context) (*lookupConn, error) {
+	nc, err := (&net.Dialer{}).DialContext(ctx, "tcp", l.addr)
+	if err != nil {
+		return nil, err
+	}
+	if l.tls != nil {
+		tc := tls.Client(nc, l.tls)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			_ = nc.Close()
+			return nil, err
+		}
+		nc = tc
+	}
 	return &lookupConn{nc: nc, br: bufio.NewReaderSize(nc, 16<<10), fresh: true}, nil
+}
+
+// probe finds out, off any call's path, whether the listener answers: it
+// dials it and makes an empty call, within lookupDialTimeout. On an
+// answer the listener is ready and the connection kept; else the backoff
+// starts.
+func (l *lookupListener) probe() {
+	ctx, cancel := context.WithTimeout(l.ctx, lookupDialTimeout)
+	defer cancel()
+	c, err := l.dial(ctx)
+	if err == nil {
+		if err = c.ping(ctx); err != nil {
+			_ = c.nc.Close()
+		}
+	}
+	l.mu.Lock()
+	l.probing = false
+	keep := err == nil && !l.closed && len(l.idle) < lookupIdle
+	switch {
+	case l.closed:
+	case err != nil:
+		l.downLocked()
+	default:
+		l.ready, l.fails = true, 0
+		if keep {
+			l.idle = append(l.idle, c)
+		}
+	}
+	l.mu.Unlock()
+	if err == nil && !keep {
+		_ = c.nc.Close()
+	}
+}
+
+// ping makes an empty call on a fresh connection: one that names no
+// method, which a master answers UNIMPLEMENTED without running anything.
+// Any answer will do.
+func (c *lookupConn) ping(ctx context.Context) error {
+	deadline, _ := ctx.Deadline()
+	_ = c.nc.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	out, err := fastcall.AppendFrame(append(c.out[:0], fastcall.Preamble...), &masterv1.CallStreamRequest{}, fastcall.MaxRequest)
+	if err != nil {
+		return err
+	}
+	c.out, c.fresh = out, false
+	if _, err := c.nc.Write(out); err != nil {
+		return err
+	}
+	if c.buf, err = fastcall.ReadFrame(c.br, c.buf, fastcall.MaxResponse); err != nil {
+		return err
+	}
+	if err := rpccodec.UnmarshalLimited(c.buf, &masterv1.CallStreamResponse{}); err != nil {
+		return err
+	}
+	if !stop() {
+		return ctx.Err() // its deadline may yet land on the connection
+	}
+	return c.nc.SetDeadline(time.Time{})
 }
 
 // release ends a call on c that the listener answered (or that never
@@ -213,21 +308,30 @@ func (l *lookupListener) release(c *lookupConn, keep bool) {
 	}
 }
 
-// down starts a backoff after a failure.
+// down starts a backoff after a failure; the listener must answer a
+// probe again before a call dials it.
 func (l *lookupListener) down() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.fails++
-	l.until = time.Now().Add(min(lookupRetry<<min(l.fails-1, 16), lookupMaxDown))
+	l.downLocked()
 }
 
-// close closes the idle connections; calls in flight close theirs.
+func (l *lookupListener) downLocked() {
+	l.fails++
+	l.until = time.Now().Add(min(lookupRetry<<min(l.fails-1, 16), lookupMaxDown))
+	l.ready = false
+}
+
+// close closes the idle connections and ends a probe, waiting for it;
+// calls in flight close theirs.
 func (l *lookupListener) close() {
 	l.mu.Lock()
 	l.closed = true
 	idle := l.idle
 	l.idle = nil
 	l.mu.Unlock()
+	l.stop()
+	l.probes.Wait()
 	for _, c := range idle {
 		_ = c.nc.Close()
 	}

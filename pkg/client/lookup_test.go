@@ -2,6 +2,9 @@ package client_test
 
 import (
 	"fmt"
+	"io"
+	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,19 +19,26 @@ import (
 // the stream gives (found, missing, batched from many goroutines); after a
 // master restart (a new listener port) they follow the new master; a
 // listener the client cannot reach sends them back to the stream; a
-// client with the listener off never uses it.
+// client with the listener off never uses it. A listener that accepts
+// and never answers (a wrong port, a load balancer without a backend)
+// holds no lookup up: the client probes it off the calls' path.
 func TestLookupListener(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		advertise string // the master's --advertise-lookup-addr
+		silent    bool   // advertise a port that accepts and never answers
 		off       bool   // Config.DisableLookupListener
 		want      bool   // lookups on the listener
 	}{
 		{name: "on", want: true},
 		{name: "unreachable", advertise: "127.0.0.1:1"},
+		{name: "silent", silent: true},
 		{name: "off", off: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.silent {
+				tc.advertise = silentListener(t)
+			}
 			cl := testcluster.Start(t, testcluster.Options{Master: func(c *masterapp.Config) { c.AdvertiseLookupAddr = tc.advertise }})
 			c := cl.Client(t, func(cfg *client.Config) { cfg.DisableLookupListener = tc.off })
 			ctx := t.Context()
@@ -42,6 +52,7 @@ func TestLookupListener(t *testing.T) {
 				errs := make(chan error, 16)
 				for g := range 16 {
 					go func() {
+						start := time.Now()
 						k := fmt.Sprintf("lk-%d", g%8)
 						b, err := c.Get(ctx, k)
 						if err == nil && string(b) != fmt.Sprintf("value %d", g%8) {
@@ -52,6 +63,12 @@ func TestLookupListener(t *testing.T) {
 							if ok, err = c.Exist(ctx, "lk-missing"); ok {
 								err = fmt.Errorf("lk-missing exists")
 							}
+						}
+						// No lookup waits for a listener that does not
+						// answer (before the probe, one waited for the
+						// call's timeout, 30 s, every backoff).
+						if d := time.Since(start); err == nil && tc.silent && d > time.Second {
+							err = fmt.Errorf("a get and an exist took %v", d)
 						}
 						errs <- err
 					}()
@@ -69,11 +86,20 @@ func TestLookupListener(t *testing.T) {
 			for time.Now().Before(deadline) && (cl.Master().LookupStats().Calls == 0) == tc.want {
 				check("more")
 			}
+			if tc.silent {
+				// Past a probe's timeout, and a backoff or two after it.
+				for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
+					check("while the listener does not answer")
+				}
+			}
 			if got := cl.Master().LookupStats().Calls > 0; got != tc.want {
 				t.Fatalf("lookups on the listener: %v, want %v (%+v)", got, tc.want, cl.Master().LookupStats())
 			}
 			if !tc.want {
 				return
+			}
+			if st := cl.Master().LookupStats(); st.Pings == 0 {
+				t.Fatalf("lookups on the listener without a probe first (%+v)", st)
 			}
 			cl.RestartMaster()
 			check("after the restart")
@@ -83,4 +109,39 @@ func TestLookupListener(t *testing.T) {
 			}, "lookups on the new master's listener")
 		})
 	}
+}
+
+// silentListener is a port that accepts connections, reads what comes and
+// never answers; it closes them when the test ends.
+func silentListener(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	wg.Go(func() {
+		for {
+			nc, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, nc)
+			mu.Unlock()
+			wg.Go(func() { _, _ = io.Copy(io.Discard, nc) })
+		}
+	})
+	t.Cleanup(func() {
+		_ = lis.Close()
+		mu.Lock()
+		for _, nc := range conns {
+			_ = nc.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return lis.Addr().String()
 }
