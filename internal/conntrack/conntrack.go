@@ -38,48 +38,50 @@ var (
 	ErrClosing = errors.New("conntrack: closing")
 	// ErrMaxConns: the tracker holds its maximum of connections.
 	ErrMaxConns = errors.New("conntrack: maximum connections reached")
-	// ErrMaxConnsPerIP: the remote address holds its maximum of
-	// connections.
-	ErrMaxConnsPerIP = errors.New("conntrack: maximum connections per remote address reached")
+	// ErrMaxConnsPerKey: the connection's key (a remote address, a peer
+	// process) holds its maximum of connections.
+	ErrMaxConnsPerKey = errors.New("conntrack: maximum connections per key reached")
 )
 
 // Tracker holds a listener's open connections: what the caps count, and
 // what shutdown must close.
-type Tracker struct {
-	maxConns, maxConnsPerIP int
+//
+// K is what the per-key cap counts by: the remote IP of a TCP listener's
+// connections (RemoteIP), the peer process of a Unix socket's.
+type Tracker[K comparable] struct {
+	maxConns, maxConnsPerKey int
 
 	// closing is set once by Shutdown or CloseAll; read without the lock
 	// by every MarkIdle (see the package doc for the ordering).
 	closing atomic.Bool
 
-	// mu guards conns and perIP. It is taken once when a connection comes
-	// and once when it goes, never per request.
-	mu    sync.Mutex
-	conns map[*Conn]struct{}
-	// perIP counts the open connections by remote address (RemoteIP).
-	perIP map[netip.Addr]int
+	// mu guards conns and perKey. It is taken once when a connection
+	// comes and once when it goes, never per request.
+	mu     sync.Mutex
+	conns  map[*Conn[K]]struct{}
+	perKey map[K]int
 }
 
 // New returns a tracker that admits at most maxConns connections, at most
-// maxConnsPerIP of them from one remote address. Callers apply their own
-// defaults: a cap of 0 admits nothing.
-func New(maxConns, maxConnsPerIP int) *Tracker {
-	return &Tracker{maxConns: maxConns, maxConnsPerIP: maxConnsPerIP, conns: map[*Conn]struct{}{}, perIP: map[netip.Addr]int{}}
+// maxConnsPerKey of them under one key. Callers apply their own defaults:
+// a cap of 0 admits nothing.
+func New[K comparable](maxConns, maxConnsPerKey int) *Tracker[K] {
+	return &Tracker[K]{maxConns: maxConns, maxConnsPerKey: maxConnsPerKey, conns: map[*Conn[K]]struct{}{}, perKey: map[K]int{}}
 }
 
 // Conn is one admitted connection. Only the goroutine serving it marks it
 // busy or idle.
-type Conn struct {
-	t  *Tracker
-	nc net.Conn
-	ip netip.Addr // its key in Tracker.perIP
+type Conn[K comparable] struct {
+	t   *Tracker[K]
+	nc  net.Conn
+	key K // what it counts under in Tracker.perKey
 	// busy is set while a request is served, so Shutdown lets it finish;
 	// a new connection is idle (a handshake or preamble is not a request).
 	busy atomic.Bool
 }
 
-// RemoteIP is the address connections are counted under for the per-IP
-// cap: the remote IP of a TCP connection (an IPv4-mapped IPv6 address as
+// RemoteIP is the key a TCP listener counts connections under for its
+// per-address cap: the remote IP of a TCP connection (an IPv4-mapped IPv6 address as
 // IPv4, so one client is one client whichever way it came), the zero Addr
 // for anything else (a net.Pipe in tests; all of them share one count).
 func RemoteIP(nc net.Conn) netip.Addr {
@@ -89,11 +91,11 @@ func RemoteIP(nc net.Conn) netip.Addr {
 	return netip.Addr{}
 }
 
-// Add admits nc, idle, unless the tracker is closing (ErrClosing) or nc
-// would pass a cap (ErrMaxConns, checked first, or ErrMaxConnsPerIP). It
-// does not close a refused nc: the caller may answer it first.
-func (t *Tracker) Add(nc net.Conn) (*Conn, error) {
-	ip := RemoteIP(nc)
+// Add admits nc under key, idle, unless the tracker is closing
+// (ErrClosing) or nc would pass a cap (ErrMaxConns, checked first, or
+// ErrMaxConnsPerKey). It does not close a refused nc: the caller may
+// answer it first.
+func (t *Tracker[K]) Add(nc net.Conn, key K) (*Conn[K], error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	// Loaded under mu: Shutdown stores closing before it takes mu to close
@@ -104,29 +106,29 @@ func (t *Tracker) Add(nc net.Conn) (*Conn, error) {
 		return nil, ErrClosing
 	case len(t.conns) >= t.maxConns:
 		return nil, ErrMaxConns
-	case t.perIP[ip] >= t.maxConnsPerIP:
-		return nil, ErrMaxConnsPerIP
+	case t.perKey[key] >= t.maxConnsPerKey:
+		return nil, ErrMaxConnsPerKey
 	}
-	c := &Conn{t: t, nc: nc, ip: ip}
+	c := &Conn[K]{t: t, nc: nc, key: key}
 	t.conns[c] = struct{}{}
-	t.perIP[ip]++
+	t.perKey[key]++
 	return c, nil
 }
 
 // Remove forgets c and closes its connection; the goroutine serving c
 // calls it once, as it ends.
-func (t *Tracker) Remove(c *Conn) {
+func (t *Tracker[K]) Remove(c *Conn[K]) {
 	t.mu.Lock()
 	delete(t.conns, c)
-	if t.perIP[c.ip]--; t.perIP[c.ip] <= 0 {
-		delete(t.perIP, c.ip)
+	if t.perKey[c.key]--; t.perKey[c.key] <= 0 {
+		delete(t.perKey, c.key)
 	}
 	t.mu.Unlock()
 	_ = c.nc.Close()
 }
 
 // Len is the number of open connections.
-func (t *Tracker) Len() int {
+func (t *Tracker[K]) Len() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.conns)
@@ -135,22 +137,22 @@ func (t *Tracker) Len() int {
 // Closing reports whether Shutdown (or CloseAll) was called. A listener
 // waiting for something else than a request (a budget, say) checks it to
 // give up at shutdown.
-func (t *Tracker) Closing() bool { return t.closing.Load() }
+func (t *Tracker[K]) Closing() bool { return t.closing.Load() }
 
 // Shutdown refuses new connections and closes the idle ones; a busy one
 // finishes its request, then MarkIdle tells it to stop. It walks the set
 // under mu, after storing closing, so a connection Add admits
 // concurrently is in the walk or refused.
-func (t *Tracker) Shutdown() {
+func (t *Tracker[K]) Shutdown() {
 	t.closing.Store(true) // before the busy loads below: see the package doc
-	t.closeEach(func(c *Conn) bool { return !c.busy.Load() })
+	t.closeEach(func(c *Conn[K]) bool { return !c.busy.Load() })
 }
 
 // closeEach closes the connections pick picks, outside mu: closing a TLS
 // connection writes its close_notify (for up to the connection's write
 // deadline, to a peer that may not read), and neither Add nor Remove
 // should wait behind that, nor one close behind another's.
-func (t *Tracker) closeEach(pick func(*Conn) bool) int {
+func (t *Tracker[K]) closeEach(pick func(*Conn[K]) bool) int {
 	t.mu.Lock()
 	n := len(t.conns)
 	var picked []net.Conn
@@ -169,22 +171,22 @@ func (t *Tracker) closeEach(pick func(*Conn) bool) int {
 // CloseAll closes every open connection, busy or not, and returns how many
 // there were: the cut, for requests that outlast a drain timeout. It
 // refuses new connections too.
-func (t *Tracker) CloseAll() int {
+func (t *Tracker[K]) CloseAll() int {
 	t.closing.Store(true)
-	return t.closeEach(func(*Conn) bool { return true })
+	return t.closeEach(func(*Conn[K]) bool { return true })
 }
 
 // MarkBusy marks c busy: a request started, which Shutdown lets finish.
 // It reports whether c was idle, for callers that count busy connections.
-func (c *Conn) MarkBusy() bool { return !c.busy.Swap(true) }
+func (c *Conn[K]) MarkBusy() bool { return !c.busy.Swap(true) }
 
 // MarkIdle marks c idle between requests; false when the tracker is
 // closing and c is to stop rather than wait for another request. The
 // store comes before the load: see the package doc.
-func (c *Conn) MarkIdle() bool {
+func (c *Conn[K]) MarkIdle() bool {
 	c.busy.Store(false)
 	return !c.t.closing.Load()
 }
 
 // Busy reports whether c is marked busy.
-func (c *Conn) Busy() bool { return c.busy.Load() }
+func (c *Conn[K]) Busy() bool { return c.busy.Load() }

@@ -43,6 +43,11 @@ func (c *fakeConn) isClosed() bool {
 	}
 }
 
+// add adds nc under its remote IP, as the TCP listeners do.
+func add(tr *Tracker[netip.Addr], nc net.Conn) (*Conn[netip.Addr], error) {
+	return tr.Add(nc, RemoteIP(nc))
+}
+
 func TestRemoteIP(t *testing.T) {
 	pipe, other := net.Pipe()
 	defer pipe.Close()
@@ -66,21 +71,21 @@ func TestRemoteIP(t *testing.T) {
 }
 
 func TestAdd(t *testing.T) {
-	tr := New(3, 2)
+	tr := New[netip.Addr](3, 2)
 	for _, tt := range []struct {
 		addr string
 		want error
 	}{
 		{"10.0.0.1:1", nil},
 		{"10.0.0.1:2", nil},
-		{"10.0.0.1:3", ErrMaxConnsPerIP},
-		{"[::ffff:10.0.0.1]:4", ErrMaxConnsPerIP}, // the same client
+		{"10.0.0.1:3", ErrMaxConnsPerKey},
+		{"[::ffff:10.0.0.1]:4", ErrMaxConnsPerKey}, // the same client
 		{"10.0.0.2:1", nil},
 		{"10.0.0.3:1", ErrMaxConns},
 		{"10.0.0.1:5", ErrMaxConns}, // both caps: MaxConns is checked first
 	} {
 		nc := newConn(tt.addr)
-		c, err := tr.Add(nc)
+		c, err := add(tr, nc)
 		if !errors.Is(err, tt.want) {
 			t.Errorf("Add(%s) = %v, want %v", tt.addr, err, tt.want)
 		}
@@ -97,14 +102,14 @@ func TestAdd(t *testing.T) {
 }
 
 func TestRemove(t *testing.T) {
-	tr := New(2, 1)
+	tr := New[netip.Addr](2, 1)
 	nc := newConn("10.0.0.1:1")
-	c, err := tr.Add(nc)
+	c, err := add(tr, nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tr.Add(newConn("10.0.0.1:2")); !errors.Is(err, ErrMaxConnsPerIP) {
-		t.Fatalf("second connection from one address: %v, want ErrMaxConnsPerIP", err)
+	if _, err := add(tr, newConn("10.0.0.1:2")); !errors.Is(err, ErrMaxConnsPerKey) {
+		t.Fatalf("second connection from one address: %v, want ErrMaxConnsPerKey", err)
 	}
 	tr.Remove(c)
 	if !nc.isClosed() {
@@ -115,15 +120,15 @@ func TestRemove(t *testing.T) {
 	}
 	// The address's place is free again, and so is the total's.
 	for _, addr := range []string{"10.0.0.1:2", "10.0.0.2:1"} {
-		if _, err := tr.Add(newConn(addr)); err != nil {
+		if _, err := add(tr, newConn(addr)); err != nil {
 			t.Errorf("Add(%s) after Remove: %v", addr, err)
 		}
 	}
 }
 
 func TestBusy(t *testing.T) {
-	tr := New(1, 1)
-	c, err := tr.Add(newConn("10.0.0.1:1"))
+	tr := New[netip.Addr](1, 1)
+	c, err := add(tr, newConn("10.0.0.1:1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,13 +153,13 @@ func TestBusy(t *testing.T) {
 }
 
 func TestShutdown(t *testing.T) {
-	tr := New(10, 10)
+	tr := New[netip.Addr](10, 10)
 	idleNC, busyNC := newConn("10.0.0.1:1"), newConn("10.0.0.1:2")
-	_, err := tr.Add(idleNC)
+	_, err := add(tr, idleNC)
 	if err != nil {
 		t.Fatal(err)
 	}
-	busy, err := tr.Add(busyNC)
+	busy, err := add(tr, busyNC)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +181,7 @@ func TestShutdown(t *testing.T) {
 		t.Error("MarkIdle after Shutdown = true; want false, the connection is to stop")
 	}
 	nc := newConn("10.0.0.2:1")
-	if _, err := tr.Add(nc); !errors.Is(err, ErrClosing) {
+	if _, err := add(tr, nc); !errors.Is(err, ErrClosing) {
 		t.Errorf("Add after Shutdown: %v, want ErrClosing", err)
 	}
 	// The cut closes what is left, busy or not.
@@ -190,11 +195,11 @@ func TestShutdown(t *testing.T) {
 }
 
 func TestCloseAllRefuses(t *testing.T) {
-	tr := New(10, 10)
+	tr := New[netip.Addr](10, 10)
 	if got := tr.CloseAll(); got != 0 {
 		t.Errorf("CloseAll of none = %d", got)
 	}
-	if _, err := tr.Add(newConn("10.0.0.1:1")); !errors.Is(err, ErrClosing) {
+	if _, err := add(tr, newConn("10.0.0.1:1")); !errors.Is(err, ErrClosing) {
 		t.Errorf("Add after CloseAll: %v, want ErrClosing", err)
 	}
 }
@@ -207,12 +212,12 @@ func TestCloseAllRefuses(t *testing.T) {
 func TestShutdownMissesNoIdle(t *testing.T) {
 	const rounds, conns = 300, 4
 	for round := range rounds {
-		tr := New(conns, conns)
+		tr := New[netip.Addr](conns, conns)
 		var wg sync.WaitGroup
 		start := make(chan struct{})
 		for i := range conns {
 			nc := newConn("10.0.0.1:1")
-			c, err := tr.Add(nc)
+			c, err := add(tr, nc)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -264,14 +269,14 @@ func TestShutdownMissesNoIdle(t *testing.T) {
 // either refused or in the set Shutdown closes (new ones are idle).
 func TestAddDuringShutdown(t *testing.T) {
 	for round := range 200 {
-		tr := New(1000, 1000)
+		tr := New[netip.Addr](1000, 1000)
 		added := make(chan *fakeConn, 1000)
 		var wg sync.WaitGroup
 		wg.Go(func() {
 			defer close(added)
 			for range 1000 {
 				nc := newConn("10.0.0.1:1")
-				if _, err := tr.Add(nc); err != nil {
+				if _, err := add(tr, nc); err != nil {
 					if !errors.Is(err, ErrClosing) {
 						t.Errorf("Add: %v, want nil or ErrClosing", err)
 					}
@@ -293,9 +298,9 @@ func TestAddDuringShutdown(t *testing.T) {
 // BenchmarkRequest is what a request costs the tracker: one MarkBusy and
 // one MarkIdle, from connections served in parallel.
 func BenchmarkRequest(b *testing.B) {
-	tr := New(1<<20, 1<<20)
+	tr := New[netip.Addr](1<<20, 1<<20)
 	b.RunParallel(func(pb *testing.PB) {
-		c, err := tr.Add(newConn("10.0.0.1:1"))
+		c, err := add(tr, newConn("10.0.0.1:1"))
 		if err != nil {
 			b.Error(err)
 			return

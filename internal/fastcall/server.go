@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,7 +64,7 @@ type Server struct {
 
 	// conns admits connections under MaxConns and MaxConnsPerIP and knows
 	// which are between calls, which shutdown closes at once.
-	conns *conntrack.Tracker
+	conns *conntrack.Tracker[netip.Addr]
 	wg    sync.WaitGroup
 
 	refused, dropped, calls, pings atomic.Uint64
@@ -72,7 +73,7 @@ type Server struct {
 // NewServer returns a server that answers calls with answer.
 func NewServer(cfg Config, answer Answer, lg *slog.Logger) *Server {
 	cfg = cfg.withDefaults()
-	return &Server{cfg: cfg, answer: answer, lg: lg, conns: conntrack.New(cfg.MaxConns, cfg.MaxConnsPerIP)}
+	return &Server{cfg: cfg, answer: answer, lg: lg, conns: conntrack.New[netip.Addr](cfg.MaxConns, cfg.MaxConnsPerIP)}
 }
 
 // Stats are the server's counters.
@@ -105,7 +106,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 			}
 			break
 		}
-		c, rerr := s.conns.Add(nc)
+		c, rerr := s.conns.Add(nc, conntrack.RemoteIP(nc))
 		if rerr != nil { // either cap, or closing: all refusals alike
 			s.refused.Add(1)
 			_ = nc.Close()
@@ -126,7 +127,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 // protocol, idles out or the server closes. Between calls it is idle,
 // during one busy; marking either takes no lock, so a call costs the
 // server no shared lock.
-func (s *Server) serve(ctx context.Context, nc net.Conn, c *conntrack.Conn) {
+func (s *Server) serve(ctx context.Context, nc net.Conn, c *conntrack.Conn[netip.Addr]) {
 	defer s.conns.Remove(c)
 	pr := &peer.Peer{Addr: nc.RemoteAddr(), LocalAddr: nc.LocalAddr()}
 	if tc, ok := nc.(*tls.Conn); ok {

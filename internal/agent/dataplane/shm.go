@@ -10,11 +10,13 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
+	"github.com/crescent-kv/crescent/internal/conntrack"
 	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/xfer"
@@ -55,19 +57,22 @@ type shmServer struct {
 	segs []shm.Segment // the shared segments, in hello order
 	wg   sync.WaitGroup
 
-	mu      sync.Mutex // guards conns, perPeer, items, closing
-	conns   map[*shmConn]bool
-	perPeer map[int32]int
-	items   int
-	closing bool
+	// conns admits connections under MaxConns and MaxConnsPerPeer (keyed
+	// by the peer's pid), knows which are idle between requests and is
+	// closing once shutdown began; its lock is never held with mu.
+	conns *conntrack.Tracker[int32]
+
+	// items counts the items of the requests being served; a request
+	// over MaxItemsInFlight is refused, not queued (acquire).
+	items atomic.Int64
 }
 
 // shmConn is one client connection.
 type shmConn struct {
 	uc   *net.UnixConn
 	pid  int32
+	tc   *conntrack.Conn[int32] // its entry in shmServer.conns
 	br   *bufio.Reader
-	busy bool // guarded by shmServer.mu
 	hbuf []byte
 	wbuf []byte
 	hs   handles
@@ -82,7 +87,8 @@ type shmConn struct {
 // bulk transfer listener. Shutdown is ServeTransfer's: lis closed, idle
 // connections closed, requests in progress given DrainTimeout.
 func (s *Server) ServeShm(ctx context.Context, lis *net.UnixListener, cfg ShmConfig) error {
-	t := &shmServer{s: s, cfg: cfg.withDefaults(s.cfg.Transfer), conns: map[*shmConn]bool{}, perPeer: map[int32]int{}}
+	t := &shmServer{s: s, cfg: cfg.withDefaults(s.cfg.Transfer)}
+	t.conns = conntrack.New[int32](t.cfg.MaxConns, t.cfg.MaxConnsPerPeer)
 	for _, seg := range s.segs.All() {
 		if fd, size, ok, _ := seg.DupSharedFD(); ok {
 			// Only the size is wanted here; each connection gets a
@@ -167,59 +173,30 @@ func (t *shmServer) admit(uc *net.UnixConn) (*shmConn, error) {
 		return nil, status.Errorf(codes.PermissionDenied,
 			"shm: uid %d may not map this agent's segments (the agent's uid %d and --shm-allow-uids may)", cred.Uid, own)
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	tc, err := t.conns.Add(uc, cred.Pid)
 	switch {
-	case t.closing:
+	case errors.Is(err, conntrack.ErrClosing):
 		return nil, nil
-	case len(t.conns) >= t.cfg.MaxConns:
+	case errors.Is(err, conntrack.ErrMaxConns):
 		t.s.xferRefused.WithLabelValues("shm_max_connections").Inc()
 		return nil, errConnLimit("the agent holds its maximum of %d shared-memory connections", t.cfg.MaxConns)
-	case t.perPeer[cred.Pid] >= t.cfg.MaxConnsPerPeer:
+	case errors.Is(err, conntrack.ErrMaxConnsPerKey):
 		t.s.xferRefused.WithLabelValues("shm_max_connections_per_peer").Inc()
 		return nil, errConnLimit("process %d holds the maximum of %d shared-memory connections", cred.Pid, t.cfg.MaxConnsPerPeer)
 	}
-	t.perPeer[cred.Pid]++
-	c := &shmConn{uc: uc, pid: cred.Pid}
-	t.conns[c] = false
-	return c, nil
+	return &shmConn{uc: uc, pid: cred.Pid, tc: tc}, nil
 }
 
 func (t *shmServer) remove(c *shmConn) {
 	c.hs.close()
-	t.mu.Lock()
-	delete(t.conns, c)
-	if t.perPeer[c.pid]--; t.perPeer[c.pid] <= 0 {
-		delete(t.perPeer, c.pid)
-	}
-	t.mu.Unlock()
-	_ = c.uc.Close()
+	t.conns.Remove(c.tc)
 }
 
-// setBusy marks c busy or idle; false when c should stop.
-func (t *shmServer) setBusy(c *shmConn, busy bool) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	c.busy = busy
-	return busy || !t.closing
-}
-
+// shutdown closes the idle connections at once, gives busy ones
+// DrainTimeout to finish their request, then cuts them.
 func (t *shmServer) shutdown() {
-	t.mu.Lock()
-	t.closing = true
-	for c := range t.conns {
-		if !c.busy {
-			_ = c.uc.Close()
-		}
-	}
-	t.mu.Unlock()
-	drain(&t.wg, t.cfg.DrainTimeout, func() {
-		t.mu.Lock()
-		for c := range t.conns {
-			_ = c.uc.Close()
-		}
-		t.mu.Unlock()
-	})
+	t.conns.Shutdown()
+	drain(&t.wg, t.cfg.DrainTimeout, func() { t.conns.CloseAll() })
 }
 
 // refuse answers a refused connection or request with err (best effort,
@@ -265,14 +242,14 @@ func (t *shmServer) serve(uc *net.UnixConn) {
 	}
 	c.br = bufio.NewReaderSize(uc, 4096)
 	for {
-		if !t.setBusy(c, false) {
+		if !c.tc.MarkIdle() {
 			return
 		}
 		_ = uc.SetReadDeadline(time.Now().Add(t.cfg.IdleTimeout))
 		if _, err := c.br.Peek(1); err != nil {
 			return
 		}
-		t.setBusy(c, true)
+		c.tc.MarkBusy()
 		_ = uc.SetDeadline(time.Now().Add(t.cfg.IOTimeout))
 		if err := t.request(c); err != nil {
 			t.s.lg.Debug("shm connection ended", "pid", c.pid, "err", err)
@@ -510,18 +487,19 @@ func (t *shmServer) open(it *agentv1.TransferItem, write bool) (*segment.Handle,
 	return h, length, off, nil
 }
 
+// acquire takes n items of MaxItemsInFlight for a request; false when
+// they are not free. No lock: requests on every connection call it.
 func (t *shmServer) acquire(n int) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.items+n > t.cfg.MaxItemsInFlight {
-		return false
+	for {
+		cur := t.items.Load()
+		if cur+int64(n) > int64(t.cfg.MaxItemsInFlight) {
+			return false
+		}
+		if t.items.CompareAndSwap(cur, cur+int64(n)) {
+			return true
+		}
 	}
-	t.items += n
-	return true
 }
 
-func (t *shmServer) release(n int) {
-	t.mu.Lock()
-	t.items -= n
-	t.mu.Unlock()
-}
+// release gives back n items acquire took.
+func (t *shmServer) release(n int) { t.items.Add(-int64(n)) }

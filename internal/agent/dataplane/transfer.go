@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -195,7 +196,7 @@ type transferServer struct {
 	// which are idle between requests and is closing once shutdown began
 	// (the closing state acquire and reject read too). It has its own
 	// lock, never held with mu.
-	conns *conntrack.Tracker
+	conns *conntrack.Tracker[netip.Addr]
 
 	// mu guards rejecting, items and freed.
 	mu sync.Mutex
@@ -208,13 +209,13 @@ type transferServer struct {
 }
 
 func newTransferServer(s *Server) *transferServer {
-	return &transferServer{s: s, cfg: s.cfg.Transfer, conns: conntrack.New(s.cfg.Transfer.MaxConns, s.cfg.Transfer.MaxConnsPerIP)}
+	return &transferServer{s: s, cfg: s.cfg.Transfer, conns: conntrack.New[netip.Addr](s.cfg.Transfer.MaxConns, s.cfg.Transfer.MaxConnsPerIP)}
 }
 
 // transferConn is one client connection, served by one goroutine.
 type transferConn struct {
 	nc net.Conn
-	tc *conntrack.Conn // its entry in transferServer.conns
+	tc *conntrack.Conn[netip.Addr] // its entry in transferServer.conns
 	// tenant is the caller's tenant when it is a tenant principal (TLS),
 	// "" otherwise; tokens must name it (callerTenant).
 	tenant string

@@ -19,16 +19,17 @@ import (
 // server is closing, and a LIMIT_EXCEEDED error when the connection is
 // one too many (counted in crescent_agent_transfer_connections_refused_total).
 func (t *transferServer) add(nc net.Conn) (*transferConn, error) {
-	tc, err := t.conns.Add(nc)
+	ip := conntrack.RemoteIP(nc)
+	tc, err := t.conns.Add(nc, ip)
 	switch {
 	case errors.Is(err, conntrack.ErrClosing):
 		return nil, nil
 	case errors.Is(err, conntrack.ErrMaxConns):
 		t.s.xferRefused.WithLabelValues("max_connections").Inc()
 		return nil, errConnLimit("the agent holds its maximum of %d transfer connections", t.cfg.MaxConns)
-	case errors.Is(err, conntrack.ErrMaxConnsPerIP):
+	case errors.Is(err, conntrack.ErrMaxConnsPerKey):
 		t.s.xferRefused.WithLabelValues("max_connections_per_ip").Inc()
-		return nil, errConnLimit("%s holds the maximum of %d transfer connections per remote address", conntrack.RemoteIP(nc), t.cfg.MaxConnsPerIP)
+		return nil, errConnLimit("%s holds the maximum of %d transfer connections per remote address", ip, t.cfg.MaxConnsPerIP)
 	case err != nil:
 		return nil, err
 	}
