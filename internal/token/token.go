@@ -97,7 +97,7 @@ var (
 
 	// errSpare is the ErrMalformed of a spare token that is not a write
 	// token naming no key. One value, so that errors compare equal.
-	errSpare = fmt.Errorf("%w (the spare flag needs a write token that names no key)", ErrMalformed)
+	errSpare = fmt.Errorf("%w (the spare flag needs a write token that names no key, no group and no hard pin)", ErrMalformed)
 )
 
 // Claims are what a token asserts.
@@ -290,8 +290,9 @@ func (p macPool) equal(body, mac []byte) bool {
 }
 
 // split checks a token's framing and returns its key id, signed body and
-// MAC. A spare flag on anything but a write token with an empty key is
-// malformed (errSpare).
+// MAC. A spare flag on anything but a write token with no key, no group
+// and no hard pin is malformed (errSpare): a spare is a blank reservation,
+// and its object's identity comes with the put that claims it.
 func split(tok []byte) (id uint32, body, mac []byte, err error) {
 	if len(tok) < headerLen+macLen || tok[0] != version || tok[offFlags]&^flagsKnown != 0 {
 		return 0, nil, nil, ErrMalformed
@@ -302,7 +303,8 @@ func split(tok []byte) (id uint32, body, mac []byte, err error) {
 	if len(tok) != n+macLen {
 		return 0, nil, nil, ErrMalformed
 	}
-	if tok[offFlags]&flagSpare != 0 && (Mode(tok[offMode]) != Write || keyLen != 0) {
+	if tok[offFlags]&flagSpare != 0 && (Mode(tok[offMode]) != Write || keyLen != 0 ||
+		binary.BigEndian.Uint16(tok[offGrpLen:]) != 0 || tok[offFlags]&flagHard != 0) {
 		return 0, nil, nil, errSpare
 	}
 	return binary.BigEndian.Uint32(tok[offKeyID:]), tok[:n], tok[n:], nil

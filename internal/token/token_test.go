@@ -128,7 +128,7 @@ func TestTokenBytes(t *testing.T) {
 
 // TestSpare: a spare's write token (no key, the spare flag) round-trips
 // and verifies with Object.Spare; the flag on a read token or on a token
-// that names a key, and any flag bit but the hard pin's and the spare's,
+// that names a key or a group or is hard-pinned, and any flag bit but the hard pin's and the spare's,
 // are refused as malformed by Parse, Verify and the Verifier alike.
 func TestSpare(t *testing.T) {
 	key := testKey(5)
@@ -171,6 +171,8 @@ func TestSpare(t *testing.T) {
 		{"spare read", Sign(key, Claims{Mode: Read, Tenant: "acme", SegmentID: "seg-a", AllocationID: 7, Expiry: spare.Expiry, Spare: true}),
 			Request{Mode: Read, SegmentID: "seg-a", AllocationID: 7}},
 		{"spare with a key", Sign(key, Claims{Mode: Write, Tenant: "acme", Key: "k", SegmentID: "seg-a", AllocationID: 7, Expiry: spare.Expiry, Spare: true}), req},
+		{"spare with a group", Sign(key, Claims{Mode: Write, Tenant: "acme", Group: "g", SegmentID: "seg-a", AllocationID: 7, Expiry: spare.Expiry, Spare: true}), req},
+		{"spare hard-pinned", Sign(key, Claims{Mode: Write, Tenant: "acme", HardPin: true, SegmentID: "seg-a", AllocationID: 7, Expiry: spare.Expiry, Spare: true}), req},
 		{"spare of unknown mode", Sign(key, Claims{Mode: 3, Tenant: "acme", SegmentID: "seg-a", AllocationID: 7, Expiry: spare.Expiry, Spare: true}),
 			Request{Mode: 3, SegmentID: "seg-a", AllocationID: 7}},
 		{"flag bit 2", withBit(4), req},
