@@ -261,3 +261,41 @@ func replayConns(p *Publisher) int {
 	defer r.mu.Unlock()
 	return len(r.conns)
 }
+
+// TestPingFloodKeepsItsBatches: a subscriber's queue holds at most
+// maxQueuedPongs PONGs; PINGs past them are not answered, and PONGs
+// pushed out of a full queue count as unanswered PINGs, not as dropped
+// batches, so a subscriber flooding PINGs while it does not read
+// neither pushes its own batches out with PONGs nor shows as lagging.
+func TestPingFloodKeepsItsBatches(t *testing.T) {
+	p := &pubSocket{queueBatches: 8, queueBytes: 1 << 20}
+	sc := &subConn{notify: make(chan struct{}, 1)}
+	pong := zmtp.AppendCommand(nil, "PONG", []byte("ctx"))
+	batch := zmtp.AppendMessage(nil, []byte("topic"), []byte("seq"), []byte("payload"))
+	for range 10 {
+		sc.push(p, pong, true)
+	}
+	if len(sc.q) != maxQueuedPongs || sc.pongs != maxQueuedPongs || p.unanswered.Load() != 10-maxQueuedPongs {
+		t.Fatalf("after 10 PINGs: %d queued, %d PONGs, %d unanswered; want %d, %d, %d",
+			len(sc.q), sc.pongs, p.unanswered.Load(), maxQueuedPongs, maxQueuedPongs, 10-maxQueuedPongs)
+	}
+	// Eight batches fill the queue: the PONGs go first, as the oldest.
+	for range 8 {
+		sc.enqueue(p, batch)
+	}
+	if sc.pongs != 0 || p.unanswered.Load() != 10 || p.droppedBatches.Load() != 0 {
+		t.Fatalf("after 8 batches: %d PONGs queued, %d unanswered, %d batches dropped; want 0, 10, 0",
+			sc.pongs, p.unanswered.Load(), p.droppedBatches.Load())
+	}
+	sc.enqueue(p, batch)
+	if p.droppedBatches.Load() != 1 || p.droppedBytes.Load() != uint64(len(batch)) || len(sc.q) != 8 {
+		t.Fatalf("a ninth batch: %d dropped (%d bytes), %d queued; want 1 (%d bytes), 8",
+			p.droppedBatches.Load(), p.droppedBytes.Load(), len(sc.q), len(batch))
+	}
+	// Once the writer takes the queue, PINGs are answered again.
+	sc.q, sc.qBytes, sc.pongs = sc.q[:0], 0, 0
+	sc.push(p, pong, true)
+	if sc.pongs != 1 || p.unanswered.Load() != 10 {
+		t.Fatalf("after the queue was written: %d PONGs queued, %d unanswered; want 1, 10", sc.pongs, p.unanswered.Load())
+	}
+}

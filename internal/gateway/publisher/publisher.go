@@ -270,7 +270,10 @@ type Stats struct {
 	Subscribers int
 	// SubscriberDroppedBatches were discarded from slow subscribers' queues.
 	SubscriberDroppedBatches uint64
-	ReplayRequests           uint64
+	// SubscriberUnansweredPings are subscribers' PINGs left without a
+	// PONG: more than a few waiting in one queue, or pushed out of it.
+	SubscriberUnansweredPings uint64
+	ReplayRequests            uint64
 	// SnapshotRequests were received on the snapshot socket;
 	// SnapshotsServed answered with a snapshot, SnapshotErrors with -2.
 	SnapshotRequests, SnapshotsServed, SnapshotErrors uint64
@@ -866,6 +869,7 @@ func (p *Publisher) Stats() Stats {
 			s.Subscribers = int(p.subsAtStop.Load())
 		}
 		s.SubscriberDroppedBatches = pub.droppedBatches.Load()
+		s.SubscriberUnansweredPings = pub.unanswered.Load()
 		s.PeersRefused += pub.refused.Load()
 		s.PeersDropped += pub.dropped.Load()
 	}

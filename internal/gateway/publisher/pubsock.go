@@ -30,9 +30,12 @@ type pubSocket struct {
 
 	droppedBatches atomic.Uint64 // messages dropped from subscriber queues
 	droppedBytes   atomic.Uint64
-	refused        atomic.Uint64 // connections refused at accept
-	dropped        atomic.Uint64 // connections dropped for a bad handshake or frame
-	subsChanged    chan struct{} // cap 1: a connection subscribed or unsubscribed
+	// unanswered counts PINGs left without a PONG: over maxQueuedPongs,
+	// or their PONG pushed out of a full queue.
+	unanswered  atomic.Uint64
+	refused     atomic.Uint64 // connections refused at accept
+	dropped     atomic.Uint64 // connections dropped for a bad handshake or frame
+	subsChanged chan struct{} // cap 1: a connection subscribed or unsubscribed
 
 	wg sync.WaitGroup
 	// mu guards conns and closed.
@@ -52,10 +55,11 @@ type subConn struct {
 	// reader, read by broadcast.
 	subs atomic.Int32
 
-	// mu guards q, qBytes, closed.
+	// mu guards q, qBytes, pongs, closed.
 	mu     sync.Mutex
 	q      [][]byte
 	qBytes int
+	pongs  int // PONGs in q
 	closed bool
 }
 
@@ -128,6 +132,14 @@ var subLimits = zmtp.Limits{MaxFrame: 1024, MaxFrames: 4}
 // at most 16 bytes).
 const maxPingContext = 16
 
+// maxQueuedPongs is the most PONGs a subscriber's queue holds; a PING past
+// it is not answered. A subscriber sends one PING per heartbeat interval
+// (libzmq) or one to learn its subscription is in effect (pkg/kvevent),
+// and its queue is written as fast as it reads: more than a few waiting
+// means it floods PINGs without reading, and their PONGs would push its
+// own batches out of its queue.
+const maxQueuedPongs = 4
+
 // isPeerFault reports whether a read error is the peer's doing (a protocol
 // violation or an oversized frame) rather than a closed connection.
 func isPeerFault(err error) bool {
@@ -159,7 +171,7 @@ func (sc *subConn) readLoop(p *pubSocket) error {
 		}
 		if m.Command == "PING" {
 			if b := m.Frames[0]; len(b) >= 2 {
-				sc.enqueue(p, zmtp.AppendCommand(nil, "PONG", b[2:min(len(b), 2+maxPingContext)]))
+				sc.push(p, zmtp.AppendCommand(nil, "PONG", b[2:min(len(b), 2+maxPingContext)]), true)
 			}
 			continue
 		}
@@ -238,7 +250,7 @@ func (sc *subConn) writeLoop(p *pubSocket) {
 		batch = append(batch[:0], sc.q...)
 		clear(sc.q)
 		sc.q = sc.q[:0]
-		sc.qBytes = 0
+		sc.qBytes, sc.pongs = 0, 0
 		sc.mu.Unlock()
 		if len(batch) == 0 {
 			continue
@@ -253,22 +265,42 @@ func (sc *subConn) writeLoop(p *pubSocket) {
 	}
 }
 
-// enqueue adds a message, dropping the oldest when the queue is full.
-func (sc *subConn) enqueue(p *pubSocket, wire []byte) {
+// enqueue adds a batch, dropping the oldest messages when the queue is
+// full.
+func (sc *subConn) enqueue(p *pubSocket, wire []byte) { sc.push(p, wire, false) }
+
+// push adds a message, a PONG when pong, dropping the oldest when the
+// queue is full. Dropped batches count as subscriber_dropped_batches, a
+// dropped PONG, or one not queued past maxQueuedPongs, as an unanswered
+// PING: a subscriber's PINGs do not count against it as lost batches.
+func (sc *subConn) push(p *pubSocket, wire []byte, pong bool) {
 	sc.mu.Lock()
 	if sc.closed {
 		sc.mu.Unlock()
 		return
 	}
+	if pong && sc.pongs >= maxQueuedPongs {
+		sc.mu.Unlock()
+		p.unanswered.Add(1)
+		return
+	}
 	for len(sc.q) > 0 && (len(sc.q) >= p.queueBatches || sc.qBytes+len(wire) > p.queueBytes) {
-		p.droppedBatches.Add(1)
-		p.droppedBytes.Add(uint64(len(sc.q[0])))
+		if zmtp.IsCommand(sc.q[0]) {
+			sc.pongs--
+			p.unanswered.Add(1)
+		} else {
+			p.droppedBatches.Add(1)
+			p.droppedBytes.Add(uint64(len(sc.q[0])))
+		}
 		sc.qBytes -= len(sc.q[0])
 		sc.q[0] = nil
 		sc.q = sc.q[1:]
 	}
 	sc.q = append(sc.q, wire)
 	sc.qBytes += len(wire)
+	if pong {
+		sc.pongs++
+	}
 	sc.mu.Unlock()
 	select {
 	case sc.notify <- struct{}{}:

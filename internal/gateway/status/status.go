@@ -25,20 +25,21 @@ type Status struct {
 	DroppedEvents        uint64 `json:"dropped_events"`
 	SkippedKeylessEvents uint64 `json:"skipped_keyless_events"`
 
-	EnqueuedEvents           uint64 `json:"enqueued_events"`
-	LastSequence             uint64 `json:"last_sequence"`
-	QueueDepth               int    `json:"queue_depth"`
-	Subscribers              int    `json:"subscribers"`
-	SubscriberDroppedBatches uint64 `json:"subscriber_dropped_batches"`
-	ReplayBatches            int    `json:"replay_batches"`
-	ReplayRequests           uint64 `json:"replay_requests"`
-	PeersRefused             uint64 `json:"peers_refused"`
-	PeersDropped             uint64 `json:"peers_dropped"`
-	MasterEpoch              uint64 `json:"master_epoch"`
-	MasterRevision           uint64 `json:"master_revision"`
-	Resyncs                  uint64 `json:"resyncs"`
-	Watching                 bool   `json:"watching"`
-	AnnouncedEntries         int    `json:"announced_entries"`
+	EnqueuedEvents            uint64 `json:"enqueued_events"`
+	LastSequence              uint64 `json:"last_sequence"`
+	QueueDepth                int    `json:"queue_depth"`
+	Subscribers               int    `json:"subscribers"`
+	SubscriberDroppedBatches  uint64 `json:"subscriber_dropped_batches"`
+	SubscriberUnansweredPings uint64 `json:"subscriber_unanswered_pings"`
+	ReplayBatches             int    `json:"replay_batches"`
+	ReplayRequests            uint64 `json:"replay_requests"`
+	PeersRefused              uint64 `json:"peers_refused"`
+	PeersDropped              uint64 `json:"peers_dropped"`
+	MasterEpoch               uint64 `json:"master_epoch"`
+	MasterRevision            uint64 `json:"master_revision"`
+	Resyncs                   uint64 `json:"resyncs"`
+	Watching                  bool   `json:"watching"`
+	AnnouncedEntries          int    `json:"announced_entries"`
 
 	// Continuity (docs/gateway-state.md).
 	PublisherEpoch   string `json:"publisher_epoch"`
@@ -103,7 +104,7 @@ func (s *Service) Snapshot() Status {
 		Enabled: p.Enabled, PublishedBatches: p.PublishedBatches, PublishedEvents: p.PublishedEvents,
 		DroppedEvents: p.DroppedEvents, SkippedKeylessEvents: p.SkippedKeylessEvents,
 		EnqueuedEvents: p.EnqueuedEvents, LastSequence: p.LastSequence, QueueDepth: p.QueueDepth, Subscribers: p.Subscribers,
-		SubscriberDroppedBatches: p.SubscriberDroppedBatches, ReplayBatches: p.ReplayBatches,
+		SubscriberDroppedBatches: p.SubscriberDroppedBatches, SubscriberUnansweredPings: p.SubscriberUnansweredPings, ReplayBatches: p.ReplayBatches,
 		ReplayRequests: p.ReplayRequests, PeersRefused: p.PeersRefused, PeersDropped: p.PeersDropped, MasterEpoch: src.Epoch, MasterRevision: src.Revision,
 		Resyncs: src.Resyncs, Watching: src.Watching, AnnouncedEntries: src.Announced,
 
@@ -164,6 +165,7 @@ func (s *Service) Register(reg prometheus.Registerer) error {
 		gauge("kv_events_subscribers", "Connections subscribed to the PUB socket.", func(st Status) float64 { return float64(st.Subscribers) }),
 		counter("kv_events_enqueued_events_total", "Events accepted into the queue.", func(st Status) uint64 { return st.EnqueuedEvents }),
 		counter("kv_events_subscriber_dropped_batches_total", "Messages discarded from slow subscribers' queues.", func(st Status) uint64 { return st.SubscriberDroppedBatches }),
+		counter("kv_events_subscriber_unanswered_pings_total", "Subscribers' ZMTP PINGs left without a PONG: more than 4 waiting in one queue, or pushed out of a full one.", func(st Status) uint64 { return st.SubscriberUnansweredPings }),
 		gauge("kv_events_replay_batches", "Batches held in the replay ring.", func(st Status) float64 { return float64(st.ReplayBatches) }),
 		counter("kv_events_replay_requests_total", "Replay requests served.", func(st Status) uint64 { return st.ReplayRequests }),
 		counter("kv_events_peers_refused_total", "PUB and replay connections refused at accept (max-subscribers, replay-max-conns-per-peer).", func(st Status) uint64 { return st.PeersRefused }),

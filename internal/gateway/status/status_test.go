@@ -23,7 +23,8 @@ func sample() *Service {
 			EnqueuedEvents: 5, LastSequence: 6, QueueDepth: 7, ReplayBatches: 8, Subscribers: 9,
 			SubscriberDroppedBatches: 10, ReplayRequests: 11, PeersRefused: 12, PeersDropped: 13,
 			HeartbeatsSent: 18, NextSequence: 19, SnapshotRequests: 20, SnapshotsServed: 21, SnapshotErrors: 22, JournalErrors: 23,
-			Format: publisher.FormatSnapshot, Epoch: statedir.Epoch{0xab},
+			SubscriberUnansweredPings: 29,
+			Format:                    publisher.FormatSnapshot, Epoch: statedir.Epoch{0xab},
 		}
 	}, Src: func() source.Status {
 		return source.Status{Epoch: 14, Revision: 15, Resyncs: 16, Watching: true, Announced: 17}
@@ -62,14 +63,14 @@ func TestHTTP(t *testing.T) {
 		"state": "reset", "state_error": "checkpoint: corrupt", "resume_holding": false, "heartbeats_sent": 18.0,
 		"journal_errors": 23.0, "snapshot_requests": 20.0, "snapshots_served": 21.0, "snapshot_errors": 22.0,
 		"recorder_failed": true, "recorder_cut": 24.0, "checkpoints": 25.0, "checkpoint_errors": 26.0, "last_checkpoint_unix_ms": 27.0,
-		"snapshot_buffer_bytes": 28.0,
+		"snapshot_buffer_bytes": 28.0, "subscriber_unanswered_pings": 29.0,
 	} {
 		if got[k] != v {
 			t.Errorf("%s = %v, want %v", k, got[k], v)
 		}
 	}
-	if len(got) != 36 {
-		t.Errorf("%d fields, want 36", len(got))
+	if len(got) != 37 {
+		t.Errorf("%d fields, want 37", len(got))
 	}
 }
 
@@ -122,14 +123,14 @@ func TestMetrics(t *testing.T) {
 		"crescent_gateway_kv_events_snapshot_errors_total": 22, "crescent_gateway_kv_events_recorder_failed": 1,
 		"crescent_gateway_state_checkpoints_total": 25, "crescent_gateway_state_checkpoint_errors_total": 26,
 		"crescent_gateway_state_journal_errors_total": 23, "crescent_gateway_state_restored": 0,
-		"crescent_gateway_kv_events_snapshot_buffer_bytes": 28,
+		"crescent_gateway_kv_events_snapshot_buffer_bytes": 28, "crescent_gateway_kv_events_subscriber_unanswered_pings_total": 29,
 	} {
 		if got[name] != want {
 			t.Errorf("%s = %v, want %v", name, got[name], want)
 		}
 	}
-	if len(got) != 29 {
-		t.Errorf("%d metrics, want 29", len(got))
+	if len(got) != 30 {
+		t.Errorf("%d metrics, want 30", len(got))
 	}
 	if err := s.Register(reg); err == nil {
 		t.Fatal("registering the same metrics twice must fail")

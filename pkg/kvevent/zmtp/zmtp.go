@@ -237,6 +237,10 @@ func AppendCommand(dst []byte, name string, body []byte) []byte {
 	return append(dst, body...)
 }
 
+// IsCommand reports whether wire, a message's wire form as AppendMessage
+// or AppendCommand make it, is a command (PING, PONG, SUBSCRIBE...).
+func IsCommand(wire []byte) bool { return len(wire) > 0 && wire[0]&flagCommand != 0 }
+
 func appendFrameHeader(dst []byte, flags byte, n int) []byte {
 	if n > 255 {
 		dst = append(dst, flags|flagLong)
