@@ -85,22 +85,24 @@ held() {
 # out; `sysctl net.ipv4.ip_local_reserved_ports` prevents it for good
 # (docs/OPERATIONS.md, "Ports").
 preflight() {
-  local name port states waited=0
+  local name port states deadline
   [ -r /proc/net/tcp ] || return 0
   for name in "$@"; do
     for port in ${ports[$name]}; do
+      deadline=
       while states=$(held "$port") && [ -n "$states" ]; do
         if grep -q '^0A$' <<<"$states"; then
           echo "[run] port $port ($name) is already taken by a listening socket: is another cluster running? Stop it first (Ctrl-C where it runs)." >&2
           exit 1
         fi
-        if [ "$waited" -ge 700 ]; then
-          echo "[run] port $port ($name) is still held by a connection after 70 s; not starting." >&2
+        if [ -z "$deadline" ]; then
+          deadline=$((SECONDS + 65))
+          echo "[run] port $port ($name) is held by a recent outgoing connection (Linux's ephemeral ports include this cluster's); waiting for the kernel to release it, at most 60 s (docs/OPERATIONS.md, \"Ports\")"
+        elif [ "$SECONDS" -ge "$deadline" ]; then
+          echo "[run] port $port ($name) is still held by a connection after 65 s: something keeps opening connections from it (a test run?); not starting." >&2
           exit 1
         fi
-        [ "$waited" -gt 0 ] || echo "[run] port $port ($name) is held by a recent outgoing connection (Linux's ephemeral ports include this cluster's); waiting for the kernel to release it, at most 60 s (docs/OPERATIONS.md, \"Ports\")"
-        sleep 0.1
-        waited=$((waited + 1))
+        sleep 0.2
       done
     done
   done
