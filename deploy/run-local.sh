@@ -83,7 +83,7 @@ held() {
 # SO_REUSEADDR does not help: the connection's socket did not set it).
 # After a test run that is likely for one of a dozen ports, so wait it
 # out; `sysctl net.ipv4.ip_local_reserved_ports` prevents it for good
-# (docs/OPERATIONS.md, "Ports").
+# (docs/OPERATIONS.md, "Ports and endpoints").
 preflight() {
   local name port states deadline
   [ -r /proc/net/tcp ] || return 0
@@ -97,7 +97,7 @@ preflight() {
         fi
         if [ -z "$deadline" ]; then
           deadline=$((SECONDS + 65))
-          echo "[run] port $port ($name) is held by a recent outgoing connection (Linux's ephemeral ports include this cluster's); waiting for the kernel to release it, at most 60 s (docs/OPERATIONS.md, \"Ports\")"
+          echo "[run] port $port ($name) is held by a recent outgoing connection (Linux's ephemeral ports include this cluster's); waiting for the kernel to release it, at most 60 s (docs/OPERATIONS.md, \"Ports and endpoints\")"
         elif [ "$SECONDS" -ge "$deadline" ]; then
           echo "[run] port $port ($name) is still held by a connection after 65 s: something keeps opening connections from it (a test run?); not starting." >&2
           exit 1
