@@ -119,3 +119,47 @@ func temporary(err error) bool {
 	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ENOBUFS) ||
 		errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ECONNABORTED)
 }
+
+// Streak says how loudly a reconnect loop logs its failures, so a long
+// outage (no leader while etcd is down, a master restarting at scale) is a
+// few warnings rather than several lines a second from every agent and
+// gateway: the first failure of a streak, and then one every Every, are
+// loud (warnings, carrying how many failed and for how long); the others
+// are quiet (debug). The zero value is ready; Every 0 means 10 s. Not safe
+// for concurrent use: one loop owns it.
+type Streak struct {
+	Every time.Duration
+
+	n           int       // failures since the last success
+	first, last time.Time // the streak's first failure, its last loud one
+}
+
+// Fail counts a failure at now. It reports whether to log it loudly, with
+// the failures so far in the streak and how long it has lasted.
+func (s *Streak) Fail(now time.Time) (loud bool, failures int, lasted time.Duration) {
+	every := s.Every
+	if every <= 0 {
+		every = 10 * time.Second
+	}
+	s.n++
+	if s.n == 1 {
+		s.first, s.last = now, now
+		return true, 1, 0
+	}
+	if now.Sub(s.last) >= every {
+		s.last = now
+		return true, s.n, now.Sub(s.first)
+	}
+	return false, s.n, now.Sub(s.first)
+}
+
+// Succeed ends the streak and returns its failures and length (0 when
+// there was none), for a line saying the outage is over.
+func (s *Streak) Succeed(now time.Time) (failures int, lasted time.Duration) {
+	failures = s.n
+	if failures > 0 {
+		lasted = now.Sub(s.first)
+	}
+	s.n = 0
+	return failures, lasted
+}

@@ -216,6 +216,10 @@ func (l *Link) Run(ctx context.Context) error {
 	})
 
 	stopC := sh.stop // nil once a shutdown has cut a backoff short
+	// The failures to establish a session are warned of once and then
+	// every 10 s while they last (an election without etcd, a master
+	// recovering), not at every attempt.
+	var streak retry.Streak
 	for {
 		if sh.over(time.Now()) || work.Err() != nil {
 			l.setState(StateDisconnected)
@@ -236,6 +240,7 @@ func (l *Link) Run(ctx context.Context) error {
 		}
 		if established {
 			ms.Healthy()
+			streak.Succeed(l.now())
 		}
 		l.met.sessions.WithLabelValues(sessionResult(established, err)).Inc()
 		delay, redirected := ms.Next(err, l.cfg.BackoffBase, l.cfg.BackoffMax)
@@ -252,7 +257,13 @@ func (l *Link) Run(ctx context.Context) error {
 			l.met.redirects.Inc()
 			l.lg.Info("master is not the leader; following its hint", "master", addr, "leader", ms.Current())
 		} else {
-			l.lg.Warn("master session ended; reconnecting", "master", addr, "next", ms.Current(), "err", err, "established", established, "retry_in", delay)
+			loud, n, lasted := streak.Fail(l.now())
+			lvl := slog.LevelDebug
+			if loud {
+				lvl = slog.LevelWarn
+			}
+			l.lg.Log(work, lvl, "master session ended; reconnecting", "master", addr, "next", ms.Current(), "err", err,
+				"established", established, "retry_in", delay, "failures", n, "failing_for", lasted)
 		}
 		if sh.stopping() {
 			delay = min(delay, max(time.Until(sh.deadlineAt()), 0))

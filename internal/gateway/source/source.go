@@ -18,7 +18,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/crescent-kv/crescent/internal/masterlist"
 	"io"
 	"log/slog"
 	"sync/atomic"
@@ -27,6 +26,8 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/gateway/announced"
 	"github.com/crescent-kv/crescent/internal/gateway/statedir"
+	"github.com/crescent-kv/crescent/internal/masterlist"
+	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/tracectx"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
@@ -89,6 +90,8 @@ type Source struct {
 	pick    *masterlist.Picker
 	sink    Sink
 	lg      *slog.Logger
+	// streak quiets the warnings of a run of failed reconnects (backoff).
+	streak retry.Streak
 
 	master atomic.Pointer[string] // pick.Current(), for Status
 
@@ -191,6 +194,7 @@ func (s *Source) Run(ctx context.Context) error {
 		}
 		if healthy {
 			s.pick.Healthy()
+			s.streak.Succeed(time.Now())
 		}
 		if needsResync(err) {
 			s.lg.Info("master change stream cannot resume; resyncing from a snapshot",
@@ -230,7 +234,14 @@ func (s *Source) backoff(ctx context.Context, err error, msg string) bool {
 	if redirected {
 		s.lg.Info("master is not the leader; following its hint", "master", from, "leader", s.pick.Current())
 	} else {
-		s.lg.Warn(msg, "master", from, "next", s.pick.Current(), "epoch", s.ep, "revision", s.rev, "err", err, "retry_in", d)
+		// Warned of once, then every 10 s while the failures last.
+		loud, n, lasted := s.streak.Fail(time.Now())
+		lvl := slog.LevelDebug
+		if loud {
+			lvl = slog.LevelWarn
+		}
+		s.lg.Log(ctx, lvl, msg, "master", from, "next", s.pick.Current(), "epoch", s.ep, "revision", s.rev, "err", err,
+			"retry_in", d, "failures", n, "failing_for", lasted)
 	}
 	return s.wait(ctx, d)
 }
