@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -174,6 +175,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer shmLis.Close()
 		if creds.Secure() {
 			a.lg.Warn("the shared-memory socket is on with mutual TLS: its peers are known by uid, not certificate, and map every tenant's bytes of the memory segments", "shm_socket", a.cfg.ShmSocket)
+		}
+		if mode, ok := shmemTHP(shmemTHPPath); ok && (mode == "never" || mode == "deny") {
+			a.lg.Warn("the shared memory segments get 4 KiB pages on this host: prefault and writes into them are slower (docs/OPERATIONS.md); set "+shmemTHPPath+" to advise",
+				"shmem_enabled", mode)
 		}
 	}
 	agentID := a.cfg.AgentID
@@ -387,6 +392,26 @@ func advertise(configured, bound string) (string, error) {
 // by an agent that did not stop cleanly is replaced; anything else at the
 // path is an error. The socket is made 0660: the peer check (uid) is the
 // gate, the mode keeps other users from even connecting.
+// shmemTHPPath is where Linux says whether shmem (memfd) mappings may get
+// transparent huge pages.
+const shmemTHPPath = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+
+// shmemTHP reads the mode the kernel applies, the bracketed word of path
+// ("always within_size advise [never] deny force"); false when the file
+// cannot be read (no THP) or names none.
+func shmemTHP(path string) (string, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", false
+	}
+	for w := range strings.FieldsSeq(string(b)) {
+		if len(w) > 2 && w[0] == '[' && w[len(w)-1] == ']' {
+			return w[1 : len(w)-1], true
+		}
+	}
+	return "", false
+}
+
 func listenShm(path string) (*net.UnixListener, error) {
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {

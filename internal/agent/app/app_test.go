@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -410,4 +411,31 @@ func TestTransferOff(t *testing.T) {
 		t.Fatalf("transfer endpoint with --transfer-addr off = %q / %q, want none", ep, r.agent.TransferEndpoint())
 	}
 	r.stop(t)
+}
+
+// TestShmemTHP: the kernel's shmem huge-page mode is the bracketed word;
+// a file without one, or none at all, says nothing.
+func TestShmemTHP(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		content, want string
+		ok            bool
+	}{
+		{"always within_size advise [never] deny force\n", "never", true},
+		{"always within_size [advise] never deny force\n", "advise", true},
+		{"[always] within_size advise never deny force", "always", true},
+		{"always advise never\n", "", false},
+		{"", "", false},
+	} {
+		p := filepath.Join(dir, "shmem_enabled")
+		if err := os.WriteFile(p, []byte(tc.content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := shmemTHP(p); got != tc.want || ok != tc.ok {
+			t.Errorf("shmemTHP(%q) = %q, %v; want %q, %v", tc.content, got, ok, tc.want, tc.ok)
+		}
+	}
+	if _, ok := shmemTHP(filepath.Join(dir, "missing")); ok {
+		t.Error("a missing file says a mode")
+	}
 }
