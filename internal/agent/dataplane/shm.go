@@ -183,6 +183,8 @@ func (t *shmServer) admit(uc *net.UnixConn) (*shmConn, error) {
 	case errors.Is(err, conntrack.ErrMaxConnsPerKey):
 		t.s.xferRefused.WithLabelValues("shm_max_connections_per_peer").Inc()
 		return nil, errConnLimit("process %d holds the maximum of %d shared-memory connections", cred.Pid, t.cfg.MaxConnsPerPeer)
+	case err != nil:
+		return nil, err
 	}
 	return &shmConn{uc: uc, pid: cred.Pid, tc: tc}, nil
 }
