@@ -176,6 +176,10 @@ func TestUsageErrors(t *testing.T) {
 			t.Errorf("crescentctl %v: exit %d, stderr %q; want %d", args, code, errOut, ExitUsage)
 		}
 	}
+	// get KEY FILE, as put takes them: the error says how to write a file.
+	if code, _, errOut := run(t, c.MasterAddr(), "get", "k", "out.bin"); code != ExitUsage || !strings.Contains(errOut, "crescentctl get k -o out.bin") {
+		t.Errorf("crescentctl get k out.bin: exit %d, stderr %q; want %d naming -o", code, errOut, ExitUsage)
+	}
 	if code, _, _ := run(t, c.MasterAddr(), "put", "k", filepath.Join(dir, "missing")); code != ExitError {
 		t.Errorf("put of a missing file: exit %d, want %d", code, ExitError)
 	}

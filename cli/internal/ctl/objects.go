@@ -128,7 +128,13 @@ func getCmd(e *env) *cobra.Command {
 	return &cobra.Command{
 		Use:   "get KEY [-o FILE|-]",
 		Short: "Fetch KEY into a file or stdout (checksum verified)",
-		Args:  exactArgs(1),
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 2 {
+				// put takes KEY FILE; get writes where -o says.
+				return usagef("get takes one KEY and writes it to stdout; to write it to %s: crescentctl get %s -o %s", args[1], args[0], args[1])
+			}
+			return exactArgs(1)(cmd, args)
+		},
 		RunE: e.withClient(func(ctx context.Context, c *client.Client, args []string) error {
 			var w io.Writer = e.stdout
 			dest := e.output
