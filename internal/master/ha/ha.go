@@ -183,6 +183,7 @@ type Term struct {
 	election   *concurrency.Election
 	validUntil atomic.Int64 // unix nanos
 	elected    atomic.Bool  // Campaign returned the term: a lapse loses leadership
+	abandoned  atomic.Bool  // etcd did not answer the campaign's end: no revoke
 	lost       chan struct{}
 	lostOnce   sync.Once
 	stop       context.CancelFunc
@@ -281,6 +282,9 @@ func (t *Term) campaign(ctx context.Context, val string) error {
 	select {
 	case <-errc:
 	case <-timer.C:
+		// etcd did not answer for DialTimeout: close leaves the lease to
+		// expire rather than wait as long again to revoke it.
+		t.abandoned.Store(true)
 		t.e.lg.Warn("etcd did not take back a campaign that was stopped; leaving it to the lease", "err", why)
 	}
 	return why
@@ -403,6 +407,9 @@ func (t *Term) close(ctx context.Context) {
 	defer cancel()
 	if t.session != nil {
 		t.session.Orphan() // its own keep-alive stops; the lease is revoked below
+	}
+	if t.abandoned.Load() {
+		return // etcd just failed to answer for DialTimeout; the lease expires by itself
 	}
 	// The election key goes with the lease.
 	if _, err := t.e.cli.Revoke(rctx, t.lease); err != nil {
