@@ -15,8 +15,8 @@ import (
 )
 
 // finishLog is the unary calls' "finished call" log line: the message,
-// level and fields of go-grpc-middleware's logging interceptor (which the
-// streams keep), built only when the line will be written.
+// level and fields of go-grpc-middleware's logging interceptor (the
+// streams' is finishLogStream), built only when the line will be written.
 //
 // The library builds the line's fields before each call and again after
 // it (the peer's address as a string, the start time formatted, context
@@ -28,24 +28,46 @@ import (
 // only when written"). Here an unwritten line costs a clock reading and
 // the logger's Enabled check; TestFinishLogMatchesLibrary keeps the fields
 // and levels equal to the library's.
-func finishLog(lg *slog.Logger, levels logging.CodeToLevel) grpc.UnaryServerInterceptor {
+//
+// The level is level(err): by the call's code as the library's
+// CodeToLevel would say, except where the server names an error reason it
+// answers as a matter of course (Config.QuietReasons).
+func finishLog(lg *slog.Logger, level func(error) slog.Level) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		start := time.Now()
 		resp, err := handler(ctx, req)
-		code := status.Code(err)
-		lvl := slog.Level(levels(code))
+		lvl := level(err)
 		if !lg.Enabled(ctx, lvl) {
 			return resp, err
 		}
-		lg.Log(ctx, lvl, "finished call", finishFields(ctx, info.FullMethod, start, code, err)...)
+		lg.Log(ctx, lvl, "finished call", finishFields(ctx, info.FullMethod, nil, start, status.Code(err), err)...)
 		return resp, err
+	}
+}
+
+// finishLogStream is finishLog for streams: the library's line, at
+// level(err), once the stream's handler returned. It replaces the
+// library's stream interceptor so that a stream refused for a reason the
+// server names quiet (a recovering master's MASTER_RECOVERING, which a
+// gateway's Watch meets at every start) is not a warning either.
+func finishLogStream(lg *slog.Logger, level func(error) slog.Level) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		start := time.Now()
+		err := handler(srv, ss)
+		ctx := ss.Context()
+		lvl := level(err)
+		if !lg.Enabled(ctx, lvl) {
+			return err
+		}
+		lg.Log(ctx, lvl, "finished call", finishFields(ctx, info.FullMethod, info, start, status.Code(err), err)...)
+		return err
 	}
 }
 
 // finishFields are the fields of the library's server-side "finished
 // call" line, in its order.
-func finishFields(ctx context.Context, fullMethod string, start time.Time, code codes.Code, err error) []any {
-	m := interceptors.NewServerCallMeta(fullMethod, nil, nil)
+func finishFields(ctx context.Context, fullMethod string, stream *grpc.StreamServerInfo, start time.Time, code codes.Code, err error) []any {
+	m := interceptors.NewServerCallMeta(fullMethod, stream, nil)
 	f := make([]any, 0, 24)
 	f = append(f,
 		logging.SystemTag[0], logging.SystemTag[1],

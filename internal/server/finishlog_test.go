@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -69,7 +71,7 @@ func TestFinishLogMatchesLibrary(t *testing.T) {
 			}
 			var ours, theirs bytes.Buffer
 			opts := &slog.HandlerOptions{Level: tc.level}
-			run(finishLog(slog.New(slog.NewJSONHandler(&ours, opts)), levels))
+			run(finishLog(slog.New(slog.NewJSONHandler(&ours, opts)), byCode(levels)))
 			run(logging.UnaryServerInterceptor(slogAdapter(slog.New(slog.NewJSONHandler(&theirs, opts))),
 				logging.WithLogOnEvents(logging.FinishCall), logging.WithLevels(levels)))
 			got, want := logLines(t, ours.Bytes()), logLines(t, theirs.Bytes())
@@ -93,6 +95,93 @@ func TestFinishLogMatchesLibrary(t *testing.T) {
 			}
 		})
 	}
+}
+
+// slogAdapter hands the library's interceptors a slog logger, the line
+// logged with the call's context as finishLog does.
+func slogAdapter(l *slog.Logger) logging.Logger {
+	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
+		l.Log(ctx, slog.Level(lvl), msg, fields...)
+	})
+}
+
+// byCode is a finishLog level that looks at the code only, as the
+// library's does.
+func byCode(levels logging.CodeToLevel) func(error) slog.Level {
+	return func(err error) slog.Level { return slog.Level(levels(status.Code(err))) }
+}
+
+// serverStream is a stream whose only behaviour is its context.
+type serverStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s serverStream) Context() context.Context { return s.ctx }
+
+// TestFinishLogStreamMatchesLibrary: the streams' line is the library's
+// stream interceptor's, for a server stream and a bidirectional one, OK
+// and failed; and a reason the server names quiet drops it to debug.
+func TestFinishLogStreamMatchesLibrary(t *testing.T) {
+	levels := func(c codes.Code) logging.Level {
+		if c == codes.OK {
+			return logging.LevelDebug
+		}
+		return logging.LevelWarn
+	}
+	ctx := peer.NewContext(t.Context(), &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40123}})
+	recovering := rpcerr.Status(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_MASTER_RECOVERING, "master started moments ago"))
+	for _, tc := range []struct {
+		name  string
+		info  *grpc.StreamServerInfo
+		err   error
+		level slog.Level
+		lines int
+	}{
+		{"server stream ok at debug", &grpc.StreamServerInfo{FullMethod: "/crescent.master.v1.ChangeService/Watch", IsServerStream: true}, nil, slog.LevelDebug, 1},
+		{"server stream unavailable", &grpc.StreamServerInfo{FullMethod: "/crescent.master.v1.ChangeService/Watch", IsServerStream: true}, status.Error(codes.Unavailable, "gone"), slog.LevelInfo, 1},
+		{"bidi internal", &grpc.StreamServerInfo{FullMethod: "/crescent.master.v1.SegmentService/Connect", IsClientStream: true, IsServerStream: true}, status.Error(codes.Internal, "boom"), slog.LevelInfo, 1},
+		{"recovering", &grpc.StreamServerInfo{FullMethod: "/crescent.master.v1.ChangeService/Watch", IsServerStream: true}, recovering, slog.LevelInfo, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			handler := func(any, grpc.ServerStream) error { return tc.err }
+			var ours, theirs, quiet bytes.Buffer
+			opts := &slog.HandlerOptions{Level: tc.level}
+			ss := serverStream{ctx: ctx}
+			if err := finishLogStream(slog.New(slog.NewJSONHandler(&ours, opts)), byCode(levels))(nil, ss, tc.info, handler); err != tc.err {
+				t.Fatalf("returned %v, want %v", err, tc.err)
+			}
+			_ = logging.StreamServerInterceptor(slogAdapter(slog.New(slog.NewJSONHandler(&theirs, opts))),
+				logging.WithLogOnEvents(logging.FinishCall), logging.WithLevels(levels))(nil, ss, tc.info, handler)
+			got, want := logLines(t, ours.Bytes()), logLines(t, theirs.Bytes())
+			if len(got) != tc.lines || len(want) != tc.lines {
+				t.Fatalf("lines: ours %d, the library's %d, want %d\nours: %s\nthe library's: %s", len(got), len(want), tc.lines, ours.String(), theirs.String())
+			}
+			for i := range got {
+				for _, k := range []string{"time", "grpc.start_time", "grpc.time_ms"} {
+					delete(got[i], k)
+					delete(want[i], k)
+				}
+				if !maps.Equal(got[i], want[i]) {
+					t.Errorf("ours:          %v\nthe library's: %v\nkeys only in one: %v", got[i], want[i], symmetricDiff(got[i], want[i]))
+				}
+			}
+			// The server's level with MASTER_RECOVERING named quiet: that
+			// refusal is not written at info, the others are as before.
+			_ = finishLogStream(slog.New(slog.NewJSONHandler(&quiet, &slog.HandlerOptions{Level: slog.LevelInfo})),
+				callLevel(nil, []string{"MASTER_RECOVERING"}))(nil, ss, tc.info, handler)
+			if n, want := len(logLines(t, quiet.Bytes())), btoi(tc.err != nil && tc.err != recovering); n != want {
+				t.Errorf("with MASTER_RECOVERING quiet, at info: %d lines, want %d", n, want)
+			}
+		})
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func logLines(t *testing.T, b []byte) []map[string]any {

@@ -38,8 +38,8 @@ import (
 	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/obs/tracing"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -93,6 +93,11 @@ type Config struct {
 	// logged at debug level instead of warn (a standby master answers
 	// every call UNAVAILABLE NOT_LEADER).
 	QuietCodes []codes.Code
+	// QuietReasons are error reasons (ErrorInfo, rpcerr.Reason) this
+	// server answers as a matter of course, logged at debug as QuietCodes
+	// are: a master's MASTER_RECOVERING while its agents re-register,
+	// which every gateway and client meets at its start and retries.
+	QuietReasons []string
 	// ExtraMetrics, if set, is gathered on /metrics besides the server's
 	// registry (a standby master exports its warm master's follow
 	// metrics and runtime collectors this way). Its families must not
@@ -168,32 +173,19 @@ func New(cfg Config, lg *slog.Logger, reg *prometheus.Registry, opts ...grpc.Ser
 		grpcprom.WithHistogramBuckets([]float64{0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5}),
 	))
 	reg.MustRegister(metrics)
-	levels := func(c codes.Code) logging.Level {
-		if slices.Contains(cfg.QuietCodes, c) {
-			return logging.LevelDebug
-		}
-		switch c {
-		case codes.OK, codes.NotFound, codes.AlreadyExists, codes.Canceled, codes.FailedPrecondition, codes.InvalidArgument, codes.OutOfRange:
-			return logging.LevelDebug
-		case codes.Internal, codes.Unknown, codes.DataLoss:
-			return logging.LevelError
-		default:
-			return logging.LevelWarn
-		}
-	}
-	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall), logging.WithLevels(levels)}
+	level := callLevel(cfg.QuietCodes, cfg.QuietReasons)
 	recoverOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		lg.ErrorContext(ctx, "panic in grpc handler", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 		return status.Errorf(codes.Internal, "internal error")
 	})
 	unary := []grpc.UnaryServerInterceptor{
 		metrics.UnaryServerInterceptor(),
-		finishLog(lg, levels),
+		finishLog(lg, level),
 		recovery.UnaryServerInterceptor(recoverOpt),
 	}
 	stream := []grpc.StreamServerInterceptor{
 		metrics.StreamServerInterceptor(),
-		logging.StreamServerInterceptor(slogAdapter(lg), logOpts...),
+		finishLogStream(lg, level),
 		recovery.StreamServerInterceptor(recoverOpt),
 	}
 	if authz != nil {
@@ -335,14 +327,6 @@ func (s *Server) protect(h http.Handler, audit bool, roles ...auth.Role) http.Ha
 // Authorizer is the server's authorizer (nil when New's configuration
 // failed), for listeners beside the gRPC port that share its principals.
 func (s *Server) Authorizer() *auth.Authorizer { return s.authz }
-
-// slogAdapter logs the interceptor's lines with the call's context, which
-// holds its server span: they carry trace_id and span_id (obs.TraceHandler).
-func slogAdapter(l *slog.Logger) logging.Logger {
-	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
-		l.Log(ctx, slog.Level(lvl), msg, fields...)
-	})
-}
 
 // SetReadiness installs the check behind /readyz (nil error = ready).
 func (s *Server) SetReadiness(check func() error) { s.ready.Store(&check) }
@@ -530,4 +514,26 @@ func (s *Server) shutdown(hs *http.Server, grpcDone <-chan struct{}) {
 			cancel()
 		}
 	})
+}
+
+// callLevel is the level of a call's "finished call" line by its error:
+// debug for what a server answers as a matter of course (OK, a missing
+// object, a refused precondition, and the codes and reasons the server
+// names quiet), error for a fault of the server's (INTERNAL, UNKNOWN,
+// DATA_LOSS), warn for the rest.
+func callLevel(quietCodes []codes.Code, quietReasons []string) func(error) slog.Level {
+	return func(err error) slog.Level {
+		c := status.Code(err)
+		if slices.Contains(quietCodes, c) || err != nil && slices.Contains(quietReasons, rpcerr.Reason(err)) {
+			return slog.LevelDebug
+		}
+		switch c {
+		case codes.OK, codes.NotFound, codes.AlreadyExists, codes.Canceled, codes.FailedPrecondition, codes.InvalidArgument, codes.OutOfRange:
+			return slog.LevelDebug
+		case codes.Internal, codes.Unknown, codes.DataLoss:
+			return slog.LevelError
+		default:
+			return slog.LevelWarn
+		}
+	}
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/master/registry"
 	"github.com/crescent-kv/crescent/internal/master/session"
 	"github.com/crescent-kv/crescent/internal/obs"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/crescent-kv/crescent/internal/token"
 	"github.com/crescent-kv/crescent/internal/xfer"
@@ -521,6 +522,9 @@ func newMaster(cfg Config, lg *slog.Logger, epoch uint64, opts ...grpc.ServerOpt
 	srv := server.New(server.Config{
 		GRPCAddr: cfg.GRPCAddr, AdminAddr: cfg.AdminAddr, ShutdownTimeout: cfg.ShutdownTimeout,
 		Credentials: creds, Table: authTable(),
+		// Refusals while the agents re-register are expected (every
+		// gateway and client retries them): debug, not warnings.
+		QuietReasons: []string{rpcerr.ReasonName(masterv1.ErrorReason_ERROR_REASON_MASTER_RECOVERING)},
 	}, lg, reg, append([]grpc.ServerOption{
 		grpc.ChainStreamInterceptor(rec.streamInterceptor),
 		// server.UnaryInterceptors, not grpc.ChainUnaryInterceptor: the calls
