@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"net"
 	"sync"
 	"time"
@@ -131,28 +132,11 @@ func (l *lookupListener) call(ctx context.Context, q *masterv1.CallStreamRequest
 	if err != nil {
 		return err
 	}
-	out := c.out[:0]
-	if c.fresh {
-		out = append(out, fastcall.Preamble...)
-	}
-	if out, err = fastcall.AppendFrame(out, q, fastcall.MaxRequest); err != nil {
+	r, keep, err := c.exchange(ctx, deadline, q)
+	if errors.Is(err, errFrameTooLarge) {
 		l.release(c, true) // too large for the listener: the stream takes it
 		return errStreamDown
 	}
-	c.out, c.fresh = out, false
-	_ = c.nc.SetDeadline(deadline)
-	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(time.Unix(1, 0)) })
-	_, err = c.nc.Write(out)
-	if err == nil {
-		c.buf, err = fastcall.ReadFrame(c.br, c.buf, fastcall.MaxResponse)
-	}
-	r := &callReply{}
-	if err == nil {
-		err = rpccodec.UnmarshalLimited(c.buf, r)
-	}
-	// A connection whose context ended (its deadline on it may yet land)
-	// or that failed is not kept.
-	keep := stop() && err == nil
 	switch {
 	case err != nil && ctx.Err() != nil:
 		_ = c.nc.Close()
@@ -266,27 +250,43 @@ func (l *lookupListener) probe() {
 // Any answer will do.
 func (c *lookupConn) ping(ctx context.Context) error {
 	deadline, _ := ctx.Deadline()
-	_ = c.nc.SetDeadline(deadline)
-	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	out, err := fastcall.AppendFrame(append(c.out[:0], fastcall.Preamble...), &masterv1.CallStreamRequest{}, fastcall.MaxRequest)
-	if err != nil {
+	_, keep, err := c.exchange(ctx, deadline, &masterv1.CallStreamRequest{})
+	switch {
+	case err != nil:
 		return err
-	}
-	c.out, c.fresh = out, false
-	if _, err := c.nc.Write(out); err != nil {
-		return err
-	}
-	if c.buf, err = fastcall.ReadFrame(c.br, c.buf, fastcall.MaxResponse); err != nil {
-		return err
-	}
-	if err := rpccodec.UnmarshalLimited(c.buf, &masterv1.CallStreamResponse{}); err != nil {
-		return err
-	}
-	if !stop() {
+	case !keep:
 		return ctx.Err() // its deadline may yet land on the connection
 	}
 	return c.nc.SetDeadline(time.Time{})
+}
+
+// errFrameTooLarge: a call over fastcall.MaxRequest, not sent.
+var errFrameTooLarge = errors.New("client: call too large for the lookup listener")
+
+// exchange writes q on c (after the preamble on a fresh connection) and
+// reads its answer, by deadline or until ctx ends. keep reports whether c
+// may serve another call: it answered, and ctx's end did not (and will
+// not) cut its deadline short. errFrameTooLarge leaves c as it was.
+func (c *lookupConn) exchange(ctx context.Context, deadline time.Time, q *masterv1.CallStreamRequest) (r *callReply, keep bool, err error) {
+	out := c.out[:0]
+	if c.fresh {
+		out = append(out, fastcall.Preamble...)
+	}
+	if out, err = fastcall.AppendFrame(out, q, fastcall.MaxRequest); err != nil {
+		return nil, false, errFrameTooLarge
+	}
+	c.out, c.fresh = out, false
+	_ = c.nc.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(time.Unix(1, 0)) })
+	_, err = c.nc.Write(out)
+	if err == nil {
+		c.buf, err = fastcall.ReadFrame(c.br, c.buf, fastcall.MaxResponse)
+	}
+	r = &callReply{}
+	if err == nil {
+		err = rpccodec.UnmarshalLimited(c.buf, r)
+	}
+	return r, stop() && err == nil, err
 }
 
 // release ends a call on c that the listener answered (or that never
