@@ -153,6 +153,16 @@ func (s *Streak) Fail(now time.Time) (loud bool, failures int, lasted time.Durat
 	return false, s.n, now.Sub(s.first)
 }
 
+// FailLevel is Fail as the level to log the failure at: warn when loud,
+// debug otherwise.
+func (s *Streak) FailLevel(now time.Time) (lvl slog.Level, failures int, lasted time.Duration) {
+	loud, failures, lasted := s.Fail(now)
+	if loud {
+		return slog.LevelWarn, failures, lasted
+	}
+	return slog.LevelDebug, failures, lasted
+}
+
 // Succeed ends the streak and returns its failures and length (0 when
 // there was none), for a line saying the outage is over.
 func (s *Streak) Succeed(now time.Time) (failures int, lasted time.Duration) {

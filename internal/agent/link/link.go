@@ -257,11 +257,7 @@ func (l *Link) Run(ctx context.Context) error {
 			l.met.redirects.Inc()
 			l.lg.Info("master is not the leader; following its hint", "master", addr, "leader", ms.Current())
 		} else {
-			loud, n, lasted := streak.Fail(l.now())
-			lvl := slog.LevelDebug
-			if loud {
-				lvl = slog.LevelWarn
-			}
+			lvl, n, lasted := streak.FailLevel(l.now())
 			l.lg.Log(work, lvl, "master session ended; reconnecting", "master", addr, "next", ms.Current(), "err", err,
 				"established", established, "retry_in", delay, "failures", n, "failing_for", lasted)
 		}

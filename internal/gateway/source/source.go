@@ -235,13 +235,9 @@ func (s *Source) backoff(ctx context.Context, err error, msg string) bool {
 		s.lg.Info("master is not the leader; following its hint", "master", from, "leader", s.pick.Current())
 	} else {
 		// Warned of once, then every 10 s while the failures last.
-		loud, n, lasted := s.streak.Fail(time.Now())
-		lvl := slog.LevelDebug
-		switch {
-		case loud && rpcerr.Reason(err) == rpcerr.ReasonName(masterv1.ErrorReason_ERROR_REASON_MASTER_RECOVERING):
+		lvl, n, lasted := s.streak.FailLevel(time.Now())
+		if lvl == slog.LevelWarn && rpcerr.Reason(err) == rpcerr.ReasonName(masterv1.ErrorReason_ERROR_REASON_MASTER_RECOVERING) {
 			lvl = slog.LevelInfo // a master that just started: expected, and it says how long
-		case loud:
-			lvl = slog.LevelWarn
 		}
 		s.lg.Log(ctx, lvl, msg, "master", from, "next", s.pick.Current(), "epoch", s.ep, "revision", s.rev, "err", err,
 			"retry_in", d, "failures", n, "failing_for", lasted)
