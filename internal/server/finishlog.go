@@ -36,11 +36,7 @@ func finishLog(lg *slog.Logger, level func(error) slog.Level) grpc.UnaryServerIn
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		start := time.Now()
 		resp, err := handler(ctx, req)
-		lvl := level(err)
-		if !lg.Enabled(ctx, lvl) {
-			return resp, err
-		}
-		lg.Log(ctx, lvl, "finished call", finishFields(ctx, info.FullMethod, nil, start, status.Code(err), err)...)
+		logFinished(ctx, lg, level, info.FullMethod, nil, start, err)
 		return resp, err
 	}
 }
@@ -54,14 +50,20 @@ func finishLogStream(lg *slog.Logger, level func(error) slog.Level) grpc.StreamS
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		start := time.Now()
 		err := handler(srv, ss)
-		ctx := ss.Context()
-		lvl := level(err)
-		if !lg.Enabled(ctx, lvl) {
-			return err
-		}
-		lg.Log(ctx, lvl, "finished call", finishFields(ctx, info.FullMethod, info, start, status.Code(err), err)...)
+		logFinished(ss.Context(), lg, level, info.FullMethod, info, start, err)
 		return err
 	}
+}
+
+// logFinished writes a call's "finished call" line at level(err), its
+// fields built only when the logger writes it; stream is nil for a unary
+// call.
+func logFinished(ctx context.Context, lg *slog.Logger, level func(error) slog.Level, fullMethod string, stream *grpc.StreamServerInfo, start time.Time, err error) {
+	lvl := level(err)
+	if !lg.Enabled(ctx, lvl) {
+		return
+	}
+	lg.Log(ctx, lvl, "finished call", finishFields(ctx, fullMethod, stream, start, status.Code(err), err)...)
 }
 
 // finishFields are the fields of the library's server-side "finished
