@@ -24,6 +24,7 @@ import (
 const (
 	DefaultMaxIdlePerEndpoint = 16
 	DefaultDialTimeout        = 5 * time.Second
+	DefaultStallTimeout       = 5 * time.Second
 )
 
 const (
@@ -40,6 +41,11 @@ const (
 	// maxKeptScratch is the largest header scratch buffer a pooled
 	// connection keeps between calls.
 	maxKeptScratch = 64 << 10
+	// stallStep is how many payload bytes move under one stall deadline
+	// (Config.StallTimeout), as the agent's listener moves them under one
+	// of its IOTimeout: a step is the request's header and payload up to
+	// this size, the answer's header, and every stallStep of payload.
+	stallStep = 4 << 20
 )
 
 // ErrClosed is returned by calls on a closed Pool and by calls in flight
@@ -64,6 +70,15 @@ type Config struct {
 	// DialTimeout bounds connecting to an agent, the TLS handshake
 	// included (default 5s); the call's context applies as well.
 	DialTimeout time.Duration
+	// StallTimeout bounds each step of an exchange with an agent: sending
+	// the request with up to 4 MiB of its payload, every further 4 MiB,
+	// waiting for the answer, reading every 4 MiB of its payload (default
+	// 5 s). An agent that is stopped, hung or cut off, whose kernel still
+	// holds the connection open, fails the call then with UNAVAILABLE
+	// AGENT_UNAVAILABLE instead of holding it until the caller's deadline
+	// (or for ever, without one); the caller's deadline applies as well. A
+	// negative value turns the bound off.
+	StallTimeout time.Duration
 	// TLS, when set, makes every connection TLS with this configuration
 	// (see ClientTLS: per endpoint, its host is the server name when the
 	// configuration names none). Nil is plaintext.
@@ -93,6 +108,9 @@ func NewPool(cfg Config) *Pool {
 	}
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = DefaultDialTimeout
+	}
+	if cfg.StallTimeout == 0 {
+		cfg.StallTimeout = DefaultStallTimeout
 	}
 	d := &net.Dialer{Timeout: cfg.DialTimeout}
 	return &Pool{cfg: cfg, dial: d.DialContext, idle: map[string][]*conn{}, busy: map[*conn]struct{}{}}
@@ -280,6 +298,9 @@ func (p *Pool) run(ctx context.Context, endpoint string, fn func(*conn) error) e
 		if p.isClosed() {
 			return ErrClosed
 		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return stalled(endpoint, p.cfg.StallTimeout)
+		}
 		if attempt == 0 && c.reused && c.dirty && !c.answered && stale(err) {
 			p.dropIdle(endpoint)
 			continue
@@ -288,14 +309,20 @@ func (p *Pool) run(ctx context.Context, endpoint string, fn func(*conn) error) e
 	}
 }
 
-// do runs fn on c with ctx's deadline on the socket and cancellation
-// unblocking it, then returns c to the pool if it is still clean: a
-// connection that saw an error after sending, or a cancellation, is closed.
+// do runs fn on c with a deadline per step on the socket (conn.step: the
+// stall bound, or ctx's deadline when sooner) and cancellation unblocking
+// it, then returns c to the pool if it is still clean: a connection that
+// saw an error after sending, or a cancellation, is closed.
 func (p *Pool) do(ctx context.Context, c *conn, fn func(*conn) error) error {
 	c.dirty, c.answered = false, false
-	d, _ := ctx.Deadline() // zero: no deadline (clears a previous call's)
-	_ = c.nc.SetDeadline(d)
-	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(aLongTimeAgo) })
+	c.limit, _ = ctx.Deadline() // zero: no deadline
+	c.stall = p.cfg.StallTimeout
+	c.interrupted.Store(false)
+	c.step()
+	stop := context.AfterFunc(ctx, func() {
+		c.interrupted.Store(true) // before the deadline: step sees one or the other
+		_ = c.nc.SetDeadline(aLongTimeAgo)
+	})
 	err := fn(c)
 	interrupted := !stop()
 	p.put(c, (err == nil || !c.dirty) && !interrupted)
@@ -460,6 +487,14 @@ func closeAll(cs []*conn) {
 
 func errInvalid(format string, args ...any) error {
 	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "xfer: "+format, args...)
+}
+
+// stalled is the error of an exchange whose agent let a step's deadline
+// pass (Config.StallTimeout): UNAVAILABLE AGENT_UNAVAILABLE, as for a
+// connection that failed, and os.ErrDeadlineExceeded for errors.Is.
+func stalled(endpoint string, stall time.Duration) error {
+	return fmt.Errorf("xfer %s: %w: %w", endpoint,
+		rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE, "transfer stalled: the agent moved no data for %s", stall), os.ErrDeadlineExceeded)
 }
 
 // unavailable wraps a connection failure: UNAVAILABLE AGENT_UNAVAILABLE

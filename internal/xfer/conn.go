@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"sync/atomic"
 	"time"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
@@ -29,13 +30,49 @@ type conn struct {
 	// Per call.
 	dirty    bool // bytes were sent: an error now leaves the stream unframed
 	answered bool // the first byte of a response arrived
+	// limit is the call's deadline (zero: none), stall the pool's
+	// StallTimeout, left how many payload bytes may still move under the
+	// current step's deadline (step).
+	limit time.Time
+	stall time.Duration
+	left  int
+	// interrupted is set when the call's context ends, before its past
+	// deadline is set on the socket: a step then keeps that deadline.
+	interrupted atomic.Bool
 	// trace is the call's trace context, nil when it is not traced: the
 	// header then holds not one byte more.
 	trace *agentv1.TraceContext
 }
 
+// step starts a step of the call: the socket's deadline moves to
+// StallTimeout from now (the call's deadline when sooner, or alone when
+// the stall bound is off), and stallStep more payload bytes may move
+// under it.
+func (c *conn) step() {
+	d := c.limit
+	if c.stall > 0 {
+		if s := time.Now().Add(c.stall); d.IsZero() || s.Before(d) {
+			d = s
+		}
+	}
+	_ = c.nc.SetDeadline(d)
+	if c.interrupted.Load() {
+		_ = c.nc.SetDeadline(aLongTimeAgo)
+	}
+	c.left = stallStep
+}
+
+// room is how many payload bytes may move before the next step, starting
+// one when the current step has none left.
+func (c *conn) room() int {
+	if c.left <= 0 {
+		c.step()
+	}
+	return c.left
+}
+
 // send writes one request frame (with the preamble on a fresh connection)
-// followed by payload.
+// followed by payload, a step at a time.
 func (c *conn) send(op agentv1.TransferOp, items []*agentv1.TransferItem, payload [][]byte) error {
 	b := c.wbuf[:0]
 	if !c.greeted {
@@ -48,7 +85,7 @@ func (c *conn) send(op agentv1.TransferOp, items []*agentv1.TransferItem, payloa
 	c.wbuf = b
 	c.dirty, c.greeted = true, true
 	Gather(c.nc)
-	err = WriteFrame(c.nc, b, payload)
+	err = c.writeFrame(b, payload)
 	if ferr := Flush(c.nc); err == nil {
 		err = ferr
 	}
@@ -63,9 +100,79 @@ func (c *conn) send(op agentv1.TransferOp, items []*agentv1.TransferItem, payloa
 	return nil
 }
 
+// writeFrame is WriteFrame(c.nc, hdr, payload) in writes of at most a
+// step's room each (one vectored write when the frame fits, as it does
+// but for the largest objects).
+func (c *conn) writeFrame(hdr []byte, payload [][]byte) error {
+	n := len(hdr)
+	for _, p := range payload {
+		n += len(p)
+	}
+	if n <= c.room() {
+		c.left -= n
+		return WriteFrame(c.nc, hdr, payload)
+	}
+	bufs := make(net.Buffers, 0, 1+len(payload))
+	bufs = append(bufs, hdr)
+	for _, p := range payload {
+		if len(p) > 0 {
+			bufs = append(bufs, p)
+		}
+	}
+	var piece net.Buffers
+	for len(bufs) > 0 {
+		room := c.room()
+		piece = piece[:0]
+		for len(bufs) > 0 && room > 0 {
+			b := bufs[0]
+			if len(b) > room {
+				piece = append(piece, b[:room])
+				bufs[0] = b[room:]
+				c.left -= room
+				break
+			}
+			piece = append(piece, b)
+			bufs = bufs[1:]
+			room -= len(b)
+			c.left -= len(b)
+		}
+		if _, err := piece.WriteTo(c.nc); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readFull reads len(p) payload bytes, a step's room at a time.
+func (c *conn) readFull(p []byte) error {
+	for len(p) > 0 {
+		k := min(len(p), c.room())
+		if _, err := io.ReadFull(c.br, p[:k]); err != nil {
+			return err
+		}
+		c.left -= k
+		p = p[k:]
+	}
+	return nil
+}
+
+// discard reads and drops n payload bytes, a step's room at a time.
+func (c *conn) discard(n uint64) error {
+	for n > 0 {
+		k := min(n, uint64(c.room()))
+		if _, err := io.CopyN(io.Discard, c.br, int64(k)); err != nil {
+			return err
+		}
+		c.left -= int(k)
+		n -= k
+	}
+	return nil
+}
+
 // response reads one response header and checks its envelope: no request
-// error and one result per item.
+// error and one result per item. Waiting for it is a step of its own.
 func (c *conn) response() (*agentv1.TransferResponse, error) {
+	c.step()
 	if _, err := c.br.Peek(1); err != nil {
 		return nil, unavailable(c.endpoint, err)
 	}
@@ -169,14 +276,14 @@ func (c *conn) read(items []*agentv1.TransferItem, dst [][]byte, res []ReadResul
 			if n > math.MaxInt64 {
 				return c.violation("item %d: %d payload bytes", i, n)
 			}
-			if _, err := io.CopyN(io.Discard, c.br, int64(n)); err != nil {
+			if err := c.discard(n); err != nil {
 				return unavailable(c.endpoint, err)
 			}
 			res[i] = ReadResult{ObjectSize: size, Checksum: r.GetChecksum(),
 				Err: errInvalid("item %d: the destination buffer is empty but the object has %d bytes from offset %d", i, n, off)}
 			continue
 		}
-		if _, err := io.ReadFull(c.br, dst[i]); err != nil {
+		if err := c.readFull(dst[i]); err != nil {
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
 			}

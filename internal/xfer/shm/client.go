@@ -27,6 +27,9 @@ const (
 	// DefaultRetryAfter is how long a socket that could not be used
 	// (absent, refused) is left alone before the next try.
 	DefaultRetryAfter = 5 * time.Second
+	// DefaultStallTimeout is Config.StallTimeout's default, as the bulk
+	// TCP path's (xfer.DefaultStallTimeout).
+	DefaultStallTimeout = xfer.DefaultStallTimeout
 	// refreshAfter is how often a socket is asked again for its segments
 	// when a descriptor names one it did not share.
 	refreshAfter = time.Second
@@ -43,6 +46,12 @@ type Config struct {
 	// RetryAfter is how long a socket that failed is not tried again
 	// (default 5 s): callers use the bulk TCP path meanwhile.
 	RetryAfter time.Duration
+	// StallTimeout bounds each wait on the agent: for a request's grant
+	// and for a release's answer (default 5 s, negative for none). A call
+	// to an agent that is stopped or hung fails then with UNAVAILABLE
+	// AGENT_UNAVAILABLE, and the socket waits out RetryAfter, instead of
+	// the call holding until its deadline (or for ever, without one).
+	StallTimeout time.Duration
 }
 
 // ErrClosed is returned by a closed Client.
@@ -141,6 +150,12 @@ type conn struct {
 	wbuf []byte
 	rbuf []byte
 	offs []uint64
+
+	// Per call: its deadline (zero: none), and whether its context ended
+	// (set before the past deadline that unblocks the socket: a wait's
+	// deadline, set by wait, then keeps it).
+	limit       time.Time
+	interrupted atomic.Bool
 }
 
 // New returns a client of the socket at cfg.Path; it does no I/O.
@@ -153,6 +168,9 @@ func New(cfg Config) *Client {
 	}
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = DefaultRetryAfter
+	}
+	if cfg.StallTimeout == 0 {
+		cfg.StallTimeout = DefaultStallTimeout
 	}
 	return &Client{cfg: cfg, maps: map[string]*mapping{}}
 }
@@ -503,9 +521,12 @@ func (c *Client) run(ctx context.Context, items []*agentv1.TransferItem, bufs []
 		}
 		return err
 	}
-	d, _ := ctx.Deadline()
-	_ = cn.uc.SetDeadline(d)
-	stop := context.AfterFunc(ctx, func() { _ = cn.uc.SetDeadline(time.Unix(1, 0)) })
+	cn.limit, _ = ctx.Deadline()
+	cn.interrupted.Store(false)
+	stop := context.AfterFunc(ctx, func() {
+		cn.interrupted.Store(true)
+		_ = cn.uc.SetDeadline(time.Unix(1, 0))
+	})
 	for lo := 0; lo < len(items) && err == nil; lo += xfer.MaxItems {
 		hi := min(lo+xfer.MaxItems, len(items))
 		err = fn(cn, items[lo:hi], bufs[lo:hi], lo)
@@ -519,9 +540,28 @@ func (c *Client) run(ctx context.Context, items []*agentv1.TransferItem, bufs []
 		if dl, ok := ctx.Deadline(); ok && errors.Is(err, os.ErrDeadlineExceeded) && !time.Now().Before(dl) {
 			return context.DeadlineExceeded
 		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			err = fmt.Errorf("shm %s: %w: %w", c.cfg.Path, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE,
+				"shared-memory transfer stalled: the agent did not answer for %s", c.cfg.StallTimeout), os.ErrDeadlineExceeded)
+		}
 		c.forget(err)
 	}
 	return err
+}
+
+// wait sets cn's deadline for one wait on the agent: StallTimeout from now,
+// or the call's deadline when sooner (or alone, with the bound off).
+func (c *Client) wait(cn *conn) {
+	d := cn.limit
+	if c.cfg.StallTimeout > 0 {
+		if s := time.Now().Add(c.cfg.StallTimeout); d.IsZero() || s.Before(d) {
+			d = s
+		}
+	}
+	_ = cn.uc.SetDeadline(d)
+	if cn.interrupted.Load() {
+		_ = cn.uc.SetDeadline(time.Unix(1, 0))
+	}
 }
 
 // request sends a request and reads its grant.
@@ -531,6 +571,7 @@ func (c *Client) request(cn *conn, op agentv1.TransferOp, items []*agentv1.Trans
 		return nil, err
 	}
 	cn.wbuf = b
+	c.wait(cn)
 	if _, err := cn.uc.Write(b); err != nil {
 		return nil, unavailable(c.cfg.Path, err)
 	}
@@ -621,6 +662,7 @@ func (c *Client) write(cn *conn, items []*agentv1.TransferItem, src [][]byte, re
 		return unavailable(c.cfg.Path, err)
 	}
 	done := &agentv1.TransferResponse{}
+	c.wait(cn)
 	cn.rbuf, err = ReadDone(cn.br, cn.rbuf, done, len(items))
 	switch {
 	case errors.Is(err, xfer.ErrProtocol):
