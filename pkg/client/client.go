@@ -61,6 +61,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 )
 
 // Errors usable with errors.Is. They match on the reason the master or agent
@@ -131,6 +132,20 @@ type Config struct {
 	// returns the last error; the call's context bounds it too, and comes
 	// first when it is shorter. Default 15 s.
 	FailoverTimeout time.Duration
+	// StallTimeout bounds each wait on an agent while bytes move: on the
+	// bulk TCP path, sending a request with up to 4 MiB of its payload,
+	// each further 4 MiB, waiting for the answer and reading each 4 MiB of
+	// it; through shared memory, waiting for a grant or for a release's
+	// answer. An agent that is stopped, hung or cut off (its kernel may
+	// keep the connection open) then fails the transfer with UNAVAILABLE
+	// AGENT_UNAVAILABLE, and a Get goes on to the object's next replica,
+	// instead of waiting until the call's deadline, or for ever without
+	// one. Default 5 s; negative turns the bound off. gRPC calls (to the
+	// masters, and to DataService) are bounded by keepalive instead: a
+	// connection whose peer has not answered a ping 5 s after it was sent,
+	// following 10 s without traffic, fails its calls with UNAVAILABLE
+	// (DialOptions may replace that with grpc.WithKeepaliveParams).
+	StallTimeout time.Duration
 	// DisableTransfer moves every byte through the agents' gRPC
 	// DataService, ignoring the bulk transfer endpoints they advertise
 	// (internal/xfer), which are otherwise preferred.
@@ -292,6 +307,14 @@ type Client struct {
 	tenant string
 }
 
+// keepaliveTime is how long a gRPC connection goes without traffic before
+// it pings its peer (10 s is grpc-go's floor), and keepaliveTimeout how long
+// the ping may go unanswered before the connection fails its calls.
+const (
+	keepaliveTime    = 10 * time.Second
+	keepaliveTimeout = 5 * time.Second
+)
+
 // maxMsg is the largest gRPC message either side sends (internal/server's limit).
 const maxMsg = 256 << 20
 
@@ -313,6 +336,12 @@ func (s *shared) dialOpts() []grpc.DialOption {
 		grpc.WithInitialConnWindowSize(64 << 20),
 		grpc.WithReadBufferSize(1 << 20),
 		grpc.WithWriteBufferSize(1 << 20),
+		// A peer that stops answering — a master or agent stopped or hung,
+		// a host cut off — keeps a TCP connection open while its kernel
+		// runs: without pings, a call on it (a leader's, during a
+		// failover) would wait until its deadline, or for ever. The
+		// servers accept a ping every 5 s (internal/server).
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTimeout, PermitWithoutStream: true}),
 	}
 	if s.cfg.BearerToken != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(auth.BearerCredentials(s.cfg.BearerToken)))
@@ -356,7 +385,7 @@ func New(_ context.Context, cfg Config) (*Client, error) {
 		return nil, err
 	}
 	if !cfg.DisableTransfer && cfg.BearerToken == "" {
-		s.xfer = xfer.NewPool(xfer.Config{MaxIdlePerEndpoint: cfg.MaxConcurrency, TLS: cfg.TLS})
+		s.xfer = xfer.NewPool(xfer.Config{MaxIdlePerEndpoint: cfg.MaxConcurrency, StallTimeout: cfg.StallTimeout, TLS: cfg.TLS})
 		s.shm = newShmClients(&cfg)
 	}
 	return &Client{s: s, tenant: cfg.Tenant}, nil

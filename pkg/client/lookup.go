@@ -53,8 +53,10 @@ const (
 	lookupDialTimeout = 2 * time.Second
 	// lookupIdle is how many idle connections a listener's pool keeps.
 	lookupIdle = 8
-	// lookupCallTimeout bounds a call whose context has no deadline.
-	lookupCallTimeout = 30 * time.Second
+	// lookupCallTimeout bounds a call whose context has no deadline: a
+	// master answers in milliseconds, and one that does not (stopped, hung)
+	// sends the call back to the stream, whose keepalive notices it.
+	lookupCallTimeout = 10 * time.Second
 )
 
 // lookupMethod reports whether method may go on the lookup listener.

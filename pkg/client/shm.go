@@ -37,7 +37,7 @@ func newShmClients(cfg *Config) shmClients {
 	var cs shmClients
 	for _, p := range cfg.SharedMemorySockets {
 		if p != "" {
-			cs = append(cs, shm.New(shm.Config{Path: p, MaxIdle: cfg.MaxConcurrency}))
+			cs = append(cs, shm.New(shm.Config{Path: p, MaxIdle: cfg.MaxConcurrency, StallTimeout: cfg.StallTimeout}))
 		}
 	}
 	return cs
