@@ -45,6 +45,16 @@ def channel_options():
         # a loaded machine (masters.go gives 3 s: MinConnectTimeout).
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 1000),
+        # A master or agent that stops answering (stopped, hung, cut off)
+        # keeps its TCP connection open: without pings a call on it would
+        # wait until its timeout, or for ever without one. As the Go SDK:
+        # a ping after 10 s without traffic, unanswered for 5 s, fails the
+        # connection's calls (UNAVAILABLE). The servers accept a ping every
+        # 5 s; gRPC core would otherwise stop after two pings without data.
+        ("grpc.keepalive_time_ms", 10000),
+        ("grpc.keepalive_timeout_ms", 5000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
     ]
 
 
