@@ -5,10 +5,30 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/crescent-kv/crescent/internal/obs/tracing"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 )
+
+// KeepaliveTime is how long a client connection goes without traffic before
+// it pings its peer (10 s is grpc-go's floor; the servers accept a ping
+// every 5 s, internal/server), and KeepaliveTimeout how long the ping may go
+// unanswered before the connection fails its calls and streams with
+// UNAVAILABLE.
+const (
+	KeepaliveTime    = 10 * time.Second
+	KeepaliveTimeout = 5 * time.Second
+)
+
+// Keepalive is the dial option that watches a connection to a master (or
+// an agent) with pings, idle or not: a peer that stops answering with the
+// connection open fails its calls within KeepaliveTime+KeepaliveTimeout of
+// its last answer.
+func Keepalive() grpc.DialOption {
+	return grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout, PermitWithoutStream: true})
+}
 
 // Conns holds one ClientConn per address of a master list, made on first
 // use, and one more for the last leader hint outside the list (replaced by
@@ -25,13 +45,13 @@ type Conns struct {
 }
 
 // NewConns returns the connection set of list (Split's result), each
-// connection dialled with opts and traced (tracing.DialOption). It dials
-// nothing (grpc.NewClient connects lazily).
+// connection dialled with Keepalive, then opts, and traced
+// (tracing.DialOption). It dials nothing (grpc.NewClient connects lazily).
 func NewConns(list []string, opts ...grpc.DialOption) (*Conns, error) {
 	if len(list) == 0 || len(list) > MaxMasters {
 		return nil, fmt.Errorf("%d master addresses, want 1 to %d", len(list), MaxMasters)
 	}
-	opts = append(slices.Clip(opts), tracing.DialOption())
+	opts = append(append([]grpc.DialOption{Keepalive()}, opts...), tracing.DialOption())
 	return &Conns{list: slices.Clone(list), opts: opts, conns: map[string]*grpc.ClientConn{}}, nil
 }
 

@@ -26,6 +26,11 @@
 //     poll after it serves, not a grown backoff later: the failover time of
 //     issue 15 is set by the slowest agent); after those, a NOT_LEADER caps
 //     it at NotLeaderDelay. A working session resets all of it (Healthy).
+//   - A master that stops answering while its connection stays open (its
+//     process stopped or hung, a paused VM) is a transport failure too, once
+//     keepalive notices it (Keepalive): without pings a call or stream on it
+//     would wait for ever, and a caller would never move on to the leader
+//     elected meanwhile.
 package masterlist
 
 import (

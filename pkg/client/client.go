@@ -53,6 +53,7 @@ import (
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/auth"
+	"github.com/crescent-kv/crescent/internal/masterlist"
 	"github.com/crescent-kv/crescent/internal/obs/tracing"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
@@ -61,7 +62,6 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/keepalive"
 )
 
 // Errors usable with errors.Is. They match on the reason the master or agent
@@ -307,14 +307,6 @@ type Client struct {
 	tenant string
 }
 
-// keepaliveTime is how long a gRPC connection goes without traffic before
-// it pings its peer (10 s is grpc-go's floor), and keepaliveTimeout how long
-// the ping may go unanswered before the connection fails its calls.
-const (
-	keepaliveTime    = 10 * time.Second
-	keepaliveTimeout = 5 * time.Second
-)
-
 // maxMsg is the largest gRPC message either side sends (internal/server's limit).
 const maxMsg = 256 << 20
 
@@ -339,9 +331,8 @@ func (s *shared) dialOpts() []grpc.DialOption {
 		// A peer that stops answering — a master or agent stopped or hung,
 		// a host cut off — keeps a TCP connection open while its kernel
 		// runs: without pings, a call on it (a leader's, during a
-		// failover) would wait until its deadline, or for ever. The
-		// servers accept a ping every 5 s (internal/server).
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTimeout, PermitWithoutStream: true}),
+		// failover) would wait until its deadline, or for ever.
+		masterlist.Keepalive(),
 	}
 	if s.cfg.BearerToken != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(auth.BearerCredentials(s.cfg.BearerToken)))

@@ -10,7 +10,9 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/gateway/fakemaster"
+	"github.com/crescent-kv/crescent/internal/masterlist"
 	"github.com/crescent-kv/crescent/internal/testutil"
+	"github.com/crescent-kv/crescent/internal/testutil/etcdtest"
 	"github.com/crescent-kv/crescent/pkg/kvevent"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -153,4 +155,53 @@ func sameEvents(got, want []kvevent.Event) bool {
 	slices.Sort(g)
 	slices.Sort(w)
 	return slices.Equal(g, w)
+}
+
+// TestFrozenLeader: a leader that stops answering while its connection
+// stays open (SIGSTOP, a paused VM: its kernel still acknowledges) is left
+// once keepalive notices, and the source follows the next master and
+// publishes the difference. Without keepalive the Watch stream waited on
+// it for ever: in a make run-ha session with the leader SIGSTOPped, puts
+// the new leader acknowledged never reached the subscribers.
+func TestFrozenLeader(t *testing.T) {
+	old := fakemaster.New(1)
+	old.Put("t", "a", masterv1.Medium_MEDIUM_MEMORY, "g")
+	oldAddr, stopOld, err := fakemaster.Serve(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stopOld)
+	next := fakemaster.New(2)
+	next.Put("t", "b", masterv1.Medium_MEDIUM_MEMORY, "g")
+	nextAddr, stopNext, err := fakemaster.Serve(next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stopNext)
+	frozen := etcdtest.NewProxy(t, oldAddr)
+
+	snk := newSink()
+	src := runFollowing(t, []string{frozen.Addr, nextAddr}, snk)
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		s := src.Status()
+		return s.Watching && s.Epoch == 1 && s.Master == frozen.Addr
+	}, "the source to follow the first master")
+	n := len(snk.events())
+
+	frozen.Blackhole()
+	began := time.Now()
+	bound := masterlist.KeepaliveTime + masterlist.KeepaliveTimeout
+	testutil.Eventually(t, bound+15*time.Second, func() bool {
+		s := src.Status()
+		return s.Watching && s.Epoch == 2 && s.Master == nextAddr
+	}, "the source to leave the frozen master for the next one")
+	t.Logf("following the next master %v after the first froze (keepalive bound %v)", time.Since(began), bound)
+	got := snk.events()[n:]
+	want := []kvevent.Event{
+		{Type: kvevent.Removed, Tenant: "t", Key: "a", Medium: kvevent.MediumCPU, GroupID: "g"},
+		{Type: kvevent.Stored, Tenant: "t", Key: "b", Medium: kvevent.MediumCPU, GroupID: "g"},
+	}
+	if !sameEvents(got, want) {
+		t.Fatalf("events after the failover %v, want %v", got, want)
+	}
 }
