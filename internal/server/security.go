@@ -44,10 +44,18 @@ type Security struct {
 	// Pprof serves /debug/pprof/ on the admin port: to admin principals with
 	// TLS, to anyone who reaches the port without.
 	Pprof bool
+	// MaxConns bounds the open connections of the gRPC port, and again of
+	// the admin port; MaxConnsPerIP those from one remote IP address. A
+	// connection past either is closed as it is accepted (0: the default,
+	// DefaultMaxConns and DefaultMaxConnsPerIP).
+	MaxConns, MaxConnsPerIP int
 }
 
-// DefaultSecurity returns the defaults: plaintext, protected mode, no pprof.
-func DefaultSecurity() Security { return Security{TrustDomain: DefaultTrustDomain} }
+// DefaultSecurity returns the defaults: plaintext, protected mode, no pprof,
+// the default connection caps.
+func DefaultSecurity() Security {
+	return Security{TrustDomain: DefaultTrustDomain, MaxConns: DefaultMaxConns, MaxConnsPerIP: DefaultMaxConnsPerIP}
+}
 
 // RegisterFlags binds every field to fs with its current value as default.
 func (s *Security) RegisterFlags(fs *flag.FlagSet) {
@@ -58,6 +66,8 @@ func (s *Security) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&s.AuthTokens, "auth-tokens", s.AuthTokens, "optional file of bearer tokens, one \"<token> <spiffe-id>\" a line, for clients without a certificate (TLS only; reloaded on change)")
 	fs.BoolVar(&s.Insecure, "insecure", s.Insecure, "without TLS, listen on addresses other than loopback anyway (plaintext, no authentication: anyone who reaches the ports may do anything)")
 	fs.BoolVar(&s.Pprof, "pprof", s.Pprof, "serve /debug/pprof/ on the admin port (with TLS to admin principals only)")
+	fs.IntVar(&s.MaxConns, "max-connections", s.MaxConns, "open connections the gRPC port admits, and again the admin port; one more is closed as it is accepted")
+	fs.IntVar(&s.MaxConnsPerIP, "max-connections-per-ip", s.MaxConnsPerIP, "open connections the gRPC port admits from one remote IP address, and again the admin port")
 }
 
 // Files are the TLS files as auth.Files.
@@ -72,6 +82,9 @@ func (s Security) Validate() error {
 	var errs []error
 	if _, err := auth.ParseSPIFFE("spiffe://" + s.TrustDomain + "/admin/x"); err != nil {
 		errs = append(errs, fmt.Errorf("trust-domain %q is not a valid SPIFFE trust domain", s.TrustDomain))
+	}
+	if s.MaxConns < 0 || s.MaxConnsPerIP < 0 {
+		errs = append(errs, fmt.Errorf("max-connections (%d) and max-connections-per-ip (%d) may not be negative (0 is the default)", s.MaxConns, s.MaxConnsPerIP))
 	}
 	if s.TLS() {
 		if s.CA == "" || s.Cert == "" || s.Key == "" {

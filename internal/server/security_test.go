@@ -420,7 +420,7 @@ func TestSecurityFlags(t *testing.T) {
 	fs := flag.NewFlagSet("x", flag.ContinueOnError)
 	sec.RegisterFlags(fs)
 	env := map[string]string{"CRESCENT_TLS_CA": "/ca.pem", "CRESCENT_INSECURE": "true"}
-	if err := fs.Parse([]string{"--tls-cert", "/c.pem", "--tls-key", "/k.pem", "--auth-tokens", "/t", "--pprof", "--trust-domain", "example.org"}); err != nil {
+	if err := fs.Parse([]string{"--tls-cert", "/c.pem", "--tls-key", "/k.pem", "--auth-tokens", "/t", "--pprof", "--trust-domain", "example.org", "--max-connections-per-ip", "64"}); err != nil {
 		t.Fatal(err)
 	}
 	for k, v := range env {
@@ -429,7 +429,8 @@ func TestSecurityFlags(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want := Security{CA: "/ca.pem", Cert: "/c.pem", Key: "/k.pem", TrustDomain: "example.org", AuthTokens: "/t", Insecure: true, Pprof: true}
+	want := Security{CA: "/ca.pem", Cert: "/c.pem", Key: "/k.pem", TrustDomain: "example.org", AuthTokens: "/t", Insecure: true, Pprof: true,
+		MaxConns: DefaultMaxConns, MaxConnsPerIP: 64}
 	if sec != want {
 		t.Fatalf("got %+v, want %+v", sec, want)
 	}

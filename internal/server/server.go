@@ -21,6 +21,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -119,6 +120,20 @@ var PublicMethods = []string{
 // peer that never finishes holds a goroutine and a socket).
 var HandshakeTimeout = 10 * time.Second
 
+// KeepaliveTime and KeepaliveTimeout are the servers' keepalive: a
+// connection that has carried nothing for KeepaliveTime is pinged, and
+// closed when the ping is not answered within KeepaliveTimeout. Clients
+// ping more often (masterlist.Keepalive), so their connections are seldom
+// silent that long.
+const (
+	KeepaliveTime    = 30 * time.Second
+	KeepaliveTimeout = 10 * time.Second
+)
+
+// AdminIdleTimeout closes an admin HTTP connection that waits this long for
+// its next request (net/http keeps one open for ever by default).
+const AdminIdleTimeout = 2 * time.Minute
+
 // InsecureWarnInterval is how often a server started with --insecure
 // repeats its warning.
 const InsecureWarnInterval = time.Hour
@@ -138,6 +153,7 @@ type Server struct {
 	Registry *prometheus.Registry
 
 	metrics *grpcprom.ServerMetrics
+	conns   *connMetrics
 	unary   grpc.UnaryServerInterceptor // every unary interceptor, chained (Unary)
 	ready   atomic.Pointer[func() error]
 	creds   *Credentials
@@ -161,6 +177,11 @@ func New(cfg Config, lg *slog.Logger, reg *prometheus.Registry, opts ...grpc.Ser
 	creds := cfg.Credentials
 	if creds == nil {
 		creds = &Credentials{Security: DefaultSecurity()}
+	}
+	if creds.MaxConns <= 0 || creds.MaxConnsPerIP <= 0 {
+		c := *creds
+		c.MaxConns, c.MaxConnsPerIP = cmp.Or(max(c.MaxConns, 0), DefaultMaxConns), cmp.Or(max(c.MaxConnsPerIP, 0), DefaultMaxConnsPerIP)
+		creds = &c
 	}
 	authz, authzErr := auth.NewAuthorizer(auth.Options{
 		TrustDomain: creds.TrustDomain, Tokens: creds.Tokens, Table: cfg.Table,
@@ -218,6 +239,12 @@ func New(cfg Config, lg *slog.Logger, reg *prometheus.Registry, opts ...grpc.Ser
 		grpc.InitialConnWindowSize(connWindow),
 		grpc.ConnectionTimeout(HandshakeTimeout),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		// A client that vanished without closing (its host powered off or
+		// cut off) would hold its connection, and its place under
+		// MaxConnsPerIP, for grpc-go's default of two hours: ping a
+		// connection silent for KeepaliveTime, close it when the ping goes
+		// unanswered for KeepaliveTimeout.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout}),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
 	}
@@ -231,7 +258,7 @@ func New(cfg Config, lg *slog.Logger, reg *prometheus.Registry, opts ...grpc.Ser
 	reflection.Register(gs)
 
 	s := &Server{cfg: cfg, lg: lg, GRPC: gs, Health: hs, Mux: http.NewServeMux(), Registry: reg, metrics: metrics,
-		creds: creds, authz: authz, err: authzErr, warnEvery: InsecureWarnInterval, unary: chainUnary(unary)}
+		conns: newConnMetrics(reg), creds: creds, authz: authz, err: authzErr, warnEvery: InsecureWarnInterval, unary: chainUnary(unary)}
 	s.Mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
@@ -348,7 +375,7 @@ func (s *Server) Listen() error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	listen := func(what, addr string, dst *net.Listener) error {
+	listen := func(what, port, addr string, dst *net.Listener) error {
 		if addr == "" || *dst != nil {
 			return nil
 		}
@@ -360,12 +387,12 @@ func (s *Server) Listen() error {
 			_ = l.Close()
 			return err
 		}
-		*dst = l
+		*dst = newLimitListener(l, port, s.creds.MaxConns, s.creds.MaxConnsPerIP, s.conns, s.lg)
 		return nil
 	}
-	err := listen("grpc-addr", s.cfg.GRPCAddr, &s.grpcLis)
+	err := listen("grpc-addr", "grpc", s.cfg.GRPCAddr, &s.grpcLis)
 	if err == nil {
-		err = listen("admin-addr", s.cfg.AdminAddr, &s.adminLis)
+		err = listen("admin-addr", "admin", s.cfg.AdminAddr, &s.adminLis)
 	}
 	if err != nil {
 		for _, l := range []*net.Listener{&s.grpcLis, &s.adminLis} {
@@ -413,7 +440,7 @@ func (s *Server) Run(ctx context.Context) error {
 	errc := make(chan error, 2)
 	var hs *http.Server
 	if al != nil {
-		hs = &http.Server{Handler: s.Mux, ReadHeaderTimeout: 5 * time.Second,
+		hs = &http.Server{Handler: s.Mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: AdminIdleTimeout,
 			ErrorLog: slog.NewLogLogger(s.lg.Handler(), slog.LevelDebug)}
 		serve := hs.Serve
 		if s.creds.Secure() {
