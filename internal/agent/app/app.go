@@ -127,6 +127,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 
 	keys := &dataplane.Keyring{}
+	clock := newMasterClock(a.cfg.Clock, a.reg, a.lg)
 	srv := server.New(server.Config{
 		GRPCAddr: a.cfg.GRPCAddr, AdminAddr: a.cfg.AdminAddr, ShutdownTimeout: a.cfg.ShutdownTimeout,
 		Credentials: creds, Table: authTable(),
@@ -136,7 +137,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		MaxConns: a.cfg.TransferMaxConns, MaxConnsPerIP: a.cfg.TransferMaxConnsPerIP, MaxHeaderBytes: int(a.cfg.TransferMaxHeaderBytes),
 		MaxItemsInFlight: a.cfg.TransferMaxItems, TrustDomain: creds.TrustDomain,
 	}},
-		dataplane.Deps{Segments: segs, Keys: keys, Registerer: a.reg}, a.lg)
+		dataplane.Deps{Segments: segs, Keys: keys, Registerer: a.reg, Now: clock.Now}, a.lg)
 	agentv1.RegisterDataServiceServer(srv.GRPC, dp)
 	if err := srv.Listen(); err != nil {
 		return err
@@ -192,9 +193,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		// mTLS with this agent's certificate; the server must be a master.
 		Creds: creds.Client(auth.RoleMaster),
 	}, link.Deps{
-		Segments:   segs,
-		Feed:       feed,
-		OnSettings: func(s *masterv1.Settings) { keys.Set(s.GetTokenKeys()) },
+		Segments: segs,
+		Feed:     feed,
+		OnSettings: func(s *masterv1.Settings) {
+			// The clock first: the master makes this agent's segments
+			// readable once SettingsApplied, which follows, says so.
+			clock.observe(s)
+			keys.Set(s.GetTokenKeys())
+		},
 		// A Copy's target must be an agent: these credentials, given
 		// last, replace Creds on those connections.
 		CopyDialOptions: append(dataplane.DialOptions(), grpc.WithTransportCredentials(creds.Client(auth.RoleAgent))),

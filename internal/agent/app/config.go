@@ -24,6 +24,10 @@ type Config struct {
 	// Master is the master's gRPC host:port, or several comma-separated
 	// (issue 15, HA: the agent follows the leader among them).
 	Master string
+	// Clock is the host's wall clock (time.Now when nil; not a flag: tests
+	// set a skewed one). Token expiries are checked against it moved by
+	// its measured difference from the master's (clock.go).
+	Clock func() time.Time
 	// FollowStandbys keeps a Follow stream to every master of a list of
 	// several, so a standby holds this agent's table when it is elected
 	// and the agent's registration with it skips the table (issue 15,

@@ -10,6 +10,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // session is one agent's Connect stream.
@@ -94,6 +95,8 @@ func (s *session) sendLoop() {
 		}
 		if st := msg.GetSettings(); st != nil {
 			st.TokenKeys = s.m.tokenKeys()
+			// As late as can be: the agent measures its clock against it.
+			st.MasterTime = timestamppb.Now()
 		}
 		s.sendMu.Lock()
 		if s.sendClosed {

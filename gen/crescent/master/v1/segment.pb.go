@@ -10,6 +10,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -1504,7 +1505,15 @@ type Settings struct {
 	// On Follow: this master stands by; no command follows on this stream.
 	Standby bool `protobuf:"varint,11,opt,name=standby,proto3" json:"standby,omitempty"`
 	// On Connect: the resume Register was accepted; the table was not needed.
-	Resumed       bool `protobuf:"varint,12,opt,name=resumed,proto3" json:"resumed,omitempty"`
+	Resumed bool `protobuf:"varint,12,opt,name=resumed,proto3" json:"resumed,omitempty"`
+	// The master's wall clock as it sent this Settings. Token expiries are
+	// the master's clock, so an agent checks them against its own clock
+	// moved by the difference it measures here (the network delay is in
+	// that difference, a few milliseconds the tokens' lifetime absorbs):
+	// an agent whose clock is off by more than a read lease (10 s) would
+	// otherwise find every read token expired, or accept one long after.
+	// Unset by a master that predates it: the agent then uses its own clock.
+	MasterTime    *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=master_time,json=masterTime,proto3" json:"master_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1614,6 +1623,13 @@ func (x *Settings) GetResumed() bool {
 		return x.Resumed
 	}
 	return false
+}
+
+func (x *Settings) GetMasterTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.MasterTime
+	}
+	return nil
 }
 
 // TokenKey is one data-plane token signing key.
@@ -2643,7 +2659,7 @@ var File_crescent_master_v1_segment_proto protoreflect.FileDescriptor
 
 const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\n" +
-	" crescent/master/v1/segment.proto\x12\x12crescent.master.v1\x1a\x1ecrescent/master/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\"\xf2\x01\n" +
+	" crescent/master/v1/segment.proto\x12\x12crescent.master.v1\x1a\x1ecrescent/master/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf2\x01\n" +
 	"\vSegmentInfo\x12\x1d\n" +
 	"\n" +
 	"segment_id\x18\x01 \x01(\tR\tsegmentId\x122\n" +
@@ -2744,7 +2760,7 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\x04seal\x18\x04 \x01(\v2\x1f.crescent.master.v1.SealRequestH\x00R\x04seal\x125\n" +
 	"\x04copy\x18\x05 \x01(\v2\x1f.crescent.master.v1.CopyRequestH\x00R\x04copy\x12G\n" +
 	"\rtable_request\x18\x06 \x01(\v2 .crescent.master.v1.TableRequestH\x00R\ftableRequestB\x05\n" +
-	"\x03msg\"\xc0\x04\n" +
+	"\x03msg\"\xfd\x04\n" +
 	"\bSettings\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12H\n" +
 	"\x12heartbeat_interval\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\x12>\n" +
@@ -2759,7 +2775,9 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"token_keys\x18\n" +
 	" \x03(\v2\x1c.crescent.master.v1.TokenKeyR\ttokenKeys\x12\x18\n" +
 	"\astandby\x18\v \x01(\bR\astandby\x12\x18\n" +
-	"\aresumed\x18\f \x01(\bR\aresumedJ\x04\b\x06\x10\aR\ttoken_key\",\n" +
+	"\aresumed\x18\f \x01(\bR\aresumed\x12;\n" +
+	"\vmaster_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"masterTimeJ\x04\b\x06\x10\aR\ttoken_key\",\n" +
 	"\bTokenKey\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\"S\n" +
@@ -2884,41 +2902,42 @@ func file_crescent_master_v1_segment_proto_rawDescGZIP() []byte {
 var file_crescent_master_v1_segment_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_crescent_master_v1_segment_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_crescent_master_v1_segment_proto_goTypes = []any{
-	(SegmentLifecycle)(0),       // 0: crescent.master.v1.SegmentLifecycle
-	(SegmentHealth)(0),          // 1: crescent.master.v1.SegmentHealth
-	(AllocationState)(0),        // 2: crescent.master.v1.AllocationState
-	(*SegmentInfo)(nil),         // 3: crescent.master.v1.SegmentInfo
-	(*Allocation)(nil),          // 4: crescent.master.v1.Allocation
-	(*ConnectRequest)(nil),      // 5: crescent.master.v1.ConnectRequest
-	(*SettingsApplied)(nil),     // 6: crescent.master.v1.SettingsApplied
-	(*Register)(nil),            // 7: crescent.master.v1.Register
-	(*TablePosition)(nil),       // 8: crescent.master.v1.TablePosition
-	(*TableDelta)(nil),          // 9: crescent.master.v1.TableDelta
-	(*TableRequest)(nil),        // 10: crescent.master.v1.TableRequest
-	(*RegisterChunk)(nil),       // 11: crescent.master.v1.RegisterChunk
-	(*Heartbeat)(nil),           // 12: crescent.master.v1.Heartbeat
-	(*SegmentsUpdate)(nil),      // 13: crescent.master.v1.SegmentsUpdate
-	(*Deregister)(nil),          // 14: crescent.master.v1.Deregister
-	(*ConnectResponse)(nil),     // 15: crescent.master.v1.ConnectResponse
-	(*Settings)(nil),            // 16: crescent.master.v1.Settings
-	(*TokenKey)(nil),            // 17: crescent.master.v1.TokenKey
-	(*AllocationRef)(nil),       // 18: crescent.master.v1.AllocationRef
-	(*ReserveRequest)(nil),      // 19: crescent.master.v1.ReserveRequest
-	(*ReserveItem)(nil),         // 20: crescent.master.v1.ReserveItem
-	(*ReserveResult)(nil),       // 21: crescent.master.v1.ReserveResult
-	(*ReserveItemResult)(nil),   // 22: crescent.master.v1.ReserveItemResult
-	(*ReleaseRequest)(nil),      // 23: crescent.master.v1.ReleaseRequest
-	(*ReleaseResult)(nil),       // 24: crescent.master.v1.ReleaseResult
-	(*SealRequest)(nil),         // 25: crescent.master.v1.SealRequest
-	(*SealItem)(nil),            // 26: crescent.master.v1.SealItem
-	(*SealResult)(nil),          // 27: crescent.master.v1.SealResult
-	(*CopyRequest)(nil),         // 28: crescent.master.v1.CopyRequest
-	(*CopyItem)(nil),            // 29: crescent.master.v1.CopyItem
-	(*CopyResult)(nil),          // 30: crescent.master.v1.CopyResult
-	(Medium)(0),                 // 31: crescent.master.v1.Medium
-	(*durationpb.Duration)(nil), // 32: google.protobuf.Duration
-	(*TraceContext)(nil),        // 33: crescent.master.v1.TraceContext
-	(*ItemStatus)(nil),          // 34: crescent.master.v1.ItemStatus
+	(SegmentLifecycle)(0),         // 0: crescent.master.v1.SegmentLifecycle
+	(SegmentHealth)(0),            // 1: crescent.master.v1.SegmentHealth
+	(AllocationState)(0),          // 2: crescent.master.v1.AllocationState
+	(*SegmentInfo)(nil),           // 3: crescent.master.v1.SegmentInfo
+	(*Allocation)(nil),            // 4: crescent.master.v1.Allocation
+	(*ConnectRequest)(nil),        // 5: crescent.master.v1.ConnectRequest
+	(*SettingsApplied)(nil),       // 6: crescent.master.v1.SettingsApplied
+	(*Register)(nil),              // 7: crescent.master.v1.Register
+	(*TablePosition)(nil),         // 8: crescent.master.v1.TablePosition
+	(*TableDelta)(nil),            // 9: crescent.master.v1.TableDelta
+	(*TableRequest)(nil),          // 10: crescent.master.v1.TableRequest
+	(*RegisterChunk)(nil),         // 11: crescent.master.v1.RegisterChunk
+	(*Heartbeat)(nil),             // 12: crescent.master.v1.Heartbeat
+	(*SegmentsUpdate)(nil),        // 13: crescent.master.v1.SegmentsUpdate
+	(*Deregister)(nil),            // 14: crescent.master.v1.Deregister
+	(*ConnectResponse)(nil),       // 15: crescent.master.v1.ConnectResponse
+	(*Settings)(nil),              // 16: crescent.master.v1.Settings
+	(*TokenKey)(nil),              // 17: crescent.master.v1.TokenKey
+	(*AllocationRef)(nil),         // 18: crescent.master.v1.AllocationRef
+	(*ReserveRequest)(nil),        // 19: crescent.master.v1.ReserveRequest
+	(*ReserveItem)(nil),           // 20: crescent.master.v1.ReserveItem
+	(*ReserveResult)(nil),         // 21: crescent.master.v1.ReserveResult
+	(*ReserveItemResult)(nil),     // 22: crescent.master.v1.ReserveItemResult
+	(*ReleaseRequest)(nil),        // 23: crescent.master.v1.ReleaseRequest
+	(*ReleaseResult)(nil),         // 24: crescent.master.v1.ReleaseResult
+	(*SealRequest)(nil),           // 25: crescent.master.v1.SealRequest
+	(*SealItem)(nil),              // 26: crescent.master.v1.SealItem
+	(*SealResult)(nil),            // 27: crescent.master.v1.SealResult
+	(*CopyRequest)(nil),           // 28: crescent.master.v1.CopyRequest
+	(*CopyItem)(nil),              // 29: crescent.master.v1.CopyItem
+	(*CopyResult)(nil),            // 30: crescent.master.v1.CopyResult
+	(Medium)(0),                   // 31: crescent.master.v1.Medium
+	(*durationpb.Duration)(nil),   // 32: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 33: google.protobuf.Timestamp
+	(*TraceContext)(nil),          // 34: crescent.master.v1.TraceContext
+	(*ItemStatus)(nil),            // 35: crescent.master.v1.ItemStatus
 }
 var file_crescent_master_v1_segment_proto_depIdxs = []int32{
 	31, // 0: crescent.master.v1.SegmentInfo.medium:type_name -> crescent.master.v1.Medium
@@ -2955,36 +2974,37 @@ var file_crescent_master_v1_segment_proto_depIdxs = []int32{
 	32, // 31: crescent.master.v1.Settings.reserved_grace:type_name -> google.protobuf.Duration
 	18, // 32: crescent.master.v1.Settings.release_allocations:type_name -> crescent.master.v1.AllocationRef
 	17, // 33: crescent.master.v1.Settings.token_keys:type_name -> crescent.master.v1.TokenKey
-	20, // 34: crescent.master.v1.ReserveRequest.items:type_name -> crescent.master.v1.ReserveItem
-	33, // 35: crescent.master.v1.ReserveRequest.trace_context:type_name -> crescent.master.v1.TraceContext
-	33, // 36: crescent.master.v1.ReserveRequest.trace_links:type_name -> crescent.master.v1.TraceContext
-	22, // 37: crescent.master.v1.ReserveResult.items:type_name -> crescent.master.v1.ReserveItemResult
-	34, // 38: crescent.master.v1.ReserveItemResult.status:type_name -> crescent.master.v1.ItemStatus
-	18, // 39: crescent.master.v1.ReleaseRequest.items:type_name -> crescent.master.v1.AllocationRef
-	33, // 40: crescent.master.v1.ReleaseRequest.trace_context:type_name -> crescent.master.v1.TraceContext
-	33, // 41: crescent.master.v1.ReleaseRequest.trace_links:type_name -> crescent.master.v1.TraceContext
-	34, // 42: crescent.master.v1.ReleaseResult.items:type_name -> crescent.master.v1.ItemStatus
-	26, // 43: crescent.master.v1.SealRequest.items:type_name -> crescent.master.v1.SealItem
-	33, // 44: crescent.master.v1.SealRequest.trace_context:type_name -> crescent.master.v1.TraceContext
-	33, // 45: crescent.master.v1.SealRequest.trace_links:type_name -> crescent.master.v1.TraceContext
-	34, // 46: crescent.master.v1.SealResult.items:type_name -> crescent.master.v1.ItemStatus
-	18, // 47: crescent.master.v1.CopyRequest.source:type_name -> crescent.master.v1.AllocationRef
-	18, // 48: crescent.master.v1.CopyRequest.target:type_name -> crescent.master.v1.AllocationRef
-	33, // 49: crescent.master.v1.CopyRequest.trace_context:type_name -> crescent.master.v1.TraceContext
-	29, // 50: crescent.master.v1.CopyRequest.items:type_name -> crescent.master.v1.CopyItem
-	18, // 51: crescent.master.v1.CopyItem.source:type_name -> crescent.master.v1.AllocationRef
-	18, // 52: crescent.master.v1.CopyItem.target:type_name -> crescent.master.v1.AllocationRef
-	34, // 53: crescent.master.v1.CopyResult.status:type_name -> crescent.master.v1.ItemStatus
-	34, // 54: crescent.master.v1.CopyResult.items:type_name -> crescent.master.v1.ItemStatus
-	5,  // 55: crescent.master.v1.SegmentService.Connect:input_type -> crescent.master.v1.ConnectRequest
-	5,  // 56: crescent.master.v1.SegmentService.Follow:input_type -> crescent.master.v1.ConnectRequest
-	15, // 57: crescent.master.v1.SegmentService.Connect:output_type -> crescent.master.v1.ConnectResponse
-	15, // 58: crescent.master.v1.SegmentService.Follow:output_type -> crescent.master.v1.ConnectResponse
-	57, // [57:59] is the sub-list for method output_type
-	55, // [55:57] is the sub-list for method input_type
-	55, // [55:55] is the sub-list for extension type_name
-	55, // [55:55] is the sub-list for extension extendee
-	0,  // [0:55] is the sub-list for field type_name
+	33, // 34: crescent.master.v1.Settings.master_time:type_name -> google.protobuf.Timestamp
+	20, // 35: crescent.master.v1.ReserveRequest.items:type_name -> crescent.master.v1.ReserveItem
+	34, // 36: crescent.master.v1.ReserveRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	34, // 37: crescent.master.v1.ReserveRequest.trace_links:type_name -> crescent.master.v1.TraceContext
+	22, // 38: crescent.master.v1.ReserveResult.items:type_name -> crescent.master.v1.ReserveItemResult
+	35, // 39: crescent.master.v1.ReserveItemResult.status:type_name -> crescent.master.v1.ItemStatus
+	18, // 40: crescent.master.v1.ReleaseRequest.items:type_name -> crescent.master.v1.AllocationRef
+	34, // 41: crescent.master.v1.ReleaseRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	34, // 42: crescent.master.v1.ReleaseRequest.trace_links:type_name -> crescent.master.v1.TraceContext
+	35, // 43: crescent.master.v1.ReleaseResult.items:type_name -> crescent.master.v1.ItemStatus
+	26, // 44: crescent.master.v1.SealRequest.items:type_name -> crescent.master.v1.SealItem
+	34, // 45: crescent.master.v1.SealRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	34, // 46: crescent.master.v1.SealRequest.trace_links:type_name -> crescent.master.v1.TraceContext
+	35, // 47: crescent.master.v1.SealResult.items:type_name -> crescent.master.v1.ItemStatus
+	18, // 48: crescent.master.v1.CopyRequest.source:type_name -> crescent.master.v1.AllocationRef
+	18, // 49: crescent.master.v1.CopyRequest.target:type_name -> crescent.master.v1.AllocationRef
+	34, // 50: crescent.master.v1.CopyRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	29, // 51: crescent.master.v1.CopyRequest.items:type_name -> crescent.master.v1.CopyItem
+	18, // 52: crescent.master.v1.CopyItem.source:type_name -> crescent.master.v1.AllocationRef
+	18, // 53: crescent.master.v1.CopyItem.target:type_name -> crescent.master.v1.AllocationRef
+	35, // 54: crescent.master.v1.CopyResult.status:type_name -> crescent.master.v1.ItemStatus
+	35, // 55: crescent.master.v1.CopyResult.items:type_name -> crescent.master.v1.ItemStatus
+	5,  // 56: crescent.master.v1.SegmentService.Connect:input_type -> crescent.master.v1.ConnectRequest
+	5,  // 57: crescent.master.v1.SegmentService.Follow:input_type -> crescent.master.v1.ConnectRequest
+	15, // 58: crescent.master.v1.SegmentService.Connect:output_type -> crescent.master.v1.ConnectResponse
+	15, // 59: crescent.master.v1.SegmentService.Follow:output_type -> crescent.master.v1.ConnectResponse
+	58, // [58:60] is the sub-list for method output_type
+	56, // [56:58] is the sub-list for method input_type
+	56, // [56:56] is the sub-list for extension type_name
+	56, // [56:56] is the sub-list for extension extendee
+	0,  // [0:56] is the sub-list for field type_name
 }
 
 func init() { file_crescent_master_v1_segment_proto_init() }

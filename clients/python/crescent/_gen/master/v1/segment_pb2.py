@@ -13,77 +13,78 @@ _sym_db = _symbol_database.Default()
 
 from crescent._gen.master.v1 import types_pb2 as crescent_dot_master_dot_v1_dot_types__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n crescent/master/v1/segment.proto\x12\x12\x63rescent.master.v1\x1a\x1e\x63rescent/master/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\"\xab\x01\n\x0bSegmentInfo\x12\x12\n\nsegment_id\x18\x01 \x01(\t\x12*\n\x06medium\x18\x02 \x01(\x0e\x32\x1a.crescent.master.v1.Medium\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\x04\x12\x0c\n\x04used\x18\x04 \x01(\x04\x12\x1b\n\x13largest_free_extent\x18\x05 \x01(\x04\x12\x11\n\talignment\x18\x06 \x01(\x04\x12\x0c\n\x04name\x18\x07 \x01(\t\"\xd0\x02\n\nAllocation\x12\x12\n\nsegment_id\x18\x01 \x01(\t\x12\x15\n\rallocation_id\x18\x02 \x01(\x04\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\x32\n\x05state\x18\x05 \x01(\x0e\x32#.crescent.master.v1.AllocationState\x12\x0e\n\x06tenant\x18\x06 \x01(\t\x12\x0b\n\x03key\x18\x07 \x01(\t\x12\x12\n\nreplica_id\x18\x08 \x01(\r\x12\x10\n\x08\x63hecksum\x18\t \x01(\x04\x12\x10\n\x08group_id\x18\n \x01(\t\x12\x10\n\x08hard_pin\x18\x0b \x01(\x08\x12\x1e\n\x16soft_pin_until_unix_ms\x18\x0c \x01(\x03\x12\x17\n\x0f\x63reated_unix_ms\x18\r \x01(\x03\x12\x16\n\x0esealed_unix_ms\x18\x0e \x01(\x03\x12\r\n\x05\x62lank\x18\x0f \x01(\x08\"\x8f\x05\n\x0e\x43onnectRequest\x12\x30\n\x08register\x18\x01 \x01(\x0b\x32\x1c.crescent.master.v1.RegisterH\x00\x12\x32\n\theartbeat\x18\x02 \x01(\x0b\x32\x1d.crescent.master.v1.HeartbeatH\x00\x12;\n\x0ereserve_result\x18\x03 \x01(\x0b\x32!.crescent.master.v1.ReserveResultH\x00\x12;\n\x0erelease_result\x18\x04 \x01(\x0b\x32!.crescent.master.v1.ReleaseResultH\x00\x12\x35\n\x0bseal_result\x18\x05 \x01(\x0b\x32\x1e.crescent.master.v1.SealResultH\x00\x12\x34\n\nderegister\x18\x06 \x01(\x0b\x32\x1e.crescent.master.v1.DeregisterH\x00\x12\x35\n\x0b\x63opy_result\x18\x07 \x01(\x0b\x32\x1e.crescent.master.v1.CopyResultH\x00\x12=\n\x0fsegments_update\x18\x08 \x01(\x0b\x32\".crescent.master.v1.SegmentsUpdateH\x00\x12;\n\x0eregister_chunk\x18\t \x01(\x0b\x32!.crescent.master.v1.RegisterChunkH\x00\x12\x35\n\x0btable_delta\x18\n \x01(\x0b\x32\x1e.crescent.master.v1.TableDeltaH\x00\x12?\n\x10settings_applied\x18\x0b \x01(\x0b\x32#.crescent.master.v1.SettingsAppliedH\x00\x42\x05\n\x03msg\"\'\n\x0fSettingsApplied\x12\x14\n\x0ctoken_key_id\x18\x01 \x01(\r\"\xfd\x02\n\x08Register\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0f\n\x07host_id\x18\x02 \x01(\t\x12\x15\n\rdata_endpoint\x18\x03 \x01(\t\x12\x31\n\x08segments\x18\x04 \x03(\x0b\x32\x1f.crescent.master.v1.SegmentInfo\x12\x33\n\x0b\x61llocations\x18\x05 \x03(\x0b\x32\x1e.crescent.master.v1.Allocation\x12\x13\n\x0bknown_epoch\x18\x06 \x01(\x04\x12\x18\n\x10graceful_unmount\x18\x07 \x01(\x08\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x19\n\x11transfer_endpoint\x18\t \x01(\t\x12\x0f\n\x07\x63hunked\x18\n \x01(\x08\x12\x18\n\x10\x61llocation_count\x18\x0b \x01(\x04\x12\x39\n\x0etable_position\x18\x0c \x01(\x0b\x32!.crescent.master.v1.TablePosition\x12\x0e\n\x06resume\x18\r \x01(\x08\"2\n\rTablePosition\x12\x10\n\x08instance\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\"\x95\x01\n\nTableDelta\x12\x14\n\x0c\x66rom_version\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12.\n\x06sealed\x18\x03 \x03(\x0b\x32\x1e.crescent.master.v1.Allocation\x12\x30\n\x08released\x18\x04 \x03(\x0b\x32\x1e.crescent.master.v1.Allocation\"\x1e\n\x0cTableRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"f\n\rRegisterChunk\x12\x33\n\x0b\x61llocations\x18\x01 \x03(\x0b\x32\x1e.crescent.master.v1.Allocation\x12\x0c\n\x04last\x18\x02 \x01(\x08\x12\x12\n\nsegment_id\x18\x03 \x01(\t\"K\n\tHeartbeat\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x31\n\x08segments\x18\x02 \x03(\x0b\x32\x1f.crescent.master.v1.SegmentInfo\"a\n\x0eSegmentsUpdate\x12\x30\n\x07mounted\x18\x01 \x03(\x0b\x32\x1f.crescent.master.v1.SegmentInfo\x12\x1d\n\x15unmounted_segment_ids\x18\x02 \x03(\t\"F\n\nDeregister\x12(\n\x05grace\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xd5\x02\n\x0f\x43onnectResponse\x12\x30\n\x08settings\x18\x01 \x01(\x0b\x32\x1c.crescent.master.v1.SettingsH\x00\x12\x35\n\x07reserve\x18\x02 \x01(\x0b\x32\".crescent.master.v1.ReserveRequestH\x00\x12\x35\n\x07release\x18\x03 \x01(\x0b\x32\".crescent.master.v1.ReleaseRequestH\x00\x12/\n\x04seal\x18\x04 \x01(\x0b\x32\x1f.crescent.master.v1.SealRequestH\x00\x12/\n\x04\x63opy\x18\x05 \x01(\x0b\x32\x1f.crescent.master.v1.CopyRequestH\x00\x12\x39\n\rtable_request\x18\x06 \x01(\x0b\x32 .crescent.master.v1.TableRequestH\x00\x42\x05\n\x03msg\"\xb4\x03\n\x08Settings\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x35\n\x12heartbeat_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x30\n\rsuspect_after\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x30\n\runmount_after\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0ereserved_grace\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0bleader_hint\x18\x07 \x01(\t\x12\x11\n\tmaster_id\x18\x08 \x01(\t\x12>\n\x13release_allocations\x18\t \x03(\x0b\x32!.crescent.master.v1.AllocationRef\x12\x30\n\ntoken_keys\x18\n \x03(\x0b\x32\x1c.crescent.master.v1.TokenKey\x12\x0f\n\x07standby\x18\x0b \x01(\x08\x12\x0f\n\x07resumed\x18\x0c \x01(\x08J\x04\x08\x06\x10\x07R\ttoken_key\"#\n\x08TokenKey\x12\n\n\x02id\x18\x01 \x01(\r\x12\x0b\n\x03key\x18\x02 \x01(\x0c\":\n\rAllocationRef\x12\x12\n\nsegment_id\x18\x01 \x01(\t\x12\x15\n\rallocation_id\x18\x02 \x01(\x04\"\xd3\x01\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12.\n\x05items\x18\x03 \x03(\x0b\x32\x1f.crescent.master.v1.ReserveItem\x12\x37\n\rtrace_context\x18\x04 \x01(\x0b\x32 .crescent.master.v1.TraceContext\x12\x35\n\x0btrace_links\x18\x05 \x03(\x0b\x32 .crescent.master.v1.TraceContext\"\xb3\x01\n\x0bReserveItem\x12\x12\n\nsegment_id\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x0b\n\x03key\x18\x04 \x01(\t\x12\x12\n\nreplica_id\x18\x05 \x01(\r\x12\x10\n\x08group_id\x18\x06 \x01(\t\x12\x10\n\x08hard_pin\x18\x07 \x01(\x08\x12\x1e\n\x16soft_pin_until_unix_ms\x18\x08 \x01(\x03\x12\r\n\x05\x62lank\x18\t \x01(\x08\"Y\n\rReserveResult\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x34\n\x05items\x18\x02 \x03(\x0b\x32%.crescent.master.v1.ReserveItemResult\"j\n\x11ReserveItemResult\x12.\n\x06status\x18\x01 \x01(\x0b\x32\x1e.crescent.master.v1.ItemStatus\x12\x15\n\rallocation_id\x18\x02 \x01(\x04\x12\x0e\n\x06offset\x18\x03 \x01(\x04\"\xd5\x01\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x30\n\x05items\x18\x03 \x03(\x0b\x32!.crescent.master.v1.AllocationRef\x12\x37\n\rtrace_context\x18\x04 \x01(\x0b\x32 .crescent.master.v1.TraceContext\x12\x35\n\x0btrace_links\x18\x05 \x03(\x0b\x32 .crescent.master.v1.TraceContext\"R\n\rReleaseResult\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12-\n\x05items\x18\x02 \x03(\x0b\x32\x1e.crescent.master.v1.ItemStatus\"\xcd\x01\n\x0bSealRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12+\n\x05items\x18\x03 \x03(\x0b\x32\x1c.crescent.master.v1.SealItem\x12\x37\n\rtrace_context\x18\x04 \x01(\x0b\x32 .crescent.master.v1.TraceContext\x12\x35\n\x0btrace_links\x18\x05 \x03(\x0b\x32 .crescent.master.v1.TraceContext\"g\n\x08SealItem\x12\x12\n\nsegment_id\x18\x01 \x01(\t\x12\x15\n\rallocation_id\x18\x02 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\x04\x12\x1e\n\x16soft_pin_until_unix_ms\x18\x04 \x01(\x03\"O\n\nSealResult\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12-\n\x05items\x18\x02 \x03(\x0b\x32\x1e.crescent.master.v1.ItemStatus\"\xab\x02\n\x0b\x43opyRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x31\n\x06source\x18\x03 \x01(\x0b\x32!.crescent.master.v1.AllocationRef\x12\x17\n\x0ftarget_endpoint\x18\x04 \x01(\t\x12\x31\n\x06target\x18\x05 \x01(\x0b\x32!.crescent.master.v1.AllocationRef\x12\x14\n\x0ctarget_token\x18\x06 \x01(\x0c\x12\x37\n\rtrace_context\x18\x07 \x01(\x0b\x32 .crescent.master.v1.TraceContext\x12+\n\x05items\x18\x08 \x03(\x0b\x32\x1c.crescent.master.v1.CopyItem\"\xc1\x01\n\x08\x43opyItem\x12\x31\n\x06source\x18\x01 \x01(\x0b\x32!.crescent.master.v1.AllocationRef\x12\x17\n\x0ftarget_endpoint\x18\x02 \x01(\t\x12 \n\x18target_transfer_endpoint\x18\x03 \x01(\t\x12\x31\n\x06target\x18\x04 \x01(\x0b\x32!.crescent.master.v1.AllocationRef\x12\x14\n\x0ctarget_token\x18\x05 \x01(\x0c\"\x7f\n\nCopyResult\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12.\n\x06status\x18\x02 \x01(\x0b\x32\x1e.crescent.master.v1.ItemStatus\x12-\n\x05items\x18\x03 \x03(\x0b\x32\x1e.crescent.master.v1.ItemStatus*\xfe\x01\n\x10SegmentLifecycle\x12!\n\x1dSEGMENT_LIFECYCLE_UNSPECIFIED\x10\x00\x12\x18\n\x14SEGMENT_LIFECYCLE_OK\x10\x01\x12\x1e\n\x1aSEGMENT_LIFECYCLE_DRAINING\x10\x02\x12\x1d\n\x19SEGMENT_LIFECYCLE_DRAINED\x10\x03\x12+\n\'SEGMENT_LIFECYCLE_GRACEFULLY_UNMOUNTING\x10\x04\x12 \n\x1cSEGMENT_LIFECYCLE_UNMOUNTING\x10\x05\x12\x1f\n\x1bSEGMENT_LIFECYCLE_UNMOUNTED\x10\x06*i\n\rSegmentHealth\x12\x1e\n\x1aSEGMENT_HEALTH_UNSPECIFIED\x10\x00\x12\x1a\n\x16SEGMENT_HEALTH_HEALTHY\x10\x01\x12\x1c\n\x18SEGMENT_HEALTH_SUSPECTED\x10\x02*o\n\x0f\x41llocationState\x12 \n\x1c\x41LLOCATION_STATE_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x41LLOCATION_STATE_RESERVED\x10\x01\x12\x1b\n\x17\x41LLOCATION_STATE_SEALED\x10\x02\x32\xbf\x01\n\x0eSegmentService\x12V\n\x07\x43onnect\x12\".crescent.master.v1.ConnectRequest\x1a#.crescent.master.v1.ConnectResponse(\x01\x30\x01\x12U\n\x06\x46ollow\x12\".crescent.master.v1.ConnectRequest\x1a#.crescent.master.v1.ConnectResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n crescent/master/v1/segment.proto\x12\x12\x63rescent.master.v1\x1a\x1e\x63rescent/master/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xab\x01\n\x0bSegmentInfo\x12\x12\n\nsegment_id\x18\x01 \x01(\t\x12*\n\x06medium\x18\x02 \x01(\x0e\x32\x1a.crescent.master.v1.Medium\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\x04\x12\x0c\n\x04used\x18\x04 \x01(\x04\x12\x1b\n\x13largest_free_extent\x18\x05 \x01(\x04\x12\x11\n\talignment\x18\x06 \x01(\x04\x12\x0c\n\x04name\x18\x07 \x01(\t\"\xd0\x02\n\nAllocation\x12\x12\n\nsegment_id\x18\x01 \x01(\t\x12\x15\n\rallocation_id\x18\x02 \x01(\x04\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\x32\n\x05state\x18\x05 \x01(\x0e\x32#.crescent.master.v1.AllocationState\x12\x0e\n\x06tenant\x18\x06 \x01(\t\x12\x0b\n\x03key\x18\x07 \x01(\t\x12\x12\n\nreplica_id\x18\x08 \x01(\r\x12\x10\n\x08\x63hecksum\x18\t \x01(\x04\x12\x10\n\x08group_id\x18\n \x01(\t\x12\x10\n\x08hard_pin\x18\x0b \x01(\x08\x12\x1e\n\x16soft_pin_until_unix_ms\x18\x0c \x01(\x03\x12\x17\n\x0f\x63reated_unix_ms\x18\r \x01(\x03\x12\x16\n\x0esealed_unix_ms\x18\x0e \x01(\x03\x12\r\n\x05\x62lank\x18\x0f \x01(\x08\"\x8f\x05\n\x0e\x43onnectRequest\x12\x30\n\x08register\x18\x01 \x01(\x0b\x32\x1c.crescent.master.v1.RegisterH\x00\x12\x32\n\theartbeat\x18\x02 \x01(\x0b\x32\x1d.crescent.master.v1.HeartbeatH\x00\x12;\n\x0ereserve_result\x18\x03 \x01(\x0b\x32!.crescent.master.v1.ReserveResultH\x00\x12;\n\x0erelease_result\x18\x04 \x01(\x0b\x32!.crescent.master.v1.ReleaseResultH\x00\x12\x35\n\x0bseal_result\x18\x05 \x01(\x0b\x32\x1e.crescent.master.v1.SealResultH\x00\x12\x34\n\nderegister\x18\x06 \x01(\x0b\x32\x1e.crescent.master.v1.DeregisterH\x00\x12\x35\n\x0b\x63opy_result\x18\x07 \x01(\x0b\x32\x1e.crescent.master.v1.CopyResultH\x00\x12=\n\x0fsegments_update\x18\x08 \x01(\x0b\x32\".crescent.master.v1.SegmentsUpdateH\x00\x12;\n\x0eregister_chunk\x18\t \x01(\x0b\x32!.crescent.master.v1.RegisterChunkH\x00\x12\x35\n\x0btable_delta\x18\n \x01(\x0b\x32\x1e.crescent.master.v1.TableDeltaH\x00\x12?\n\x10settings_applied\x18\x0b \x01(\x0b\x32#.crescent.master.v1.SettingsAppliedH\x00\x42\x05\n\x03msg\"\'\n\x0fSettingsApplied\x12\x14\n\x0ctoken_key_id\x18\x01 \x01(\r\"\xfd\x02\n\x08Register\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0f\n\x07host_id\x18\x02 \x01(\t\x12\x15\n\rdata_endpoint\x18\x03 \x01(\t\x12\x31\n\x08segments\x18\x04 \x03(\x0b\x32\x1f.crescent.master.v1.SegmentInfo\x12\x33\n\x0b\x61llocations\x18\x05 \x03(\x0b\x32\x1e.crescent.master.v1.Allocation\x12\x13\n\x0bknown_epoch\x18\x06 \x01(\x04\x12\x18\n\x10graceful_unmount\x18\x07 \x01(\x08\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x19\n\x11transfer_endpoint\x18\t \x01(\t\x12\x0f\n\x07\x63hunked\x18\n \x01(\x08\x12\x18\n\x10\x61llocation_count\x18\x0b \x01(\x04\x12\x39\n\x0etable_position\x18\x0c \x01(\x0b\x32!.crescent.master.v1.TablePosition\x12\x0e\n\x06resume\x18\r \x01(\x08\"2\n\rTablePosition\x12\x10\n\x08instance\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\"\x95\x01\n\nTableDelta\x12\x14\n\x0c\x66rom_version\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12.\n\x06sealed\x18\x03 \x03(\x0b\x32\x1e.crescent.master.v1.Allocation\x12\x30\n\x08released\x18\x04 \x03(\x0b\x32\x1e.crescent.master.v1.Allocation\"\x1e\n\x0cTableRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"f\n\rRegisterChunk\x12\x33\n\x0b\x61llocations\x18\x01 \x03(\x0b\x32\x1e.crescent.master.v1.Allocation\x12\x0c\n\x04last\x18\x02 \x01(\x08\x12\x12\n\nsegment_id\x18\x03 \x01(\t\"K\n\tHeartbeat\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x31\n\x08segments\x18\x02 \x03(\x0b\x32\x1f.crescent.master.v1.SegmentInfo\"a\n\x0eSegmentsUpdate\x12\x30\n\x07mounted\x18\x01 \x03(\x0b\x32\x1f.crescent.master.v1.SegmentInfo\x12\x1d\n\x15unmounted_segment_ids\x18\x02 \x03(\t\"F\n\nDeregister\x12(\n\x05grace\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xd5\x02\n\x0f\x43onnectResponse\x12\x30\n\x08settings\x18\x01 \x01(\x0b\x32\x1c.crescent.master.v1.SettingsH\x00\x12\x35\n\x07reserve\x18\x02 \x01(\x0b\x32\".crescent.master.v1.ReserveRequestH\x00\x12\x35\n\x07release\x18\x03 \x01(\x0b\x32\".crescent.master.v1.ReleaseRequestH\x00\x12/\n\x04seal\x18\x04 \x01(\x0b\x32\x1f.crescent.master.v1.SealRequestH\x00\x12/\n\x04\x63opy\x18\x05 \x01(\x0b\x32\x1f.crescent.master.v1.CopyRequestH\x00\x12\x39\n\rtable_request\x18\x06 \x01(\x0b\x32 .crescent.master.v1.TableRequestH\x00\x42\x05\n\x03msg\"\xe5\x03\n\x08Settings\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x35\n\x12heartbeat_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x30\n\rsuspect_after\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x30\n\runmount_after\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0ereserved_grace\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0bleader_hint\x18\x07 \x01(\t\x12\x11\n\tmaster_id\x18\x08 \x01(\t\x12>\n\x13release_allocations\x18\t \x03(\x0b\x32!.crescent.master.v1.AllocationRef\x12\x30\n\ntoken_keys\x18\n \x03(\x0b\x32\x1c.crescent.master.v1.TokenKey\x12\x0f\n\x07standby\x18\x0b \x01(\x08\x12\x0f\n\x07resumed\x18\x0c \x01(\x08\x12/\n\x0bmaster_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.TimestampJ\x04\x08\x06\x10\x07R\ttoken_key\"#\n\x08TokenKey\x12\n\n\x02id\x18\x01 \x01(\r\x12\x0b\n\x03key\x18\x02 \x01(\x0c\":\n\rAllocationRef\x12\x12\n\nsegment_id\x18\x01 \x01(\t\x12\x15\n\rallocation_id\x18\x02 \x01(\x04\"\xd3\x01\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12.\n\x05items\x18\x03 \x03(\x0b\x32\x1f.crescent.master.v1.ReserveItem\x12\x37\n\rtrace_context\x18\x04 \x01(\x0b\x32 .crescent.master.v1.TraceContext\x12\x35\n\x0btrace_links\x18\x05 \x03(\x0b\x32 .crescent.master.v1.TraceContext\"\xb3\x01\n\x0bReserveItem\x12\x12\n\nsegment_id\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x0b\n\x03key\x18\x04 \x01(\t\x12\x12\n\nreplica_id\x18\x05 \x01(\r\x12\x10\n\x08group_id\x18\x06 \x01(\t\x12\x10\n\x08hard_pin\x18\x07 \x01(\x08\x12\x1e\n\x16soft_pin_until_unix_ms\x18\x08 \x01(\x03\x12\r\n\x05\x62lank\x18\t \x01(\x08\"Y\n\rReserveResult\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x34\n\x05items\x18\x02 \x03(\x0b\x32%.crescent.master.v1.ReserveItemResult\"j\n\x11ReserveItemResult\x12.\n\x06status\x18\x01 \x01(\x0b\x32\x1e.crescent.master.v1.ItemStatus\x12\x15\n\rallocation_id\x18\x02 \x01(\x04\x12\x0e\n\x06offset\x18\x03 \x01(\x04\"\xd5\x01\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x30\n\x05items\x18\x03 \x03(\x0b\x32!.crescent.master.v1.AllocationRef\x12\x37\n\rtrace_context\x18\x04 \x01(\x0b\x32 .crescent.master.v1.TraceContext\x12\x35\n\x0btrace_links\x18\x05 \x03(\x0b\x32 .crescent.master.v1.TraceContext\"R\n\rReleaseResult\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12-\n\x05items\x18\x02 \x03(\x0b\x32\x1e.crescent.master.v1.ItemStatus\"\xcd\x01\n\x0bSealRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12+\n\x05items\x18\x03 \x03(\x0b\x32\x1c.crescent.master.v1.SealItem\x12\x37\n\rtrace_context\x18\x04 \x01(\x0b\x32 .crescent.master.v1.TraceContext\x12\x35\n\x0btrace_links\x18\x05 \x03(\x0b\x32 .crescent.master.v1.TraceContext\"g\n\x08SealItem\x12\x12\n\nsegment_id\x18\x01 \x01(\t\x12\x15\n\rallocation_id\x18\x02 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\x04\x12\x1e\n\x16soft_pin_until_unix_ms\x18\x04 \x01(\x03\"O\n\nSealResult\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12-\n\x05items\x18\x02 \x03(\x0b\x32\x1e.crescent.master.v1.ItemStatus\"\xab\x02\n\x0b\x43opyRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x31\n\x06source\x18\x03 \x01(\x0b\x32!.crescent.master.v1.AllocationRef\x12\x17\n\x0ftarget_endpoint\x18\x04 \x01(\t\x12\x31\n\x06target\x18\x05 \x01(\x0b\x32!.crescent.master.v1.AllocationRef\x12\x14\n\x0ctarget_token\x18\x06 \x01(\x0c\x12\x37\n\rtrace_context\x18\x07 \x01(\x0b\x32 .crescent.master.v1.TraceContext\x12+\n\x05items\x18\x08 \x03(\x0b\x32\x1c.crescent.master.v1.CopyItem\"\xc1\x01\n\x08\x43opyItem\x12\x31\n\x06source\x18\x01 \x01(\x0b\x32!.crescent.master.v1.AllocationRef\x12\x17\n\x0ftarget_endpoint\x18\x02 \x01(\t\x12 \n\x18target_transfer_endpoint\x18\x03 \x01(\t\x12\x31\n\x06target\x18\x04 \x01(\x0b\x32!.crescent.master.v1.AllocationRef\x12\x14\n\x0ctarget_token\x18\x05 \x01(\x0c\"\x7f\n\nCopyResult\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12.\n\x06status\x18\x02 \x01(\x0b\x32\x1e.crescent.master.v1.ItemStatus\x12-\n\x05items\x18\x03 \x03(\x0b\x32\x1e.crescent.master.v1.ItemStatus*\xfe\x01\n\x10SegmentLifecycle\x12!\n\x1dSEGMENT_LIFECYCLE_UNSPECIFIED\x10\x00\x12\x18\n\x14SEGMENT_LIFECYCLE_OK\x10\x01\x12\x1e\n\x1aSEGMENT_LIFECYCLE_DRAINING\x10\x02\x12\x1d\n\x19SEGMENT_LIFECYCLE_DRAINED\x10\x03\x12+\n\'SEGMENT_LIFECYCLE_GRACEFULLY_UNMOUNTING\x10\x04\x12 \n\x1cSEGMENT_LIFECYCLE_UNMOUNTING\x10\x05\x12\x1f\n\x1bSEGMENT_LIFECYCLE_UNMOUNTED\x10\x06*i\n\rSegmentHealth\x12\x1e\n\x1aSEGMENT_HEALTH_UNSPECIFIED\x10\x00\x12\x1a\n\x16SEGMENT_HEALTH_HEALTHY\x10\x01\x12\x1c\n\x18SEGMENT_HEALTH_SUSPECTED\x10\x02*o\n\x0f\x41llocationState\x12 \n\x1c\x41LLOCATION_STATE_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x41LLOCATION_STATE_RESERVED\x10\x01\x12\x1b\n\x17\x41LLOCATION_STATE_SEALED\x10\x02\x32\xbf\x01\n\x0eSegmentService\x12V\n\x07\x43onnect\x12\".crescent.master.v1.ConnectRequest\x1a#.crescent.master.v1.ConnectResponse(\x01\x30\x01\x12U\n\x06\x46ollow\x12\".crescent.master.v1.ConnectRequest\x1a#.crescent.master.v1.ConnectResponse(\x01\x30\x01\x62\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'crescent.master.v1.segment_pb2', globals())
 if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
-  _SEGMENTLIFECYCLE._serialized_start=5101
-  _SEGMENTLIFECYCLE._serialized_end=5355
-  _SEGMENTHEALTH._serialized_start=5357
-  _SEGMENTHEALTH._serialized_end=5462
-  _ALLOCATIONSTATE._serialized_start=5464
-  _ALLOCATIONSTATE._serialized_end=5575
-  _SEGMENTINFO._serialized_start=121
-  _SEGMENTINFO._serialized_end=292
-  _ALLOCATION._serialized_start=295
-  _ALLOCATION._serialized_end=631
-  _CONNECTREQUEST._serialized_start=634
-  _CONNECTREQUEST._serialized_end=1289
-  _SETTINGSAPPLIED._serialized_start=1291
-  _SETTINGSAPPLIED._serialized_end=1330
-  _REGISTER._serialized_start=1333
-  _REGISTER._serialized_end=1714
-  _TABLEPOSITION._serialized_start=1716
-  _TABLEPOSITION._serialized_end=1766
-  _TABLEDELTA._serialized_start=1769
-  _TABLEDELTA._serialized_end=1918
-  _TABLEREQUEST._serialized_start=1920
-  _TABLEREQUEST._serialized_end=1950
-  _REGISTERCHUNK._serialized_start=1952
-  _REGISTERCHUNK._serialized_end=2054
-  _HEARTBEAT._serialized_start=2056
-  _HEARTBEAT._serialized_end=2131
-  _SEGMENTSUPDATE._serialized_start=2133
-  _SEGMENTSUPDATE._serialized_end=2230
-  _DEREGISTER._serialized_start=2232
-  _DEREGISTER._serialized_end=2302
-  _CONNECTRESPONSE._serialized_start=2305
-  _CONNECTRESPONSE._serialized_end=2646
-  _SETTINGS._serialized_start=2649
-  _SETTINGS._serialized_end=3085
-  _TOKENKEY._serialized_start=3087
-  _TOKENKEY._serialized_end=3122
-  _ALLOCATIONREF._serialized_start=3124
-  _ALLOCATIONREF._serialized_end=3182
-  _RESERVEREQUEST._serialized_start=3185
-  _RESERVEREQUEST._serialized_end=3396
-  _RESERVEITEM._serialized_start=3399
-  _RESERVEITEM._serialized_end=3578
-  _RESERVERESULT._serialized_start=3580
-  _RESERVERESULT._serialized_end=3669
-  _RESERVEITEMRESULT._serialized_start=3671
-  _RESERVEITEMRESULT._serialized_end=3777
-  _RELEASEREQUEST._serialized_start=3780
-  _RELEASEREQUEST._serialized_end=3993
-  _RELEASERESULT._serialized_start=3995
-  _RELEASERESULT._serialized_end=4077
-  _SEALREQUEST._serialized_start=4080
-  _SEALREQUEST._serialized_end=4285
-  _SEALITEM._serialized_start=4287
-  _SEALITEM._serialized_end=4390
-  _SEALRESULT._serialized_start=4392
-  _SEALRESULT._serialized_end=4471
-  _COPYREQUEST._serialized_start=4474
-  _COPYREQUEST._serialized_end=4773
-  _COPYITEM._serialized_start=4776
-  _COPYITEM._serialized_end=4969
-  _COPYRESULT._serialized_start=4971
-  _COPYRESULT._serialized_end=5098
-  _SEGMENTSERVICE._serialized_start=5578
-  _SEGMENTSERVICE._serialized_end=5769
+  _SEGMENTLIFECYCLE._serialized_start=5183
+  _SEGMENTLIFECYCLE._serialized_end=5437
+  _SEGMENTHEALTH._serialized_start=5439
+  _SEGMENTHEALTH._serialized_end=5544
+  _ALLOCATIONSTATE._serialized_start=5546
+  _ALLOCATIONSTATE._serialized_end=5657
+  _SEGMENTINFO._serialized_start=154
+  _SEGMENTINFO._serialized_end=325
+  _ALLOCATION._serialized_start=328
+  _ALLOCATION._serialized_end=664
+  _CONNECTREQUEST._serialized_start=667
+  _CONNECTREQUEST._serialized_end=1322
+  _SETTINGSAPPLIED._serialized_start=1324
+  _SETTINGSAPPLIED._serialized_end=1363
+  _REGISTER._serialized_start=1366
+  _REGISTER._serialized_end=1747
+  _TABLEPOSITION._serialized_start=1749
+  _TABLEPOSITION._serialized_end=1799
+  _TABLEDELTA._serialized_start=1802
+  _TABLEDELTA._serialized_end=1951
+  _TABLEREQUEST._serialized_start=1953
+  _TABLEREQUEST._serialized_end=1983
+  _REGISTERCHUNK._serialized_start=1985
+  _REGISTERCHUNK._serialized_end=2087
+  _HEARTBEAT._serialized_start=2089
+  _HEARTBEAT._serialized_end=2164
+  _SEGMENTSUPDATE._serialized_start=2166
+  _SEGMENTSUPDATE._serialized_end=2263
+  _DEREGISTER._serialized_start=2265
+  _DEREGISTER._serialized_end=2335
+  _CONNECTRESPONSE._serialized_start=2338
+  _CONNECTRESPONSE._serialized_end=2679
+  _SETTINGS._serialized_start=2682
+  _SETTINGS._serialized_end=3167
+  _TOKENKEY._serialized_start=3169
+  _TOKENKEY._serialized_end=3204
+  _ALLOCATIONREF._serialized_start=3206
+  _ALLOCATIONREF._serialized_end=3264
+  _RESERVEREQUEST._serialized_start=3267
+  _RESERVEREQUEST._serialized_end=3478
+  _RESERVEITEM._serialized_start=3481
+  _RESERVEITEM._serialized_end=3660
+  _RESERVERESULT._serialized_start=3662
+  _RESERVERESULT._serialized_end=3751
+  _RESERVEITEMRESULT._serialized_start=3753
+  _RESERVEITEMRESULT._serialized_end=3859
+  _RELEASEREQUEST._serialized_start=3862
+  _RELEASEREQUEST._serialized_end=4075
+  _RELEASERESULT._serialized_start=4077
+  _RELEASERESULT._serialized_end=4159
+  _SEALREQUEST._serialized_start=4162
+  _SEALREQUEST._serialized_end=4367
+  _SEALITEM._serialized_start=4369
+  _SEALITEM._serialized_end=4472
+  _SEALRESULT._serialized_start=4474
+  _SEALRESULT._serialized_end=4553
+  _COPYREQUEST._serialized_start=4556
+  _COPYREQUEST._serialized_end=4855
+  _COPYITEM._serialized_start=4858
+  _COPYITEM._serialized_end=5051
+  _COPYRESULT._serialized_start=5053
+  _COPYRESULT._serialized_end=5180
+  _SEGMENTSERVICE._serialized_start=5660
+  _SEGMENTSERVICE._serialized_end=5851
 # @@protoc_insertion_point(module_scope)
