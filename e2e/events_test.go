@@ -23,8 +23,7 @@ import (
 // readable is the master's readable (tenant, key, medium) set, from
 // ChangeService.Snapshot (an admin's call).
 func (c *Cluster) readable(ctx context.Context) (map[kvevent.Key]bool, error) {
-	cl := c.AdminClient("default")
-	stream, err := cl.Changes().Snapshot(ctx, &masterv1.SnapshotRequest{})
+	stream, err := c.admin().Changes().Snapshot(ctx, &masterv1.SnapshotRequest{})
 	if err != nil {
 		return nil, err
 	}

@@ -286,6 +286,24 @@ type Cluster struct {
 	// adminHTTP reads admin ports (HTTPS with the admin's certificate in
 	// TLS mode).
 	adminHTTP *http.Client
+
+	// adminMu guards adminCl, the SDK client of the harness's own polls
+	// (Segments, readable): one, not one per poll. The master caps the
+	// connections of one address (--max-connections-per-ip, 1024), and a
+	// client per poll, each kept to the end of the test, passed it.
+	adminMu sync.Mutex
+	adminCl *client.Client
+}
+
+// admin is the harness's own admin client of tenant "default", made once
+// and closed at cleanup.
+func (c *Cluster) admin() *client.Client {
+	c.adminMu.Lock()
+	defer c.adminMu.Unlock()
+	if c.adminCl == nil {
+		c.adminCl = c.AdminClient("default")
+	}
+	return c.adminCl
 }
 
 // Options shape a test cluster.
@@ -648,7 +666,7 @@ func (c *Cluster) WaitLeader() *Proc {
 // Segments lists the master's segments.
 func (c *Cluster) Segments() []*masterv1.Segment {
 	c.t.Helper()
-	cl := c.AdminClient("default")
+	cl := c.admin()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	r, err := cl.Admin().ListSegments(ctx, &masterv1.ListSegmentsRequest{})
