@@ -260,7 +260,7 @@ class Conn:
 class Pool:
     """Connections to the agents' transfer listeners, pooled per endpoint."""
 
-    def __init__(self, max_idle: int = 16, dial_timeout: float = 5.0, io_timeout: float = 60.0, tls: ssl.SSLContext | None = None):
+    def __init__(self, max_idle: int = 16, dial_timeout: float = 5.0, io_timeout: float = 5.0, tls: ssl.SSLContext | None = None):
         self.max_idle = max_idle
         self.dial_timeout = dial_timeout
         self.io_timeout = io_timeout
@@ -308,6 +308,9 @@ class Pool:
             # polls before every recv and send (twice the system calls) and
             # cannot wait for a whole item (MSG_WAITALL). A timeout then
             # fails the call as an OSError (EAGAIN), like a broken link.
+            # The kernel's timeout bounds a wait for progress, not a whole
+            # item: a recv (MSG_WAITALL too) or send that moved some bytes
+            # when it ran out returns them, and the next call waits anew.
             sock.settimeout(None)
             tv = struct.pack("ll", int(self.io_timeout), int((self.io_timeout % 1) * 1e6))
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)

@@ -148,7 +148,12 @@ class Client:
     tls_ca (PEM bundle verifying the servers) and, for mutual TLS,
     tls_cert + tls_key; bearer_token (requires TLS) for a principal
     without a certificate, in which case bytes go through DataService (the
-    transfer listener knows callers by certificate only).
+    transfer listener knows callers by certificate only). io_timeout bounds
+    each wait on an agent's transfer socket for any progress (a send or
+    receive that moves nothing for that long fails the call
+    AGENT_UNAVAILABLE, and a get goes on to the next replica): an agent
+    that is stopped or hung keeps its connections open, so only this ends
+    a transfer to it. 5 s, as the Go SDK's StallTimeout.
     """
 
     def __init__(self, master: str, tenant: str = "default", *, client_id: str = "", host_id: str = "",
@@ -156,7 +161,7 @@ class Client:
                  bearer_token: str = "", disable_transfer: bool = False, max_concurrency: int = 16,
                  small_object: int = 256 << 10, chunk_size: int = 1 << 20, attempts: int = 3,
                  backoff: float = 0.05, failover_timeout: float = 15.0, timeout: float | None = None,
-                 io_timeout: float = 60.0):
+                 io_timeout: float = 5.0):
         addrs = split_masters(master)
         if not addrs:
             raise ValueError("a master address is required")
@@ -623,7 +628,13 @@ class Client:
             raise CrescentError("INTERNAL", f"master answered {len(rs)} results for {len(idx)} items")
         return [(i, r.status, r.replica_list) for i, r in zip(idx, rs)]
 
-    def _get_batch(self, keys, idx, outs, errs, into):
+    def _get_batch(self, keys, idx, outs, errs, into, refetch=True):
+        """Look keys[i], i in idx, up and read them into outs (errors into
+        errs). Items whose every replica failed are looked up and read once
+        more (refetch), as the Go SDK's getDirect does: a read that waited
+        long on an agent that stopped answering may find the other replicas'
+        tokens expired (their lease ran out meanwhile), and a fresh list
+        also leaves out an agent the master has since suspected."""
         idx = list(idx)
         try:
             pairs = self._lookup(keys, idx)
@@ -713,6 +724,13 @@ class Client:
         # Fall back, per item, to the remaining replicas.
         if retry:
             self._run([lambda rd=rd, e=e: self._read_any_item(keys, rd, rd[2][1:], outs, errs, e) for rd, e in retry])
+        if refetch:
+            again = [i for i, st, _ in pairs if not (st is not None and st.code) and errs[i] is not None and outs[i] is None
+                     and errs[i].reason not in ("BUFFER_TOO_SMALL", "REPLICA_IS_NOT_READY")]
+            if again:
+                for i in again:
+                    errs[i] = None
+                self._get_batch(keys, again, outs, errs, into, refetch=False)
 
     def _read_any_item(self, keys, rd, reps, outs, errs, first=None):
         i, rl, _, dst, _ = rd

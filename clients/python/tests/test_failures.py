@@ -289,3 +289,40 @@ def test_mutual_tls(cluster_factory):
     assert plain.setup(c.master, "tls-tenant", attempts=1, timeout=3.0) == OK
     assert plain.put("k", b"v") < 0
     plain.close()
+
+
+def test_frozen_agent(cluster_factory, tenant):
+    """SIGSTOP one agent: its kernel keeps the connections open and moves
+    nothing, so only io_timeout ends a transfer to it (it was 60 s, as long
+    as a stopped agent could hold a get). A get of an object with a replica
+    elsewhere reads that one after it (looking it up again once: the first
+    list's tokens may have expired meanwhile); one only on the frozen agent
+    fails. The first get goes out at once, before the master suspects the
+    agent (600 ms)."""
+    import signal
+    import time
+
+    c = cluster_factory(gateway=False)
+    s = DistributedStore()
+    # host-a: the agent with a transfer listener; its replicas are read first.
+    assert s.setup(c.master, tenant, local_hostname="host-a") == OK
+    seg = {x.host_id: x.info.segment_id for x in c.segments()}
+    cfg = ReplicateConfig()
+    cfg.preferred_segment = seg["host-a"]
+    only = os.urandom(5000)
+    assert s.put("only/host-a", only, cfg) == OK
+    both = os.urandom(300 << 10)
+    assert s.put("both", both, ReplicateConfig(replica_num=2)) == OK
+    frozen = next(a for a in c.agents if a.host_id == "host-a")
+    os.kill(frozen.p.pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        assert s.get("both") == both, s.last_error
+        buf = bytearray(5000)
+        code = s.get_into("only/host-a", buf, 5000)
+        took = time.monotonic() - start
+        # The fixture's master unmounts a silent agent's segments after 3 s.
+        assert code in (ErrorCode.TRANSFER_FAIL, ErrorCode.REPLICA_IS_NOT_READY, ErrorCode.OBJECT_NOT_FOUND), s.last_error
+        assert took < 15, f"two gets with agent host-a frozen took {took:.1f}s (io_timeout 5 s)"
+    finally:
+        os.kill(frozen.p.pid, signal.SIGCONT)
