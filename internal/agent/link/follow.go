@@ -105,6 +105,9 @@ func (l *Link) follow(ctx context.Context, addr string, conns *masterlist.Conns)
 		case errors.Is(rpcerr.FromStatus(err), errMasterIsLeader):
 			delay = jitterDown(l.cfg.FollowRetry)
 			if established {
+				// Elected while followed: the session goes to it now,
+				// not when its session with the old leader fails.
+				l.noteElected(addr)
 				l.lg.Info("followed master is the leader now; asking again later", "master", addr, "retry_in", delay)
 			} else {
 				l.lg.Debug("master is the leader; asking again later", "master", addr, "retry_in", delay)

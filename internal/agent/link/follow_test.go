@@ -318,3 +318,28 @@ func TestDeltaBounds(t *testing.T) {
 		t.Fatalf("delta of one large change: version %d, want %d", d.GetVersion(), v)
 	}
 }
+
+// TestFollowedStandbyElected: a followed standby that ends its follow
+// stream with MASTER_IS_LEADER was elected. The link leaves its session
+// with the old leader at once and connects to the standby, instead of
+// waiting for that session to fail: a leader that froze (SIGSTOP) kept it
+// open until keepalive gave up, 15 s, and the new leader waits for this
+// agent before it serves (make run-ha: puts came back 15.1 s after the
+// freeze).
+func TestFollowedStandbyElected(t *testing.T) {
+	h := followHarness(t, harnessOpts{}) // its session with the leader is up
+	sb := h.standbys[0]
+	fs := h.follow(sb)
+	fs.send <- standbySettings()
+	sealedAlloc(t, h.mem, "after", []byte("x"))
+	fs.next(t) // its delta: the follow stream is established
+	fs.drop <- errMasterLeader()
+	select {
+	case s := <-sb.sessions:
+		if !s.reg.GetResume() {
+			t.Errorf("the Connect to the elected standby does not resume (the standby holds the table): %v", s.reg)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the link did not connect to the elected standby within 5 s; its session with the old leader is still open")
+	}
+}

@@ -35,6 +35,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/masterlist"
 	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/server"
 	"github.com/crescent-kv/crescent/internal/xfer"
 	"golang.org/x/sync/semaphore"
@@ -81,6 +82,10 @@ type Link struct {
 	epoch   atomic.Uint64 // highest master epoch accepted
 	resGrce atomic.Int64  // reserved grace, ns
 	graceCh chan struct{} // wakes the sweeper when the reserved grace changes
+	// elected carries the address of a followed standby that ended its
+	// follow stream because it was elected (follow.go): the session loop
+	// leaves its session with another master for it at once.
+	elected chan string
 
 	// pool holds the Copy connections to other agents' bulk transfer
 	// listeners; copyBudget bounds the Copy bytes in flight.
@@ -107,6 +112,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Link, error) {
 		return nil, fmt.Errorf("link config: %w", err)
 	}
 	l := &Link{cfg: cfg, deps: deps, lg: lg, now: deps.Now, masters: masters, conns: map[string]*grpc.ClientConn{}, graceCh: make(chan struct{}, 1),
+		elected:    make(chan string, 1),
 		pool:       xfer.NewPool(xfer.Config{MaxIdlePerEndpoint: cfg.CopyConnsPerPeer, TLS: deps.CopyTLS}),
 		copyBudget: semaphore.NewWeighted(int64(cfg.CopyMaxBytes))}
 	l.master.Store(&masters[0])
@@ -232,7 +238,7 @@ func (l *Link) Run(ctx context.Context) error {
 		established := false
 		began := l.now()
 		if err == nil {
-			established, err = l.session(work, masterv1.NewSegmentServiceClient(cc), sh)
+			established, err = l.sessionUntilElected(work, addr, masterv1.NewSegmentServiceClient(cc), sh)
 		}
 		l.setState(StateDisconnected)
 		if sh.over(time.Now()) || work.Err() != nil {
@@ -274,6 +280,69 @@ func (l *Link) Run(ctx context.Context) error {
 			// once so the master hears of the graceful unmount.
 			stopC = nil
 			t.Stop()
+		}
+	}
+}
+
+// sessionUntilElected runs a session with the master at addr until it
+// ends, or until a followed standby reports that it was elected: then the
+// session is left at once, and its error is a NOT_LEADER naming that
+// standby, so the loop connects to it next. A leader that froze (stopped,
+// hung, paused) keeps the session open until keepalive gives up on it
+// (KeepaliveTime + KeepaliveTimeout, 15 s by default), and the new leader
+// waits for this agent's registration before it serves: the follow
+// stream's end is the earlier sign.
+func (l *Link) sessionUntilElected(work context.Context, addr string, client masterv1.SegmentServiceClient, sh *shutdown) (bool, error) {
+	ctx, cancel := context.WithCancelCause(work)
+	defer cancel(nil)
+	// An election reported between sessions is for this one.
+	select {
+	case e := <-l.elected:
+		if e != addr {
+			return false, rpcerr.NotLeader(e)
+		}
+	default:
+	}
+	var moved atomic.Pointer[string]
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case e := <-l.elected:
+				if e == addr {
+					continue // the session is with it already
+				}
+				moved.Store(&e)
+				l.lg.Info("a followed standby was elected; leaving the session with the old leader", "master", addr, "leader", e)
+				cancel(errors.New("a followed standby was elected"))
+				return
+			case <-stop:
+				return
+			}
+		}
+	})
+	established, err := l.session(ctx, client, sh)
+	close(stop)
+	wg.Wait()
+	if e := moved.Load(); e != nil && work.Err() == nil {
+		return established, rpcerr.NotLeader(*e)
+	}
+	return established, err
+}
+
+// noteElected reports that the followed master at addr was elected; a
+// report not yet taken is replaced.
+func (l *Link) noteElected(addr string) {
+	for {
+		select {
+		case l.elected <- addr:
+			return
+		default:
+		}
+		select {
+		case <-l.elected:
+		default:
 		}
 	}
 }
