@@ -315,14 +315,8 @@ func (p *Pool) run(ctx context.Context, endpoint string, fn func(*conn) error) e
 // saw an error after sending, or a cancellation, is closed.
 func (p *Pool) do(ctx context.Context, c *conn, fn func(*conn) error) error {
 	c.dirty, c.answered = false, false
-	c.limit, _ = ctx.Deadline() // zero: no deadline
-	c.stall = p.cfg.StallTimeout
-	c.interrupted.Store(false)
+	stop := c.dl.Begin(ctx, c.nc, p.cfg.StallTimeout)
 	c.step()
-	stop := context.AfterFunc(ctx, func() {
-		c.interrupted.Store(true) // before the deadline: step sees one or the other
-		_ = c.nc.SetDeadline(aLongTimeAgo)
-	})
 	err := fn(c)
 	interrupted := !stop()
 	p.put(c, (err == nil || !c.dirty) && !interrupted)

@@ -7,7 +7,6 @@ import (
 	"io"
 	"math"
 	"net"
-	"sync/atomic"
 	"time"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
@@ -30,15 +29,10 @@ type conn struct {
 	// Per call.
 	dirty    bool // bytes were sent: an error now leaves the stream unframed
 	answered bool // the first byte of a response arrived
-	// limit is the call's deadline (zero: none), stall the pool's
-	// StallTimeout, left how many payload bytes may still move under the
-	// current step's deadline (step).
-	limit time.Time
-	stall time.Duration
-	left  int
-	// interrupted is set when the call's context ends, before its past
-	// deadline is set on the socket: a step then keeps that deadline.
-	interrupted atomic.Bool
+	// dl sets the call's deadline a step at a time; left is how many
+	// payload bytes may still move under the current step's (step).
+	dl   Deadlines
+	left int
 	// trace is the call's trace context, nil when it is not traced: the
 	// header then holds not one byte more.
 	trace *agentv1.TraceContext
@@ -49,16 +43,7 @@ type conn struct {
 // the stall bound is off), and stallStep more payload bytes may move
 // under it.
 func (c *conn) step() {
-	d := c.limit
-	if c.stall > 0 {
-		if s := time.Now().Add(c.stall); d.IsZero() || s.Before(d) {
-			d = s
-		}
-	}
-	_ = c.nc.SetDeadline(d)
-	if c.interrupted.Load() {
-		_ = c.nc.SetDeadline(aLongTimeAgo)
-	}
+	c.dl.Step()
 	c.left = stallStep
 }
 
@@ -112,13 +97,7 @@ func (c *conn) writeFrame(hdr []byte, payload [][]byte) error {
 		c.left -= n
 		return WriteFrame(c.nc, hdr, payload)
 	}
-	bufs := make(net.Buffers, 0, 1+len(payload))
-	bufs = append(bufs, hdr)
-	for _, p := range payload {
-		if len(p) > 0 {
-			bufs = append(bufs, p)
-		}
-	}
+	bufs := frameBuffers(hdr, payload)
 	var piece net.Buffers
 	for len(bufs) > 0 {
 		room := c.room()

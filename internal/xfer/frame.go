@@ -69,6 +69,13 @@ func WriteFrame(w io.Writer, hdr []byte, payload [][]byte) error {
 		_, err := w.Write(hdr)
 		return err
 	}
+	bufs := frameBuffers(hdr, payload)
+	_, err := bufs.WriteTo(w)
+	return err
+}
+
+// frameBuffers are a frame's header and its non-empty payload buffers.
+func frameBuffers(hdr []byte, payload [][]byte) net.Buffers {
 	bufs := make(net.Buffers, 0, 1+len(payload))
 	bufs = append(bufs, hdr)
 	for _, p := range payload {
@@ -76,8 +83,7 @@ func WriteFrame(w io.Writer, hdr []byte, payload [][]byte) error {
 			bufs = append(bufs, p)
 		}
 	}
-	_, err := bufs.WriteTo(w)
-	return err
+	return bufs
 }
 
 // ReadFrame reads one frame header from r into m, using buf as scratch

@@ -150,12 +150,8 @@ type conn struct {
 	wbuf []byte
 	rbuf []byte
 	offs []uint64
-
-	// Per call: its deadline (zero: none), and whether its context ended
-	// (set before the past deadline that unblocks the socket: a wait's
-	// deadline, set by wait, then keeps it).
-	limit       time.Time
-	interrupted atomic.Bool
+	// dl sets each wait's deadline within a call (Client.wait).
+	dl xfer.Deadlines
 }
 
 // New returns a client of the socket at cfg.Path; it does no I/O.
@@ -521,12 +517,7 @@ func (c *Client) run(ctx context.Context, items []*agentv1.TransferItem, bufs []
 		}
 		return err
 	}
-	cn.limit, _ = ctx.Deadline()
-	cn.interrupted.Store(false)
-	stop := context.AfterFunc(ctx, func() {
-		cn.interrupted.Store(true)
-		_ = cn.uc.SetDeadline(time.Unix(1, 0))
-	})
+	stop := cn.dl.Begin(ctx, cn.uc, c.cfg.StallTimeout)
 	for lo := 0; lo < len(items) && err == nil; lo += xfer.MaxItems {
 		hi := min(lo+xfer.MaxItems, len(items))
 		err = fn(cn, items[lo:hi], bufs[lo:hi], lo)
@@ -549,21 +540,6 @@ func (c *Client) run(ctx context.Context, items []*agentv1.TransferItem, bufs []
 	return err
 }
 
-// wait sets cn's deadline for one wait on the agent: StallTimeout from now,
-// or the call's deadline when sooner (or alone, with the bound off).
-func (c *Client) wait(cn *conn) {
-	d := cn.limit
-	if c.cfg.StallTimeout > 0 {
-		if s := time.Now().Add(c.cfg.StallTimeout); d.IsZero() || s.Before(d) {
-			d = s
-		}
-	}
-	_ = cn.uc.SetDeadline(d)
-	if cn.interrupted.Load() {
-		_ = cn.uc.SetDeadline(time.Unix(1, 0))
-	}
-}
-
 // request sends a request and reads its grant.
 func (c *Client) request(cn *conn, op agentv1.TransferOp, items []*agentv1.TransferItem) (*agentv1.TransferResponse, error) {
 	b, err := xfer.AppendFrame(cn.wbuf[:0], &agentv1.TransferRequest{Op: op, Items: items})
@@ -571,7 +547,7 @@ func (c *Client) request(cn *conn, op agentv1.TransferOp, items []*agentv1.Trans
 		return nil, err
 	}
 	cn.wbuf = b
-	c.wait(cn)
+	cn.dl.Step() // StallTimeout for the agent's answer
 	if _, err := cn.uc.Write(b); err != nil {
 		return nil, unavailable(c.cfg.Path, err)
 	}
@@ -662,7 +638,7 @@ func (c *Client) write(cn *conn, items []*agentv1.TransferItem, src [][]byte, re
 		return unavailable(c.cfg.Path, err)
 	}
 	done := &agentv1.TransferResponse{}
-	c.wait(cn)
+	cn.dl.Step() // StallTimeout for the agent's answer
 	cn.rbuf, err = ReadDone(cn.br, cn.rbuf, done, len(items))
 	switch {
 	case errors.Is(err, xfer.ErrProtocol):
