@@ -303,7 +303,6 @@ func (l *Link) sessionUntilElected(work context.Context, addr string, client mas
 		}
 	default:
 	}
-	var moved atomic.Pointer[string]
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -313,9 +312,8 @@ func (l *Link) sessionUntilElected(work context.Context, addr string, client mas
 				if e == addr {
 					continue // the session is with it already
 				}
-				moved.Store(&e)
 				l.lg.Info("a followed standby was elected; leaving the session with the old leader", "master", addr, "leader", e)
-				cancel(errors.New("a followed standby was elected"))
+				cancel(rpcerr.NotLeader(e))
 				return
 			case <-stop:
 				return
@@ -325,8 +323,8 @@ func (l *Link) sessionUntilElected(work context.Context, addr string, client mas
 	established, err := l.session(ctx, client, sh)
 	close(stop)
 	wg.Wait()
-	if e := moved.Load(); e != nil && work.Err() == nil {
-		return established, rpcerr.NotLeader(*e)
+	if _, moved := rpcerr.LeaderHint(context.Cause(ctx)); moved && work.Err() == nil {
+		return established, context.Cause(ctx)
 	}
 	return established, err
 }
