@@ -49,10 +49,15 @@ func (c *masterClock) Now() time.Time { return c.local().Add(time.Duration(c.off
 // observe measures the difference from the master's clock at a Settings;
 // one from a master that sends no time changes nothing.
 func (c *masterClock) observe(st *masterv1.Settings) {
-	if st.GetMasterTime() == nil {
+	mt := st.GetMasterTime()
+	if mt == nil {
 		return
 	}
-	off := st.GetMasterTime().AsTime().Sub(c.local())
+	if err := mt.CheckValid(); err != nil {
+		c.lg.Warn("the master sent a time that is not one; the clock's offset is unchanged", "err", err)
+		return
+	}
+	off := mt.AsTime().Sub(c.local())
 	c.gauge.Set(off.Seconds())
 	if off.Abs() < clockSlack {
 		off = 0

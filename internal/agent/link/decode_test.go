@@ -3,6 +3,7 @@ package link
 import (
 	"strconv"
 	"testing"
+	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpccodec"
@@ -10,6 +11,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 const testSeg = "0b0e7a52-6d1c-4c1e-9a8e-3f1f2d0c9b11"
@@ -90,7 +92,8 @@ func seedMessages(t testing.TB) [][]byte {
 	release := &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Release{Release: &masterv1.ReleaseRequest{RequestId: 9, Items: []*masterv1.AllocationRef{
 		{SegmentId: testSeg, AllocationId: 5}, {AllocationId: 6}, {SegmentId: "y"},
 	}}}}
-	settings := &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Settings{Settings: &masterv1.Settings{Epoch: 4, HeartbeatInterval: durationpb.New(1), TokenKeys: []*masterv1.TokenKey{{Id: 1, Key: []byte("k")}}}}}
+	settings := &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Settings{Settings: &masterv1.Settings{Epoch: 4, HeartbeatInterval: durationpb.New(1), TokenKeys: []*masterv1.TokenKey{{Id: 1, Key: []byte("k")}},
+		MasterTime: timestamppb.New(time.Unix(1796000000, 5))}}}
 	empty := &masterv1.ConnectResponse{Msg: &masterv1.ConnectResponse_Seal{Seal: &masterv1.SealRequest{}}}
 	var seeds [][]byte
 	for _, m := range []proto.Message{reserveMsg(3), seal, release, settings, empty, &masterv1.ConnectResponse{}} {
