@@ -21,7 +21,6 @@
 package server
 
 import (
-	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -179,8 +178,13 @@ func New(cfg Config, lg *slog.Logger, reg *prometheus.Registry, opts ...grpc.Ser
 		creds = &Credentials{Security: DefaultSecurity()}
 	}
 	if creds.MaxConns <= 0 || creds.MaxConnsPerIP <= 0 {
-		c := *creds
-		c.MaxConns, c.MaxConnsPerIP = cmp.Or(max(c.MaxConns, 0), DefaultMaxConns), cmp.Or(max(c.MaxConnsPerIP, 0), DefaultMaxConnsPerIP)
+		c := *creds // the caller's stays as given
+		if c.MaxConns <= 0 {
+			c.MaxConns = DefaultMaxConns
+		}
+		if c.MaxConnsPerIP <= 0 {
+			c.MaxConnsPerIP = DefaultMaxConnsPerIP
+		}
 		creds = &c
 	}
 	authz, authzErr := auth.NewAuthorizer(auth.Options{
