@@ -99,8 +99,8 @@ func DefaultConfig() Config {
 		MaxInFlight:      16,
 		SendQueue:        256,
 		ReservedGrace:    60 * time.Second,
-		KeepaliveTime:    10 * time.Second,
-		KeepaliveTimeout: 5 * time.Second,
+		KeepaliveTime:    masterlist.KeepaliveTime, // as every client of the masters
+		KeepaliveTimeout: masterlist.KeepaliveTimeout,
 		CopyChunk:        1 << 20,
 		CopyPeers:        8,
 		CopyConnsPerPeer: 2,
