@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"github.com/crescent-kv/crescent/internal/master/mastertest"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,6 +27,26 @@ func startRealMaster(t *testing.T, addr string) *realMaster {
 
 func startStandby(t *testing.T, leader string) (string, func()) {
 	return mastertest.StartStandby(t, leader)
+}
+
+// serveFake serves a fake master of epoch holding keys of tenant "t" and
+// group "g" (in memory; "key:disk" on disk) until stop or the test's end.
+func serveFake(t *testing.T, epoch uint64, keys ...string) (m *fakemaster.Master, addr string, stop func()) {
+	t.Helper()
+	m = fakemaster.New(epoch)
+	for _, k := range keys {
+		medium := masterv1.Medium_MEDIUM_MEMORY
+		if key, ok := strings.CutSuffix(k, ":disk"); ok {
+			k, medium = key, masterv1.Medium_MEDIUM_DISK
+		}
+		m.Put("t", k, medium, "g")
+	}
+	addr, stop, err := fakemaster.Serve(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return m, addr, stop
 }
 
 // runFollowing starts a source following list with the gateway's defaults.
@@ -98,22 +119,8 @@ func TestFollowLeader(t *testing.T) {
 // master (a new epoch with a different readable set) and publishes exactly
 // the difference.
 func TestFailoverPublishesDifference(t *testing.T) {
-	old := fakemaster.New(1)
-	old.Put("t", "a", masterv1.Medium_MEDIUM_MEMORY, "g")
-	old.Put("t", "b", masterv1.Medium_MEDIUM_MEMORY, "g")
-	oldAddr, stopOld, err := fakemaster.Serve(old)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stopOld)
-	next := fakemaster.New(2)
-	next.Put("t", "b", masterv1.Medium_MEDIUM_MEMORY, "g")
-	next.Put("t", "c", masterv1.Medium_MEDIUM_DISK, "g")
-	nextAddr, stopNext, err := fakemaster.Serve(next)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stopNext)
+	_, oldAddr, stopOld := serveFake(t, 1, "a", "b")
+	next, nextAddr, _ := serveFake(t, 2, "b", "c:disk")
 	standby, _ := startStandby(t, oldAddr)
 
 	snk := newSink()
@@ -164,20 +171,8 @@ func sameEvents(got, want []kvevent.Event) bool {
 // it for ever: in a make run-ha session with the leader SIGSTOPped, puts
 // the new leader acknowledged never reached the subscribers.
 func TestFrozenLeader(t *testing.T) {
-	old := fakemaster.New(1)
-	old.Put("t", "a", masterv1.Medium_MEDIUM_MEMORY, "g")
-	oldAddr, stopOld, err := fakemaster.Serve(old)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stopOld)
-	next := fakemaster.New(2)
-	next.Put("t", "b", masterv1.Medium_MEDIUM_MEMORY, "g")
-	nextAddr, stopNext, err := fakemaster.Serve(next)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stopNext)
+	_, oldAddr, _ := serveFake(t, 1, "a")
+	_, nextAddr, _ := serveFake(t, 2, "b")
 	frozen := etcdtest.NewProxy(t, oldAddr)
 
 	snk := newSink()
