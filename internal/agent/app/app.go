@@ -312,11 +312,19 @@ func (a *Agent) mount(ctx context.Context) (*segment.Set, error) {
 			return fail(err)
 		}
 		segs = append(segs, s)
+		s.SetLogger(a.lg.With("segment_id", s.ID()))
 		if !rec.Existing {
 			a.lg.Info("disk segment created", "segment_id", s.ID(), "dir", a.cfg.DiskDir, "size", a.cfg.DiskSize.String())
 			return segment.NewSet(segs...), nil
 		}
-		a.lg.Info("disk segment reopened", "segment_id", s.ID(), "dir", a.cfg.DiskDir, "sealed", rec.Sealed, "truncated_journal_bytes", rec.TruncatedBytes, "rehashed_xxhash64", rec.Rehashed, "rehash_mismatched", rec.Mismatched)
+		level := slog.LevelInfo
+		if rec.TruncatedBytes > 0 {
+			// A torn tail is a crash in the middle of an append, whose
+			// seal was never acknowledged; anything more is damage, and
+			// the records after it are gone: say so either way.
+			level = slog.LevelWarn
+		}
+		a.lg.Log(ctx, level, "disk segment reopened", "segment_id", s.ID(), "dir", a.cfg.DiskDir, "sealed", rec.Sealed, "truncated_journal_bytes", rec.TruncatedBytes, "rehashed_xxhash64", rec.Rehashed, "rehash_mismatched", rec.Mismatched)
 		// Before registering: the master must never learn of (and clients
 		// never be sent to) an allocation whose bytes went bad while the
 		// agent was down.

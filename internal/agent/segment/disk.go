@@ -148,10 +148,15 @@ func OpenDisk(dir string, size uint64) (*Segment, Recovery, error) {
 		_ = df.Close()
 		return nil, Recovery{}, fmt.Errorf("disk segment %s: data file shorter than the segment capacity %d", dir, hdr.capacity)
 	}
-	jf, err := os.OpenFile(jpath, os.O_RDWR|os.O_APPEND, 0)
-	if err == nil && rec.TruncatedBytes > 0 {
-		if err = jf.Truncate(int64(headerLen + valid)); err == nil {
-			err = jf.Sync()
+	var jf journalFile
+	jsize := int64(headerLen + valid)
+	of, err := os.OpenFile(jpath, os.O_RDWR|os.O_APPEND, 0)
+	if err == nil {
+		jf = wrapJournalFile(osJournalFile{of})
+		if rec.TruncatedBytes > 0 {
+			if err = jf.Truncate(jsize); err == nil {
+				err = jf.Sync()
+			}
 		}
 	}
 	if err != nil {
@@ -181,16 +186,16 @@ func OpenDisk(dir string, size uint64) (*Segment, Recovery, error) {
 			e.checksum = sum
 		}
 		hdr.flags |= flagXXH3
-		nf, err := writeJournal(dir, hdr, limit, entries)
+		nf, nsize, err := writeJournal(dir, hdr, limit, entries)
 		_ = jf.Close()
 		if err != nil {
 			_ = df.Close()
 			return nil, Recovery{}, fmt.Errorf("disk segment %s: rewrite journal: %w", dir, err)
 		}
-		jf, records = nf, 1+len(entries)
+		jf, jsize, records = nf, nsize, 1+len(entries)
 	}
 	s := newSegment(hdr.id.String(), dir, masterv1.Medium_MEDIUM_DISK, &disk{f: df}, a)
-	s.jrn = &journal{dir: dir, hdr: hdr, path: jpath, f: jf, records: records, idLimit: limit, slack: compactSlack}
+	s.jrn = &journal{dir: dir, hdr: hdr, path: jpath, f: jf, size: jsize, records: records, idLimit: limit, slack: compactSlack}
 	s.nextID = max(limit, 1)
 	for i, e := range entries {
 		e.ext = exts[i]
@@ -220,13 +225,13 @@ func createDisk(dir string, size uint64) (*Segment, error) {
 	}
 	hdr := journalHeader{id: uuid.New(), capacity: a.Capacity(), alignment: alloc.DiskAlignment, flags: flagXXH3}
 	// The journal is written last: a directory without one is not a segment.
-	jf, err := writeJournal(dir, hdr, 1, nil)
+	jf, jsize, err := writeJournal(dir, hdr, 1, nil)
 	if err != nil {
 		_ = df.Close()
 		return nil, fmt.Errorf("disk segment %s: journal: %w", dir, err)
 	}
 	s := newSegment(hdr.id.String(), dir, masterv1.Medium_MEDIUM_DISK, &disk{f: df}, a)
-	s.jrn = &journal{dir: dir, hdr: hdr, path: filepath.Join(dir, journalName), f: jf, records: 1, idLimit: 1, slack: compactSlack}
+	s.jrn = &journal{dir: dir, hdr: hdr, path: filepath.Join(dir, journalName), f: jf, size: jsize, records: 1, idLimit: 1, slack: compactSlack}
 	return s, nil
 }
 

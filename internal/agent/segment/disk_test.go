@@ -270,7 +270,7 @@ func TestDiskRehashesOldJournal(t *testing.T) {
 		entries = append(entries, e)
 	}
 	hdr.flags = 0
-	f, err := writeJournal(dir, hdr, limit, entries)
+	f, _, err := writeJournal(dir, hdr, limit, entries)
 	if err != nil {
 		t.Fatal(err)
 	}

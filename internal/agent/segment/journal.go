@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
 )
@@ -36,6 +39,13 @@ import (
 // short or fails its CRC (a write torn by a crash); the file is truncated
 // there. When dead records outnumber live ones the journal is rewritten to a
 // temporary file, synced, and renamed over the old one.
+//
+// Since replay drops every record after a bad one, no record is ever
+// appended after one that may be bad: a write that fails part way (a full
+// filesystem) is cut off again before the next, and a journal that could
+// not be cut off, or whose fdatasync failed, is rewritten whole from the
+// table before anything more is appended to it. Otherwise the seals
+// acknowledged after a moment of ENOSPC would be lost at the next restart.
 const (
 	journalMagic   = "CRSJRNL1"
 	headerLen      = 8 + 16 + 8 + 8 + 4 + 4
@@ -240,84 +250,228 @@ type journal struct {
 	hdr  journalHeader
 	path string
 
-	// mu guards f, records and idLimit. Taken under Segment.mu.
+	// mu guards every field below. Taken under Segment.mu.
 	mu      sync.Mutex
-	f       *os.File
+	f       journalFile
+	size    int64 // bytes of whole records (and the header) in f
 	records int
 	idLimit uint64
 	// slack is how many dead records are tolerated beyond the live ones.
 	slack int
+
+	// err is the last write or sync failure (ENOSPC, EIO), nil again once
+	// a write and its sync go through. While it is set, Reserve refuses
+	// for journalRetry after each failed attempt, so the master places
+	// puts on another segment instead of sending bytes that cannot be
+	// sealed (Segment.journalReadyLocked).
+	err error
+	// torn says f may hold a partial record, or pages the kernel failed
+	// to write back: replay stops at the first bad record and drops every
+	// one after it, so nothing may be appended until the journal has been
+	// rewritten from the table (compact). A failed write whose partial
+	// record could be cut off again (truncate) does not tear it.
+	torn bool
+	// retryAt is when, failing, the next attempt may be made (unix ms).
+	retryAt int64
+	// failures counts write and sync failures, for the metrics.
+	failures uint64
+	// lg, when set, hears of failures and recoveries (a line each).
+	lg *slog.Logger
 }
 
-func (j *journal) append(b []byte) error {
-	j.mu.Lock()
-	defer j.mu.Unlock()
+// journalRetry is how long a failed journal refuses new reservations
+// before it is tried again.
+const journalRetry = time.Second
+
+// journalFile is the journal's open file: os.File, or a test's wrapper
+// that fails like a full disk.
+type journalFile interface {
+	Write(b []byte) (int, error)
+	Truncate(size int64) error
+	// Sync is fdatasync.
+	Sync() error
+	Close() error
+}
+
+// osJournalFile is a journal file on the filesystem.
+type osJournalFile struct{ *os.File }
+
+func (f osJournalFile) Sync() error { return fdatasync(f.File) }
+
+// wrapJournalFile is applied to every journal file opened; tests replace it
+// to inject failures.
+var wrapJournalFile = func(f journalFile) journalFile { return f }
+
+// unavailable is the error of an operation refused or failed because the
+// journal cannot be written: the segment cannot take objects now, so the
+// master's placement skips it (SEGMENT_UNAVAILABLE).
+func (j *journal) unavailable(err error) error {
+	return rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE, err, "disk segment journal %s", j.path)
+}
+
+// failLocked records a write or sync failure.
+func (j *journal) failLocked(err error, torn bool, nowMs int64) error {
+	if j.err == nil && j.lg != nil {
+		j.lg.Warn("disk segment journal cannot be written; the segment takes no new objects until it can",
+			"journal", j.path, "err", err, "torn", torn || j.torn)
+	}
+	j.err, j.torn = err, j.torn || torn
+	j.retryAt = nowMs + journalRetry.Milliseconds()
+	j.failures++
+	return j.unavailable(err)
+}
+
+// recoveredLocked clears a failure after a write and sync went through.
+func (j *journal) recoveredLocked() {
+	if j.err != nil && j.lg != nil {
+		j.lg.Info("disk segment journal writable again", "journal", j.path, "after", j.err)
+	}
+	j.err, j.torn = nil, false
+}
+
+// writeLocked appends b. A failed write is cut off again, so the file
+// ends with whole records; when even that fails the journal is torn.
+func (j *journal) writeLocked(b []byte, nowMs int64) error {
 	if j.f == nil {
 		return os.ErrClosed
 	}
-	if _, err := j.f.Write(b); err != nil {
-		return err
+	if j.torn {
+		return j.unavailable(j.err)
 	}
+	n, err := j.f.Write(b)
+	if err != nil {
+		torn := false
+		if n > 0 {
+			torn = j.f.Truncate(j.size) != nil
+		}
+		return j.failLocked(err, torn, nowMs)
+	}
+	j.size += int64(n)
 	j.records++
 	return nil
 }
 
-func (j *journal) appendSeal(e *entry) error     { return j.append(encodeSeal(e)) }
-func (j *journal) appendRelease(id uint64) error { return j.append(encodeU64(recRelease, id)) }
+func (j *journal) append(b []byte, nowMs int64) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.writeLocked(b, nowMs)
+}
+
+func (j *journal) appendSeal(e *entry, nowMs int64) error {
+	return j.append(encodeSeal(e), nowMs)
+}
+
+func (j *journal) appendRelease(id uint64, nowMs int64) error {
+	return j.append(encodeU64(recRelease, id), nowMs)
+}
 
 // ensureID durably raises the id high-water mark past id when needed.
-func (j *journal) ensureID(id uint64) error {
+func (j *journal) ensureID(id uint64, nowMs int64) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if id < j.idLimit {
 		return nil
 	}
-	if j.f == nil {
-		return os.ErrClosed
-	}
 	limit := id + idBlock
-	if _, err := j.f.Write(encodeU64(recIDLimit, limit)); err != nil {
+	if err := j.writeLocked(encodeU64(recIDLimit, limit), nowMs); err != nil {
 		return err
 	}
-	if err := fdatasync(j.f); err != nil {
-		return err
+	if err := j.f.Sync(); err != nil {
+		return j.failLocked(err, true, nowMs)
 	}
-	j.records++
 	j.idLimit = limit
 	return nil
 }
 
-func (j *journal) sync() error {
+// sync makes the appended records durable. A failed fdatasync may have
+// lost pages anywhere in what was appended since the last one, so the
+// journal is torn until rewritten. (Only a probe or a rewrite ends a
+// failure: a sync that follows a failed append proves nothing.)
+func (j *journal) sync(nowMs int64) error {
 	j.mu.Lock()
 	f := j.f
 	j.mu.Unlock()
 	if f == nil {
 		return os.ErrClosed
 	}
-	return fdatasync(f)
+	err := f.Sync()
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.f != f {
+		// Rewritten meanwhile: the new file was synced whole.
+		return nil
+	}
+	if err != nil {
+		return j.failLocked(err, true, nowMs)
+	}
+	return nil
+}
+
+// probe tries the journal again after a failure: a torn one is rewritten
+// from sealed (the table's sealed entries, the truth the journal lost
+// track of); another gets an id limit record it already holds, synced.
+// Refused until the failure's retry time.
+func (j *journal) probe(sealed func() []*entry, nextID uint64, nowMs int64) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	switch {
+	case j.err == nil:
+		return nil
+	case j.f == nil:
+		return os.ErrClosed
+	case nowMs < j.retryAt:
+		return j.unavailable(j.err)
+	case j.torn:
+		return j.compactLocked(sealed(), nextID, nowMs)
+	}
+	if err := j.writeLocked(encodeU64(recIDLimit, j.idLimit), nowMs); err != nil {
+		return err
+	}
+	if err := j.f.Sync(); err != nil {
+		return j.failLocked(err, true, nowMs)
+	}
+	j.recoveredLocked()
+	return nil
 }
 
 func (j *journal) needsCompaction(live int) bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return j.records > 2*live+j.slack
+	return j.err == nil && j.records > 2*live+j.slack
 }
 
 // compact rewrites the journal with only the live sealed entries.
-func (j *journal) compact(sealed []*entry, nextID uint64) error {
+func (j *journal) compact(sealed []*entry, nextID uint64, nowMs int64) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	return j.compactLocked(sealed, nextID, nowMs)
+}
+
+func (j *journal) compactLocked(sealed []*entry, nextID uint64, nowMs int64) error {
 	if j.f == nil {
 		return os.ErrClosed
 	}
 	limit := max(j.idLimit, nextID)
-	f, err := writeJournal(j.dir, j.hdr, limit, sealed)
+	f, size, err := writeJournal(j.dir, j.hdr, limit, sealed)
 	if err != nil {
+		if j.err != nil {
+			// A failing journal stays failing; a healthy one keeps its
+			// file (a compaction is an optimisation).
+			return j.failLocked(err, false, nowMs)
+		}
 		return err
 	}
 	_ = j.f.Close()
-	j.f, j.records, j.idLimit = f, 1+len(sealed), limit
+	j.f, j.size, j.records, j.idLimit = f, size, 1+len(sealed), limit
+	j.recoveredLocked()
 	return nil
+}
+
+// stats returns the failures so far and whether the journal is failing.
+func (j *journal) stats() (failures uint64, failing bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.failures, j.err != nil
 }
 
 func (j *journal) close() error {
@@ -333,35 +487,48 @@ func (j *journal) close() error {
 
 // writeJournal writes a fresh journal (header, id limit, seals) to a
 // temporary file, syncs it, renames it into place, syncs the directory, and
-// returns it open for appending.
-func writeJournal(dir string, hdr journalHeader, limit uint64, sealed []*entry) (*os.File, error) {
+// returns it open for appending, with its size. On failure the temporary
+// file is removed (it may hold most of a journal's size, on a full disk).
+func writeJournal(dir string, hdr journalHeader, limit uint64, sealed []*entry) (journalFile, int64, error) {
 	tmp := filepath.Join(dir, journalName+".tmp")
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, err
-	}
+	final := filepath.Join(dir, journalName)
 	buf := hdr.encode()
 	buf = append(buf, encodeU64(recIDLimit, limit)...)
 	for _, e := range sealed {
 		buf = append(buf, encodeSeal(e)...)
 	}
-	if _, err := f.Write(buf); err != nil {
-		_ = f.Close()
-		return nil, err
+	err := func() error {
+		of, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+		if err != nil {
+			return err
+		}
+		f := wrapJournalFile(osJournalFile{of})
+		if _, err := f.Write(buf); err != nil {
+			_ = f.Close()
+			return err
+		}
+		if err := f.Sync(); err != nil {
+			_ = f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, final); err != nil {
+			return err
+		}
+		return syncDir(dir)
+	}()
+	if err != nil {
+		_ = os.Remove(tmp)
+		return nil, 0, err
 	}
-	if err := f.Sync(); err != nil {
-		_ = f.Close()
-		return nil, err
+	// Opened again by its final name, so its errors name the journal.
+	of, err := os.OpenFile(final, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return nil, 0, err
 	}
-	if err := os.Rename(tmp, filepath.Join(dir, journalName)); err != nil {
-		_ = f.Close()
-		return nil, err
-	}
-	if err := syncDir(dir); err != nil {
-		_ = f.Close()
-		return nil, err
-	}
-	return f, nil
+	return wrapJournalFile(osJournalFile{of}), int64(len(buf)), nil
 }
 
 func fdatasync(f *os.File) error {

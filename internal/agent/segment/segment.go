@@ -21,6 +21,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -163,6 +164,27 @@ func (s *Segment) SetFeed(f *Feed) {
 	s.mu.Unlock()
 }
 
+// SetLogger makes a disk segment log the failures of its journal (a full
+// filesystem, an I/O error) and its recovery from them, a line each.
+func (s *Segment) SetLogger(lg *slog.Logger) {
+	if s.jrn == nil {
+		return
+	}
+	s.jrn.mu.Lock()
+	s.jrn.lg = lg
+	s.jrn.mu.Unlock()
+}
+
+// JournalStats returns a disk segment's journal write and sync failures so
+// far and whether it is failing now; ok is false for a memory segment.
+func (s *Segment) JournalStats() (failures uint64, failing, ok bool) {
+	if s.jrn == nil {
+		return 0, false, false
+	}
+	failures, failing = s.jrn.stats()
+	return failures, failing, true
+}
+
 // Info describes the segment with its current usage.
 func (s *Segment) Info() *masterv1.SegmentInfo {
 	s.mu.Lock()
@@ -295,6 +317,9 @@ func (s *Segment) reserveLocked(it *masterv1.ReserveItem, nowMs int64, epoch uin
 	if s.closed {
 		return nil, errClosed
 	}
+	if err := s.journalReadyLocked(nowMs); err != nil {
+		return nil, err
+	}
 	// An empty object still gets one aligned unit so it has an identity.
 	ext, err := s.alloc.Allocate(max(it.GetSize(), 1))
 	if err != nil {
@@ -305,7 +330,7 @@ func (s *Segment) reserveLocked(it *masterv1.ReserveItem, nowMs int64, epoch uin
 		}
 		return nil, rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, err, "reserve %d bytes", it.GetSize())
 	}
-	if err := s.takeIDLocked(); err != nil {
+	if err := s.takeIDLocked(nowMs); err != nil {
 		_ = s.alloc.Free(ext)
 		return nil, err
 	}
@@ -330,11 +355,26 @@ func (s *Segment) reserveLocked(it *masterv1.ReserveItem, nowMs int64, epoch uin
 // takeIDLocked makes sure s.nextID may be handed out: disk segments journal
 // a high-water mark ahead of use so ids are never reused across restarts
 // (a master may still name a RESERVED allocation that a restart dropped).
-func (s *Segment) takeIDLocked() error {
+func (s *Segment) takeIDLocked(nowMs int64) error {
 	if s.jrn == nil {
 		return nil
 	}
-	return s.jrn.ensureID(s.nextID)
+	return s.jrn.ensureID(s.nextID, nowMs)
+}
+
+// journalReadyLocked answers whether a disk segment's journal may be
+// written: at once when its last write went through; after a failure
+// (a full filesystem, an I/O error), SEGMENT_UNAVAILABLE until the
+// failure's retry time (journalRetry), and then once the journal has been
+// tried again and taken a write (a torn one rewritten from the table).
+// Reserve asks first, so a segment that cannot seal takes no puts: the
+// master places them elsewhere rather than send bytes the seal would
+// refuse. Memory segments are always ready.
+func (s *Segment) journalReadyLocked(nowMs int64) error {
+	if s.jrn == nil {
+		return nil
+	}
+	return s.jrn.probe(s.sealedLocked, s.nextID, nowMs)
 }
 
 // Release frees an allocation. Unknown ids are a no-op. Bytes being read or
@@ -352,8 +392,13 @@ func (s *Segment) Release(id uint64) error {
 	if s.jrn != nil && e.state == masterv1.AllocationState_ALLOCATION_STATE_SEALED {
 		// Journal the release before the extent can be reused, so a later
 		// seal of the same extent always follows it in the journal.
-		if err := s.jrn.appendRelease(id); err != nil {
-			return rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, err, "journal release of %d", id)
+		nowMs := time.Now().UnixMilli()
+		err := s.journalReadyLocked(nowMs)
+		if err == nil {
+			err = s.jrn.appendRelease(id, nowMs)
+		}
+		if err != nil {
+			return fmt.Errorf("journal release of %d: %w", id, err)
 		}
 	}
 	s.table.del(id)
@@ -446,12 +491,22 @@ func (s *Segment) Seal(args []SealArg, now time.Time) []error {
 	}
 
 	s.mu.Lock()
+	var jrnErr error
+	appended := false // a seal record went into the journal
+	if anyOK && durErr == nil {
+		jrnErr = s.journalReadyLocked(now.UnixMilli())
+	}
 	for k, j := range jobs {
 		e := j.e
 		e.sealing = false
+		if ok[k] && durErr == nil && jrnErr != nil {
+			errs[j.i] = fmt.Errorf("journal seal of %d: %w", e.id, jrnErr)
+			s.freeIfIdleLocked(e)
+			continue
+		}
 		if !ok[k] || durErr != nil {
 			if ok[k] {
-				errs[j.i] = rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, durErr, "sync segment data")
+				errs[j.i] = rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE, durErr, "sync segment data")
 			}
 			s.freeIfIdleLocked(e)
 			continue
@@ -470,12 +525,14 @@ func (s *Segment) Seal(args []SealArg, now time.Time) []error {
 			e.softPin = p
 		}
 		if s.jrn != nil {
-			if err := s.jrn.appendSeal(e); err != nil {
+			if err := s.jrn.appendSeal(e, now.UnixMilli()); err == nil {
+				appended = true
+			} else {
 				e.state = masterv1.AllocationState_ALLOCATION_STATE_RESERVED
 				s.sealedN--
 				s.resQ = append(s.resQ, queued{e.id, e.created}) // out of order: expires no sooner
 				e.checksum, e.sealed = 0, 0
-				errs[j.i] = rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, err, "journal seal of %d", e.id)
+				errs[j.i] = fmt.Errorf("journal seal of %d: %w", e.id, err)
 			}
 		}
 	}
@@ -488,15 +545,15 @@ func (s *Segment) Seal(args []SealArg, now time.Time) []error {
 		}
 	}
 	s.mu.Unlock()
-	if anyOK && s.jrn != nil && durErr == nil {
-		if err := s.jrn.sync(); err != nil {
+	if appended {
+		if err := s.jrn.sync(now.UnixMilli()); err != nil {
 			for k, j := range jobs {
 				if ok[k] && errs[j.i] == nil {
-					errs[j.i] = rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, err, "sync journal")
+					errs[j.i] = fmt.Errorf("sync journal: %w", err)
 				}
 			}
 		}
-		s.maybeCompact()
+		s.maybeCompact(now.UnixMilli())
 	}
 	return errs
 }
@@ -551,17 +608,17 @@ func (s *Segment) SyncJournal() error {
 	if s.jrn == nil {
 		return nil
 	}
-	return s.jrn.sync()
+	return s.jrn.sync(time.Now().UnixMilli())
 }
 
-func (s *Segment) maybeCompact() {
+func (s *Segment) maybeCompact(nowMs int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed || !s.jrn.needsCompaction(s.table.len()) {
 		return
 	}
 	// Best effort: a failed compaction leaves the old journal in place.
-	_ = s.jrn.compact(s.sealedLocked(), s.nextID)
+	_ = s.jrn.compact(s.sealedLocked(), s.nextID, nowMs)
 }
 
 func (s *Segment) sealedLocked() []*entry {

@@ -200,7 +200,10 @@ func (s *Segment) dropCorrupt(bad []*entry) error {
 			continue // released meanwhile
 		}
 		if s.jrn != nil && jerr == nil {
-			jerr = s.jrn.appendRelease(e.id)
+			nowMs := time.Now().UnixMilli()
+			if jerr = s.journalReadyLocked(nowMs); jerr == nil {
+				jerr = s.jrn.appendRelease(e.id, nowMs)
+			}
 		}
 		// Dropped even when the journal failed: these bytes are never
 		// served by this process; a restart verifies them again.
@@ -217,7 +220,7 @@ func (s *Segment) dropCorrupt(bad []*entry) error {
 	}
 	s.mu.Unlock()
 	if jerr == nil && s.jrn != nil {
-		jerr = s.jrn.sync()
+		jerr = s.jrn.sync(time.Now().UnixMilli())
 	}
 	if jerr != nil {
 		return fmt.Errorf("verify segment %s: journal the release of corrupt allocations: %w", s.id, jerr)
