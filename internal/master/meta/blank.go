@@ -343,6 +343,25 @@ func (s *Store) releaseBlanksOf(ctx context.Context, medium masterv1.Medium) {
 	s.releaseBlanksAt(ctx, per)
 }
 
+// dropBlanksOfUnsealable gives back the blanks of the segments (indices,
+// by agent) whose agent answered a seal SEGMENT_UNAVAILABLE: a disk
+// segment whose journal cannot be written (a full filesystem, an I/O
+// error). The puts its blanks went to would fail the same way; without
+// them the next PutStarts reserve, which such a segment refuses until it
+// can seal again, and are placed elsewhere.
+func (s *Store) dropBlanksOfUnsealable(ctx context.Context, segs map[string][]uint32) {
+	per := map[string][]*masterv1.AllocationRef{}
+	for agent, idxs := range segs {
+		for _, idx := range idxs {
+			e := s.segs.get(idx)
+			for _, id := range e.emptyBlanks() {
+				per[agent] = append(per[agent], &masterv1.AllocationRef{SegmentId: e.id, AllocationId: id})
+			}
+		}
+	}
+	s.releaseBlanksAt(ctx, per)
+}
+
 // emptyBlanks drops every pool of the segment and returns the ids of the
 // blanks they held: releaseBlanksOf releases them; a registration of the
 // segment's agent (BeginReconcile) and Promote only forget them. A refill

@@ -11,6 +11,7 @@ import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"github.com/crescent-kv/crescent/internal/master/meta/metatest"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/token"
 )
 
@@ -106,6 +107,39 @@ func TestBlankSkipsReserve(t *testing.T) {
 		t.Fatalf("%d blanks left, want 3", n)
 	}
 	checkInvariants(t, e, f)
+}
+
+// TestBlankDroppedWhenSegmentCannotSeal: an agent that answers a seal
+// SEGMENT_UNAVAILABLE (its disk journal cannot be written) would fail every
+// put its segment's blanks go to, so the master gives those blanks back:
+// the next put of the size reserves, which such a segment refuses.
+func TestBlankDroppedWhenSegmentCannotSeal(t *testing.T) {
+	e := newBlankEnv(t)
+	ctx := context.Background()
+	e.warmBlanks(t, blankTestSize)
+	if n, _ := e.s.BlankStats(); n != 4 {
+		t.Fatalf("%d blanks after warming, want 4", n)
+	}
+	e.c.Agents.FailSeal = func(*masterv1.SealItem) error {
+		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE, "disk segment journal: no space left on device")
+	}
+	descs, err := e.s.PutStart(ctx, PutSpec{Key: "k", Size: blankTestSize, ClientID: "w"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.writeAs(t, descs)
+	if err := e.s.PutEnd(ctx, PutEndSpec{Key: "k", ClientID: "w", Checksum: 7}); rpcerr.Reason(err) != "SEGMENT_UNAVAILABLE" {
+		t.Fatalf("PutEnd = %v, want SEGMENT_UNAVAILABLE", err)
+	}
+	if n, _ := e.s.BlankStats(); n != 0 {
+		t.Fatalf("%d blanks left on a segment that cannot seal, want none", n)
+	}
+	for ref, al := range e.c.Agents.Live() {
+		if al.Blank {
+			t.Fatalf("blank %v still reserved at the agent", ref)
+		}
+	}
+	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
 }
 
 // TestBlankUnboundRefusesSeal: a put whose client never wrote cannot be

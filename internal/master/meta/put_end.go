@@ -197,6 +197,20 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 			}
 		}
 	})
+	var unsealable map[string][]uint32
+	for agent, b := range per {
+		for _, rp := range b.reps {
+			if rpcerr.Reason(rp.err) == "SEGMENT_UNAVAILABLE" && !slices.Contains(unsealable[agent], rp.seg) {
+				if unsealable == nil {
+					unsealable = map[string][]uint32{}
+				}
+				unsealable[agent] = append(unsealable[agent], rp.seg)
+			}
+		}
+	}
+	if unsealable != nil {
+		s.dropBlanksOfUnsealable(ctx, unsealable)
+	}
 	rel := &releases{}
 	forShards(items, func(it *endItem) int { return it.shard }, func(sh int, group []*endItem) {
 		shd := &s.shards[sh]

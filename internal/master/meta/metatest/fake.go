@@ -133,6 +133,9 @@ type Agents struct {
 	// lock, so it must not call the fake); a non-nil error fails the item
 	// with it. Set before use.
 	FailCopy func(*masterv1.CopyItem) error
+	// FailSeal, when set, is asked about every Seal item as FailCopy is;
+	// a non-nil error fails the item with it and leaves it unsealed.
+	FailSeal func(*masterv1.SealItem) error
 	// BeforeRelease, when set, runs at the start of every Release, before
 	// the fake frees anything (outside its lock: it may call Report, as a
 	// heartbeat the agent sent before it applied the release). Set before
@@ -300,7 +303,13 @@ func (a *Agents) Seal(ctx context.Context, agent string, items []*masterv1.SealI
 	out := make([]*masterv1.ItemStatus, len(items))
 	for i, it := range items {
 		al := a.live[Ref{it.GetSegmentId(), it.GetAllocationId()}]
+		var failed error
+		if a.FailSeal != nil {
+			failed = a.FailSeal(it)
+		}
 		switch {
+		case failed != nil:
+			out[i] = rpcerr.Item(failed)
 		case al == nil:
 			out[i] = rpcerr.Item(rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_ALLOCATION_NOT_FOUND, "no allocation %d", it.GetAllocationId()))
 		case al.Blank:
