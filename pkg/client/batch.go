@@ -34,8 +34,9 @@ const (
 // revoked. It returns one error per item (nil = stored).
 //
 // Items whose put a failover interrupted (PutEnd on a new leader that never
-// saw their PutStart: issue 15) were not acknowledged; they are put again,
-// once, like Put's.
+// saw their PutStart: issue 15), or whose segment could not seal them
+// (SEGMENT_UNAVAILABLE), were not acknowledged; they are put again, once,
+// like Put's.
 func (c *Client) BatchPut(ctx context.Context, items []Item, opts ...PutOption) []error {
 	errs := make([]error, len(items))
 	ctx, span := c.startCall(ctx, "client.batch_put", len(items), itemBytes(items), "")
@@ -82,8 +83,9 @@ type write struct {
 }
 
 // batchPut puts items, setting errs, and returns the indices of the items
-// to put again: those whose PutEnd found no put to end (NOT_FOUND,
-// PUT_EXPIRED) on a master other than the one that started them.
+// to put again (endAgain): those whose PutEnd found no put to end
+// (NOT_FOUND, PUT_EXPIRED) on a master other than the one that started
+// them, and those no segment could seal (SEGMENT_UNAVAILABLE).
 func (c *Client) batchPut(ctx context.Context, items []Item, errs []error, o *putOptions) (again []int) {
 	req := &masterv1.BatchPutStartRequest{Items: make([]*masterv1.PutStartRequest, len(items))}
 	for i, it := range items {
@@ -163,7 +165,7 @@ func (c *Client) batchPut(ctx context.Context, items []Item, errs []error, o *pu
 		if e := rpcerr.FromItem(eresp.GetResults()[j]); e != nil {
 			errs[i] = fmt.Errorf("put %q: %w", items[i].Key, e)
 			failed = append(failed, i)
-			if endedAt != startedAt && (errors.Is(e, ErrNotFound) || errors.Is(e, ErrPutExpired)) {
+			if endAgain(e, startedAt, endedAt) {
 				again = append(again, i)
 			}
 		}

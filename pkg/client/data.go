@@ -7,7 +7,6 @@ import (
 	"io"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	agentv1 "github.com/crescent-kv/crescent/gen/crescent/agent/v1"
@@ -102,22 +101,34 @@ func (c *Client) put(ctx context.Context, key string, size int64, src source, su
 	ctx, span := c.startCall(ctx, "client.put", 1, size, key)
 	defer func() { tracectx.End(span, err) }()
 	err = c.putOnce(ctx, key, size, src, sum, o)
-	var lost *leaderChanged
-	if errors.As(err, &lost) {
-		// The master that started the put is gone and the new leader never
-		// saw it (a failover between PutStart and PutEnd: issue 15). It was
-		// not acknowledged; put it again, once.
+	var again *putAgain
+	if errors.As(err, &again) {
+		// Not acknowledged, and nothing of it kept: put it again, once.
 		return c.putOnce(ctx, key, size, src, sum, o)
 	}
 	return err
 }
 
-// leaderChanged is putOnce's error when PutEnd found no put to end on a
-// master other than the one that started it.
-type leaderChanged struct{ err error }
+// putAgain is putOnce's error for a put the master did not acknowledge
+// and that a second PutStart may well place where it can be stored:
+//   - PutEnd found no put to end on a master other than the one that
+//     started it (a failover between PutStart and PutEnd: issue 15);
+//   - a segment could not seal any replica (SEGMENT_UNAVAILABLE: a disk
+//     segment whose journal cannot be written); the master dropped the
+//     put, and that segment takes no new put until it can seal again.
+type putAgain struct{ err error }
 
-func (e *leaderChanged) Error() string { return e.err.Error() }
-func (e *leaderChanged) Unwrap() error { return e.err }
+func (e *putAgain) Error() string { return e.err.Error() }
+func (e *putAgain) Unwrap() error { return e.err }
+
+// endAgain reports whether a PutEnd that failed with err, on the master
+// endedAt where the put started at startedAt, is worth a second put.
+func endAgain(err error, startedAt, endedAt string) bool {
+	if endedAt != startedAt && (errors.Is(err, ErrNotFound) || errors.Is(err, ErrPutExpired)) {
+		return true
+	}
+	return rpcerr.Reason(err) == "SEGMENT_UNAVAILABLE"
+}
 
 func (c *Client) putOnce(ctx context.Context, key string, size int64, src source, objSum *objectSum, o *putOptions) error {
 	var spares uint32
@@ -149,11 +160,17 @@ func (c *Client) putOnce(ctx context.Context, key string, size int64, src source
 	startedAt, _ := c.s.masters.current() // the master that answered PutStart
 	c.s.spares.keep(start.GetSpares())
 	sum := objSum.get()
-	var done atomic.Int64
+	var (
+		mu   sync.Mutex // replicas are written in parallel
+		done int64
+	)
 	total := size * int64(len(start.GetReplicas()))
 	progress := func(n int) {
 		if o.progress != nil {
-			o.progress(done.Add(int64(n)), total)
+			mu.Lock()
+			done += int64(n)
+			o.progress(done, total)
+			mu.Unlock()
 		}
 	}
 	var rc *sealReceipts
@@ -169,8 +186,8 @@ func (c *Client) putOnce(ctx context.Context, key string, size int64, src source
 			c.revoke(ctx, key)
 		}
 		err = fmt.Errorf("put %q: %w", key, err)
-		if endedAt, _ := c.s.masters.current(); endedAt != startedAt && (errors.Is(err, ErrNotFound) || errors.Is(err, ErrPutExpired)) {
-			return &leaderChanged{err}
+		if endedAt, _ := c.s.masters.current(); endAgain(err, startedAt, endedAt) {
+			return &putAgain{err}
 		}
 		return err
 	}

@@ -71,7 +71,9 @@ func WithUpsert() PutOption {
 	return func(o *putOptions) { o.upsert = true }
 }
 
-// WithPutProgress reports bytes written across replicas.
+// WithPutProgress reports bytes written across replicas. f is called by
+// one goroutine at a time (replicas are written in parallel), with done
+// growing to total, and must not block.
 func WithPutProgress(f func(done, total int64)) PutOption {
 	return func(o *putOptions) { o.progress = f }
 }

@@ -318,8 +318,9 @@ class Client:
             again = self._put_batch(keys, views, idx, errs, cfg, upsert)
             if again:
                 # PutEnd found no put to end on a master other than the one
-                # that started it (a failover): not acknowledged, so put
-                # again, once (batch.go).
+                # that started it (a failover), or no segment could seal it
+                # (SEGMENT_UNAVAILABLE: a disk journal that cannot be
+                # written): not acknowledged, so put again, once (batch.go).
                 for i in again:
                     errs[i] = None
                 self._put_batch(keys, views, again, errs, cfg, upsert)
@@ -407,7 +408,8 @@ class Client:
                 e = from_item(st.code, st.reason, st.message)
                 errs[i] = _err_for(keys[i], e, "put ")
                 failed.append(i)
-                if ended_at != started_at and e.reason in ("OBJECT_NOT_FOUND", "PUT_EXPIRED"):
+                if (ended_at != started_at and e.reason in ("OBJECT_NOT_FOUND", "PUT_EXPIRED")) \
+                        or e.reason == "SEGMENT_UNAVAILABLE":
                     again.append(i)
         if failed:
             self._revoke(keys, failed)
