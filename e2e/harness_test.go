@@ -15,6 +15,7 @@ package e2e
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -308,9 +309,14 @@ func (c *Cluster) admin() *client.Client {
 
 // Options shape a test cluster.
 type Options struct {
-	Agents       int
-	AgentMemory  string
-	Disk         bool
+	Agents      int
+	AgentMemory string
+	Disk        bool
+	// DiskSize is each agent's --disk-size with Disk (default 64MiB).
+	DiskSize string
+	// DiskMount, when set, is called with each agent's disk directory
+	// before the agent first starts (to mount a filesystem there).
+	DiskMount    func(agent int, dir string)
 	Gateway      bool
 	MasterFlags  []string
 	AgentFlags   []string
@@ -390,7 +396,10 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 			if err := os.MkdirAll(dd, 0o755); err != nil {
 				t.Fatal(err)
 			}
-			args = append(args, "--disk-dir", dd, "--disk-size", "64MiB")
+			if o.DiskMount != nil {
+				o.DiskMount(i, dd)
+			}
+			args = append(args, "--disk-dir", dd, "--disk-size", cmp.Or(o.DiskSize, "64MiB"))
 		}
 		args = append(args, o.traceFlags()...)
 		p := c.proc(name, "crescent-agent", auth.RoleAgent, hostID(i), append(args, o.AgentFlags...))
@@ -721,8 +730,8 @@ func (c *Cluster) CtlAs(role auth.Role, name string, stdin []byte, args ...strin
 	return out.String(), errb.String(), code
 }
 
-// metric returns the value of an unlabelled counter or gauge from a
-// process's /metrics (0 when absent).
+// metric returns the value of a counter or gauge from a process's
+// /metrics, summed over its series when it has labels (0 when absent).
 func (c *Cluster) metric(t testing.TB, p *Proc, name string) float64 {
 	t.Helper()
 	resp, err := p.get("/metrics")
@@ -731,12 +740,17 @@ func (c *Cluster) metric(t testing.TB, p *Proc, name string) float64 {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
+	var sum float64
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
+		v, ok := strings.CutPrefix(line, name+" ")
+		if rest, labelled := strings.CutPrefix(line, name+"{"); labelled {
+			_, v, ok = strings.Cut(rest, "} ")
+		}
+		if ok {
 			var f float64
 			fmt.Sscan(v, &f)
-			return f
+			sum += f
 		}
 	}
-	return 0
+	return sum
 }
