@@ -1,6 +1,7 @@
 package segment
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -273,6 +274,11 @@ type journal struct {
 	torn bool
 	// retryAt is when, failing, the next attempt may be made (unix ms).
 	retryAt int64
+	// need is the size of the largest write that failed since the last
+	// recovery: a probe writes as much (and cuts it off again), since a
+	// full filesystem may still take a smaller write in a block the file
+	// already holds, which would prove nothing.
+	need int
 	// failures counts write and sync failures, for the metrics.
 	failures uint64
 	// lg, when set, hears of failures and recoveries (a line each).
@@ -311,6 +317,7 @@ func (j *journal) unavailable(err error) error {
 
 // failLocked records a write or sync failure.
 func (j *journal) failLocked(err error, torn bool, nowMs int64) error {
+	j.need = max(j.need, 1)
 	if j.err == nil && j.lg != nil {
 		j.lg.Warn("disk segment journal cannot be written; the segment takes no new objects until it can",
 			"journal", j.path, "err", err, "torn", torn || j.torn)
@@ -326,7 +333,7 @@ func (j *journal) recoveredLocked() {
 	if j.err != nil && j.lg != nil {
 		j.lg.Info("disk segment journal writable again", "journal", j.path, "after", j.err)
 	}
-	j.err, j.torn = nil, false
+	j.err, j.torn, j.need = nil, false, 0
 }
 
 // writeLocked appends b. A failed write is cut off again, so the file
@@ -344,6 +351,7 @@ func (j *journal) writeLocked(b []byte, nowMs int64) error {
 		if n > 0 {
 			torn = j.f.Truncate(j.size) != nil
 		}
+		j.need = max(j.need, len(b))
 		return j.failLocked(err, torn, nowMs)
 	}
 	j.size += int64(n)
@@ -409,8 +417,9 @@ func (j *journal) sync(nowMs int64) error {
 
 // probe tries the journal again after a failure: a torn one is rewritten
 // from sealed (the table's sealed entries, the truth the journal lost
-// track of); another gets an id limit record it already holds, synced.
-// Refused until the failure's retry time.
+// track of); another takes as many bytes as the write that failed, in id
+// limit records it already holds, synced and then cut off again to give
+// the room back. Refused until the failure's retry time.
 func (j *journal) probe(sealed func() []*entry, nextID uint64, nowMs int64) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -424,11 +433,20 @@ func (j *journal) probe(sealed func() []*entry, nextID uint64, nowMs int64) erro
 	case j.torn:
 		return j.compactLocked(sealed(), nextID, nowMs)
 	}
-	if err := j.writeLocked(encodeU64(recIDLimit, j.idLimit), nowMs); err != nil {
+	rec := encodeU64(recIDLimit, j.idLimit)
+	k := (j.need + len(rec) - 1) / len(rec)
+	size, records := j.size, j.records
+	if err := j.writeLocked(bytes.Repeat(rec, k), nowMs); err != nil {
 		return err
 	}
 	if err := j.f.Sync(); err != nil {
 		return j.failLocked(err, true, nowMs)
+	}
+	// Records it already holds: kept if they cannot be cut off.
+	if j.f.Truncate(size) == nil {
+		j.size, j.records = size, records
+	} else {
+		j.records = records + k
 	}
 	j.recoveredLocked()
 	return nil

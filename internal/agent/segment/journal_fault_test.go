@@ -148,8 +148,10 @@ func TestJournalWriteFailures(t *testing.T) {
 			}
 
 			// Tried again while still failing: refused again, no
-			// temporary journal left behind (it would hold the disk's room).
-			d.set(0, false, tc.name == "fdatasync fails")
+			// temporary journal left behind (it would hold the disk's
+			// room). The room left would take a small record but not the
+			// seal's: the try must not take that for a recovery.
+			d.set(20, false, tc.name == "fdatasync fails")
 			now = now.Add(journalRetry)
 			if _, err := s.Reserve(&masterv1.ReserveItem{SegmentId: s.ID(), Size: 10, Tenant: "t", Key: "x"}, now); rpcerr.Reason(err) != "SEGMENT_UNAVAILABLE" {
 				t.Fatalf("Reserve while the disk is still full = %v, want SEGMENT_UNAVAILABLE", err)
