@@ -299,19 +299,8 @@ func (g *Gateway) Run(ctx context.Context) error {
 		// Append fsyncs only when it runs; an idle publisher's last
 		// batches are fsynced here.
 		part("journal sync", func(ctx context.Context) error {
-			t := time.NewTicker(g.cfg.StateSyncInterval)
-			defer t.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-t.C:
-					if err := g.journal.Sync(); err != nil {
-						g.lg.Error("journal fsync failed; the state will be reset at the next start", "err", err)
-						return nil
-					}
-				}
-			}
+			syncJournal(ctx, g.journal.Sync, g.cfg.StateSyncInterval, g.lg)
+			return nil
 		})
 	}
 	g.lg.Info("gateway running", "master", g.cfg.Master, "pub", g.PubEndpoint(), "replay", g.ReplayEndpoint(),
@@ -323,6 +312,29 @@ func (g *Gateway) Run(ctx context.Context) error {
 	}
 	g.Close()
 	return firstErr
+}
+
+// syncJournal calls sync every interval until ctx ends. A failed journal
+// (a full or failing --state-dir) only costs the next start its state: the
+// gateway goes on publishing, so after the first failure this logs it and
+// waits for ctx. It must not return before: Run stops every part when one
+// returns, and a full state directory stopped the whole gateway, quietly
+// (exit status 0, "stopped").
+func syncJournal(ctx context.Context, sync func() error, interval time.Duration, lg *slog.Logger) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := sync(); err != nil {
+				lg.Error("journal fsync failed; publishing without it, and the state will be reset at the next start", "err", err)
+				<-ctx.Done()
+				return
+			}
+		}
+	}
 }
 
 // Close releases what New and Listen acquired. Idempotent.
