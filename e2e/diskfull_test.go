@@ -163,3 +163,57 @@ func TestDiskFull(t *testing.T) {
 	}
 	t.Logf("%d acknowledged disk objects read back after agent-a's restart", len(acked))
 }
+
+// TestGatewayStateDirFull: the gateway's --state-dir fills up. Its journal
+// fails, which costs only the next start its state (a reset, a new
+// epoch): the gateway goes on publishing, and a subscriber stays exact.
+// Before, the journal's periodic fsync failing ended one of the gateway's
+// parts, which stops them all: the gateway stopped within a second, with
+// exit status 0 and "stopped" as its last line.
+func TestGatewayStateDirFull(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs")
+	}
+	c := StartCluster(t, Options{Agents: 1, Gateway: true, GatewayStateMount: func(dir string) { mountTmpfs(t, dir, 256<<10) }})
+	sub := subscribe(t, c)
+	cl := c.Client("default")
+	ctx := ctxT(t, 2*time.Minute)
+	filler := fill(t, c.GatewayState)
+	n := 0
+	put := func() {
+		t.Helper()
+		if err := cl.Put(ctx, fmt.Sprintf("k/%d", n), []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	for c.metric(t, c.Gateway, "crescent_gateway_state_journal_errors_total") == 0 {
+		if n == 5000 {
+			t.Fatal("5000 puts and the gateway's journal never failed on a full --state-dir")
+		}
+		put()
+	}
+	failedAt := n
+	// Past the journal's fsync interval (1 s), with events flowing.
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
+		put()
+	}
+	if resp, err := c.Gateway.get("/readyz"); err != nil {
+		t.Fatalf("the gateway stopped after its state directory filled up: %v\n%s", err, tail(c.Gateway.Logs(), 10))
+	} else {
+		resp.Body.Close()
+	}
+	converge(t, c, sub)
+	t.Logf("the journal failed at put %d; %d puts in all, and the subscriber holds the master's readable set", failedAt, n)
+
+	// Room again; the restart resets the state (the journal failed).
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	before := c.gatewayStatus(t)
+	c.Gateway.Stop()
+	c.Gateway.Restart()
+	if st := c.gatewayStatus(t); st.State != "reset" || st.PublisherEpoch == before.PublisherEpoch {
+		t.Fatalf("status after a run whose journal failed = %+v; want state reset and a new epoch", st)
+	}
+}

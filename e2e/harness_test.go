@@ -316,13 +316,16 @@ type Options struct {
 	DiskSize string
 	// DiskMount, when set, is called with each agent's disk directory
 	// before the agent first starts (to mount a filesystem there).
-	DiskMount    func(agent int, dir string)
-	Gateway      bool
-	MasterFlags  []string
-	AgentFlags   []string
-	GatewayFlags []string // "{pub}" in one is replaced by the gateway's PUB address (host:port)
-	SuspectAfter time.Duration
-	UnmountAfter time.Duration
+	DiskMount func(agent int, dir string)
+	Gateway   bool
+	// GatewayStateMount, when set, is called with the gateway's
+	// --state-dir before the gateway first starts.
+	GatewayStateMount func(dir string)
+	MasterFlags       []string
+	AgentFlags        []string
+	GatewayFlags      []string // "{pub}" in one is replaced by the gateway's PUB address (host:port)
+	SuspectAfter      time.Duration
+	UnmountAfter      time.Duration
 	// Masters > 1 starts that many masters electing a leader on an etcd
 	// server run in the test's process (issue 15, HA); MasterAddr is then
 	// their comma-separated list, which every client takes.
@@ -420,6 +423,9 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 		c.GatewayRepl = "tcp://" + freeAddr(t)
 		c.GatewaySnap = "tcp://" + freeAddr(t)
 		c.GatewayState = filepath.Join(c.dir, "gateway-state")
+		if o.GatewayStateMount != nil {
+			o.GatewayStateMount(c.GatewayState)
+		}
 		// "{pub}" in a gateway flag is the PUB address (host:port), chosen
 		// only now: --topic kv@{pub}@model is vLLM's topic form.
 		flags := make([]string, len(o.GatewayFlags))
