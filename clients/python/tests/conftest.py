@@ -113,7 +113,11 @@ def _wait(cond, timeout: float, what: str):
 
 
 class Cluster:
-    def __init__(self, agent_memory: str = "256MiB", transfer=(True, False), gateway: bool = True, tls: bool = False):
+    def __init__(self, agent_memory: str = "256MiB", transfer=(True, False), gateway: bool = True, tls: bool = False,
+                 disk: str = "", disk_mount=None):
+        """disk: each agent's --disk-size (none when empty), in <dir>/agent-X-disk;
+        disk_mount(i, path), when set, is called with agent i's disk directory
+        before it starts (to mount a filesystem there)."""
         bindir = _bin_dir()
         for b in ("crescent-master", "crescent-agent", "crescent-gateway", "crescentctl"):
             if not (bindir / b).exists():
@@ -143,15 +147,23 @@ class Cluster:
             for i, xfer in enumerate(transfer):
                 name, host = f"agent-{'ab'[i]}", f"host-{'ab'[i]}"
                 taddr = free_addr() if xfer else "off"
-                a = self._proc(name, ["agent", host], [str(bindir / "crescent-agent"), "--master", self.master, "--grpc-addr", free_addr(),
-                                      "--transfer-addr", taddr, "--host-id", host, "--agent-id", name,
-                                      "--memory", agent_memory, "--shutdown-grace", "200ms"])
+                argv = [str(bindir / "crescent-agent"), "--master", self.master, "--grpc-addr", free_addr(),
+                        "--transfer-addr", taddr, "--host-id", host, "--agent-id", name,
+                        "--memory", agent_memory, "--shutdown-grace", "200ms"]
+                if disk:
+                    ddir = self.dir / f"{name}-disk"
+                    ddir.mkdir()
+                    if disk_mount:
+                        disk_mount(i, ddir)
+                    argv += ["--disk-dir", str(ddir), "--disk-size", disk]
+                a = self._proc(name, ["agent", host], argv)
                 a.host_id, a.transfer = host, "" if taddr == "off" else taddr
                 a.start()
                 self.agents.append(a)
             for a in self.agents:
                 _wait(a.ready, 20, f"{a.name}'s /readyz")
-            _wait(lambda: sum(s.can_allocate for s in self.segments()) >= len(self.agents), 20, "every segment to allocate")
+            want = len(self.agents) * (2 if disk else 1)
+            _wait(lambda: sum(s.can_allocate for s in self.segments()) >= want, 20, "every segment to allocate")
             self.gateway_pub = self.gateway_replay = self.gateway_snapshot = self.gateway_grpc = ""
             if gateway:
                 self.gateway_pub = "tcp://" + free_addr()

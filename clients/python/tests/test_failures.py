@@ -326,3 +326,76 @@ def test_frozen_agent(cluster_factory, tenant):
         assert took < 15, f"two gets with agent host-a frozen took {took:.1f}s (io_timeout 5 s)"
     finally:
         os.kill(frozen.p.pid, signal.SIGCONT)
+
+
+def _agent_metric(proc, name: str) -> float:
+    """The sum of a metric's series from a process's /metrics (0 when absent)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{proc.admin}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_disk_full(cluster_factory, tenant):
+    """The filesystem under agent-a's disk segment fills up (another file
+    took the room; the segment's journal grows with every seal). Every disk
+    put still succeeds: agent-a refuses reservations while its journal
+    cannot be written, the master places puts on agent-b's disk, and a put
+    whose seal failed on agent-a is put again, once (put_many, like the Go
+    SDK). Before, those puts failed INTERNAL."""
+    import errno
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    mounts = []
+
+    def mount(i, path):
+        if i != 0:
+            return
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(path)], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+        mounts.append(path)
+
+    try:
+        c = cluster_factory(gateway=False, disk="4MiB", disk_mount=mount)
+        s = DistributedStore()
+        assert s.setup(c.master, tenant) == OK
+        disk = ReplicateConfig(medium="disk")
+        fd = os.open(mounts[0] / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while True:
+                os.write(fd, b"\0" * (64 << 10))
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+        finally:
+            os.close(fd)
+        agent_a = c.agents[0]
+        stored = {}
+        n = 0
+        while _agent_metric(agent_a, "crescent_agent_segment_journal_failures_total") == 0:
+            assert n < 1000, "1000 disk puts and agent-a's journal never failed on a full filesystem"
+            v = os.urandom(1000)
+            assert s.put(f"full/{n}", v, disk) == OK, s.last_error
+            stored[f"full/{n}"] = v
+            n += 1
+        keys = [f"batch/{i}" for i in range(50)]
+        vals = [os.urandom(1000) for _ in keys]
+        assert s.put_batch(keys, vals, disk) == OK, s.last_error
+        stored.update(zip(keys, vals))
+        for i in range(50):
+            v = os.urandom(1000)
+            assert s.put(f"more/{i}", v, disk) == OK, s.last_error
+            stored[f"more/{i}"] = v
+        assert _agent_metric(agent_a, "crescent_agent_segment_journal_failing") == 1
+        for k, v in stored.items():
+            assert s.get(k) == v, (k, s.last_error)
+    finally:
+        for m in mounts:
+            subprocess.run(["umount", "-l", str(m)], capture_output=True)
