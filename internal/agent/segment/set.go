@@ -2,6 +2,7 @@ package segment
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"time"
 
@@ -155,7 +156,7 @@ func (s *Set) Release(refs []*masterv1.AllocationRef) []*masterv1.ItemStatus {
 	}
 	for sg, idx := range touched {
 		if err := sg.SyncJournal(); err != nil && !errors.Is(err, os.ErrClosed) {
-			st := rpcerr.Item(rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_INTERNAL, err, "sync journal of %s", sg.ID()))
+			st := rpcerr.Item(fmt.Errorf("sync journal of %s: %w", sg.ID(), err))
 			for _, i := range idx {
 				if out[i].GetCode() == 0 {
 					out[i] = st

@@ -18,6 +18,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/token"
@@ -110,7 +111,10 @@ type Agents interface {
 	Seal(ctx context.Context, agentID string, items []*masterv1.SealItem) ([]*masterv1.ItemStatus, error)
 	// Release frees allocations; unknown ids are no-ops at the agent. When
 	// the agent is not connected the call returns an error and the agent's
-	// own reconcile on reconnect (or its unmount) frees the space.
+	// own reconcile on reconnect (or its unmount) frees the space. When the
+	// agent answered but could not release some (a disk segment whose
+	// journal cannot be written), the error is a *ReleaseFailed naming
+	// them; the others were released.
 	Release(ctx context.Context, agentID string, items []*masterv1.AllocationRef) error
 	// Copy asks the agent to copy sealed allocations of its own into
 	// allocations reserved at other agents (items[i].Source into
@@ -190,3 +194,17 @@ type FollowingMetadata interface {
 	// TakeOwed returns and forgets the releases owed on the segments.
 	TakeOwed(segmentIDs []string) []*masterv1.AllocationRef
 }
+
+// ReleaseFailed is Agents.Release's error when the agent answered and
+// could not release Refs (the others of the call were released); Err is
+// the first item's error.
+type ReleaseFailed struct {
+	Refs []*masterv1.AllocationRef
+	Err  error
+}
+
+func (e *ReleaseFailed) Error() string {
+	return fmt.Sprintf("%d allocations not released: %v", len(e.Refs), e.Err)
+}
+
+func (e *ReleaseFailed) Unwrap() error { return e.Err }

@@ -2,10 +2,12 @@ package meta
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/changelog"
+	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -315,13 +317,18 @@ func (s *Store) sendReleases(ctx context.Context, r *releases) {
 	}
 	fanOut(per, func(agent string, refs []*masterv1.AllocationRef) {
 		if err := s.agents.Release(ctx, agent, refs); err != nil {
-			s.lg.Warn("release at agent failed; owed until the agent reconciles", "agent_id", agent, "allocations", len(refs), "err", err)
-			for _, r := range refs {
-				if idx, ok := s.segs.lookup(r.SegmentId); ok {
-					s.owe(idx, []uint64{r.AllocationId})
-				}
+			var failed *cluster.ReleaseFailed
+			if errors.As(err, &failed) {
+				// Answered, but some were not released (a disk segment
+				// whose journal cannot be written): those stay allocated
+				// at the agent, sealed, and would be adopted back.
+				refs = failed.Refs
 			}
-			return
+			s.lg.Warn("release at agent failed; owed, sent again until the agent takes it or reconciles", "agent_id", agent, "allocations", len(refs), "err", err)
+			s.oweRefs(refs)
+			if failed == nil {
+				return
+			}
 		}
 		// The agent has freed them: a heartbeat it sent before this ack
 		// (same stream, so received before it) still counts them, and
@@ -329,6 +336,71 @@ func (s *Store) sendReleases(ctx context.Context, r *releases) {
 		now := s.nowMs()
 		for _, seg := range segsOf[agent] {
 			s.segs.get(seg).freedMs.Store(now)
+		}
+	})
+}
+
+func (s *Store) oweRefs(refs []*masterv1.AllocationRef) {
+	for _, r := range refs {
+		if idx, ok := s.segs.lookup(r.SegmentId); ok {
+			s.owe(idx, []uint64{r.AllocationId})
+		}
+	}
+}
+
+// retryOwed sends again the releases owed on segments whose agent is
+// connected (one that answered but could not release them: a disk segment
+// whose journal failed for a while), and forgets those it takes. An owed
+// release stays owed while it is in flight, so a reconcile meanwhile
+// still returns it rather than adopt it. A standby sends nothing.
+func (s *Store) retryOwed(ctx context.Context) {
+	if s.following.Load() {
+		return
+	}
+	per := map[string][]*masterv1.AllocationRef{}
+	keys := map[string][]allocKey{}
+	s.owedMu.Lock()
+	for k := range s.owed {
+		e := s.segs.get(k.seg)
+		sv, ok := s.reg.Segment(e.id)
+		if !ok || !sv.CanContinueCleanup() {
+			continue
+		}
+		per[sv.AgentID] = append(per[sv.AgentID], &masterv1.AllocationRef{SegmentId: e.id, AllocationId: k.alloc})
+		keys[sv.AgentID] = append(keys[sv.AgentID], k)
+	}
+	s.owedMu.Unlock()
+	if len(per) == 0 {
+		return
+	}
+	rctx, cancel := cleanupCtx(ctx)
+	defer cancel()
+	fanOut(per, func(agent string, refs []*masterv1.AllocationRef) {
+		err := s.agents.Release(rctx, agent, refs)
+		var failed *cluster.ReleaseFailed
+		if err != nil && !errors.As(err, &failed) {
+			return // still owed
+		}
+		still := map[allocKey]bool{}
+		if failed != nil {
+			for _, r := range failed.Refs {
+				if idx, ok := s.segs.lookup(r.SegmentId); ok {
+					still[allocKey{idx, r.AllocationId}] = true
+				}
+			}
+		}
+		s.owedMu.Lock()
+		for _, k := range keys[agent] {
+			if !still[k] {
+				delete(s.owed, k)
+			}
+		}
+		s.owedMu.Unlock()
+		now := s.nowMs()
+		for _, k := range keys[agent] {
+			if !still[k] {
+				s.segs.get(k.seg).freedMs.Store(now)
+			}
 		}
 	})
 }

@@ -268,6 +268,7 @@ func (s *Store) Run(ctx context.Context) error {
 			return nil
 		case <-sweep.C:
 			s.expirePuts(ctx)
+			s.retryOwed(ctx)
 			continue
 		case <-t.C:
 		case <-s.evictKick:

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/master/cluster"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/tracectx"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -481,9 +483,24 @@ func (m *Manager) Release(ctx context.Context, agentID string, items []*masterv1
 	}
 	ctx, span := startCommand(ctx, kindRelease, agentID, len(items))
 	sc := carried(ctx, span)
+	var failed *cluster.ReleaseFailed
+	next := 0 // the item the next outcome's first status is for
 	err := m.doChunked(ctx, agentID, len(items), m.cfg.MaxBatchItems, m.cfg.RequestTimeout, func(lo, hi int) *call {
 		return &call{kind: kindRelease, release: items[lo:hi], sc: sc}
-	}, func(outcome) {})
+	}, func(o outcome) {
+		for i, st := range o.status {
+			if st.GetCode() != 0 && next+i < len(items) {
+				if failed == nil {
+					failed = &cluster.ReleaseFailed{Err: rpcerr.FromItem(st)}
+				}
+				failed.Refs = append(failed.Refs, items[next+i])
+			}
+		}
+		next += len(o.status)
+	})
+	if err == nil && failed != nil {
+		err = failed
+	}
 	tracectx.End(span, err)
 	return err
 }

@@ -136,6 +136,10 @@ type Agents struct {
 	// FailSeal, when set, is asked about every Seal item as FailCopy is;
 	// a non-nil error fails the item with it and leaves it unsealed.
 	FailSeal func(*masterv1.SealItem) error
+	// FailRelease, when set, is asked about every Release item as
+	// FailCopy is; a non-nil error keeps the allocation, and Release
+	// answers a *cluster.ReleaseFailed naming the items kept.
+	FailRelease func(*masterv1.AllocationRef) error
 	// BeforeRelease, when set, runs at the start of every Release, before
 	// the fake frees anything (outside its lock: it may call Report, as a
 	// heartbeat the agent sent before it applied the release). Set before
@@ -331,7 +335,7 @@ func (a *Agents) Seal(ctx context.Context, agent string, items []*masterv1.SealI
 
 // Release implements cluster.Agents. Releasing an allocation twice, or one
 // that never existed, is recorded as a problem.
-func (a *Agents) Release(ctx context.Context, agent string, items []*masterv1.AllocationRef) error {
+func (a *Agents) Release(ctx context.Context, agent string, items []*masterv1.AllocationRef) (err error) {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -344,7 +348,22 @@ func (a *Agents) Release(ctx context.Context, agent string, items []*masterv1.Al
 		return err
 	}
 	a.releaseN++
+	var failed *cluster.ReleaseFailed
+	defer func() {
+		if failed != nil {
+			err = failed
+		}
+	}()
 	for _, it := range items {
+		if a.FailRelease != nil {
+			if ferr := a.FailRelease(it); ferr != nil {
+				if failed == nil {
+					failed = &cluster.ReleaseFailed{Err: ferr}
+				}
+				failed.Refs = append(failed.Refs, it)
+				continue
+			}
+		}
 		r := Ref{it.GetSegmentId(), it.GetAllocationId()}
 		al := a.live[r]
 		if al == nil {
