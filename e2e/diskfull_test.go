@@ -12,6 +12,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/pkg/client"
 	"golang.org/x/sys/unix"
@@ -121,6 +122,31 @@ func TestDiskFull(t *testing.T) {
 	if v := c.metric(t, agentA, "crescent_agent_segment_journal_failing"); v != 1 {
 		t.Fatalf("crescent_agent_segment_journal_failing = %v on a full filesystem, want 1", v)
 	}
+	// Remove the objects on agent-a's disk: the agent cannot journal the
+	// releases and keeps them; the master owes them and sends them again
+	// once it can (before, they stayed, and agent-a's restart below
+	// brought the removed objects back).
+	var removed []string
+	for key := range acked {
+		rl, err := cl.Objects().GetReplicaList(ctx, &masterv1.GetReplicaListRequest{Tenant: "default", Key: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := rl.GetReplicas()[0]; r.GetAgentId() == "agent-a" && r.GetMedium() == masterv1.Medium_MEDIUM_DISK {
+			if err := cl.Remove(ctx, key, true); err != nil { // GetReplicaList leased it
+				t.Fatalf("Remove %s: %v", key, err)
+			}
+			removed = append(removed, key)
+			delete(acked, key)
+		}
+		if len(removed) == 10 {
+			break
+		}
+	}
+	if len(removed) == 0 {
+		t.Fatal("no acknowledged object on agent-a's disk to remove")
+	}
+
 	if !strings.Contains(agentA.Logs(), "disk segment journal cannot be written") {
 		t.Fatal("agent-a did not warn of its journal's failure")
 	}
@@ -158,6 +184,11 @@ func TestDiskFull(t *testing.T) {
 		}
 		return nil
 	})
+	for _, key := range removed {
+		if _, err := cl.Get(ctx, key); rpcerr.Reason(err) != "OBJECT_NOT_FOUND" {
+			t.Fatalf("Get of %s, removed while agent-a's disk was full, after agent-a's restart = %v; want OBJECT_NOT_FOUND", key, err)
+		}
+	}
 	if logs := agentA.Logs(); strings.Contains(logs, `"truncated_journal_bytes":`) && !strings.Contains(logs, `"truncated_journal_bytes":0`) {
 		t.Fatal("agent-a's restart cut its journal short")
 	}

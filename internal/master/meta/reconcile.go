@@ -526,10 +526,20 @@ func (s *Store) DropSegments(ctx context.Context, segmentIDs []string) {
 	if len(set) == 0 {
 		return
 	}
+	// A memory segment's allocations go with it. A disk segment's do not:
+	// its agent mounts it again, with the same id and its sealed
+	// allocations, and the releases still owed on it must then be
+	// returned, not adopted (a removed object would come back).
+	disk := map[uint32]bool{}
+	for _, sg := range s.reg.Segments() {
+		if idx, ok := s.segs.lookup(sg.ID); ok && set[idx] && sg.Medium == masterv1.Medium_MEDIUM_DISK {
+			disk[idx] = true
+		}
+	}
 	s.owedMu.Lock()
 	for k := range s.owed {
-		if set[k.seg] {
-			delete(s.owed, k) // the segment's allocations go with it
+		if set[k.seg] && !disk[k.seg] {
+			delete(s.owed, k)
 		}
 	}
 	s.owedMu.Unlock()
