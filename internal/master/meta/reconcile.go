@@ -207,6 +207,12 @@ func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation,
 			ref(k.seg, k.alloc)
 			continue
 		}
+		if sealed && s.tombs.removedSince(k.seg, NormalizeTenant(a.GetTenant()), a.GetKey()) {
+			// Removed by a client while this disk segment was detached
+			// (tombstone.go): release, never adopt.
+			ref(k.seg, k.alloc)
+			continue
+		}
 		if r.leased[k] {
 			if r.listed == nil {
 				r.listed = map[allocKey]bool{}
@@ -422,6 +428,11 @@ func (r *reconcileRun) Finish(ctx context.Context) []*masterv1.AllocationRef {
 	if len(r.leased) > 0 {
 		s.dropSpares(func(k allocKey) bool { return r.leased[k] && !r.listed[k] })
 	}
+	attached := make(map[uint32]bool, len(r.segSet))
+	for idx := range r.segSet {
+		attached[idx] = true
+	}
+	s.tombs.attach(attached)
 	s.lg.Info("reconciled agent allocations", "agent_id", r.agentID, "segments", r.segs,
 		"allocations", r.allocs, "replicas_removed", r.removed, "replicas_adopted", r.adopted, "returned", r.returned)
 	if r.span.IsRecording() {
@@ -531,9 +542,11 @@ func (s *Store) DropSegments(ctx context.Context, segmentIDs []string) {
 	// allocations, and the releases still owed on it must then be
 	// returned, not adopted (a removed object would come back).
 	disk := map[uint32]bool{}
+	nowMs := s.nowMs()
 	for _, sg := range s.reg.Segments() {
 		if idx, ok := s.segs.lookup(sg.ID); ok && set[idx] && sg.Medium == masterv1.Medium_MEDIUM_DISK {
 			disk[idx] = true
+			s.tombs.detach(idx, nowMs) // its allocations come back with it
 		}
 	}
 	s.owedMu.Lock()

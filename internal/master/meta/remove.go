@@ -72,6 +72,7 @@ func (s *Store) BatchRemove(ctx context.Context, specs []RemoveSpec) []error {
 				continue
 			}
 			m.removeAll(o, true)
+			s.tombs.record(s.tenants.get(o.tenant).name, o.key, m.nowMs)
 		}
 		m.commit()
 		shd.mu.Unlock()
@@ -98,6 +99,7 @@ func (s *Store) removeEvery(ctx context.Context, t uint32, force bool) (removed,
 				continue
 			}
 			m.removeAll(o, true) // deleting during range is safe in Go
+			s.tombs.record(name, o.key, m.nowMs)
 			removed++
 		}
 		m.commit()
@@ -331,6 +333,7 @@ func (s *Store) removeKeys(shd *shard, rel *releases, sc trace.SpanContext, t ui
 			continue
 		}
 		m.removeAll(o, true)
+		s.tombs.record(name, key, m.nowMs)
 		removed++
 	}
 	m.commit()

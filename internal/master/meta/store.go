@@ -86,6 +86,9 @@ type Store struct {
 	// owedMu guards owed: releases that could not be delivered (leaf lock).
 	owedMu sync.Mutex
 	owed   map[allocKey]struct{}
+	// tombs holds clients' removals while a disk segment is detached
+	// (tombstone.go).
+	tombs tombstones
 	// following: a warm standby's store (follow.go); releases are owed,
 	// never sent.
 	following atomic.Bool
@@ -214,6 +217,15 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		spares := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "crescent_master_spares", Help: "Spares (blank reservations leased to clients for puts without a PutStart) held now.",
 		}, func() float64 { n, _, _, _ := s.SpareStats(); return float64(n) })
+		detached := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "crescent_master_detached_disk_segments", Help: "Disk segments dropped (their agent lost or stopped) whose return may bring back their sealed objects: clients' removals meanwhile are kept as tombstones so they are not adopted back.",
+		}, func() float64 { n, _, _ := s.tombs.stats(); return float64(n) })
+		tombs := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "crescent_master_removal_tombstones", Help: "Removals kept while disk segments are detached.",
+		}, func() float64 { _, n, _ := s.tombs.stats(); return float64(n) })
+		tombsDropped := prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "crescent_master_removal_tombstones_dropped_total", Help: "Removals not kept because the tombstones were at their cap: a detached disk segment's return may bring those objects back.",
+		}, func() float64 { _, _, d := s.tombs.stats(); return float64(d) })
 		spareOutcome := func(outcome string, pick func(leased, committed, lapsed uint64) uint64) prometheus.Collector {
 			return prometheus.NewCounterFunc(prometheus.CounterOpts{
 				Name: "crescent_master_spares_total", ConstLabels: prometheus.Labels{"outcome": outcome},
@@ -223,6 +235,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		for _, c := range append([]prometheus.Collector{s.evicted, s.offloaded, s.offloadedBytes, s.changes, s.reserved, s.expired,
 			seals("receipt", &s.sealsByReceipt), seals("seal", &s.sealsBySeal), objects, bytes, rev,
 			reservations("blank", &s.blanksTaken), reservations("reserve", &s.reservesSent), blanks, spares,
+			detached, tombs, tombsDropped,
 			spareOutcome("leased", func(l, _, _ uint64) uint64 { return l }),
 			spareOutcome("committed", func(_, c, _ uint64) uint64 { return c }),
 			spareOutcome("lapsed", func(_, _, x uint64) uint64 { return x })}, s.promo.collectors()...) {
@@ -269,6 +282,7 @@ func (s *Store) Run(ctx context.Context) error {
 		case <-sweep.C:
 			s.expirePuts(ctx)
 			s.retryOwed(ctx)
+			s.tombs.expire(s.nowMs())
 			continue
 		case <-t.C:
 		case <-s.evictKick:

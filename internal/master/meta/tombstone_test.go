@@ -1,0 +1,94 @@
+package meta
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+)
+
+// TestRemovedWhileDiskDetached: a disk segment is dropped (its agent was
+// lost or stopped: DropSegments) and comes back with its sealed
+// allocations. An object a client removed while it was detached is
+// returned to the agent, not adopted back; one removed before it was
+// detached, or never removed, is adopted as before; once the segment is
+// back, removals record nothing more.
+func TestRemovedWhileDiskDetached(t *testing.T) {
+	e := newEnv(t, 1, 1, 1<<20, Config{})
+	e.withDisk(0, 1<<20)
+	ctx := context.Background()
+	for _, k := range []string{"gone", "kept", "again"} {
+		e.put(t, PutSpec{Key: k, Size: 100, Medium: masterv1.Medium_MEDIUM_DISK})
+	}
+	table := e.c.Agents.Table("agent-0") // what the disk still holds
+	e.s.DropSegments(ctx, []string{"disk-0"})
+	if ok, _ := e.s.Exist(ctx, DefaultTenant, "gone"); ok {
+		t.Fatal("an object only on the dropped disk segment still exists")
+	}
+	e.clk.Advance(time.Second)
+	// Removed while detached; "again" is put again elsewhere and removed.
+	e.put(t, PutSpec{Key: "again", Size: 100})
+	for _, k := range []string{"gone", "again"} {
+		if err := e.s.Remove(ctx, RemoveSpec{Key: k, Force: true}); err != nil && k == "again" {
+			t.Fatal(err)
+		}
+	}
+	if n := len(e.s.tombs.removed); n != 1 {
+		t.Fatalf("%d tombstones, want 1 (\"again\"; \"gone\" no longer existed to remove)", n)
+	}
+	e.s.tombs.record(DefaultTenant, "gone", e.s.nowMs()) // as a RemoveByPrefix that found it would
+	back := e.s.Reconcile(ctx, "agent-0", segsOf(e.c, "agent-0"), table)
+	returned := map[uint64]bool{}
+	for _, r := range back {
+		returned[r.AllocationId] = true
+	}
+	for _, a := range table {
+		if a.GetSegmentId() != "disk-0" {
+			continue
+		}
+		removed := a.GetKey() == "gone" || a.GetKey() == "again"
+		if returned[a.GetAllocationId()] != removed {
+			t.Fatalf("%s: returned %v, want %v", a.GetKey(), returned[a.GetAllocationId()], removed)
+		}
+		if ok, _ := e.s.Exist(ctx, DefaultTenant, a.GetKey()); ok == removed {
+			t.Fatalf("%s exists %v after the segment came back; want %v", a.GetKey(), ok, !removed)
+		}
+	}
+	if e.s.tombs.active.Load() || e.s.tombs.removed != nil {
+		t.Fatal("tombstones kept after the only detached segment came back")
+	}
+	if err := e.s.Remove(ctx, RemoveSpec{Key: "kept", Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	if e.s.tombs.removed != nil {
+		t.Fatal("a removal recorded a tombstone with no segment detached")
+	}
+}
+
+// TestDetachedForgotten: a segment detached for longer than
+// detachedRetention is forgotten, and its tombstones with it.
+func TestDetachedForgotten(t *testing.T) {
+	var tb tombstones
+	tb.detach(3, 0)
+	tb.record("t", "k", 10)
+	if !tb.removedSince(3, "t", "k") || tb.removedSince(3, "t", "other") || tb.removedSince(4, "t", "k") {
+		t.Fatal("removedSince wrong while detached")
+	}
+	tb.expire(detachedRetention.Milliseconds())
+	if !tb.active.Load() {
+		t.Fatal("forgotten before its retention")
+	}
+	tb.expire(detachedRetention.Milliseconds() + 1)
+	if tb.active.Load() || tb.removedSince(3, "t", "k") {
+		t.Fatal("kept after its retention")
+	}
+	tb.detach(1, 0)
+	for i := range maxTombstones + 5 {
+		tb.record("t", strconv.Itoa(i), 1)
+	}
+	if n, d := len(tb.removed), tb.dropped.Load(); n != maxTombstones || d != 5 {
+		t.Fatalf("%d tombstones, %d dropped; want %d and 5", n, d, maxTombstones)
+	}
+}
