@@ -1,0 +1,53 @@
+package e2e
+
+import (
+	"testing"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
+	"github.com/crescent-kv/crescent/pkg/client"
+)
+
+// TestRemovedWhileDiskAgentAway: objects with a disk replica on agent-a
+// are removed while agent-a is down, one before its segments are unmounted
+// (--unmount-after, 3 s here) and one after; agent-a comes back with its
+// disk segment and the sealed allocations in it. Both stay removed. Before,
+// both came back: the first because the unmount forgot the release owed
+// to agent-a, the second because nothing remembered the removal
+// (tombstones, internal/master/meta/tombstone.go).
+func TestRemovedWhileDiskAgentAway(t *testing.T) {
+	c := StartCluster(t, Options{Agents: 2, Disk: true})
+	cl := c.Client("default")
+	ctx := ctxT(t, 2*time.Minute)
+	disk := client.WithMedium(masterv1.Medium_MEDIUM_DISK)
+	for _, k := range []string{"early", "late", "kept"} {
+		if err := cl.Put(ctx, k, randBytes(t, 1000), disk, client.WithReplicas(2)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	agentA := c.Agents[0]
+	agentA.Kill()
+	// Removed while agent-a is SUSPECTED (its release is owed).
+	if err := cl.Remove(ctx, "early", true); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second) // past --unmount-after (3 s)
+	// Removed after agent-a's segments were unmounted.
+	if err := cl.Remove(ctx, "late", true); err != nil {
+		t.Fatal(err)
+	}
+	agentA.Restart()
+	c.WaitSegments(4)
+	testutil.EventuallyNoError(t, 20*time.Second, func() error {
+		_, err := cl.Get(ctx, "kept")
+		return err
+	})
+	time.Sleep(time.Second)
+	for _, k := range []string{"early", "late"} {
+		if _, err := cl.Get(ctx, k); rpcerr.Reason(err) != "OBJECT_NOT_FOUND" {
+			t.Errorf("Get %s, removed while agent-a was away, after it came back = %v; want OBJECT_NOT_FOUND", k, err)
+		}
+	}
+}
