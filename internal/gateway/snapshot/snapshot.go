@@ -730,6 +730,9 @@ func (r *Recorder) checkpoint() {
 	// many changes again: not after every batch.
 	r.changes = 0
 	if err := cp.WriteCheckpoint(h, r.set.All()); err != nil {
+		if errors.Is(err, statedir.ErrInvalidated) {
+			return // the journal failed (logged): the next start resets
+		}
 		r.stats.checkpointErrs.Add(1)
 		r.lg.Error("checkpoint failed; retrying at the next interval", "err", err, "seq", h.Seq, "entries", h.Entries)
 		return

@@ -74,6 +74,10 @@ func (d *Dir) LoadCheckpoint(fn func(kvevent.Event) error) (h Header, found bool
 	if err != nil {
 		return Header{}, false, fmt.Errorf("statedir: %w", err)
 	}
+	var mark [len(spoilMark)]byte
+	if _, err := f.ReadAt(mark[:], 0); err == nil && string(mark[:]) == spoilMark {
+		return Header{}, false, corruptf("%s: marked invalid in place: the journal failed in an earlier run", path)
+	}
 	h, err = decodeCheckpoint(f, st.Size(), fn)
 	if err != nil {
 		if errors.Is(err, ErrCorrupt) {
@@ -103,6 +107,9 @@ func (d *Dir) WriteCheckpoint(h Header, entries iter.Seq[kvevent.Event]) error {
 	}
 	if h.Subscribers < 0 {
 		return fmt.Errorf("statedir: checkpoint: negative subscriber count %d", h.Subscribers)
+	}
+	if d.invalidated.Load() {
+		return ErrInvalidated
 	}
 	tmp := d.file(checkpointTmp)
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o640)

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -32,6 +33,11 @@ var ErrLocked = errors.New("statedir: state directory is in use")
 
 // ErrClosed reports use of a closed Dir or Journal.
 var ErrClosed = errors.New("statedir: closed")
+
+// ErrInvalidated is WriteCheckpoint's answer once the journal has failed:
+// the next start resets the state, and a checkpoint written meanwhile
+// could undo the mark (invalidate).
+var ErrInvalidated = errors.New("statedir: the journal failed; no checkpoint until the next start resets the state")
 
 // Options tune a Dir. The zero value fsyncs every Append and uses the default
 // file size and ring reserve; DefaultOptions is the gateway's default.
@@ -98,6 +104,8 @@ type Dir struct {
 	// (Replay, Tail, OpenJournal) or of the last journal closed; nil when
 	// unknown (Reset clears it).
 	verified *scanState
+	// invalidated is set once the journal failed (markInvalid).
+	invalidated atomic.Bool
 }
 
 type scanState struct {
@@ -188,9 +196,15 @@ func (d *Dir) checkValid() error {
 	}
 }
 
-// markInvalid creates dir/INVALID (best effort) so the next start resets.
+// markInvalid makes sure the next start resets: it creates dir/INVALID,
+// and where that fails (a full filesystem may have no inode or block left
+// for it) it spoils the state files in place instead. Either way no
+// checkpoint is written any more (ErrInvalidated): a fresh one would undo
+// the spoiling, and restore, after a crash, state older than what was
+// published under the same epoch.
 func (d *Dir) markInvalid(cause error) {
-	f, err := os.OpenFile(d.file(invalidName), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
+	d.invalidated.Store(true)
+	f, err := createInvalid(d.file(invalidName))
 	if err == nil {
 		_, err = f.WriteString(cause.Error() + "\n")
 		if serr := f.Sync(); err == nil {
@@ -203,9 +217,61 @@ func (d *Dir) markInvalid(cause error) {
 	if err == nil {
 		err = syncDir(d.path)
 	}
-	if err != nil {
-		d.lg.Error("cannot mark state invalid", "err", err, "cause", cause)
+	if err == nil {
+		return
 	}
+	if serr := d.spoil(); serr != nil {
+		d.lg.Error("cannot mark state invalid: after a crash the next start may restore state older than what was published",
+			"err", err, "spoil_err", serr, "cause", cause)
+		return
+	}
+	d.lg.Error("cannot create INVALID; spoiled the state files' headers in place instead, so the next start resets",
+		"err", err, "cause", cause)
+}
+
+// createInvalid creates the INVALID marker; a test makes it fail as a
+// filesystem out of inodes does.
+var createInvalid = func(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
+}
+
+// spoilMark overwrites a state file's magic: it then fails its checks.
+const spoilMark = "INVALID!"
+
+// spoil overwrites the magic of the checkpoint and of every journal file
+// in place and syncs them. It needs no new inode or block, so it works on
+// a full filesystem; the next start finds them corrupt and resets.
+func (d *Dir) spoil() error {
+	names := []string{checkpointName}
+	ents, err := os.ReadDir(d.path)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if n := e.Name(); strings.HasPrefix(n, journalPrefix) && strings.HasSuffix(n, journalSuffix) {
+			names = append(names, n)
+		}
+	}
+	var errs []error
+	for _, n := range names {
+		f, err := os.OpenFile(d.file(n), os.O_WRONLY, 0)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if st, err := f.Stat(); err == nil && st.Size() >= int64(len(spoilMark)) {
+			_, err = f.WriteAt([]byte(spoilMark), 0)
+			if err == nil {
+				err = f.Sync()
+			}
+			errs = append(errs, err)
+		}
+		errs = append(errs, f.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // Reset moves every state file (checkpoint, checkpoint.tmp, journal files,
@@ -222,6 +288,7 @@ func (d *Dir) Reset(reason error) error {
 		return errors.New("statedir: Reset with an open journal")
 	}
 	d.verified = nil
+	d.invalidated.Store(false) // a new state begins
 	ents, err := os.ReadDir(d.path)
 	if err != nil {
 		return fmt.Errorf("statedir: %w", err)

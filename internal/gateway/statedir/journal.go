@@ -97,6 +97,9 @@ func appendJournalHeader(b []byte, e Epoch) []byte {
 }
 
 func checkJournalHeader(b []byte, e Epoch) error {
+	if string(b[:8]) == spoilMark {
+		return corruptf("marked invalid in place: the journal failed in an earlier run")
+	}
 	if string(b[:8]) != journalMagic {
 		return corruptf("bad magic %q", b[:8])
 	}
