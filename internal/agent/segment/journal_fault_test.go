@@ -34,8 +34,9 @@ func (d *fullDisk) set(room int64, failTruncate, failSync bool) {
 // install makes every journal file opened until the test ends go through d.
 func (d *fullDisk) install(t *testing.T) {
 	d.set(-1, false, false)
-	wrapJournalFile = func(f journalFile) journalFile { return &faultyFile{f, d} }
-	t.Cleanup(func() { wrapJournalFile = func(f journalFile) journalFile { return f } })
+	orig := wrapJournalFile
+	wrapJournalFile = func(f journalFile) journalFile { return &faultyFile{orig(f), d} }
+	t.Cleanup(func() { wrapJournalFile = orig })
 }
 
 type faultyFile struct {
@@ -180,7 +181,6 @@ func TestJournalWriteFailures(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			wrapJournalFile = func(f journalFile) journalFile { return f }
 			s2, rec, err := OpenDisk(dir, 1<<20)
 			if err != nil {
 				t.Fatal(err)

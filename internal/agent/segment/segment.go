@@ -362,6 +362,16 @@ func (s *Segment) takeIDLocked(nowMs int64) error {
 	return s.jrn.ensureID(s.nextID, nowMs)
 }
 
+// journalReleaseLocked journals the release of sealed allocation id of a
+// disk segment, once the journal is ready for it.
+func (s *Segment) journalReleaseLocked(id uint64) error {
+	nowMs := time.Now().UnixMilli()
+	if err := s.journalReadyLocked(nowMs); err != nil {
+		return err
+	}
+	return s.jrn.appendRelease(id, nowMs)
+}
+
 // journalReadyLocked answers whether a disk segment's journal may be
 // written: at once when its last write went through; after a failure
 // (a full filesystem, an I/O error), SEGMENT_UNAVAILABLE until the
@@ -392,12 +402,7 @@ func (s *Segment) Release(id uint64) error {
 	if s.jrn != nil && e.state == masterv1.AllocationState_ALLOCATION_STATE_SEALED {
 		// Journal the release before the extent can be reused, so a later
 		// seal of the same extent always follows it in the journal.
-		nowMs := time.Now().UnixMilli()
-		err := s.journalReadyLocked(nowMs)
-		if err == nil {
-			err = s.jrn.appendRelease(id, nowMs)
-		}
-		if err != nil {
+		if err := s.journalReleaseLocked(id); err != nil {
 			return fmt.Errorf("journal release of %d: %w", id, err)
 		}
 	}

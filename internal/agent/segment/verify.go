@@ -200,10 +200,7 @@ func (s *Segment) dropCorrupt(bad []*entry) error {
 			continue // released meanwhile
 		}
 		if s.jrn != nil && jerr == nil {
-			nowMs := time.Now().UnixMilli()
-			if jerr = s.journalReadyLocked(nowMs); jerr == nil {
-				jerr = s.jrn.appendRelease(e.id, nowMs)
-			}
+			jerr = s.journalReleaseLocked(e.id)
 		}
 		// Dropped even when the journal failed: these bytes are never
 		// served by this process; a restart verifies them again.

@@ -224,12 +224,9 @@ func TestInvalidWithoutRoom(t *testing.T) {
 	if err := d.WriteCheckpoint(Header{PublisherEpoch: e, Seq: 3}, slices.Values(sampleEvents(10))); err != nil {
 		t.Fatal(err)
 	}
+	orig := createInvalid
 	createInvalid = func(string) (*os.File, error) { return nil, syscall.ENOSPC }
-	t.Cleanup(func() {
-		createInvalid = func(path string) (*os.File, error) {
-			return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
-		}
-	})
+	t.Cleanup(func() { createInvalid = orig })
 	d.markInvalid(errors.New("write journal: no space left on device"))
 	if _, err := os.Stat(filepath.Join(dir, invalidName)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("INVALID: %v, want none (it could not be created)", err)

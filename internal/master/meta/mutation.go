@@ -325,7 +325,7 @@ func (s *Store) sendReleases(ctx context.Context, r *releases) {
 				refs = failed.Refs
 			}
 			s.lg.Warn("release at agent failed; owed, sent again until the agent takes it or reconciles", "agent_id", agent, "allocations", len(refs), "err", err)
-			s.oweRefs(refs)
+			s.Owe(refs)
 			if failed == nil {
 				return
 			}
@@ -338,14 +338,6 @@ func (s *Store) sendReleases(ctx context.Context, r *releases) {
 			s.segs.get(seg).freedMs.Store(now)
 		}
 	})
-}
-
-func (s *Store) oweRefs(refs []*masterv1.AllocationRef) {
-	for _, r := range refs {
-		if idx, ok := s.segs.lookup(r.SegmentId); ok {
-			s.owe(idx, []uint64{r.AllocationId})
-		}
-	}
 }
 
 // retryOwed sends again the releases owed on segments whose agent is
@@ -389,19 +381,15 @@ func (s *Store) retryOwed(ctx context.Context) {
 				}
 			}
 		}
+		now := s.nowMs()
 		s.owedMu.Lock()
 		for _, k := range keys[agent] {
 			if !still[k] {
 				delete(s.owed, k)
-			}
-		}
-		s.owedMu.Unlock()
-		now := s.nowMs()
-		for _, k := range keys[agent] {
-			if !still[k] {
 				s.segs.get(k.seg).freedMs.Store(now)
 			}
 		}
+		s.owedMu.Unlock()
 	})
 }
 
