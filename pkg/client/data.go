@@ -585,42 +585,113 @@ func (c *Client) readStream(ctx context.Context, endpoint string, d *masterv1.Re
 var readStreamDesc = grpc.StreamDesc{StreamName: "Read", ServerStreams: true}
 
 // GetTo streams the object into w without buffering it whole, verifying the
-// checksum at the end, and returns the bytes written. Replicas are tried in
-// order only until the first byte reaches w.
+// checksum at the end, and returns the bytes written (those left in w).
+//
+// Replicas are tried in order. A replica that fails before its first byte
+// reaches w (unreachable, refusing) is skipped whatever w is. One that fails
+// after (a read error part-way, or a checksum mismatch, only known at the
+// end) depends on w:
+//   - when w can be rewound — it implements Seek and Truncate(int64) error,
+//     and seeking to its current offset works when GetTo starts, as for an
+//     *os.File on a regular file — GetTo truncates w back to that offset,
+//     seeks there and tries the next replica; progress starts again from 0.
+//     Anything w held past that offset is lost on such a rewind.
+//   - otherwise (a pipe, a terminal, a bytes.Buffer) GetTo stops with that
+//     replica's error and the bytes written stay in w.
+//
+// A failed write to w ends GetTo at once. When every replica failed, the
+// error names each replica's.
 func (c *Client) GetTo(ctx context.Context, key string, w io.Writer, progress func(done, total int64)) (_ int64, err error) {
 	ctx, span := c.startCall(ctx, "client.get", 1, -1, key)
 	defer func() { tracectx.End(span, err) }()
+	rw, start, rewindable := rewinderOf(w)
 	rl, err := c.replicaList(ctx, key)
 	if err != nil {
 		return 0, fmt.Errorf("get %q: %w", key, err)
 	}
 	size := int64(rl.GetSize())
+	h := checksum.New()
+	var (
+		written int64
+		werr    error // w's, which no other replica can help
+	)
+	sink := func(_ int64, p []byte) error {
+		_, _ = h.Write(p)
+		n, err := w.Write(p)
+		written += int64(n)
+		if progress != nil {
+			progress(written, size)
+		}
+		if err != nil {
+			werr = err
+		}
+		return err
+	}
 	var errs []error
 	for _, d := range rl.GetReplicas() {
-		h := checksum.New()
-		var written int64
-		err := c.readStream(ctx, d.GetDataEndpoint(), d, func(_ int64, p []byte) error {
-			_, _ = h.Write(p)
-			n, err := w.Write(p)
-			written += int64(n)
-			if progress != nil {
-				progress(written, size)
-			}
-			return err
-		}, size)
+		h.Reset()
+		written, werr = 0, nil
+		err := c.readStream(ctx, d.GetDataEndpoint(), d, sink, size)
+		if werr != nil {
+			return written, fmt.Errorf("get %q: write: %w", key, werr)
+		}
 		if err == nil && h.Sum64() != rl.GetChecksum() {
-			return written, fmt.Errorf("get %q: %w", key, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "replica %d: checksum mismatch", d.GetReplicaId()))
+			err = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "checksum mismatch")
 		}
 		if err == nil {
 			return written, nil
 		}
+		err = fmt.Errorf("replica %d on %s: %w", d.GetReplicaId(), d.GetDataEndpoint(), err)
 		if written > 0 {
-			return written, fmt.Errorf("get %q: replica %d failed after %d bytes: %w", key, d.GetReplicaId(), written, err)
+			if !rewindable {
+				return written, fmt.Errorf("get %q: %w (%d bytes written)", key, err, written)
+			}
+			if rerr := rewind(rw, start); rerr != nil {
+				return written, fmt.Errorf("get %q: %w (%d bytes written; %w)", key, err, written, rerr)
+			}
+			if progress != nil {
+				progress(0, size)
+			}
 		}
 		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
 	}
 	if len(errs) == 0 {
 		errs = append(errs, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY, "no readable replica"))
 	}
 	return 0, fmt.Errorf("get %q: %w", key, errors.Join(errs...))
+}
+
+// rewinder is a writer GetTo can take back to where it started writing.
+type rewinder interface {
+	io.Seeker
+	Truncate(size int64) error
+}
+
+// rewinderOf returns w as a rewinder and its current offset, when w is one
+// and seeking works on it (it does not on an *os.File that is a pipe or a
+// terminal).
+func rewinderOf(w io.Writer) (rewinder, int64, bool) {
+	rw, ok := w.(rewinder)
+	if !ok {
+		return nil, 0, false
+	}
+	off, err := rw.Seek(0, io.SeekCurrent)
+	if err != nil {
+		return nil, 0, false
+	}
+	return rw, off, true
+}
+
+// rewind drops what was written to rw past off and moves back there.
+func rewind(rw rewinder, off int64) error {
+	if err := rw.Truncate(off); err != nil {
+		return fmt.Errorf("rewind: %w", err)
+	}
+	if _, err := rw.Seek(off, io.SeekStart); err != nil {
+		return fmt.Errorf("rewind: %w", err)
+	}
+	return nil
 }

@@ -136,19 +136,30 @@ func getCmd(e *env) *cobra.Command {
 			return exactArgs(1)(cmd, args)
 		},
 		RunE: e.withClient(func(ctx context.Context, c *client.Client, args []string) error {
-			var w io.Writer = e.stdout
+			var (
+				w       io.Writer = e.stdout
+				f       *os.File
+				regular bool // f is a regular file (not /dev/null, not a pipe)
+			)
 			dest := e.output
 			if dest != "" && dest != "-" {
-				f, err := os.Create(dest)
-				if err != nil {
+				var err error
+				if f, err = os.Create(dest); err != nil {
 					return err
 				}
 				defer f.Close()
 				w = f
+				fi, err := f.Stat()
+				regular = err == nil && fi.Mode().IsRegular()
 			}
 			bar := newProgress(e.stderr, "get "+args[0], tty(e.stderr) && dest != "" && dest != "-")
 			_, err := c.GetTo(ctx, args[0], w, bar.update)
 			bar.done()
+			if err != nil && regular {
+				// Whatever the file holds is not the object.
+				_ = f.Close()
+				_ = os.Remove(dest)
+			}
 			return err
 		}),
 	}
