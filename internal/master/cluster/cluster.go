@@ -173,6 +173,19 @@ type Metadata interface {
 	// Called when segments become UNMOUNTING; the caller marks them
 	// UNMOUNTED after it returns.
 	DropSegments(ctx context.Context, segmentIDs []string)
+	// Lost is called when an agent reports SEALED allocations it dropped
+	// while serving (AllocationsLost: bytes that no longer match their
+	// sealed checksum, or cannot be read); segments are the agent's
+	// current segments. It removes the replicas that point at those
+	// allocations through the normal mutation path (recording `removed`
+	// where a medium stops being readable, refunding quota, erasing an
+	// object left without replicas) and sends no Release: the agent
+	// already released them. Allocations on segments not among segments,
+	// and allocations no replica points at (an upsert replaced the object
+	// meanwhile, a removal came first), are ignored. It returns the
+	// number of replicas removed. It keeps nothing of allocs once it
+	// returns.
+	Lost(ctx context.Context, agentID string, segments []Segment, allocs []*masterv1.Allocation) int
 	// SegmentReplicaCounts returns the number of replicas (any status) per
 	// segment id, for AdminService.
 	SegmentReplicaCounts() map[string]uint64

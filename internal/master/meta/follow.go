@@ -60,7 +60,7 @@ func (s *Store) FollowDelta(ctx context.Context, agentID string, segments []clus
 		for _, a := range released {
 			gone[allocID{a.GetSegmentId(), a.GetAllocationId()}] = true
 		}
-		s.followReleased(r, released)
+		s.dropAllocs(r.segSet, released)
 	}
 	if len(gone) > 0 {
 		kept := make([]*masterv1.Allocation, 0, len(sealed))
@@ -82,65 +82,11 @@ type allocID struct {
 	id  uint64
 }
 
-// followReleased removes the replicas whose allocations the agent released.
-func (s *Store) followReleased(r *reconcileRun, released []*masterv1.Allocation) {
-	type item struct {
-		a      *masterv1.Allocation
-		seg    uint32
-		tenant uint32
-		shard  int
-	}
-	items := make([]item, 0, len(released))
-	for _, a := range released {
-		idx, ok := s.segs.lookup(a.GetSegmentId())
-		if _, mine := r.segSet[idx]; !ok || !mine {
-			continue
-		}
-		s.takeOwed(allocKey{idx, a.GetAllocationId()}) // released: nothing owed any more
-		t, ok := s.tenants.lookup(NormalizeTenant(a.GetTenant()))
-		if !ok {
-			continue
-		}
-		items = append(items, item{a: a, seg: idx, tenant: t, shard: s.shardIndex(t, a.GetKey())})
-	}
-	forShards(items, func(it item) int { return it.shard }, func(sh int, its []item) {
-		shd := &s.shards[sh]
-		shd.mu.Lock()
-		m := s.begin(shd, nil)
-		for _, it := range its {
-			o := shd.getLocked(it.tenant, it.a.GetKey())
-			if o == nil {
-				continue
-			}
-			for i, rp := range o.replicas {
-				if rp.seg == it.seg && !rp.pending && rp.allocID == it.a.GetAllocationId() {
-					m.remove(o, i, false)
-					break
-				}
-			}
-			if len(o.replicas) == 0 {
-				shd.endPutLocked(o)
-				m.dropIfEmpty(o)
-			}
-		}
-		m.commit()
-		shd.mu.Unlock()
-	})
-}
-
 // heldLocked reports whether the allocation is already one of its object's
 // replicas (m's shard locked).
 func (r *reconcileRun) heldLocked(m *mut, it reconcileItem) bool {
 	o := m.sh.getLocked(it.tenant, it.a.GetKey())
-	if o == nil {
-		return false
-	}
-	for _, rp := range o.replicas {
-		if rp.seg == it.seg && !rp.pending && rp.allocID == it.a.GetAllocationId() {
-			return true
-		}
-	}
-	return false
+	return o != nil && o.allocIndex(it.seg, it.a.GetAllocationId()) >= 0
 }
 
 // Owe remembers allocations to release at their agents later: a following

@@ -114,3 +114,14 @@ func (o *object) replicaIndex(id uint32) int {
 	}
 	return -1
 }
+
+// allocIndex is the index of o's replica at allocation id of segment seg
+// (never a pending one: its allocation is not known yet), or -1.
+func (o *object) allocIndex(seg uint32, id uint64) int {
+	for i, rp := range o.replicas {
+		if rp.seg == seg && !rp.pending && rp.allocID == id {
+			return i
+		}
+	}
+	return -1
+}

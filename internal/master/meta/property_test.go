@@ -10,14 +10,15 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/cluster"
+	"github.com/crescent-kv/crescent/internal/master/meta/metatest"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"pgregory.net/rapid"
 )
 
 // TestPropertyInvariants drives random sequences of put / get / remove /
-// upsert / remove-all / evict / offload / revoke / segment loss / drain /
-// copy and move / clock steps over a
-// few tenants and keys, and checks after every step that (a) the change
+// upsert / remove-all / evict / offload / revoke / segment loss / lost
+// allocations / drain / copy and move / clock steps over a few tenants
+// and keys, and checks after every step that (a) the change
 // log applied to an empty set gives exactly the readable set, (b) quota
 // usage equals the sum of live object sizes, (c) no allocation is leaked
 // or double-released at the fake agents, (d) every shard's recency list
@@ -243,6 +244,28 @@ func TestPropertyInvariants(t *testing.T) {
 						rt.Fatalf("migrate %s: OK without a COMPLETE replica and a source: %+v", r.Key, r)
 					}
 				}
+			},
+			"loseAllocations": func(rt *rapid.T) {
+				// An agent's reads found sealed allocations bad: it drops
+				// them and reports them (AllocationsLost), perhaps one
+				// twice.
+				agent := fmt.Sprintf("agent-%d", rapid.IntRange(0, 2).Draw(rt, "agent"))
+				var sealed []*masterv1.Allocation
+				for _, a := range e.c.Agents.Table(agent) {
+					if a.GetState() == masterv1.AllocationState_ALLOCATION_STATE_SEALED {
+						sealed = append(sealed, a)
+					}
+				}
+				if len(sealed) == 0 {
+					return
+				}
+				var lost []*masterv1.Allocation
+				for range rapid.IntRange(1, 3).Draw(rt, "lost") {
+					a := sealed[rapid.IntRange(0, len(sealed)-1).Draw(rt, "allocation")]
+					e.c.Agents.Lose(metatest.Ref{Segment: a.GetSegmentId(), ID: a.GetAllocationId()})
+					lost = append(lost, a)
+				}
+				e.s.Lost(ctx, agent, segsOf(e.c, agent), lost)
 			},
 			"agentBlip": func(rt *rapid.T) {
 				// An agent is unreachable during one removal-type operation,

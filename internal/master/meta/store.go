@@ -112,6 +112,9 @@ type Store struct {
 	changes        prometheus.Counter
 	reserved       prometheus.Counter
 	expired        prometheus.Counter
+	// lost counts the replicas removed because their agent reported their
+	// allocations lost (Lost).
+	lost prometheus.Counter
 	// sealsByReceipt and sealsBySeal count the replicas PutEnd sealed or
 	// tried to seal, by how: a seal receipt (sealed on write, receipt.go)
 	// or a Seal to the agent (PutSeals, crescent_master_put_seals_total).
@@ -182,6 +185,9 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		expired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "crescent_master_expired_puts_total", Help: "PutStarts expired for want of a PutEnd within the put timeout.",
 		}),
+		lost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "crescent_master_replicas_lost_total", Help: "Replicas removed because their agent reported their allocations lost (AllocationsLost: sealed bytes that no longer match their checksum or cannot be read).",
+		}),
 	}
 	s.promo = newPromoter(cfg)
 	for i := range s.shards {
@@ -232,7 +238,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 				Help: "Spares by outcome: outcome=leased (leased to a client), committed (a put written into one and committed by its PutEnd), lapsed (expired, or dropped when the segment's agent registered or on Promote).",
 			}, func() float64 { _, l, c, x := s.SpareStats(); return float64(pick(l, c, x)) })
 		}
-		for _, c := range append([]prometheus.Collector{s.evicted, s.offloaded, s.offloadedBytes, s.changes, s.reserved, s.expired,
+		for _, c := range append([]prometheus.Collector{s.evicted, s.offloaded, s.offloadedBytes, s.changes, s.reserved, s.expired, s.lost,
 			seals("receipt", &s.sealsByReceipt), seals("seal", &s.sealsBySeal), objects, bytes, rev,
 			reservations("blank", &s.blanksTaken), reservations("reserve", &s.reservesSent), blanks, spares,
 			detached, tombs, tombsDropped,

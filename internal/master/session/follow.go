@@ -228,6 +228,9 @@ func (m *Manager) followMessage(ctx context.Context, fm cluster.FollowingMetadat
 		m.reg.Deregister(agentID, gen, grace)
 	case *masterv1.ConnectRequest_Register, *masterv1.ConnectRequest_RegisterChunk:
 		return invalid("follow: %s only opens a stream", msgName(msg))
+	case *masterv1.ConnectRequest_AllocationsLost:
+		// Connect only: the agent journaled the release of the allocations
+		// it lost, so its feed brings them here as a TableDelta's released.
 	default:
 		// Results belong to Connect; a newer agent's messages are ignored.
 		m.lg.Debug("agent follow message ignored", "agent_id", agentID, "msg", msgName(msg))

@@ -97,6 +97,9 @@ func FuzzHandle(f *testing.F) {
 		{Msg: &masterv1.ConnectRequest_Register{Register: &masterv1.Register{AgentId: "a1"}}},
 		{Msg: &masterv1.ConnectRequest_RegisterChunk{RegisterChunk: &masterv1.RegisterChunk{Last: true}}},
 		{Msg: &masterv1.ConnectRequest_SettingsApplied{SettingsApplied: &masterv1.SettingsApplied{TokenKeyId: 7}}},
+		{Msg: &masterv1.ConnectRequest_AllocationsLost{AllocationsLost: &masterv1.AllocationsLost{Reason: "checksum mismatch", Allocations: []*masterv1.Allocation{
+			{SegmentId: "s1", AllocationId: 1, Key: "k", ReplicaId: 1}, {SegmentId: "other", AllocationId: 2, Tenant: "t", Key: "j", ReplicaId: 2}}}}},
+		{Msg: &masterv1.ConnectRequest_AllocationsLost{AllocationsLost: &masterv1.AllocationsLost{Allocations: []*masterv1.Allocation{{SegmentId: "s1", AllocationId: 1}}}}},
 		{},
 	}
 	for _, s := range seeds {

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
 )
 
 func TestMain(m *testing.M) {
@@ -39,6 +40,7 @@ type fakeMeta struct {
 	reconciles []reconcileCall
 	drops      [][]string
 	dropStates []masterv1.SegmentLifecycle
+	losses     []reconcileCall
 	reg        *registry.Registry // to observe segment states during drops
 
 	// release, when set, is what Reconcile returns.
@@ -85,6 +87,25 @@ func (f *fakeMeta) droppedWhileUnmounting() bool {
 		}
 	}
 	return true
+}
+
+// Lost records the call, with copies of the allocations (the session's
+// receiver reuses them once Lost returns), and reports each removed.
+func (f *fakeMeta) Lost(_ context.Context, agentID string, segs []cluster.Segment, allocs []*masterv1.Allocation) int {
+	own := make([]*masterv1.Allocation, len(allocs))
+	for i, a := range allocs {
+		own[i] = proto.CloneOf(a)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.losses = append(f.losses, reconcileCall{agentID, slices.Clone(segs), own})
+	return len(allocs)
+}
+
+func (f *fakeMeta) lostCalls() []reconcileCall {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.losses)
 }
 
 func (f *fakeMeta) SegmentReplicaCounts() map[string]uint64 { return nil }

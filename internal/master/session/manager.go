@@ -556,6 +556,20 @@ func (m *Manager) registeredSegments(reg registry.Registration) []cluster.Segmen
 	return segs
 }
 
+// agentSegments is the registry's view of the agent's current segments
+// (not UNMOUNTED).
+func (m *Manager) agentSegments(agentID string) []cluster.Segment {
+	a, _ := m.reg.Agent(agentID)
+	segs := make([]cluster.Segment, 0, len(a.SegmentIDs))
+	for _, id := range a.SegmentIDs {
+		if sg, ok := m.reg.Segment(id); ok && sg.AgentID == agentID &&
+			sg.Lifecycle != masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_UNMOUNTED {
+			segs = append(segs, sg)
+		}
+	}
+	return segs
+}
+
 // openStream starts serving an agent stream (Connect or Follow): its
 // context, ended by the stream, by Close (errClosing) and by done
 // (errEnded, when the handler returns), and its receiver, which hands

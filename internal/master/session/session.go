@@ -188,6 +188,8 @@ func (s *session) handle(msg *masterv1.ConnectRequest) error {
 		if ids := m.reg.Unmount(s.agentID, s.gen, u.GetUnmountedSegmentIds()); len(ids) > 0 {
 			m.unmount(ids)
 		}
+	case *masterv1.ConnectRequest_AllocationsLost:
+		return s.lost(v.AllocationsLost)
 	case *masterv1.ConnectRequest_SettingsApplied:
 		// Connect waited for the registration's (awaitApplied); later
 		// ones answer key rotations, which the activation delay covers.
@@ -200,6 +202,26 @@ func (s *session) handle(msg *masterv1.ConnectRequest) error {
 		// ignoring them keeps the protocol forward compatible.
 		m.lg.Debug("agent message ignored", "agent_id", s.agentID, "msg", msgName(msg))
 	}
+	return nil
+}
+
+// lost removes the replicas of allocations the agent dropped while
+// serving (their bytes failed their sealed checksum or could not be read).
+// The message is checked first; allocations on segments that are not the
+// agent's now are left to the metadata to ignore (a segment unmounted
+// meanwhile already lost its replicas).
+func (s *session) lost(l *masterv1.AllocationsLost) error {
+	if err := validateLost(l); err != nil {
+		return err
+	}
+	allocs := l.GetAllocations()
+	if len(allocs) == 0 {
+		return nil
+	}
+	m := s.m
+	removed := m.metadata().Lost(s.ctx, s.agentID, m.agentSegments(s.agentID), allocs)
+	m.lg.Warn("agent reported lost allocations; their replicas are removed", "agent_id", s.agentID,
+		"count", len(allocs), "removed", removed, "reason", clipReason(l.GetReason()), "first_key", allocs[0].GetKey())
 	return nil
 }
 

@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"strings"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/auth"
@@ -15,6 +16,21 @@ import (
 const (
 	maxIDLen   = 256
 	maxNameLen = 4096
+)
+
+// maxTenantLen and maxKeyLen bound an allocation's tenant and key
+// (bytes) where the agent side checks them: the object limits of the
+// metadata (meta.MaxTenantLen, meta.MaxKeyLen), which it does not import.
+const (
+	maxTenantLen = 256
+	maxKeyLen    = 4096
+)
+
+// MaxLostAllocations is the most allocations one AllocationsLost may
+// carry; maxLostReason bounds the part of its reason the master logs.
+const (
+	MaxLostAllocations = 16384
+	maxLostReason      = 1024
 )
 
 // maxSegmentCapacity bounds a segment's claimed capacity (1 PiB, far past
@@ -168,4 +184,38 @@ func bindHost(ctx context.Context, reg *registry.Registration) error {
 func blankReserved(a *masterv1.Allocation) bool {
 	return a.GetBlank() && a.GetState() == masterv1.AllocationState_ALLOCATION_STATE_RESERVED &&
 		a.GetTenant() == "" && a.GetKey() == ""
+}
+
+// validateLost checks an AllocationsLost against the proto contract: at
+// most MaxLostAllocations, each naming its segment, allocation and object
+// within the limits the master keeps. The reason is not checked (it is
+// clipped for the log: clipReason). It never panics, whatever the bytes
+// decoded to.
+func validateLost(l *masterv1.AllocationsLost) error {
+	allocs := l.GetAllocations()
+	if len(allocs) > MaxLostAllocations {
+		return invalid("allocations lost: %d allocations, max %d per message", len(allocs), MaxLostAllocations)
+	}
+	for i, a := range allocs {
+		switch {
+		case a == nil:
+			return invalid("allocations lost: allocation %d is empty", i)
+		case a.GetSegmentId() == "" || len(a.GetSegmentId()) > maxIDLen:
+			return invalid("allocations lost: allocation %d: segment_id must be 1..%d bytes, got %d", i, maxIDLen, len(a.GetSegmentId()))
+		case a.GetKey() == "" || len(a.GetKey()) > maxKeyLen:
+			return invalid("allocations lost: allocation %d of segment %q: key must be 1..%d bytes, got %d", a.GetAllocationId(), a.GetSegmentId(), maxKeyLen, len(a.GetKey()))
+		case len(a.GetTenant()) > maxTenantLen:
+			return invalid("allocations lost: allocation %d of segment %q: tenant longer than %d bytes", a.GetAllocationId(), a.GetSegmentId(), maxTenantLen)
+		}
+	}
+	return nil
+}
+
+// clipReason cuts an AllocationsLost reason to maxLostReason bytes for
+// the log, at a rune boundary.
+func clipReason(r string) string {
+	if len(r) <= maxLostReason {
+		return r
+	}
+	return strings.ToValidUTF8(r[:maxLostReason], "")
 }

@@ -480,6 +480,7 @@ type ConnectRequest struct {
 	//	*ConnectRequest_RegisterChunk
 	//	*ConnectRequest_TableDelta
 	//	*ConnectRequest_SettingsApplied
+	//	*ConnectRequest_AllocationsLost
 	Msg           isConnectRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -621,6 +622,15 @@ func (x *ConnectRequest) GetSettingsApplied() *SettingsApplied {
 	return nil
 }
 
+func (x *ConnectRequest) GetAllocationsLost() *AllocationsLost {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectRequest_AllocationsLost); ok {
+			return x.AllocationsLost
+		}
+	}
+	return nil
+}
+
 type isConnectRequest_Msg interface {
 	isConnectRequest_Msg()
 }
@@ -670,6 +680,10 @@ type ConnectRequest_SettingsApplied struct {
 	SettingsApplied *SettingsApplied `protobuf:"bytes,11,opt,name=settings_applied,json=settingsApplied,proto3,oneof"`
 }
 
+type ConnectRequest_AllocationsLost struct {
+	AllocationsLost *AllocationsLost `protobuf:"bytes,12,opt,name=allocations_lost,json=allocationsLost,proto3,oneof"`
+}
+
 func (*ConnectRequest_Register) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_Heartbeat) isConnectRequest_Msg() {}
@@ -692,6 +706,72 @@ func (*ConnectRequest_TableDelta) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_SettingsApplied) isConnectRequest_Msg() {}
 
+func (*ConnectRequest_AllocationsLost) isConnectRequest_Msg() {}
+
+// AllocationsLost reports SEALED allocations the agent dropped while
+// serving: a disk read found bytes that no longer hash to their sealed
+// checksum, or could not read them at all (EIO). The agent has already
+// journaled their release and answers reads of them CHECKSUM_MISMATCH; the
+// master removes the replicas that point at them, recording `removed` where
+// a medium stops being readable, and sends no Release. A report the master
+// never received (the session ended first) is settled by the agent's next
+// registration, whose table no longer holds the allocations. Connect only.
+type AllocationsLost struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// segment_id, allocation_id, tenant, key and replica_id set; at most
+	// 16384 per message.
+	Allocations []*Allocation `protobuf:"bytes,1,rep,name=allocations,proto3" json:"allocations,omitempty"`
+	// Why, for the master's log: "checksum mismatch", "read: input/output
+	// error", ... At most 1024 bytes.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AllocationsLost) Reset() {
+	*x = AllocationsLost{}
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AllocationsLost) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AllocationsLost) ProtoMessage() {}
+
+func (x *AllocationsLost) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AllocationsLost.ProtoReflect.Descriptor instead.
+func (*AllocationsLost) Descriptor() ([]byte, []int) {
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *AllocationsLost) GetAllocations() []*Allocation {
+	if x != nil {
+		return x.Allocations
+	}
+	return nil
+}
+
+func (x *AllocationsLost) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // SettingsApplied answers every Settings once the agent applied it: from
 // then on it verifies tokens under that Settings' token keys. The master
 // makes a registering agent's segments readable only after this answer to
@@ -709,7 +789,7 @@ type SettingsApplied struct {
 
 func (x *SettingsApplied) Reset() {
 	*x = SettingsApplied{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[3]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -721,7 +801,7 @@ func (x *SettingsApplied) String() string {
 func (*SettingsApplied) ProtoMessage() {}
 
 func (x *SettingsApplied) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[3]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -734,7 +814,7 @@ func (x *SettingsApplied) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettingsApplied.ProtoReflect.Descriptor instead.
 func (*SettingsApplied) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{3}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SettingsApplied) GetTokenKeyId() uint32 {
@@ -800,7 +880,7 @@ type Register struct {
 
 func (x *Register) Reset() {
 	*x = Register{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[4]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -812,7 +892,7 @@ func (x *Register) String() string {
 func (*Register) ProtoMessage() {}
 
 func (x *Register) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[4]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -825,7 +905,7 @@ func (x *Register) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Register.ProtoReflect.Descriptor instead.
 func (*Register) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{4}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Register) GetAgentId() string {
@@ -932,7 +1012,7 @@ type TablePosition struct {
 
 func (x *TablePosition) Reset() {
 	*x = TablePosition{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[5]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -944,7 +1024,7 @@ func (x *TablePosition) String() string {
 func (*TablePosition) ProtoMessage() {}
 
 func (x *TablePosition) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[5]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -957,7 +1037,7 @@ func (x *TablePosition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TablePosition.ProtoReflect.Descriptor instead.
 func (*TablePosition) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{5}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *TablePosition) GetInstance() string {
@@ -994,7 +1074,7 @@ type TableDelta struct {
 
 func (x *TableDelta) Reset() {
 	*x = TableDelta{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[6]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1006,7 +1086,7 @@ func (x *TableDelta) String() string {
 func (*TableDelta) ProtoMessage() {}
 
 func (x *TableDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[6]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1019,7 +1099,7 @@ func (x *TableDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableDelta.ProtoReflect.Descriptor instead.
 func (*TableDelta) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{6}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TableDelta) GetFromVersion() uint64 {
@@ -1062,7 +1142,7 @@ type TableRequest struct {
 
 func (x *TableRequest) Reset() {
 	*x = TableRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[7]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1074,7 +1154,7 @@ func (x *TableRequest) String() string {
 func (*TableRequest) ProtoMessage() {}
 
 func (x *TableRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[7]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1087,7 +1167,7 @@ func (x *TableRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TableRequest.ProtoReflect.Descriptor instead.
 func (*TableRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{7}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TableRequest) GetReason() string {
@@ -1120,7 +1200,7 @@ type RegisterChunk struct {
 
 func (x *RegisterChunk) Reset() {
 	*x = RegisterChunk{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[8]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1132,7 +1212,7 @@ func (x *RegisterChunk) String() string {
 func (*RegisterChunk) ProtoMessage() {}
 
 func (x *RegisterChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[8]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1145,7 +1225,7 @@ func (x *RegisterChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterChunk.ProtoReflect.Descriptor instead.
 func (*RegisterChunk) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{8}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RegisterChunk) GetAllocations() []*Allocation {
@@ -1181,7 +1261,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[9]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +1273,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[9]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +1286,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{9}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Heartbeat) GetSeq() uint64 {
@@ -1234,7 +1314,7 @@ type SegmentsUpdate struct {
 
 func (x *SegmentsUpdate) Reset() {
 	*x = SegmentsUpdate{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[10]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1246,7 +1326,7 @@ func (x *SegmentsUpdate) String() string {
 func (*SegmentsUpdate) ProtoMessage() {}
 
 func (x *SegmentsUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[10]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1259,7 +1339,7 @@ func (x *SegmentsUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentsUpdate.ProtoReflect.Descriptor instead.
 func (*SegmentsUpdate) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{10}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SegmentsUpdate) GetMounted() []*SegmentInfo {
@@ -1288,7 +1368,7 @@ type Deregister struct {
 
 func (x *Deregister) Reset() {
 	*x = Deregister{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1300,7 +1380,7 @@ func (x *Deregister) String() string {
 func (*Deregister) ProtoMessage() {}
 
 func (x *Deregister) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[11]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1313,7 +1393,7 @@ func (x *Deregister) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Deregister.ProtoReflect.Descriptor instead.
 func (*Deregister) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{11}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Deregister) GetGrace() *durationpb.Duration {
@@ -1348,7 +1428,7 @@ type ConnectResponse struct {
 
 func (x *ConnectResponse) Reset() {
 	*x = ConnectResponse{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1360,7 +1440,7 @@ func (x *ConnectResponse) String() string {
 func (*ConnectResponse) ProtoMessage() {}
 
 func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[12]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1373,7 +1453,7 @@ func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectResponse.ProtoReflect.Descriptor instead.
 func (*ConnectResponse) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{12}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ConnectResponse) GetMsg() isConnectResponse_Msg {
@@ -1520,7 +1600,7 @@ type Settings struct {
 
 func (x *Settings) Reset() {
 	*x = Settings{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1532,7 +1612,7 @@ func (x *Settings) String() string {
 func (*Settings) ProtoMessage() {}
 
 func (x *Settings) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[13]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1545,7 +1625,7 @@ func (x *Settings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Settings.ProtoReflect.Descriptor instead.
 func (*Settings) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{13}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Settings) GetEpoch() uint64 {
@@ -1645,7 +1725,7 @@ type TokenKey struct {
 
 func (x *TokenKey) Reset() {
 	*x = TokenKey{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1657,7 +1737,7 @@ func (x *TokenKey) String() string {
 func (*TokenKey) ProtoMessage() {}
 
 func (x *TokenKey) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[14]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1670,7 +1750,7 @@ func (x *TokenKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenKey.ProtoReflect.Descriptor instead.
 func (*TokenKey) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{14}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TokenKey) GetId() uint32 {
@@ -1698,7 +1778,7 @@ type AllocationRef struct {
 
 func (x *AllocationRef) Reset() {
 	*x = AllocationRef{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1710,7 +1790,7 @@ func (x *AllocationRef) String() string {
 func (*AllocationRef) ProtoMessage() {}
 
 func (x *AllocationRef) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[15]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1723,7 +1803,7 @@ func (x *AllocationRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationRef.ProtoReflect.Descriptor instead.
 func (*AllocationRef) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{15}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AllocationRef) GetSegmentId() string {
@@ -1760,7 +1840,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1772,7 +1852,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[16]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1785,7 +1865,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{16}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReserveRequest) GetRequestId() uint64 {
@@ -1848,7 +1928,7 @@ type ReserveItem struct {
 
 func (x *ReserveItem) Reset() {
 	*x = ReserveItem{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1860,7 +1940,7 @@ func (x *ReserveItem) String() string {
 func (*ReserveItem) ProtoMessage() {}
 
 func (x *ReserveItem) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[17]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1873,7 +1953,7 @@ func (x *ReserveItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveItem.ProtoReflect.Descriptor instead.
 func (*ReserveItem) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{17}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReserveItem) GetSegmentId() string {
@@ -1950,7 +2030,7 @@ type ReserveResult struct {
 
 func (x *ReserveResult) Reset() {
 	*x = ReserveResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1962,7 +2042,7 @@ func (x *ReserveResult) String() string {
 func (*ReserveResult) ProtoMessage() {}
 
 func (x *ReserveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[18]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1975,7 +2055,7 @@ func (x *ReserveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveResult.ProtoReflect.Descriptor instead.
 func (*ReserveResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{18}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReserveResult) GetRequestId() uint64 {
@@ -2004,7 +2084,7 @@ type ReserveItemResult struct {
 
 func (x *ReserveItemResult) Reset() {
 	*x = ReserveItemResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2016,7 +2096,7 @@ func (x *ReserveItemResult) String() string {
 func (*ReserveItemResult) ProtoMessage() {}
 
 func (x *ReserveItemResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[19]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2029,7 +2109,7 @@ func (x *ReserveItemResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveItemResult.ProtoReflect.Descriptor instead.
 func (*ReserveItemResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{19}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReserveItemResult) GetStatus() *ItemStatus {
@@ -2072,7 +2152,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[20]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2084,7 +2164,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[20]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2097,7 +2177,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{20}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReleaseRequest) GetRequestId() uint64 {
@@ -2145,7 +2225,7 @@ type ReleaseResult struct {
 
 func (x *ReleaseResult) Reset() {
 	*x = ReleaseResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[21]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2157,7 +2237,7 @@ func (x *ReleaseResult) String() string {
 func (*ReleaseResult) ProtoMessage() {}
 
 func (x *ReleaseResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[21]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2170,7 +2250,7 @@ func (x *ReleaseResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResult.ProtoReflect.Descriptor instead.
 func (*ReleaseResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{21}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReleaseResult) GetRequestId() uint64 {
@@ -2207,7 +2287,7 @@ type SealRequest struct {
 
 func (x *SealRequest) Reset() {
 	*x = SealRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[22]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2219,7 +2299,7 @@ func (x *SealRequest) String() string {
 func (*SealRequest) ProtoMessage() {}
 
 func (x *SealRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[22]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2232,7 +2312,7 @@ func (x *SealRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealRequest.ProtoReflect.Descriptor instead.
 func (*SealRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{22}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SealRequest) GetRequestId() uint64 {
@@ -2285,7 +2365,7 @@ type SealItem struct {
 
 func (x *SealItem) Reset() {
 	*x = SealItem{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[23]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2297,7 +2377,7 @@ func (x *SealItem) String() string {
 func (*SealItem) ProtoMessage() {}
 
 func (x *SealItem) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[23]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2310,7 +2390,7 @@ func (x *SealItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealItem.ProtoReflect.Descriptor instead.
 func (*SealItem) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{23}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SealItem) GetSegmentId() string {
@@ -2351,7 +2431,7 @@ type SealResult struct {
 
 func (x *SealResult) Reset() {
 	*x = SealResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[24]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2363,7 +2443,7 @@ func (x *SealResult) String() string {
 func (*SealResult) ProtoMessage() {}
 
 func (x *SealResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[24]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2376,7 +2456,7 @@ func (x *SealResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealResult.ProtoReflect.Descriptor instead.
 func (*SealResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{24}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SealResult) GetRequestId() uint64 {
@@ -2425,7 +2505,7 @@ type CopyRequest struct {
 
 func (x *CopyRequest) Reset() {
 	*x = CopyRequest{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[25]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2437,7 +2517,7 @@ func (x *CopyRequest) String() string {
 func (*CopyRequest) ProtoMessage() {}
 
 func (x *CopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[25]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2450,7 +2530,7 @@ func (x *CopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyRequest.ProtoReflect.Descriptor instead.
 func (*CopyRequest) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{25}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CopyRequest) GetRequestId() uint64 {
@@ -2529,7 +2609,7 @@ type CopyItem struct {
 
 func (x *CopyItem) Reset() {
 	*x = CopyItem{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[26]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2541,7 +2621,7 @@ func (x *CopyItem) String() string {
 func (*CopyItem) ProtoMessage() {}
 
 func (x *CopyItem) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[26]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2554,7 +2634,7 @@ func (x *CopyItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyItem.ProtoReflect.Descriptor instead.
 func (*CopyItem) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{26}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CopyItem) GetSource() *AllocationRef {
@@ -2606,7 +2686,7 @@ type CopyResult struct {
 
 func (x *CopyResult) Reset() {
 	*x = CopyResult{}
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[27]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2618,7 +2698,7 @@ func (x *CopyResult) String() string {
 func (*CopyResult) ProtoMessage() {}
 
 func (x *CopyResult) ProtoReflect() protoreflect.Message {
-	mi := &file_crescent_master_v1_segment_proto_msgTypes[27]
+	mi := &file_crescent_master_v1_segment_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2631,7 +2711,7 @@ func (x *CopyResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyResult.ProtoReflect.Descriptor instead.
 func (*CopyResult) Descriptor() ([]byte, []int) {
-	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{27}
+	return file_crescent_master_v1_segment_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CopyResult) GetRequestId() uint64 {
@@ -2688,7 +2768,7 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\x16soft_pin_until_unix_ms\x18\f \x01(\x03R\x12softPinUntilUnixMs\x12&\n" +
 	"\x0fcreated_unix_ms\x18\r \x01(\x03R\rcreatedUnixMs\x12$\n" +
 	"\x0esealed_unix_ms\x18\x0e \x01(\x03R\fsealedUnixMs\x12\x14\n" +
-	"\x05blank\x18\x0f \x01(\bR\x05blank\"\xa2\x06\n" +
+	"\x05blank\x18\x0f \x01(\bR\x05blank\"\xf4\x06\n" +
 	"\x0eConnectRequest\x12:\n" +
 	"\bregister\x18\x01 \x01(\v2\x1c.crescent.master.v1.RegisterH\x00R\bregister\x12=\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x1d.crescent.master.v1.HeartbeatH\x00R\theartbeat\x12J\n" +
@@ -2706,8 +2786,12 @@ const file_crescent_master_v1_segment_proto_rawDesc = "" +
 	"\vtable_delta\x18\n" +
 	" \x01(\v2\x1e.crescent.master.v1.TableDeltaH\x00R\n" +
 	"tableDelta\x12P\n" +
-	"\x10settings_applied\x18\v \x01(\v2#.crescent.master.v1.SettingsAppliedH\x00R\x0fsettingsAppliedB\x05\n" +
-	"\x03msg\"3\n" +
+	"\x10settings_applied\x18\v \x01(\v2#.crescent.master.v1.SettingsAppliedH\x00R\x0fsettingsApplied\x12P\n" +
+	"\x10allocations_lost\x18\f \x01(\v2#.crescent.master.v1.AllocationsLostH\x00R\x0fallocationsLostB\x05\n" +
+	"\x03msg\"k\n" +
+	"\x0fAllocationsLost\x12@\n" +
+	"\vallocations\x18\x01 \x03(\v2\x1e.crescent.master.v1.AllocationR\vallocations\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"3\n" +
 	"\x0fSettingsApplied\x12 \n" +
 	"\ftoken_key_id\x18\x01 \x01(\rR\n" +
 	"tokenKeyId\"\x9c\x04\n" +
@@ -2900,7 +2984,7 @@ func file_crescent_master_v1_segment_proto_rawDescGZIP() []byte {
 }
 
 var file_crescent_master_v1_segment_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_crescent_master_v1_segment_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_crescent_master_v1_segment_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_crescent_master_v1_segment_proto_goTypes = []any{
 	(SegmentLifecycle)(0),         // 0: crescent.master.v1.SegmentLifecycle
 	(SegmentHealth)(0),            // 1: crescent.master.v1.SegmentHealth
@@ -2908,103 +2992,106 @@ var file_crescent_master_v1_segment_proto_goTypes = []any{
 	(*SegmentInfo)(nil),           // 3: crescent.master.v1.SegmentInfo
 	(*Allocation)(nil),            // 4: crescent.master.v1.Allocation
 	(*ConnectRequest)(nil),        // 5: crescent.master.v1.ConnectRequest
-	(*SettingsApplied)(nil),       // 6: crescent.master.v1.SettingsApplied
-	(*Register)(nil),              // 7: crescent.master.v1.Register
-	(*TablePosition)(nil),         // 8: crescent.master.v1.TablePosition
-	(*TableDelta)(nil),            // 9: crescent.master.v1.TableDelta
-	(*TableRequest)(nil),          // 10: crescent.master.v1.TableRequest
-	(*RegisterChunk)(nil),         // 11: crescent.master.v1.RegisterChunk
-	(*Heartbeat)(nil),             // 12: crescent.master.v1.Heartbeat
-	(*SegmentsUpdate)(nil),        // 13: crescent.master.v1.SegmentsUpdate
-	(*Deregister)(nil),            // 14: crescent.master.v1.Deregister
-	(*ConnectResponse)(nil),       // 15: crescent.master.v1.ConnectResponse
-	(*Settings)(nil),              // 16: crescent.master.v1.Settings
-	(*TokenKey)(nil),              // 17: crescent.master.v1.TokenKey
-	(*AllocationRef)(nil),         // 18: crescent.master.v1.AllocationRef
-	(*ReserveRequest)(nil),        // 19: crescent.master.v1.ReserveRequest
-	(*ReserveItem)(nil),           // 20: crescent.master.v1.ReserveItem
-	(*ReserveResult)(nil),         // 21: crescent.master.v1.ReserveResult
-	(*ReserveItemResult)(nil),     // 22: crescent.master.v1.ReserveItemResult
-	(*ReleaseRequest)(nil),        // 23: crescent.master.v1.ReleaseRequest
-	(*ReleaseResult)(nil),         // 24: crescent.master.v1.ReleaseResult
-	(*SealRequest)(nil),           // 25: crescent.master.v1.SealRequest
-	(*SealItem)(nil),              // 26: crescent.master.v1.SealItem
-	(*SealResult)(nil),            // 27: crescent.master.v1.SealResult
-	(*CopyRequest)(nil),           // 28: crescent.master.v1.CopyRequest
-	(*CopyItem)(nil),              // 29: crescent.master.v1.CopyItem
-	(*CopyResult)(nil),            // 30: crescent.master.v1.CopyResult
-	(Medium)(0),                   // 31: crescent.master.v1.Medium
-	(*durationpb.Duration)(nil),   // 32: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 33: google.protobuf.Timestamp
-	(*TraceContext)(nil),          // 34: crescent.master.v1.TraceContext
-	(*ItemStatus)(nil),            // 35: crescent.master.v1.ItemStatus
+	(*AllocationsLost)(nil),       // 6: crescent.master.v1.AllocationsLost
+	(*SettingsApplied)(nil),       // 7: crescent.master.v1.SettingsApplied
+	(*Register)(nil),              // 8: crescent.master.v1.Register
+	(*TablePosition)(nil),         // 9: crescent.master.v1.TablePosition
+	(*TableDelta)(nil),            // 10: crescent.master.v1.TableDelta
+	(*TableRequest)(nil),          // 11: crescent.master.v1.TableRequest
+	(*RegisterChunk)(nil),         // 12: crescent.master.v1.RegisterChunk
+	(*Heartbeat)(nil),             // 13: crescent.master.v1.Heartbeat
+	(*SegmentsUpdate)(nil),        // 14: crescent.master.v1.SegmentsUpdate
+	(*Deregister)(nil),            // 15: crescent.master.v1.Deregister
+	(*ConnectResponse)(nil),       // 16: crescent.master.v1.ConnectResponse
+	(*Settings)(nil),              // 17: crescent.master.v1.Settings
+	(*TokenKey)(nil),              // 18: crescent.master.v1.TokenKey
+	(*AllocationRef)(nil),         // 19: crescent.master.v1.AllocationRef
+	(*ReserveRequest)(nil),        // 20: crescent.master.v1.ReserveRequest
+	(*ReserveItem)(nil),           // 21: crescent.master.v1.ReserveItem
+	(*ReserveResult)(nil),         // 22: crescent.master.v1.ReserveResult
+	(*ReserveItemResult)(nil),     // 23: crescent.master.v1.ReserveItemResult
+	(*ReleaseRequest)(nil),        // 24: crescent.master.v1.ReleaseRequest
+	(*ReleaseResult)(nil),         // 25: crescent.master.v1.ReleaseResult
+	(*SealRequest)(nil),           // 26: crescent.master.v1.SealRequest
+	(*SealItem)(nil),              // 27: crescent.master.v1.SealItem
+	(*SealResult)(nil),            // 28: crescent.master.v1.SealResult
+	(*CopyRequest)(nil),           // 29: crescent.master.v1.CopyRequest
+	(*CopyItem)(nil),              // 30: crescent.master.v1.CopyItem
+	(*CopyResult)(nil),            // 31: crescent.master.v1.CopyResult
+	(Medium)(0),                   // 32: crescent.master.v1.Medium
+	(*durationpb.Duration)(nil),   // 33: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 34: google.protobuf.Timestamp
+	(*TraceContext)(nil),          // 35: crescent.master.v1.TraceContext
+	(*ItemStatus)(nil),            // 36: crescent.master.v1.ItemStatus
 }
 var file_crescent_master_v1_segment_proto_depIdxs = []int32{
-	31, // 0: crescent.master.v1.SegmentInfo.medium:type_name -> crescent.master.v1.Medium
+	32, // 0: crescent.master.v1.SegmentInfo.medium:type_name -> crescent.master.v1.Medium
 	2,  // 1: crescent.master.v1.Allocation.state:type_name -> crescent.master.v1.AllocationState
-	7,  // 2: crescent.master.v1.ConnectRequest.register:type_name -> crescent.master.v1.Register
-	12, // 3: crescent.master.v1.ConnectRequest.heartbeat:type_name -> crescent.master.v1.Heartbeat
-	21, // 4: crescent.master.v1.ConnectRequest.reserve_result:type_name -> crescent.master.v1.ReserveResult
-	24, // 5: crescent.master.v1.ConnectRequest.release_result:type_name -> crescent.master.v1.ReleaseResult
-	27, // 6: crescent.master.v1.ConnectRequest.seal_result:type_name -> crescent.master.v1.SealResult
-	14, // 7: crescent.master.v1.ConnectRequest.deregister:type_name -> crescent.master.v1.Deregister
-	30, // 8: crescent.master.v1.ConnectRequest.copy_result:type_name -> crescent.master.v1.CopyResult
-	13, // 9: crescent.master.v1.ConnectRequest.segments_update:type_name -> crescent.master.v1.SegmentsUpdate
-	11, // 10: crescent.master.v1.ConnectRequest.register_chunk:type_name -> crescent.master.v1.RegisterChunk
-	9,  // 11: crescent.master.v1.ConnectRequest.table_delta:type_name -> crescent.master.v1.TableDelta
-	6,  // 12: crescent.master.v1.ConnectRequest.settings_applied:type_name -> crescent.master.v1.SettingsApplied
-	3,  // 13: crescent.master.v1.Register.segments:type_name -> crescent.master.v1.SegmentInfo
-	4,  // 14: crescent.master.v1.Register.allocations:type_name -> crescent.master.v1.Allocation
-	8,  // 15: crescent.master.v1.Register.table_position:type_name -> crescent.master.v1.TablePosition
-	4,  // 16: crescent.master.v1.TableDelta.sealed:type_name -> crescent.master.v1.Allocation
-	4,  // 17: crescent.master.v1.TableDelta.released:type_name -> crescent.master.v1.Allocation
-	4,  // 18: crescent.master.v1.RegisterChunk.allocations:type_name -> crescent.master.v1.Allocation
-	3,  // 19: crescent.master.v1.Heartbeat.segments:type_name -> crescent.master.v1.SegmentInfo
-	3,  // 20: crescent.master.v1.SegmentsUpdate.mounted:type_name -> crescent.master.v1.SegmentInfo
-	32, // 21: crescent.master.v1.Deregister.grace:type_name -> google.protobuf.Duration
-	16, // 22: crescent.master.v1.ConnectResponse.settings:type_name -> crescent.master.v1.Settings
-	19, // 23: crescent.master.v1.ConnectResponse.reserve:type_name -> crescent.master.v1.ReserveRequest
-	23, // 24: crescent.master.v1.ConnectResponse.release:type_name -> crescent.master.v1.ReleaseRequest
-	25, // 25: crescent.master.v1.ConnectResponse.seal:type_name -> crescent.master.v1.SealRequest
-	28, // 26: crescent.master.v1.ConnectResponse.copy:type_name -> crescent.master.v1.CopyRequest
-	10, // 27: crescent.master.v1.ConnectResponse.table_request:type_name -> crescent.master.v1.TableRequest
-	32, // 28: crescent.master.v1.Settings.heartbeat_interval:type_name -> google.protobuf.Duration
-	32, // 29: crescent.master.v1.Settings.suspect_after:type_name -> google.protobuf.Duration
-	32, // 30: crescent.master.v1.Settings.unmount_after:type_name -> google.protobuf.Duration
-	32, // 31: crescent.master.v1.Settings.reserved_grace:type_name -> google.protobuf.Duration
-	18, // 32: crescent.master.v1.Settings.release_allocations:type_name -> crescent.master.v1.AllocationRef
-	17, // 33: crescent.master.v1.Settings.token_keys:type_name -> crescent.master.v1.TokenKey
-	33, // 34: crescent.master.v1.Settings.master_time:type_name -> google.protobuf.Timestamp
-	20, // 35: crescent.master.v1.ReserveRequest.items:type_name -> crescent.master.v1.ReserveItem
-	34, // 36: crescent.master.v1.ReserveRequest.trace_context:type_name -> crescent.master.v1.TraceContext
-	34, // 37: crescent.master.v1.ReserveRequest.trace_links:type_name -> crescent.master.v1.TraceContext
-	22, // 38: crescent.master.v1.ReserveResult.items:type_name -> crescent.master.v1.ReserveItemResult
-	35, // 39: crescent.master.v1.ReserveItemResult.status:type_name -> crescent.master.v1.ItemStatus
-	18, // 40: crescent.master.v1.ReleaseRequest.items:type_name -> crescent.master.v1.AllocationRef
-	34, // 41: crescent.master.v1.ReleaseRequest.trace_context:type_name -> crescent.master.v1.TraceContext
-	34, // 42: crescent.master.v1.ReleaseRequest.trace_links:type_name -> crescent.master.v1.TraceContext
-	35, // 43: crescent.master.v1.ReleaseResult.items:type_name -> crescent.master.v1.ItemStatus
-	26, // 44: crescent.master.v1.SealRequest.items:type_name -> crescent.master.v1.SealItem
-	34, // 45: crescent.master.v1.SealRequest.trace_context:type_name -> crescent.master.v1.TraceContext
-	34, // 46: crescent.master.v1.SealRequest.trace_links:type_name -> crescent.master.v1.TraceContext
-	35, // 47: crescent.master.v1.SealResult.items:type_name -> crescent.master.v1.ItemStatus
-	18, // 48: crescent.master.v1.CopyRequest.source:type_name -> crescent.master.v1.AllocationRef
-	18, // 49: crescent.master.v1.CopyRequest.target:type_name -> crescent.master.v1.AllocationRef
-	34, // 50: crescent.master.v1.CopyRequest.trace_context:type_name -> crescent.master.v1.TraceContext
-	29, // 51: crescent.master.v1.CopyRequest.items:type_name -> crescent.master.v1.CopyItem
-	18, // 52: crescent.master.v1.CopyItem.source:type_name -> crescent.master.v1.AllocationRef
-	18, // 53: crescent.master.v1.CopyItem.target:type_name -> crescent.master.v1.AllocationRef
-	35, // 54: crescent.master.v1.CopyResult.status:type_name -> crescent.master.v1.ItemStatus
-	35, // 55: crescent.master.v1.CopyResult.items:type_name -> crescent.master.v1.ItemStatus
-	5,  // 56: crescent.master.v1.SegmentService.Connect:input_type -> crescent.master.v1.ConnectRequest
-	5,  // 57: crescent.master.v1.SegmentService.Follow:input_type -> crescent.master.v1.ConnectRequest
-	15, // 58: crescent.master.v1.SegmentService.Connect:output_type -> crescent.master.v1.ConnectResponse
-	15, // 59: crescent.master.v1.SegmentService.Follow:output_type -> crescent.master.v1.ConnectResponse
-	58, // [58:60] is the sub-list for method output_type
-	56, // [56:58] is the sub-list for method input_type
-	56, // [56:56] is the sub-list for extension type_name
-	56, // [56:56] is the sub-list for extension extendee
-	0,  // [0:56] is the sub-list for field type_name
+	8,  // 2: crescent.master.v1.ConnectRequest.register:type_name -> crescent.master.v1.Register
+	13, // 3: crescent.master.v1.ConnectRequest.heartbeat:type_name -> crescent.master.v1.Heartbeat
+	22, // 4: crescent.master.v1.ConnectRequest.reserve_result:type_name -> crescent.master.v1.ReserveResult
+	25, // 5: crescent.master.v1.ConnectRequest.release_result:type_name -> crescent.master.v1.ReleaseResult
+	28, // 6: crescent.master.v1.ConnectRequest.seal_result:type_name -> crescent.master.v1.SealResult
+	15, // 7: crescent.master.v1.ConnectRequest.deregister:type_name -> crescent.master.v1.Deregister
+	31, // 8: crescent.master.v1.ConnectRequest.copy_result:type_name -> crescent.master.v1.CopyResult
+	14, // 9: crescent.master.v1.ConnectRequest.segments_update:type_name -> crescent.master.v1.SegmentsUpdate
+	12, // 10: crescent.master.v1.ConnectRequest.register_chunk:type_name -> crescent.master.v1.RegisterChunk
+	10, // 11: crescent.master.v1.ConnectRequest.table_delta:type_name -> crescent.master.v1.TableDelta
+	7,  // 12: crescent.master.v1.ConnectRequest.settings_applied:type_name -> crescent.master.v1.SettingsApplied
+	6,  // 13: crescent.master.v1.ConnectRequest.allocations_lost:type_name -> crescent.master.v1.AllocationsLost
+	4,  // 14: crescent.master.v1.AllocationsLost.allocations:type_name -> crescent.master.v1.Allocation
+	3,  // 15: crescent.master.v1.Register.segments:type_name -> crescent.master.v1.SegmentInfo
+	4,  // 16: crescent.master.v1.Register.allocations:type_name -> crescent.master.v1.Allocation
+	9,  // 17: crescent.master.v1.Register.table_position:type_name -> crescent.master.v1.TablePosition
+	4,  // 18: crescent.master.v1.TableDelta.sealed:type_name -> crescent.master.v1.Allocation
+	4,  // 19: crescent.master.v1.TableDelta.released:type_name -> crescent.master.v1.Allocation
+	4,  // 20: crescent.master.v1.RegisterChunk.allocations:type_name -> crescent.master.v1.Allocation
+	3,  // 21: crescent.master.v1.Heartbeat.segments:type_name -> crescent.master.v1.SegmentInfo
+	3,  // 22: crescent.master.v1.SegmentsUpdate.mounted:type_name -> crescent.master.v1.SegmentInfo
+	33, // 23: crescent.master.v1.Deregister.grace:type_name -> google.protobuf.Duration
+	17, // 24: crescent.master.v1.ConnectResponse.settings:type_name -> crescent.master.v1.Settings
+	20, // 25: crescent.master.v1.ConnectResponse.reserve:type_name -> crescent.master.v1.ReserveRequest
+	24, // 26: crescent.master.v1.ConnectResponse.release:type_name -> crescent.master.v1.ReleaseRequest
+	26, // 27: crescent.master.v1.ConnectResponse.seal:type_name -> crescent.master.v1.SealRequest
+	29, // 28: crescent.master.v1.ConnectResponse.copy:type_name -> crescent.master.v1.CopyRequest
+	11, // 29: crescent.master.v1.ConnectResponse.table_request:type_name -> crescent.master.v1.TableRequest
+	33, // 30: crescent.master.v1.Settings.heartbeat_interval:type_name -> google.protobuf.Duration
+	33, // 31: crescent.master.v1.Settings.suspect_after:type_name -> google.protobuf.Duration
+	33, // 32: crescent.master.v1.Settings.unmount_after:type_name -> google.protobuf.Duration
+	33, // 33: crescent.master.v1.Settings.reserved_grace:type_name -> google.protobuf.Duration
+	19, // 34: crescent.master.v1.Settings.release_allocations:type_name -> crescent.master.v1.AllocationRef
+	18, // 35: crescent.master.v1.Settings.token_keys:type_name -> crescent.master.v1.TokenKey
+	34, // 36: crescent.master.v1.Settings.master_time:type_name -> google.protobuf.Timestamp
+	21, // 37: crescent.master.v1.ReserveRequest.items:type_name -> crescent.master.v1.ReserveItem
+	35, // 38: crescent.master.v1.ReserveRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	35, // 39: crescent.master.v1.ReserveRequest.trace_links:type_name -> crescent.master.v1.TraceContext
+	23, // 40: crescent.master.v1.ReserveResult.items:type_name -> crescent.master.v1.ReserveItemResult
+	36, // 41: crescent.master.v1.ReserveItemResult.status:type_name -> crescent.master.v1.ItemStatus
+	19, // 42: crescent.master.v1.ReleaseRequest.items:type_name -> crescent.master.v1.AllocationRef
+	35, // 43: crescent.master.v1.ReleaseRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	35, // 44: crescent.master.v1.ReleaseRequest.trace_links:type_name -> crescent.master.v1.TraceContext
+	36, // 45: crescent.master.v1.ReleaseResult.items:type_name -> crescent.master.v1.ItemStatus
+	27, // 46: crescent.master.v1.SealRequest.items:type_name -> crescent.master.v1.SealItem
+	35, // 47: crescent.master.v1.SealRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	35, // 48: crescent.master.v1.SealRequest.trace_links:type_name -> crescent.master.v1.TraceContext
+	36, // 49: crescent.master.v1.SealResult.items:type_name -> crescent.master.v1.ItemStatus
+	19, // 50: crescent.master.v1.CopyRequest.source:type_name -> crescent.master.v1.AllocationRef
+	19, // 51: crescent.master.v1.CopyRequest.target:type_name -> crescent.master.v1.AllocationRef
+	35, // 52: crescent.master.v1.CopyRequest.trace_context:type_name -> crescent.master.v1.TraceContext
+	30, // 53: crescent.master.v1.CopyRequest.items:type_name -> crescent.master.v1.CopyItem
+	19, // 54: crescent.master.v1.CopyItem.source:type_name -> crescent.master.v1.AllocationRef
+	19, // 55: crescent.master.v1.CopyItem.target:type_name -> crescent.master.v1.AllocationRef
+	36, // 56: crescent.master.v1.CopyResult.status:type_name -> crescent.master.v1.ItemStatus
+	36, // 57: crescent.master.v1.CopyResult.items:type_name -> crescent.master.v1.ItemStatus
+	5,  // 58: crescent.master.v1.SegmentService.Connect:input_type -> crescent.master.v1.ConnectRequest
+	5,  // 59: crescent.master.v1.SegmentService.Follow:input_type -> crescent.master.v1.ConnectRequest
+	16, // 60: crescent.master.v1.SegmentService.Connect:output_type -> crescent.master.v1.ConnectResponse
+	16, // 61: crescent.master.v1.SegmentService.Follow:output_type -> crescent.master.v1.ConnectResponse
+	60, // [60:62] is the sub-list for method output_type
+	58, // [58:60] is the sub-list for method input_type
+	58, // [58:58] is the sub-list for extension type_name
+	58, // [58:58] is the sub-list for extension extendee
+	0,  // [0:58] is the sub-list for field type_name
 }
 
 func init() { file_crescent_master_v1_segment_proto_init() }
@@ -3025,8 +3112,9 @@ func file_crescent_master_v1_segment_proto_init() {
 		(*ConnectRequest_RegisterChunk)(nil),
 		(*ConnectRequest_TableDelta)(nil),
 		(*ConnectRequest_SettingsApplied)(nil),
+		(*ConnectRequest_AllocationsLost)(nil),
 	}
-	file_crescent_master_v1_segment_proto_msgTypes[12].OneofWrappers = []any{
+	file_crescent_master_v1_segment_proto_msgTypes[13].OneofWrappers = []any{
 		(*ConnectResponse_Settings)(nil),
 		(*ConnectResponse_Reserve)(nil),
 		(*ConnectResponse_Release)(nil),
@@ -3040,7 +3128,7 @@ func file_crescent_master_v1_segment_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crescent_master_v1_segment_proto_rawDesc), len(file_crescent_master_v1_segment_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -439,6 +439,27 @@ func (a *Agents) Unmount(segment string) {
 	a.used[segment] = 0
 }
 
+// Lose drops an allocation as an agent does when a read finds its bytes
+// bad (it journals the release itself, then reports it lost): a Release
+// of it afterwards is recorded as a double release. It returns the
+// allocation as the agent reports it (AllocationsLost), or nil when it
+// holds none by that reference.
+func (a *Agents) Lose(r Ref) *masterv1.Allocation {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	al := a.live[r]
+	if al == nil {
+		return nil
+	}
+	delete(a.live, r)
+	a.used[r.Segment] -= al.Size
+	a.released[r] = true
+	if a.Extents {
+		a.removeSpanLocked(r.Segment, al.Offset)
+	}
+	return &masterv1.Allocation{SegmentId: r.Segment, AllocationId: r.ID, Tenant: al.Tenant, Key: al.Key, ReplicaId: al.ReplicaID}
+}
+
 // Bind records an object in a blank reservation, as an agent does from
 // the write token when a client's write opens it; binding a bound one to
 // another object fails, to the same one is a no-op.
