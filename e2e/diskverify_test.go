@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -187,4 +188,78 @@ func TestCorruptDiskObjectNotAdoptedByFreshMaster(t *testing.T) {
 	c.WaitSegments(2)
 
 	checkCorruptGone(t, ctx, c, cl, bad, good)
+}
+
+// TestCorruptDiskObjectDroppedWhileServing: a byte of a sealed object
+// flips in a running agent's disk segment (bit rot, a stray write). The
+// first get of it fails its checksum at the client, as before; the agent,
+// which hashed the bytes as it read them, drops the allocation and reports
+// it lost, so the master removes the replica — the object, its only one —
+// and the gateway publishes BlockRemoved. Before, the replica stayed
+// listed and announced readable, and every get of it failed, for as long
+// as the agent ran. The drop is journaled: after the agent's restart the
+// object stays gone. Other objects on the same disk are not touched.
+func TestCorruptDiskObjectDroppedWhileServing(t *testing.T) {
+	c := StartCluster(t, Options{Agents: 1, Disk: true, Gateway: true})
+	cl := c.Client("default")
+	ctx := ctxT(t, 2*time.Minute)
+	const badKey = "disk/rot"
+	published := make(chan struct{})
+	var once sync.Once
+	sub := subscribe(t, c, func(b kvevent.Batch) {
+		for _, ev := range b.Events {
+			if ev.Type == kvevent.Removed && ev.Tenant == "default" && ev.Key == badKey && ev.Medium == kvevent.MediumDisk {
+				once.Do(func() { close(published) })
+			}
+		}
+	})
+	bad := putOnDisk(t, ctx, cl, badKey, 300<<10)
+	good := putOnDisk(t, ctx, cl, "disk/intact", 200<<10)
+	testutil.FlipByte(t, filepath.Join(c.dir, "agent-a-disk", "segment.data"), bad.desc.GetOffset()+100<<10)
+
+	if _, err := cl.Get(ctx, bad.key); rpcerr.Reason(err) != "CHECKSUM_MISMATCH" {
+		t.Fatalf("first Get of the corrupted object = %v, want CHECKSUM_MISMATCH", err)
+	}
+	testutil.EventuallyNoError(t, 20*time.Second, func() error {
+		_, err := cl.Objects().GetReplicaList(ctx, &masterv1.GetReplicaListRequest{Tenant: "default", Key: bad.key})
+		if status.Code(err) != codes.NotFound {
+			return fmt.Errorf("GetReplicaList %s after a read found its bytes bad = %v, want NOT_FOUND", bad.key, err)
+		}
+		return nil
+	})
+	select {
+	case <-published:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the gateway published no BlockRemoved for %s on disk", bad.key)
+	}
+	converge(t, c, sub)
+	if n := c.metric(t, c.Agents[0], `crescent_agent_disk_allocations_lost_total{cause="checksum"}`); n != 1 {
+		t.Fatalf(`crescent_agent_disk_allocations_lost_total{cause="checksum"} = %v, want 1`, n)
+	}
+	if n := c.metric(t, c.Master, "crescent_master_replicas_lost_total"); n != 1 {
+		t.Fatalf("crescent_master_replicas_lost_total = %v, want 1", n)
+	}
+	if lg := c.Agents[0].Logs(); !strings.Contains(lg, "disk allocation lost while serving") {
+		t.Fatalf("agent log has no WARN for the lost allocation:\n%s", tail(lg, 30))
+	}
+	if lg := c.Master.Logs(); !strings.Contains(lg, "agent reported lost allocations") {
+		t.Fatalf("master log has no WARN for the report:\n%s", tail(lg, 30))
+	}
+	if got, err := cl.Get(ctx, good.key); err != nil || !bytes.Equal(got, good.data) {
+		t.Fatalf("Get %s (intact, same disk) = %v", good.key, err)
+	}
+
+	c.Agents[0].Kill()
+	c.Agents[0].Restart()
+	c.WaitSegments(2)
+	testutil.EventuallyNoError(t, 20*time.Second, func() error {
+		got, err := cl.Get(ctx, good.key)
+		if err == nil && !bytes.Equal(got, good.data) {
+			err = fmt.Errorf("Get %s: bytes differ", good.key)
+		}
+		return err
+	})
+	if _, err := cl.Get(ctx, bad.key); status.Code(err) != codes.NotFound {
+		t.Fatalf("Get %s after the agent's restart = %v, want NOT_FOUND (the drop journaled)", bad.key, err)
+	}
 }

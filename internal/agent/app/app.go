@@ -212,6 +212,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer lk.Close()
+	segs.SetLostSink(a.lostSink(lk))
 	srv.SetReadiness(func() error {
 		if st := lk.State(); st != link.StateConnected {
 			return fmt.Errorf("master link %s", st)

@@ -86,6 +86,8 @@ type Link struct {
 	// follow stream because it was elected (follow.go): the session loop
 	// leaves its session with another master for it at once.
 	elected chan string
+	// lost holds allocations dropped while serving, to report (lost.go).
+	lost *lostQueue
 
 	// pool holds the Copy connections to other agents' bulk transfer
 	// listeners; copyBudget bounds the Copy bytes in flight.
@@ -113,6 +115,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Link, error) {
 	}
 	l := &Link{cfg: cfg, deps: deps, lg: lg, now: deps.Now, masters: masters, conns: map[string]*grpc.ClientConn{}, graceCh: make(chan struct{}, 1),
 		elected:    make(chan string, 1),
+		lost:       newLostQueue(),
 		pool:       xfer.NewPool(xfer.Config{MaxIdlePerEndpoint: cfg.CopyConnsPerPeer, TLS: deps.CopyTLS}),
 		copyBudget: semaphore.NewWeighted(int64(cfg.CopyMaxBytes))}
 	l.master.Store(&masters[0])

@@ -11,6 +11,8 @@ type metrics struct {
 	copiedBytes prometheus.Counter
 	epoch       prometheus.Gauge
 	resumes     *prometheus.CounterVec
+	// lostReported counts allocations reported in AllocationsLost.
+	lostReported prometheus.Counter
 
 	// Follow streams (follow.go).
 	followEstablished prometheus.Counter
@@ -38,6 +40,9 @@ func newMetrics(reg prometheus.Registerer, l *Link) *metrics {
 		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "crescent_agent_link_resumes_total", Help: "Connect registrations offered without the table, by the master's answer (resumed, table_requested).",
 		}, []string{"result"}),
+		lostReported: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "crescent_agent_link_lost_reported_total", Help: "Allocations dropped while serving (bad bytes on disk) reported to the master in AllocationsLost.",
+		}),
 		followEstablished: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "crescent_agent_link_follow_established_total", Help: "Follow streams a standby master accepted (each sent the whole table).",
 		}),
@@ -58,7 +63,7 @@ func newMetrics(reg prometheus.Registerer, l *Link) *metrics {
 		state := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "crescent_agent_link_state", Help: "Master link state: 0 disconnected, 1 connecting, 2 connected, 3 deregistering.",
 		}, func() float64 { return float64(l.State()) })
-		reg.MustRegister(m.sessions, m.redirects, m.commands, m.heartbeats, m.expired, m.copiedBytes, m.epoch, m.resumes,
+		reg.MustRegister(m.sessions, m.redirects, m.commands, m.heartbeats, m.expired, m.copiedBytes, m.epoch, m.resumes, m.lostReported,
 			m.followEstablished, m.following, m.followDeltas, m.followChanges, m.followResyncs, state)
 	}
 	return m

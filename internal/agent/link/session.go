@@ -116,6 +116,10 @@ func (l *Link) session(parent context.Context, client masterv1.SegmentServiceCli
 			if err := s.handle(rcv); err != nil {
 				return true, err
 			}
+		case <-l.lost.wake:
+			if err := s.sendLost(); err != nil {
+				return true, err
+			}
 		case err := <-recvErr:
 			if errors.Is(err, io.EOF) {
 				err = nil

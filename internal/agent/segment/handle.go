@@ -5,6 +5,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 )
 
@@ -20,6 +21,14 @@ type Handle struct {
 	gen   uint64
 	alone bool
 	once  sync.Once
+	// A disk read handle's check of the bytes it reads (lost.go): sum
+	// hashes them while they come in order from byte 0 (checked bytes so
+	// far); unchecked once they did not, or the check ended. cmu guards
+	// them: reads of one handle may run concurrently.
+	cmu       sync.Mutex
+	sum       *checksum.Digest
+	checked   uint64
+	unchecked bool
 }
 
 // Identity is the object and replica a write names (its token's claims):
@@ -166,7 +175,11 @@ func (h *Handle) WriteAt(p []byte, off uint64) error {
 	return h.s.store.writeAt(p, h.e.offset+off)
 }
 
-// ReadAt fills p from the object at off.
+// ReadAt fills p from the object at off. A read handle of a disk segment
+// checks the bytes: read in order from byte 0 to the end, they must hash
+// to the sealed checksum, and a read must not fail with EIO; otherwise the
+// allocation is dropped (lost.go). The read itself still returns the
+// bytes (or the error).
 func (h *Handle) ReadAt(p []byte, off uint64) error {
 	if err := h.bounds(off, uint64(len(p))); err != nil {
 		return err
@@ -174,7 +187,15 @@ func (h *Handle) ReadAt(p []byte, off uint64) error {
 	if len(p) == 0 {
 		return nil
 	}
-	return h.s.store.readAt(p, h.e.offset+off)
+	err := h.s.store.readAt(p, h.e.offset+off)
+	switch {
+	case h.write || h.s.medium != masterv1.Medium_MEDIUM_DISK:
+	case err != nil:
+		h.readFailed(err)
+	default:
+		h.checkRead(p, off)
+	}
+	return err
 }
 
 // Bytes returns the object's bytes [off, off+n) in place for a memory
@@ -210,6 +231,7 @@ func (h *Handle) WritableBytes(off, n uint64) ([]byte, error) {
 // Close ends the read or write; it is idempotent.
 func (h *Handle) Close() {
 	h.once.Do(func() {
+		h.stopCheck()
 		s := h.s
 		s.mu.Lock()
 		defer s.mu.Unlock()

@@ -114,11 +114,14 @@ type Segment struct {
 	nextID uint64
 	refs   int // open handles of any allocation, released ones included
 	closed bool
-	// corrupt holds the ids VerifySealed dropped because their bytes did
-	// not match their sealed checksum: opening one answers DATA_LOSS
+	// corrupt holds the ids dropped because their bytes did not match
+	// their sealed checksum or could not be read (VerifySealed at a
+	// reopen, lose while serving): opening one answers DATA_LOSS
 	// CHECKSUM_MISMATCH instead of ALLOCATION_NOT_FOUND. Bounded by the
-	// sealed allocations at the reopen; ids are never reused.
+	// allocations ever sealed; ids are never reused.
 	corrupt map[uint64]struct{}
+	// lostSink hears of allocations dropped while serving (SetLostSink).
+	lostSink func(LostAllocation)
 	// sealedN counts the table's SEALED entries (the others are RESERVED),
 	// so that Stats does not walk the table.
 	sealedN int

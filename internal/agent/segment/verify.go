@@ -191,29 +191,14 @@ func (s *Segment) dropCorrupt(bad []*entry) error {
 		s.mu.Unlock()
 		return errClosed
 	}
-	if s.corrupt == nil {
-		s.corrupt = make(map[uint64]struct{}, len(bad))
-	}
 	var jerr error
 	for _, e := range bad {
 		if cur, ok := s.table.get(e.id); !ok || cur != e {
 			continue // released meanwhile
 		}
-		if s.jrn != nil && jerr == nil {
-			jerr = s.journalReleaseLocked(e.id)
+		if err := s.dropLocked(e, jerr == nil); jerr == nil {
+			jerr = err
 		}
-		// Dropped even when the journal failed: these bytes are never
-		// served by this process; a restart verifies them again.
-		s.table.del(e.id)
-		if e.state == masterv1.AllocationState_ALLOCATION_STATE_SEALED {
-			s.sealedN--
-		}
-		e.released = true
-		if s.feed != nil {
-			s.feed.released(s, e)
-		}
-		s.freeIfIdleLocked(e)
-		s.corrupt[e.id] = struct{}{}
 	}
 	s.mu.Unlock()
 	if jerr == nil && s.jrn != nil {
@@ -225,8 +210,9 @@ func (s *Segment) dropCorrupt(bad []*entry) error {
 	return nil
 }
 
-// errCorruptAllocation answers a read of an allocation VerifySealed dropped.
+// errCorruptAllocation answers a read of an allocation VerifySealed or a
+// read (lose) dropped.
 func errCorruptAllocation(seg string, id uint64) error {
 	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH,
-		"allocation %d of segment %s failed its checksum check when the segment was reopened; its bytes are not served", id, seg)
+		"allocation %d of segment %s failed its checksum check or could not be read; its bytes are not served", id, seg)
 }
