@@ -269,6 +269,23 @@ func (p *Pool) Read(ctx context.Context, endpoint string, items []*agentv1.Trans
 	return res, err
 }
 
+// Verify asks the agent at endpoint to check items' SEALED allocations
+// against their sealed checksums (TRANSFER_OP_VERIFY; items need a read
+// token, their offset and length are ignored). errs[i] is nil when item
+// i's bytes are intact, DATA_LOSS CHECKSUM_MISMATCH when they were not
+// (the agent dropped the allocation and reported it lost), or why it could
+// not be checked; err is a transport, protocol or argument error (an agent
+// that predates VERIFY closes the connection), and then errs is nil.
+func (p *Pool) Verify(ctx context.Context, endpoint string, items []*agentv1.TransferItem) (errs []error, err error) {
+	if len(items) > MaxVerifyItems {
+		return nil, errInvalid("%d items to verify, at most %d", len(items), MaxVerifyItems)
+	}
+	ctx, span := startSpan(ctx, "transfer.verify", endpoint, items, nil)
+	errs, err = exchange(ctx, p, endpoint, items, make([][]byte, len(items)), "", (*conn).verify)
+	endSpan(span, err, errs, func(e error) error { return e })
+	return errs, err
+}
+
 // run performs fn on a pooled connection to endpoint under ctx. When the
 // first exchange on a reused connection fails before any byte of the
 // answer arrived, the agent most likely closed that connection while it

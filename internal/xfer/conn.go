@@ -232,6 +232,21 @@ func (c *conn) writeEach(items []*agentv1.TransferItem, src [][]byte, set func(i
 	return nil
 }
 
+// verify runs one VERIFY exchange of at most MaxItems items.
+func (c *conn) verify(items []*agentv1.TransferItem, _ [][]byte, errs []error) error {
+	rs, err := c.exchange(agentv1.TransferOp_TRANSFER_OP_VERIFY, items, nil)
+	if err != nil {
+		return err
+	}
+	for i, r := range rs {
+		if r.GetLength() != 0 {
+			return c.violation("item %d: a VERIFY answered with %d payload bytes", i, r.GetLength())
+		}
+		errs[i] = ItemError(r.GetStatus())
+	}
+	return nil
+}
+
 // read runs one READ exchange of at most MaxItems items.
 func (c *conn) read(items []*agentv1.TransferItem, dst [][]byte, res []ReadResult) error {
 	rs, err := c.exchange(agentv1.TransferOp_TRANSFER_OP_READ, items, nil)

@@ -25,6 +25,10 @@ const (
 	MaxHeaderBytes = 1 << 20
 	// MaxItems bounds the items of one request.
 	MaxItems = 4096
+	// MaxVerifyItems bounds the items of a VERIFY (a client verifies the
+	// replica whose read failed its checksum; each item costs the agent a
+	// read of the whole allocation).
+	MaxVerifyItems = 64
 	// MaxDrainBytes bounds the payload the agent reads and drops for one
 	// failed WRITE item; a failed item claiming more ends the connection.
 	MaxDrainBytes = 256 << 20
@@ -232,13 +236,16 @@ const itemsField = 2
 // to MaxItems non-nil items, and lengths whose sum fits in an int64. Its errors wrap ErrProtocol.
 func CheckRequest(req *agentv1.TransferRequest) error {
 	switch req.GetOp() {
-	case agentv1.TransferOp_TRANSFER_OP_WRITE, agentv1.TransferOp_TRANSFER_OP_READ:
+	case agentv1.TransferOp_TRANSFER_OP_WRITE, agentv1.TransferOp_TRANSFER_OP_READ, agentv1.TransferOp_TRANSFER_OP_VERIFY:
 	default:
 		return errMalformed("unknown transfer op %d", req.GetOp())
 	}
 	n := len(req.GetItems())
 	if n == 0 || n > MaxItems {
 		return errMalformed("a transfer request names 1 to %d items, this one %d", MaxItems, n)
+	}
+	if req.GetOp() == agentv1.TransferOp_TRANSFER_OP_VERIFY && n > MaxVerifyItems {
+		return errMalformed("a VERIFY names 1 to %d items, this one %d", MaxVerifyItems, n)
 	}
 	// The lengths' sum must fit in an int64, so no count of bytes derived
 	// from a request (payload totals, metrics, int conversions) can wrap.

@@ -151,6 +151,8 @@ type Server struct {
 	sealsOnWrite prometheus.Counter
 	// Items granted on the shared-memory socket, by op (read, write).
 	shmItems *prometheus.CounterVec
+	// verify bounds the work of VERIFY requests (transfer_verify.go).
+	verify *verifier
 }
 
 // New builds the server; it does no I/O.
@@ -161,7 +163,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) *Server {
 	cfg.ChunkSize = min(cfg.ChunkSize, MaxChunkSize)
 	cfg.Transfer = cfg.Transfer.withDefaults()
 	s := &Server{
-		cfg: cfg, segs: deps.Segments, keys: deps.Keys, now: deps.Now, lg: lg,
+		cfg: cfg, segs: deps.Segments, keys: deps.Keys, now: deps.Now, lg: lg, verify: newVerifier(),
 		bytesIn:   prometheus.NewCounter(prometheus.CounterOpts{Name: "crescent_agent_data_bytes_in_total", Help: "Object bytes written into segments by DataService and the bulk transfer listener."}),
 		bytesOut:  prometheus.NewCounter(prometheus.CounterOpts{Name: "crescent_agent_data_bytes_out_total", Help: "Object bytes read out of segments by DataService and the bulk transfer listener."}),
 		errs:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "crescent_agent_data_errors_total", Help: "DataService operations refused, by method and reason."}, []string{"method", "reason"}),

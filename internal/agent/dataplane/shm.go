@@ -324,6 +324,9 @@ func (t *shmServer) request(c *shmConn) error {
 	if err = xfer.DecodeHeader(hdr, req); err == nil {
 		err = xfer.CheckRequest(req)
 	}
+	if err == nil && req.GetOp() == agentv1.TransferOp_TRANSFER_OP_VERIFY {
+		err = fmt.Errorf("%w: %w", errInvalid("VERIFY is served by the bulk transfer listener, not the shared-memory socket"), xfer.ErrProtocol)
+	}
 	if err != nil {
 		t.refuse(c.uc, "shm", err)
 		return err

@@ -290,8 +290,11 @@ func startSpan(c *transferConn, req *agentv1.TransferRequest) {
 		return
 	}
 	name := "transfer.read"
-	if req.GetOp() == agentv1.TransferOp_TRANSFER_OP_WRITE {
+	switch req.GetOp() {
+	case agentv1.TransferOp_TRANSFER_OP_WRITE:
 		name = "transfer.write"
+	case agentv1.TransferOp_TRANSFER_OP_VERIFY:
+		name = "transfer.verify"
 	}
 	_, c.span = tracer.Remote(context.Background(), name, tracectx.ParseTransfer(tc), nil, tracectx.ServerKind...)
 	if c.span.IsRecording() {
@@ -422,9 +425,12 @@ func (t *transferServer) request(c *transferConn, hdr []byte) error {
 		return err
 	}
 	startSpan(c, req)
-	if req.GetOp() == agentv1.TransferOp_TRANSFER_OP_WRITE {
+	switch req.GetOp() {
+	case agentv1.TransferOp_TRANSFER_OP_WRITE:
 		err = t.write(c, req.GetItems())
-	} else {
+	case agentv1.TransferOp_TRANSFER_OP_VERIFY:
+		err = t.verify(c, req.GetItems())
+	default:
 		err = t.read(c, req.GetItems())
 	}
 	endSpan(c, err)

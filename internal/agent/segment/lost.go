@@ -2,6 +2,7 @@ package segment
 
 import (
 	"errors"
+	"io"
 	"sync"
 	"syscall"
 	"time"
@@ -27,10 +28,15 @@ import (
 // checks the checksum itself and tries another replica: the agent cannot
 // take back a length it promised. Memory segments are not checked (their
 // bytes go out from the mapping, never through a read; a client still
-// refuses bad ones). Partial reads are not checked.
+// refuses bad ones). Partial reads are not checked. A client whose read
+// failed its checksum where the agent could not tell (a memory segment, an
+// object read in several requests) asks the agent to check the allocation
+// itself (Handle.Verify, TRANSFER_OP_VERIFY).
 
 // LostAllocation is a SEALED allocation a segment dropped while serving it.
 type LostAllocation struct {
+	// Medium is the segment's.
+	Medium masterv1.Medium
 	// Allocation is the dropped allocation as the table held it (segment
 	// id, allocation id, tenant, key, replica id, offset, size, checksum).
 	Allocation *masterv1.Allocation
@@ -142,7 +148,7 @@ func (s *Segment) lose(e *entry, got uint64, cause error) {
 		jerr = s.jrn.sync(time.Now().UnixMilli())
 	}
 	if sink != nil {
-		sink(LostAllocation{Allocation: a, Got: got, Err: cause, JournalErr: jerr})
+		sink(LostAllocation{Medium: s.medium, Allocation: a, Got: got, Err: cause, JournalErr: jerr})
 	}
 }
 
@@ -168,4 +174,28 @@ func (s *Segment) dropLocked(e *entry, journal bool) error {
 	}
 	s.corrupt[e.id] = struct{}{}
 	return jerr
+}
+
+// Verify reads the allocation's bytes again, whole, and compares them with
+// the sealed checksum (a read handle; TRANSFER_OP_VERIFY). nil: they
+// match. DATA_LOSS CHECKSUM_MISMATCH: they do not, or a read failed with
+// EIO or found the data file cut short; the allocation is dropped (lose),
+// as a read that found them bad would. Any other read error is returned as
+// it is, and nothing is dropped.
+func (h *Handle) Verify() error {
+	if h.write {
+		return errState("allocation %d is open for writing", h.e.id)
+	}
+	sum, err := h.s.store.hash(h.e.offset, h.e.size)
+	switch {
+	case err != nil && !errors.Is(err, syscall.EIO) && !errors.Is(err, io.EOF):
+		return err
+	case err != nil:
+		h.s.lose(h.e, 0, err)
+	case sum != h.e.checksum:
+		h.s.lose(h.e, sum, nil)
+	default:
+		return nil
+	}
+	return errCorruptAllocation(h.s.id, h.e.id)
 }

@@ -3,11 +3,14 @@ package segment
 import (
 	"bytes"
 	"errors"
+	"io"
+	"os"
 	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
 
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/checksum"
 	"github.com/crescent-kv/crescent/internal/testutil"
 )
@@ -222,5 +225,39 @@ func TestConcurrentReadsDropNothing(t *testing.T) {
 	}
 	if lost := sink.all(); len(lost) != 0 {
 		t.Fatalf("an intact allocation read concurrently was reported lost: %+v", lost)
+	}
+}
+
+// TestVerifyCutShortFile: Verify of an allocation whose bytes lie past the
+// end of a data file cut short under the segment (a truncate, a restore
+// from a short copy) drops it, as a read that found them bad would; an
+// allocation still inside the file verifies.
+func TestVerifyCutShortFile(t *testing.T) {
+	dir := t.TempDir()
+	objs := fillDisk(t, dir, 8<<20, 10_000, 20_000)
+	s, _, err := OpenDisk(dir, 8<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var sink lostSink
+	s.SetLostSink(sink.add)
+	if err := os.Truncate(filepath.Join(dir, dataName), int64(objs[1].alloc.GetOffset()+100)); err != nil {
+		t.Fatal(err)
+	}
+	verify := func(id uint64) error {
+		h, err := s.OpenRead(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		return h.Verify()
+	}
+	if err := verify(objs[0].alloc.GetAllocationId()); err != nil {
+		t.Fatalf("Verify of the allocation inside the file = %v", err)
+	}
+	wantReason(t, verify(objs[1].alloc.GetAllocationId()), "CHECKSUM_MISMATCH")
+	if lost := sink.all(); len(lost) != 1 || !errors.Is(lost[0].Err, io.EOF) || lost[0].Medium != masterv1.Medium_MEDIUM_DISK {
+		t.Fatalf("lost = %+v, want the cut allocation with EOF", lost)
 	}
 }

@@ -30,6 +30,17 @@ const (
 	TransferOp_TRANSFER_OP_WRITE TransferOp = 1
 	// Read each item's range of its SEALED allocation.
 	TransferOp_TRANSFER_OP_READ TransferOp = 2
+	// Check each item's SEALED allocation against its sealed checksum (a
+	// read token; offset and length ignored; no payload either way): a
+	// client whose read of a replica failed its checksum asks, and the agent
+	// reads the whole allocation again itself. OK: its bytes are intact (the
+	// client's read went wrong elsewhere). DATA_LOSS CHECKSUM_MISMATCH: they
+	// are not, and the agent has dropped the allocation and reported it lost
+	// to the master (AllocationsLost). The agent trusts its own reading, not
+	// the client's word: a caller can cost it a read of an object it could
+	// read anyway, nothing more. Bulk transfer listener only (not shared
+	// memory); an agent that predates it closes the connection.
+	TransferOp_TRANSFER_OP_VERIFY TransferOp = 3
 )
 
 // Enum value maps for TransferOp.
@@ -38,11 +49,13 @@ var (
 		0: "TRANSFER_OP_UNSPECIFIED",
 		1: "TRANSFER_OP_WRITE",
 		2: "TRANSFER_OP_READ",
+		3: "TRANSFER_OP_VERIFY",
 	}
 	TransferOp_value = map[string]int32{
 		"TRANSFER_OP_UNSPECIFIED": 0,
 		"TRANSFER_OP_WRITE":       1,
 		"TRANSFER_OP_READ":        2,
+		"TRANSFER_OP_VERIFY":      3,
 	}
 )
 
@@ -314,7 +327,7 @@ type TransferResult struct {
 	Status *ItemResult `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
 	// WRITE: bytes written. READ: payload bytes that follow for this item.
 	Length uint64 `protobuf:"varint,2,opt,name=length,proto3" json:"length,omitempty"`
-	// READ: the object's size and sealed checksum.
+	// READ and VERIFY: the object's size and sealed checksum.
 	ObjectSize uint64 `protobuf:"varint,3,opt,name=object_size,json=objectSize,proto3" json:"object_size,omitempty"`
 	Checksum   uint64 `protobuf:"varint,4,opt,name=checksum,proto3" json:"checksum,omitempty"`
 	// WRITE with seal_checksum: the agent's seal receipt for the allocation,
@@ -483,12 +496,13 @@ const file_crescent_agent_v1_transfer_proto_rawDesc = "" +
 	"\fseal_receipt\x18\x05 \x01(\fR\vsealReceipt\"\x84\x01\n" +
 	"\x10TransferResponse\x123\n" +
 	"\x05error\x18\x01 \x01(\v2\x1d.crescent.agent.v1.ItemResultR\x05error\x12;\n" +
-	"\aresults\x18\x02 \x03(\v2!.crescent.agent.v1.TransferResultR\aresults*V\n" +
+	"\aresults\x18\x02 \x03(\v2!.crescent.agent.v1.TransferResultR\aresults*n\n" +
 	"\n" +
 	"TransferOp\x12\x1b\n" +
 	"\x17TRANSFER_OP_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11TRANSFER_OP_WRITE\x10\x01\x12\x14\n" +
-	"\x10TRANSFER_OP_READ\x10\x02B\xcb\x01\n" +
+	"\x10TRANSFER_OP_READ\x10\x02\x12\x16\n" +
+	"\x12TRANSFER_OP_VERIFY\x10\x03B\xcb\x01\n" +
 	"\x15com.crescent.agent.v1B\rTransferProtoP\x01Z=github.com/crescent-kv/crescent/gen/crescent/agent/v1;agentv1\xa2\x02\x03CAX\xaa\x02\x11Crescent.Agent.V1\xca\x02\x11Crescent\\Agent\\V1\xe2\x02\x1dCrescent\\Agent\\V1\\GPBMetadata\xea\x02\x13Crescent::Agent::V1b\x06proto3"
 
 var (

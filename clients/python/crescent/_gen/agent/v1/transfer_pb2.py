@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 from crescent._gen.agent.v1 import data_pb2 as crescent_dot_agent_dot_v1_dot_data__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n crescent/agent/v1/transfer.proto\x12\x11\x63rescent.agent.v1\x1a\x1c\x63rescent/agent/v1/data.proto\"\xa3\x01\n\x0cTransferItem\x12\x12\n\nsegment_id\x18\x01 \x01(\t\x12\x15\n\rallocation_id\x18\x02 \x01(\x04\x12\r\n\x05token\x18\x03 \x01(\x0c\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06length\x18\x05 \x01(\x04\x12\x1a\n\rseal_checksum\x18\x06 \x01(\x04H\x00\x88\x01\x01\x12\x0b\n\x03key\x18\x07 \x01(\tB\x10\n\x0e_seal_checksum\"\xa4\x01\n\x0fTransferRequest\x12)\n\x02op\x18\x01 \x01(\x0e\x32\x1d.crescent.agent.v1.TransferOp\x12.\n\x05items\x18\x02 \x03(\x0b\x32\x1f.crescent.agent.v1.TransferItem\x12\x36\n\rtrace_context\x18\x03 \x01(\x0b\x32\x1f.crescent.agent.v1.TraceContext\"7\n\x0cTraceContext\x12\x13\n\x0btraceparent\x18\x01 \x01(\t\x12\x12\n\ntracestate\x18\x02 \x01(\t\"\x8c\x01\n\x0eTransferResult\x12-\n\x06status\x18\x01 \x01(\x0b\x32\x1d.crescent.agent.v1.ItemResult\x12\x0e\n\x06length\x18\x02 \x01(\x04\x12\x13\n\x0bobject_size\x18\x03 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\x04\x12\x14\n\x0cseal_receipt\x18\x05 \x01(\x0c\"t\n\x10TransferResponse\x12,\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x1d.crescent.agent.v1.ItemResult\x12\x32\n\x07results\x18\x02 \x03(\x0b\x32!.crescent.agent.v1.TransferResult*V\n\nTransferOp\x12\x1b\n\x17TRANSFER_OP_UNSPECIFIED\x10\x00\x12\x15\n\x11TRANSFER_OP_WRITE\x10\x01\x12\x14\n\x10TRANSFER_OP_READ\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n crescent/agent/v1/transfer.proto\x12\x11\x63rescent.agent.v1\x1a\x1c\x63rescent/agent/v1/data.proto\"\xa3\x01\n\x0cTransferItem\x12\x12\n\nsegment_id\x18\x01 \x01(\t\x12\x15\n\rallocation_id\x18\x02 \x01(\x04\x12\r\n\x05token\x18\x03 \x01(\x0c\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06length\x18\x05 \x01(\x04\x12\x1a\n\rseal_checksum\x18\x06 \x01(\x04H\x00\x88\x01\x01\x12\x0b\n\x03key\x18\x07 \x01(\tB\x10\n\x0e_seal_checksum\"\xa4\x01\n\x0fTransferRequest\x12)\n\x02op\x18\x01 \x01(\x0e\x32\x1d.crescent.agent.v1.TransferOp\x12.\n\x05items\x18\x02 \x03(\x0b\x32\x1f.crescent.agent.v1.TransferItem\x12\x36\n\rtrace_context\x18\x03 \x01(\x0b\x32\x1f.crescent.agent.v1.TraceContext\"7\n\x0cTraceContext\x12\x13\n\x0btraceparent\x18\x01 \x01(\t\x12\x12\n\ntracestate\x18\x02 \x01(\t\"\x8c\x01\n\x0eTransferResult\x12-\n\x06status\x18\x01 \x01(\x0b\x32\x1d.crescent.agent.v1.ItemResult\x12\x0e\n\x06length\x18\x02 \x01(\x04\x12\x13\n\x0bobject_size\x18\x03 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\x04\x12\x14\n\x0cseal_receipt\x18\x05 \x01(\x0c\"t\n\x10TransferResponse\x12,\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x1d.crescent.agent.v1.ItemResult\x12\x32\n\x07results\x18\x02 \x03(\x0b\x32!.crescent.agent.v1.TransferResult*n\n\nTransferOp\x12\x1b\n\x17TRANSFER_OP_UNSPECIFIED\x10\x00\x12\x15\n\x11TRANSFER_OP_WRITE\x10\x01\x12\x14\n\x10TRANSFER_OP_READ\x10\x02\x12\x16\n\x12TRANSFER_OP_VERIFY\x10\x03\x62\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'crescent.agent.v1.transfer_pb2', globals())
@@ -22,7 +22,7 @@ if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
   _TRANSFEROP._serialized_start=736
-  _TRANSFEROP._serialized_end=822
+  _TRANSFEROP._serialized_end=846
   _TRANSFERITEM._serialized_start=86
   _TRANSFERITEM._serialized_end=249
   _TRANSFERREQUEST._serialized_start=252
