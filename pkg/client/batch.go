@@ -474,6 +474,9 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 	for _, r := range retry {
 		fallbacks = append(fallbacks, func() {
 			err := r.err
+			if errors.Is(err, errChecksum) {
+				defer c.verifyReplica(ctx, r.rl.GetReplicas()[0])
+			}
 			if rest := r.rl.GetReplicas()[1:]; len(rest) > 0 {
 				buf := r.buf()
 				ferr := c.readAny(ctx, r.rl, rest, buf)

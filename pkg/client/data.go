@@ -408,6 +408,11 @@ func (c *Client) getDirect(ctx context.Context, key string, alloc func(size uint
 		if round > 0 || rl == nil {
 			var err error
 			if rl, err = c.replicaList(ctx, key); err != nil {
+				if lastErr != nil {
+					// Gone meanwhile: its bad replica was dropped
+					// (verifyReplica), say, and it had no other.
+					return fmt.Errorf("get %q: %w (the first read: %w)", key, err, lastErr)
+				}
 				return fmt.Errorf("get %q: %w", key, err)
 			}
 		}
@@ -481,6 +486,7 @@ func (c *Client) readAny(ctx context.Context, rl *masterv1.GetReplicaListRespons
 		err := c.readOne(ctx, d, buf)
 		if err == nil && checksum.Sum(buf) != rl.GetChecksum() {
 			err = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "replica %d on %s: checksum mismatch", d.GetReplicaId(), d.GetDataEndpoint())
+			defer c.verifyReplica(ctx, d) // after the other replicas were tried
 		}
 		if err == nil {
 			return nil
@@ -494,6 +500,28 @@ func (c *Client) readAny(ctx context.Context, rl *masterv1.GetReplicaListRespons
 		return errs[0]
 	}
 	return errors.Join(errs...)
+}
+
+// verifyTimeout bounds verifyReplica.
+const verifyTimeout = 5 * time.Second
+
+// verifyReplica asks d's agent to check the replica whose bytes failed
+// their checksum here (TRANSFER_OP_VERIFY): the agent reads the allocation
+// again itself and, when its bytes are bad, drops it and reports it lost,
+// so that the master stops handing it out and the event stream retracts
+// it. The agent trusts its own reading: when the bytes went wrong on the
+// way here, nothing changes. Best effort and synchronous (a get that met a
+// bad replica is rare, and once the agent dropped it nobody meets it
+// again), within verifyTimeout; an agent without the bulk transfer path,
+// or one that predates VERIFY, is not asked or does not answer.
+func (c *Client) verifyReplica(ctx context.Context, d *masterv1.ReplicaDescriptor) {
+	ep := c.transferEndpoint(d)
+	if ep == "" || ctx.Err() != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, verifyTimeout)
+	defer cancel()
+	_, _ = c.s.xfer.Verify(ctx, ep, []*agentv1.TransferItem{{SegmentId: d.GetSegmentId(), AllocationId: d.GetAllocationId(), Token: d.GetToken()}})
 }
 
 // readOne reads one replica into buf (len(buf) == object size).
@@ -637,6 +665,7 @@ func (c *Client) GetTo(ctx context.Context, key string, w io.Writer, progress fu
 		}
 		if err == nil && h.Sum64() != rl.GetChecksum() {
 			err = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "checksum mismatch")
+			defer c.verifyReplica(ctx, d) // after the other replicas were tried
 		}
 		if err == nil {
 			return written, nil

@@ -295,12 +295,23 @@ func TestGetFallsBack(t *testing.T) {
 			if err != nil || !bytes.Equal(got, data) {
 				t.Fatalf("Get %s with agent 0's replica corrupt: %d bytes, %v", key, len(got), err)
 			}
-			h.Corrupt(tenant, key, h.replicaOn(t, tenant, key, "host-1"))
-			if _, err := c.Get(ctx, key); !errors.Is(err, client.ErrChecksum) {
+			// Both replicas corrupt (each case its own object: on the
+			// bulk path the client's VERIFY makes the agents drop what it
+			// found bad, TestBadReplicaDropped).
+			both := func(k string) {
+				if err := c.Put(ctx, k, data, client.WithReplicas(2)); err != nil {
+					t.Fatal(err)
+				}
+				h.Corrupt(tenant, k, h.replicaOn(t, tenant, k, "host-0"))
+				h.Corrupt(tenant, k, h.replicaOn(t, tenant, k, "host-1"))
+			}
+			both(key + "-both")
+			if _, err := c.Get(ctx, key+"-both"); !errors.Is(err, client.ErrChecksum) {
 				t.Fatalf("Get %s with both replicas corrupt: %v, want ErrChecksum", key, err)
 			}
+			both(key + "-both-to")
 			var w bytes.Buffer
-			if _, err := c.GetTo(ctx, key, &w, nil); !errors.Is(err, client.ErrChecksum) {
+			if _, err := c.GetTo(ctx, key+"-both-to", &w, nil); !errors.Is(err, client.ErrChecksum) {
 				t.Fatalf("GetTo %s with both replicas corrupt: %v, want ErrChecksum", key, err)
 			}
 		}
@@ -667,11 +678,11 @@ func TestBatchFallsBack(t *testing.T) {
 		heal()
 		heal = h.failAgents(t, 0)
 		check("agent 0 failing")
-		corrupt("k3", "host-1")
-		if _, errs := c.BatchGet(ctx, keys); !errors.Is(errs[3], client.ErrChecksum) {
-			t.Fatalf("BatchGet of an object with no good replica: %v, want ErrChecksum", errs[3])
+		// k9's replica on agent 0 cannot be read, its other is corrupt.
+		corrupt("k9", "host-1")
+		if _, errs := c.BatchGet(ctx, []string{"k9"}); !errors.Is(errs[0], client.ErrChecksum) {
+			t.Fatalf("BatchGet of an object with no good replica: %v, want ErrChecksum", errs[0])
 		}
-		corrupt("k3", "host-1") // heal it
 		heal()
 		h.cutAgent(t, 0)
 		check("agent 0 unreachable, still listed")

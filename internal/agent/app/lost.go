@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/agent/link"
 	"github.com/crescent-kv/crescent/internal/agent/segment"
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,15 +16,17 @@ import (
 // per object read. The metric counts them all.
 const lostLogWindow = time.Minute
 
-// lostSink is what the disk segments call with each allocation they drop
+// lostSink is what the segments call with each allocation they drop
 // while serving it (segment.SetLostSink): it is counted, logged and
 // reported to the master by lk, which removes the replica.
 func (a *Agent) lostSink(lk *link.Link) func(segment.LostAllocation) {
-	lost := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "crescent_agent_disk_allocations_lost_total",
-		Help: "Sealed disk allocations dropped while serving them, by cause: checksum (their bytes no longer hash to the sealed checksum) or io_error (a read failed with EIO). Each is reported to the master, which removes the replica."},
-		[]string{"cause"})
-	for _, c := range []string{"checksum", "io_error"} {
-		lost.WithLabelValues(c)
+	lost := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "crescent_agent_allocations_lost_total",
+		Help: "Sealed allocations dropped while serving them, by medium and cause: checksum (their bytes no longer hash to the sealed checksum: found by a disk read, or by a client's VERIFY) or io_error (a disk read failed with EIO). Each is reported to the master, which removes the replica."},
+		[]string{"medium", "cause"})
+	for _, m := range []string{"memory", "disk"} {
+		for _, c := range []string{"checksum", "io_error"} {
+			lost.WithLabelValues(m, c)
+		}
 	}
 	a.reg.MustRegister(lost)
 	var mu sync.Mutex
@@ -34,7 +37,11 @@ func (a *Agent) lostSink(lk *link.Link) func(segment.LostAllocation) {
 		if l.Err != nil {
 			cause = "io_error"
 		}
-		lost.WithLabelValues(cause).Inc()
+		medium := "memory"
+		if l.Medium == masterv1.Medium_MEDIUM_DISK {
+			medium = "disk"
+		}
+		lost.WithLabelValues(medium, cause).Inc()
 		lk.ReportLost(l.Allocation, l.Reason())
 
 		mu.Lock()
@@ -48,14 +55,14 @@ func (a *Agent) lostSink(lk *link.Link) func(segment.LostAllocation) {
 		switch {
 		case n < maxCorruptLogLines:
 		case n == maxCorruptLogLines:
-			a.lg.Warn("more disk allocations lost this minute (not logged one by one; see crescent_agent_disk_allocations_lost_total)")
+			a.lg.Warn("more allocations lost this minute (not logged one by one; see crescent_agent_allocations_lost_total)")
 			return
 		default:
 			return
 		}
 		al := l.Allocation
 		attrs := []any{"segment_id", al.GetSegmentId(), "allocation_id", al.GetAllocationId(), "tenant", al.GetTenant(), "key", al.GetKey(),
-			"replica_id", al.GetReplicaId(), "offset", al.GetOffset(), "size", al.GetSize(), "cause", cause, "want", fmt.Sprintf("%016x", al.GetChecksum())}
+			"replica_id", al.GetReplicaId(), "offset", al.GetOffset(), "size", al.GetSize(), "medium", medium, "cause", cause, "want", fmt.Sprintf("%016x", al.GetChecksum())}
 		if l.Err != nil {
 			attrs = append(attrs, "err", l.Err)
 		} else {
@@ -66,6 +73,6 @@ func (a *Agent) lostSink(lk *link.Link) func(segment.LostAllocation) {
 			// finds it again).
 			attrs = append(attrs, "journal_err", l.JournalErr)
 		}
-		a.lg.Warn("disk allocation lost while serving: dropped and reported to the master", attrs...)
+		a.lg.Warn("allocation lost while serving: dropped and reported to the master", attrs...)
 	}
 }
