@@ -48,6 +48,22 @@ func waitRemovedChange(t *testing.T, cl *client.Client, tenant, key string, medi
 	})
 }
 
+// subscribeRemoved subscribes to the gateway; published is closed once a
+// BlockRemoved of the default tenant's key on disk arrives.
+func subscribeRemoved(t *testing.T, c *Cluster, key string) (sub *kvevent.Subscriber, published chan struct{}) {
+	t.Helper()
+	published = make(chan struct{})
+	var once sync.Once
+	sub = subscribe(t, c, func(b kvevent.Batch) {
+		for _, ev := range b.Events {
+			if ev.Type == kvevent.Removed && ev.Tenant == "default" && ev.Key == key && ev.Medium == kvevent.MediumDisk {
+				once.Do(func() { close(published) })
+			}
+		}
+	})
+	return sub, published
+}
+
 type diskPut struct {
 	key  string
 	data []byte
@@ -129,15 +145,7 @@ func TestCorruptDiskObjectRemovedOnAgentRestart(t *testing.T) {
 	cl := c.GRPCDataClient("default")
 	ctx := ctxT(t, 2*time.Minute)
 	const badKey = "disk/corrupt"
-	published := make(chan struct{})
-	var once sync.Once
-	sub := subscribe(t, c, func(b kvevent.Batch) {
-		for _, ev := range b.Events {
-			if ev.Type == kvevent.Removed && ev.Tenant == "default" && ev.Key == badKey && ev.Medium == kvevent.MediumDisk {
-				once.Do(func() { close(published) })
-			}
-		}
-	})
+	sub, published := subscribeRemoved(t, c, badKey)
 	bad := putOnDisk(t, ctx, cl, badKey, 300<<10)
 	good := putOnDisk(t, ctx, cl, "disk/intact", 200<<10)
 
@@ -205,15 +213,7 @@ func TestCorruptDiskObjectDroppedWhileServing(t *testing.T) {
 	cl := c.Client("default")
 	ctx := ctxT(t, 2*time.Minute)
 	const badKey = "disk/rot"
-	published := make(chan struct{})
-	var once sync.Once
-	sub := subscribe(t, c, func(b kvevent.Batch) {
-		for _, ev := range b.Events {
-			if ev.Type == kvevent.Removed && ev.Tenant == "default" && ev.Key == badKey && ev.Medium == kvevent.MediumDisk {
-				once.Do(func() { close(published) })
-			}
-		}
-	})
+	sub, published := subscribeRemoved(t, c, badKey)
 	bad := putOnDisk(t, ctx, cl, badKey, 300<<10)
 	good := putOnDisk(t, ctx, cl, "disk/intact", 200<<10)
 	testutil.FlipByte(t, filepath.Join(c.dir, "agent-a-disk", "segment.data"), bad.desc.GetOffset()+100<<10)

@@ -33,6 +33,22 @@ func (l *lostSink) all() []LostAllocation {
 	return append([]LostAllocation(nil), l.lost...)
 }
 
+// openFilled seals objects of sizes into a fresh 8 MiB disk segment,
+// reopens it and collects what it reports lost.
+func openFilled(t *testing.T, sizes ...int) (string, []sealedObj, *Segment, *lostSink) {
+	t.Helper()
+	dir := t.TempDir()
+	objs := fillDisk(t, dir, 8<<20, sizes...)
+	s, _, err := OpenDisk(dir, 8<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	sink := new(lostSink)
+	s.SetLostSink(sink.add)
+	return dir, objs, s, sink
+}
+
 // readChunks reads allocation id whole through one handle, k bytes at a
 // time, as the data plane's readers do.
 func readChunks(t *testing.T, s *Segment, id uint64, k int) ([]byte, error) {
@@ -58,15 +74,7 @@ func readChunks(t *testing.T, s *Segment, id uint64, k int) ([]byte, error) {
 // is journaled, so a reopen does not bring it back. Intact objects and
 // partial reads drop nothing.
 func TestReadDropsCorrupt(t *testing.T) {
-	dir := t.TempDir()
-	objs := fillDisk(t, dir, 8<<20, 10_000, 1<<20, 70_000)
-	s, _, err := OpenDisk(dir, 8<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	var sink lostSink
-	s.SetLostSink(sink.add)
+	dir, objs, s, sink := openFilled(t, 10_000, 1<<20, 70_000)
 	bad := objs[1]
 	testutil.FlipByte(t, filepath.Join(dir, dataName), bad.alloc.GetOffset()+700_000)
 	usedBefore := s.Info().GetUsed()
@@ -155,22 +163,14 @@ func (e *pathError) Unwrap() error { return e.err }
 // TestReadEIODropsAllocation: a read that fails with EIO drops the
 // allocation at once, whatever part of it was being read.
 func TestReadEIODropsAllocation(t *testing.T) {
-	dir := t.TempDir()
-	objs := fillDisk(t, dir, 8<<20, 10_000, 20_000)
-	s, _, err := OpenDisk(dir, 8<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	var sink lostSink
-	s.SetLostSink(sink.add)
+	_, objs, s, sink := openFilled(t, 10_000, 20_000)
 	bad := objs[1]
 	s.store = &eioStore{backing: s.store, from: bad.alloc.GetOffset() + 15_000, to: bad.alloc.GetOffset() + 15_001}
 
 	if _, err := readChunks(t, s, objs[0].alloc.GetAllocationId(), 4096); err != nil {
 		t.Fatal(err)
 	}
-	_, err = readChunks(t, s, bad.alloc.GetAllocationId(), 4096)
+	_, err := readChunks(t, s, bad.alloc.GetAllocationId(), 4096)
 	if !errors.Is(err, syscall.EIO) {
 		t.Fatalf("read of the bad object = %v, want EIO", err)
 	}
@@ -189,15 +189,7 @@ func TestReadEIODropsAllocation(t *testing.T) {
 // goroutines at once, in any order (a Copy does), never drop an intact
 // allocation.
 func TestConcurrentReadsDropNothing(t *testing.T) {
-	dir := t.TempDir()
-	objs := fillDisk(t, dir, 8<<20, 1<<20)
-	s, _, err := OpenDisk(dir, 8<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	var sink lostSink
-	s.SetLostSink(sink.add)
+	_, objs, s, sink := openFilled(t, 1<<20)
 	id := objs[0].alloc.GetAllocationId()
 	for range 20 {
 		h, err := s.OpenRead(id)
@@ -233,15 +225,7 @@ func TestConcurrentReadsDropNothing(t *testing.T) {
 // from a short copy) drops it, as a read that found them bad would; an
 // allocation still inside the file verifies.
 func TestVerifyCutShortFile(t *testing.T) {
-	dir := t.TempDir()
-	objs := fillDisk(t, dir, 8<<20, 10_000, 20_000)
-	s, _, err := OpenDisk(dir, 8<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	var sink lostSink
-	s.SetLostSink(sink.add)
+	dir, objs, s, sink := openFilled(t, 10_000, 20_000)
 	if err := os.Truncate(filepath.Join(dir, dataName), int64(objs[1].alloc.GetOffset()+100)); err != nil {
 		t.Fatal(err)
 	}
