@@ -5,7 +5,8 @@ normative; this is their client. A connection starts with the preamble
 "CXF1"; then each request is u32le(len(header)) TransferRequest followed,
 for a WRITE, by the items' bytes concatenated, and each response is
 u32le(len(header)) TransferResponse followed, for a READ, by the bytes of
-the items whose result is OK.
+the items whose result is OK. A VERIFY (the agent reads allocations again
+and checks them against their sealed checksums) has no payload either way.
 
 The payload goes to the socket straight from the caller's buffers with
 one socket.sendmsg (a gather write, no copy), and comes back straight
@@ -35,8 +36,10 @@ from .errors import CrescentError, from_item
 PREAMBLE = b"CXF1"
 MAX_HEADER_BYTES = 1 << 20
 MAX_ITEMS = 4096
+MAX_VERIFY_ITEMS = 64  # internal/xfer MaxVerifyItems: the agent refuses more
 OP_WRITE = transfer_pb2.TRANSFER_OP_WRITE
 OP_READ = transfer_pb2.TRANSFER_OP_READ
+OP_VERIFY = transfer_pb2.TRANSFER_OP_VERIFY
 
 _READ_AHEAD = 256 << 10
 _FIRST_READ = 8 << 10
@@ -77,6 +80,20 @@ class Conn:
             self.sock.close()
         except OSError:
             pass
+
+    def set_timeout(self, t: float):
+        """Bound each wait on the socket for progress to t seconds (the
+        pool's io_timeout unless a call asks for less)."""
+        t = max(t, 0.001)  # a zero SO_RCVTIMEO would wait forever
+        try:
+            if self.gather:
+                tv = struct.pack("ll", int(t), int((t % 1) * 1e6))
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+            else:
+                self.sock.settimeout(t)
+        except OSError as e:
+            raise _unavailable(self.endpoint, e)
 
     # --- sending -------------------------------------------------------------
 
@@ -224,6 +241,19 @@ class Conn:
                 raise _violation(self.endpoint, f"item {i}: {r.length} bytes written of {src[i].nbytes} sent")
             errs[i] = err
 
+    def verify(self, items, errs):
+        """One VERIFY exchange: errs[i] is None when item i's bytes are
+        intact, else why not (DATA_LOSS CHECKSUM_MISMATCH: the agent found
+        them bad and dropped the allocation) or why it could not check."""
+        for i, r in enumerate(self.exchange(OP_VERIFY, items, None)):
+            if r.length:
+                raise _violation(self.endpoint, f"item {i}: a VERIFY answered with {r.length} payload bytes")
+            err = None
+            if r.HasField("status"):  # an OK result carries none
+                st = r.status
+                err = from_item(st.code, st.reason, st.message) if st.code else None
+            errs[i] = err
+
     def read(self, items, dst, res):
         self.read_results([it.offset for it in items], self.exchange(OP_READ, items, None), dst, res)
 
@@ -277,7 +307,7 @@ class Pool:
             for c in lst:
                 c.close()
 
-    def _get(self, endpoint: str, fresh: bool) -> Conn:
+    def _get(self, endpoint: str, fresh: bool, dial_timeout: float | None = None) -> Conn:
         old = []
         with self._mu:
             if self._closed:
@@ -297,7 +327,7 @@ class Pool:
         host, _, port = endpoint.rpartition(":")
         host = host.strip("[]")
         try:
-            sock = socket.create_connection((host, int(port)), timeout=self.dial_timeout)
+            sock = socket.create_connection((host, int(port)), timeout=dial_timeout or self.dial_timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:
                 sock = self.tls.wrap_socket(sock, server_hostname=host)
@@ -312,12 +342,13 @@ class Pool:
             # item: a recv (MSG_WAITALL too) or send that moved some bytes
             # when it ran out returns them, and the next call waits anew.
             sock.settimeout(None)
-            tv = struct.pack("ll", int(self.io_timeout), int((self.io_timeout % 1) * 1e6))
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
-        else:
-            sock.settimeout(self.io_timeout)
-        return Conn(sock, endpoint, gather=self.tls is None)
+        c = Conn(sock, endpoint, gather=self.tls is None)
+        try:
+            c.set_timeout(self.io_timeout)
+        except CrescentError:
+            c.close()
+            raise
+        return c
 
     def _put(self, c: Conn, ok: bool):
         if not ok:
@@ -341,9 +372,14 @@ class Pool:
         for c in lst:
             c.close()
 
-    def _run(self, endpoint: str, fn):
+    def _run(self, endpoint: str, fn, deadline: float | None = None):
         for attempt in range(2):
-            c = self._get(endpoint, attempt > 0)
+            dial = None
+            if deadline is not None:
+                dial = deadline - time.monotonic()
+                if dial <= 0:
+                    raise _unavailable(endpoint, "timed out")
+            c = self._get(endpoint, attempt > 0, dial)
             c.dirty = c.answered = False
             try:
                 fn(c)
@@ -383,6 +419,38 @@ class Pool:
         length). Returns (error or None, object size, agent checksum) per
         item; raises CrescentError when the whole request failed."""
         return self._chunked(endpoint, Conn.read, items, dst)
+
+    def verify(self, endpoint: str, items, timeout: float | None = None):
+        """Ask the agent to check items' SEALED allocations against their
+        sealed checksums (TRANSFER_OP_VERIFY; TransferItem with a read
+        token, offset and length ignored; at most MAX_VERIFY_ITEMS).
+        Returns one error (or None: intact) per item, DATA_LOSS
+        CHECKSUM_MISMATCH for one whose bytes were bad (the agent dropped
+        the allocation and reported it lost); raises CrescentError when the
+        whole request failed (an agent that predates VERIFY closes the
+        connection: AGENT_UNAVAILABLE). timeout bounds the whole call,
+        dial included."""
+        if len(items) > MAX_VERIFY_ITEMS:
+            raise CrescentError("INVALID_PARAMS", f"{len(items)} items to verify, at most {MAX_VERIFY_ITEMS}")
+        out = [None] * len(items)
+        if not items:
+            return out
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def fn(c: Conn):
+            if deadline is None:
+                c.verify(items, out)
+                return
+            try:
+                c.set_timeout(min(self.io_timeout, deadline - time.monotonic()))
+                c.verify(items, out)
+                c.set_timeout(self.io_timeout)  # pooled again: as the others
+            except BaseException:
+                c.dirty = True  # not pooled with the shorter timeout
+                raise
+
+        self._run(endpoint, fn, deadline)
+        return out
 
     def _chunked(self, endpoint: str, op, items, bufs):
         """op (Conn.write or Conn.read) on one connection to endpoint, in

@@ -33,7 +33,7 @@ from google.protobuf import duration_pb2
 
 from . import _wire
 from ._buf import as_view, checksum
-from ._gen.agent.v1 import data_pb2, data_pb2_grpc
+from ._gen.agent.v1 import data_pb2, data_pb2_grpc, transfer_pb2
 from ._gen.master.v1 import object_pb2, types_pb2
 from ._masters import Masters, channel_options, split_masters
 from ._xfer import OP_READ as _xfer_op_read
@@ -49,6 +49,8 @@ MAX_BATCH_BYTES = 32 << 20
 MASTER_BATCH = 4096
 # One transfer request carries at most this many bytes of one object (transfer.go).
 XFER_CHUNK = 16 << 20
+# Bounds asking an agent to verify a replica whose bytes failed their checksum (data.go).
+VERIFY_TIMEOUT = 5.0
 
 
 class ReplicateConfig:
@@ -134,6 +136,11 @@ def _agent_err(e: grpc.RpcError) -> CrescentError:
     if not err.reason and err.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNKNOWN):
         err.reason = "AGENT_UNAVAILABLE"
     return err
+
+
+def _mismatch(d) -> CrescentError:
+    """Replica d's bytes, read here, failed the object's checksum."""
+    return CrescentError("CHECKSUM_MISMATCH", f"replica {d.replica_id} on {d.data_endpoint}: checksum mismatch")
 
 
 def _abandoned(err: CrescentError) -> bool:
@@ -694,7 +701,7 @@ class Client:
                     try:
                         pending.append((chunk, self._xfer.begin(rt[0], _xfer_op_read, hdr, dsts)))
                     except CrescentError as e:
-                        retry.extend((rd, e) for rd in chunk)
+                        retry.extend((rd, e, False) for rd in chunk)
                     continue
 
                 def task(rt=rt, chunk=chunk):
@@ -711,7 +718,7 @@ class Client:
                 try:
                     res = p.end()
                 except CrescentError as e:
-                    retry.extend((rd, e) for rd in chunk)
+                    retry.extend((rd, e, False) for rd in chunk)
                     continue
                 for rd, r in zip(chunk, res):
                     e = r[0]
@@ -720,12 +727,14 @@ class Client:
                         if checksum(dst) == rd[1].checksum:
                             outs[rd[0]] = dst
                             continue
-                        d = rd[4]
-                        e = CrescentError("CHECKSUM_MISMATCH", f"replica {d.replica_id} on {d.data_endpoint}: checksum mismatch")
-                    retry.append((rd, e))
-        # Fall back, per item, to the remaining replicas.
+                        retry.append((rd, _mismatch(rd[4]), True))
+                        continue
+                    retry.append((rd, e, False))
+        # Fall back, per item, to the remaining replicas (and then have the
+        # first one verified when its bytes failed the checksum).
         if retry:
-            self._run([lambda rd=rd, e=e: self._read_any_item(keys, rd, rd[2][1:], outs, errs, e) for rd, e in retry])
+            self._run([lambda rd=rd, e=e, bad=bad: self._read_any_item(keys, rd, rd[2][1:], outs, errs, e, bad)
+                       for rd, e, bad in retry])
         if refetch:
             again = [i for i, st, _ in pairs if not (st is not None and st.code) and errs[i] is not None and outs[i] is None
                      and errs[i].reason not in ("BUFFER_TOO_SMALL", "REPLICA_IS_NOT_READY")]
@@ -734,25 +743,28 @@ class Client:
                     errs[i] = None
                 self._get_batch(keys, again, outs, errs, into, refetch=False)
 
-    def _read_any_item(self, keys, rd, reps, outs, errs, first=None):
-        i, rl, _, dst, _ = rd
+    def _read_any_item(self, keys, rd, reps, outs, errs, first=None, bad=False):
+        """Read item rd from reps. first: why its first replica, not in
+        reps, failed; bad: that replica's bytes failed the checksum here,
+        so its agent is asked to verify it once reps were tried."""
+        i, rl, _, dst, d0 = rd
         try:
             if not reps and first is not None:
                 raise first  # the only replica failed: say how
             self._read_any(rl, reps, dst)
+            outs[i] = dst
         except CrescentError as e:
             errs[i] = _err_for(keys[i], e, "get ")
-            return
-        outs[i] = dst
+        if bad:
+            self._verify_replica(d0)
 
     def _read_chunk(self, rt, chunk, outs):
         """Read the first replica of each item from one agent in one request;
-        returns the items that failed (error or checksum), with their error."""
+        returns the items that failed, with their error and whether it was
+        the checksum: [(rd, error, bad)]."""
         ep = rt[0]
         failed = []
 
-        def bad(d):
-            return CrescentError("CHECKSUM_MISMATCH", f"replica {d.replica_id} on {d.data_endpoint}: checksum mismatch")
         req = data_pb2.BatchReadRequest()
         for _, _, _, _, d in chunk:
             req.items.add(segment_id=d.segment_id, allocation_id=d.allocation_id, token=d.token)
@@ -762,42 +774,70 @@ class Client:
                 raise CrescentError("INTERNAL", f"agent {ep} answered {len(resp.results)} results for {len(chunk)} items")
         except grpc.RpcError as e:
             err = _agent_err(e)
-            return [(rd, err) for rd in chunk]
+            return [(rd, err, False) for rd in chunk]
         except CrescentError as e:
-            return [(rd, e) for rd in chunk]
+            return [(rd, e, False) for rd in chunk]
         for rd, r in zip(chunk, resp.results):
             i, rl, reps, dst, _ = rd
             data = r.data
             if r.status.code:
-                failed.append((rd, from_item(r.status.code, r.status.reason, r.status.message)))
+                failed.append((rd, from_item(r.status.code, r.status.reason, r.status.message), False))
                 continue
             if len(data) != rl.size:
-                failed.append((rd, CrescentError("INTERNAL", f"agent {ep} sent {len(data)} bytes of a {rl.size}-byte object")))
+                failed.append((rd, CrescentError("INTERNAL", f"agent {ep} sent {len(data)} bytes of a {rl.size}-byte object"), False))
                 continue
             if checksum(memoryview(data)) != rl.checksum:
-                failed.append((rd, bad(reps[0])))
+                failed.append((rd, _mismatch(reps[0]), True))
                 continue
             dst[:] = data
             outs[i] = dst
         return failed
 
     def _read_any(self, rl, reps, dst):
-        """Try each replica in order until one returns bytes matching the checksum."""
+        """Try each replica in order until one returns bytes matching the
+        checksum; those whose bytes did not are then verified by their agent."""
         if not reps:
             raise CrescentError("REPLICA_IS_NOT_READY", "no readable replica")
         errs = []
+        bad = None  # replicas whose bytes failed the checksum
         for d in reps:
             try:
                 self._read_one(d, dst)
-                if checksum(dst) != rl.checksum:
-                    raise CrescentError("CHECKSUM_MISMATCH", f"replica {d.replica_id} on {d.data_endpoint}: checksum mismatch")
-                return
             except CrescentError as e:
                 errs.append(e)
+                continue
+            if checksum(dst) == rl.checksum:
+                if bad:
+                    for b in bad:
+                        self._verify_replica(b)
+                return
+            if bad is None:
+                bad = []
+            bad.append(d)
+            errs.append(_mismatch(d))
+        for b in bad or ():
+            self._verify_replica(b)
         if len(errs) == 1:
             raise errs[0]
         # Several replicas failed: the first error's reason, every message.
         raise CrescentError(errs[0].reason, "; ".join(f"replica {k}: {e}" for k, e in enumerate(errs)), errs[0].code)
+
+    def _verify_replica(self, d):
+        """Ask d's agent to check the replica whose bytes failed their
+        checksum here (TRANSFER_OP_VERIFY): the agent reads the allocation
+        again itself and, when its bytes are bad, drops it and reports it
+        lost, so that the master stops handing it out. The agent trusts its
+        own reading: when the bytes went wrong on the way here, nothing
+        changes. Best effort and synchronous, within VERIFY_TIMEOUT, every
+        error ignored; only over the bulk transfer path (an agent that
+        predates VERIFY closes the connection)."""
+        if self._xfer is None or not d.transfer_endpoint:
+            return
+        item = transfer_pb2.TransferItem(segment_id=d.segment_id, allocation_id=d.allocation_id, token=d.token)
+        try:
+            self._xfer.verify(d.transfer_endpoint, [item], timeout=VERIFY_TIMEOUT)
+        except Exception:
+            pass
 
     def _read_one(self, d, dst):
         size = dst.nbytes

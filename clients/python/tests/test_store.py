@@ -297,7 +297,10 @@ def test_replicate_config(cluster, tenant):
 
 def test_checksum_verified_on_read(cluster, tenant, monkeypatch):
     """Bytes that do not match the master's checksum are never returned: the
-    next replica is read, and with none left the get fails CHECKSUM_MISMATCH."""
+    next replica is read, and with none left the get fails CHECKSUM_MISMATCH.
+    The replica whose bytes failed is then verified by its agent (a transfer
+    VERIFY), which re-reads it and finds it intact (the bytes went wrong
+    here, not there): nothing is dropped."""
     from crescent import _xfer
 
     s = DistributedStore()
@@ -314,12 +317,35 @@ def test_checksum_verified_on_read(cluster, tenant, monkeypatch):
         for d in dst:
             d[0] ^= 0xFF
 
+    verified = []  # (endpoint, segment and allocation ids, answer)
+    real_verify = _xfer.Pool.verify
+
+    def spy(self, endpoint, items, timeout=None):
+        out = real_verify(self, endpoint, items, timeout)
+        verified.append((endpoint, [(it.segment_id, it.allocation_id) for it in items], out))
+        return out
+
+    def replicas(key):
+        rl = s.client._call("GetReplicaList", object_pb2.GetReplicaListRequest(tenant=tenant, key=key))
+        return [(d.segment_id, d.allocation_id, d.transfer_endpoint) for d in rl.replicas]
+
+    two, one = replicas("two"), replicas("one")
+    on_a = [(seg, alloc) for seg, alloc, ep in two if ep]
+    assert len(two) == 2 and len(on_a) == 1
+    monkeypatch.setattr(_xfer.Pool, "verify", spy)
     monkeypatch.setattr(_xfer.Conn, "read_results", corrupt)
     assert s.get("two") == data  # the transfer replica is corrupt; agent-b's (DataService) is not
+    ep_a = next(ep for _, _, ep in two if ep)
+    assert verified == [(ep_a, on_a, [None])]  # the agent's own reading: intact
+    verified.clear()
     buf = bytearray(4096)
     assert s.get_into("one", buf, 4096) == ErrorCode.CHECKSUM_MISMATCH
+    # Every read of the only replica (the get refetches its list once) is verified.
+    assert verified and all(v == (ep_a, [one[0][:2]], [None]) for v in verified), verified
     monkeypatch.setattr(_xfer.Conn, "read_results", real)
+    assert sorted(replicas("two")) == sorted(two) and replicas("one") == one  # nothing dropped
     assert s.get("one") == data
+    assert s.get("two") == data
     s.close()
 
 
