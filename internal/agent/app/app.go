@@ -213,6 +213,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer lk.Close()
 	segs.SetLostSink(a.lostSink(lk))
+	// Stopped before the segments close (deferred after their Close).
+	stopScrubs := a.startScrubs(ctx, segs)
+	defer stopScrubs()
 	srv.SetReadiness(func() error {
 		if st := lk.State(); st != link.StateConnected {
 			return fmt.Errorf("master link %s", st)

@@ -78,6 +78,11 @@ type Config struct {
 	// segment.VerifySealed); corrupt ones are dropped and so reported
 	// lost to the master.
 	VerifyDisk bool
+	// ScrubInterval is how long after start, and after each pass, the
+	// disk segment is verified again while it serves (segment.Scrub), at
+	// ScrubRate object bytes per second; 0 turns scrubbing off.
+	ScrubInterval time.Duration
+	ScrubRate     config.ByteSize
 
 	// Security is TLS, authorization, protected mode and pprof (issue 14);
 	// the bulk transfer listener speaks TLS with the same files.
@@ -97,6 +102,8 @@ func DefaultConfig() Config {
 		MemorySegments:  1,
 		Prefault:        true,
 		VerifyDisk:      true,
+		ScrubInterval:   24 * time.Hour,
+		ScrubRate:       64 << 20,
 		ShutdownGrace:   5 * time.Second,
 		ShutdownTimeout: 10 * time.Second,
 		ReadChunk:       dataplane.DefaultChunkSize,
@@ -142,6 +149,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.Prefault, "prefault", c.Prefault, "touch every page of --memory at start, before registering, so puts never pay first-touch page faults (start-up takes longer, memory is committed at once)")
 	fs.StringVar(&c.DiskDir, "disk-dir", c.DiskDir, "directory of the disk segment (empty: no disk segment)")
 	fs.Var(&c.DiskSize, "disk-size", "size of the disk segment (e.g. 64GiB)")
+	fs.DurationVar(&c.ScrubInterval, "scrub-interval", c.ScrubInterval, "while serving, read every sealed object of the disk segment again and check its checksum this long after start and after each pass; a bad one is dropped and reported lost before a client meets it (0 turns it off)")
+	fs.Var(&c.ScrubRate, "scrub-rate", "object bytes per second a scrub pass reads at most (e.g. 64MiB), so it leaves the disk to the data plane")
 	fs.BoolVar(&c.VerifyDisk, "verify-disk", c.VerifyDisk, "on restart, read every sealed object of the disk segment and check its checksum before registering; corrupt objects are dropped (reported lost) instead of served (start-up reads the whole used part of the segment)")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", c.ShutdownGrace, "after SIGTERM, keep serving reads this long after announcing the unmount")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "graceful gRPC stop limit before a hard stop")
@@ -190,6 +199,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("disk-size must be at least 1MiB with disk-dir, got %s", c.DiskSize.String()))
 	case c.DiskDir == "" && c.DiskSize > 0:
 		errs = append(errs, errors.New("disk-size needs disk-dir"))
+	}
+	if c.ScrubInterval < 0 || (c.ScrubInterval > 0 && c.ScrubRate < 1<<20) {
+		errs = append(errs, fmt.Errorf("scrub-interval must be >= 0, and scrub-rate at least 1MiB with it; got %v and %s", c.ScrubInterval, c.ScrubRate.String()))
 	}
 	if c.Memory == 0 && c.DiskDir == "" {
 		errs = append(errs, errors.New("nothing to contribute: set memory or disk-dir"))
