@@ -113,7 +113,7 @@ func (c *Cluster) SetMasterHook(hook func(method string) error) {
 }
 
 // SetAgentHook makes every DataService RPC of every agent ("Write",
-// "Read", "BatchWrite", "BatchRead") ask hook with the agent's index; a
+// "Read", "BatchWrite", "BatchRead", "Verify") ask hook with the agent's index; a
 // non-nil error fails the whole call. The bulk transfer listener (raw
 // TCP) is not hooked: clients that must not use it set
 // client.Config.DisableTransfer, or the test stops the agent. nil removes

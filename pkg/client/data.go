@@ -506,22 +506,31 @@ func (c *Client) readAny(ctx context.Context, rl *masterv1.GetReplicaListRespons
 const verifyTimeout = 5 * time.Second
 
 // verifyReplica asks d's agent to check the replica whose bytes failed
-// their checksum here (TRANSFER_OP_VERIFY): the agent reads the allocation
-// again itself and, when its bytes are bad, drops it and reports it lost,
-// so that the master stops handing it out and the event stream retracts
-// it. The agent trusts its own reading: when the bytes went wrong on the
-// way here, nothing changes. Best effort and synchronous (a get that met a
-// bad replica is rare, and once the agent dropped it nobody meets it
-// again), within verifyTimeout; an agent without the bulk transfer path,
-// or one that predates VERIFY, is not asked or does not answer.
+// their checksum here (TRANSFER_OP_VERIFY on the bulk path, where the read
+// went, DataService.Verify on the gRPC one): the agent reads the
+// allocation again itself and, when its bytes are bad, drops it and
+// reports it lost, so that the master stops handing it out and the event
+// stream retracts it. The agent trusts its own reading: when the bytes
+// went wrong on the way here, nothing changes. Best effort and synchronous
+// (a get that met a bad replica is rare, and once the agent dropped it
+// nobody meets it again), within verifyTimeout; an agent that predates
+// VERIFY does not answer (the bulk path) or answers Unimplemented (gRPC),
+// both ignored.
 func (c *Client) verifyReplica(ctx context.Context, d *masterv1.ReplicaDescriptor) {
-	ep := c.transferEndpoint(d)
-	if ep == "" || ctx.Err() != nil {
+	if ctx.Err() != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, verifyTimeout)
 	defer cancel()
-	_, _ = c.s.xfer.Verify(ctx, ep, []*agentv1.TransferItem{{SegmentId: d.GetSegmentId(), AllocationId: d.GetAllocationId(), Token: d.GetToken()}})
+	if ep := c.transferEndpoint(d); ep != "" {
+		_, _ = c.s.xfer.Verify(ctx, ep, []*agentv1.TransferItem{{SegmentId: d.GetSegmentId(), AllocationId: d.GetAllocationId(), Token: d.GetToken()}})
+		return
+	}
+	dc, err := c.agent(d.GetDataEndpoint())
+	if err != nil {
+		return
+	}
+	_, _ = dc.Verify(ctx, &agentv1.VerifyRequest{Items: []*agentv1.BatchReadItem{{SegmentId: d.GetSegmentId(), AllocationId: d.GetAllocationId(), Token: d.GetToken()}}})
 }
 
 // readOne reads one replica into buf (len(buf) == object size).

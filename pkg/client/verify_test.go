@@ -14,13 +14,19 @@ import (
 // TestBadReplicaDropped: a memory replica whose bytes changed in place (the
 // agent never reads a memory object through a check of its own) is read
 // first by Get, BatchGet and GetTo; each falls back to the intact replica
-// and asks the bad one's agent to verify it (TRANSFER_OP_VERIFY), which
-// drops it and reports it lost: the master then lists only the intact
-// replica. Before, the bad replica stayed listed, and every get paid for
-// its bytes before it fell back.
+// and asks the bad one's agent to verify it (TRANSFER_OP_VERIFY on the
+// bulk path, DataService.Verify on the gRPC one), which drops it and
+// reports it lost: the master then lists only the intact replica. Before,
+// the bad replica stayed listed, and every get paid for its bytes before
+// it fell back (on the gRPC path, until DataService.Verify, for good).
 func TestBadReplicaDropped(t *testing.T) {
 	h := start(t, testcluster.Options{})
-	c := h.pathClient(t, true) // on host-0: reads host-0's replica first
+	paths(t, func(t *testing.T, transfer bool) {
+		testBadReplicaDropped(t, h, h.pathClient(t, transfer)) // on host-0: reads host-0's replica first
+	})
+}
+
+func testBadReplicaDropped(t *testing.T, h *harness, c *client.Client) {
 	tenant, ctx := c.TenantName(), t.Context()
 	for _, size := range []int{100, 100<<10 + 3} { // batched small reads, and reads of their own
 		data := pattern(size, 5)

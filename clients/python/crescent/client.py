@@ -824,18 +824,21 @@ class Client:
 
     def _verify_replica(self, d):
         """Ask d's agent to check the replica whose bytes failed their
-        checksum here (TRANSFER_OP_VERIFY): the agent reads the allocation
-        again itself and, when its bytes are bad, drops it and reports it
-        lost, so that the master stops handing it out. The agent trusts its
-        own reading: when the bytes went wrong on the way here, nothing
-        changes. Best effort and synchronous, within VERIFY_TIMEOUT, every
-        error ignored; only over the bulk transfer path (an agent that
-        predates VERIFY closes the connection)."""
-        if self._xfer is None or not d.transfer_endpoint:
-            return
-        item = transfer_pb2.TransferItem(segment_id=d.segment_id, allocation_id=d.allocation_id, token=d.token)
+        checksum here (TRANSFER_OP_VERIFY over the bulk transfer path, where
+        the read went, DataService.Verify over gRPC): the agent reads the
+        allocation again itself and, when its bytes are bad, drops it and
+        reports it lost, so that the master stops handing it out. The agent
+        trusts its own reading: when the bytes went wrong on the way here,
+        nothing changes. Best effort and synchronous, within VERIFY_TIMEOUT,
+        every error ignored (an agent that predates VERIFY closes the
+        connection, or answers UNIMPLEMENTED over gRPC)."""
         try:
-            self._xfer.verify(d.transfer_endpoint, [item], timeout=VERIFY_TIMEOUT)
+            if self._xfer is not None and d.transfer_endpoint:
+                item = transfer_pb2.TransferItem(segment_id=d.segment_id, allocation_id=d.allocation_id, token=d.token)
+                self._xfer.verify(d.transfer_endpoint, [item], timeout=VERIFY_TIMEOUT)
+                return
+            item = data_pb2.BatchReadItem(segment_id=d.segment_id, allocation_id=d.allocation_id, token=d.token)
+            self._data(d.data_endpoint).Verify(data_pb2.VerifyRequest(items=[item]), timeout=VERIFY_TIMEOUT, metadata=self._md)
         except Exception:
             pass
 

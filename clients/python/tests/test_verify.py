@@ -1,12 +1,13 @@
-"""TRANSFER_OP_VERIFY: a client whose read of a replica failed the checksum
-asks the replica's agent to read it again itself. Intact: nothing changes.
-Bad: the agent drops the allocation and reports it lost, and the master
-removes the replica. The protocol side against fake agents (crescent._xfer),
-the best-effort side of the client (Client._verify_replica), and real
-corruption: a byte flipped in an agent's disk segment (a memory segment
-cannot be corrupted from outside the agent's process), for VERIFY alone and
-for a get of an object over 16 MiB (read in several requests, which the
-agent does not check itself)."""
+"""TRANSFER_OP_VERIFY (and DataService.Verify, its twin on the gRPC data
+path): a client whose read of a replica failed the checksum asks the
+replica's agent to read it again itself. Intact: nothing changes. Bad: the
+agent drops the allocation and reports it lost, and the master removes the
+replica. The protocol side against fake agents (crescent._xfer), the
+best-effort side of the client (Client._verify_replica, both paths), and
+real corruption: a byte flipped in an agent's disk segment (a memory
+segment cannot be corrupted from outside the agent's process), for VERIFY
+alone (both paths) and for a get of an object over 16 MiB (read in several
+requests, which the agent does not check itself)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ import os
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import pytest
 
 from crescent import Client, CrescentError, DistributedStore, ReplicateConfig
 from crescent import _xfer
-from crescent._gen.agent.v1 import transfer_pb2
+from crescent._gen.agent.v1 import data_pb2, data_pb2_grpc, transfer_pb2
 from crescent._gen.master.v1 import object_pb2, types_pb2
 
 OK = 0
@@ -207,7 +210,7 @@ def test_verify_replica_is_best_effort(monkeypatch):
         assert time.monotonic() - t0 < 60  # bounded (0.5 s here), not the default io_timeout times retries
         assert calls == [(closing.endpoint, 0.5), (d.transfer_endpoint, 0.5)]
         d.transfer_endpoint = ""
-        c._verify_replica(d)  # DataService only: not asked
+        assert c._verify_replica(d) is None  # DataService only: asked over gRPC (nothing listens), not over transfer
         assert len(calls) == 2
 
         def interrupted(self, endpoint, items, timeout=None):
@@ -223,9 +226,63 @@ def test_verify_replica_is_best_effort(monkeypatch):
         hung.close()
     off = Client("127.0.0.1:1", "t", disable_transfer=True)
     try:
-        off._verify_replica(d)  # no transfer path: not asked (would raise KeyboardInterrupt)
+        off._verify_replica(d)  # no transfer path: not asked over it (would raise KeyboardInterrupt)
     finally:
         off.close()
+
+
+class _FakeData(data_pb2_grpc.DataServiceServicer):
+    """A DataService whose Verify records its requests and answers OK."""
+
+    def __init__(self):
+        self.got = []
+
+    def Verify(self, request, context):
+        self.got.append((request, dict(context.invocation_metadata())))
+        return data_pb2.VerifyResponse(results=[data_pb2.VerifyResult(object_size=4)] * len(request.items))
+
+
+def _data_server(servicer):
+    """A gRPC server on loopback with servicer (None: no service at all, as
+    an agent that predates DataService.Verify answers UNIMPLEMENTED)."""
+    srv = grpc.server(ThreadPoolExecutor(2))
+    if servicer is not None:
+        data_pb2_grpc.add_DataServiceServicer_to_server(servicer, srv)
+    port = srv.add_insecure_port("127.0.0.1:0")
+    srv.start()
+    return srv, "127.0.0.1:%d" % port
+
+
+@pytest.mark.parametrize("disable_transfer", [False, True])
+def test_verify_replica_grpc(monkeypatch, disable_transfer):
+    """On the gRPC data path (a replica with no transfer endpoint, or a
+    client with disable_transfer) Client._verify_replica asks
+    DataService.Verify at the replica's data endpoint, with the client's
+    metadata, one item, its read token; never the transfer path. An agent
+    that answers UNIMPLEMENTED is ignored."""
+    from crescent import client as client_mod
+
+    monkeypatch.setattr(client_mod, "VERIFY_TIMEOUT", 5)
+    calls = []
+    monkeypatch.setattr(_xfer.Pool, "verify", lambda self, *a, **k: calls.append(a))
+    fake = _FakeData()
+    srv, ep = _data_server(fake)
+    old, old_ep = _data_server(None)
+    c = Client("127.0.0.1:1", "t", disable_transfer=disable_transfer)
+    try:
+        d = types_pb2.ReplicaDescriptor(segment_id="s", allocation_id=7, token=b"tok", data_endpoint=ep,
+                                        transfer_endpoint="" if not disable_transfer else "127.0.0.1:1")
+        assert c._verify_replica(d) is None
+        assert len(fake.got) == 1
+        (req, _), = fake.got
+        assert [(it.segment_id, it.allocation_id, it.token) for it in req.items] == [("s", 7, b"tok")]
+        d.data_endpoint = old_ep
+        assert c._verify_replica(d) is None  # UNIMPLEMENTED: ignored
+        assert calls == []
+    finally:
+        c.close()
+        srv.stop(None)
+        old.stop(None)
 
 
 # --- a real cluster ----------------------------------------------------------------------
@@ -286,6 +343,42 @@ def test_verify_drops_corrupt_disk_replica(disk_cluster, tenant):
         assert err is not None and err.reason == "CHECKSUM_MISMATCH", err
         _eventually(lambda: _gone(c, "disk/rot"), 20, "the master removes the dropped replica")
         assert c.get("disk/intact") == intact
+    finally:
+        c.close()
+
+
+def test_verify_grpc_drops_corrupt_disk_replica(disk_cluster, tenant):
+    """DataService.Verify on a real agent: an intact replica OK with its size
+    and checksum, a write of its token refused for the item alone, more than
+    64 items refuse the call (INVALID_ARGUMENT) before any is read; a byte
+    flipped in a disk object nobody read since: a client on the gRPC data
+    path (disable_transfer) has the agent verify it, which drops it, and the
+    master removes the replica."""
+    c = Client(disk_cluster.master, tenant, host_id="host-a", disable_transfer=True)
+    try:
+        cfg = ReplicateConfig(medium="disk", preferred_segment=_disk_segments(disk_cluster)["host-a"])
+        rot, intact = os.urandom(300 << 10), os.urandom(200 << 10)
+        c.put("grpc/rot", rot, cfg)
+        c.put("grpc/intact", intact, cfg)
+        (good,) = _replica_list(c, "grpc/intact").replicas
+        stub = c._data(good.data_endpoint)
+        item = data_pb2.BatchReadItem(segment_id=good.segment_id, allocation_id=good.allocation_id, token=good.token)
+        forged = data_pb2.BatchReadItem(segment_id=good.segment_id, allocation_id=good.allocation_id, token=b"not a token")
+        resp = stub.Verify(data_pb2.VerifyRequest(items=[item, forged]), timeout=5)
+        ok, bad = resp.results
+        assert ok.status.code == OK and ok.object_size == len(intact) and ok.checksum, ok
+        assert bad.status.reason == "INVALID_TOKEN", bad
+        (d,) = _replica_list(c, "grpc/rot").replicas
+        assert d.medium == types_pb2.MEDIUM_DISK
+        _flip_byte(disk_cluster.dir / "agent-a-disk" / "segment.data", d.offset + (100 << 10))
+        rot_item = data_pb2.BatchReadItem(segment_id=d.segment_id, allocation_id=d.allocation_id, token=d.token)
+        with pytest.raises(grpc.RpcError) as ei:
+            stub.Verify(data_pb2.VerifyRequest(items=[rot_item] * (_xfer.MAX_VERIFY_ITEMS + 1)), timeout=5)
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert not _gone(c, "grpc/rot")  # refused before any item was read
+        c._verify_replica(d)
+        _eventually(lambda: _gone(c, "grpc/rot"), 20, "the master removes the dropped replica")
+        assert c.get("grpc/intact") == intact
     finally:
         c.close()
 

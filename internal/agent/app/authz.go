@@ -19,6 +19,8 @@ func authTable() auth.Table {
 		agentv1.DataService_Read_FullMethodName:       data,
 		agentv1.DataService_BatchWrite_FullMethodName: data,
 		agentv1.DataService_BatchRead_FullMethodName:  data,
+		// Verify: a read token for each item, as Read.
+		agentv1.DataService_Verify_FullMethodName: data,
 	}
 }
 

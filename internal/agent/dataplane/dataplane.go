@@ -45,6 +45,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/agent/segment"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/token"
+	"github.com/crescent-kv/crescent/internal/xfer"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/status"
 )
@@ -516,4 +517,29 @@ func (s *Server) readItem(it *agentv1.BatchReadItem, total *uint64, callerTenant
 	*total += h.Size()
 	s.bytesOut.Add(float64(len(data)))
 	return &agentv1.BatchReadResult{Data: data, Checksum: h.Checksum()}, nil
+}
+
+// Verify checks SEALED allocations against their sealed checksums, as a
+// VERIFY of the bulk transfer listener does (verifyItem, the same bounds):
+// more than xfer.MaxVerifyItems items are refused before any is opened.
+func (s *Server) Verify(ctx context.Context, req *agentv1.VerifyRequest) (*agentv1.VerifyResponse, error) {
+	items := req.GetItems()
+	if len(items) > xfer.MaxVerifyItems {
+		return nil, s.fail("verify", errInvalid("%d items to verify, at most %d", len(items), xfer.MaxVerifyItems))
+	}
+	out := &agentv1.VerifyResponse{Results: make([]*agentv1.VerifyResult, len(items))}
+	tenant := callerTenant(ctx)
+	for i, it := range items {
+		r := &agentv1.VerifyResult{}
+		err := ctx.Err()
+		if err == nil {
+			r.ObjectSize, r.Checksum, err = s.verifyItem(it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), tenant)
+		}
+		if err != nil {
+			s.errs.WithLabelValues("verify", rpcerr.Reason(err)).Inc()
+		}
+		r.Status = itemResult(err)
+		out.Results[i] = r
+	}
+	return out, nil
 }

@@ -35,6 +35,7 @@ type env struct {
 	keys      *Keyring
 	key       token.SigningKey
 	client    agentv1.DataServiceClient
+	srv       *Server
 }
 
 // newTestServer builds a Server over one 64 MiB memory and one 64 MiB disk
@@ -83,7 +84,7 @@ func start(t *testing.T, opts ...grpc.ServerOption) *env {
 		gs.Stop()
 		_ = set.Close()
 	})
-	return &env{mem: mem, disk: disk, keys: keys, key: key, client: agentv1.NewDataServiceClient(conn)}
+	return &env{mem: mem, disk: disk, keys: keys, key: key, client: agentv1.NewDataServiceClient(conn), srv: srv}
 }
 
 func (e *env) reserve(t *testing.T, seg *segment.Segment, size uint64) uint64 {

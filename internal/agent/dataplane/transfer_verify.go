@@ -12,16 +12,17 @@ import (
 	"github.com/crescent-kv/crescent/internal/xfer"
 )
 
-// A VERIFY (TRANSFER_OP_VERIFY) asks the agent to read allocations again
-// and check them against their sealed checksums: a client sends one when a
-// replica's bytes failed its checksum and the agent may not have seen it
-// (a memory segment, whose bytes leave from the mapping; an object read in
-// several requests). The caller needs a read token, which lets it read
-// the bytes anyway; what a VERIFY adds is work without the transfer, so it
-// is bounded three ways: xfer.MaxVerifyItems items a request, verifyWorkers
-// verifications at a time on the agent (more answer LIMIT_EXCEEDED), and
-// an allocation found intact is not read again for verifyFresh (answered
-// OK from memory; at most maxVerified remembered).
+// A VERIFY (TRANSFER_OP_VERIFY, or DataService.Verify on the gRPC data
+// path: both serve their items with verifyItem) asks the agent to read
+// allocations again and check them against their sealed checksums: a client
+// sends one when a replica's bytes failed its checksum and the agent may
+// not have seen it (a memory segment, whose bytes leave from the mapping;
+// an object read in several requests). The caller needs a read token, which
+// lets it read the bytes anyway; what a VERIFY adds is work without the
+// transfer, so it is bounded three ways: xfer.MaxVerifyItems items a
+// request, verifyWorkers verifications at a time on the agent (more answer
+// LIMIT_EXCEEDED), and an allocation found intact is not read again for
+// verifyFresh (answered OK from memory; at most maxVerified remembered).
 const (
 	verifyWorkers = 2
 	verifyFresh   = 10 * time.Minute
@@ -71,7 +72,9 @@ func (t *transferServer) verify(c *transferConn, items []*agentv1.TransferItem) 
 	for i, it := range items {
 		r := &rs[i]
 		resp.Results[i] = r
-		if err := s.verifyItem(it, c.callerTenant(), r); err != nil {
+		var err error
+		r.ObjectSize, r.Checksum, err = s.verifyItem(it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), c.callerTenant())
+		if err != nil {
 			s.errs.WithLabelValues("transfer_verify", rpcerr.Reason(err)).Inc()
 			c.itemFailed(err)
 			r.Status = xfer.ItemResult(err)
@@ -89,29 +92,30 @@ func (t *transferServer) verify(c *transferConn, items []*agentv1.TransferItem) 
 	return err
 }
 
-// verifyItem checks one item's allocation and fills in its size and sealed
-// checksum.
-func (s *Server) verifyItem(it *agentv1.TransferItem, callerTenant string, r *agentv1.TransferResult) error {
-	h, err := s.open(it.GetSegmentId(), it.GetAllocationId(), it.GetToken(), token.Read, callerTenant)
+// verifyItem checks one item's allocation, bounded by s.verify, and
+// returns its size and sealed checksum (once the token was accepted, even
+// with an error).
+func (s *Server) verifyItem(segID string, allocID uint64, tok []byte, callerTenant string) (size, sum uint64, err error) {
+	h, err := s.open(segID, allocID, tok, token.Read, callerTenant)
 	if err != nil {
-		return err
+		return 0, 0, err
 	}
 	defer h.Close()
-	r.ObjectSize, r.Checksum = h.Size(), h.Checksum()
-	k := verifyKey{it.GetSegmentId(), it.GetAllocationId()}
+	size, sum = h.Size(), h.Checksum()
+	k := verifyKey{segID, allocID}
 	now := s.now()
 	if s.verify.fresh(k, now) {
-		return nil
+		return size, sum, nil
 	}
 	select {
 	case s.verify.sem <- struct{}{}:
 	default:
-		return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED, "the agent is verifying %d allocations already; try later", verifyWorkers)
+		return size, sum, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED, "the agent is verifying %d allocations already; try later", verifyWorkers)
 	}
 	err = h.Verify()
 	<-s.verify.sem
 	if err == nil {
 		s.verify.intact(k, now)
 	}
-	return err
+	return size, sum, err
 }

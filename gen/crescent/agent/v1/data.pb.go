@@ -767,6 +767,158 @@ func (x *BatchReadResponse) GetResults() []*BatchReadResult {
 	return nil
 }
 
+type VerifyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The allocations to check, each with its read token (whole objects:
+	// there is no range); at most 64.
+	Items         []*BatchReadItem `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerifyRequest) Reset() {
+	*x = VerifyRequest{}
+	mi := &file_crescent_agent_v1_data_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyRequest) ProtoMessage() {}
+
+func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_agent_v1_data_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyRequest.ProtoReflect.Descriptor instead.
+func (*VerifyRequest) Descriptor() ([]byte, []int) {
+	return file_crescent_agent_v1_data_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *VerifyRequest) GetItems() []*BatchReadItem {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+// VerifyResult is one item's outcome and, once its token was accepted, the
+// object's size and sealed checksum.
+type VerifyResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Status        *ItemResult            `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
+	ObjectSize    uint64                 `protobuf:"varint,2,opt,name=object_size,json=objectSize,proto3" json:"object_size,omitempty"`
+	Checksum      uint64                 `protobuf:"varint,3,opt,name=checksum,proto3" json:"checksum,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerifyResult) Reset() {
+	*x = VerifyResult{}
+	mi := &file_crescent_agent_v1_data_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyResult) ProtoMessage() {}
+
+func (x *VerifyResult) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_agent_v1_data_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyResult.ProtoReflect.Descriptor instead.
+func (*VerifyResult) Descriptor() ([]byte, []int) {
+	return file_crescent_agent_v1_data_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *VerifyResult) GetStatus() *ItemResult {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+func (x *VerifyResult) GetObjectSize() uint64 {
+	if x != nil {
+		return x.ObjectSize
+	}
+	return 0
+}
+
+func (x *VerifyResult) GetChecksum() uint64 {
+	if x != nil {
+		return x.Checksum
+	}
+	return 0
+}
+
+type VerifyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*VerifyResult        `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerifyResponse) Reset() {
+	*x = VerifyResponse{}
+	mi := &file_crescent_agent_v1_data_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyResponse) ProtoMessage() {}
+
+func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crescent_agent_v1_data_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyResponse.ProtoReflect.Descriptor instead.
+func (*VerifyResponse) Descriptor() ([]byte, []int) {
+	return file_crescent_agent_v1_data_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *VerifyResponse) GetResults() []*VerifyResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
 var File_crescent_agent_v1_data_proto protoreflect.FileDescriptor
 
 const file_crescent_agent_v1_data_proto_rawDesc = "" +
@@ -824,13 +976,23 @@ const file_crescent_agent_v1_data_proto_rawDesc = "" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x1a\n" +
 	"\bchecksum\x18\x03 \x01(\x04R\bchecksum\"Q\n" +
 	"\x11BatchReadResponse\x12<\n" +
-	"\aresults\x18\x01 \x03(\v2\".crescent.agent.v1.BatchReadResultR\aresults2\xd9\x02\n" +
+	"\aresults\x18\x01 \x03(\v2\".crescent.agent.v1.BatchReadResultR\aresults\"G\n" +
+	"\rVerifyRequest\x126\n" +
+	"\x05items\x18\x01 \x03(\v2 .crescent.agent.v1.BatchReadItemR\x05items\"\x82\x01\n" +
+	"\fVerifyResult\x125\n" +
+	"\x06status\x18\x01 \x01(\v2\x1d.crescent.agent.v1.ItemResultR\x06status\x12\x1f\n" +
+	"\vobject_size\x18\x02 \x01(\x04R\n" +
+	"objectSize\x12\x1a\n" +
+	"\bchecksum\x18\x03 \x01(\x04R\bchecksum\"K\n" +
+	"\x0eVerifyResponse\x129\n" +
+	"\aresults\x18\x01 \x03(\v2\x1f.crescent.agent.v1.VerifyResultR\aresults2\xa8\x03\n" +
 	"\vDataService\x12L\n" +
 	"\x05Write\x12\x1f.crescent.agent.v1.WriteRequest\x1a .crescent.agent.v1.WriteResponse(\x01\x12I\n" +
 	"\x04Read\x12\x1e.crescent.agent.v1.ReadRequest\x1a\x1f.crescent.agent.v1.ReadResponse0\x01\x12Y\n" +
 	"\n" +
 	"BatchWrite\x12$.crescent.agent.v1.BatchWriteRequest\x1a%.crescent.agent.v1.BatchWriteResponse\x12V\n" +
-	"\tBatchRead\x12#.crescent.agent.v1.BatchReadRequest\x1a$.crescent.agent.v1.BatchReadResponseB\xc7\x01\n" +
+	"\tBatchRead\x12#.crescent.agent.v1.BatchReadRequest\x1a$.crescent.agent.v1.BatchReadResponse\x12M\n" +
+	"\x06Verify\x12 .crescent.agent.v1.VerifyRequest\x1a!.crescent.agent.v1.VerifyResponseB\xc7\x01\n" +
 	"\x15com.crescent.agent.v1B\tDataProtoP\x01Z=github.com/crescent-kv/crescent/gen/crescent/agent/v1;agentv1\xa2\x02\x03CAX\xaa\x02\x11Crescent.Agent.V1\xca\x02\x11Crescent\\Agent\\V1\xe2\x02\x1dCrescent\\Agent\\V1\\GPBMetadata\xea\x02\x13Crescent::Agent::V1b\x06proto3"
 
 var (
@@ -845,7 +1007,7 @@ func file_crescent_agent_v1_data_proto_rawDescGZIP() []byte {
 	return file_crescent_agent_v1_data_proto_rawDescData
 }
 
-var file_crescent_agent_v1_data_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_crescent_agent_v1_data_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_crescent_agent_v1_data_proto_goTypes = []any{
 	(*WriteHeader)(nil),        // 0: crescent.agent.v1.WriteHeader
 	(*WriteRequest)(nil),       // 1: crescent.agent.v1.WriteRequest
@@ -860,6 +1022,9 @@ var file_crescent_agent_v1_data_proto_goTypes = []any{
 	(*BatchReadRequest)(nil),   // 10: crescent.agent.v1.BatchReadRequest
 	(*BatchReadResult)(nil),    // 11: crescent.agent.v1.BatchReadResult
 	(*BatchReadResponse)(nil),  // 12: crescent.agent.v1.BatchReadResponse
+	(*VerifyRequest)(nil),      // 13: crescent.agent.v1.VerifyRequest
+	(*VerifyResult)(nil),       // 14: crescent.agent.v1.VerifyResult
+	(*VerifyResponse)(nil),     // 15: crescent.agent.v1.VerifyResponse
 }
 var file_crescent_agent_v1_data_proto_depIdxs = []int32{
 	0,  // 0: crescent.agent.v1.WriteRequest.header:type_name -> crescent.agent.v1.WriteHeader
@@ -868,19 +1033,24 @@ var file_crescent_agent_v1_data_proto_depIdxs = []int32{
 	9,  // 3: crescent.agent.v1.BatchReadRequest.items:type_name -> crescent.agent.v1.BatchReadItem
 	7,  // 4: crescent.agent.v1.BatchReadResult.status:type_name -> crescent.agent.v1.ItemResult
 	11, // 5: crescent.agent.v1.BatchReadResponse.results:type_name -> crescent.agent.v1.BatchReadResult
-	1,  // 6: crescent.agent.v1.DataService.Write:input_type -> crescent.agent.v1.WriteRequest
-	3,  // 7: crescent.agent.v1.DataService.Read:input_type -> crescent.agent.v1.ReadRequest
-	6,  // 8: crescent.agent.v1.DataService.BatchWrite:input_type -> crescent.agent.v1.BatchWriteRequest
-	10, // 9: crescent.agent.v1.DataService.BatchRead:input_type -> crescent.agent.v1.BatchReadRequest
-	2,  // 10: crescent.agent.v1.DataService.Write:output_type -> crescent.agent.v1.WriteResponse
-	4,  // 11: crescent.agent.v1.DataService.Read:output_type -> crescent.agent.v1.ReadResponse
-	8,  // 12: crescent.agent.v1.DataService.BatchWrite:output_type -> crescent.agent.v1.BatchWriteResponse
-	12, // 13: crescent.agent.v1.DataService.BatchRead:output_type -> crescent.agent.v1.BatchReadResponse
-	10, // [10:14] is the sub-list for method output_type
-	6,  // [6:10] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	9,  // 6: crescent.agent.v1.VerifyRequest.items:type_name -> crescent.agent.v1.BatchReadItem
+	7,  // 7: crescent.agent.v1.VerifyResult.status:type_name -> crescent.agent.v1.ItemResult
+	14, // 8: crescent.agent.v1.VerifyResponse.results:type_name -> crescent.agent.v1.VerifyResult
+	1,  // 9: crescent.agent.v1.DataService.Write:input_type -> crescent.agent.v1.WriteRequest
+	3,  // 10: crescent.agent.v1.DataService.Read:input_type -> crescent.agent.v1.ReadRequest
+	6,  // 11: crescent.agent.v1.DataService.BatchWrite:input_type -> crescent.agent.v1.BatchWriteRequest
+	10, // 12: crescent.agent.v1.DataService.BatchRead:input_type -> crescent.agent.v1.BatchReadRequest
+	13, // 13: crescent.agent.v1.DataService.Verify:input_type -> crescent.agent.v1.VerifyRequest
+	2,  // 14: crescent.agent.v1.DataService.Write:output_type -> crescent.agent.v1.WriteResponse
+	4,  // 15: crescent.agent.v1.DataService.Read:output_type -> crescent.agent.v1.ReadResponse
+	8,  // 16: crescent.agent.v1.DataService.BatchWrite:output_type -> crescent.agent.v1.BatchWriteResponse
+	12, // 17: crescent.agent.v1.DataService.BatchRead:output_type -> crescent.agent.v1.BatchReadResponse
+	15, // 18: crescent.agent.v1.DataService.Verify:output_type -> crescent.agent.v1.VerifyResponse
+	14, // [14:19] is the sub-list for method output_type
+	9,  // [9:14] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_crescent_agent_v1_data_proto_init() }
@@ -894,7 +1064,7 @@ func file_crescent_agent_v1_data_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crescent_agent_v1_data_proto_rawDesc), len(file_crescent_agent_v1_data_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

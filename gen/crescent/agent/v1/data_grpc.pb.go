@@ -23,6 +23,7 @@ const (
 	DataService_Read_FullMethodName       = "/crescent.agent.v1.DataService/Read"
 	DataService_BatchWrite_FullMethodName = "/crescent.agent.v1.DataService/BatchWrite"
 	DataService_BatchRead_FullMethodName  = "/crescent.agent.v1.DataService/BatchRead"
+	DataService_Verify_FullMethodName     = "/crescent.agent.v1.DataService/Verify"
 )
 
 // DataServiceClient is the client API for DataService service.
@@ -50,6 +51,22 @@ type DataServiceClient interface {
 	BatchWrite(ctx context.Context, in *BatchWriteRequest, opts ...grpc.CallOption) (*BatchWriteResponse, error)
 	// BatchRead reads many small SEALED allocations in one unary call.
 	BatchRead(ctx context.Context, in *BatchReadRequest, opts ...grpc.CallOption) (*BatchReadResponse, error)
+	// Verify checks each item's SEALED allocation against its sealed
+	// checksum (a read token; at most 64 items, more refuse the whole call
+	// with INVALID_PARAMS): a client whose read of a replica failed its
+	// checksum asks, and the agent reads the whole allocation again itself.
+	// OK: its bytes are intact (the client's read went wrong elsewhere).
+	// DATA_LOSS CHECKSUM_MISMATCH: they are not, and the agent has dropped
+	// the allocation and reported it lost to the master (AllocationsLost).
+	// The agent trusts its own reading, not the client's word: a caller can
+	// cost it a read of an object it could read anyway, nothing more, and
+	// the work is bounded as the bulk transfer listener's TRANSFER_OP_VERIFY
+	// bounds it (the same checks, shared with it): two verifications at a
+	// time per agent (more items answer LIMIT_EXCEEDED), and an allocation
+	// found intact is answered OK from memory for 10 minutes. The gRPC data
+	// path's twin of TRANSFER_OP_VERIFY; an agent that predates it answers
+	// UNIMPLEMENTED. Per-item results, in request order.
+	Verify(ctx context.Context, in *VerifyRequest, opts ...grpc.CallOption) (*VerifyResponse, error)
 }
 
 type dataServiceClient struct {
@@ -112,6 +129,16 @@ func (c *dataServiceClient) BatchRead(ctx context.Context, in *BatchReadRequest,
 	return out, nil
 }
 
+func (c *dataServiceClient) Verify(ctx context.Context, in *VerifyRequest, opts ...grpc.CallOption) (*VerifyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(VerifyResponse)
+	err := c.cc.Invoke(ctx, DataService_Verify_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DataServiceServer is the server API for DataService service.
 // All implementations must embed UnimplementedDataServiceServer
 // for forward compatibility.
@@ -137,6 +164,22 @@ type DataServiceServer interface {
 	BatchWrite(context.Context, *BatchWriteRequest) (*BatchWriteResponse, error)
 	// BatchRead reads many small SEALED allocations in one unary call.
 	BatchRead(context.Context, *BatchReadRequest) (*BatchReadResponse, error)
+	// Verify checks each item's SEALED allocation against its sealed
+	// checksum (a read token; at most 64 items, more refuse the whole call
+	// with INVALID_PARAMS): a client whose read of a replica failed its
+	// checksum asks, and the agent reads the whole allocation again itself.
+	// OK: its bytes are intact (the client's read went wrong elsewhere).
+	// DATA_LOSS CHECKSUM_MISMATCH: they are not, and the agent has dropped
+	// the allocation and reported it lost to the master (AllocationsLost).
+	// The agent trusts its own reading, not the client's word: a caller can
+	// cost it a read of an object it could read anyway, nothing more, and
+	// the work is bounded as the bulk transfer listener's TRANSFER_OP_VERIFY
+	// bounds it (the same checks, shared with it): two verifications at a
+	// time per agent (more items answer LIMIT_EXCEEDED), and an allocation
+	// found intact is answered OK from memory for 10 minutes. The gRPC data
+	// path's twin of TRANSFER_OP_VERIFY; an agent that predates it answers
+	// UNIMPLEMENTED. Per-item results, in request order.
+	Verify(context.Context, *VerifyRequest) (*VerifyResponse, error)
 	mustEmbedUnimplementedDataServiceServer()
 }
 
@@ -158,6 +201,9 @@ func (UnimplementedDataServiceServer) BatchWrite(context.Context, *BatchWriteReq
 }
 func (UnimplementedDataServiceServer) BatchRead(context.Context, *BatchReadRequest) (*BatchReadResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method BatchRead not implemented")
+}
+func (UnimplementedDataServiceServer) Verify(context.Context, *VerifyRequest) (*VerifyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Verify not implemented")
 }
 func (UnimplementedDataServiceServer) mustEmbedUnimplementedDataServiceServer() {}
 func (UnimplementedDataServiceServer) testEmbeddedByValue()                     {}
@@ -234,6 +280,24 @@ func _DataService_BatchRead_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DataService_Verify_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VerifyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DataServiceServer).Verify(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DataService_Verify_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DataServiceServer).Verify(ctx, req.(*VerifyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // DataService_ServiceDesc is the grpc.ServiceDesc for DataService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -248,6 +312,10 @@ var DataService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "BatchRead",
 			Handler:    _DataService_BatchRead_Handler,
+		},
+		{
+			MethodName: "Verify",
+			Handler:    _DataService_Verify_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

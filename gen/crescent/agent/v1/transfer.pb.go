@@ -39,7 +39,8 @@ const (
 	// to the master (AllocationsLost). The agent trusts its own reading, not
 	// the client's word: a caller can cost it a read of an object it could
 	// read anyway, nothing more. Bulk transfer listener only (not shared
-	// memory); an agent that predates it closes the connection.
+	// memory; DataService.Verify is its twin on the gRPC data path); an
+	// agent that predates it closes the connection.
 	TransferOp_TRANSFER_OP_VERIFY TransferOp = 3
 )
 

@@ -42,6 +42,11 @@ class DataServiceStub(object):
                 request_serializer=crescent_dot_agent_dot_v1_dot_data__pb2.BatchReadRequest.SerializeToString,
                 response_deserializer=crescent_dot_agent_dot_v1_dot_data__pb2.BatchReadResponse.FromString,
                 )
+        self.Verify = channel.unary_unary(
+                '/crescent.agent.v1.DataService/Verify',
+                request_serializer=crescent_dot_agent_dot_v1_dot_data__pb2.VerifyRequest.SerializeToString,
+                response_deserializer=crescent_dot_agent_dot_v1_dot_data__pb2.VerifyResponse.FromString,
+                )
 
 
 class DataServiceServicer(object):
@@ -87,6 +92,27 @@ class DataServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Verify(self, request, context):
+        """Verify checks each item's SEALED allocation against its sealed
+        checksum (a read token; at most 64 items, more refuse the whole call
+        with INVALID_PARAMS): a client whose read of a replica failed its
+        checksum asks, and the agent reads the whole allocation again itself.
+        OK: its bytes are intact (the client's read went wrong elsewhere).
+        DATA_LOSS CHECKSUM_MISMATCH: they are not, and the agent has dropped
+        the allocation and reported it lost to the master (AllocationsLost).
+        The agent trusts its own reading, not the client's word: a caller can
+        cost it a read of an object it could read anyway, nothing more, and
+        the work is bounded as the bulk transfer listener's TRANSFER_OP_VERIFY
+        bounds it (the same checks, shared with it): two verifications at a
+        time per agent (more items answer LIMIT_EXCEEDED), and an allocation
+        found intact is answered OK from memory for 10 minutes. The gRPC data
+        path's twin of TRANSFER_OP_VERIFY; an agent that predates it answers
+        UNIMPLEMENTED. Per-item results, in request order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DataServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +135,11 @@ def add_DataServiceServicer_to_server(servicer, server):
                     servicer.BatchRead,
                     request_deserializer=crescent_dot_agent_dot_v1_dot_data__pb2.BatchReadRequest.FromString,
                     response_serializer=crescent_dot_agent_dot_v1_dot_data__pb2.BatchReadResponse.SerializeToString,
+            ),
+            'Verify': grpc.unary_unary_rpc_method_handler(
+                    servicer.Verify,
+                    request_deserializer=crescent_dot_agent_dot_v1_dot_data__pb2.VerifyRequest.FromString,
+                    response_serializer=crescent_dot_agent_dot_v1_dot_data__pb2.VerifyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -193,5 +224,22 @@ class DataService(object):
         return grpc.experimental.unary_unary(request, target, '/crescent.agent.v1.DataService/BatchRead',
             crescent_dot_agent_dot_v1_dot_data__pb2.BatchReadRequest.SerializeToString,
             crescent_dot_agent_dot_v1_dot_data__pb2.BatchReadResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Verify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/crescent.agent.v1.DataService/Verify',
+            crescent_dot_agent_dot_v1_dot_data__pb2.VerifyRequest.SerializeToString,
+            crescent_dot_agent_dot_v1_dot_data__pb2.VerifyResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
