@@ -189,6 +189,9 @@ func OpenDisk(dir string, size uint64) (*Segment, Recovery, error) {
 		nf, nsize, err := writeJournal(dir, hdr, limit, entries)
 		_ = jf.Close()
 		if err != nil {
+			if nf != nil {
+				_ = nf.Close()
+			}
 			_ = df.Close()
 			return nil, Recovery{}, fmt.Errorf("disk segment %s: rewrite journal: %w", dir, err)
 		}
@@ -227,6 +230,9 @@ func createDisk(dir string, size uint64) (*Segment, error) {
 	// The journal is written last: a directory without one is not a segment.
 	jf, jsize, err := writeJournal(dir, hdr, 1, nil)
 	if err != nil {
+		if jf != nil {
+			_ = jf.Close()
+		}
 		_ = df.Close()
 		return nil, fmt.Errorf("disk segment %s: journal: %w", dir, err)
 	}

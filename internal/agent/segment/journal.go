@@ -471,18 +471,25 @@ func (j *journal) compactLocked(sealed []*entry, nextID uint64, nowMs int64) err
 	}
 	limit := max(j.idLimit, nextID)
 	f, size, err := writeJournal(j.dir, j.hdr, limit, sealed)
-	if err != nil {
-		if j.err != nil {
-			// A failing journal stays failing; a healthy one keeps its
-			// file (a compaction is an optimisation).
-			return j.failLocked(err, false, nowMs)
-		}
-		return err
+	if f != nil {
+		_ = j.f.Close()
+		j.f, j.size, j.records, j.idLimit = f, size, 1+len(sealed), limit
 	}
-	_ = j.f.Close()
-	j.f, j.size, j.records, j.idLimit = f, size, 1+len(sealed), limit
-	j.recoveredLocked()
-	return nil
+	switch {
+	case err == nil:
+		j.recoveredLocked()
+		return nil
+	case errors.Is(err, errRenamed):
+		// The old file was replaced: appending to it would write into an
+		// unlinked file, lost at the next reopen. Torn: written again
+		// whole (its name synced) before anything is appended.
+		return j.failLocked(err, true, nowMs)
+	case j.err != nil:
+		// A failing journal stays failing; a healthy one keeps its
+		// file (a compaction is an optimisation).
+		return j.failLocked(err, false, nowMs)
+	}
+	return err
 }
 
 // stats returns the failures so far and whether the journal is failing.
@@ -503,10 +510,19 @@ func (j *journal) close() error {
 	return err
 }
 
+// errRenamed marks a writeJournal error that came after the rename: the
+// journal's name already points to the new file (whose bytes are synced),
+// so the old file, open or not, is no journal any more and must never be
+// appended to again; the rename itself may not be durable yet.
+var errRenamed = errors.New("new journal renamed into place")
+
 // writeJournal writes a fresh journal (header, id limit, seals) to a
 // temporary file, syncs it, renames it into place, syncs the directory, and
-// returns it open for appending, with its size. On failure the temporary
-// file is removed (it may hold most of a journal's size, on a full disk).
+// returns it open for appending, with its size. On failure before the
+// rename the temporary file is removed (it may hold most of a journal's
+// size, on a full disk). A failure after it (the directory's sync, opening
+// the new file) wraps errRenamed, and returns the new file too when it
+// could be opened: the caller must give up its old one either way.
 func writeJournal(dir string, hdr journalHeader, limit uint64, sealed []*entry) (journalFile, int64, error) {
 	tmp := filepath.Join(dir, journalName+".tmp")
 	final := filepath.Join(dir, journalName)
@@ -515,6 +531,7 @@ func writeJournal(dir string, hdr journalHeader, limit uint64, sealed []*entry) 
 	for _, e := range sealed {
 		buf = append(buf, encodeSeal(e)...)
 	}
+	renamed := false
 	err := func() error {
 		of, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 		if err != nil {
@@ -535,18 +552,23 @@ func writeJournal(dir string, hdr journalHeader, limit uint64, sealed []*entry) 
 		if err := os.Rename(tmp, final); err != nil {
 			return err
 		}
+		renamed = true
 		return syncDir(dir)
 	}()
-	if err != nil {
+	if err != nil && !renamed {
 		_ = os.Remove(tmp)
 		return nil, 0, err
 	}
 	// Opened again by its final name, so its errors name the journal.
-	of, err := os.OpenFile(final, os.O_WRONLY|os.O_APPEND, 0)
-	if err != nil {
-		return nil, 0, err
+	of, oerr := os.OpenFile(final, os.O_WRONLY|os.O_APPEND, 0)
+	if oerr != nil {
+		return nil, 0, fmt.Errorf("%w: %w", errRenamed, errors.Join(err, oerr))
 	}
-	return wrapJournalFile(osJournalFile{of}), int64(len(buf)), nil
+	f := wrapJournalFile(osJournalFile{of})
+	if err != nil {
+		return f, int64(len(buf)), fmt.Errorf("%w: sync the directory: %w", errRenamed, err)
+	}
+	return f, int64(len(buf)), nil
 }
 
 func fdatasync(f *os.File) error {
@@ -558,7 +580,8 @@ func fdatasync(f *os.File) error {
 	}
 }
 
-func syncDir(dir string) error {
+// syncDir syncs a directory (a variable: tests make it fail).
+var syncDir = func(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err

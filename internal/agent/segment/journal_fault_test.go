@@ -246,3 +246,69 @@ func TestJournalReleaseOnFailingJournal(t *testing.T) {
 		t.Fatalf("reopened: %+v, want nothing sealed, nothing truncated", rec)
 	}
 }
+
+// TestJournalDirSyncFails: a compaction whose rename went through but whose
+// directory sync failed leaves the new journal as the only one by that
+// name; the segment must not go on appending to the old file (unlinked by
+// the rename: every seal after it was lost at the next reopen). It takes
+// no objects until the journal was written again whole, then every seal
+// acknowledged survives a reopen.
+func TestJournalDirSyncFails(t *testing.T) {
+	dir := t.TempDir()
+	s, _, err := OpenDisk(dir, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Close() }()
+	now := t0
+	acked := 0
+	put := func(key string) error {
+		t.Helper()
+		data := randBytes(3000, uint64(acked+len(key)))
+		a, err := s.Reserve(&masterv1.ReserveItem{SegmentId: s.ID(), Size: uint64(len(data)), Tenant: "t", Key: key}, now)
+		if err != nil {
+			return err
+		}
+		write(t, s, a.GetAllocationId(), data)
+		if err := s.Seal([]SealArg{{ID: a.GetAllocationId(), Checksum: checksum.Sum(data)}}, now)[0]; err != nil {
+			return err
+		}
+		acked++
+		return nil
+	}
+	for _, k := range []string{"a", "b"} {
+		if err := put(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	orig := syncDir
+	t.Cleanup(func() { syncDir = orig })
+	syncDir = func(string) error { return syscall.EIO }
+	s.mu.Lock()
+	err = s.jrn.compact(s.sealedLocked(), s.nextID, now.UnixMilli())
+	s.mu.Unlock()
+	syncDir = orig
+	if rpcerr.Reason(err) != "SEGMENT_UNAVAILABLE" {
+		t.Fatalf("compaction whose directory sync failed = %v, want SEGMENT_UNAVAILABLE", err)
+	}
+	if err := put("early"); rpcerr.Reason(err) != "SEGMENT_UNAVAILABLE" {
+		t.Fatalf("put right after = %v, want SEGMENT_UNAVAILABLE", err)
+	}
+	now = now.Add(journalRetry)
+	for _, k := range []string{"c", "d"} {
+		if err := put(k); err != nil {
+			t.Fatalf("put %s after the retry time: %v", k, err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2, rec, err := OpenDisk(dir, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s2.Close() }()
+	if rec.Sealed != acked {
+		t.Fatalf("reopened with %d sealed, want the %d acknowledged", rec.Sealed, acked)
+	}
+}
