@@ -302,3 +302,46 @@ func TestCorruptDiskObjectFoundByScrub(t *testing.T) {
 		t.Fatalf("Get %s (intact, same disk) = %v", good.key, err)
 	}
 }
+
+// TestLostReplicaGoneAfterFailover: three masters on etcd; a disk object's
+// only replica goes bad and a read drops it. The standbys, which follow
+// the agent's table, drop it too (the agent's feed records the drop as a
+// release): after the leader is killed, the new leader — which takes the
+// agent's resumed registration without its table — does not bring the
+// object back.
+func TestLostReplicaGoneAfterFailover(t *testing.T) {
+	c := StartCluster(t, Options{Masters: 3, Agents: 1, Disk: true,
+		MasterFlags: []string{"--etcd-lease-ttl", "2s", "--recovery-grace", "500ms"}})
+	cl := c.Client("default")
+	ctx := ctxT(t, 2*time.Minute)
+	bad := putOnDisk(t, ctx, cl, "disk/rot", 300<<10)
+	good := putOnDisk(t, ctx, cl, "disk/intact", 200<<10)
+	testutil.FlipByte(t, filepath.Join(c.dir, "agent-a-disk", "segment.data"), bad.desc.GetOffset()+7)
+	if _, err := cl.Get(ctx, bad.key); !errors.Is(err, client.ErrChecksum) {
+		t.Fatalf("Get of the corrupted object = %v, want ErrChecksum", err)
+	}
+	notFound := func(step string) {
+		t.Helper()
+		testutil.EventuallyNoError(t, 30*time.Second, func() error {
+			_, err := cl.Objects().GetReplicaList(ctx, &masterv1.GetReplicaListRequest{Tenant: "default", Key: bad.key})
+			if status.Code(err) != codes.NotFound {
+				return fmt.Errorf("%s: GetReplicaList %s = %v, want NOT_FOUND", step, bad.key, err)
+			}
+			return nil
+		})
+	}
+	notFound("before the failover")
+	old := c.WaitLeader()
+	old.Kill()
+	testutil.Eventually(t, 30*time.Second, func() bool { l := c.Leader(); return l != nil && l != old }, "a new leader")
+	testutil.EventuallyNoError(t, 30*time.Second, func() error {
+		got, err := cl.Get(ctx, good.key)
+		if err == nil && !bytes.Equal(got, good.data) {
+			err = fmt.Errorf("Get %s: bytes differ", good.key)
+		}
+		return err
+	})
+	if _, err := cl.Objects().GetReplicaList(ctx, &masterv1.GetReplicaListRequest{Tenant: "default", Key: bad.key}); status.Code(err) != codes.NotFound {
+		t.Fatalf("after the failover: GetReplicaList %s = %v, want NOT_FOUND (the new leader brought it back)", bad.key, err)
+	}
+}
