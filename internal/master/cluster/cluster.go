@@ -24,6 +24,13 @@ import (
 	"github.com/crescent-kv/crescent/internal/token"
 )
 
+// The object identity's limits, which every part of the master enforces
+// (the metadata on requests, the agent side on what agents report).
+const (
+	MaxKeyLen    = 4096
+	MaxTenantLen = 256
+)
+
 // Identity is this master's identity for the current leader term.
 type Identity struct {
 	// MasterID names the process (host:port or a flag).

@@ -2,6 +2,7 @@ package meta
 
 import (
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 )
 
@@ -11,8 +12,8 @@ const DefaultTenant = "default"
 // Limits enforced on input (the adapters validate against them too). Every
 // string a request may leave in the master's memory is bounded here.
 const (
-	MaxKeyLen     = 4096 // key, and a RemoveByPrefix/ListObjects prefix
-	MaxTenantLen  = 256
+	MaxKeyLen     = cluster.MaxKeyLen // key, and a RemoveByPrefix/ListObjects prefix
+	MaxTenantLen  = cluster.MaxTenantLen
 	MaxGroupLen   = 1024
 	MaxReplicaNum = 16
 	// MaxClientIDLen bounds PutStart's client_id (kept with the put until

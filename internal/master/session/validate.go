@@ -6,6 +6,7 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/auth"
+	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"github.com/crescent-kv/crescent/internal/master/registry"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 )
@@ -19,11 +20,10 @@ const (
 )
 
 // maxTenantLen and maxKeyLen bound an allocation's tenant and key
-// (bytes) where the agent side checks them: the object limits of the
-// metadata (meta.MaxTenantLen, meta.MaxKeyLen), which it does not import.
+// (bytes) where the agent side checks them.
 const (
-	maxTenantLen = 256
-	maxKeyLen    = 4096
+	maxTenantLen = cluster.MaxTenantLen
+	maxKeyLen    = cluster.MaxKeyLen
 )
 
 // MaxLostAllocations is the most allocations one AllocationsLost may
