@@ -373,6 +373,7 @@ func (s *Store) retryOwed(ctx context.Context) {
 		if err != nil && !errors.As(err, &failed) {
 			return // still owed
 		}
+		s.noteRefusing(agent, failed, len(refs))
 		still := map[allocKey]bool{}
 		if failed != nil {
 			for _, r := range failed.Refs {
@@ -391,6 +392,35 @@ func (s *Store) retryOwed(ctx context.Context) {
 		}
 		s.owedMu.Unlock()
 	})
+}
+
+// noteRefusing logs when agent starts refusing the releases sent again
+// (failed names them), once until it takes them all, and when it does.
+func (s *Store) noteRefusing(agent string, failed *cluster.ReleaseFailed, sent int) {
+	s.owedMu.Lock()
+	was := s.refusing[agent]
+	if failed != nil {
+		s.refusing[agent] = true
+	} else {
+		delete(s.refusing, agent)
+	}
+	s.owedMu.Unlock()
+	switch {
+	case failed != nil && !was:
+		s.lg.Warn("agent refuses releases; they stay owed and are sent again every second (the space stays taken at the agent)",
+			"agent_id", agent, "refused", len(failed.Refs), "sent", sent, "err", failed.Err)
+	case failed == nil && was:
+		s.lg.Info("agent took the releases it had refused", "agent_id", agent, "released", sent)
+	}
+}
+
+// OwedReleases is the number of releases the master owes to agents: ones
+// it could not deliver (the agent away) or the agent refused (a disk
+// segment whose journal cannot be written), sent again until taken.
+func (s *Store) OwedReleases() int {
+	s.owedMu.Lock()
+	defer s.owedMu.Unlock()
+	return len(s.owed)
 }
 
 // owe remembers allocations whose release could not be delivered, so that

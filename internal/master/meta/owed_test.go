@@ -2,10 +2,12 @@ package meta
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
+	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
 // TestReleaseRefusedIsOwed: an agent that answers a Release but cannot
@@ -50,13 +52,52 @@ func TestReleaseRefusedIsOwed(t *testing.T) {
 	}
 	e.s.retryOwed(ctx)
 	live := len(e.c.Agents.Live())
+	if n := e.s.OwedReleases(); n != 1 {
+		t.Fatalf("OwedReleases = %d while the agent refuses, want 1 (kept's; gone's went back with the reconcile)", n)
+	}
 	refuse = false
 	e.s.retryOwed(ctx)
+	if n := e.s.OwedReleases(); n != 0 {
+		t.Fatalf("OwedReleases = %d once the agent took them, want 0", n)
+	}
 	if got := len(e.c.Agents.Live()); live < 1 || got != live-1 {
 		t.Fatalf("the agent held %d allocations while refusing and %d after the retry; want one fewer", live, got)
 	}
 	e.s.retryOwed(ctx) // nothing owed: nothing sent twice
 	if p := e.c.Agents.Problems(); len(p) != 0 {
 		t.Fatalf("agent problems: %v", p)
+	}
+}
+
+// TestRefusedReleasesLogged: an agent that keeps refusing the releases
+// sent again is logged once when it starts, not every second, and once
+// when it takes them.
+func TestRefusedReleasesLogged(t *testing.T) {
+	e := newEnv(t, 1, 1, 1<<20, Config{})
+	var logs testutil.LogBuffer
+	e.s.lg = slog.New(slog.NewTextHandler(&logs, nil))
+	ctx := context.Background()
+	e.put(t, PutSpec{Key: "k", Size: 100})
+	refuse := true
+	e.c.Agents.FailRelease = func(*masterv1.AllocationRef) error {
+		if refuse {
+			return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE, "disk segment journal: no space left on device")
+		}
+		return nil
+	}
+	if err := e.s.Remove(ctx, RemoveSpec{Key: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		e.s.retryOwed(ctx)
+	}
+	refuse = false
+	e.s.retryOwed(ctx)
+	e.s.retryOwed(ctx)
+	if n := logs.Count("agent refuses releases"); n != 1 {
+		t.Fatalf("%d WARN lines for an agent refusing 5 times in a row, want 1:\n%s", n, logs.String())
+	}
+	if n := logs.Count("agent took the releases it had refused"); n != 1 {
+		t.Fatalf("%d lines for the recovery, want 1:\n%s", n, logs.String())
 	}
 }

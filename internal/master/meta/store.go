@@ -86,6 +86,9 @@ type Store struct {
 	// owedMu guards owed: releases that could not be delivered (leaf lock).
 	owedMu sync.Mutex
 	owed   map[allocKey]struct{}
+	// refusing: agents whose last answer to owed releases refused some
+	// (logged once per streak, noteRefusing).
+	refusing map[string]bool
 	// tombs holds clients' removals while a disk segment is detached
 	// (tombstone.go).
 	tombs tombstones
@@ -164,6 +167,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		blankKick:      make(chan struct{}, 1),
 		closed:         make(chan struct{}),
 		owed:           make(map[allocKey]struct{}),
+		refusing:       make(map[string]bool),
 		offloadMore:    make(map[uint32]bool),
 		offloadObjects: offloadPassObjects,
 		offloadBytes:   offloadPassBytes,
@@ -229,6 +233,9 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		tombs := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "crescent_master_removal_tombstones", Help: "Removals kept while disk segments are detached.",
 		}, func() float64 { _, n, _ := s.tombs.stats(); return float64(n) })
+		owed := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "crescent_master_owed_releases", Help: "Releases the master owes to agents: not delivered (the agent away) or refused (a disk segment whose journal cannot be written); sent again every second until taken, and returned rather than adopted by the agent's registration.",
+		}, func() float64 { return float64(s.OwedReleases()) })
 		tombsDropped := prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "crescent_master_removal_tombstones_dropped_total", Help: "Removals not kept because the tombstones were at their cap: a detached disk segment's return may bring those objects back.",
 		}, func() float64 { _, _, d := s.tombs.stats(); return float64(d) })
@@ -241,7 +248,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		for _, c := range append([]prometheus.Collector{s.evicted, s.offloaded, s.offloadedBytes, s.changes, s.reserved, s.expired, s.lost,
 			seals("receipt", &s.sealsByReceipt), seals("seal", &s.sealsBySeal), objects, bytes, rev,
 			reservations("blank", &s.blanksTaken), reservations("reserve", &s.reservesSent), blanks, spares,
-			detached, tombs, tombsDropped,
+			detached, tombs, tombsDropped, owed,
 			spareOutcome("leased", func(l, _, _ uint64) uint64 { return l }),
 			spareOutcome("committed", func(_, c, _ uint64) uint64 { return c }),
 			spareOutcome("lapsed", func(_, _, x uint64) uint64 { return x })}, s.promo.collectors()...) {
