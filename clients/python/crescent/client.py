@@ -739,9 +739,16 @@ class Client:
             again = [i for i, st, _ in pairs if not (st is not None and st.code) and errs[i] is not None and outs[i] is None
                      and errs[i].reason not in ("BUFFER_TOO_SMALL", "REPLICA_IS_NOT_READY")]
             if again:
+                first = {i: errs[i] for i in again}
                 for i in again:
                     errs[i] = None
                 self._get_batch(keys, again, outs, errs, into, refetch=False)
+                for i in again:
+                    e = errs[i]
+                    if e is not None and e.reason == "OBJECT_NOT_FOUND":
+                        # Gone meanwhile: its bad replica was dropped (a
+                        # VERIFY), say, and it had no other. Say so.
+                        errs[i] = CrescentError(e.reason, f"{e.message} (the first read: {first[i]})", e.code, e.metadata)
 
     def _read_any_item(self, keys, rd, reps, outs, errs, first=None, bad=False):
         """Read item rd from reps. first: why its first replica, not in

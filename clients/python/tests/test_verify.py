@@ -419,3 +419,23 @@ def test_get_verifies_corrupt_large_disk_replica(disk_cluster, tenant, monkeypat
         assert len(verified) == 1  # a clean read asks nothing
     finally:
         s.close()
+
+
+def test_get_of_only_replica_gone_bad_names_the_checksum(disk_cluster, tenant):
+    """A get whose only replica's bytes went bad fails; when the list it
+    fetches again already says OBJECT_NOT_FOUND (the agent dropped the
+    replica meanwhile), the error still names the checksum failure, as the
+    Go SDK's does."""
+    c = Client(disk_cluster.master, tenant, host_id="host-a")
+    try:
+        cfg = ReplicateConfig(medium="disk", preferred_segment=_disk_segments(disk_cluster)["host-a"])
+        c.put("disk/only", os.urandom(300 << 10), cfg)
+        (d,) = _replica_list(c, "disk/only").replicas
+        _flip_byte(disk_cluster.dir / "agent-a-disk" / "segment.data", d.offset + 7)
+        with pytest.raises(CrescentError) as ei:
+            c.get("disk/only")
+        assert ei.value.reason in ("CHECKSUM_MISMATCH", "OBJECT_NOT_FOUND"), ei.value
+        assert "checksum mismatch" in str(ei.value), ei.value
+        _eventually(lambda: _gone(c, "disk/only"), 20, "the master removes the dropped replica")
+    finally:
+        c.close()
