@@ -13,8 +13,8 @@ import (
 
 // scrubMetrics are the disk segments' background verification metrics.
 type scrubMetrics struct {
-	bytes, passes prometheus.Counter
-	last          prometheus.Gauge
+	bytes, passes  prometheus.Counter
+	last, interval prometheus.Gauge
 }
 
 func newScrubMetrics(reg prometheus.Registerer) *scrubMetrics {
@@ -25,8 +25,10 @@ func newScrubMetrics(reg prometheus.Registerer) *scrubMetrics {
 			Help: "Scrub passes finished over a disk segment (every sealed object checked)."}),
 		last: prometheus.NewGauge(prometheus.GaugeOpts{Name: "crescent_agent_disk_scrub_last_pass_timestamp_seconds",
 			Help: "When the last scrub pass over a disk segment finished (Unix seconds; 0 before the first)."}),
+		interval: prometheus.NewGauge(prometheus.GaugeOpts{Name: "crescent_agent_disk_scrub_interval_seconds",
+			Help: "--scrub-interval when this agent scrubs a disk segment, 0 when it scrubs none (no disk segment, or scrubbing off): alert CrescentDiskScrubBehind compares the last pass with it."}),
 	}
-	reg.MustRegister(m.bytes, m.passes, m.last)
+	reg.MustRegister(m.bytes, m.passes, m.last, m.interval)
 	return m
 }
 
@@ -41,6 +43,7 @@ func (a *Agent) startScrubs(ctx context.Context, segs *segment.Set) (stop func()
 	var wg sync.WaitGroup
 	for _, s := range segs.All() {
 		if s.Medium() == masterv1.Medium_MEDIUM_DISK {
+			m.interval.Set(a.cfg.ScrubInterval.Seconds())
 			wg.Go(func() { a.scrub(ctx, s, m) })
 		}
 	}
