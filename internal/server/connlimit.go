@@ -92,8 +92,10 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			l.open.Inc()
 			return &trackedConn{Conn: nc, l: l, c: c}, nil
 		}
-		_ = nc.Close()
+		// Counted before the close: a peer that sees its connection
+		// closed finds the refusal in the metrics already.
 		l.refused(ip, err)
+		_ = nc.Close()
 	}
 }
 
