@@ -505,6 +505,7 @@ func FuzzClientResponse(f *testing.F) {
 	f.Add(ok(&agentv1.TransferResponse{Results: []*agentv1.TransferResult{{Length: 4, ObjectSize: 4}, {Status: &agentv1.ItemResult{Code: 5}}}}, "abcd"))
 	f.Add(ok(&agentv1.TransferResponse{Results: []*agentv1.TransferResult{{Length: 0, ObjectSize: 9}, {Length: 2, ObjectSize: 2}}}, "abcdefghi"))
 	f.Add(ok(&agentv1.TransferResponse{Error: &agentv1.ItemResult{Code: 3, Reason: "INVALID_PARAMS"}}, ""))
+	f.Add(ok(&agentv1.TransferResponse{Results: []*agentv1.TransferResult{{ObjectSize: 4}, {Status: &agentv1.ItemResult{Code: 15, Reason: "CHECKSUM_MISMATCH"}}}}, ""))
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, in []byte) {
 		p := NewPool(Config{})
@@ -534,6 +535,9 @@ func FuzzClientResponse(f *testing.F) {
 		errs, err := p.Write(ctx, "fuzz", items(1, 2), [][]byte{[]byte("abcd"), nil})
 		if (err == nil) != (errs != nil) {
 			t.Fatalf("Write = %v, %v", errs, err)
+		}
+		if errs, err = p.Verify(ctx, "fuzz", items(1, 2)); (err == nil) != (errs != nil) {
+			t.Fatalf("Verify = %v, %v", errs, err)
 		}
 	})
 }

@@ -523,7 +523,7 @@ func (c *Client) verifyReplica(ctx context.Context, d *masterv1.ReplicaDescripto
 	ctx, cancel := context.WithTimeout(ctx, verifyTimeout)
 	defer cancel()
 	if ep := c.transferEndpoint(d); ep != "" {
-		_, _ = c.s.xfer.Verify(ctx, ep, []*agentv1.TransferItem{{SegmentId: d.GetSegmentId(), AllocationId: d.GetAllocationId(), Token: d.GetToken()}})
+		_, _ = c.s.xfer.Verify(ctx, ep, []*agentv1.TransferItem{transferItem(d, 0)})
 		return
 	}
 	dc, err := c.agent(d.GetDataEndpoint())

@@ -619,6 +619,7 @@ func FuzzTransferConn(f *testing.F) {
 	f.Add(append(req(agentv1.TransferOp_TRANSFER_OP_WRITE, w, &agentv1.TransferItem{Length: 3}), make([]byte, 13)...))
 	f.Add(append(req(agentv1.TransferOp_TRANSFER_OP_READ, r, w), req(agentv1.TransferOp_TRANSFER_OP_READ, r)[len(xfer.Preamble):]...))
 	f.Add(req(agentv1.TransferOp_TRANSFER_OP_WRITE, w))
+	f.Add(append(req(agentv1.TransferOp_TRANSFER_OP_VERIFY, r, w), req(agentv1.TransferOp_TRANSFER_OP_READ, r)[len(xfer.Preamble):]...))
 	f.Add([]byte(xfer.Preamble + "\xff\xff\xff\xff"))
 	f.Add([]byte("CXF0"))
 	f.Fuzz(func(t *testing.T, in []byte) {

@@ -75,13 +75,9 @@ func (s *Segment) Scrub(ctx context.Context, lim *rate.Limiter) (ScrubReport, er
 			rep.Took = time.Since(start)
 			return rep, err
 		}
-		h, err := s.OpenRead(e.id)
+		h, err := s.OpenRead(e.id) // ids are never reused: e itself
 		if err != nil {
 			continue // released (or dropped) since the pass started
-		}
-		if h.e != e {
-			h.Close() // cannot be: ids are never reused
-			continue
 		}
 		err = h.Verify()
 		h.Close()
