@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 20m
 TESTFLAGS    ?=
 COMPOSE      := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
-.PHONY: all gen check-gen lint build test test-unit test-e2e test-python run run-secure run-ha up up-ha down bench bench-gateway-state bench-restart bench-drain bench-offload bench-diskget bench-large bench-failover fuzz clean tidy check-observability
+.PHONY: all gen check-gen lint build test test-unit test-e2e test-python run run-secure run-ha up up-ha down bench bench-gateway-state bench-restart bench-drain bench-offload bench-diskget bench-large bench-failover soak fuzz clean tidy check-observability
 
 all: build
 
@@ -171,6 +171,13 @@ FAILOVER_OBJECTS ?= 1000000
 bench-failover: build $(BIN)/etcd
 	CRESCENT_BIN=$(CURDIR)/bin CRESCENT_E2E_ETCD=$(CURDIR)/$(BIN)/etcd CRESCENT_E2E_FAILOVERS=$(FAILOVERS) CRESCENT_E2E_FAILOVER_OBJECTS=$(FAILOVER_OBJECTS) CRESCENT_E2E_AGENT_MEMORY=256MiB \
 		$(GO) test -count 1 -run '^TestMasterFailover$$' -timeout 60m -v ./e2e/
+
+## soak: three masters on etcd, three agents, a gateway and a strict subscriber under a random workload and random faults (leader, agent and gateway kills, frozen agents, flipped disk bytes) for SOAK (default 10m), checking bytes, staleness, events and leaks (e2e TestSoak; SOAK_SEED repeats a run)
+SOAK ?= 10m
+SOAK_SEED ?=
+soak: build $(BIN)/etcd
+	CRESCENT_BIN=$(CURDIR)/$(BIN) CRESCENT_E2E_ETCD=$(CURDIR)/$(BIN)/etcd CRESCENT_SOAK=$(SOAK) CRESCENT_SOAK_SEED=$(SOAK_SEED) \
+		$(GO) test -race -count 1 -run '^TestSoak$$' -timeout 3h -v ./e2e/
 
 ## fuzz: run every fuzz target briefly (FUZZTIME=30s for longer)
 FUZZTIME ?= 10s
