@@ -452,8 +452,10 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 			tasks = append(tasks, func() {
 				buf := rd.buf()
 				if err := c.readAny(ctx, rl, rl.GetReplicas(), buf); err != nil {
-					errs[i] = fmt.Errorf("get %q: %w", keys[i], err)
-					return
+					if err = c.getAgain(ctx, keys[i], allocItem(keys, into, i, &buf), err); err != nil {
+						errs[i] = err
+						return
+					}
 				}
 				out[i] = buf
 			})
@@ -469,29 +471,59 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 	tasks = append(tasks, reads.tasks(ctx, c, out, failed)...)
 	tasks = append(tasks, local.tasks(ctx, c, out, failed)...)
 	c.runBounded(tasks)
-	// Fall back, per item, to the remaining replicas.
+	// Fall back, per item, to the remaining replicas, then to a fresh list
+	// as Get does (getAgain).
 	var fallbacks []func()
 	for _, r := range retry {
 		fallbacks = append(fallbacks, func() {
 			err := r.err
-			if errors.Is(err, errChecksum) {
-				defer c.verifyReplica(ctx, r.rl.GetReplicas()[0])
-			}
+			first := r.rl.GetReplicas()[0]
 			if rest := r.rl.GetReplicas()[1:]; len(rest) > 0 {
 				buf := r.buf()
 				ferr := c.readAny(ctx, r.rl, rest, buf)
 				if ferr == nil {
 					out[r.item] = buf
+					if errors.Is(err, errChecksum) {
+						c.verifyReplica(ctx, first)
+					}
 					return
 				}
 				err = errors.Join(err, ferr)
 			}
+			if errors.Is(err, errChecksum) {
+				// Before the fresh list, so that it lacks the replica when
+				// the agent drops it.
+				c.verifyReplica(ctx, first)
+			}
+			var buf []byte
+			if err = c.getAgain(ctx, keys[r.item], allocItem(keys, into, r.item, &buf), err); err == nil {
+				out[r.item] = buf
+				return
+			}
 			// The first replica's own failure (a checksum mismatch, an
-			// agent that is down), not "no readable replica".
-			errs[r.item] = fmt.Errorf("get %q: %w", keys[r.item], err)
+			// agent that is down) stays in err, not only "no readable
+			// replica".
+			errs[r.item] = err
 		})
 	}
 	c.runBounded(fallbacks)
+}
+
+// allocItem is the alloc of a batch get's second round for item i
+// (getAgain): a new buffer, or the caller's into[i] (BatchGetInto); *buf
+// is set to the buffer handed out.
+func allocItem(keys []string, into [][]byte, i int, buf *[]byte) func(size uint64) ([]byte, error) {
+	return func(size uint64) ([]byte, error) {
+		switch {
+		case into == nil:
+			*buf = make([]byte, size)
+		case uint64(len(into[i])) < size:
+			return nil, fmt.Errorf("get %q: %w", keys[i], rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS, "buffer of %d bytes is smaller than the %d-byte object", len(into[i]), size))
+		default:
+			*buf = into[i][:size]
+		}
+		return *buf, nil
+	}
 }
 
 // readPlan is the small-object reads of a batch get (or its large ones

@@ -403,44 +403,56 @@ func (c *Client) get(ctx context.Context, key string, alloc func(size uint64) ([
 // getDirect is get on its own; with rl, the first round reads from that
 // replica list instead of fetching one.
 func (c *Client) getDirect(ctx context.Context, key string, alloc func(size uint64) ([]byte, error), rl *masterv1.GetReplicaListResponse) error {
-	var lastErr error
-	for round := 0; round < 2; round++ {
-		if round > 0 || rl == nil {
-			var err error
-			if rl, err = c.replicaList(ctx, key); err != nil {
-				if lastErr != nil {
-					// Gone meanwhile: its bad replica was dropped
-					// (verifyReplica), say, and it had no other.
-					return fmt.Errorf("get %q: %w (the first read: %w)", key, err, lastErr)
-				}
-				return fmt.Errorf("get %q: %w", key, err)
-			}
-		}
-		buf, err := alloc(rl.GetSize())
-		if err != nil {
-			return err
-		}
-		if err := c.readAny(ctx, rl, rl.GetReplicas(), buf); err == nil {
-			return nil
-		} else {
-			lastErr = err
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		if round == 0 && rpcerr.Reason(lastErr) == "INVALID_TOKEN" {
-			// A master of before SettingsApplied, just (re)started or newly
-			// elected, made a registering agent's segments readable as it
-			// sent the agent its token keys, so for a moment the agent might
-			// not know the key of a fresh list's tokens, and refetching at
-			// once met the same agent still without it (CI,
-			// TestPutsOnBlankReservations). Masters now wait for the agent's
-			// answer; the pause stays for older ones and costs nothing
-			// otherwise.
-			_ = retry.Sleep(ctx, tokenRetryPause)
+	if rl == nil {
+		var err error
+		if rl, err = c.replicaList(ctx, key); err != nil {
+			return fmt.Errorf("get %q: %w", key, err)
 		}
 	}
-	return fmt.Errorf("get %q: %w", key, lastErr)
+	buf, err := alloc(rl.GetSize())
+	if err != nil {
+		return err
+	}
+	if err := c.readAny(ctx, rl, rl.GetReplicas(), buf); err != nil {
+		return c.getAgain(ctx, key, alloc, err)
+	}
+	return nil
+}
+
+// getAgain is a get's second and last round, after every replica of its
+// first list failed (first): a fresh list, read into the buffer alloc
+// returns. The list may differ: the tokens of the first may have expired
+// while an agent stalled, a replica found bad may have been dropped
+// (verifyReplica), the object may have moved or been replaced.
+func (c *Client) getAgain(ctx context.Context, key string, alloc func(size uint64) ([]byte, error), first error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("get %q: %w", key, first)
+	}
+	if rpcerr.Reason(first) == "INVALID_TOKEN" {
+		// A master of before SettingsApplied, just (re)started or newly
+		// elected, made a registering agent's segments readable as it
+		// sent the agent its token keys, so for a moment the agent might
+		// not know the key of a fresh list's tokens, and refetching at
+		// once met the same agent still without it (CI,
+		// TestPutsOnBlankReservations). Masters now wait for the agent's
+		// answer; the pause stays for older ones and costs nothing
+		// otherwise.
+		_ = retry.Sleep(ctx, tokenRetryPause)
+	}
+	rl, err := c.replicaList(ctx, key)
+	if err == nil {
+		var buf []byte
+		if buf, err = alloc(rl.GetSize()); err != nil {
+			return err
+		}
+		if err = c.readAny(ctx, rl, rl.GetReplicas(), buf); err == nil {
+			return nil
+		}
+	}
+	// Both failures: a list that says OBJECT_NOT_FOUND after the first
+	// read found the only replica bad (and the agent dropped it) is still
+	// a checksum failure to the caller.
+	return fmt.Errorf("get %q: %w (the first read: %w)", key, err, first)
 }
 
 // tokenRetryPause is how long a Get whose replicas refused their tokens
@@ -664,42 +676,75 @@ func (c *Client) GetTo(ctx context.Context, key string, w io.Writer, progress fu
 		}
 		return err
 	}
-	var errs []error
-	for _, d := range rl.GetReplicas() {
-		h.Reset()
-		written, werr = 0, nil
-		err := c.readStream(ctx, d.GetDataEndpoint(), d, sink, size)
-		if werr != nil {
-			return written, fmt.Errorf("get %q: write: %w", key, werr)
+	var first error // the first round's failure
+	// bad: replicas whose bytes failed their checksum, for verifyReplica
+	// once the others were tried.
+	var bad []*masterv1.ReplicaDescriptor
+	verifyBad := func() {
+		for _, d := range bad {
+			c.verifyReplica(ctx, d)
 		}
-		if err == nil && h.Sum64() != rl.GetChecksum() {
-			err = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "checksum mismatch")
-			defer c.verifyReplica(ctx, d) // after the other replicas were tried
-		}
-		if err == nil {
-			return written, nil
-		}
-		err = fmt.Errorf("replica %d on %s: %w", d.GetReplicaId(), d.GetDataEndpoint(), err)
-		if written > 0 {
-			if !rewindable {
-				return written, fmt.Errorf("get %q: %w (%d bytes written)", key, err, written)
+		bad = nil
+	}
+	defer verifyBad()
+	for round := 0; round < 2; round++ {
+		if round > 0 {
+			// As Get does (getAgain): a fresh list once, which lacks a
+			// replica found bad when its agent dropped it.
+			if ctx.Err() != nil {
+				break
 			}
-			if rerr := rewind(rw, start); rerr != nil {
-				return written, fmt.Errorf("get %q: %w (%d bytes written; %w)", key, err, written, rerr)
+			verifyBad()
+			if rpcerr.Reason(first) == "INVALID_TOKEN" {
+				_ = retry.Sleep(ctx, tokenRetryPause)
 			}
-			if progress != nil {
-				progress(0, size)
+			if rl, err = c.replicaList(ctx, key); err != nil {
+				return 0, fmt.Errorf("get %q: %w (the first read: %w)", key, err, first)
+			}
+			size = int64(rl.GetSize())
+		}
+		var errs []error
+		for _, d := range rl.GetReplicas() {
+			h.Reset()
+			written, werr = 0, nil
+			err := c.readStream(ctx, d.GetDataEndpoint(), d, sink, size)
+			if werr != nil {
+				return written, fmt.Errorf("get %q: write: %w", key, werr)
+			}
+			if err == nil && h.Sum64() != rl.GetChecksum() {
+				err = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "checksum mismatch")
+				bad = append(bad, d)
+			}
+			if err == nil {
+				return written, nil
+			}
+			err = fmt.Errorf("replica %d on %s: %w", d.GetReplicaId(), d.GetDataEndpoint(), err)
+			if written > 0 {
+				if !rewindable {
+					return written, fmt.Errorf("get %q: %w (%d bytes written)", key, err, written)
+				}
+				if rerr := rewind(rw, start); rerr != nil {
+					return written, fmt.Errorf("get %q: %w (%d bytes written; %w)", key, err, written, rerr)
+				}
+				if progress != nil {
+					progress(0, size)
+				}
+			}
+			errs = append(errs, err)
+			if ctx.Err() != nil {
+				break
 			}
 		}
-		errs = append(errs, err)
-		if ctx.Err() != nil {
-			break
+		if len(errs) == 0 {
+			errs = append(errs, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY, "no readable replica"))
+		}
+		if round == 0 {
+			first = errors.Join(errs...)
+		} else {
+			return 0, fmt.Errorf("get %q: %w (the first read: %w)", key, errors.Join(errs...), first)
 		}
 	}
-	if len(errs) == 0 {
-		errs = append(errs, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY, "no readable replica"))
-	}
-	return 0, fmt.Errorf("get %q: %w", key, errors.Join(errs...))
+	return 0, fmt.Errorf("get %q: %w", key, first)
 }
 
 // rewinder is a writer GetTo can take back to where it started writing.

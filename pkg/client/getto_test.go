@@ -146,8 +146,11 @@ func TestGetToRewinds(t *testing.T) {
 						t.Errorf("error %q does not name %q", err, want)
 					}
 				}
-				if strings.Count(err.Error(), "CHECKSUM_MISMATCH") != 2 {
-					t.Errorf("error %q: want one CHECKSUM_MISMATCH per replica", err)
+				// The second round's fresh list may still hold a replica
+				// its agent has just dropped (the report in flight): at
+				// least one CHECKSUM_MISMATCH per replica.
+				if strings.Count(err.Error(), "CHECKSUM_MISMATCH") < 2 {
+					t.Errorf("error %q: want a CHECKSUM_MISMATCH per replica", err)
 				}
 				if got := fileBytes(t, f); !bytes.Equal(got, prefix) {
 					t.Fatalf("after the failed GetTo the file holds %d bytes, want the %d-byte prefix alone", len(got), len(prefix))

@@ -903,3 +903,106 @@ func TestGetWaitsForAgentKeys(t *testing.T) {
 		t.Fatalf("Get while the agent briefly refuses its tokens: %d bytes, %v", len(got), err)
 	}
 }
+
+// TestBatchGetRefetchesRefusedTokens: an agent that refuses a batch get's
+// tokens for a moment fails the items' first reads; as Get does, the batch
+// fetches their lists again and reads (it used to answer INVALID_TOKEN).
+func TestBatchGetRefetchesRefusedTokens(t *testing.T) {
+	h := start(t, testcluster.Options{Agents: 1})
+	paths(t, func(t *testing.T, transfer bool) {
+		c := h.pathClient(t, transfer)
+		ctx := t.Context()
+		small, large := pattern(100, 3), pattern(100<<10, 4)
+		for _, k := range []string{"small", "large"} {
+			data := map[string][]byte{"small": small, "large": large}[k]
+			if err := c.Put(ctx, k, data); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h.refuseAgentsFor(t, 15*time.Millisecond, 0)
+		got, errs := c.BatchGet(ctx, []string{"small", "large"})
+		for i, want := range [][]byte{small, large} {
+			if errs[i] != nil || !bytes.Equal(got[i], want) {
+				t.Fatalf("BatchGet item %d while the agent briefly refuses its tokens: %d bytes, %v", i, len(got[i]), errs[i])
+			}
+		}
+		h.refuseAgentsFor(t, 15*time.Millisecond, 0)
+		bufs := [][]byte{make([]byte, 200), make([]byte, 200<<10)}
+		sizes, errs := c.BatchGetInto(ctx, []string{"small", "large"}, bufs)
+		for i, want := range [][]byte{small, large} {
+			if errs[i] != nil || !bytes.Equal(bufs[i][:sizes[i]], want) {
+				t.Fatalf("BatchGetInto item %d while the agent briefly refuses its tokens: %d bytes, %v", i, sizes[i], errs[i])
+			}
+		}
+	})
+}
+
+// TestGetsOutliveAStalledAgent (found by make soak): an agent that stalls
+// (a SIGSTOP, a long pause) past the tokens' lifetime answers the reads it
+// then serves "token expired". Get, GetTo and BatchGet fetch a fresh list
+// and read again (BatchGet and GetTo used to fail).
+func TestGetsOutliveAStalledAgent(t *testing.T) {
+	const lease = 300 * time.Millisecond
+	h := start(t, testcluster.Options{Agents: 1, Master: func(cfg *masterapp.Config) { cfg.LeaseTTL = lease }})
+	c := h.pathClient(t, false) // gRPC DataService, where the hook can stall the agent
+	ctx := t.Context()
+	small, large := pattern(100, 5), pattern(100<<10, 6)
+	if err := c.Put(ctx, "small", small); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Put(ctx, "large", large); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		stalls int64 // the first reads: a Get's one, a batch's two (small and large)
+		get    func() error
+	}{
+		{"Get", 1, func() error {
+			got, err := c.Get(ctx, "large")
+			if err == nil && !bytes.Equal(got, large) {
+				err = errors.New("bytes differ")
+			}
+			return err
+		}},
+		{"GetTo", 1, func() error {
+			var buf bytes.Buffer
+			if _, err := c.GetTo(ctx, "large", &buf, nil); err != nil {
+				return err
+			}
+			if !bytes.Equal(buf.Bytes(), large) {
+				return errors.New("bytes differ")
+			}
+			return nil
+		}},
+		{"BatchGet", 2, func() error {
+			got, errs := c.BatchGet(ctx, []string{"small", "large"})
+			for i, want := range [][]byte{small, large} {
+				if errs[i] != nil {
+					return errs[i]
+				}
+				if !bytes.Equal(got[i], want) {
+					return fmt.Errorf("item %d: bytes differ", i)
+				}
+			}
+			return nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stalled atomic.Int64
+			h.SetAgentHook(func(_ int, method string) error {
+				if (method == "Read" || method == "BatchRead") && stalled.Add(1) <= tc.stalls {
+					time.Sleep(lease + 200*time.Millisecond)
+				}
+				return nil
+			})
+			defer h.SetAgentHook(nil)
+			if err := tc.get(); err != nil {
+				t.Fatalf("%s across a stall of the agent past the tokens' lifetime: %v", tc.name, err)
+			}
+			if stalled.Load() == 0 {
+				t.Fatal("no read reached the agent's hook")
+			}
+		})
+	}
+}

@@ -201,6 +201,11 @@ func exitCode(err error, stderr io.Writer) int {
 	switch {
 	case errors.As(err, &ue):
 		return ExitUsage
+	case errors.Is(err, client.ErrChecksum):
+		// Bad bytes met, even when the object is gone since (its agents
+		// dropped the bad replicas and the fresh list found none): an
+		// error, not a plain miss.
+		return ExitError
 	case errors.Is(err, client.ErrNotFound):
 		return ExitNotFound
 	}
