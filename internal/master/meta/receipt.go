@@ -21,10 +21,12 @@ import (
 // A receipt that does not hold is never skipped over: the put fails with
 // the receipt's error and its replicas are removed and released (the
 // agent's sealed allocations with them), so nothing a client cannot prove
-// becomes readable. The refusals:
+// becomes readable. A receipt that holds but names an allocation that is
+// not (or no longer) a replica of the put vouches for nothing and is
+// skipped. The refusals:
 //
-//   - malformed, or naming an allocation, size or checksum other than the
-//     put's: INVALID_ARGUMENT INVALID_PARAMS;
+//   - malformed, naming a size or checksum other than the put's, or
+//     naming one of its replicas twice: INVALID_ARGUMENT INVALID_PARAMS;
 //   - a MAC that does not verify under the keys agents hold: PERMISSION_DENIED
 //     INVALID_TOKEN;
 //   - reserved under another master epoch: FAILED_PRECONDITION STALE_EPOCH.
@@ -100,20 +102,24 @@ func (s *Store) matchReceiptsLocked(it *endItem, o *object, sp *PutEndSpec) erro
 				"seal receipt %d vouches for checksum %#x; PutEnd names %#x", k, rc.Checksum, sp.Checksum)
 		}
 		seg, ok := s.segs.lookup(rc.SegmentID)
-		found := false
 		for r := range it.reps {
 			rp := &it.reps[r]
 			if ok && rp.seg == seg && rp.alloc == rc.AllocationID {
-				found = !rp.receipted
+				if rp.receipted {
+					return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
+						"seal receipt %d names allocation %d of segment %s a second time", k, rc.AllocationID, rc.SegmentID)
+				}
 				rp.receipted = true
 				break
 			}
 		}
-		if !found {
-			return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_INVALID_PARAMS,
-				"seal receipt %d names allocation %d of segment %s, which is not a replica of the put of %q/%q being ended (or is named twice)",
-				k, rc.AllocationID, rc.SegmentID, sp.Tenant, sp.Key)
-		}
+		// A receipt that verified but names no replica of the put is
+		// skipped: the put lost that replica while its bytes were on the
+		// way (its agent was lost and its segments dropped: an agent
+		// frozen past --unmount-after seals the write when it wakes, `make
+		// soak`), and it vouches for nothing the put commits. Failing the
+		// put for it (INVALID_PARAMS, as before) threw away the replicas
+		// that did arrive.
 	}
 	return nil
 }

@@ -53,27 +53,32 @@ func TestPutEndReceipts(t *testing.T) {
 		name   string
 		reason string
 		bad    func(e *env, reps []*masterv1.ReplicaDescriptor) []byte
+		twice  bool // the receipt is passed twice
 	}{
-		{"malformed", "INVALID_PARAMS", func(*env, []*masterv1.ReplicaDescriptor) []byte { return []byte{1, 2, 3} }},
+		{"malformed", "INVALID_PARAMS", func(*env, []*masterv1.ReplicaDescriptor) []byte { return []byte{1, 2, 3} }, false},
 		{"forged", "INVALID_TOKEN", func(e *env, reps []*masterv1.ReplicaDescriptor) []byte {
 			return token.SignReceipt(token.SigningKey{ID: e.s.keys.Keys()[0].ID, Secret: token.NewKey()},
 				token.Receipt{SegmentID: reps[0].GetSegmentId(), AllocationID: reps[0].GetAllocationId(), Size: size, Checksum: sum, Epoch: e.s.Epoch()})
-		}},
+		}, false},
 		{"stale epoch", "STALE_EPOCH", func(e *env, reps []*masterv1.ReplicaDescriptor) []byte {
 			return receipt(e, reps[0], func(r *token.Receipt) { r.Epoch-- })
-		}},
+		}, false},
 		{"another size", "INVALID_PARAMS", func(e *env, reps []*masterv1.ReplicaDescriptor) []byte {
 			return receipt(e, reps[0], func(r *token.Receipt) { r.Size++ })
-		}},
-		{"another allocation", "INVALID_PARAMS", func(e *env, reps []*masterv1.ReplicaDescriptor) []byte {
-			return receipt(e, reps[0], func(r *token.Receipt) { r.AllocationID += 1000 })
-		}},
+		}, false},
+		{"named twice", "INVALID_PARAMS", func(e *env, reps []*masterv1.ReplicaDescriptor) []byte {
+			return receipt(e, reps[0], nil)
+		}, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newEnv(t, 2, 1, 1<<20, Config{})
 			reps := start(t, e, "k")
 			_, seal0, rel0 := e.c.Agents.Calls()
-			err := e.s.PutEnd(ctx, PutEndSpec{Tenant: "t", Key: "k", ClientID: "w", Checksum: sum, Receipts: [][]byte{tt.bad(e, reps)}})
+			receipts := [][]byte{tt.bad(e, reps)}
+			if tt.twice {
+				receipts = append(receipts, receipts[0])
+			}
+			err := e.s.PutEnd(ctx, PutEndSpec{Tenant: "t", Key: "k", ClientID: "w", Checksum: sum, Receipts: receipts})
 			if got := rpcerr.Reason(err); got != tt.reason {
 				t.Fatalf("PutEnd = %v (reason %q), want %s", err, got, tt.reason)
 			}
@@ -86,6 +91,38 @@ func TestPutEndReceipts(t *testing.T) {
 			}
 			if o, _, _ := e.s.Stats(); o != 0 {
 				t.Fatalf("%d objects left, want 0", o)
+			}
+		})
+	}
+	// A receipt that holds but names no replica of the put — the replica's
+	// segment was dropped while the bytes were on the way (an agent frozen
+	// past --unmount-after seals the write when it wakes; make soak) — is
+	// skipped: the other replica commits. It used to fail the whole put
+	// INVALID_PARAMS.
+	for _, tt := range []struct {
+		name string
+		bad  func(e *env, reps []*masterv1.ReplicaDescriptor) []byte
+		drop bool // reps[1]'s segment is dropped before PutEnd
+	}{
+		{"replica dropped meanwhile", func(e *env, reps []*masterv1.ReplicaDescriptor) []byte { return receipt(e, reps[1], nil) }, true},
+		{"another allocation", func(e *env, reps []*masterv1.ReplicaDescriptor) []byte {
+			return receipt(e, reps[0], func(r *token.Receipt) { r.AllocationID += 1000 })
+		}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, 2, 1, 1<<20, Config{})
+			reps := start(t, e, "k")
+			receipts := [][]byte{receipt(e, reps[0], nil), tt.bad(e, reps)}
+			want := 2
+			if tt.drop {
+				e.s.DropSegments(ctx, []string{reps[1].GetSegmentId()})
+				want = 1
+			}
+			if err := e.s.PutEnd(ctx, PutEndSpec{Tenant: "t", Key: "k", ClientID: "w", Checksum: sum, Receipts: receipts}); err != nil {
+				t.Fatalf("PutEnd with a receipt naming no replica of the put = %v, want it skipped", err)
+			}
+			if got := completeOn(e.s, reps[0].GetSegmentId()) + completeOn(e.s, reps[1].GetSegmentId()); got != want {
+				t.Fatalf("%d COMPLETE replicas, want %d", got, want)
 			}
 		})
 	}
