@@ -432,7 +432,17 @@ func (r *reconcileRun) Finish(ctx context.Context) []*masterv1.AllocationRef {
 	for idx := range r.segSet {
 		attached[idx] = true
 	}
-	s.tombs.attach(attached)
+	if gone := s.tombs.attach(r.agentID, attached); len(gone) > 0 {
+		// Memory segments of the agent's earlier life: nothing is owed on
+		// them any more.
+		s.owedMu.Lock()
+		for k := range s.owed {
+			if slices.Contains(gone, k.seg) {
+				delete(s.owed, k)
+			}
+		}
+		s.owedMu.Unlock()
+	}
 	s.lg.Info("reconciled agent allocations", "agent_id", r.agentID, "segments", r.segs,
 		"allocations", r.allocs, "replicas_removed", r.removed, "replicas_adopted", r.adopted, "returned", r.returned)
 	if r.span.IsRecording() {
@@ -537,25 +547,18 @@ func (s *Store) DropSegments(ctx context.Context, segmentIDs []string) {
 	if len(set) == 0 {
 		return
 	}
-	// A memory segment's allocations go with it. A disk segment's do not:
-	// its agent mounts it again, with the same id and its sealed
-	// allocations, and the releases still owed on it must then be
-	// returned, not adopted (a removed object would come back).
-	disk := map[uint32]bool{}
+	// The segments' allocations may come back with them: a disk segment
+	// when its agent mounts it again, a memory segment when its agent was
+	// only cut off or stalled and registers again (tombstone.go). The
+	// releases still owed on them stay owed, to be returned, not adopted,
+	// then (a removed object would come back); those of a memory segment
+	// that does not come back go when its agent registers without it.
 	nowMs := s.nowMs()
 	for _, sg := range s.reg.Segments() {
-		if idx, ok := s.segs.lookup(sg.ID); ok && set[idx] && sg.Medium == masterv1.Medium_MEDIUM_DISK {
-			disk[idx] = true
-			s.tombs.detach(idx, nowMs) // its allocations come back with it
+		if idx, ok := s.segs.lookup(sg.ID); ok && set[idx] {
+			s.tombs.detach(idx, nowMs, sg.AgentID, sg.Medium != masterv1.Medium_MEDIUM_DISK)
 		}
 	}
-	s.owedMu.Lock()
-	for k := range s.owed {
-		if set[k.seg] && !disk[k.seg] {
-			delete(s.owed, k)
-		}
-	}
-	s.owedMu.Unlock()
 	removed := 0
 	for sh := range s.shards {
 		shd := &s.shards[sh]

@@ -51,9 +51,17 @@ func (s *Store) Remove(ctx context.Context, sp RemoveSpec) error {
 // per agent.
 func (s *Store) BatchRemove(ctx context.Context, specs []RemoveSpec) []error {
 	res := make([]error, len(specs))
+	// A key not found may still live on a detached segment (its object
+	// dropped with it): the removal is recorded all the same, so that the
+	// segment's return does not bring it back (tombstone.go).
 	items := s.locateAll(len(specs),
 		func(i int) (*string, string) { return &specs[i].Tenant, specs[i].Key },
-		func(i int, err error) { res[i] = err })
+		func(i int, err error) {
+			res[i] = err
+			if rpcerr.Reason(err) == "OBJECT_NOT_FOUND" {
+				s.tombs.record(specs[i].Tenant, specs[i].Key, s.nowMs())
+			}
+		})
 	rel := &releases{}
 	sc := sampled(ctx)
 	forShards(items, located.shardOf, func(sh int, group []located) {
@@ -65,6 +73,7 @@ func (s *Store) BatchRemove(ctx context.Context, specs []RemoveSpec) []error {
 			o := shd.getLocked(it.tenant, sp.Key)
 			if o == nil {
 				res[it.i] = errNotFound(sp.Tenant, sp.Key)
+				s.tombs.record(sp.Tenant, sp.Key, m.nowMs)
 				continue
 			}
 			if err := s.removableLocked(o, sp.Force, m.nowMs, sp.Tenant); err != nil {

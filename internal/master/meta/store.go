@@ -228,10 +228,10 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 			Name: "crescent_master_spares", Help: "Spares (blank reservations leased to clients for puts without a PutStart) held now.",
 		}, func() float64 { n, _, _, _ := s.SpareStats(); return float64(n) })
 		detached := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "crescent_master_detached_disk_segments", Help: "Disk segments dropped (their agent lost or stopped) whose return may bring back their sealed objects: clients' removals meanwhile are kept as tombstones so they are not adopted back.",
+			Name: "crescent_master_detached_segments", Help: "Segments dropped (their agent lost, stopped, cut off or stalled past --unmount-after) whose return may bring back their sealed objects: disk segments, and memory segments until their agent registers without them. Clients' removals meanwhile are kept as tombstones so they are not adopted back.",
 		}, func() float64 { n, _, _ := s.tombs.stats(); return float64(n) })
 		tombs := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "crescent_master_removal_tombstones", Help: "Removals kept while disk segments are detached.",
+			Name: "crescent_master_removal_tombstones", Help: "Removals kept while segments are detached.",
 		}, func() float64 { _, n, _ := s.tombs.stats(); return float64(n) })
 		owed := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "crescent_master_owed_releases", Help: "Releases the master owes to agents: not delivered (the agent away) or refused (a disk segment whose journal cannot be written); sent again every second until taken, and returned rather than adopted by the agent's registration.",

@@ -6,20 +6,26 @@ import (
 	"time"
 )
 
-// Removals a returning disk segment must not undo.
+// Removals a returning segment must not undo.
 //
 // An unmount (DropSegments: the agent was lost, or stopped) drops the
-// replicas on its segments from the metadata. A memory segment's bytes
-// are gone with it, but a disk segment's sealed allocations persist: its
-// agent mounts it again with the same id, and Reconcile adopts them. An
-// object a client removed in between would come back (e2e
-// TestRemovedWhileDiskAgentAway). So while any disk segment is detached
+// replicas on its segments from the metadata. The bytes may outlive that:
+// a disk segment's sealed allocations persist, and its agent mounts it
+// again with the same id; an agent that was only cut off or stalled (a
+// network partition, a SIGSTOP, a long pause) past --unmount-after comes
+// back with its memory segments too, same ids, same sealed allocations
+// (make soak). Reconcile adopts them. An object a client removed in
+// between would come back (e2e TestRemovedWhileDiskAgentAway, meta
+// TestRemovedWhileMemoryDetached). So while any segment is detached
 // (dropped and not yet registered again), every removal by a client
-// records a tombstone, (tenant, key) and the time; a reconcile returns,
-// never adopts, a sealed allocation on a detached segment whose key was
-// removed at or after the segment was detached. The segment's next
-// registration ends its detachment, and the tombstones go once no segment
-// is detached.
+// records a tombstone, (tenant, key) and the time — a removal that found
+// nothing too, since the key may live on a detached segment; a reconcile
+// returns, never adopts, a sealed allocation on a detached segment whose
+// key was removed at or after the segment was detached. The segment's
+// next registration ends its detachment, and the tombstones go once no
+// segment is detached. A memory segment its agent no longer lists when it
+// registers again (it restarted: its memory segments have new ids) is
+// gone for good and forgotten then.
 //
 // Bounded: at most maxTombstones are kept (further removals are counted
 // in crescent_master_removal_tombstones_dropped_total, not recorded), and
@@ -34,38 +40,54 @@ const (
 
 type tombKey struct{ tenant, key string }
 
+// detachedSeg is a dropped segment that may come back.
+type detachedSeg struct {
+	atMs   int64  // when it was dropped
+	agent  string // the agent it belonged to
+	memory bool
+}
+
 type tombstones struct {
 	// active is set while detached is not empty: removals record.
 	active atomic.Bool
 
 	mu       sync.Mutex
-	detached map[uint32]int64 // segment index → when it was dropped (ms)
+	detached map[uint32]detachedSeg // by segment index
 	removed  map[tombKey]int64
 	dropped  atomic.Uint64
 }
 
-// detach records that disk segment idx was dropped at nowMs.
-func (t *tombstones) detach(idx uint32, nowMs int64) {
+// detach records that segment idx of agent was dropped at nowMs.
+func (t *tombstones) detach(idx uint32, nowMs int64, agent string, memory bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.detached == nil {
-		t.detached = map[uint32]int64{}
+		t.detached = map[uint32]detachedSeg{}
 	}
-	t.detached[idx] = nowMs
+	t.detached[idx] = detachedSeg{atMs: nowMs, agent: agent, memory: memory}
 	t.active.Store(true)
 }
 
-// attach ends the detachment of the segments (their agent registered).
-func (t *tombstones) attach(idxs map[uint32]bool) {
+// attach ends the detachment of the segments agent registered (idxs: all
+// of them) and forgets its detached memory segments it no longer has,
+// returning those.
+func (t *tombstones) attach(agent string, idxs map[uint32]bool) (gone []uint32) {
 	if !t.active.Load() {
-		return
+		return nil
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for idx := range idxs {
-		delete(t.detached, idx)
+	for idx, d := range t.detached {
+		switch {
+		case idxs[idx]:
+			delete(t.detached, idx)
+		case d.memory && d.agent == agent:
+			delete(t.detached, idx)
+			gone = append(gone, idx)
+		}
 	}
 	t.settleLocked()
+	return gone
 }
 
 // expire forgets the segments detached before nowMs-detachedRetention.
@@ -75,8 +97,8 @@ func (t *tombstones) expire(nowMs int64) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for idx, at := range t.detached {
-		if nowMs-at > detachedRetention.Milliseconds() {
+	for idx, d := range t.detached {
+		if nowMs-d.atMs > detachedRetention.Milliseconds() {
 			delete(t.detached, idx)
 		}
 	}
@@ -120,12 +142,12 @@ func (t *tombstones) removedSince(idx uint32, tenant, key string) bool {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	at, ok := t.detached[idx]
+	d, ok := t.detached[idx]
 	if !ok {
 		return false
 	}
 	rm, ok := t.removed[tombKey{tenant, key}]
-	return ok && rm >= at
+	return ok && rm >= d.atMs
 }
 
 // stats returns the detached segments, the tombstones, and the removals

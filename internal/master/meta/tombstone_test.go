@@ -7,6 +7,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
 )
 
 // TestRemovedWhileDiskDetached: a disk segment is dropped (its agent was
@@ -35,10 +36,11 @@ func TestRemovedWhileDiskDetached(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := len(e.s.tombs.removed); n != 1 {
-		t.Fatalf("%d tombstones, want 1 (\"again\"; \"gone\" no longer existed to remove)", n)
+	// "gone" was no longer there to remove: recorded all the same (it
+	// lives on the detached segment).
+	if n := len(e.s.tombs.removed); n != 2 {
+		t.Fatalf("%d tombstones, want 2 (\"again\", and \"gone\" though not found)", n)
 	}
-	e.s.tombs.record(DefaultTenant, "gone", e.s.nowMs()) // as a RemoveByPrefix that found it would
 	back := e.s.Reconcile(ctx, "agent-0", segsOf(e.c, "agent-0"), table)
 	returned := map[uint64]bool{}
 	for _, r := range back {
@@ -71,7 +73,7 @@ func TestRemovedWhileDiskDetached(t *testing.T) {
 // detachedRetention is forgotten, and its tombstones with it.
 func TestDetachedForgotten(t *testing.T) {
 	var tb tombstones
-	tb.detach(3, 0)
+	tb.detach(3, 0, "a", false)
 	tb.record("t", "k", 10)
 	if !tb.removedSince(3, "t", "k") || tb.removedSince(3, "t", "other") || tb.removedSince(4, "t", "k") {
 		t.Fatal("removedSince wrong while detached")
@@ -84,11 +86,79 @@ func TestDetachedForgotten(t *testing.T) {
 	if tb.active.Load() || tb.removedSince(3, "t", "k") {
 		t.Fatal("kept after its retention")
 	}
-	tb.detach(1, 0)
+	tb.detach(1, 0, "a", false)
 	for i := range maxTombstones + 5 {
 		tb.record("t", strconv.Itoa(i), 1)
 	}
 	if n, d := len(tb.removed), tb.dropped.Load(); n != maxTombstones || d != 5 {
 		t.Fatalf("%d tombstones, %d dropped; want %d and 5", n, d, maxTombstones)
+	}
+}
+
+// TestRemovedWhileMemoryDetached (found by make soak): an agent cut off or
+// stalled past --unmount-after comes back with its memory segment, same
+// id, same sealed allocations. An object removed while it was away — found
+// and removed elsewhere, not found at all (its only replica was on the
+// dropped segment), or removed before the drop with its release still
+// owed — is returned, not adopted back; the others come back. A memory
+// segment the agent no longer lists when it registers (it restarted) is
+// forgotten, with the releases owed on it.
+func TestRemovedWhileMemoryDetached(t *testing.T) {
+	e := newEnv(t, 1, 1, 1<<20, Config{})
+	ctx := context.Background()
+	for _, k := range []string{"gone", "owed", "kept"} {
+		e.put(t, PutSpec{Key: k, Size: 100})
+	}
+	const agent, away = "agent-0", "seg-0-0"
+	table := e.c.Agents.Table(agent)
+	// "owed" is removed while its agent cannot take the release.
+	e.c.Agents.SetDown(agent, true)
+	if err := e.s.Remove(ctx, RemoveSpec{Key: "owed", Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	e.s.DropSegments(ctx, []string{away})
+	e.clk.Advance(time.Second)
+	if err := e.s.Remove(ctx, RemoveSpec{Key: "gone", Force: true}); rpcerr.Reason(err) != "OBJECT_NOT_FOUND" {
+		t.Fatalf("Remove of an object only on a dropped segment = %v, want OBJECT_NOT_FOUND", err)
+	}
+	e.c.Agents.SetDown(agent, false)
+	back := e.s.Reconcile(ctx, agent, segsOf(e.c, agent), table)
+	returned := map[uint64]bool{}
+	for _, r := range back {
+		returned[r.AllocationId] = true
+	}
+	for _, a := range table {
+		removed := a.GetKey() == "gone" || a.GetKey() == "owed"
+		if returned[a.GetAllocationId()] != removed {
+			t.Fatalf("%s: returned %v, want %v", a.GetKey(), returned[a.GetAllocationId()], removed)
+		}
+		if ok, _ := e.s.Exist(ctx, DefaultTenant, a.GetKey()); ok == removed {
+			t.Fatalf("%s exists %v after the memory segment came back; want %v", a.GetKey(), ok, !removed)
+		}
+	}
+	if e.s.tombs.active.Load() {
+		t.Fatal("tombstones kept after the only detached segment came back")
+	}
+
+	// The agent restarts: its memory segment has a new id. The old one is
+	// forgotten when it registers, and nothing stays owed on it.
+	e.c.Agents.SetDown(agent, true)
+	if err := e.s.Remove(ctx, RemoveSpec{Key: "kept", Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	if e.s.OwedReleases() == 0 {
+		t.Fatal("no release owed for a removal the agent could not take")
+	}
+	e.s.DropSegments(ctx, []string{away})
+	if d, _, _ := e.s.tombs.stats(); d != 1 {
+		t.Fatalf("%d detached segments, want 1", d)
+	}
+	e.c.Agents.SetDown(agent, false)
+	_ = e.s.Reconcile(ctx, agent, nil, nil)
+	if d, _, _ := e.s.tombs.stats(); d != 0 || e.s.tombs.active.Load() {
+		t.Fatalf("%d detached segments after the agent registered without its memory segment, want 0", d)
+	}
+	if n := e.s.OwedReleases(); n != 0 {
+		t.Fatalf("%d releases owed on a memory segment that is gone for good, want 0", n)
 	}
 }
