@@ -117,9 +117,22 @@ type soakKey struct {
 	// poisoned: a write of it failed in a way that leaves its effect
 	// unknown; its floors no longer hold.
 	poisoned bool
+	// history: the key's last writes, for a violation's report.
+	history []string
 }
 
-type soakFloor struct{ floor, ackSeq uint64 }
+type soakFloor struct {
+	floor, ackSeq uint64
+	what          string // the write that set it
+}
+
+// note adds an event to k's history (s.mu held).
+func (k *soakKey) note(format string, args ...any) {
+	k.history = append(k.history, time.Now().Format("15:04:05.000 ")+fmt.Sprintf(format, args...))
+	if len(k.history) > 12 {
+		k.history = k.history[1:]
+	}
+}
 
 func newSoak(t *testing.T, seed uint64) *soak {
 	c := StartCluster(t, Options{Masters: 3, Agents: 3, Disk: true, Gateway: true,
@@ -246,7 +259,7 @@ func (s *soak) count(kind string, err error) {
 
 // writeStart registers a write of (tenant, key); version is the put's
 // (0 for a remove).
-func (s *soak) writeStart(tenant, key string, version uint64) (startSeq, starts uint64, alone bool) {
+func (s *soak) writeStart(tenant, key string, version uint64, what string) (startSeq, starts uint64, alone bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := s.key(tenant, key)
@@ -254,7 +267,9 @@ func (s *soak) writeStart(tenant, key string, version uint64) (startSeq, starts 
 	k.inflight++
 	k.starts++
 	k.maxStarted = max(k.maxStarted, version)
-	return s.seq.Add(1), k.starts, alone
+	startSeq = s.seq.Add(1)
+	k.note("start %s (seq %d, alone %v)", what, startSeq, alone)
+	return startSeq, k.starts, alone
 }
 
 // applied: the write took effect for certain (acknowledged, or refused in a
@@ -270,16 +285,17 @@ const (
 // writeEnd settles a write: floor is the version gets must see from now
 // on when it was applied alone (a put's version, or a remove's start
 // sequence).
-func (s *soak) writeEnd(tenant, key string, floor, starts uint64, alone bool, r writeResult) {
+func (s *soak) writeEnd(tenant, key string, floor, starts uint64, alone bool, r writeResult, what string, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := s.key(tenant, key)
 	k.inflight--
+	k.note("end %s: %s", what, class(err))
 	switch {
 	case r == unknown:
 		k.poisoned = true
 	case r == applied && alone && k.starts == starts && !k.poisoned:
-		k.floors = append(k.floors, soakFloor{floor: floor, ackSeq: s.seq.Add(1)})
+		k.floors = append(k.floors, soakFloor{floor: floor, ackSeq: s.seq.Add(1), what: what + ": " + class(err)})
 		if len(k.floors) > 8 {
 			k.floors = k.floors[1:]
 		}
@@ -297,7 +313,17 @@ func (s *soak) checkGet(kind, tenant, key string, startSeq uint64, v []byte, err
 		return
 	}
 	if msg := s.stale(tenant, key, startSeq, version); msg != "" {
-		s.violation("%s %s/%s returned version %d, %s", kind, tenant, key, version, msg)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		where := "the leader's stat: "
+		if info, err := s.cls[tenant].Stat(ctx, key); err != nil {
+			where += err.Error()
+		} else {
+			for _, r := range info.Replicas {
+				where += fmt.Sprintf("[replica %d %v %v on %s seg %s alloc %d] ", r.GetReplicaId(), r.GetMedium(), r.GetStatus(), r.GetHostId(), r.GetSegmentId(), r.GetAllocationId())
+			}
+		}
+		s.violation("%s %s/%s returned version %d, %s\n\t%s", kind, tenant, key, version, msg, where)
 	}
 }
 
@@ -316,7 +342,8 @@ func (s *soak) stale(tenant, key string, startSeq, version uint64) string {
 	for _, f := range slices.Backward(k.floors) {
 		if f.ackSeq < startSeq {
 			if version < f.floor {
-				return fmt.Sprintf("stale: a write acknowledged before the get started requires %d or newer", f.floor)
+				return fmt.Sprintf("stale: %q, acknowledged before the get started, requires %d or newer; the key's last writes:\n\t%s",
+					f.what, f.floor, strings.Join(k.history, "\n\t"))
 			}
 			return ""
 		}
@@ -353,15 +380,20 @@ func (s *soak) size(rng *rand.Rand) int {
 	return soakHeader + rng.IntN(64<<10)
 }
 
-func (s *soak) putOpts(rng *rand.Rand, upsert bool) []client.PutOption {
-	opts := []client.PutOption{client.WithReplicas(1 + rng.IntN(2))}
+// putOpts returns a put's random options and their description.
+func (s *soak) putOpts(rng *rand.Rand, upsert bool) ([]client.PutOption, string) {
+	n := 1 + rng.IntN(2)
+	opts := []client.PutOption{client.WithReplicas(n)}
+	desc := fmt.Sprintf("replicas %d", n)
 	if rng.IntN(4) == 0 {
 		opts = append(opts, client.WithMedium(masterv1.Medium_MEDIUM_DISK))
+		desc += " disk"
 	}
 	if upsert {
 		opts = append(opts, client.WithUpsert())
+		desc += " upsert"
 	}
-	return opts
+	return opts, desc
 }
 
 // worker runs random operations until the run stops.
@@ -378,9 +410,11 @@ func (s *soak) worker(w int) {
 			upsert := op >= 4
 			version := s.seq.Add(1)
 			v := s.value(tenant, key, version, s.size(rng))
-			_, starts, alone := s.writeStart(tenant, key, version)
-			err := cl.Put(ctx, key, v, s.putOpts(rng, upsert)...)
-			s.writeEnd(tenant, key, version, starts, alone, putResult(err))
+			opts, desc := s.putOpts(rng, upsert)
+			what := fmt.Sprintf("put v%d (%d B, %s)", version, len(v), desc)
+			_, starts, alone := s.writeStart(tenant, key, version, what)
+			err := cl.Put(ctx, key, v, opts...)
+			s.writeEnd(tenant, key, version, starts, alone, putResult(err), what, err)
 			s.count(map[bool]string{false: "put", true: "upsert"}[upsert], err)
 		case op < 7: // batch upsert of 4 keys
 			items := make([]client.Item, 4)
@@ -389,6 +423,8 @@ func (s *soak) worker(w int) {
 				alone           bool
 			}
 			st := make([]started, len(items))
+			opts, desc := s.putOpts(rng, true)
+			whats := make([]string, len(items))
 			seen := map[string]bool{}
 			for i := range items {
 				k := fmt.Sprintf("k%03d", rng.IntN(soakKeys))
@@ -398,12 +434,13 @@ func (s *soak) worker(w int) {
 				seen[k] = true
 				version := s.seq.Add(1)
 				items[i] = client.Item{Key: k, Data: s.value(tenant, k, version, soakHeader+rng.IntN(16<<10))}
-				_, starts, alone := s.writeStart(tenant, k, version)
+				whats[i] = fmt.Sprintf("batch put v%d (%d B, %s)", version, len(items[i].Data), desc)
+				_, starts, alone := s.writeStart(tenant, k, version, whats[i])
 				st[i] = started{version, starts, alone}
 			}
-			errs := cl.BatchPut(ctx, items, s.putOpts(rng, true)...)
+			errs := cl.BatchPut(ctx, items, opts...)
 			for i, err := range errs {
-				s.writeEnd(tenant, items[i].Key, st[i].version, st[i].starts, st[i].alone, putResult(err))
+				s.writeEnd(tenant, items[i].Key, st[i].version, st[i].starts, st[i].alone, putResult(err), whats[i], err)
 				s.count("batchput", err)
 			}
 		case op < 13:
@@ -423,9 +460,11 @@ func (s *soak) worker(w int) {
 				s.count("batchget", errs[i])
 			}
 		case op < 18:
-			startSeq, starts, alone := s.writeStart(tenant, key, 0)
-			err := cl.Remove(ctx, key, rng.IntN(2) == 0)
-			s.writeEnd(tenant, key, startSeq, starts, alone, removeResult(err))
+			force := rng.IntN(2) == 0
+			what := fmt.Sprintf("remove (force %v)", force)
+			startSeq, starts, alone := s.writeStart(tenant, key, 0, what)
+			err := cl.Remove(ctx, key, force)
+			s.writeEnd(tenant, key, startSeq, starts, alone, removeResult(err), what, err)
 			s.count("remove", err)
 		default:
 			_, err := cl.Exist(ctx, key)
