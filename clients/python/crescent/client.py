@@ -9,9 +9,11 @@ A put is BatchPutStart -> every replica written -> BatchPutEnd with the
 XXH3-64 checksum, and a BatchPutRevoke of every item whose write or end
 failed, so nothing is ever half-visible. A get is BatchGetReplicaList
 (granting a read lease) -> the nearest replica read -> the checksum
-verified -> the next replica on any failure. Single puts and gets take the
-same path with one item (a single get asks for its replicas with
-GetReplicaList, as the Go SDK does).
+verified -> the next replica on any failure -> when every replica failed, a
+fresh list (second and last round: the first list's tokens may have expired
+while an agent stalled). Single puts and gets take the same path with one
+item (a single get asks for its replicas with GetReplicaList, as the Go SDK
+does).
 
 Methods raise CrescentError (crescent.errors); the batch methods return
 one error (or None) per item instead. crescent.store wraps this in
@@ -51,6 +53,11 @@ MASTER_BATCH = 4096
 XFER_CHUNK = 16 << 20
 # Bounds asking an agent to verify a replica whose bytes failed their checksum (data.go).
 VERIFY_TIMEOUT = 5.0
+# How long a get whose replicas refused their tokens (INVALID_TOKEN) waits
+# before it fetches a fresh replica list (data.go tokenRetryPause): an agent
+# that just registered with a master may not know the key of the fresh
+# list's tokens for a moment.
+TOKEN_RETRY_PAUSE = 0.025
 
 
 class ReplicateConfig:
@@ -141,6 +148,19 @@ def _agent_err(e: grpc.RpcError) -> CrescentError:
 def _mismatch(d) -> CrescentError:
     """Replica d's bytes, read here, failed the object's checksum."""
     return CrescentError("CHECKSUM_MISMATCH", f"replica {d.replica_id} on {d.data_endpoint}: checksum mismatch")
+
+
+def _both(key: str, err: CrescentError, first: CrescentError) -> CrescentError:
+    """err, a get's second round's failure, naming the first round's too
+    (data.go getAgain's 'the first read: ...'), which it keeps as .first."""
+    msg = first.message
+    prefix = f"get {key!r}: "
+    if msg.startswith(prefix):
+        msg = msg[len(prefix):]
+    e = CrescentError(err.reason, f"{err.message} (the first read: {first.reason + ': ' if first.reason else ''}{msg})",
+                      err.code, err.metadata)
+    e.first = e.__cause__ = first
+    return e
 
 
 def _abandoned(err: CrescentError) -> bool:
@@ -639,11 +659,9 @@ class Client:
 
     def _get_batch(self, keys, idx, outs, errs, into, refetch=True):
         """Look keys[i], i in idx, up and read them into outs (errors into
-        errs). Items whose every replica failed are looked up and read once
-        more (refetch), as the Go SDK's getDirect does: a read that waited
-        long on an agent that stopped answering may find the other replicas'
-        tokens expired (their lease ran out meanwhile), and a fresh list
-        also leaves out an agent the master has since suspected."""
+        errs). Every read path (get, get_into, get_many, get_many_into) is
+        this. With refetch, items whose every replica failed get a second
+        round (_get_again)."""
         idx = list(idx)
         try:
             pairs = self._lookup(keys, idx)
@@ -654,6 +672,7 @@ class Client:
         groups: dict[tuple, list] = {}
         tasks = []
         retry = []
+        read = []  # the items whose replicas are read
         mu = threading.Lock()
         small, xfer = self.small_object, self._xfer is not None
         for i, st, rl in pairs:
@@ -679,6 +698,7 @@ class Client:
                 dst = memoryview(bytearray(size))
             d0 = reps[0]
             rd = (i, rl, reps, dst, d0)
+            read.append(i)
             if size > small:
                 tasks.append(lambda rd=rd: self._read_any_item(keys, rd, rd[2], outs, errs))
                 continue
@@ -736,19 +756,34 @@ class Client:
             self._run([lambda rd=rd, e=e, bad=bad: self._read_any_item(keys, rd, rd[2][1:], outs, errs, e, bad)
                        for rd, e, bad in retry])
         if refetch:
-            again = [i for i, st, _ in pairs if not (st is not None and st.code) and errs[i] is not None and outs[i] is None
-                     and errs[i].reason not in ("BUFFER_TOO_SMALL", "REPLICA_IS_NOT_READY")]
+            again = [i for i in read if outs[i] is None and errs[i] is not None]
             if again:
-                first = {i: errs[i] for i in again}
-                for i in again:
-                    errs[i] = None
-                self._get_batch(keys, again, outs, errs, into, refetch=False)
-                for i in again:
-                    e = errs[i]
-                    if e is not None and e.reason == "OBJECT_NOT_FOUND":
-                        # Gone meanwhile: its bad replica was dropped (a
-                        # VERIFY), say, and it had no other. Say so.
-                        errs[i] = CrescentError(e.reason, f"{e.message} (the first read: {first[i]})", e.code, e.metadata)
+                self._get_again(keys, again, outs, errs, into)
+
+    def _get_again(self, keys, again, outs, errs, into):
+        """A get's second and last round (the Go SDK's getAgain) for the
+        items in again, every replica of whose first list failed (errs[i]):
+        a fresh list, read into outs. It may differ from the first: that
+        one's tokens may have expired while an agent stalled (a SIGSTOP, a
+        long pause: the agent then answers INVALID_TOKEN 'token expired'), a
+        replica whose bytes failed the checksum may have been dropped (it
+        was verified before this round), the object may have moved or been
+        replaced, an agent the master since suspected is left out. After
+        INVALID_TOKEN it first waits TOKEN_RETRY_PAUSE. An item that fails
+        again fails with the second round's reason and code, and a message
+        that names the first round's failure too, which it also keeps
+        (.first, and __cause__): a list that says OBJECT_NOT_FOUND after
+        the first read found the only replica bad is still a checksum
+        failure to the caller."""
+        first = {i: errs[i] for i in again}
+        if any(e.reason == "INVALID_TOKEN" for e in first.values()):
+            time.sleep(TOKEN_RETRY_PAUSE)
+        for i in again:
+            errs[i] = None
+        self._get_batch(keys, again, outs, errs, into, refetch=False)
+        for i in again:
+            if errs[i] is not None:
+                errs[i] = _both(keys[i], errs[i], first[i])
 
     def _read_any_item(self, keys, rd, reps, outs, errs, first=None, bad=False):
         """Read item rd from reps. first: why its first replica, not in
@@ -756,9 +791,7 @@ class Client:
         so its agent is asked to verify it once reps were tried."""
         i, rl, _, dst, d0 = rd
         try:
-            if not reps and first is not None:
-                raise first  # the only replica failed: say how
-            self._read_any(rl, reps, dst)
+            self._read_any(rl, reps, dst, (first,) if first is not None else ())
             outs[i] = dst
         except CrescentError as e:
             errs[i] = _err_for(keys[i], e, "get ")
@@ -800,12 +833,16 @@ class Client:
             outs[i] = dst
         return failed
 
-    def _read_any(self, rl, reps, dst):
+    def _read_any(self, rl, reps, dst, prior=()):
         """Try each replica in order until one returns bytes matching the
-        checksum; those whose bytes did not are then verified by their agent."""
+        checksum; those whose bytes did not are then verified by their agent.
+        prior: the failures of replicas before reps (a batch's first one),
+        named first when every one of reps fails too."""
         if not reps:
+            if prior:
+                raise prior[0]  # the only replica failed: say how
             raise CrescentError("REPLICA_IS_NOT_READY", "no readable replica")
-        errs = []
+        errs = list(prior)
         bad = None  # replicas whose bytes failed the checksum
         for d in reps:
             try:

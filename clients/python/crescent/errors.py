@@ -90,8 +90,14 @@ class CrescentError(Exception):
 
     reason: an ErrorReason name without prefix ("OBJECT_NOT_FOUND"), "" when
     the failure carried none (a transport failure); code: the gRPC status
-    code; metadata: ErrorInfo.metadata.
+    code; metadata: ErrorInfo.metadata; first: for a get that failed twice
+    (every replica of its list, then of a fresh list), the first round's
+    error, which the message names too (a CHECKSUM_MISMATCH there with
+    OBJECT_NOT_FOUND here: the only replica was bad and has been dropped),
+    else None.
     """
+
+    first: CrescentError | None = None
 
     def __init__(self, reason: str, message: str, code: grpc.StatusCode | None = None, metadata=None):
         self.reason = reason or ""

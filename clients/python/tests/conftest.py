@@ -114,10 +114,12 @@ def _wait(cond, timeout: float, what: str):
 
 class Cluster:
     def __init__(self, agent_memory: str = "256MiB", transfer=(True, False), gateway: bool = True, tls: bool = False,
-                 disk: str = "", disk_mount=None):
+                 disk: str = "", disk_mount=None, master_flags=()):
         """disk: each agent's --disk-size (none when empty), in <dir>/agent-X-disk;
         disk_mount(i, path), when set, is called with agent i's disk directory
-        before it starts (to mount a filesystem there)."""
+        before it starts (to mount a filesystem there). master_flags: more
+        flags for the master, after (so overriding) the fixture's own
+        (["--lease-ttl", "1s"])."""
         bindir = _bin_dir()
         for b in ("crescent-master", "crescent-agent", "crescent-gateway", "crescentctl"):
             if not (bindir / b).exists():
@@ -140,7 +142,8 @@ class Cluster:
         self.agents: list[Proc] = []
         self.master = free_addr()
         m = self._proc("master", ["master", "master-1"], [str(bindir / "crescent-master"), "--grpc-addr", self.master,
-                                  "--heartbeat-interval", "100ms", "--suspect-after", "600ms", "--unmount-after", "3s"])
+                                  "--heartbeat-interval", "100ms", "--suspect-after", "600ms", "--unmount-after", "3s",
+                                  *master_flags])
         try:
             m.start()
             _wait(m.ready, 20, "the master's /readyz")

@@ -436,6 +436,8 @@ def test_get_of_only_replica_gone_bad_names_the_checksum(disk_cluster, tenant):
             c.get("disk/only")
         assert ei.value.reason in ("CHECKSUM_MISMATCH", "OBJECT_NOT_FOUND"), ei.value
         assert "checksum mismatch" in str(ei.value), ei.value
+        # Failed twice (the list, then a fresh one): the first round's error is kept.
+        assert ei.value.first is not None and ei.value.first.reason == "CHECKSUM_MISMATCH", ei.value
         _eventually(lambda: _gone(c, "disk/only"), 20, "the master removes the dropped replica")
     finally:
         c.close()
