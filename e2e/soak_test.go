@@ -660,6 +660,7 @@ func (s *soak) drainCheck() {
 	}
 	// Blank reservations are released within half of --reserved-grace
 	// (20 s) when unused; spares when their lease ends.
+	began := time.Now()
 	err := testutil.Poll(t, 90*time.Second, func() error {
 		var held []string
 		for _, a := range c.Agents {
@@ -676,6 +677,9 @@ func (s *soak) drainCheck() {
 		lead := c.WaitLeader()
 		s.violation("%v (leader: %v blanks, %v spares)", err,
 			c.metric(t, lead, "crescent_master_blank_reservations"), c.metric(t, lead, "crescent_master_spares"))
+	}
+	if err == nil {
+		t.Logf("every object removed: the subscriber's index is empty, and the agents held no bytes %v later", time.Since(began).Round(time.Second))
 	}
 	if n := c.metric(t, c.WaitLeader(), "crescent_master_owed_releases"); n != 0 {
 		s.violation("the leader owes %v releases at rest", n)

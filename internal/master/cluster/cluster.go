@@ -211,8 +211,9 @@ type FollowingMetadata interface {
 	FollowDelta(ctx context.Context, agentID string, segments []Segment, sealed, released []*masterv1.Allocation)
 	// Owe remembers allocations to release later.
 	Owe(refs []*masterv1.AllocationRef)
-	// TakeOwed returns and forgets the releases owed on the segments.
-	TakeOwed(segmentIDs []string) []*masterv1.AllocationRef
+	// TakeOwed returns and forgets the releases owed on the segments, all
+	// of agentID's (a resumed registration).
+	TakeOwed(agentID string, segmentIDs []string) []*masterv1.AllocationRef
 }
 
 // ReleaseFailed is Agents.Release's error when the agent answered and

@@ -102,14 +102,17 @@ func (s *Store) Owe(refs []*masterv1.AllocationRef) {
 
 // TakeOwed returns and forgets the releases owed on the segments, for the
 // Settings of their agent's resumed registration (which has no reconcile
-// to return them).
-func (s *Store) TakeOwed(segmentIDs []string) []*masterv1.AllocationRef {
+// to return them). The registration lists all of agentID's segments: as a
+// reconcile does, it ends their detachment and forgets the agent's
+// detached memory segments it no longer has (tombstone.go).
+func (s *Store) TakeOwed(agentID string, segmentIDs []string) []*masterv1.AllocationRef {
 	set := make(map[uint32]bool, len(segmentIDs))
 	for _, id := range segmentIDs {
 		if idx, ok := s.segs.lookup(id); ok {
 			set[idx] = true
 		}
 	}
+	s.attach(agentID, set)
 	s.owedMu.Lock()
 	defer s.owedMu.Unlock()
 	var out []*masterv1.AllocationRef

@@ -110,7 +110,7 @@ func testFollowMatchesRebuild(t *testing.T, seed uint64) {
 			t.Fatalf("round %d: follower differs from the leader:\n got %v\nwant %v", round, got, want)
 		}
 	}
-	if owed := f.TakeOwed(segIDs(e.c.Reg.Segments())); len(owed) != 0 {
+	if owed := f.TakeOwed("agent-0", segIDs(e.c.Reg.Segments())); len(owed) != 0 {
 		t.Fatalf("follower owes %v; the leader released everything itself", owed)
 	}
 	before := views(f)
@@ -142,11 +142,11 @@ func TestFollowOwesLosers(t *testing.T) {
 	if _, _, rel := e.c.Agents.Calls(); rel != 0 {
 		t.Fatalf("a following store sent %d releases", rel)
 	}
-	owed := e.s.TakeOwed([]string{a0.ID, a1.ID})
+	owed := e.s.TakeOwed(a0.AgentID, []string{a0.ID, a1.ID})
 	if len(owed) != 1 || owed[0].GetSegmentId() != a0.ID || owed[0].GetAllocationId() != 1 {
 		t.Fatalf("owed %v, want the older version on %s", owed, a0.ID)
 	}
-	if again := e.s.TakeOwed([]string{a0.ID}); len(again) != 0 {
+	if again := e.s.TakeOwed(a0.AgentID, []string{a0.ID}); len(again) != 0 {
 		t.Fatalf("TakeOwed twice: %v", again)
 	}
 	// The newer version is the object; released, it is gone.

@@ -432,17 +432,7 @@ func (r *reconcileRun) Finish(ctx context.Context) []*masterv1.AllocationRef {
 	for idx := range r.segSet {
 		attached[idx] = true
 	}
-	if gone := s.tombs.attach(r.agentID, attached); len(gone) > 0 {
-		// Memory segments of the agent's earlier life: nothing is owed on
-		// them any more.
-		s.owedMu.Lock()
-		for k := range s.owed {
-			if slices.Contains(gone, k.seg) {
-				delete(s.owed, k)
-			}
-		}
-		s.owedMu.Unlock()
-	}
+	s.attach(r.agentID, attached)
 	s.lg.Info("reconciled agent allocations", "agent_id", r.agentID, "segments", r.segs,
 		"allocations", r.allocs, "replicas_removed", r.removed, "replicas_adopted", r.adopted, "returned", r.returned)
 	if r.span.IsRecording() {
@@ -532,6 +522,23 @@ func (s *Store) initAdopted(m *mut, o *object, a *masterv1.Allocation) {
 	o.flags = 0
 }
 
+// attach ends the detachment of the segments agentID registered (idxs, all
+// of them) and forgets its detached memory segments it no longer has, with
+// the releases owed on them (tombstone.go).
+func (s *Store) attach(agentID string, idxs map[uint32]bool) {
+	gone := s.tombs.attach(agentID, idxs)
+	if len(gone) == 0 {
+		return
+	}
+	s.owedMu.Lock()
+	defer s.owedMu.Unlock()
+	for k := range s.owed {
+		if slices.Contains(gone, k.seg) {
+			delete(s.owed, k)
+		}
+	}
+}
+
 // DropSegments removes every replica on the segments through the mutation
 // path (recording `removed` where a medium stops being readable, refunding
 // quota) without releasing anything at the agent: the segments are going
@@ -552,12 +559,25 @@ func (s *Store) DropSegments(ctx context.Context, segmentIDs []string) {
 	// only cut off or stalled and registers again (tombstone.go). The
 	// releases still owed on them stay owed, to be returned, not adopted,
 	// then (a removed object would come back); those of a memory segment
-	// that does not come back go when its agent registers without it.
+	// that does not come back go when its agent registers without it. A
+	// segment the registry no longer has (its agent registered again
+	// without it) is gone for good, and so is what was owed on it.
 	nowMs := s.nowMs()
+	detached := map[uint32]bool{}
 	for _, sg := range s.reg.Segments() {
 		if idx, ok := s.segs.lookup(sg.ID); ok && set[idx] {
 			s.tombs.detach(idx, nowMs, sg.AgentID, sg.Medium != masterv1.Medium_MEDIUM_DISK)
+			detached[idx] = true
 		}
+	}
+	if len(detached) < len(set) {
+		s.owedMu.Lock()
+		for k := range s.owed {
+			if set[k.seg] && !detached[k.seg] {
+				delete(s.owed, k)
+			}
+		}
+		s.owedMu.Unlock()
 	}
 	removed := 0
 	for sh := range s.shards {

@@ -140,8 +140,28 @@ func TestRemovedWhileMemoryDetached(t *testing.T) {
 		t.Fatal("tombstones kept after the only detached segment came back")
 	}
 
-	// The agent restarts: its memory segment has a new id. The old one is
-	// forgotten when it registers, and nothing stays owed on it.
+	restarted(t, e, agent, away, func() { _ = e.s.Reconcile(ctx, agent, nil, nil) })
+}
+
+// TestGoneMemorySegmentForgotten: a memory segment dropped while its agent
+// was away is forgotten, with the releases owed on it, when the agent
+// registers again without it, also by a resumed registration (TakeOwed: a
+// standby that followed the agent through its restart, then leads).
+func TestGoneMemorySegmentForgotten(t *testing.T) {
+	e := newEnv(t, 1, 1, 1<<20, Config{})
+	for _, k := range []string{"a", "kept"} {
+		e.put(t, PutSpec{Key: k, Size: 100})
+	}
+	restarted(t, e, "agent-0", "seg-0-0", func() { _ = e.s.TakeOwed("agent-0", []string{"seg-new"}) })
+}
+
+// restarted removes "kept" while agent's only segment, away, cannot take
+// the release, drops the segment, and checks that register (the agent
+// registering again with a new memory segment) forgets it and what was
+// owed on it.
+func restarted(t *testing.T, e *env, agent, away string, register func()) {
+	t.Helper()
+	ctx := context.Background()
 	e.c.Agents.SetDown(agent, true)
 	if err := e.s.Remove(ctx, RemoveSpec{Key: "kept", Force: true}); err != nil {
 		t.Fatal(err)
@@ -154,7 +174,7 @@ func TestRemovedWhileMemoryDetached(t *testing.T) {
 		t.Fatalf("%d detached segments, want 1", d)
 	}
 	e.c.Agents.SetDown(agent, false)
-	_ = e.s.Reconcile(ctx, agent, nil, nil)
+	register()
 	if d, _, _ := e.s.tombs.stats(); d != 0 || e.s.tombs.active.Load() {
 		t.Fatalf("%d detached segments after the agent registered without its memory segment, want 0", d)
 	}

@@ -393,7 +393,7 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 		for i, sg := range segs {
 			ids[i] = sg.ID
 		}
-		release = m.followingMetadata().TakeOwed(ids)
+		release = m.followingMetadata().TakeOwed(reg.AgentID, ids)
 	} else {
 		rec := m.reconciler(ctx, reg.AgentID, segs, r.GetAllocationCount())
 		release = rec.Apply(ctx, r.GetAllocations())
