@@ -916,10 +916,12 @@ type PutEndRequest struct {
 	// its agent when its write completed, so the master commits it without a
 	// Seal round trip; a replica without one is sealed by the master's Seal
 	// as before (an older agent, a write through DataService). A receipt the
-	// master cannot verify (bad MAC, unknown key, another allocation, size,
-	// checksum or master epoch) fails the put (INVALID_ARGUMENT or
-	// FAILED_PRECONDITION with the reason) and its replicas are released.
-	// internal/token/receipt.go specifies the layout.
+	// master cannot verify (bad MAC, unknown key, another size, checksum or
+	// master epoch, one replica named twice) fails the put (INVALID_ARGUMENT
+	// or FAILED_PRECONDITION with the reason) and its replicas are released.
+	// A valid receipt naming an allocation that is not (or no longer) a
+	// replica of the put is skipped. internal/token/receipt.go specifies the
+	// layout.
 	SealReceipts [][]byte `protobuf:"bytes,5,rep,name=seal_receipts,json=sealReceipts,proto3" json:"seal_receipts,omitempty"`
 	// The put wrote into a leased spare and never called PutStart: this
 	// PutEnd starts and ends it (see SpareCommit).
