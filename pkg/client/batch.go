@@ -477,23 +477,21 @@ func (c *Client) batchGet(ctx context.Context, keys []string, out [][]byte, errs
 	for _, r := range retry {
 		fallbacks = append(fallbacks, func() {
 			err := r.err
-			first := r.rl.GetReplicas()[0]
 			if rest := r.rl.GetReplicas()[1:]; len(rest) > 0 {
 				buf := r.buf()
-				ferr := c.readAny(ctx, r.rl, rest, buf)
-				if ferr == nil {
+				if ferr := c.readAny(ctx, r.rl, rest, buf); ferr != nil {
+					err = errors.Join(err, ferr)
+				} else {
 					out[r.item] = buf
-					if errors.Is(err, errChecksum) {
-						c.verifyReplica(ctx, first)
-					}
-					return
 				}
-				err = errors.Join(err, ferr)
 			}
-			if errors.Is(err, errChecksum) {
-				// Before the fresh list, so that it lacks the replica when
-				// the agent drops it.
-				c.verifyReplica(ctx, first)
+			if errors.Is(r.err, errChecksum) {
+				// Once the others were tried, and before a fresh list, so
+				// that it lacks the replica when the agent drops it.
+				c.verifyReplica(ctx, r.rl.GetReplicas()[0])
+			}
+			if out[r.item] != nil {
+				return
 			}
 			var buf []byte
 			if err = c.getAgain(ctx, keys[r.item], allocItem(keys, into, r.item, &buf), err); err == nil {

@@ -420,13 +420,35 @@ func (c *Client) getDirect(ctx context.Context, key string, alloc func(size uint
 }
 
 // getAgain is a get's second and last round, after every replica of its
-// first list failed (first): a fresh list, read into the buffer alloc
-// returns. The list may differ: the tokens of the first may have expired
-// while an agent stalled, a replica found bad may have been dropped
-// (verifyReplica), the object may have moved or been replaced.
+// first list failed (first): a fresh list (freshList), read into the
+// buffer alloc returns.
 func (c *Client) getAgain(ctx context.Context, key string, alloc func(size uint64) ([]byte, error), first error) error {
+	rl, err := c.freshList(ctx, key, first)
+	if err != nil {
+		return err
+	}
+	buf, err := alloc(rl.GetSize())
+	if err != nil {
+		return err
+	}
+	if err := c.readAny(ctx, rl, rl.GetReplicas(), buf); err != nil {
+		return fmt.Errorf("get %q: %w (the first read: %w)", key, err, first)
+	}
+	return nil
+}
+
+// freshList fetches the replica list of a get's second round, after its
+// first round failed with first (Get, the batch gets, GetTo). It may differ
+// from the first list: the tokens of that one may have expired while an
+// agent stalled, a replica found bad may have been dropped
+// (verifyReplica), the object may have moved or been replaced. Its errors
+// are the get's: ctx done (first), or the list's failure naming first too
+// (a list that says OBJECT_NOT_FOUND after the first read found the only
+// replica bad, and the agent dropped it, is still a checksum failure to
+// the caller).
+func (c *Client) freshList(ctx context.Context, key string, first error) (*masterv1.GetReplicaListResponse, error) {
 	if ctx.Err() != nil {
-		return fmt.Errorf("get %q: %w", key, first)
+		return nil, fmt.Errorf("get %q: %w", key, first)
 	}
 	if rpcerr.Reason(first) == "INVALID_TOKEN" {
 		// A master of before SettingsApplied, just (re)started or newly
@@ -440,19 +462,10 @@ func (c *Client) getAgain(ctx context.Context, key string, alloc func(size uint6
 		_ = retry.Sleep(ctx, tokenRetryPause)
 	}
 	rl, err := c.replicaList(ctx, key)
-	if err == nil {
-		var buf []byte
-		if buf, err = alloc(rl.GetSize()); err != nil {
-			return err
-		}
-		if err = c.readAny(ctx, rl, rl.GetReplicas(), buf); err == nil {
-			return nil
-		}
+	if err != nil {
+		return nil, fmt.Errorf("get %q: %w (the first read: %w)", key, err, first)
 	}
-	// Both failures: a list that says OBJECT_NOT_FOUND after the first
-	// read found the only replica bad (and the agent dropped it) is still
-	// a checksum failure to the caller.
-	return fmt.Errorf("get %q: %w (the first read: %w)", key, err, first)
+	return rl, nil
 }
 
 // tokenRetryPause is how long a Get whose replicas refused their tokens
@@ -676,7 +689,6 @@ func (c *Client) GetTo(ctx context.Context, key string, w io.Writer, progress fu
 		}
 		return err
 	}
-	var first error // the first round's failure
 	// bad: replicas whose bytes failed their checksum, for verifyReplica
 	// once the others were tried.
 	var bad []*masterv1.ReplicaDescriptor
@@ -687,44 +699,32 @@ func (c *Client) GetTo(ctx context.Context, key string, w io.Writer, progress fu
 		bad = nil
 	}
 	defer verifyBad()
-	for round := 0; round < 2; round++ {
-		if round > 0 {
-			// As Get does (getAgain): a fresh list once, which lacks a
-			// replica found bad when its agent dropped it.
-			if ctx.Err() != nil {
-				break
-			}
-			verifyBad()
-			if rpcerr.Reason(first) == "INVALID_TOKEN" {
-				_ = retry.Sleep(ctx, tokenRetryPause)
-			}
-			if rl, err = c.replicaList(ctx, key); err != nil {
-				return 0, fmt.Errorf("get %q: %w (the first read: %w)", key, err, first)
-			}
-			size = int64(rl.GetSize())
-		}
+	// try reads rl's replicas in turn into w. done: the get is over (read,
+	// or a failure no other replica can help); otherwise err joins the
+	// replicas' failures.
+	try := func(rl *masterv1.GetReplicaListResponse) (n int64, err error, done bool) {
 		var errs []error
 		for _, d := range rl.GetReplicas() {
 			h.Reset()
 			written, werr = 0, nil
 			err := c.readStream(ctx, d.GetDataEndpoint(), d, sink, size)
 			if werr != nil {
-				return written, fmt.Errorf("get %q: write: %w", key, werr)
+				return written, fmt.Errorf("get %q: write: %w", key, werr), true
 			}
 			if err == nil && h.Sum64() != rl.GetChecksum() {
 				err = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH, "checksum mismatch")
 				bad = append(bad, d)
 			}
 			if err == nil {
-				return written, nil
+				return written, nil, true
 			}
 			err = fmt.Errorf("replica %d on %s: %w", d.GetReplicaId(), d.GetDataEndpoint(), err)
 			if written > 0 {
 				if !rewindable {
-					return written, fmt.Errorf("get %q: %w (%d bytes written)", key, err, written)
+					return written, fmt.Errorf("get %q: %w (%d bytes written)", key, err, written), true
 				}
 				if rerr := rewind(rw, start); rerr != nil {
-					return written, fmt.Errorf("get %q: %w (%d bytes written; %w)", key, err, written, rerr)
+					return written, fmt.Errorf("get %q: %w (%d bytes written; %w)", key, err, written, rerr), true
 				}
 				if progress != nil {
 					progress(0, size)
@@ -738,13 +738,24 @@ func (c *Client) GetTo(ctx context.Context, key string, w io.Writer, progress fu
 		if len(errs) == 0 {
 			errs = append(errs, rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_REPLICA_IS_NOT_READY, "no readable replica"))
 		}
-		if round == 0 {
-			first = errors.Join(errs...)
-		} else {
-			return 0, fmt.Errorf("get %q: %w (the first read: %w)", key, errors.Join(errs...), first)
-		}
+		return 0, errors.Join(errs...), false
 	}
-	return 0, fmt.Errorf("get %q: %w", key, first)
+	n, first, done := try(rl)
+	if done {
+		return n, first
+	}
+	// As Get does (getAgain): a fresh list once, which lacks a replica
+	// found bad when its agent dropped it.
+	verifyBad()
+	if rl, err = c.freshList(ctx, key, first); err != nil {
+		return 0, err
+	}
+	size = int64(rl.GetSize())
+	n, err, done = try(rl)
+	if done {
+		return n, err
+	}
+	return 0, fmt.Errorf("get %q: %w (the first read: %w)", key, err, first)
 }
 
 // rewinder is a writer GetTo can take back to where it started writing.
