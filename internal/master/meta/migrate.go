@@ -373,6 +373,14 @@ func (s *Store) migrateChunk(ctx context.Context, chunk []*move, rel *releases, 
 		o.replicas[di].allocID, o.replicas[di].offset, o.replicas[di].pending = mv.dstAlloc, mv.dstOff, false
 		return true
 	})
+	// What this chunk freed so far goes to the agents now, not after the
+	// copies, which run at disk speed: an offload's victims that were on
+	// disk already (offloadPlace), found no disk room, or whose target
+	// could not be reserved. Their extents are free in the metadata from
+	// the moment they were removed, and a PutStart short of room carves its
+	// hole there (makeHole); an agent still holding them refuses the put
+	// NO_AVAILABLE_HANDLE ("largest free extent" below the hole).
+	s.sendReleasesNow(ctx, rel)
 	// Phase 4: copy (each source agent: its items in batched calls, which
 	// it runs over the targets' bulk transfer listeners), then seal
 	// (target agents). A failed item fails its move alone: phase 5 removes
@@ -490,10 +498,16 @@ func (s *Store) migrateChunk(ctx context.Context, chunk []*move, rel *releases, 
 		moved++
 		return true
 	})
+	s.sendReleasesNow(ctx, rel)
+	return moved, dropped
+}
+
+// sendReleasesNow sends rel's releases under a cleanup context (they go
+// out even when ctx is done: the metadata no longer names them).
+func (s *Store) sendReleasesNow(ctx context.Context, rel *releases) {
 	cctx, cancel := cleanupCtx(ctx)
 	defer cancel()
 	s.sendReleases(cctx, rel)
-	return moved, dropped
 }
 
 // migrateSettle re-looks-up each move's target replica under its shard lock

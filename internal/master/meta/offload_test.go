@@ -9,6 +9,7 @@ import (
 	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/master/meta/metatest"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -210,6 +211,43 @@ func TestOffloadFailuresDrop(t *testing.T) {
 	}
 	if got := promtest.ToFloat64(e.s.evicted); got != 2 {
 		t.Fatalf("evicted: got %v, want 2", got)
+	}
+	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
+}
+
+// TestOffloadReleasesBeforeCopy: the memory a pass frees without a copy
+// (a victim already on disk, a victim with no disk room) is released at
+// its agent before the pass's copies start, not after them: the metadata
+// shows those extents free from the moment it drops the replicas, and a
+// PutStart short of room carves its hole there. Released after the copies,
+// which run at disk speed, a put's second round met an agent that still
+// held them (NO_AVAILABLE_HANDLE, "largest free extent" below the hole;
+// e2e TestEventsMatchMaster, about one CI run in twenty).
+func TestOffloadReleasesBeforeCopy(t *testing.T) {
+	e := newEnv(t, 1, 1, 1000, Config{Shards: 4})
+	e.withDisk(0, 4000)
+	e.put(t, PutSpec{Key: "ondisk", Size: 95, Preferred: []string{"seg-0-0"}})
+	e.clk.Advance(time.Second)
+	if res := migrate(t, e, MigrateSpec{Keys: []string{"ondisk"}, Target: MigrateTarget{SegmentID: "disk-0"}}); res[0].Err != nil {
+		t.Fatal(res[0].Err)
+	}
+	mem := metatest.Ref{Segment: "seg-0-0", ID: e.allocOf(t, "ondisk", "seg-0-0")}
+	e.fillMemory(t, 9, 95, PutSpec{}) // 950 bytes: over 90 %
+	copies, heldAtCopy := 0, false
+	e.c.Agents.BeforeCopy = func() {
+		if copies++; copies == 1 {
+			_, heldAtCopy = e.c.Agents.Live()[mem]
+		}
+	}
+	e.s.evictOverHigh(t.Context())
+	if copies == 0 {
+		t.Fatal("the pass copied nothing; the test needs a victim to copy")
+	}
+	if heldAtCopy {
+		t.Fatalf("ondisk's memory allocation %v was still held at its agent when the pass's copy began; want it released first", mem)
+	}
+	if got, want := replicaSegs(t, e.s, "ondisk"), []string{"disk-0/complete"}; !slices.Equal(got, want) {
+		t.Fatalf("ondisk: got %v, want %v", got, want)
 	}
 	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
 }

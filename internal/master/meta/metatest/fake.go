@@ -145,6 +145,9 @@ type Agents struct {
 	// heartbeat the agent sent before it applied the release). Set before
 	// use.
 	BeforeRelease func()
+	// BeforeCopy, when set, runs at the start of every Copy, outside the
+	// fake's lock (it may call Live). Set before use.
+	BeforeCopy func()
 
 	mu       sync.Mutex
 	next     uint64
@@ -391,6 +394,9 @@ func (a *Agents) Release(ctx context.Context, agent string, items []*masterv1.Al
 func (a *Agents) Copy(ctx context.Context, agent string, items []*masterv1.CopyItem) ([]*masterv1.ItemStatus, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if a.BeforeCopy != nil {
+		a.BeforeCopy()
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
