@@ -34,9 +34,10 @@ const (
 // revoked. It returns one error per item (nil = stored).
 //
 // Items whose put a failover interrupted (PutEnd on a new leader that never
-// saw their PutStart: issue 15), or whose segment could not seal them
-// (SEGMENT_UNAVAILABLE), were not acknowledged; they are put again, once,
-// like Put's.
+// saw their PutStart: issue 15), that the master dropped before their
+// PutEnd (PUT_EXPIRED: their segments went away mid-write), or whose
+// segment could not seal them (SEGMENT_UNAVAILABLE), were not
+// acknowledged; they are put again, once, like Put's.
 func (c *Client) BatchPut(ctx context.Context, items []Item, opts ...PutOption) []error {
 	errs := make([]error, len(items))
 	ctx, span := c.startCall(ctx, "client.batch_put", len(items), itemBytes(items), "")
@@ -83,9 +84,10 @@ type write struct {
 }
 
 // batchPut puts items, setting errs, and returns the indices of the items
-// to put again (endAgain): those whose PutEnd found no put to end
-// (NOT_FOUND, PUT_EXPIRED) on a master other than the one that started
-// them, and those no segment could seal (SEGMENT_UNAVAILABLE).
+// to put again (endAgain): those whose PutEnd found their put dropped
+// (PUT_EXPIRED) or, on a master other than the one that started them,
+// not there (NOT_FOUND), and those no segment could seal
+// (SEGMENT_UNAVAILABLE).
 func (c *Client) batchPut(ctx context.Context, items []Item, errs []error, o *putOptions) (again []int) {
 	req := &masterv1.BatchPutStartRequest{Items: make([]*masterv1.PutStartRequest, len(items))}
 	for i, it := range items {

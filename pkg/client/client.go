@@ -78,8 +78,10 @@ var (
 	ErrChecksum      error = &rpcerr.Error{Reason: masterv1.ErrorReason_ERROR_REASON_CHECKSUM_MISMATCH}
 	// ErrTooLarge: the object exceeds the master's --max-object-size.
 	ErrTooLarge error = &rpcerr.Error{Reason: masterv1.ErrorReason_ERROR_REASON_OBJECT_TOO_LARGE}
-	// ErrPutExpired: the put was preempted or timed out before PutEnd, so
-	// its bytes are gone; start it again.
+	// ErrPutExpired: the master dropped the put before its PutEnd (it
+	// was preempted or timed out, or every replica's segment went away
+	// mid-write), so its bytes are gone. Put and BatchPut start it again
+	// once by themselves; this is the second attempt's answer.
 	ErrPutExpired error = &rpcerr.Error{Reason: masterv1.ErrorReason_ERROR_REASON_PUT_EXPIRED}
 	// ErrFewerReplicas: the object was stored, and is readable, but with
 	// fewer replicas than the put asked for: a master failover cut the put

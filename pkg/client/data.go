@@ -113,6 +113,10 @@ func (c *Client) put(ctx context.Context, key string, size int64, src source, su
 // and that a second PutStart may well place where it can be stored:
 //   - PutEnd found no put to end on a master other than the one that
 //     started it (a failover between PutStart and PutEnd: issue 15);
+//   - the master had dropped the put before its PutEnd (PUT_EXPIRED):
+//     every replica's segment went away while the client wrote (its agent
+//     lost, or cut off past the master's --unmount-after), or the put
+//     outlived the put timeout; nothing of it was kept;
 //   - a segment could not seal any replica (SEGMENT_UNAVAILABLE: a disk
 //     segment whose journal cannot be written); the master dropped the
 //     put, and that segment takes no new put until it can seal again.
@@ -124,7 +128,7 @@ func (e *putAgain) Unwrap() error { return e.err }
 // endAgain reports whether a PutEnd that failed with err, on the master
 // endedAt where the put started at startedAt, is worth a second put.
 func endAgain(err error, startedAt, endedAt string) bool {
-	if endedAt != startedAt && (errors.Is(err, ErrNotFound) || errors.Is(err, ErrPutExpired)) {
+	if errors.Is(err, ErrPutExpired) || (endedAt != startedAt && errors.Is(err, ErrNotFound)) {
 		return true
 	}
 	return rpcerr.Reason(err) == "SEGMENT_UNAVAILABLE"

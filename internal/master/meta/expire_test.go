@@ -368,3 +368,29 @@ func TestExpiredSetForgetsOldest(t *testing.T) {
 		t.Fatalf("map holds %d hashes, want %d", len(s.n), expiredRemembered)
 	}
 }
+
+// TestPutLostMidWriteExpired: a put in progress whose every replica went
+// with its segment (its agent lost or cut off past the unmount window while
+// the client wrote) is gone; its PutEnd and PutRevoke answer PUT_EXPIRED,
+// which the SDKs put again, not OBJECT_NOT_FOUND, which says nothing
+// about the put. A put that keeps a replica elsewhere is not affected.
+func TestPutLostMidWriteExpired(t *testing.T) {
+	e := newEnv(t, 2, 1, 1<<20, Config{Shards: 4})
+	ctx := t.Context()
+	for _, k := range []string{"lost", "revoked", "kept"} {
+		sp := PutSpec{Key: k, Size: 10, ClientID: "w", Preferred: []string{"seg-0-0"}}
+		if k == "kept" {
+			sp.ReplicaNum, sp.Preferred = 2, []string{"seg-0-0", "seg-1-0"}
+		}
+		if _, err := e.s.PutStart(ctx, sp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.s.DropSegments(ctx, []string{"seg-0-0"})
+	wantReason(t, e.s.PutEnd(ctx, PutEndSpec{Key: "lost", ClientID: "w"}), codes.NotFound, "PUT_EXPIRED")
+	wantReason(t, e.s.PutRevoke(ctx, PutRevokeSpec{Key: "revoked", ClientID: "w"}), codes.NotFound, "PUT_EXPIRED")
+	if err := e.s.PutEnd(ctx, PutEndSpec{Key: "kept", ClientID: "w", Checksum: 10 * 7}); err != nil {
+		t.Fatalf("PutEnd of a put that kept a replica: %v", err)
+	}
+	wantReason(t, e.s.PutEnd(ctx, PutEndSpec{Key: "never", ClientID: "w"}), codes.NotFound, "OBJECT_NOT_FOUND")
+}

@@ -75,10 +75,7 @@ func (s *Store) dropAllocs(segs map[uint32]cluster.Segment, allocs []*masterv1.A
 			}
 			m.remove(o, i, false)
 			removed++
-			if len(o.replicas) == 0 {
-				shd.endPutLocked(o)
-				m.dropIfEmpty(o)
-			}
+			m.dropGone(o)
 		}
 		m.commit()
 		shd.mu.Unlock()

@@ -171,6 +171,22 @@ func (m *mut) dropIfEmpty(o *object) bool {
 	return true
 }
 
+// dropGone erases o once the replicas its agents no longer hold have been
+// removed and none is left (a segment dropped, an allocation the agent
+// lost or never sealed). A put in progress on it ends, remembered as
+// expired: its writer's PutEnd and PutRevoke answer PUT_EXPIRED ("not
+// stored, put it again"; the SDKs do, once), not OBJECT_NOT_FOUND.
+func (m *mut) dropGone(o *object) {
+	if len(o.replicas) > 0 {
+		return
+	}
+	if o.put != nil {
+		m.s.expiredPuts.add(expiredHash(m.s.tenants.get(o.tenant).name, o.key))
+		m.sh.endPutLocked(o)
+	}
+	m.dropIfEmpty(o)
+}
+
 // ---- replica events ----
 
 // create is REPLICA_CREATE: a PROCESSING replica on segment seg.

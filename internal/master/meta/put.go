@@ -57,7 +57,7 @@ func cleanupCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 
 func errPutExpired(tenant, key string) error {
 	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_PUT_EXPIRED,
-		"no put in progress for %q/%q (ended, revoked, preempted or expired)", tenant, key)
+		"no put in progress for %q/%q (ended, revoked, preempted, expired, or its segments went away)", tenant, key)
 }
 
 // MaxObjectSizeCap bounds the object size whatever the configuration: 64

@@ -359,10 +359,7 @@ func (r *reconcileRun) claimLocked(m *mut, it reconcileItem) bool {
 	case at >= 0 && o.replicas[at].status == stComplete && !sealed:
 		m.remove(o, at, false) // never sealed: the bytes are not there
 		r.removed++
-		if len(o.replicas) == 0 {
-			m.sh.endPutLocked(o)
-			m.dropIfEmpty(o)
-		}
+		m.dropGone(o)
 		return false
 	case at >= 0:
 		r.claimed[allocKey{it.seg, a.GetAllocationId()}] = true
@@ -410,10 +407,7 @@ func (r *reconcileRun) Finish(ctx context.Context) []*masterv1.AllocationRef {
 						m.remove(o, i, false)
 						r.removed++
 					}
-					if len(o.replicas) == 0 {
-						m.sh.endPutLocked(o)
-						m.dropIfEmpty(o)
-					}
+					m.dropGone(o)
 				}
 			}
 			m.commit()
@@ -592,10 +586,7 @@ func (s *Store) DropSegments(ctx context.Context, segmentIDs []string) {
 						removed++
 					}
 				}
-				if len(o.replicas) == 0 {
-					m.sh.endPutLocked(o)
-					m.dropIfEmpty(o)
-				}
+				m.dropGone(o)
 			}
 		}
 		m.commit()

@@ -193,8 +193,8 @@ func TestDropSegments(t *testing.T) {
 		t.Fatalf("both after drop: %v", err)
 	}
 	err := e.s.PutEnd(ctx, PutEndSpec{Key: "writing", ClientID: "w"})
-	if got := rpcerr.Reason(err); got != "OBJECT_NOT_FOUND" {
-		t.Fatalf("PutEnd of a dropped write: got %q, want OBJECT_NOT_FOUND", got)
+	if got := rpcerr.Reason(err); got != "PUT_EXPIRED" {
+		t.Fatalf("PutEnd of a dropped write: got %q, want PUT_EXPIRED (TestPutLostMidWriteExpired)", got)
 	}
 	if got := e.s.SegmentReplicaCounts(); got["seg-0-0"] != 0 || got["seg-1-0"] != 1 {
 		t.Fatalf("replica counts: got %v", got)

@@ -84,8 +84,10 @@ const (
 	ErrorReason_ERROR_REASON_AGENT_UNAVAILABLE ErrorReason = 20
 	// FAILED_PRECONDITION: the segment's lifecycle or health forbids the operation.
 	ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE ErrorReason = 21
-	// NOT_FOUND: the PutStart was preempted or timed out, so the put no longer
-	// exists (PutEnd or PutRevoke of it). Not DEADLINE_EXCEEDED, which means
+	// NOT_FOUND: the PutStart was preempted or timed out, or every replica's
+	// segment went away while the client wrote (its agent lost), so the put
+	// no longer exists (PutEnd or PutRevoke of it) and nothing of it was
+	// kept; the SDKs put it again, once. Not DEADLINE_EXCEEDED, which means
 	// the caller's own deadline.
 	ErrorReason_ERROR_REASON_PUT_EXPIRED ErrorReason = 22
 	// INTERNAL: an invariant failed; the message says which. Always a bug.
