@@ -207,9 +207,9 @@ func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation,
 			ref(k.seg, k.alloc)
 			continue
 		}
-		if sealed && s.tombs.removedSince(k.seg, NormalizeTenant(a.GetTenant()), a.GetKey()) {
-			// Removed by a client while this disk segment was detached
-			// (tombstone.go): release, never adopt.
+		if sealed && s.tombs.removedSince(k.seg, NormalizeTenant(a.GetTenant()), a.GetKey(), a.GetHardPin()) {
+			// Removed by a client while this segment was detached, by key
+			// or by pattern (tombstone.go): release, never adopt.
 			ref(k.seg, k.alloc)
 			continue
 		}

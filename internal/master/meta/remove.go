@@ -59,7 +59,7 @@ func (s *Store) BatchRemove(ctx context.Context, specs []RemoveSpec) []error {
 		func(i int, err error) {
 			res[i] = err
 			if rpcerr.Reason(err) == "OBJECT_NOT_FOUND" {
-				s.tombs.record(specs[i].Tenant, specs[i].Key, s.nowMs())
+				s.tombs.record(specs[i].Tenant, specs[i].Key, s.nowMs(), specs[i].Force)
 			}
 		})
 	rel := &releases{}
@@ -73,7 +73,7 @@ func (s *Store) BatchRemove(ctx context.Context, specs []RemoveSpec) []error {
 			o := shd.getLocked(it.tenant, sp.Key)
 			if o == nil {
 				res[it.i] = errNotFound(sp.Tenant, sp.Key)
-				s.tombs.record(sp.Tenant, sp.Key, m.nowMs)
+				s.tombs.record(sp.Tenant, sp.Key, m.nowMs, sp.Force)
 				continue
 			}
 			if err := s.removableLocked(o, sp.Force, m.nowMs, sp.Tenant); err != nil {
@@ -81,7 +81,7 @@ func (s *Store) BatchRemove(ctx context.Context, specs []RemoveSpec) []error {
 				continue
 			}
 			m.removeAll(o, true)
-			s.tombs.record(s.tenants.get(o.tenant).name, o.key, m.nowMs)
+			s.tombs.record(s.tenants.get(o.tenant).name, o.key, m.nowMs, sp.Force)
 		}
 		m.commit()
 		shd.mu.Unlock()
@@ -108,7 +108,7 @@ func (s *Store) removeEvery(ctx context.Context, t uint32, force bool) (removed,
 				continue
 			}
 			m.removeAll(o, true) // deleting during range is safe in Go
-			s.tombs.record(name, o.key, m.nowMs)
+			s.tombs.record(name, o.key, m.nowMs, force)
 			removed++
 		}
 		m.commit()
@@ -135,6 +135,9 @@ func (s *Store) RemoveAll(ctx context.Context, tenant string, force bool) (remov
 	if len(tenant) > MaxTenantLen {
 		return 0, 0, errInvalid("tenant must be at most %d bytes", MaxTenantLen)
 	}
+	// Before the lookup: a tenant whose objects all live on detached
+	// segments has left the table, and its keys must not come back.
+	s.tombs.recordPattern(tenant, "", nil, s.nowMs(), force)
 	t, ok := s.tenants.lookup(tenant)
 	if !ok {
 		return 0, 0, nil
@@ -188,6 +191,7 @@ func (s *Store) RemoveByPrefix(ctx context.Context, tenant, prefix string, force
 	if err != nil {
 		return 0, 0, "", err
 	}
+	s.tombs.recordPattern(tenant, prefix, nil, s.nowMs(), force) // as RemoveAll's
 	t, ok := s.tenants.lookup(tenant)
 	if !ok {
 		return 0, 0, "", nil
@@ -234,6 +238,7 @@ func (s *Store) RemoveByRegex(ctx context.Context, tenant, re string, force bool
 	if err != nil {
 		return 0, 0, "", err
 	}
+	s.tombs.recordPattern(tenant, "", rx, s.nowMs(), force) // as RemoveAll's
 	t, ok := s.tenants.lookup(tenant)
 	if !ok {
 		return 0, 0, "", nil
@@ -342,7 +347,7 @@ func (s *Store) removeKeys(shd *shard, rel *releases, sc trace.SpanContext, t ui
 			continue
 		}
 		m.removeAll(o, true)
-		s.tombs.record(name, key, m.nowMs)
+		s.tombs.record(name, key, m.nowMs, force)
 		removed++
 	}
 	m.commit()

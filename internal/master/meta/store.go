@@ -231,13 +231,13 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 			Name: "crescent_master_detached_segments", Help: "Segments dropped (their agent lost, stopped, cut off or stalled past --unmount-after) whose return may bring back their sealed objects: disk segments, and memory segments until their agent registers without them. Clients' removals meanwhile are kept as tombstones so they are not adopted back.",
 		}, func() float64 { n, _, _ := s.tombs.stats(); return float64(n) })
 		tombs := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "crescent_master_removal_tombstones", Help: "Removals kept while segments are detached.",
+			Name: "crescent_master_removal_tombstones", Help: "Removals kept while segments are detached: keys, and the patterns of RemoveByPrefix, RemoveByRegex and RemoveAll.",
 		}, func() float64 { _, n, _ := s.tombs.stats(); return float64(n) })
 		owed := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "crescent_master_owed_releases", Help: "Releases the master owes to agents: not delivered (the agent away) or refused (a disk segment whose journal cannot be written); sent again every second until taken, and returned rather than adopted by the agent's registration.",
 		}, func() float64 { return float64(s.OwedReleases()) })
 		tombsDropped := prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "crescent_master_removal_tombstones_dropped_total", Help: "Removals not kept because the tombstones were at their cap: a detached disk segment's return may bring those objects back.",
+			Name: "crescent_master_removal_tombstones_dropped_total", Help: "Removals not kept because the tombstones were at their cap (262,144 keys; 1,024 patterns, 64 of them regexes): a detached segment's return may bring those objects back.",
 		}, func() float64 { _, _, d := s.tombs.stats(); return float64(d) })
 		spareOutcome := func(outcome string, pick func(leased, committed, lapsed uint64) uint64) prometheus.Collector {
 			return prometheus.NewCounterFunc(prometheus.CounterOpts{

@@ -1,6 +1,8 @@
 package meta
 
 import (
+	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,18 +29,72 @@ import (
 // registers again (it restarted: its memory segments have new ids) is
 // gone for good and forgotten then.
 //
-// Bounded: at most maxTombstones are kept (further removals are counted
-// in crescent_master_removal_tombstones_dropped_total, not recorded), and
-// a segment detached for longer
-// than detachedRetention is forgotten (its return may bring back objects
-// removed meanwhile). Memory only: a new leader after a failover has
-// none.
+// A RemoveByPrefix, RemoveByRegex or RemoveAll records its pattern the
+// same way (a patternTomb: tenant, prefix or regex or every key, time), so
+// that it also covers the keys living on a detached segment, which it could
+// not find. A removal without force skips hard-pinned objects, so its
+// tombstone (by key or pattern) does not cover a hard-pinned allocation;
+// one with force does.
+//
+// Bounded: at most maxTombstones keys and maxPatternTombs patterns are
+// kept (further removals are counted in
+// crescent_master_removal_tombstones_dropped_total, not recorded), and a
+// segment detached for longer than detachedRetention is forgotten (its
+// return may bring back objects removed meanwhile). Memory only: a new
+// leader after a failover has none.
 const (
 	maxTombstones     = 1 << 18
+	maxPatternTombs   = 1024
+	maxRegexTombs     = 64 // of maxPatternTombs: a reconcile matches each against a returning key
 	detachedRetention = 24 * time.Hour
 )
 
 type tombKey struct{ tenant, key string }
+
+// removedAt is when a key (or pattern) was last removed, and when last
+// with force (0: never).
+type removedAt struct{ anyMs, forceMs int64 }
+
+func (r *removedAt) note(nowMs int64, force bool) {
+	r.anyMs = nowMs
+	if force {
+		r.forceMs = nowMs
+	}
+}
+
+// covers reports whether the removals recorded in r took an allocation of
+// the key detached at detachedMs (hard-pinned: only a forced one did).
+func (r removedAt) covers(detachedMs int64, hardPin bool) bool {
+	if hardPin {
+		return r.forceMs != 0 && r.forceMs >= detachedMs
+	}
+	return r.anyMs != 0 && r.anyMs >= detachedMs
+}
+
+// patternTomb is a RemoveByPrefix (prefix), RemoveByRegex (rx) or
+// RemoveAll (neither) of tenant's keys.
+type patternTomb struct {
+	tenant, prefix string
+	rx             *regexp.Regexp
+	at             removedAt
+}
+
+func (p *patternTomb) same(tenant, prefix string, rx *regexp.Regexp) bool {
+	if p.tenant != tenant || p.prefix != prefix || (p.rx == nil) != (rx == nil) {
+		return false
+	}
+	return rx == nil || p.rx.String() == rx.String()
+}
+
+func (p *patternTomb) matches(key string) bool {
+	switch {
+	case p.rx != nil:
+		return p.rx.MatchString(key)
+	case p.prefix != "":
+		return strings.HasPrefix(key, p.prefix)
+	}
+	return true
+}
 
 // detachedSeg is a dropped segment that may come back.
 type detachedSeg struct {
@@ -53,7 +109,9 @@ type tombstones struct {
 
 	mu       sync.Mutex
 	detached map[uint32]detachedSeg // by segment index
-	removed  map[tombKey]int64
+	removed  map[tombKey]removedAt
+	patterns []patternTomb
+	regexes  int // patterns with rx
 	dropped  atomic.Uint64
 }
 
@@ -107,14 +165,14 @@ func (t *tombstones) expire(nowMs int64) {
 
 func (t *tombstones) settleLocked() {
 	if len(t.detached) == 0 {
-		t.detached, t.removed = nil, nil
+		t.detached, t.removed, t.patterns, t.regexes = nil, nil, nil, 0
 		t.active.Store(false)
 	}
 }
 
 // record notes a client's removal of (tenant, key) at nowMs, while a
-// disk segment is detached. A leaf lock: called under a shard's.
-func (t *tombstones) record(tenant, key string, nowMs int64) {
+// segment is detached. A leaf lock: called under a shard's.
+func (t *tombstones) record(tenant, key string, nowMs int64, force bool) {
 	if !t.active.Load() {
 		return
 	}
@@ -124,36 +182,88 @@ func (t *tombstones) record(tenant, key string, nowMs int64) {
 		return
 	}
 	k := tombKey{tenant, key}
-	if _, ok := t.removed[k]; !ok && len(t.removed) >= maxTombstones {
+	r, ok := t.removed[k]
+	if !ok && len(t.removed) >= maxTombstones {
 		t.dropped.Add(1)
 		return
 	}
 	if t.removed == nil {
-		t.removed = map[tombKey]int64{}
+		t.removed = map[tombKey]removedAt{}
 	}
-	t.removed[k] = nowMs
+	r.note(nowMs, force)
+	t.removed[k] = r
 }
 
-// removedSince reports whether (tenant, key) was removed while segment
-// idx was detached: its allocation there is an object removed since.
-func (t *tombstones) removedSince(idx uint32, tenant, key string) bool {
+// recordPattern notes a RemoveByPrefix (prefix), RemoveByRegex (rx) or
+// RemoveAll (neither) of tenant's keys at nowMs, while a segment is
+// detached: it found only the objects in the metadata, and the pattern
+// covers the detached segments' keys too.
+func (t *tombstones) recordPattern(tenant, prefix string, rx *regexp.Regexp, nowMs int64, force bool) {
+	if !t.active.Load() {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.detached) == 0 {
+		return
+	}
+	for i := range t.patterns {
+		if p := &t.patterns[i]; p.same(tenant, prefix, rx) {
+			p.at.note(nowMs, force)
+			return
+		}
+	}
+	if len(t.patterns) >= maxPatternTombs || (rx != nil && t.regexes >= maxRegexTombs) {
+		t.dropped.Add(1)
+		return
+	}
+	if rx != nil {
+		t.regexes++
+	}
+	p := patternTomb{tenant: tenant, prefix: prefix, rx: rx}
+	p.at.note(nowMs, force)
+	t.patterns = append(t.patterns, p)
+}
+
+// removedSince reports whether (tenant, key) was removed, by key or by a
+// pattern, while segment idx was detached: its allocation there (hard
+// pinned or not) is an object removed since.
+func (t *tombstones) removedSince(idx uint32, tenant, key string, hardPin bool) bool {
 	if !t.active.Load() {
 		return false
 	}
+	var buf [8]*patternTomb
+	cands := buf[:0]
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	d, ok := t.detached[idx]
 	if !ok {
+		t.mu.Unlock()
 		return false
 	}
-	rm, ok := t.removed[tombKey{tenant, key}]
-	return ok && rm >= d.atMs
+	if r, ok := t.removed[tombKey{tenant, key}]; ok && r.covers(d.atMs, hardPin) {
+		t.mu.Unlock()
+		return true
+	}
+	for i := range t.patterns {
+		if p := &t.patterns[i]; p.tenant == tenant && p.at.covers(d.atMs, hardPin) {
+			cands = append(cands, p)
+		}
+	}
+	t.mu.Unlock()
+	// Matched with no lock held (a regex costs up to MaxRegexInsts per
+	// byte of key): a pattern's tenant, prefix and rx never change.
+	for _, p := range cands {
+		if p.matches(key) {
+			return true
+		}
+	}
+	return false
 }
 
-// stats returns the detached segments, the tombstones, and the removals
-// not recorded for the cap.
+// stats returns the detached segments, the tombstones (keys and
+// patterns), and the removals not recorded for the caps.
 func (t *tombstones) stats() (detached, removed int, dropped uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.detached), len(t.removed), t.dropped.Load()
+	return len(t.detached), len(t.removed) + len(t.patterns), t.dropped.Load()
 }

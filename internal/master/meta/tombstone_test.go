@@ -2,6 +2,8 @@ package meta
 
 import (
 	"context"
+	"maps"
+	"regexp"
 	"strconv"
 	"testing"
 	"time"
@@ -74,8 +76,8 @@ func TestRemovedWhileDiskDetached(t *testing.T) {
 func TestDetachedForgotten(t *testing.T) {
 	var tb tombstones
 	tb.detach(3, 0, "a", false)
-	tb.record("t", "k", 10)
-	if !tb.removedSince(3, "t", "k") || tb.removedSince(3, "t", "other") || tb.removedSince(4, "t", "k") {
+	tb.record("t", "k", 10, true)
+	if !tb.removedSince(3, "t", "k", false) || tb.removedSince(3, "t", "other", false) || tb.removedSince(4, "t", "k", false) {
 		t.Fatal("removedSince wrong while detached")
 	}
 	tb.expire(detachedRetention.Milliseconds())
@@ -83,12 +85,12 @@ func TestDetachedForgotten(t *testing.T) {
 		t.Fatal("forgotten before its retention")
 	}
 	tb.expire(detachedRetention.Milliseconds() + 1)
-	if tb.active.Load() || tb.removedSince(3, "t", "k") {
+	if tb.active.Load() || tb.removedSince(3, "t", "k", false) {
 		t.Fatal("kept after its retention")
 	}
 	tb.detach(1, 0, "a", false)
 	for i := range maxTombstones + 5 {
-		tb.record("t", strconv.Itoa(i), 1)
+		tb.record("t", strconv.Itoa(i), 1, false)
 	}
 	if n, d := len(tb.removed), tb.dropped.Load(); n != maxTombstones || d != 5 {
 		t.Fatalf("%d tombstones, %d dropped; want %d and 5", n, d, maxTombstones)
@@ -180,5 +182,109 @@ func restarted(t *testing.T, e *env, agent, away string, register func()) {
 	}
 	if n := e.s.OwedReleases(); n != 0 {
 		t.Fatalf("%d releases owed on a memory segment that is gone for good, want 0", n)
+	}
+}
+
+// TestTombstonePatterns: a RemoveByPrefix, RemoveByRegex or RemoveAll
+// while a segment is detached covers the keys on that segment, which it
+// could not find; one without force does not cover a hard-pinned
+// allocation. Patterns are bounded, regexes more tightly.
+func TestTombstonePatterns(t *testing.T) {
+	var tb tombstones
+	tb.recordPattern("t", "a/", nil, 5, true)
+	if tb.patterns != nil {
+		t.Fatal("a pattern recorded with no segment detached")
+	}
+	tb.detach(3, 10, "a", false)
+	tb.recordPattern("t", "a/", nil, 5, true) // before the detachment
+	rx := regexp.MustCompile(`^b/[0-9]+$`)
+	tb.recordPattern("t", "", rx, 20, false)
+	tb.recordPattern("all", "", nil, 20, false)
+	for _, tt := range []struct {
+		tenant, key string
+		hardPin     bool
+		want        bool
+	}{
+		{"t", "a/1", false, false}, // removed before the segment left
+		{"t", "b/12", false, true},
+		{"t", "b/12", true, false}, // hard-pinned: the regex removal had no force
+		{"t", "b/x", false, false},
+		{"u", "b/12", false, false}, // another tenant
+		{"all", "anything", false, true},
+		{"all", "anything", true, false},
+	} {
+		if got := tb.removedSince(3, tt.tenant, tt.key, tt.hardPin); got != tt.want {
+			t.Errorf("removedSince(%s/%s, hard pin %v) = %v, want %v", tt.tenant, tt.key, tt.hardPin, got, tt.want)
+		}
+	}
+	tb.recordPattern("t", "a/", nil, 30, true) // again, now with force: covers hard pins
+	tb.recordPattern("all", "", nil, 30, true)
+	if !tb.removedSince(3, "t", "a/1", true) || !tb.removedSince(3, "all", "x", true) {
+		t.Fatal("a pattern recorded again (with force) does not cover what it removed")
+	}
+	if len(tb.patterns) != 3 {
+		t.Fatalf("%d patterns, want 3 (a repeated one is updated, not added)", len(tb.patterns))
+	}
+	for i := range maxRegexTombs + 3 {
+		tb.recordPattern("t", "", regexp.MustCompile("^r"+strconv.Itoa(i)), 40, true)
+	}
+	for i := range maxPatternTombs {
+		tb.recordPattern("t", "p"+strconv.Itoa(i), nil, 40, true)
+	}
+	// One regex was there: 63 more fit and 4 are dropped; then 3 + 63
+	// patterns were there, and that many of the 1024 prefixes are dropped.
+	want := uint64(4 + 3 + maxRegexTombs - 1)
+	if n, r, d := len(tb.patterns), tb.regexes, tb.dropped.Load(); n != maxPatternTombs || r != maxRegexTombs || d != want {
+		t.Fatalf("%d patterns (%d regexes), %d dropped; want %d (%d), %d", n, r, d, maxPatternTombs, maxRegexTombs, want)
+	}
+	tb.expire(detachedRetention.Milliseconds() + 11)
+	if tb.patterns != nil || tb.regexes != 0 {
+		t.Fatal("patterns kept once no segment is detached")
+	}
+}
+
+// TestRemovedByPatternWhileDetached: RemoveByPrefix, RemoveByRegex and
+// RemoveAll while a segment is detached find nothing there, yet the
+// objects they would have removed do not come back with the segment: the
+// reconcile returns their allocations. A removal without force keeps a
+// hard-pinned one, as it would have; a tenant whose objects all lived on
+// the segment (it left the table) is covered too.
+func TestRemovedByPatternWhileDetached(t *testing.T) {
+	e := newEnv(t, 1, 1, 1<<20, Config{})
+	ctx := context.Background()
+	for _, k := range []string{"p/1", "p/2", "p/pinned", "r/1", "keep"} {
+		e.put(t, PutSpec{Key: k, Size: 100, HardPin: k == "p/pinned"})
+	}
+	e.put(t, PutSpec{Tenant: "gone", Key: "x", Size: 100})
+	const agent, away = "agent-0", "seg-0-0"
+	table := e.c.Agents.Table(agent)
+	e.s.DropSegments(ctx, []string{away})
+	e.clk.Advance(time.Second)
+	if _, _, _, err := e.s.RemoveByPrefix(ctx, DefaultTenant, "p/", false, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := e.s.RemoveByRegex(ctx, DefaultTenant, `^r/\d$`, true, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.s.RemoveAll(ctx, "gone", false); err != nil {
+		t.Fatal(err)
+	}
+	back := e.s.Reconcile(ctx, agent, segsOf(e.c, agent), table)
+	returned := map[string]bool{}
+	for _, r := range back {
+		for _, a := range table {
+			if a.GetAllocationId() == r.AllocationId {
+				returned[a.GetTenant()+"/"+a.GetKey()] = true
+			}
+		}
+	}
+	want := map[string]bool{"default/p/1": true, "default/p/2": true, "default/r/1": true, "gone/x": true}
+	if !maps.Equal(returned, want) {
+		t.Fatalf("returned %v, want %v", returned, want)
+	}
+	for _, k := range []string{"keep", "p/pinned"} {
+		if ok, _ := e.s.Exist(ctx, DefaultTenant, k); !ok {
+			t.Fatalf("%s was not adopted back", k)
+		}
 	}
 }
