@@ -366,6 +366,7 @@ func (s *Store) migrateChunk(ctx context.Context, chunk []*move, rel *releases, 
 		}
 	})
 	// Phase 3: record the target allocations.
+	unlock := s.freeingMemory(mode)
 	dropped += s.migrateSettle(ctx, chunk, rel, true, mode, func(m *mut, o *object, mv *move, di int) bool {
 		if mv.err != nil {
 			return false
@@ -373,14 +374,14 @@ func (s *Store) migrateChunk(ctx context.Context, chunk []*move, rel *releases, 
 		o.replicas[di].allocID, o.replicas[di].offset, o.replicas[di].pending = mv.dstAlloc, mv.dstOff, false
 		return true
 	})
-	// What this chunk freed so far goes to the agents now, not after the
-	// copies, which run at disk speed: an offload's victims that were on
-	// disk already (offloadPlace), found no disk room, or whose target
-	// could not be reserved. Their extents are free in the metadata from
+	// What this phase freed goes to the agents now, not after the copies,
+	// which run at disk speed: an offload's victims whose target could not
+	// be reserved are dropped. Their extents are free in the metadata from
 	// the moment they were removed, and a PutStart short of room carves its
 	// hole there (makeHole); an agent still holding them refuses the put
 	// NO_AVAILABLE_HANDLE ("largest free extent" below the hole).
 	s.sendReleasesNow(ctx, rel)
+	unlock()
 	// Phase 4: copy (each source agent: its items in batched calls, which
 	// it runs over the targets' bulk transfer listeners), then seal
 	// (target agents). A failed item fails its move alone: phase 5 removes
@@ -468,6 +469,8 @@ func (s *Store) migrateChunk(ctx context.Context, chunk []*move, rel *releases, 
 	})
 	// Phase 5: COMPLETE(target) before REMOVE(source); on failure remove
 	// the target (in modeOffload, the victim too).
+	unlock = s.freeingMemory(mode)
+	defer unlock()
 	dropped += s.migrateSettle(ctx, chunk, rel, false, mode, func(m *mut, o *object, mv *move, di int) bool {
 		if mv.err != nil {
 			return false

@@ -126,7 +126,10 @@ func (s *Store) offload(ctx context.Context, targets []evictTarget) offloadResul
 		}
 		chunk := victims[start:min(start+drainChunk, len(victims))]
 		rel := &releases{}
+		unlock := s.freeingMemory(modeOffload)
 		moves := s.offloadPlace(ctx, chunk, tset, rel, &r)
+		s.sendReleasesNow(ctx, rel) // the victims on disk already, and those dropped
+		unlock()
 		moved, dropped := s.migrateChunk(ctx, moves, rel, modeOffload)
 		r.offloaded += moved
 		r.dropped += dropped
@@ -137,6 +140,22 @@ func (s *Store) offload(ctx context.Context, targets []evictTarget) offloadResul
 		}
 	}
 	return r
+}
+
+// freeingMemory serialises an offload's removals of memory replicas, from
+// their commit to their releases' answer, with makeHole and eviction
+// (evictMu), and returns the unlock; other modes lock nothing. makeHole
+// judges a memory segment's free extents from the metadata: between an
+// offload's removal and its release at the agent it would see room the
+// agent has not freed yet, and a PutStart's second round would fail
+// NO_AVAILABLE_HANDLE there ("largest free extent" below the hole it was
+// promised). Eviction already holds evictMu that way.
+func (s *Store) freeingMemory(mode migrateMode) (unlock func()) {
+	if mode != modeOffload {
+		return func() {}
+	}
+	s.evictMu.Lock()
+	return s.evictMu.Unlock
 }
 
 // offloadVictims chooses a pass's victims, in eviction order: evict's

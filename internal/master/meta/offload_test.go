@@ -252,6 +252,42 @@ func TestOffloadReleasesBeforeCopy(t *testing.T) {
 	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
 }
 
+// TestOffloadReleasesUnderEvictMu: every release an offload pass sends
+// (a victim on disk already, one dropped for no disk room, one copied) goes
+// out under evictMu, so makeHole, which judges free extents from the
+// metadata under evictMu, never sees memory free that the agent still
+// holds. Seen as e2e TestEventsMatchMaster's fill failing
+// NO_AVAILABLE_HANDLE: the put's second round came 0.1 ms before an
+// offload's last releases reached the agent.
+func TestOffloadReleasesUnderEvictMu(t *testing.T) {
+	e := newEnv(t, 1, 1, 1000, Config{Shards: 4})
+	e.withDisk(0, 4000)
+	e.put(t, PutSpec{Key: "ondisk", Size: 95, Preferred: []string{"seg-0-0"}})
+	e.clk.Advance(time.Second)
+	if res := migrate(t, e, MigrateSpec{Keys: []string{"ondisk"}, Target: MigrateTarget{SegmentID: "disk-0"}}); res[0].Err != nil {
+		t.Fatal(res[0].Err)
+	}
+	e.fillMemory(t, 9, 95, PutSpec{})
+	var releases, unheld int
+	e.c.Agents.BeforeRelease = func() {
+		releases++
+		if e.s.evictMu.TryLock() {
+			unheld++
+			e.s.evictMu.Unlock()
+		}
+	}
+	e.s.evictOverHigh(t.Context())
+	if releases < 2 {
+		t.Fatalf("%d Release calls, want at least 2 (the victim on disk already, then the copied ones)", releases)
+	}
+	if unheld > 0 {
+		t.Fatalf("%d of %d Release calls of the offload were sent without evictMu held", unheld, releases)
+	}
+	if got, want := replicaSegs(t, e.s, "k0"), []string{"disk-0/complete"}; !slices.Equal(got, want) {
+		t.Fatalf("k0: got %v, want %v (offloaded)", got, want)
+	}
+}
+
 // TestOffloadKeepsChangedVictim: a victim read while its copy runs is no
 // longer one: its disk target is removed (never readable, released) and it
 // stays in memory, not dropped.
