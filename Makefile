@@ -90,12 +90,12 @@ test-e2e: build
 	@echo "== e2e run 2 of 2: mTLS (CRESCENT_E2E_TLS=1)"
 	CRESCENT_E2E_TLS=1 CRESCENT_BIN=$(CURDIR)/$(BIN) $(GO) test -race -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./e2e/...
 
-## test-python: the Python client's pytest suite (clients/python/tests) against a real local cluster of the binaries in bin/. Needs Debian's python3-grpcio, python3-protobuf, python3-pytest, python3-numpy and libxxhash0: without them it says so and succeeds, except under CI=true, where it fails
+## test-python: the Python client's pytest suite (clients/python/tests) against a real local cluster of the binaries in bin/. Needs Debian's python3-grpcio, python3-protobuf, python3-pytest, python3-numpy, python3-zmq, python3-msgpack and libxxhash0: without them it says so and succeeds, except under CI=true, where it fails
 PYTHON ?= /usr/bin/python3
 test-python: build
-	@if ! $(PYTHON) -c 'import grpc, google.protobuf, pytest, numpy, ctypes; ctypes.CDLL("libxxhash.so.0")' 2>/dev/null; then \
-		if [ "$${CI:-}" = true ]; then echo "test-python: $(PYTHON) lacks grpc, protobuf, pytest, numpy or libxxhash, required under CI=true (apt-get install python3-grpcio python3-protobuf python3-pytest python3-numpy libxxhash0)"; exit 1; fi; \
-		echo "test-python: SKIPPED: $(PYTHON) lacks grpc, protobuf, pytest, numpy or libxxhash (apt-get install python3-grpcio python3-protobuf python3-pytest python3-numpy libxxhash0)"; exit 0; \
+	@if ! $(PYTHON) -c 'import grpc, google.protobuf, pytest, numpy, zmq, msgpack, ctypes; ctypes.CDLL("libxxhash.so.0")' 2>/dev/null; then \
+		if [ "$${CI:-}" = true ]; then echo "test-python: $(PYTHON) lacks grpc, protobuf, pytest, numpy, zmq, msgpack or libxxhash, required under CI=true (apt-get install python3-grpcio python3-protobuf python3-pytest python3-numpy python3-zmq python3-msgpack libxxhash0)"; exit 1; fi; \
+		echo "test-python: SKIPPED: $(PYTHON) lacks grpc, protobuf, pytest, numpy, zmq, msgpack or libxxhash (apt-get install python3-grpcio python3-protobuf python3-pytest python3-numpy python3-zmq python3-msgpack libxxhash0)"; exit 0; \
 	fi; \
 	CRESCENT_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -q -p no:cacheprovider clients/python/tests
 
