@@ -215,24 +215,33 @@ func TestOffloadFailuresDrop(t *testing.T) {
 	checkInvariants(t, e, &follower{set: map[rkey]bool{}})
 }
 
-// TestOffloadReleasesBeforeCopy: the memory a pass frees without a copy
-// (a victim already on disk, a victim with no disk room) is released at
-// its agent before the pass's copies start, not after them: the metadata
-// shows those extents free from the moment it drops the replicas, and a
-// PutStart short of room carves its hole there. Released after the copies,
-// which run at disk speed, a put's second round met an agent that still
-// held them (NO_AVAILABLE_HANDLE, "largest free extent" below the hole;
-// e2e TestEventsMatchMaster, about one CI run in twenty).
-func TestOffloadReleasesBeforeCopy(t *testing.T) {
-	e := newEnv(t, 1, 1, 1000, Config{Shards: 4})
+// offloadOnDisk returns a store whose memory segment seg-0-0 (1000 bytes)
+// is over its high watermark: "ondisk", its least recently used object,
+// has a disk replica too (mem is its memory allocation), then k0..k8.
+func offloadOnDisk(t *testing.T) (e *env, mem metatest.Ref) {
+	t.Helper()
+	e = newEnv(t, 1, 1, 1000, Config{Shards: 4})
 	e.withDisk(0, 4000)
 	e.put(t, PutSpec{Key: "ondisk", Size: 95, Preferred: []string{"seg-0-0"}})
 	e.clk.Advance(time.Second)
 	if res := migrate(t, e, MigrateSpec{Keys: []string{"ondisk"}, Target: MigrateTarget{SegmentID: "disk-0"}}); res[0].Err != nil {
 		t.Fatal(res[0].Err)
 	}
-	mem := metatest.Ref{Segment: "seg-0-0", ID: e.allocOf(t, "ondisk", "seg-0-0")}
+	mem = metatest.Ref{Segment: "seg-0-0", ID: e.allocOf(t, "ondisk", "seg-0-0")}
 	e.fillMemory(t, 9, 95, PutSpec{}) // 950 bytes: over 90 %
+	return e, mem
+}
+
+// TestOffloadReleasesBeforeCopy: the memory a pass frees without a copy
+// (a victim already on disk, a victim with no disk room) is released at
+// its agent before the pass's copies start, not after them: the metadata
+// shows those extents free from the moment it drops the replicas, and a
+// PutStart short of room carves its hole there (makeHole). Released after
+// the copies, which run at disk speed, a put's second round could meet an
+// agent that still held them (NO_AVAILABLE_HANDLE, "largest free extent"
+// below the hole).
+func TestOffloadReleasesBeforeCopy(t *testing.T) {
+	e, mem := offloadOnDisk(t)
 	copies, heldAtCopy := 0, false
 	e.c.Agents.BeforeCopy = func() {
 		if copies++; copies == 1 {
@@ -253,21 +262,14 @@ func TestOffloadReleasesBeforeCopy(t *testing.T) {
 }
 
 // TestOffloadReleasesUnderEvictMu: every release an offload pass sends
-// (a victim on disk already, one dropped for no disk room, one copied) goes
-// out under evictMu, so makeHole, which judges free extents from the
+// (for a victim on disk already, then for the copied ones) goes out under
+// evictMu, so makeHole, which judges free extents from the
 // metadata under evictMu, never sees memory free that the agent still
 // holds. Seen as e2e TestEventsMatchMaster's fill failing
 // NO_AVAILABLE_HANDLE: the put's second round came 0.1 ms before an
 // offload's last releases reached the agent.
 func TestOffloadReleasesUnderEvictMu(t *testing.T) {
-	e := newEnv(t, 1, 1, 1000, Config{Shards: 4})
-	e.withDisk(0, 4000)
-	e.put(t, PutSpec{Key: "ondisk", Size: 95, Preferred: []string{"seg-0-0"}})
-	e.clk.Advance(time.Second)
-	if res := migrate(t, e, MigrateSpec{Keys: []string{"ondisk"}, Target: MigrateTarget{SegmentID: "disk-0"}}); res[0].Err != nil {
-		t.Fatal(res[0].Err)
-	}
-	e.fillMemory(t, 9, 95, PutSpec{})
+	e, _ := offloadOnDisk(t)
 	var releases, unheld int
 	e.c.Agents.BeforeRelease = func() {
 		releases++
