@@ -396,6 +396,49 @@ func (s *soak) putOpts(rng *rand.Rand, upsert bool) ([]client.PutOption, string)
 	return opts, desc
 }
 
+// removeMany removes ten keys of tenant by prefix, or five by regex, with
+// or without force: while a segment is detached (an agent frozen past the
+// unmount window) the keys living there must not come back with it.
+func (s *soak) removeMany(ctx context.Context, rng *rand.Rand, tenant string) {
+	force := rng.IntN(2) == 0
+	group := rng.IntN(soakKeys / 10)
+	var keys []string
+	var what string
+	var remove func() (uint64, uint64, error)
+	if rng.IntN(2) == 0 {
+		prefix := fmt.Sprintf("k%02d", group)
+		for i := range 10 {
+			keys = append(keys, fmt.Sprintf("%s%d", prefix, i))
+		}
+		what = fmt.Sprintf("remove prefix %q (force %v)", prefix, force)
+		remove = func() (uint64, uint64, error) { return s.cls[tenant].RemoveByPrefix(ctx, prefix, force) }
+	} else {
+		re := fmt.Sprintf("^k%02d[0-4]$", group)
+		for i := range 5 {
+			keys = append(keys, fmt.Sprintf("k%02d%d", group, i))
+		}
+		what = fmt.Sprintf("remove regex %q (force %v)", re, force)
+		remove = func() (uint64, uint64, error) { return s.cls[tenant].RemoveByRegex(ctx, re, force) }
+	}
+	type started struct {
+		seq, starts uint64
+		alone       bool
+	}
+	st := make([]started, len(keys))
+	for i, k := range keys {
+		st[i].seq, st[i].starts, st[i].alone = s.writeStart(tenant, k, 0, what)
+	}
+	_, skipped, err := remove()
+	r := removeResult(err)
+	if r == applied && skipped > 0 {
+		r = notApplied // some were kept (leased): which is not known, and either is fine
+	}
+	for i, k := range keys {
+		s.writeEnd(tenant, k, st[i].seq, st[i].starts, st[i].alone, r, what, err)
+	}
+	s.count("removemany", err)
+}
+
 // worker runs random operations until the run stops.
 func (s *soak) worker(w int) {
 	rng := rand.New(rand.NewPCG(s.seed, uint64(10+w)))
@@ -459,6 +502,8 @@ func (s *soak) worker(w int) {
 				s.checkGet("batchget", tenant, keys[i], start, vals[i], errs[i])
 				s.count("batchget", errs[i])
 			}
+		case op == 17 && rng.IntN(4) == 0:
+			s.removeMany(ctx, rng, tenant)
 		case op < 18:
 			force := rng.IntN(2) == 0
 			what := fmt.Sprintf("remove (force %v)", force)
