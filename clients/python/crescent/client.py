@@ -7,7 +7,10 @@ when the descriptor has a transfer endpoint, else their gRPC DataService.
 
 A put is BatchPutStart -> every replica written -> BatchPutEnd with the
 XXH3-64 checksum, and a BatchPutRevoke of every item whose write or end
-failed, so nothing is ever half-visible. A get is BatchGetReplicaList
+failed, so nothing is ever half-visible; an item whose end the master did
+not acknowledge but may on a second try (_end_again: the put dropped,
+PUT_EXPIRED; not there after a failover; no segment could seal it) is put
+again, once. A get is BatchGetReplicaList
 (granting a read lease) -> the nearest replica read -> the checksum
 verified -> the next replica on any failure -> when every replica failed, a
 fresh list (second and last round: the first list's tokens may have expired
@@ -161,6 +164,18 @@ def _both(key: str, err: CrescentError, first: CrescentError) -> CrescentError:
                       err.code, err.metadata)
     e.first = e.__cause__ = first
     return e
+
+
+def _end_again(err: CrescentError, started_at: str, ended_at: str) -> bool:
+    """Whether a put whose PutEnd failed with err, on the master ended_at
+    where it started at started_at, is worth a second put (the Go SDK's
+    endAgain, pkg/client/data.go): the master dropped it before its end
+    (PUT_EXPIRED, on any master: nothing of it was kept), a master other
+    than the one that started it has no put to end (OBJECT_NOT_FOUND after
+    a failover), or no segment could seal it (SEGMENT_UNAVAILABLE)."""
+    if err.reason == "PUT_EXPIRED" or (ended_at != started_at and err.reason == "OBJECT_NOT_FOUND"):
+        return True
+    return err.reason == "SEGMENT_UNAVAILABLE"
 
 
 def _abandoned(err: CrescentError) -> bool:
@@ -344,10 +359,15 @@ class Client:
                 continue
             again = self._put_batch(keys, views, idx, errs, cfg, upsert)
             if again:
-                # PutEnd found no put to end on a master other than the one
-                # that started it (a failover), or no segment could seal it
+                # Not acknowledged, so put again, once (data.go endAgain):
+                # PutEnd found the put dropped (PUT_EXPIRED: every replica's
+                # segment went away while the client wrote, its agent lost
+                # or cut off past the master's --unmount-after, or the put
+                # timed out), or found no put to end on a master other than
+                # the one that started it (OBJECT_NOT_FOUND after a
+                # failover), or no segment could seal it
                 # (SEGMENT_UNAVAILABLE: a disk journal that cannot be
-                # written): not acknowledged, so put again, once (batch.go).
+                # written).
                 for i in again:
                     errs[i] = None
                 self._put_batch(keys, views, again, errs, cfg, upsert)
@@ -435,8 +455,7 @@ class Client:
                 e = from_item(st.code, st.reason, st.message)
                 errs[i] = _err_for(keys[i], e, "put ")
                 failed.append(i)
-                if (ended_at != started_at and e.reason in ("OBJECT_NOT_FOUND", "PUT_EXPIRED")) \
-                        or e.reason == "SEGMENT_UNAVAILABLE":
+                if _end_again(e, started_at, ended_at):
                     again.append(i)
         if failed:
             self._revoke(keys, failed)
