@@ -52,13 +52,16 @@ const (
 type tombKey struct{ tenant, key string }
 
 // removedAt is when a key (or pattern) was last removed, and when last
-// with force (0: never).
-type removedAt struct{ anyMs, forceMs int64 }
+// with force (if forced).
+type removedAt struct {
+	anyMs, forceMs int64
+	forced         bool
+}
 
 func (r *removedAt) note(nowMs int64, force bool) {
 	r.anyMs = nowMs
 	if force {
-		r.forceMs = nowMs
+		r.forceMs, r.forced = nowMs, true
 	}
 }
 
@@ -66,9 +69,9 @@ func (r *removedAt) note(nowMs int64, force bool) {
 // the key detached at detachedMs (hard-pinned: only a forced one did).
 func (r removedAt) covers(detachedMs int64, hardPin bool) bool {
 	if hardPin {
-		return r.forceMs != 0 && r.forceMs >= detachedMs
+		return r.forced && r.forceMs >= detachedMs
 	}
-	return r.anyMs != 0 && r.anyMs >= detachedMs
+	return r.anyMs >= detachedMs
 }
 
 // patternTomb is a RemoveByPrefix (prefix), RemoveByRegex (rx) or
