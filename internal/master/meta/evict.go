@@ -207,9 +207,7 @@ func (s *Store) evictVictimsLocked(ctx context.Context, runs [][]evictCand) int 
 		shd.mu.Unlock()
 	}
 	s.evicted.Add(float64(n))
-	cctx, cancel := cleanupCtx(ctx)
-	defer cancel()
-	s.sendReleases(cctx, rel)
+	s.sendReleasesNow(ctx, rel)
 	return n
 }
 

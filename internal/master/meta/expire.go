@@ -117,9 +117,7 @@ func (s *Store) expirePuts(ctx context.Context) int {
 	if n > 0 {
 		s.expired.Add(float64(n))
 		s.lg.Info("expired abandoned puts", "puts", n, "put_timeout", s.cfg.PutPreemptAfter)
-		cctx, cancel := cleanupCtx(ctx)
-		defer cancel()
-		s.sendReleases(cctx, rel)
+		s.sendReleasesNow(ctx, rel)
 	}
 	return n
 }

@@ -505,14 +505,6 @@ func (s *Store) migrateChunk(ctx context.Context, chunk []*move, rel *releases, 
 	return moved, dropped
 }
 
-// sendReleasesNow sends rel's releases under a cleanup context (they go
-// out even when ctx is done: the metadata no longer names them).
-func (s *Store) sendReleasesNow(ctx context.Context, rel *releases) {
-	cctx, cancel := cleanupCtx(ctx)
-	defer cancel()
-	s.sendReleases(cctx, rel)
-}
-
 // migrateSettle re-looks-up each move's target replica under its shard lock
 // and calls f; when f reports failure (or the target vanished) the target
 // is removed, the source kept (in modeOffload the whole object is

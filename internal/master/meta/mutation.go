@@ -356,6 +356,14 @@ func (s *Store) sendReleases(ctx context.Context, r *releases) {
 	})
 }
 
+// sendReleasesNow sends rel's releases under a cleanup context (they go
+// out even when ctx is done: the metadata no longer names them).
+func (s *Store) sendReleasesNow(ctx context.Context, rel *releases) {
+	cctx, cancel := cleanupCtx(ctx)
+	defer cancel()
+	s.sendReleases(cctx, rel)
+}
+
 // retryOwed sends again the releases owed on segments whose agent is
 // connected (one that answered but could not release them: a disk segment
 // whose journal failed for a while), and forgets those it takes. An owed

@@ -361,9 +361,7 @@ func (s *Store) putStartRound(ctx context.Context, specs []PutSpec, items []*put
 		m.commit()
 		shd.mu.Unlock()
 	})
-	cctx, cancel := cleanupCtx(ctx)
-	defer cancel()
-	s.sendReleases(cctx, rel)
+	s.sendReleasesNow(ctx, rel)
 }
 
 // placeLocked is phase 1 of one put.

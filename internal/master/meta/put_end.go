@@ -224,9 +224,7 @@ func (s *Store) BatchPutEnd(ctx context.Context, specs []PutEndSpec) []error {
 		m.commit()
 		shd.mu.Unlock()
 	})
-	cctx, cancel := cleanupCtx(ctx)
-	defer cancel()
-	s.sendReleases(cctx, rel)
+	s.sendReleasesNow(ctx, rel)
 	for _, it := range items {
 		res[it.i] = it.err
 	}

@@ -53,8 +53,6 @@ func (s *Store) BatchPutRevoke(ctx context.Context, specs []PutRevokeSpec) []err
 		m.commit()
 		shd.mu.Unlock()
 	})
-	cctx, cancel := cleanupCtx(ctx)
-	defer cancel()
-	s.sendReleases(cctx, rel)
+	s.sendReleasesNow(ctx, rel)
 	return res
 }

@@ -326,9 +326,7 @@ func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation,
 	for _, t := range acquired {
 		s.tenants.release(t)
 	}
-	cctx, cancel := cleanupCtx(ctx)
-	defer cancel()
-	s.sendReleases(cctx, rel)
+	s.sendReleasesNow(ctx, rel)
 	r.returned += len(out)
 	return out
 }

@@ -86,9 +86,7 @@ func (s *Store) BatchRemove(ctx context.Context, specs []RemoveSpec) []error {
 		m.commit()
 		shd.mu.Unlock()
 	})
-	cctx, cancel := cleanupCtx(ctx)
-	defer cancel()
-	s.sendReleases(cctx, rel)
+	s.sendReleasesNow(ctx, rel)
 	return res
 }
 
@@ -114,9 +112,7 @@ func (s *Store) removeEvery(ctx context.Context, t uint32, force bool) (removed,
 		m.commit()
 		shd.mu.Unlock()
 	}
-	cctx, cancel := cleanupCtx(ctx)
-	defer cancel()
-	s.sendReleases(cctx, rel)
+	s.sendReleasesNow(ctx, rel)
 	return removed, skipped
 }
 
@@ -270,11 +266,7 @@ type scanCursor struct {
 // current state.
 func (s *Store) scanRemove(ctx context.Context, t uint32, force bool, cur scanCursor, pre func(string) bool, rx *regexp.Regexp, insts int) (removed, skipped uint64, next string, err error) {
 	rel := &releases{}
-	defer func() {
-		cctx, cancel := cleanupCtx(ctx)
-		defer cancel()
-		s.sendReleases(cctx, rel)
-	}()
+	defer s.sendReleasesNow(ctx, rel)
 	name := s.tenants.get(t).name
 	sc := sampled(ctx)
 	var keys []string
