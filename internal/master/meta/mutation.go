@@ -368,24 +368,34 @@ func (s *Store) sendReleasesNow(ctx context.Context, rel *releases) {
 // connected (one that answered but could not release them: a disk segment
 // whose journal failed for a while), and forgets those it takes. An owed
 // release stays owed while it is in flight, so a reconcile meanwhile
-// still returns it rather than adopt it. A standby sends nothing.
+// still returns it rather than adopt it. Releases owed on a segment that is
+// gone are forgotten (mayReturnLocked): a detached segment past
+// detachedRetention. A standby sends nothing.
 func (s *Store) retryOwed(ctx context.Context) {
 	if s.following.Load() {
 		return
 	}
 	per := map[string][]*masterv1.AllocationRef{}
 	keys := map[string][]allocKey{}
+	forgot := 0
 	s.owedMu.Lock()
 	for k := range s.owed {
 		e := s.segs.get(k.seg)
 		sv, ok := s.reg.Segment(e.id)
 		if !ok || !sv.CanContinueCleanup() {
+			if !s.mayReturnLocked(k.seg) {
+				delete(s.owed, k)
+				forgot++
+			}
 			continue
 		}
 		per[sv.AgentID] = append(per[sv.AgentID], &masterv1.AllocationRef{SegmentId: e.id, AllocationId: k.alloc})
 		keys[sv.AgentID] = append(keys[sv.AgentID], k)
 	}
 	s.owedMu.Unlock()
+	if forgot > 0 {
+		s.lg.Info("forgot releases owed on segments that are gone", "allocations", forgot)
+	}
 	if len(per) == 0 {
 		return
 	}
@@ -449,13 +459,39 @@ func (s *Store) OwedReleases() int {
 
 // owe remembers allocations whose release could not be delivered, so that
 // the agent's next Reconcile returns them for release instead of adopting
-// them back (which would resurrect removed objects).
+// them back (which would resurrect removed objects). Nothing is owed on a
+// segment that is gone (mayReturnLocked).
 func (s *Store) owe(seg uint32, allocs []uint64) {
 	s.owedMu.Lock()
 	defer s.owedMu.Unlock()
+	if !s.mayReturnLocked(seg) {
+		return
+	}
 	for _, a := range allocs {
 		s.owed[allocKey{seg, a}] = struct{}{}
 	}
+}
+
+// mayReturnLocked reports whether segment idx may still hold allocations
+// a release is owed for: it is registered and not UNMOUNTED (its agent is
+// away or stalled, and reconciles or is unmounted), or it is detached and
+// may come back (tombstone.go). A segment past both is gone with its
+// allocations: a memory segment its agent registered without, a disk
+// segment detached longer than detachedRetention. A release owed on it
+// could be neither sent nor returned, and would stay owed for good (the
+// soak's "owes 83 releases at rest", after a release failed while its
+// agent restarted).
+//
+// owedMu is held (the registry's and the tombstones' locks are taken
+// under it). attach forgets a detachment, the segment already UNMOUNTED,
+// before it forgets the releases owed on the segment under owedMu: an owe
+// racing it lands before that and is forgotten with the rest, or finds
+// the segment gone.
+func (s *Store) mayReturnLocked(idx uint32) bool {
+	if sv, ok := s.reg.Segment(s.segs.get(idx).id); ok && sv.Lifecycle != masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_UNMOUNTED {
+		return true
+	}
+	return s.tombs.isDetached(idx)
 }
 
 // takeOwed reports whether k was owed, forgetting it.

@@ -4,8 +4,10 @@ import (
 	"context"
 	"log/slog"
 	"testing"
+	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/master/cluster"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 	"github.com/crescent-kv/crescent/internal/testutil"
 )
@@ -99,5 +101,77 @@ func TestRefusedReleasesLogged(t *testing.T) {
 	}
 	if n := logs.Count("agent took the releases it had refused"); n != 1 {
 		t.Fatalf("%d lines for the recovery, want 1:\n%s", n, logs.String())
+	}
+}
+
+// TestReleaseFailedAfterSegmentGone: a release that fails once its
+// memory segment is gone for good — the agent restarted meanwhile and
+// registered a new one, so the master dropped the old segment and, at the
+// reconcile, forgot it and what was owed on it — owes nothing: the
+// allocation went with the segment. Before, the failure was owed after
+// that forgetting, on a segment retryOwed skips, and stayed owed for good
+// (the soak's "the leader owes 83 releases at rest", every agent empty).
+func TestReleaseFailedAfterSegmentGone(t *testing.T) {
+	e := newEnv(t, 1, 1, 1<<20, Config{})
+	ctx := context.Background()
+	e.put(t, PutSpec{Key: "k", Size: 100})
+	old := segsOf(e.c, "agent-0")[0]
+	restarted := false
+	e.c.Agents.BeforeRelease = func() {
+		if restarted {
+			return
+		}
+		restarted = true
+		// The agent restarts while the release is on its way: its new
+		// instance registers a new memory segment, the old one is
+		// unmounted (dropped, then UNMOUNTED) and the reconcile forgets it.
+		e.c.Agents.Unmount(old.ID)
+		e.c.Reg.Add(cluster.Segment{ID: "seg-0-new", AgentID: "agent-0", HostID: old.HostID, DataEndpoint: old.DataEndpoint, Capacity: old.Capacity})
+		e.s.DropSegments(ctx, []string{old.ID})
+		if err := e.c.Reg.SetLifecycle(old.ID, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_UNMOUNTED); err != nil {
+			t.Fatal(err)
+		}
+		e.s.Reconcile(ctx, "agent-0", segsOf(e.c, "agent-0"), e.c.Agents.Table("agent-0"))
+		// The release, sent to the old instance, fails.
+		e.c.Agents.SetDown("agent-0", true)
+	}
+	if err := e.s.Remove(ctx, RemoveSpec{Key: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	e.c.Agents.SetDown("agent-0", false)
+	e.s.retryOwed(ctx)
+	if n := e.s.OwedReleases(); n != 0 {
+		t.Fatalf("OwedReleases = %d after the release failed on a segment that is gone, want 0", n)
+	}
+	if p := e.c.Agents.Problems(); len(p) != 0 {
+		t.Fatalf("agent problems: %v", p)
+	}
+}
+
+// TestOwedOnDetachedSegment: releases owed on a detached segment stay
+// owed while it may come back (a reconcile returns them rather than adopt
+// them), and are forgotten once it is forgotten (detachedRetention).
+func TestOwedOnDetachedSegment(t *testing.T) {
+	e := newEnv(t, 1, 1, 1<<20, Config{})
+	ctx := context.Background()
+	e.withDisk(0, 1<<20)
+	e.put(t, PutSpec{Key: "k", Size: 100, Medium: masterv1.Medium_MEDIUM_DISK})
+	e.c.Reg.SetHealth("disk-0", masterv1.SegmentHealth_SEGMENT_HEALTH_SUSPECTED)
+	if err := e.s.Remove(ctx, RemoveSpec{Key: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	e.s.DropSegments(ctx, []string{"disk-0"})
+	if err := e.c.Reg.SetLifecycle("disk-0", masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_UNMOUNTED); err != nil {
+		t.Fatal(err)
+	}
+	e.s.retryOwed(ctx)
+	if n := e.s.OwedReleases(); n != 1 {
+		t.Fatalf("OwedReleases = %d while the disk segment is detached, want 1", n)
+	}
+	e.clk.Advance(detachedRetention + time.Minute)
+	e.s.tombs.expire(e.s.nowMs())
+	e.s.retryOwed(ctx)
+	if n := e.s.OwedReleases(); n != 0 {
+		t.Fatalf("OwedReleases = %d once the detached segment is forgotten, want 0", n)
 	}
 }

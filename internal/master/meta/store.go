@@ -83,7 +83,8 @@ type Store struct {
 	// running or last drain.
 	undrains sync.Map
 
-	// owedMu guards owed: releases that could not be delivered (leaf lock).
+	// owedMu guards owed: releases that could not be delivered. Only the
+	// registry's and the tombstones' locks are taken under it.
 	owedMu sync.Mutex
 	owed   map[allocKey]struct{}
 	// refusing: agents whose last answer to owed releases refused some

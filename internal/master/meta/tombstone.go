@@ -151,6 +151,17 @@ func (t *tombstones) attach(agent string, idxs map[uint32]bool) (gone []uint32) 
 	return gone
 }
 
+// isDetached reports whether segment idx is detached.
+func (t *tombstones) isDetached(idx uint32) bool {
+	if !t.active.Load() {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.detached[idx]
+	return ok
+}
+
 // expire forgets the segments detached before nowMs-detachedRetention.
 func (t *tombstones) expire(nowMs int64) {
 	if !t.active.Load() {
