@@ -739,11 +739,11 @@ func (s *soak) drainCheck() {
 		lead := c.WaitLeader()
 		var lines []string
 		for _, l := range strings.Split(lead.Logs(), "\n") {
-			if strings.Contains(l, "owed") || strings.Contains(l, "dropped segments") || strings.Contains(l, "registered") || strings.Contains(l, "promot") {
+			if strings.Contains(l, "owed") || strings.Contains(l, "dropped segments") || strings.Contains(l, "unmount") || strings.Contains(l, "reconciled") || strings.Contains(l, "registered") || strings.Contains(l, "promot") {
 				lines = append(lines, l)
 			}
 		}
-		s.violation("the leader (%s) owes %v releases at rest; its log about them:\n%s", lead.Name, owed, tail(strings.Join(lines, "\n"), 60))
+		s.violation("the leader (%s) owes %v releases at rest; its log about them:\n%s", lead.Name, owed, tail(strings.Join(lines, "\n"), 150))
 	}
 	for _, p := range append(append([]*Proc{c.Gateway}, c.Agents...), c.Masters...) {
 		lg := p.Logs()
