@@ -257,20 +257,31 @@ func (s *soak) count(kind string, err error) {
 	}
 }
 
-// writeStart registers a write of (tenant, key); version is the put's
-// (0 for a remove).
-func (s *soak) writeStart(tenant, key string, version uint64, what string) (startSeq, starts uint64, alone bool) {
+// writeStart registers a write of (tenant, key) and returns its start
+// sequence, which is a put's version (put set): taken with the write's
+// registration, so a put started after a write was acknowledged has a
+// newer version than the floor that write set. (A version taken before,
+// as it was, could be older than a remove acknowledged before the put
+// started: a get of that put read "stale".) what describes the write
+// given its sequence.
+func (s *soak) writeStart(tenant, key string, put bool, what func(seq uint64) string) (startSeq, starts uint64, alone bool, desc string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := s.key(tenant, key)
 	alone = k.inflight == 0
 	k.inflight++
 	k.starts++
-	k.maxStarted = max(k.maxStarted, version)
 	startSeq = s.seq.Add(1)
-	k.note("start %s (seq %d, alone %v)", what, startSeq, alone)
-	return startSeq, k.starts, alone
+	if put {
+		k.maxStarted = max(k.maxStarted, startSeq)
+	}
+	desc = what(startSeq)
+	k.note("start %s (seq %d, alone %v)", desc, startSeq, alone)
+	return startSeq, k.starts, alone, desc
 }
+
+// same is a write's description whatever its sequence.
+func same(what string) func(uint64) string { return func(uint64) string { return what } }
 
 // applied: the write took effect for certain (acknowledged, or refused in a
 // way that says where the key stands). unknown: its effect is not known.
@@ -426,7 +437,7 @@ func (s *soak) removeMany(ctx context.Context, rng *rand.Rand, tenant string) {
 	}
 	st := make([]started, len(keys))
 	for i, k := range keys {
-		st[i].seq, st[i].starts, st[i].alone = s.writeStart(tenant, k, 0, what)
+		st[i].seq, st[i].starts, st[i].alone, _ = s.writeStart(tenant, k, false, same(what))
 	}
 	_, skipped, err := remove()
 	r := removeResult(err)
@@ -451,11 +462,12 @@ func (s *soak) worker(w int) {
 		switch op := rng.IntN(20); {
 		case op < 6: // put or upsert
 			upsert := op >= 4
-			version := s.seq.Add(1)
-			v := s.value(tenant, key, version, s.size(rng))
+			n := s.size(rng)
 			opts, desc := s.putOpts(rng, upsert)
-			what := fmt.Sprintf("put v%d (%d B, %s)", version, len(v), desc)
-			_, starts, alone := s.writeStart(tenant, key, version, what)
+			version, starts, alone, what := s.writeStart(tenant, key, true, func(v uint64) string {
+				return fmt.Sprintf("put v%d (%d B, %s)", v, n, desc)
+			})
+			v := s.value(tenant, key, version, n)
 			err := cl.Put(ctx, key, v, opts...)
 			s.writeEnd(tenant, key, version, starts, alone, putResult(err), what, err)
 			s.count(map[bool]string{false: "put", true: "upsert"}[upsert], err)
@@ -475,10 +487,12 @@ func (s *soak) worker(w int) {
 					k = fmt.Sprintf("k%03d", rng.IntN(soakKeys))
 				}
 				seen[k] = true
-				version := s.seq.Add(1)
-				items[i] = client.Item{Key: k, Data: s.value(tenant, k, version, soakHeader+rng.IntN(16<<10))}
-				whats[i] = fmt.Sprintf("batch put v%d (%d B, %s)", version, len(items[i].Data), desc)
-				_, starts, alone := s.writeStart(tenant, k, version, whats[i])
+				n := soakHeader + rng.IntN(16<<10)
+				version, starts, alone, what := s.writeStart(tenant, k, true, func(v uint64) string {
+					return fmt.Sprintf("batch put v%d (%d B, %s)", v, n, desc)
+				})
+				items[i] = client.Item{Key: k, Data: s.value(tenant, k, version, n)}
+				whats[i] = what
 				st[i] = started{version, starts, alone}
 			}
 			errs := cl.BatchPut(ctx, items, opts...)
@@ -507,7 +521,7 @@ func (s *soak) worker(w int) {
 		case op < 18:
 			force := rng.IntN(2) == 0
 			what := fmt.Sprintf("remove (force %v)", force)
-			startSeq, starts, alone := s.writeStart(tenant, key, 0, what)
+			startSeq, starts, alone, _ := s.writeStart(tenant, key, false, same(what))
 			err := cl.Remove(ctx, key, force)
 			s.writeEnd(tenant, key, startSeq, starts, alone, removeResult(err), what, err)
 			s.count("remove", err)
