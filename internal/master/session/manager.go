@@ -372,17 +372,21 @@ func (m *Manager) Connect(stream masterv1.SegmentService_ConnectServer) error {
 		return rpcerr.Status(err)
 	}
 	s := newSession(m, reg.AgentID, gen, ctx, cancel, stream)
-	if !m.install(s) {
+	installed := m.install(s)
+	// The segments this registration dropped are UNMOUNTING now, and no
+	// later registration lists them as the agent's: they are unmounted
+	// here even when a newer registration of the agent won the race to
+	// install (else they would stay UNMOUNTING, their replicas kept).
+	if len(gone) > 0 {
+		m.unmount(gone)
+	}
+	if !installed {
 		return errReplaced
 	}
 	defer m.end(s)
 	m.wg.Add(2)
 	go s.sendLoop()
 	go s.batchLoop()
-
-	if len(gone) > 0 {
-		m.unmount(gone)
-	}
 	segs := m.registeredSegments(reg)
 	r := first.GetRegister()
 	var release []*masterv1.AllocationRef
