@@ -43,7 +43,7 @@ func TestClusterLifecycle(t *testing.T) {
 	if err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("Get: %d bytes, %v", len(got), err)
 	}
-	testutil.Eventually(t, 10*time.Second, func() bool { return sub.Index().Len() > 0 }, "the gateway to announce k1")
+	testutil.Eventually(t, 30*time.Second, func() bool { return sub.Index().Len() > 0 }, "the gateway to announce k1")
 
 	// An agent leaves cleanly and comes back; the cluster keeps serving.
 	c.StopAgent(1)
@@ -56,7 +56,7 @@ func TestClusterLifecycle(t *testing.T) {
 	// A master restart loses no replica that a running agent still holds
 	// (k2 went to agent 0 alone; k1 may have left with agent 1's memory).
 	c.RestartMaster()
-	testutil.EventuallyNoError(t, 10*time.Second, func() error {
+	testutil.EventuallyNoError(t, 30*time.Second, func() error {
 		got, err := cl.Get(ctx, "k2")
 		if err != nil {
 			return err
