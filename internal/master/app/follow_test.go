@@ -335,3 +335,68 @@ func TestEndFollowingEndsEveryStream(t *testing.T) {
 		t.Fatal("EndFollowing still waiting 3s after the election: a follow stream was not ended")
 	}
 }
+
+// TestStandbyEndsFollowOfLostAgent: a standby whose sweep finds a followed
+// agent lost (no heartbeat within unmount-after: it stalled) unmounts its
+// segments, and ends its follow stream, as a leader ends a lost agent's
+// session. A stream that went on applied the agent's next deltas to
+// segments no longer mounted: objects the standby, once elected, listed
+// and never served (the soak, seed 41838869).
+func TestStandbyEndsFollowOfLostAgent(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.GRPCAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.HeartbeatInterval, cfg.SuspectAfter, cfg.UnmountAfter = 50*time.Millisecond, 100*time.Millisecond, 300*time.Millisecond
+	m, err := newStandbyMaster(cfg, testutil.Logger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.discard()
+	m.Sessions.SetStandby()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	masterv1.RegisterSegmentServiceServer(gs, &standbySegments{m: m.Sessions, notLeader: func() error { return nil }})
+	go func() { _ = gs.Serve(lis) }()
+	defer gs.Stop()
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	sweepCtx, stopSweep := context.WithCancel(ctx)
+	swept := make(chan struct{})
+	go func() { _ = m.Sessions.Run(sweepCtx); close(swept) }()
+	defer func() { stopSweep(); <-swept }()
+
+	a := followAgent{"agent-1", "seg-1"}
+	f, err := masterv1.NewSegmentServiceClient(cc).Follow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendAll(t, f, a.register(1, &masterv1.TablePosition{Instance: "i1", Version: 1}, false))
+	sendAll(t, f, a.table(a.alloc(1, "k1"))...)
+	if st := recv(t, f).GetSettings(); st == nil || !st.GetStandby() {
+		t.Fatalf("follow answer %v, want standby Settings", st)
+	}
+	// The agent stalls: no heartbeat. The sweep finds it lost.
+	got := make(chan error, 1)
+	go func() {
+		_, err := f.Recv()
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		if rpcerr.Reason(err) != "AGENT_UNAVAILABLE" {
+			t.Fatalf("the follow stream ended with %v, want AGENT_UNAVAILABLE", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the follow stream of an agent the standby found lost still runs 5 s later")
+	}
+	if o, _, _ := m.Store.Stats(); o != 0 {
+		t.Fatalf("%d objects on the standby after the agent was lost, want 0", o)
+	}
+}

@@ -32,6 +32,11 @@ const MaxDeltaChanges = 16384
 var errFollowEnded error = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_MASTER_IS_LEADER,
 	"this master was elected: it leads now and follows no agent; Connect to it")
 
+// errFollowStale ends a follow stream whose agent's segments were unmounted
+// since it registered.
+var errFollowStale error = rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE,
+	"follow: the agent's segments were unmounted since it registered; follow again with the whole table")
+
 func errIsLeader() error {
 	return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_MASTER_IS_LEADER,
 		"this master leads (or runs without election): only a standby is followed")
@@ -186,7 +191,11 @@ func (m *Manager) Follow(stream masterv1.SegmentService_FollowServer) error {
 		select {
 		case msg := <-recvc:
 			if err := m.followMessage(ctx, fm, img, reg.AgentID, gen, segs, msg); err != nil {
-				m.lg.Warn("agent follow protocol error", "agent_id", reg.AgentID, "err", err)
+				if err == errFollowStale {
+					m.lg.Info("agent follow ended: its segments were unmounted", "agent_id", reg.AgentID)
+				} else {
+					m.lg.Warn("agent follow protocol error", "agent_id", reg.AgentID, "err", err)
+				}
 				return rpcerr.Status(err)
 			}
 		case err := <-recvErr:
@@ -207,8 +216,14 @@ func (m *Manager) followMessage(ctx context.Context, fm cluster.FollowingMetadat
 	case *masterv1.ConnectRequest_TableDelta:
 		d := v.TableDelta
 		m.fmu.Lock()
-		at := img.version
+		at, bad := img.version, img.bad
 		m.fmu.Unlock()
+		if bad {
+			// Some of its segments were unmounted since the registration
+			// (their replicas dropped): the stream ends, and the agent
+			// follows again with its whole table.
+			return errFollowStale
+		}
 		if err := validateDelta(d, at, img.segs); err != nil {
 			return err
 		}
@@ -302,6 +317,21 @@ func (m *Manager) resumeRefusal(agentID string, pos *masterv1.TablePosition, seg
 	}
 	delete(m.images, agentID)
 	return ""
+}
+
+// endFollowOf ends agentID's follow stream, if one runs. A standby's sweep
+// ends the stream of an agent it found lost, as a leader's ends its
+// session: the sweep unmounted the agent's segments and dropped their
+// replicas, and a stream that went on (the agent only stalled) would apply
+// its next deltas to segments no longer mounted — replicas no registration
+// would drop again, listed after an election but never readable (the
+// soak's "listed by the leader but unreadable", seed 41838869).
+func (m *Manager) endFollowOf(agentID string, cause error) {
+	m.fmu.Lock()
+	defer m.fmu.Unlock()
+	if img := m.images[agentID]; img != nil && img.live {
+		img.cancel(cause)
+	}
 }
 
 // forgetImages marks the images of agents whose segments were unmounted:

@@ -325,10 +325,13 @@ func (m *Manager) uninstall(s *session) {
 	m.met.sessions.Set(float64(n))
 }
 
+// closeSession ends the agent's session, and on a standby its follow
+// stream: the agent registers again, with its whole table.
 func (m *Manager) closeSession(agentID string, cause error) {
 	if s := m.session(agentID); s != nil {
 		s.cancel(cause)
 	}
+	m.endFollowOf(agentID, cause)
 }
 
 // Connected reports whether the agent has a live session.
