@@ -29,6 +29,24 @@ func (s *Store) SetFollowing(on bool) { s.following.Store(on) }
 // streams ended, before the leader serves.
 func (s *Store) Promote(id cluster.Identity) {
 	s.id = id
+	// No replica may live on a segment that is not mounted. A delta the
+	// standby applied after the segment was unmounted (its agent found
+	// lost while the follow stream went on; the stream now ends first,
+	// session.endFollowOf) would leave objects the leader lists and never
+	// serves, on a segment no registration drops again.
+	var ghosts []string
+	for _, e := range s.segs.all() {
+		if e.replicas.Load() == 0 {
+			continue
+		}
+		if sv, ok := s.reg.Segment(e.id); !ok || sv.Lifecycle == masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_UNMOUNTED {
+			ghosts = append(ghosts, e.id)
+		}
+	}
+	if len(ghosts) > 0 {
+		s.lg.Warn("replicas on unmounted segments dropped at promotion", "segment_ids", ghosts)
+		s.DropSegments(context.Background(), ghosts)
+	}
 	// A following store keeps no blanks (takeBlank, refillBlanks); none
 	// made under another term may survive into this one.
 	for _, e := range s.segs.all() {

@@ -156,6 +156,40 @@ func TestFollowOwesLosers(t *testing.T) {
 	}
 }
 
+// TestPromoteDropsReplicasOnUnmountedSegments: a delta applied after its
+// segment was unmounted (the standby's sweep found the agent lost while
+// its follow stream went on) left replicas on a segment no registration
+// drops again: listed after the election, never readable. Promote drops
+// them.
+func TestPromoteDropsReplicasOnUnmountedSegments(t *testing.T) {
+	e := newEnv(t, 2, 1, 1<<20, Config{Shards: 4})
+	ctx := context.Background()
+	e.s.SetFollowing(true)
+	segs := e.c.Reg.Segments()
+	a0, a1 := segs[0], segs[1]
+	mk := func(sg cluster.Segment, id uint64, key string) *masterv1.Allocation {
+		return &masterv1.Allocation{SegmentId: sg.ID, AllocationId: id, Offset: id * 64, Size: 10,
+			State: masterv1.AllocationState_ALLOCATION_STATE_SEALED, Key: key, Checksum: 100 + id, SealedUnixMs: int64(id)}
+	}
+	e.s.FollowDelta(ctx, a0.AgentID, []cluster.Segment{a0}, []*masterv1.Allocation{mk(a0, 1, "lost")}, nil)
+	e.s.FollowDelta(ctx, a1.AgentID, []cluster.Segment{a1}, []*masterv1.Allocation{mk(a1, 1, "kept")}, nil)
+	e.s.DropSegments(ctx, []string{a0.ID})
+	if err := e.c.Reg.SetLifecycle(a0.ID, masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_UNMOUNTED); err != nil {
+		t.Fatal(err)
+	}
+	e.s.FollowDelta(ctx, a0.AgentID, []cluster.Segment{a0}, []*masterv1.Allocation{mk(a0, 2, "ghost")}, nil)
+	if o, _, _ := e.s.Stats(); o != 2 {
+		t.Fatalf("%d objects before the promotion, want 2 (kept, and the ghost on the unmounted segment)", o)
+	}
+	e.s.Promote(cluster.Identity{MasterID: "m2", Epoch: 43, Keys: token.NewRing(0, nil)})
+	if o, _, _ := e.s.Stats(); o != 1 {
+		t.Fatalf("%d objects after the promotion, want 1 (kept)", o)
+	}
+	if ok, err := e.s.Exist(ctx, DefaultTenant, "kept"); err != nil || !ok {
+		t.Fatalf("Exist(kept) = %v, %v", ok, err)
+	}
+}
+
 func segIDs(segs []cluster.Segment) []string {
 	out := make([]string, len(segs))
 	for i, s := range segs {
