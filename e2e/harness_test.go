@@ -456,9 +456,15 @@ func StartCluster(t testing.TB, o Options) *Cluster {
 			}
 		}
 		if t.Failed() {
+			dir := os.Getenv("CRESCENT_E2E_LOGS") // keep every process's whole log there
 			for _, p := range procs {
 				if p != nil {
 					t.Logf("==== %s log (tail)\n%s", p.Name, tail(p.Logs(), 60))
+					if dir != "" {
+						if err := os.WriteFile(filepath.Join(dir, p.Name+".log"), []byte(p.Logs()), 0o644); err != nil {
+							t.Logf("keep %s's log: %v", p.Name, err)
+						}
+					}
 				}
 			}
 		}
