@@ -299,29 +299,11 @@ func TestStandbyMetrics(t *testing.T) {
 func TestEndFollowingEndsEveryStream(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.GRPCAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0"
-	m, err := newStandbyMaster(cfg, testutil.Logger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.discard()
-	m.Sessions.SetStandby()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	masterv1.RegisterSegmentServiceServer(gs, &standbySegments{m: m.Sessions, notLeader: func() error { return nil }})
-	go func() { _ = gs.Serve(lis) }()
-	defer gs.Stop()
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	m, seg := serveStandby(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	// A stream that has sent nothing yet: its handler waits for a Register.
-	f, err := masterv1.NewSegmentServiceClient(cc).Follow(ctx)
+	f, err := seg.Follow(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,25 +328,7 @@ func TestStandbyEndsFollowOfLostAgent(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.GRPCAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.HeartbeatInterval, cfg.SuspectAfter, cfg.UnmountAfter = 50*time.Millisecond, 100*time.Millisecond, 300*time.Millisecond
-	m, err := newStandbyMaster(cfg, testutil.Logger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.discard()
-	m.Sessions.SetStandby()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	masterv1.RegisterSegmentServiceServer(gs, &standbySegments{m: m.Sessions, notLeader: func() error { return nil }})
-	go func() { _ = gs.Serve(lis) }()
-	defer gs.Stop()
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	m, seg := serveStandby(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	sweepCtx, stopSweep := context.WithCancel(ctx)
@@ -373,7 +337,7 @@ func TestStandbyEndsFollowOfLostAgent(t *testing.T) {
 	defer func() { stopSweep(); <-swept }()
 
 	a := followAgent{"agent-1", "seg-1"}
-	f, err := masterv1.NewSegmentServiceClient(cc).Follow(ctx)
+	f, err := seg.Follow(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -399,4 +363,31 @@ func TestStandbyEndsFollowOfLostAgent(t *testing.T) {
 	if o, _, _ := m.Store.Stats(); o != 0 {
 		t.Fatalf("%d objects on the standby after the agent was lost, want 0", o)
 	}
+}
+
+// serveStandby starts a standby's master on cfg and serves its
+// SegmentService as standBy does (Connect refused without a leader's
+// address); the test's cleanup stops them.
+func serveStandby(t *testing.T, cfg Config) (*Master, masterv1.SegmentServiceClient) {
+	t.Helper()
+	m, err := newStandbyMaster(cfg, testutil.Logger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.discard)
+	m.Sessions.SetStandby()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	masterv1.RegisterSegmentServiceServer(gs, &standbySegments{m: m.Sessions, notLeader: func() error { return nil }})
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	return m, masterv1.NewSegmentServiceClient(cc)
 }
