@@ -256,6 +256,9 @@ func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation,
 		}
 		items = append(items, reconcileItem{a: a, seg: segIdx, tenant: tenantID, shard: s.shardIndex(tenantID, a.GetKey())})
 	}
+	if h := s.hooks.beforeAdopt; h != nil {
+		h()
+	}
 	rel := &releases{}
 	// Room in an empty shard map for this table and as much again (the
 	// other agents rebuilding at once), so a rebuild does not grow the maps
@@ -309,6 +312,15 @@ func (r *reconcileRun) apply(ctx context.Context, allocs []*masterv1.Allocation,
 				shd.tenants[it.tenant] = newObjMap(presize)
 			}
 			if track && !r.claimLocked(m, it) || r.skipHeld && r.heldLocked(m, it) {
+				continue
+			}
+			// Checked again under the shard lock, under which a removal
+			// records its tombstone: a client removal of the key between
+			// the check above and this lock found the object without this
+			// replica, and its tombstone is all that is left of it (the
+			// soak read a removed key back after its agent returned).
+			if s.tombs.removedSince(it.seg, NormalizeTenant(it.a.GetTenant()), it.a.GetKey(), it.a.GetHardPin()) {
+				ref(it.seg, it.a.GetAllocationId())
 				continue
 			}
 			one[0] = it.a

@@ -327,4 +327,7 @@ type storeHooks struct {
 	// is locked: in RemoveAll after its removal pass, in Snapshot after
 	// its argument checks.
 	beforeLockAll func()
+	// beforeAdopt runs in a reconcile's apply between its checks of each
+	// allocation and its adoptions under the shard locks.
+	beforeAdopt func()
 }

@@ -288,3 +288,33 @@ func TestRemovedByPatternWhileDetached(t *testing.T) {
 		}
 	}
 }
+
+// TestRemovedDuringReconcile: a client removes a key while the detached
+// segment that holds a copy of it is being reconciled back, after the
+// reconcile checked that key's tombstones and before it adopted the copy
+// (the soak, seed 653709438: an agent frozen past the unmount window came
+// back while the key, with a replica on another agent, was removed). The
+// removal found the object without the detached copy and recorded a
+// tombstone; the reconcile must honour it under the shard lock.
+func TestRemovedDuringReconcile(t *testing.T) {
+	e := newEnv(t, 2, 1, 1<<20, Config{})
+	ctx := context.Background()
+	e.put(t, PutSpec{Key: "k", Size: 100, ReplicaNum: 2})
+	segs := segsOf(e.c, "agent-0")
+	table := e.c.Agents.Table("agent-0")
+	e.s.DropSegments(ctx, []string{segs[0].ID}) // detached; "k" keeps its other replica
+	e.clk.Advance(time.Second)
+	e.s.hooks.beforeAdopt = func() {
+		e.s.hooks.beforeAdopt = nil
+		if err := e.s.Remove(ctx, RemoveSpec{Key: "k"}); err != nil {
+			t.Errorf("remove during the reconcile: %v", err)
+		}
+	}
+	back := e.s.Reconcile(ctx, "agent-0", segs, table)
+	if ok, _ := e.s.Exist(ctx, DefaultTenant, "k"); ok {
+		t.Fatal("the key removed during the reconcile exists after it: adopted back from the returning segment")
+	}
+	if len(back) != 1 {
+		t.Fatalf("the reconcile returned %d allocations, want the removed key's copy", len(back))
+	}
+}
