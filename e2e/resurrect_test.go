@@ -51,3 +51,49 @@ func TestRemovedWhileDiskAgentAway(t *testing.T) {
 		}
 	}
 }
+
+// TestRemovedWhileAgentAwayAcrossFailover: as TestRemovedWhileDiskAgentAway,
+// with three masters on etcd, and the leader killed before agent-a comes
+// back. The standbys follow the agents' tables, not the leader's
+// removals: they still held both objects on agent-a's disk segment, and the
+// new leader adopted them back when agent-a registered. The leader now
+// records agent-a's segment in etcd as unsettled before it acknowledges
+// either removal, and the new leader distrusts it (meta/unsettled.go).
+func TestRemovedWhileAgentAwayAcrossFailover(t *testing.T) {
+	c := StartCluster(t, Options{Masters: 3, Agents: 2, Disk: true,
+		MasterFlags: []string{"--etcd-lease-ttl", "2s", "--recovery-grace", "500ms"}})
+	cl := c.Client("default")
+	ctx := ctxT(t, 2*time.Minute)
+	disk := client.WithMedium(masterv1.Medium_MEDIUM_DISK)
+	for _, k := range []string{"early", "late", "kept"} {
+		if err := cl.Put(ctx, k, randBytes(t, 1000), disk, client.WithReplicas(2)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	agentA := c.Agents[0]
+	agentA.Kill()
+	if err := cl.Remove(ctx, "early", true); err != nil { // its release at agent-a owed
+		t.Fatal(err)
+	}
+	// Past --unmount-after (3 s): agent-a's segments are detached, and
+	// this removal is a tombstone.
+	time.Sleep(5 * time.Second)
+	if err := cl.Remove(ctx, "late", true); err != nil {
+		t.Fatal(err)
+	}
+	old := c.WaitLeader()
+	old.Kill()
+	testutil.Eventually(t, 30*time.Second, func() bool { l := c.Leader(); return l != nil && l != old }, "a new leader")
+	agentA.Restart()
+	c.WaitSegments(4)
+	testutil.EventuallyNoError(t, 30*time.Second, func() error {
+		_, err := cl.Get(ctx, "kept")
+		return err
+	})
+	time.Sleep(time.Second)
+	for _, k := range []string{"early", "late"} {
+		if _, err := cl.Get(ctx, k); rpcerr.Reason(err) != "OBJECT_NOT_FOUND" {
+			t.Errorf("Get %s, removed while agent-a was away, after a failover and its return = %v; want OBJECT_NOT_FOUND", k, err)
+		}
+	}
+}

@@ -552,13 +552,14 @@ func newMaster(cfg Config, lg *slog.Logger, epoch uint64, opts ...grpc.ServerOpt
 	return m, nil
 }
 
-// Run serves until ctx ends, then stops the server (which ends the agent
-// sessions), the sessions and the store.
 // promote makes a standby's master the leader's under the term's epoch:
-// the store keeps the objects it followed and starts its change log over
-// in that epoch, and the sessions stamp it on Settings and commands.
-func (m *Master) promote(epoch uint64) {
+// the store keeps the objects it followed, but none on the segments an
+// earlier leader left unsettled (meta.Store.Distrust), and starts its
+// change log over in that epoch; the sessions stamp the epoch on Settings
+// and commands.
+func (m *Master) promote(epoch uint64, unsettled []meta.UnsettledSegment) {
 	m.Identity.Epoch = epoch
+	m.Store.Distrust(unsettled)
 	m.Store.Promote(m.Identity)
 	m.Sessions.SetEpoch(epoch)
 }
@@ -574,6 +575,8 @@ func (m *Master) discard() {
 // streamWorkersPerCPU sizes the master's gRPC stream workers.
 const streamWorkersPerCPU = 4
 
+// Run serves until ctx ends, then stops the server (which ends the agent
+// sessions), the sessions and the store.
 func (m *Master) Run(ctx context.Context) error {
 	if err := m.Server.Listen(); err != nil {
 		m.Server.GRPC.Stop() // never served: this ends its stream workers

@@ -165,7 +165,7 @@ func TestWarmStandbyResumes(t *testing.T) {
 		t.Fatalf("follow stream after the election: %v, want MASTER_IS_LEADER", err)
 	}
 	gs.Stop()
-	m.promote(42)
+	m.promote(42, nil)
 	if m.Store.Epoch() != 42 || m.Store.Log().Epoch() != 42 || m.Store.Log().Head() != 0 {
 		t.Fatalf("promoted store: epoch %d, log epoch %d head %d; want 42, 42, 0", m.Store.Epoch(), m.Store.Log().Epoch(), m.Store.Log().Head())
 	}

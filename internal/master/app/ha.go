@@ -16,6 +16,7 @@ import (
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/master/ha"
+	"github.com/crescent-kv/crescent/internal/master/meta"
 	"github.com/crescent-kv/crescent/internal/master/session"
 	"github.com/crescent-kv/crescent/internal/retry"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
@@ -168,8 +169,20 @@ func runHA(ctx context.Context, cfg Config, lg *slog.Logger) error {
 			}
 			continue
 		}
+		unsettled, err := readUnsettled(ctx, term)
+		if err != nil {
+			// Not knowing which segments to distrust, it must not serve
+			// (a removal an earlier leader acknowledged could come back).
+			term.Resign(context.WithoutCancel(ctx))
+			lg.Warn("elected, but the unsettled segments are unreadable; campaigning again", "err", err)
+			if backoff.Wait(ctx) != nil {
+				return nil
+			}
+			continue
+		}
 		backoff.Reset()
-		m.promote(term.Epoch)
+		m.promote(term.Epoch, unsettled)
+		m.Store.SetLedger(termLedger{term}, unsettled)
 		valid := term.Valid
 		gate.valid.Store(&valid)
 		err = lead(ctx, cfg, lg, term, m)
@@ -182,6 +195,38 @@ func runHA(ctx context.Context, cfg Config, lg *slog.Logger) error {
 		lg.Error("master lost leadership; standing by", "epoch", term.Epoch, "err", err)
 	}
 	return nil
+}
+
+// readUnsettled reads the segments earlier leaders recorded as unsettled
+// (ha/unsettled.go), as meta's.
+func readUnsettled(ctx context.Context, term *ha.Term) ([]meta.UnsettledSegment, error) {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	recs, err := term.Unsettled(rctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]meta.UnsettledSegment, len(recs))
+	for i, r := range recs {
+		out[i] = meta.UnsettledSegment{ID: r.ID, Agent: r.Agent, Memory: r.Memory}
+	}
+	return out, nil
+}
+
+// termLedger records a leader's unsettled segments in etcd under its term
+// (meta.Ledger).
+type termLedger struct{ t *ha.Term }
+
+func (l termLedger) Record(ctx context.Context, segs []meta.UnsettledSegment) error {
+	recs := make([]ha.UnsettledSegment, len(segs))
+	for i, s := range segs {
+		recs[i] = ha.UnsettledSegment{ID: s.ID, Agent: s.Agent, Memory: s.Memory}
+	}
+	return l.t.SetUnsettled(ctx, recs, nil)
+}
+
+func (l termLedger) Forget(ctx context.Context, ids []string) error {
+	return l.t.SetUnsettled(ctx, nil, ids)
 }
 
 // newStandbyMaster builds the master a standby keeps warm for the next

@@ -470,6 +470,7 @@ func (s *Store) owe(seg uint32, allocs []uint64) {
 	for _, a := range allocs {
 		s.owed[allocKey{seg, a}] = struct{}{}
 	}
+	s.markUnsettled(seg) // after the owe is visible (syncUnsettled)
 }
 
 // mayReturnLocked reports whether segment idx may still hold allocations

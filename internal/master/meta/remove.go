@@ -87,6 +87,16 @@ func (s *Store) BatchRemove(ctx context.Context, specs []RemoveSpec) []error {
 		shd.mu.Unlock()
 	})
 	s.sendReleasesNow(ctx, rel)
+	if err := s.settle(ctx); err != nil {
+		// Removed here, but a failover could bring them back
+		// (unsettled.go); not found here, but a detached segment's
+		// copy could come back.
+		for i, e := range res {
+			if e == nil || rpcerr.Reason(e) == "OBJECT_NOT_FOUND" {
+				res[i] = err
+			}
+		}
+	}
 	return res
 }
 
@@ -131,6 +141,7 @@ func (s *Store) RemoveAll(ctx context.Context, tenant string, force bool) (remov
 	if len(tenant) > MaxTenantLen {
 		return 0, 0, errInvalid("tenant must be at most %d bytes", MaxTenantLen)
 	}
+	defer s.settleInto(ctx, &err)
 	// Before the lookup: a tenant whose objects all live on detached
 	// segments has left the table, and its keys must not come back.
 	s.tombs.recordPattern(tenant, "", nil, s.nowMs(), force)
@@ -187,6 +198,7 @@ func (s *Store) RemoveByPrefix(ctx context.Context, tenant, prefix string, force
 	if err != nil {
 		return 0, 0, "", err
 	}
+	defer s.settleInto(ctx, &err)
 	s.tombs.recordPattern(tenant, prefix, nil, s.nowMs(), force) // as RemoveAll's
 	t, ok := s.tenants.lookup(tenant)
 	if !ok {
@@ -234,6 +246,7 @@ func (s *Store) RemoveByRegex(ctx context.Context, tenant, re string, force bool
 	if err != nil {
 		return 0, 0, "", err
 	}
+	defer s.settleInto(ctx, &err)
 	s.tombs.recordPattern(tenant, "", rx, s.nowMs(), force) // as RemoveAll's
 	t, ok := s.tenants.lookup(tenant)
 	if !ok {

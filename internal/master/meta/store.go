@@ -84,7 +84,7 @@ type Store struct {
 	undrains sync.Map
 
 	// owedMu guards owed: releases that could not be delivered. Only the
-	// registry's and the tombstones' locks are taken under it.
+	// registry's, the tombstones' and unset.mu are taken under it.
 	owedMu sync.Mutex
 	owed   map[allocKey]struct{}
 	// refusing: agents whose last answer to owed releases refused some
@@ -93,6 +93,9 @@ type Store struct {
 	// tombs holds clients' removals while a disk segment is detached
 	// (tombstone.go).
 	tombs tombstones
+	// unset records in etcd the segments a failover must distrust
+	// (unsettled.go).
+	unset unsettled
 	// following: a warm standby's store (follow.go); releases are owed,
 	// never sent.
 	following atomic.Bool
@@ -297,6 +300,7 @@ func (s *Store) Run(ctx context.Context) error {
 			s.expirePuts(ctx)
 			s.retryOwed(ctx)
 			s.tombs.expire(s.nowMs())
+			s.syncUnsettled(ctx)
 			continue
 		case <-t.C:
 		case <-s.evictKick:

@@ -41,7 +41,8 @@ import (
 // crescent_master_removal_tombstones_dropped_total, not recorded), and a
 // segment detached for longer than detachedRetention is forgotten (its
 // return may bring back objects removed meanwhile). Memory only: a new
-// leader after a failover has none.
+// leader after a failover has none, and distrusts instead every segment an
+// earlier leader recorded in etcd as unsettled (unsettled.go).
 const (
 	maxTombstones     = 1 << 18
 	maxPatternTombs   = 1024
@@ -104,6 +105,9 @@ type detachedSeg struct {
 	atMs   int64  // when it was dropped
 	agent  string // the agent it belonged to
 	memory bool
+	// all: every key counts as removed (Distrust: an earlier leader left
+	// the segment unsettled, and its removals are unknown here).
+	all bool
 }
 
 type tombstones struct {
@@ -125,8 +129,51 @@ func (t *tombstones) detach(idx uint32, nowMs int64, agent string, memory bool) 
 	if t.detached == nil {
 		t.detached = map[uint32]detachedSeg{}
 	}
-	t.detached[idx] = detachedSeg{atMs: nowMs, agent: agent, memory: memory}
+	all := t.detached[idx].all // a distrusted segment stays so until it registers
+	t.detached[idx] = detachedSeg{atMs: nowMs, agent: agent, memory: memory, all: all}
 	t.active.Store(true)
+}
+
+// distrust detaches segment idx with every key removed: a newly elected
+// leader's segment that an earlier leader left unsettled (unsettled.go).
+// Its next registration ends it, as any detachment's; until then no sealed
+// allocation on it is adopted. A live segment too: its agent's first
+// registration with this leader comes before anything is placed on it
+// (blanks and spares do not survive a promotion), so every allocation it
+// lists was sealed under an earlier leader.
+func (t *tombstones) distrust(idx uint32, nowMs int64, agent string, memory bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.detached == nil {
+		t.detached = map[uint32]detachedSeg{}
+	}
+	t.detached[idx] = detachedSeg{atMs: nowMs, agent: agent, memory: memory, all: true}
+	t.active.Store(true)
+}
+
+// detachedInfo returns segment idx's detachment, if it is detached.
+func (t *tombstones) detachedInfo(idx uint32) (detachedSeg, bool) {
+	if !t.active.Load() {
+		return detachedSeg{}, false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	d, ok := t.detached[idx]
+	return d, ok
+}
+
+// detachedSet returns the detached segments (a new map).
+func (t *tombstones) detachedSet() map[uint32]bool {
+	out := map[uint32]bool{}
+	if !t.active.Load() {
+		return out
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for idx := range t.detached {
+		out[idx] = true
+	}
+	return out
 }
 
 // attach ends the detachment of the segments agent registered (idxs: all
@@ -250,9 +297,9 @@ func (t *tombstones) removedSince(idx uint32, tenant, key string, hardPin bool) 
 	cands := buf[:0]
 	t.mu.Lock()
 	d, ok := t.detached[idx]
-	if !ok {
+	if !ok || d.all {
 		t.mu.Unlock()
-		return false
+		return ok
 	}
 	if r, ok := t.removed[tombKey{tenant, key}]; ok && r.covers(d.atMs, hardPin) {
 		t.mu.Unlock()

@@ -1,0 +1,307 @@
+package meta
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/rpcerr"
+)
+
+// Unsettled segments: removals a failover must not undo.
+//
+// A removal this leader could not carry out at an agent leaves the
+// allocation in the agent's table: a release owed (the agent unreachable,
+// or refusing), or a tombstone (the segment detached, tombstone.go). Both
+// live only in this process. The standbys follow the agents' tables, so
+// they still hold such an allocation, and a new leader would serve the
+// object again: a removed object back after a failover.
+//
+// So a segment on which something is owed, or which is detached, is
+// unsettled, and a leader with a Ledger (HA: its etcd term) records it
+// there before it acknowledges a removal (settle: one writer at a time,
+// so a burst of removals shares one write; nothing to write once the
+// segment is recorded, the common case). The sweep removes the records of
+// segments settled again (syncUnsettled). A new leader reads the records
+// before it serves and distrusts those segments (Distrust): it owes the
+// release of every replica it holds there and returns, never adopts, any
+// other sealed allocation their agent lists, until the agent registers.
+// Objects whose removal the old leader may have acknowledged are lost
+// to the cache rather than served again.
+
+// UnsettledSegment names a segment that may hold allocations of objects
+// a leader removed (ha's record).
+type UnsettledSegment struct {
+	ID     string
+	Agent  string
+	Memory bool
+}
+
+// Ledger keeps the unsettled segments outside the process (a leader's
+// etcd term). Both calls write only while the caller leads.
+type Ledger interface {
+	Record(ctx context.Context, segs []UnsettledSegment) error
+	Forget(ctx context.Context, ids []string) error
+}
+
+// settleTimeout bounds one write to the ledger on a removal's path.
+const settleTimeout = 5 * time.Second
+
+type unsettled struct {
+	ledger Ledger // set once before the leader serves (SetLedger)
+	// dirty is set while pending is not empty: settle has work.
+	dirty atomic.Bool
+	// writeMu: one ledger write at a time. A caller that waited for it
+	// finds its segments written by the one before.
+	writeMu sync.Mutex
+	// mu guards recorded and pending (a leaf lock; taken under owedMu).
+	mu       sync.Mutex
+	recorded map[uint32]bool // in the ledger
+	pending  map[uint32]bool // unsettled, not in the ledger yet
+}
+
+// SetLedger makes the store record unsettled segments in l, those of recorded
+// being there already (Distrust's). Call it once, before the leader serves.
+func (s *Store) SetLedger(l Ledger, recorded []UnsettledSegment) {
+	u := &s.unset
+	now := s.unsettledNow() // before mu: owedMu is taken before it
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.ledger = l
+	u.recorded = make(map[uint32]bool, len(recorded))
+	for _, sg := range recorded {
+		if idx, ok := s.segs.lookup(sg.ID); ok {
+			u.recorded[idx] = true
+		}
+	}
+	// What became unsettled before (a standby's owed releases, the
+	// distrusted segments) is recorded at the first settle.
+	for idx := range now {
+		if !u.recorded[idx] {
+			u.markLocked(idx)
+		}
+	}
+}
+
+// markUnsettled notes that segment idx is unsettled (something owed on
+// it, or detached): the next settle records it. Call it after the owe or
+// the detachment is visible (syncUnsettled checks those again after it
+// stops trusting a record).
+func (s *Store) markUnsettled(idx uint32) {
+	u := &s.unset
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.ledger != nil && !u.recorded[idx] {
+		u.markLocked(idx)
+	}
+}
+
+func (u *unsettled) markLocked(idx uint32) {
+	if u.pending == nil {
+		u.pending = map[uint32]bool{}
+	}
+	u.pending[idx] = true
+	u.dirty.Store(true)
+}
+
+// settle records the unsettled segments not yet in the ledger. A removal
+// calls it before it answers: an error means the removal may not survive a
+// failover, and is answered NOT_LEADER (the ledger refuses a leader whose
+// term ended, and one that cannot reach etcd loses its term soon).
+func (s *Store) settle(ctx context.Context) error {
+	u := &s.unset
+	if !u.dirty.Load() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	u.writeMu.Lock()
+	defer u.writeMu.Unlock()
+	u.mu.Lock()
+	idxs := make([]uint32, 0, len(u.pending))
+	for idx := range u.pending {
+		idxs = append(idxs, idx)
+	}
+	u.mu.Unlock()
+	if len(idxs) == 0 {
+		return nil
+	}
+	// A segment gone meanwhile (neither registered nor detached) needs
+	// no record: nothing of it can come back.
+	segs := make([]UnsettledSegment, 0, len(idxs))
+	for _, idx := range idxs {
+		if sg, ok := s.unsettledInfo(idx); ok {
+			segs = append(segs, sg)
+		}
+	}
+	if len(segs) > 0 {
+		if err := u.ledger.Record(ctx, segs); err != nil {
+			return rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_NOT_LEADER, err,
+				"the removal is done here but not recorded in etcd, and a new leader could serve the object again: %v", err)
+		}
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, idx := range idxs {
+		delete(u.pending, idx)
+	}
+	for _, sg := range segs {
+		if idx, ok := s.segs.lookup(sg.ID); ok {
+			u.recorded[idx] = true
+		}
+	}
+	u.dirty.Store(len(u.pending) > 0)
+	return nil
+}
+
+// settleInto settles before a removal answers, unless *err is set
+// already: defer s.settleInto(ctx, &err).
+func (s *Store) settleInto(ctx context.Context, err *error) {
+	if *err == nil {
+		*err = s.settle(ctx)
+	}
+}
+
+// unsettledInfo describes segment idx for its record; false once it is
+// gone (neither registered nor detached: nothing of it can come back).
+func (s *Store) unsettledInfo(idx uint32) (UnsettledSegment, bool) {
+	id := s.segs.get(idx).id
+	if sv, ok := s.reg.Segment(id); ok && sv.Lifecycle != masterv1.SegmentLifecycle_SEGMENT_LIFECYCLE_UNMOUNTED {
+		return UnsettledSegment{ID: id, Agent: sv.AgentID, Memory: sv.Medium != masterv1.Medium_MEDIUM_DISK}, true
+	}
+	if d, ok := s.tombs.detachedInfo(idx); ok {
+		return UnsettledSegment{ID: id, Agent: d.agent, Memory: d.memory}, true
+	}
+	return UnsettledSegment{}, false
+}
+
+// unsettledNow returns the segments on which a release is owed or that are
+// detached.
+func (s *Store) unsettledNow() map[uint32]bool {
+	now := s.tombs.detachedSet()
+	s.owedMu.Lock()
+	for k := range s.owed {
+		now[k.seg] = true
+	}
+	s.owedMu.Unlock()
+	return now
+}
+
+// syncUnsettled brings the ledger up to date, in the leader's sweep:
+// records what is pending, and removes the records of segments settled
+// again. A record stops counting (recorded cleared) before the segments
+// are checked again and before it is removed, so an owe or a detachment
+// racing the sweep either shows in the check (the record stays) or
+// finds the segment unrecorded and records it again (after this write,
+// which holds writeMu).
+func (s *Store) syncUnsettled(ctx context.Context) {
+	u := &s.unset
+	u.mu.Lock()
+	on := u.ledger != nil
+	u.mu.Unlock()
+	if !on || s.following.Load() {
+		return
+	}
+	if err := s.settle(ctx); err != nil {
+		s.lg.Warn("unsettled segments not recorded in etcd; removals wait for it", "err", err)
+		return
+	}
+	u.writeMu.Lock()
+	defer u.writeMu.Unlock()
+	now := s.unsettledNow()
+	u.mu.Lock()
+	var cands []uint32
+	for idx := range u.recorded {
+		if !now[idx] {
+			cands = append(cands, idx)
+			delete(u.recorded, idx)
+		}
+	}
+	u.mu.Unlock()
+	if len(cands) == 0 {
+		return
+	}
+	now = s.unsettledNow()
+	var ids []string
+	var settled []uint32
+	u.mu.Lock()
+	for _, idx := range cands {
+		if now[idx] {
+			u.recorded[idx] = true // unsettled again meanwhile: keep the record
+			continue
+		}
+		ids = append(ids, s.segs.get(idx).id)
+		settled = append(settled, idx)
+	}
+	u.mu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
+	if err := u.ledger.Forget(ctx, ids); err != nil {
+		// Whether the records went is unknown: write them again, and
+		// remove them at a later sweep.
+		s.lg.Warn("settled segments not removed from etcd; tried again", "segments", len(ids), "err", err)
+		u.mu.Lock()
+		for _, idx := range settled {
+			u.markLocked(idx)
+		}
+		u.mu.Unlock()
+		return
+	}
+	s.lg.Info("segments settled: their records removed from etcd", "segment_ids", ids)
+}
+
+// Distrust makes a newly elected leader's store (a following store, before
+// Promote) trust nothing sealed on the segments an earlier leader recorded
+// as unsettled: each may hold allocations of objects that leader removed
+// and acknowledged. Every replica held there is dropped and its release
+// owed (sent when the agent registers), and the segments are detached with
+// every key removed (tombstones.distrust): a registration returns, never
+// adopts, their other sealed allocations. Once the agent has registered
+// and taken what was owed the segment is settled again.
+func (s *Store) Distrust(segs []UnsettledSegment) {
+	if len(segs) == 0 {
+		return
+	}
+	nowMs := s.nowMs()
+	set := make(map[uint32]bool, len(segs))
+	for _, sg := range segs {
+		idx := s.segs.intern(sg.ID)
+		agent, memory := sg.Agent, sg.Memory
+		if sv, ok := s.reg.Segment(sg.ID); ok {
+			agent, memory = sv.AgentID, sv.Medium != masterv1.Medium_MEDIUM_DISK
+		}
+		s.tombs.distrust(idx, nowMs, agent, memory)
+		set[idx] = true
+	}
+	owed := map[uint32][]uint64{}
+	dropped := 0
+	for sh := range s.shards {
+		shd := &s.shards[sh]
+		shd.mu.Lock()
+		m := s.begin(shd, nil)
+		for _, objs := range shd.tenants {
+			for _, o := range objs.all() {
+				for i := len(o.replicas) - 1; i >= 0; i-- {
+					if r := o.replicas[i]; set[r.seg] {
+						if !r.pending {
+							owed[r.seg] = append(owed[r.seg], r.allocID)
+						}
+						m.remove(o, i, false)
+						dropped++
+					}
+				}
+				m.dropGone(o)
+			}
+		}
+		m.commit()
+		shd.mu.Unlock()
+	}
+	for idx, allocs := range owed {
+		s.owe(idx, allocs)
+	}
+	s.lg.Warn("segments an earlier leader left unsettled are distrusted: their replicas dropped, their objects lost to the cache",
+		"segments", len(set), "replicas_dropped", dropped)
+}
