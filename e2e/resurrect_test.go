@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -96,4 +97,15 @@ func TestRemovedWhileAgentAwayAcrossFailover(t *testing.T) {
 			t.Errorf("Get %s, removed while agent-a was away, after a failover and its return = %v; want OBJECT_NOT_FOUND", k, err)
 		}
 	}
+	lead := c.WaitLeader()
+	if n := c.metric(t, lead, "crescent_master_distrusted_segments_total"); n < 1 {
+		t.Errorf("the new leader distrusted %v segments, want agent-a's", n)
+	}
+	// Agent-a registered: nothing of it is unsettled any more.
+	testutil.EventuallyNoError(t, 10*time.Second, func() error {
+		if n := c.metric(t, lead, "crescent_master_unsettled_segments"); n != 0 {
+			return fmt.Errorf("%v unsettled segments after agent-a registered, want 0", n)
+		}
+		return nil
+	})
 }

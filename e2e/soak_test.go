@@ -759,6 +759,22 @@ func (s *soak) drainCheck() {
 		}
 		s.violation("the leader (%s) owes %v releases at rest; its log about them:\n%s", lead.Name, owed, tail(strings.Join(lines, "\n"), 150))
 	}
+	// Segments a new leader distrusted (an earlier leader left a client's
+	// removal undone there): their objects were dropped, not served again.
+	distrusts, segs := 0, 0
+	for _, m := range c.Masters {
+		for _, l := range strings.Split(m.Logs(), "\n") {
+			if strings.Contains(l, "left unsettled are distrusted") {
+				distrusts++
+				var n int
+				if i := strings.Index(l, `"segments":`); i >= 0 {
+					_, _ = fmt.Sscanf(l[i+len(`"segments":`):], "%d", &n)
+				}
+				segs += n
+			}
+		}
+	}
+	t.Logf("elections that distrusted unsettled segments: %d (%d segments)", distrusts, segs)
 	for _, p := range append(append([]*Proc{c.Gateway}, c.Agents...), c.Masters...) {
 		lg := p.Logs()
 		for _, bad := range []string{"panic:", "fatal error:", "DATA RACE"} {

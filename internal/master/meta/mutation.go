@@ -282,6 +282,9 @@ func (m *mut) removeAll(o *object, release bool) {
 type releases struct {
 	mu    sync.Mutex
 	items map[uint32][]uint64 // segment index → allocation ids
+	// removal: a client's removal, which a failover must not undo: a
+	// segment a release is owed on is unsettled (unsettled.go).
+	removal bool
 }
 
 func (r *releases) add(seg uint32, alloc uint64) {
@@ -324,6 +327,9 @@ func (s *Store) sendReleases(ctx context.Context, r *releases) {
 		}
 		if !sv.CanContinueCleanup() {
 			s.owe(seg, allocs)
+			if r.removal {
+				s.markUnsettled(seg) // after the owe (syncUnsettled)
+			}
 			continue
 		}
 		for _, a := range allocs {
@@ -342,6 +348,9 @@ func (s *Store) sendReleases(ctx context.Context, r *releases) {
 			}
 			s.lg.Warn("release at agent failed; owed, sent again until the agent takes it or reconciles", "agent_id", agent, "allocations", len(refs), "err", err)
 			s.Owe(refs)
+			if r.removal {
+				s.markUnsettledRefs(refs)
+			}
 			if failed == nil {
 				return
 			}
@@ -470,7 +479,6 @@ func (s *Store) owe(seg uint32, allocs []uint64) {
 	for _, a := range allocs {
 		s.owed[allocKey{seg, a}] = struct{}{}
 	}
-	s.markUnsettled(seg) // after the owe is visible (syncUnsettled)
 }
 
 // mayReturnLocked reports whether segment idx may still hold allocations

@@ -571,7 +571,6 @@ func (s *Store) DropSegments(ctx context.Context, segmentIDs []string) {
 	for _, sg := range s.reg.Segments() {
 		if idx, ok := s.segs.lookup(sg.ID); ok && set[idx] {
 			s.tombs.detach(idx, nowMs, sg.AgentID, sg.Medium != masterv1.Medium_MEDIUM_DISK)
-			s.markUnsettled(idx)
 			detached[idx] = true
 		}
 	}

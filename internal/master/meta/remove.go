@@ -62,7 +62,7 @@ func (s *Store) BatchRemove(ctx context.Context, specs []RemoveSpec) []error {
 				s.tombs.record(specs[i].Tenant, specs[i].Key, s.nowMs(), specs[i].Force)
 			}
 		})
-	rel := &releases{}
+	rel := &releases{removal: true}
 	sc := sampled(ctx)
 	forShards(items, located.shardOf, func(sh int, group []located) {
 		shd := &s.shards[sh]
@@ -87,7 +87,7 @@ func (s *Store) BatchRemove(ctx context.Context, specs []RemoveSpec) []error {
 		shd.mu.Unlock()
 	})
 	s.sendReleasesNow(ctx, rel)
-	if err := s.settle(ctx); err != nil {
+	if err := s.settleRemoval(ctx); err != nil {
 		// Removed here, but a failover could bring them back
 		// (unsettled.go); not found here, but a detached segment's
 		// copy could come back.
@@ -103,7 +103,7 @@ func (s *Store) BatchRemove(ctx context.Context, specs []RemoveSpec) []error {
 // removeEvery removes every object of the tenant that may be removed,
 // skipping (and counting) the others, one shard lock at a time.
 func (s *Store) removeEvery(ctx context.Context, t uint32, force bool) (removed, skipped uint64) {
-	rel := &releases{}
+	rel := &releases{removal: true}
 	name := s.tenants.get(t).name
 	sc := sampled(ctx)
 	for i := range s.shards {
@@ -278,7 +278,7 @@ type scanCursor struct {
 // again and re-checked, so a key rewritten meanwhile is judged by its
 // current state.
 func (s *Store) scanRemove(ctx context.Context, t uint32, force bool, cur scanCursor, pre func(string) bool, rx *regexp.Regexp, insts int) (removed, skipped uint64, next string, err error) {
-	rel := &releases{}
+	rel := &releases{removal: true}
 	defer s.sendReleasesNow(ctx, rel)
 	name := s.tenants.get(t).name
 	sc := sampled(ctx)

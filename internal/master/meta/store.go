@@ -240,6 +240,12 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		owed := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "crescent_master_owed_releases", Help: "Releases the master owes to agents: not delivered (the agent away) or refused (a disk segment whose journal cannot be written); sent again every second until taken, and returned rather than adopted by the agent's registration.",
 		}, func() float64 { return float64(s.OwedReleases()) })
+		unsettled := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "crescent_master_unsettled_segments", Help: "Segments this leader has recorded in etcd (or is about to) as unsettled: a client's removal there is not carried out at the agent yet (a release owed, or a tombstone while the segment is detached). A failover distrusts them: their cached objects are dropped (HA only).",
+		}, func() float64 { return float64(s.unset.count()) })
+		distrusted := prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "crescent_master_distrusted_segments_total", Help: "Segments this master distrusted when it was elected, because an earlier leader left them unsettled: every replica on them was dropped (HA only).",
+		}, func() float64 { return float64(s.unset.distrusted.Load()) })
 		tombsDropped := prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "crescent_master_removal_tombstones_dropped_total", Help: "Removals not kept because the tombstones were at their cap (262,144 keys; 1,024 patterns, 64 of them regexes): a detached segment's return may bring those objects back.",
 		}, func() float64 { _, _, d := s.tombs.stats(); return float64(d) })
@@ -252,7 +258,7 @@ func New(cfg Config, deps Deps, lg *slog.Logger) (*Store, error) {
 		for _, c := range append([]prometheus.Collector{s.evicted, s.offloaded, s.offloadedBytes, s.changes, s.reserved, s.expired, s.lost,
 			seals("receipt", &s.sealsByReceipt), seals("seal", &s.sealsBySeal), objects, bytes, rev,
 			reservations("blank", &s.blanksTaken), reservations("reserve", &s.reservesSent), blanks, spares,
-			detached, tombs, tombsDropped, owed,
+			detached, tombs, tombsDropped, owed, unsettled, distrusted,
 			spareOutcome("leased", func(l, _, _ uint64) uint64 { return l }),
 			spareOutcome("committed", func(_, c, _ uint64) uint64 { return c }),
 			spareOutcome("lapsed", func(_, _, x uint64) uint64 { return x })}, s.promo.collectors()...) {

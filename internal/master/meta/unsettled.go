@@ -19,12 +19,16 @@ import (
 // they still hold such an allocation, and a new leader would serve the
 // object again: a removed object back after a failover.
 //
-// So a segment on which something is owed, or which is detached, is
-// unsettled, and a leader with a Ledger (HA: its etcd term) records it
-// there before it acknowledges a removal (settle: one writer at a time,
-// so a burst of removals shares one write; nothing to write once the
-// segment is recorded, the common case). The sweep removes the records of
-// segments settled again (syncUnsettled). A new leader reads the records
+// So a segment is unsettled once a client's removal left a release owed
+// on it, or recorded a tombstone while it was detached; a leader with a
+// Ledger (HA: its etcd term) records it there before it answers the
+// removal (settleRemoval: one writer at a time, so a burst of removals
+// shares one write; nothing to write once the segment is recorded, the
+// common case). Other releases owed (a failed put's, an evicted object's)
+// and detachments alone mark nothing: they undo no client's removal, and
+// a record costs the cache the segment's contents at the next failover.
+// The sweep removes the records of segments settled again, nothing owed on
+// them and not detached (syncUnsettled). A new leader reads the records
 // before it serves and distrusts those segments (Distrust): it owes the
 // release of every replica it holds there and returns, never adopts, any
 // other sealed allocation their agent lists, until the agent registers.
@@ -51,6 +55,8 @@ const settleTimeout = 5 * time.Second
 
 type unsettled struct {
 	ledger Ledger // set once before the leader serves (SetLedger)
+	// on is set with ledger: removals mark and settle.
+	on atomic.Bool
 	// dirty is set while pending is not empty: settle has work.
 	dirty atomic.Bool
 	// writeMu: one ledger write at a time. A caller that waited for it
@@ -60,13 +66,22 @@ type unsettled struct {
 	mu       sync.Mutex
 	recorded map[uint32]bool // in the ledger
 	pending  map[uint32]bool // unsettled, not in the ledger yet
+	// distrusted counts the segments Distrust was given.
+	distrusted atomic.Uint64
 }
 
-// SetLedger makes the store record unsettled segments in l, those of recorded
-// being there already (Distrust's). Call it once, before the leader serves.
+// count returns the segments recorded or about to be.
+func (u *unsettled) count() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.recorded) + len(u.pending)
+}
+
+// SetLedger makes the store record unsettled segments in l, those of
+// recorded being there already (Distrust's, until they settle). Call it
+// once, before the leader serves.
 func (s *Store) SetLedger(l Ledger, recorded []UnsettledSegment) {
 	u := &s.unset
-	now := s.unsettledNow() // before mu: owedMu is taken before it
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	u.ledger = l
@@ -76,25 +91,34 @@ func (s *Store) SetLedger(l Ledger, recorded []UnsettledSegment) {
 			u.recorded[idx] = true
 		}
 	}
-	// What became unsettled before (a standby's owed releases, the
-	// distrusted segments) is recorded at the first settle.
-	for idx := range now {
-		if !u.recorded[idx] {
-			u.markLocked(idx)
-		}
+	u.on.Store(true)
+}
+
+// markUnsettled notes that segment idx is unsettled: the next settle
+// records it. Call it after what makes it unsettled (the owe, the
+// detachment) is visible: syncUnsettled checks those again after it
+// stops trusting a record.
+func (s *Store) markUnsettled(idx uint32) {
+	u := &s.unset
+	if !u.on.Load() {
+		return
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if !u.recorded[idx] {
+		u.markLocked(idx)
 	}
 }
 
-// markUnsettled notes that segment idx is unsettled (something owed on
-// it, or detached): the next settle records it. Call it after the owe or
-// the detachment is visible (syncUnsettled checks those again after it
-// stops trusting a record).
-func (s *Store) markUnsettled(idx uint32) {
-	u := &s.unset
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if u.ledger != nil && !u.recorded[idx] {
-		u.markLocked(idx)
+// markUnsettledRefs marks the segments of refs.
+func (s *Store) markUnsettledRefs(refs []*masterv1.AllocationRef) {
+	if !s.unset.on.Load() {
+		return
+	}
+	for _, ref := range refs {
+		if idx, ok := s.segs.lookup(ref.GetSegmentId()); ok {
+			s.markUnsettled(idx)
+		}
 	}
 }
 
@@ -106,10 +130,26 @@ func (u *unsettled) markLocked(idx uint32) {
 	u.dirty.Store(true)
 }
 
-// settle records the unsettled segments not yet in the ledger. A removal
-// calls it before it answers: an error means the removal may not survive a
+// settleRemoval is called by a client's removal before it answers, after
+// its releases were sent or owed (and the segments they are owed on
+// marked): while a segment is detached the removal recorded a tombstone,
+// which only this process holds, so every detached segment is unsettled
+// too. Then it settles. An error means the removal may not survive a
 // failover, and is answered NOT_LEADER (the ledger refuses a leader whose
 // term ended, and one that cannot reach etcd loses its term soon).
+func (s *Store) settleRemoval(ctx context.Context) error {
+	if !s.unset.on.Load() {
+		return nil
+	}
+	if s.tombs.active.Load() {
+		for idx := range s.tombs.detachedSet() {
+			s.markUnsettled(idx)
+		}
+	}
+	return s.settle(ctx)
+}
+
+// settle records the unsettled segments not yet in the ledger.
 func (s *Store) settle(ctx context.Context) error {
 	u := &s.unset
 	if !u.dirty.Load() {
@@ -156,11 +196,11 @@ func (s *Store) settle(ctx context.Context) error {
 	return nil
 }
 
-// settleInto settles before a removal answers, unless *err is set
+// settleInto settles a removal before it answers, unless *err is set
 // already: defer s.settleInto(ctx, &err).
 func (s *Store) settleInto(ctx context.Context, err *error) {
 	if *err == nil {
-		*err = s.settle(ctx)
+		*err = s.settleRemoval(ctx)
 	}
 }
 
@@ -178,7 +218,8 @@ func (s *Store) unsettledInfo(idx uint32) (UnsettledSegment, bool) {
 }
 
 // unsettledNow returns the segments on which a release is owed or that are
-// detached.
+// detached: a record stays while either holds (a superset of what made
+// the segments unsettled, which is not kept).
 func (s *Store) unsettledNow() map[uint32]bool {
 	now := s.tombs.detachedSet()
 	s.owedMu.Lock()
@@ -198,10 +239,7 @@ func (s *Store) unsettledNow() map[uint32]bool {
 // which holds writeMu).
 func (s *Store) syncUnsettled(ctx context.Context) {
 	u := &s.unset
-	u.mu.Lock()
-	on := u.ledger != nil
-	u.mu.Unlock()
-	if !on || s.following.Load() {
+	if !u.on.Load() || s.following.Load() {
 		return
 	}
 	if err := s.settle(ctx); err != nil {
@@ -276,6 +314,7 @@ func (s *Store) Distrust(segs []UnsettledSegment) {
 		s.tombs.distrust(idx, nowMs, agent, memory)
 		set[idx] = true
 	}
+	s.unset.distrusted.Add(uint64(len(set)))
 	owed := map[uint32][]uint64{}
 	dropped := 0
 	for sh := range s.shards {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
@@ -66,7 +67,9 @@ func (l *memLedger) setFail(err error) {
 // refuses answers only once the segment is recorded in the ledger; the
 // next removal on that segment writes nothing; once the agent takes the
 // release the sweep removes the record. A removal whose record cannot be
-// written answers NOT_LEADER, and the sweep writes it later.
+// written answers NOT_LEADER, and the sweep writes it later. A release
+// owed for anything but a client's removal (an expired put's) records
+// nothing.
 func TestRemovalRecordsUnsettledSegment(t *testing.T) {
 	e := newEnv(t, 1, 1, 1<<20, Config{})
 	ctx := context.Background()
@@ -81,6 +84,17 @@ func TestRemovalRecordsUnsettledSegment(t *testing.T) {
 			return rpcerr.Errorf(masterv1.ErrorReason_ERROR_REASON_SEGMENT_UNAVAILABLE, "disk segment journal: no space left on device")
 		}
 		return nil
+	}
+	if _, err := e.s.PutStart(ctx, PutSpec{Key: "abandoned", Size: 100, ClientID: "w"}); err != nil {
+		t.Fatal(err)
+	}
+	e.clk.Advance(time.Minute)
+	if n := e.s.expirePuts(ctx); n != 1 || e.s.OwedReleases() != 1 {
+		t.Fatalf("expired %d puts, %d releases owed; want 1, 1", n, e.s.OwedReleases())
+	}
+	e.s.syncUnsettled(ctx)
+	if got := l.ids(); len(got) != 0 {
+		t.Fatalf("ledger %q after an expired put's release was owed, want none", got)
 	}
 	if err := e.s.Remove(ctx, RemoveSpec{Key: "a"}); err != nil {
 		t.Fatal(err)
@@ -103,8 +117,8 @@ func TestRemovalRecordsUnsettledSegment(t *testing.T) {
 	if got := l.ids(); len(got) != 0 || e.s.OwedReleases() != 0 {
 		t.Fatalf("ledger %q, %d owed once the agent took the releases; want none", got, e.s.OwedReleases())
 	}
-
 	refuse = true
+
 	l.setFail(errors.New("etcd: context deadline exceeded"))
 	if err := e.s.Remove(ctx, RemoveSpec{Key: "c"}); rpcerr.Reason(err) != "NOT_LEADER" {
 		t.Fatalf("Remove with the ledger failing = %v, want NOT_LEADER", err)
@@ -120,8 +134,9 @@ func TestRemovalRecordsUnsettledSegment(t *testing.T) {
 	}
 }
 
-// TestDetachedSegmentRecorded: a segment dropped (its agent lost) is
-// recorded before a removal answers, even one that found nothing (its
+// TestDetachedSegmentRecorded: a segment dropped (its agent lost) is not
+// recorded for that alone (nothing removed would come back), but before a
+// removal answers while it is detached, even one that found nothing (its
 // tombstone is what keeps the segment's copy from coming back); the record
 // goes once the agent registered again.
 func TestDetachedSegmentRecorded(t *testing.T) {
@@ -132,6 +147,10 @@ func TestDetachedSegmentRecorded(t *testing.T) {
 	e.s.SetLedger(l, nil)
 	table := e.c.Agents.Table("agent-0")
 	e.s.DropSegments(ctx, []string{"seg-0-0"})
+	e.s.syncUnsettled(ctx)
+	if got := l.ids(); len(got) != 0 {
+		t.Fatalf("ledger %q after a detachment alone, want none", got)
+	}
 	if err := e.s.Remove(ctx, RemoveSpec{Key: "a"}); rpcerr.Reason(err) != "OBJECT_NOT_FOUND" {
 		t.Fatalf("Remove = %v, want OBJECT_NOT_FOUND", err)
 	}
