@@ -84,7 +84,7 @@ type Store struct {
 	undrains sync.Map
 
 	// owedMu guards owed: releases that could not be delivered. Only the
-	// registry's, the tombstones' and unset.mu are taken under it.
+	// registry's and the tombstones' locks are taken under it.
 	owedMu sync.Mutex
 	owed   map[allocKey]struct{}
 	// refusing: agents whose last answer to owed releases refused some

@@ -50,7 +50,7 @@ type Ledger interface {
 	Forget(ctx context.Context, ids []string) error
 }
 
-// settleTimeout bounds one write to the ledger on a removal's path.
+// settleTimeout bounds one write to the ledger.
 const settleTimeout = 5 * time.Second
 
 type unsettled struct {
@@ -62,7 +62,7 @@ type unsettled struct {
 	// writeMu: one ledger write at a time. A caller that waited for it
 	// finds its segments written by the one before.
 	writeMu sync.Mutex
-	// mu guards recorded and pending (a leaf lock; taken under owedMu).
+	// mu guards recorded and pending (a leaf lock).
 	mu       sync.Mutex
 	recorded map[uint32]bool // in the ledger
 	pending  map[uint32]bool // unsettled, not in the ledger yet
@@ -277,7 +277,9 @@ func (s *Store) syncUnsettled(ctx context.Context) {
 	if len(ids) == 0 {
 		return
 	}
-	if err := u.ledger.Forget(ctx, ids); err != nil {
+	fctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	if err := u.ledger.Forget(fctx, ids); err != nil {
 		// Whether the records went is unknown: write them again, and
 		// remove them at a later sweep.
 		s.lg.Warn("settled segments not removed from etcd; tried again", "segments", len(ids), "err", err)
