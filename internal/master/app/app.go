@@ -116,6 +116,10 @@ type Config struct {
 	// Bound memory with GOMEMLIMIT instead.
 	GCPercent int
 
+	// StateDir keeps a single master's unsettled segments across its
+	// restarts (statefile.go); "" keeps nothing. Not used with HA.
+	StateDir string
+
 	// Security is TLS, authorization, protected mode and pprof (issue 14).
 	Security server.Security
 
@@ -199,6 +203,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.PromoteQueue, "promote-queue", c.PromoteQueue, "keys waiting for promotion at most; more are dropped (crescent_master_promotion_drops_total)")
 	fs.DurationVar(&c.RecoveryGrace, "recovery-grace", c.RecoveryGrace, "after start, ChangeService waits at least this long for agents to re-register before serving, and then while any agent is still registering (0 disables)")
 	fs.DurationVar(&c.RecoveryMax, "recovery-max", c.RecoveryMax, "the longest ChangeService waits for agents to finish registering after start")
+	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "directory for what a single master's restart must keep: the segments where a client's removal is not yet carried out at the agent (unsettled.json), distrusted after the restart so that those objects are not served again; empty: nothing kept; not used with --etcd-endpoints (etcd keeps them)")
 	fs.IntVar(&c.GCPercent, "gc-percent", c.GCPercent, "Go GC target percentage (GOGC); bound memory with the GOMEMLIMIT environment variable")
 	c.Security.RegisterFlags(fs)
 	fs.StringVar(&c.HA.EtcdEndpoints, "etcd-endpoints", c.HA.EtcdEndpoints, "comma-separated etcd client addresses: masters elect a leader there and the others stand by, answering NOT_LEADER with the leader's address (empty: a single master)")
@@ -661,6 +666,15 @@ func Run(ctx context.Context, cfg Config, lg *slog.Logger) error {
 	m, err := New(cfg, lg)
 	if err != nil {
 		return err
+	}
+	if cfg.StateDir != "" {
+		l, unsettled, err := openFileLedger(cfg.StateDir)
+		if err != nil {
+			m.discard()
+			return err
+		}
+		m.Store.Distrust(unsettled)
+		m.Store.SetLedger(l, unsettled)
 	}
 	return m.Run(ctx)
 }

@@ -178,6 +178,9 @@ func (s *Store) settle(ctx context.Context) error {
 	}
 	if len(segs) > 0 {
 		if err := u.ledger.Record(ctx, segs); err != nil {
+			if rpcerr.Reason(err) != "" {
+				return err // the ledger chose (a single master's file: INTERNAL)
+			}
 			return rpcerr.Wrap(masterv1.ErrorReason_ERROR_REASON_NOT_LEADER, err,
 				"the removal is done here but not recorded in etcd, and a new leader could serve the object again: %v", err)
 		}
@@ -294,9 +297,10 @@ func (s *Store) syncUnsettled(ctx context.Context) {
 }
 
 // Distrust makes a newly elected leader's store (a following store, before
-// Promote) trust nothing sealed on the segments an earlier leader recorded
-// as unsettled: each may hold allocations of objects that leader removed
-// and acknowledged. Every replica held there is dropped and its release
+// Promote), or a single master's before it serves after a restart, trust
+// nothing sealed on the segments an earlier master recorded as unsettled:
+// each may hold allocations of objects that master removed and
+// acknowledged. Every replica held there is dropped and its release
 // owed (sent when the agent registers), and the segments are detached with
 // every key removed (tombstones.distrust): a registration returns, never
 // adopts, their other sealed allocations. Once the agent has registered
@@ -343,6 +347,6 @@ func (s *Store) Distrust(segs []UnsettledSegment) {
 	for idx, allocs := range owed {
 		s.owe(idx, allocs)
 	}
-	s.lg.Warn("segments an earlier leader left unsettled are distrusted: their replicas dropped, their objects lost to the cache",
+	s.lg.Warn("segments an earlier master left unsettled are distrusted: their replicas dropped, their objects lost to the cache",
 		"segments", len(set), "replicas_dropped", dropped)
 }
