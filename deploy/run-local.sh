@@ -7,7 +7,8 @@
 #        agent-a gRPC 50052 transfer 50054 admin 9004 |
 #        agent-b gRPC 50062 transfer 50064 admin 9014 |
 #        gateway PUB 5557 replay 5558 snapshot 5559 admin 9005 gRPC 50053
-#        (gateway state in $DATA/gateway: a restart continues the stream)
+#        (gateway state in $DATA/gateway: a restart continues the stream;
+#        the master's in $DATA/master: removals its restart must not undo)
 #
 # HA=1 (`make run-ha`) runs three masters instead of one, electing a
 # leader on a real etcd process ($BIN/etcd, built from etcd's own module;
@@ -169,7 +170,8 @@ if [ "$HA" = 1 ]; then
   done
 else
   # shellcheck disable=SC2046
-  start master  "$BIN/crescent-master" --grpc-addr 127.0.0.1:50051 --admin-addr 127.0.0.1:9003 --log-level "$LOG_LEVEL" $(tls master master-1)
+  start master  "$BIN/crescent-master" --grpc-addr 127.0.0.1:50051 --admin-addr 127.0.0.1:9003 --log-level "$LOG_LEVEL" \
+    --state-dir "$DATA/master" $(tls master master-1)
 fi
 # shm NAME: agent NAME's same-host shared-memory socket flags, with SHM=1
 # on a plaintext cluster only (a shared-memory peer maps every tenant's
