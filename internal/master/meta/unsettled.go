@@ -293,7 +293,7 @@ func (s *Store) syncUnsettled(ctx context.Context) {
 		u.mu.Unlock()
 		return
 	}
-	s.lg.Info("segments settled: their records removed from etcd", "segment_ids", ids)
+	s.lg.Info("segments settled: their unsettled records removed", "segment_ids", ids)
 }
 
 // Distrust makes a newly elected leader's store (a following store, before
