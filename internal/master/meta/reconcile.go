@@ -583,6 +583,15 @@ func (s *Store) DropSegments(ctx context.Context, segmentIDs []string) {
 		}
 		s.owedMu.Unlock()
 	}
+	removed := s.dropReplicasOn(set, nil)
+	s.lg.Info("dropped segments", "segments", len(set), "replicas_removed", removed)
+}
+
+// dropReplicasOn removes every replica on the segments in set through the
+// mutation path, without releasing anything at the agent, one shard at a
+// time; each (if not nil) sees every replica removed, under its shard's
+// lock. It returns how many it removed.
+func (s *Store) dropReplicasOn(set map[uint32]bool, each func(replica)) int {
 	removed := 0
 	for sh := range s.shards {
 		shd := &s.shards[sh]
@@ -591,7 +600,10 @@ func (s *Store) DropSegments(ctx context.Context, segmentIDs []string) {
 		for _, objs := range shd.tenants {
 			for _, o := range objs.all() {
 				for i := len(o.replicas) - 1; i >= 0; i-- {
-					if set[o.replicas[i].seg] {
+					if r := o.replicas[i]; set[r.seg] {
+						if each != nil {
+							each(r)
+						}
 						m.remove(o, i, false)
 						removed++
 					}
@@ -602,7 +614,7 @@ func (s *Store) DropSegments(ctx context.Context, segmentIDs []string) {
 		m.commit()
 		shd.mu.Unlock()
 	}
-	s.lg.Info("dropped segments", "segments", len(set), "replicas_removed", removed)
+	return removed
 }
 
 // SegmentReplicaCounts returns the number of replicas (any status) per

@@ -322,28 +322,11 @@ func (s *Store) Distrust(segs []UnsettledSegment) {
 	}
 	s.unset.distrusted.Add(uint64(len(set)))
 	owed := map[uint32][]uint64{}
-	dropped := 0
-	for sh := range s.shards {
-		shd := &s.shards[sh]
-		shd.mu.Lock()
-		m := s.begin(shd, nil)
-		for _, objs := range shd.tenants {
-			for _, o := range objs.all() {
-				for i := len(o.replicas) - 1; i >= 0; i-- {
-					if r := o.replicas[i]; set[r.seg] {
-						if !r.pending {
-							owed[r.seg] = append(owed[r.seg], r.allocID)
-						}
-						m.remove(o, i, false)
-						dropped++
-					}
-				}
-				m.dropGone(o)
-			}
+	dropped := s.dropReplicasOn(set, func(r replica) {
+		if !r.pending {
+			owed[r.seg] = append(owed[r.seg], r.allocID)
 		}
-		m.commit()
-		shd.mu.Unlock()
-	}
+	})
 	for idx, allocs := range owed {
 		s.owe(idx, allocs)
 	}
