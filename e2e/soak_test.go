@@ -54,7 +54,10 @@ import (
 // gateway. The faults, one at a time every few seconds: the leader killed,
 // an agent killed (restarted after up to 5 s, past the 3 s unmount window
 // or not), an agent stopped cleanly, an agent frozen with SIGSTOP for up to
-// 4 s, the gateway killed or stopped, and a byte flipped in a disk replica.
+// 4 s, an agent frozen for up to 3 s and then the leader killed (the
+// removals meanwhile owe releases to it, which a new leader must not
+// undo), the gateway killed or stopped, and a byte flipped in a disk
+// replica.
 //
 // CRESCENT_SOAK_SEED fixes the random choices (the seed is logged).
 func TestSoak(t *testing.T) {
@@ -550,7 +553,7 @@ func (s *soak) fault() {
 	sleep := func(max time.Duration) { time.Sleep(time.Duration(s.rng.Int64N(int64(max)))) }
 	a := c.Agents[s.rng.IntN(len(c.Agents))]
 	var name string
-	switch f := s.rng.IntN(12); {
+	switch f := s.rng.IntN(13); {
 	case f < 2:
 		lead := c.WaitLeader()
 		name = "kill the leader"
@@ -576,11 +579,24 @@ func (s *soak) fault() {
 		sleep(4 * time.Second)
 		a.sig(syscall.SIGCONT)
 	case f < 8:
+		// Removals meanwhile leave releases owed to the frozen agent:
+		// the new leader must not serve those objects again
+		// (meta/unsettled.go).
+		name = "freeze an agent, kill the leader"
+		lead := c.WaitLeader()
+		a.sig(syscall.SIGSTOP)
+		sleep(3 * time.Second)
+		lead.Kill()
+		next := c.WaitLeader()
+		s.t.Logf("fault: %s (%s, %s); %s leads", name, a.Name, lead.Name, next.Name)
+		a.sig(syscall.SIGCONT)
+		lead.start()
+	case f < 9:
 		name = "kill the gateway"
 		s.t.Logf("fault: %s", name)
 		c.Gateway.Kill()
 		c.Gateway.Restart()
-	case f < 9:
+	case f < 10:
 		name = "stop the gateway"
 		s.t.Logf("fault: %s", name)
 		c.Gateway.Stop()
