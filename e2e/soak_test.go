@@ -54,9 +54,9 @@ import (
 // gateway. The faults, one at a time every few seconds: the leader killed,
 // an agent killed (restarted after up to 5 s, past the 3 s unmount window
 // or not), an agent stopped cleanly, an agent frozen with SIGSTOP for up to
-// 4 s, an agent frozen for up to 3 s and then the leader killed (the
-// removals meanwhile owe releases to it, which a new leader must not
-// undo), the gateway killed or stopped, and a byte flipped in a disk
+// 4 s, an agent frozen, 8 keys removed (past --suspect-after: those on
+// it owe it releases, which a new leader must not undo) and the leader
+// killed, the gateway killed or stopped, and a byte flipped in a disk
 // replica.
 //
 // CRESCENT_SOAK_SEED fixes the random choices (the seed is logged).
@@ -537,6 +537,24 @@ func (s *soak) worker(w int) {
 	}
 }
 
+// removeSome removes n random keys with force, checked as the workers'
+// removals are.
+func (s *soak) removeSome(n int) {
+	s.pause.RLock()
+	defer s.pause.RUnlock()
+	for range n {
+		tenant := soakTenants[s.rng.IntN(len(soakTenants))]
+		key := fmt.Sprintf("k%03d", s.rng.IntN(soakKeys))
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		what := "remove (force true, while an agent is frozen)"
+		startSeq, starts, alone, _ := s.writeStart(tenant, key, false, same(what))
+		err := s.cls[tenant].Remove(ctx, key, true)
+		s.writeEnd(tenant, key, startSeq, starts, alone, removeResult(err), what, err)
+		s.count("remove", err)
+		cancel()
+	}
+}
+
 // sig sends sig to p's process (a no-op when it is not running).
 func (p *Proc) sig(sig syscall.Signal) {
 	p.mu.Lock()
@@ -579,13 +597,15 @@ func (s *soak) fault() {
 		sleep(4 * time.Second)
 		a.sig(syscall.SIGCONT)
 	case f < 8:
-		// Removals meanwhile leave releases owed to the frozen agent:
-		// the new leader must not serve those objects again
-		// (meta/unsettled.go).
-		name = "freeze an agent, kill the leader"
+		// Removals past --suspect-after leave releases owed to the
+		// frozen agent: the new leader must not serve those objects
+		// again (meta/unsettled.go).
+		name = "freeze an agent, remove, kill the leader"
 		lead := c.WaitLeader()
 		a.sig(syscall.SIGSTOP)
-		sleep(3 * time.Second)
+		time.Sleep(time.Second)
+		sleep(2 * time.Second)
+		s.removeSome(8)
 		lead.Kill()
 		next := c.WaitLeader()
 		s.t.Logf("fault: %s (%s, %s); %s leads", name, a.Name, lead.Name, next.Name)
