@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	masterv1 "github.com/crescent-kv/crescent/gen/crescent/master/v1"
+	"github.com/crescent-kv/crescent/internal/master/ha"
 	"github.com/crescent-kv/crescent/internal/master/meta"
 	"github.com/crescent-kv/crescent/internal/rpcerr"
 )
@@ -26,9 +27,9 @@ import (
 // (ha/unsettled.go) and the file is not used.
 const (
 	unsettledFile = "unsettled.json"
-	// maxUnsettledRecords is ha.DefaultMaxUnsettled's bound, and
-	// maxUnsettledFileBytes holds that many records of the longest ids.
-	maxUnsettledRecords   = 1 << 16
+	// maxUnsettledRecords is etcd's bound, and maxUnsettledFileBytes holds
+	// that many records of the longest ids.
+	maxUnsettledRecords   = ha.DefaultMaxUnsettled
 	maxUnsettledFileBytes = 64 << 20
 	maxUnsettledID        = 256
 )

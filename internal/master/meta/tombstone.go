@@ -124,14 +124,7 @@ type tombstones struct {
 
 // detach records that segment idx of agent was dropped at nowMs.
 func (t *tombstones) detach(idx uint32, nowMs int64, agent string, memory bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.detached == nil {
-		t.detached = map[uint32]detachedSeg{}
-	}
-	all := t.detached[idx].all // a distrusted segment stays so until it registers
-	t.detached[idx] = detachedSeg{atMs: nowMs, agent: agent, memory: memory, all: all}
-	t.active.Store(true)
+	t.detachAs(idx, detachedSeg{atMs: nowMs, agent: agent, memory: memory})
 }
 
 // distrust detaches segment idx with every key removed: a newly elected
@@ -142,12 +135,19 @@ func (t *tombstones) detach(idx uint32, nowMs int64, agent string, memory bool) 
 // (blanks and spares do not survive a promotion), so every allocation it
 // lists was sealed under an earlier leader.
 func (t *tombstones) distrust(idx uint32, nowMs int64, agent string, memory bool) {
+	t.detachAs(idx, detachedSeg{atMs: nowMs, agent: agent, memory: memory, all: true})
+}
+
+// detachAs records d for segment idx. A distrusted segment stays so until
+// it registers: a later detach keeps all.
+func (t *tombstones) detachAs(idx uint32, d detachedSeg) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.detached == nil {
 		t.detached = map[uint32]detachedSeg{}
 	}
-	t.detached[idx] = detachedSeg{atMs: nowMs, agent: agent, memory: memory, all: true}
+	d.all = d.all || t.detached[idx].all
+	t.detached[idx] = d
 	t.active.Store(true)
 }
 

@@ -171,9 +171,11 @@ func (s *Store) settle(ctx context.Context) error {
 	// A segment gone meanwhile (neither registered nor detached) needs
 	// no record: nothing of it can come back.
 	segs := make([]UnsettledSegment, 0, len(idxs))
+	kept := make([]uint32, 0, len(idxs)) // segs' indexes
 	for _, idx := range idxs {
 		if sg, ok := s.unsettledInfo(idx); ok {
 			segs = append(segs, sg)
+			kept = append(kept, idx)
 		}
 	}
 	if len(segs) > 0 {
@@ -190,10 +192,8 @@ func (s *Store) settle(ctx context.Context) error {
 	for _, idx := range idxs {
 		delete(u.pending, idx)
 	}
-	for _, sg := range segs {
-		if idx, ok := s.segs.lookup(sg.ID); ok {
-			u.recorded[idx] = true
-		}
+	for _, idx := range kept {
+		u.recorded[idx] = true
 	}
 	u.dirty.Store(len(u.pending) > 0)
 	return nil
